@@ -1,0 +1,188 @@
+"""Training arguments: the hyperparameters every backend passes as CLI flags.
+
+Torch-free, so the launcher can validate a job's hyperparameters while planning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict, dataclass, fields
+from typing import Any, NoReturn, Sequence
+
+from .strategies import PRECISIONS, STRATEGIES
+
+TASKS = ("classification", "causal-lm", "masked-lm")
+SCHEDULERS = ("linear", "cosine", "constant")
+PRESETS = ("tiny-gpt2", "tiny-bert", "gpt2-small", "gpt2-xl")
+
+
+class ArgumentError(ValueError):
+    """A bad training argument; the message is one line that names the flag."""
+
+
+@dataclass
+class TrainArgs:
+    # what to train
+    task: str = "classification"
+    model: str | None = None
+    model_config: str | None = None
+    preset: str | None = None
+    tokenizer: str | None = None
+    # data
+    dataset: str | None = None
+    dataset_config: str | None = None
+    train_file: str | None = None
+    validation_file: str | None = None
+    text_column: str = "text"
+    label_column: str = "label"
+    validation_fraction: float = 0.1
+    max_length: int = 128
+    block_size: int = 128
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    # how
+    strategy: str = "single"
+    precision: str = "no"
+    batch_size: int = 16
+    eval_batch_size: int | None = None
+    grad_accum: int = 1
+    lr: float = 5e-4
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    scheduler: str = "linear"
+    epochs: float = 1.0
+    max_steps: int | None = None
+    seed: int = 42
+    compile: bool = False
+    num_workers: int = 0
+    mlm_probability: float = 0.15
+    # when
+    log_every: int = 10
+    eval_every: int | None = None
+    save_every: int | None = None
+    keep_checkpoints: int = 2
+    # where results go
+    report_to: str = "wandb"
+    wandb_project: str = "distrain-cloud"
+    wandb_entity: str | None = None
+    run_name: str | None = None
+    push_to_hub: str | None = None
+    generate_prompt: str = "The"
+    generate_tokens: int = 24
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, no usage block
+        raise ArgumentError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="distrain-train",
+        description="Fine-tune or train a Hugging Face transformer with Accelerate (the job entry point).",
+    )
+    d = TrainArgs()
+    g = p.add_argument_group("model")
+    g.add_argument("--task", choices=TASKS, default=d.task)
+    g.add_argument("--model", help="Hub id or local folder of a pretrained model")
+    g.add_argument("--model-config", help="config.json path or Hub id: build the model with random weights")
+    g.add_argument("--preset", choices=PRESETS, help="a named config built offline (default: tiny-gpt2 when no model is given)")
+    g.add_argument("--tokenizer", help="Hub id or folder (default: the model's, or the shipped offline tokenizer)")
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", help="Hub dataset id, local file or folder, or builtin:sentiment / builtin:corpus")
+    g.add_argument("--dataset-config", help="the Hub dataset's config name")
+    g.add_argument("--train-file", help="csv, json/jsonl, parquet or txt")
+    g.add_argument("--validation-file")
+    g.add_argument("--text-column", default=d.text_column)
+    g.add_argument("--label-column", default=d.label_column)
+    g.add_argument("--validation-fraction", type=float, default=d.validation_fraction,
+                   help="carved out of the training data when it has no validation split")
+    g.add_argument("--max-length", type=int, default=d.max_length, help="classification: truncate to this many tokens")
+    g.add_argument("--block-size", type=int, default=d.block_size, help="language models: pack text into blocks of this many tokens")
+    g.add_argument("--max-train-samples", type=int)
+    g.add_argument("--max-eval-samples", type=int)
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--strategy", choices=STRATEGIES, default=d.strategy)
+    g.add_argument("--precision", choices=PRECISIONS, default=d.precision)
+    g.add_argument("--batch-size", type=int, default=d.batch_size, help="per device, per micro-step")
+    g.add_argument("--eval-batch-size", type=int)
+    g.add_argument("--grad-accum", type=int, default=d.grad_accum)
+    g.add_argument("--lr", type=float, default=d.lr)
+    g.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    g.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm, help="0 turns clipping off")
+    g.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    g.add_argument("--scheduler", choices=SCHEDULERS, default=d.scheduler)
+    g.add_argument("--epochs", type=float, default=d.epochs)
+    g.add_argument("--max-steps", type=int, help="optimizer steps; overrides --epochs")
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile)
+    g.add_argument("--num-workers", type=int, default=d.num_workers)
+    g.add_argument("--mlm-probability", type=float, default=d.mlm_probability)
+    g = p.add_argument_group("logging, evaluation, checkpoints")
+    g.add_argument("--log-every", type=int, default=d.log_every)
+    g.add_argument("--eval-every", type=int, help="steps between evaluations (always one at the end)")
+    g.add_argument("--save-every", type=int, help="steps between checkpoints (also saved on SIGTERM)")
+    g.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    g.add_argument("--report-to", choices=("wandb", "none"), default=d.report_to)
+    g.add_argument("--wandb-project", default=d.wandb_project)
+    g.add_argument("--wandb-entity")
+    g.add_argument("--run-name")
+    g.add_argument("--push-to-hub", metavar="REPO", help="push the final model to this Hub repo (token from HF_TOKEN)")
+    g.add_argument("--generate-prompt", default=d.generate_prompt)
+    g.add_argument("--generate-tokens", type=int, default=d.generate_tokens)
+    return p
+
+
+# flag name -> field name, for the launcher's hyperparameter validation
+def known_flags() -> set[str]:
+    return {f.name.replace("_", "-") for f in fields(TrainArgs)}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
+    ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = TrainArgs(**vars(ns))
+    validate(args)
+    return args
+
+
+def validate(a: TrainArgs) -> None:
+    sources = [n for n, v in (("--model", a.model), ("--model-config", a.model_config), ("--preset", a.preset)) if v]
+    if len(sources) > 1:
+        raise ArgumentError(f"give one of --model, --model-config, --preset, not {' and '.join(sources)}")
+    if a.dataset and a.train_file:
+        raise ArgumentError("give --dataset or --train-file, not both")
+    positive = ("batch_size", "grad_accum", "log_every", "keep_checkpoints", "max_length", "block_size")
+    for name in positive:
+        if getattr(a, name) < 1:
+            raise ArgumentError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
+    for name in ("eval_every", "save_every", "max_steps", "eval_batch_size", "max_train_samples", "max_eval_samples"):
+        value = getattr(a, name)
+        if value is not None and value < (0 if name == "max_steps" else 1):
+            raise ArgumentError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if not 0.0 < a.validation_fraction < 1.0:
+        raise ArgumentError(f"--validation-fraction must be between 0 and 1, got {a.validation_fraction}")
+    if a.epochs <= 0:
+        raise ArgumentError(f"--epochs must be positive, got {a.epochs}")
+    if a.task == "masked-lm" and not 0.0 < a.mlm_probability < 1.0:
+        raise ArgumentError(f"--mlm-probability must be between 0 and 1, got {a.mlm_probability}")
+
+
+def hyperparameters_to_argv(hyperparameters: dict[str, Any]) -> list[str]:
+    """{"batch_size": 8, "compile": True} -> ["--batch-size", "8", "--compile"]."""
+    argv: list[str] = []
+    for key, value in hyperparameters.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append("--no-" + key.replace("_", "-"))
+        elif value is None:
+            continue
+        else:
+            argv += [flag, str(value)]
+    return argv

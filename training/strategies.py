@@ -1,0 +1,168 @@
+"""The one place where a strategy name becomes Accelerate and DeepSpeed settings.
+
+Torch-free on purpose: the launcher imports this to render plans, and the training
+entry point imports it to build the very same configuration at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Strategy(str, Enum):
+    single = "single"
+    ddp = "ddp"
+    zero1 = "zero1"
+    zero2 = "zero2"
+    zero3 = "zero3"
+    zero2_offload = "zero2-offload"
+    zero3_offload = "zero3-offload"
+
+    @property
+    def zero_stage(self) -> int | None:
+        return {
+            Strategy.zero1: 1,
+            Strategy.zero2: 2,
+            Strategy.zero3: 3,
+            Strategy.zero2_offload: 2,
+            Strategy.zero3_offload: 3,
+        }.get(self)
+
+    @property
+    def uses_deepspeed(self) -> bool:
+        return self.zero_stage is not None
+
+    @property
+    def offload(self) -> bool:
+        return self.value.endswith("-offload")
+
+
+PRECISIONS = ("no", "fp16", "bf16")
+STRATEGIES = tuple(s.value for s in Strategy)
+
+
+def parse_strategy(name: str) -> Strategy:
+    try:
+        return Strategy(name)
+    except ValueError:
+        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}") from None
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """How many processes run where; the same fields as the container contract's cluster."""
+
+    num_nodes: int = 1
+    node_rank: int = 0
+    processes_per_node: int = 1
+    main_addr: str = "127.0.0.1"
+    main_port: int = 29500
+    use_cpu: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.processes_per_node
+
+
+def deepspeed_config(
+    strategy: Strategy,
+    *,
+    micro_batch_size: int,
+    grad_accum: int,
+    world_size: int,
+    precision: str,
+    max_grad_norm: float | None,
+) -> dict[str, Any]:
+    """A complete DeepSpeed config with real numbers, never "auto".
+
+    Batch sizes are written from the real world size: letting Accelerate fill them in
+    counted one process while DeepSpeed saw two under CPU multi-process runs.
+    """
+    stage = strategy.zero_stage
+    if stage is None:
+        raise ValueError(f"strategy {strategy.value} does not use DeepSpeed")
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 5e8,
+    }
+    if stage >= 2:
+        zero["allgather_bucket_size"] = 5e8
+    if stage == 3:
+        zero.update(
+            {
+                "stage3_prefetch_bucket_size": 5e8,
+                "stage3_param_persistence_threshold": 1e6,
+                # The final save gathers the full 16-bit weights on rank 0.
+                "stage3_gather_16bit_weights_on_model_save": True,
+            }
+        )
+    if strategy.offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": micro_batch_size * grad_accum * world_size,
+        "zero_optimization": zero,
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        "steps_per_print": 10**9,  # our own key=value lines do the logging
+        "wall_clock_breakdown": False,
+    }
+    if max_grad_norm:
+        config["gradient_clipping"] = max_grad_norm
+    return config
+
+
+def accelerate_config(
+    strategy: Strategy,
+    cluster: ClusterShape,
+    *,
+    precision: str,
+    grad_accum: int,
+) -> dict[str, Any]:
+    """The YAML that `accelerate launch --config_file` reads on one node.
+
+    Only launch-level DeepSpeed keys live here; the full DeepSpeed config is built by
+    `deepspeed_config` inside the training process, from the same arguments.
+    """
+    if strategy is Strategy.single and cluster.world_size > 1:
+        raise ValueError(
+            f"strategy 'single' runs one process, but the cluster has {cluster.world_size}; "
+            "use --strategy ddp (or a zero* strategy) for several processes"
+        )
+    if strategy.uses_deepspeed:
+        distributed_type = "DEEPSPEED"
+    elif cluster.world_size == 1:
+        distributed_type = "NO"
+    else:
+        distributed_type = "MULTI_CPU" if cluster.use_cpu else "MULTI_GPU"
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": distributed_type,
+        "num_machines": cluster.num_nodes,
+        "machine_rank": cluster.node_rank,
+        "num_processes": cluster.world_size,
+        "main_process_ip": cluster.main_addr,
+        "main_process_port": cluster.main_port,
+        "mixed_precision": precision,
+        "use_cpu": cluster.use_cpu,
+        "gpu_ids": "all",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "main_training_function": "main",
+        "downcast_bf16": "no",
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+    }
+    if strategy.uses_deepspeed:
+        ds: dict[str, Any] = {"zero_stage": strategy.zero_stage, "gradient_accumulation_steps": grad_accum}
+        if cluster.num_nodes > 1:
+            ds["deepspeed_multinode_launcher"] = "standard"
+        config["deepspeed_config"] = ds
+    return config
