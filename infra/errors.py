@@ -1,4 +1,8 @@
-"""Errors meant for users: one line that names what they wrote and how to fix it."""
+"""Errors meant for users: one line that names what they wrote and how to fix it.
+
+It lives in infra/ because both infra and the launcher raise it, and imports run
+launcher -> infra only.
+"""
 
 
 class UserError(Exception):

@@ -1,3 +1,0 @@
-"""distrain-cloud: one job spec, three places to train (SageMaker, EC2, local)."""
-
-__version__ = "0.1.0"
