@@ -42,7 +42,7 @@ class TrainArgs:
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
     # how
-    strategy: str = "single"
+    strategy: str = "ddp"
     precision: str = "no"
     batch_size: int = 16
     eval_batch_size: int | None = None

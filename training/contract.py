@@ -89,6 +89,13 @@ class Contract:
             source="distrain",
         )
 
+    @property
+    def failure_file(self) -> Path:
+        """Where a failed job leaves its one-line reason (SageMaker shows this one)."""
+        if self.source == "sagemaker":
+            return self.output_dir.parent / "failure"
+        return self.output_dir / "failure"
+
     def to_env(self) -> dict[str, str]:
         """The `DISTRAIN_*` variables that describe this contract (what backends write)."""
         env = {

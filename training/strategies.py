@@ -128,21 +128,24 @@ def accelerate_config(
 ) -> dict[str, Any]:
     """The YAML that `accelerate launch --config_file` reads on one node.
 
-    Only launch-level DeepSpeed keys live here; the full DeepSpeed config is built by
-    `deepspeed_config` inside the training process, from the same arguments.
+    DeepSpeed strategies launch like DDP (torchrun, one process per device): the training
+    process builds its DeepSpeedPlugin from `deepspeed_config`, with real batch sizes. A
+    DEEPSPEED launch config would also export accelerate's DeepSpeed variables, which then
+    clash with that explicit config. `use_cpu` stays off for them because accelerate skips
+    DeepSpeed under it; DeepSpeed picks the CPU itself (DS_ACCELERATOR=cpu).
     """
     if strategy is Strategy.single and cluster.world_size > 1:
         raise ValueError(
             f"strategy 'single' runs one process, but the cluster has {cluster.world_size}; "
             "use --strategy ddp (or a zero* strategy) for several processes"
         )
-    if strategy.uses_deepspeed:
-        distributed_type = "DEEPSPEED"
-    elif cluster.world_size == 1:
+    if cluster.world_size == 1:
         distributed_type = "NO"
+    elif cluster.use_cpu and not strategy.uses_deepspeed:
+        distributed_type = "MULTI_CPU"
     else:
-        distributed_type = "MULTI_CPU" if cluster.use_cpu else "MULTI_GPU"
-    config: dict[str, Any] = {
+        distributed_type = "MULTI_GPU"
+    return {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": distributed_type,
         "num_machines": cluster.num_nodes,
@@ -151,18 +154,10 @@ def accelerate_config(
         "main_process_ip": cluster.main_addr,
         "main_process_port": cluster.main_port,
         "mixed_precision": precision,
-        "use_cpu": cluster.use_cpu,
+        "use_cpu": cluster.use_cpu and not strategy.uses_deepspeed,
         "gpu_ids": "all",
         "rdzv_backend": "static",
         "same_network": True,
         "main_training_function": "main",
         "downcast_bf16": "no",
-        "tpu_use_cluster": False,
-        "tpu_use_sudo": False,
     }
-    if strategy.uses_deepspeed:
-        ds: dict[str, Any] = {"zero_stage": strategy.zero_stage, "gradient_accumulation_steps": grad_accum}
-        if cluster.num_nodes > 1:
-            ds["deepspeed_multinode_launcher"] = "standard"
-        config["deepspeed_config"] = ds
-    return config

@@ -1,0 +1,70 @@
+"""Push a trained model folder to the Hugging Face Hub (`--push-to-hub REPO`).
+
+The token comes from HF_TOKEN at run time: the launcher resolves it from a secret
+reference into the job's environment, so it never appears in a job spec or a plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+NO_TOKEN_MESSAGE = (
+    "--push-to-hub REPO needs a Hugging Face token in HF_TOKEN at run time "
+    "(the launcher resolves it from a secret reference)"
+)
+
+
+class HubPushError(RuntimeError):
+    """A push that the Hub refused or that could not reach it; the token is redacted."""
+
+
+def push_to_hub(
+    folder: Path,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    commit_message: str = "Upload model trained with distrain-cloud",
+    private: bool | None = None,
+    endpoint: str | None = None,
+) -> str:
+    """Create the model repo `repo_id` if needed, then upload every file of `folder`.
+
+    Returns the commit URL, which ends with the commit oid (the last commit's: huggingface_hub
+    splits folders of more than a few hundred files or 100 MB of small files into several).
+    `endpoint` None means huggingface_hub's default: HF_ENDPOINT as it was when
+    huggingface_hub was imported, else https://huggingface.co.
+    """
+    token = token or os.environ.get("HF_TOKEN")
+    if not token:
+        # Fail before any request: an anonymous push can only fail later, and less clearly.
+        raise RuntimeError(NO_TOKEN_MESSAGE)
+
+    from huggingface_hub import HfApi
+
+    # An explicit token also keeps huggingface_hub from falling back to a token file on disk.
+    api = HfApi(endpoint=endpoint, token=token)
+    failure = None
+    try:
+        api.create_repo(repo_id, exist_ok=True, repo_type="model", private=private)
+        info = api.upload_folder(
+            repo_id=repo_id,
+            folder_path=folder,
+            repo_type="model",
+            commit_message=commit_message,
+        )
+    except Exception as err:
+        # huggingface_hub's messages quote the server's reply and URLs, not the token; a
+        # misbehaving server or proxy could still echo it back, so redact it.
+        failure = f"{type(err).__name__}: {err}".replace(token, "***")
+    if failure is not None:
+        # Raised outside the except block so that the original error is not chained:
+        # its response object still holds the request and its Authorization header.
+        raise HubPushError(f"Pushing {folder} to the Hub repo {repo_id} failed: {failure}")
+
+    commit_url = str(info.commit_url)
+    logger.info("Pushed %s to %s", folder, commit_url)
+    return commit_url

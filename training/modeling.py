@@ -1,0 +1,98 @@
+"""Model and tokenizer loading: Hub id or folder, a config with random weights, or a preset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .args import TrainArgs
+
+ASSETS = Path(__file__).parent / "assets"
+SHIPPED_TOKENIZER = ASSETS / "tokenizer.json"
+
+# Named configs that build offline. The gpt2-* presets keep GPT-2's real vocabulary size
+# (padded to a multiple of 64 for the matrix units) so benchmark FLOPs are honest.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny-gpt2": {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 512},
+    "tiny-bert": {"model_type": "bert", "num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64,
+                  "intermediate_size": 128, "max_position_embeddings": 512},
+    "gpt2-small": {"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024,
+                   "vocab_size": 50304},
+    "gpt2-xl": {"model_type": "gpt2", "n_layer": 48, "n_head": 25, "n_embd": 1600, "n_positions": 1024,
+                "vocab_size": 50304},
+}
+
+TASK_AUTO_CLASS = {
+    "classification": "AutoModelForSequenceClassification",
+    "causal-lm": "AutoModelForCausalLM",
+    "masked-lm": "AutoModelForMaskedLM",
+}
+
+
+def load_tokenizer(args: TrainArgs):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    name = args.tokenizer or args.model
+    if name:
+        tok = AutoTokenizer.from_pretrained(name, use_fast=True)
+    elif args.model_config and not Path(args.model_config).exists():
+        tok = AutoTokenizer.from_pretrained(args.model_config, use_fast=True)
+    else:
+        tok = PreTrainedTokenizerFast(
+            tokenizer_file=str(SHIPPED_TOKENIZER),
+            eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<pad>",
+            unk_token="<unk>", mask_token="<mask>", cls_token="<cls>", sep_token="<sep>",
+        )
+    # GPT-2 style tokenizers ship without a pad token; batching needs one.
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def build_config(args: TrainArgs, tokenizer, num_labels: int | None, id2label: dict[int, str] | None):
+    from transformers import AutoConfig
+
+    extra: dict[str, Any] = {}
+    if num_labels is not None:
+        extra.update(num_labels=num_labels, id2label=id2label, label2id={v: k for k, v in id2label.items()})
+    if args.model:
+        return AutoConfig.from_pretrained(args.model, **extra)
+    if args.model_config:
+        return AutoConfig.from_pretrained(args.model_config, **extra)
+    preset = dict(PRESETS[args.preset or "tiny-gpt2"])
+    model_type = preset.pop("model_type")
+    preset.setdefault("vocab_size", len(tokenizer))
+    preset["pad_token_id"] = tokenizer.pad_token_id
+    if model_type == "gpt2":
+        preset["bos_token_id"] = preset["eos_token_id"] = tokenizer.eos_token_id
+    return AutoConfig.for_model(model_type, **preset, **extra)
+
+
+def load_model(args: TrainArgs, tokenizer, num_labels: int | None = None,
+               id2label: dict[int, str] | None = None):
+    import transformers
+
+    config = build_config(args, tokenizer, num_labels, id2label)
+    if config.pad_token_id is None:
+        config.pad_token_id = tokenizer.pad_token_id
+    auto = getattr(transformers, TASK_AUTO_CLASS[args.task])
+    kwargs = {"attn_implementation": "sdpa"} if _supports_sdpa(auto, config) else {}
+    if args.model:
+        model = auto.from_pretrained(args.model, config=config, **kwargs)
+    else:
+        model = auto.from_config(config, **kwargs)
+    if model.get_input_embeddings().num_embeddings < len(tokenizer):
+        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
+    return model
+
+
+def _supports_sdpa(auto, config) -> bool:
+    try:
+        model_class = auto._model_mapping[type(config)]
+    except (KeyError, AttributeError):
+        return False
+    return bool(getattr(model_class, "_supports_sdpa", False))
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,94 @@
+"""Start the training processes of one node: `python -m distrain_cloud.training.node_launch -- ARGS`.
+
+Every backend runs this same command on every node (SageMaker, each EC2 instance, the
+local machine). It reads the container contract, renders this node's Accelerate config
+from the strategy, and replaces itself with `accelerate launch`, one process per GPU
+(or `--processes N` CPU processes). Torch-free unless it has to count GPUs itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Sequence
+
+from .args import parse_args
+from .contract import Contract
+from .strategies import ClusterShape, accelerate_config, parse_strategy
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    config: dict
+    command: list[str]  # with CONFIG_FILE standing for the rendered config's path
+    env: dict[str, str]
+
+
+CONFIG_FILE = "{config_file}"
+
+
+def plan_node(train_argv: Sequence[str], contract: Contract, *, processes: int | None = None,
+              gpus: int | None = None) -> NodeLaunch:
+    """Pure: what this node will run. The launcher calls it to render plans."""
+    args = parse_args(train_argv)
+    gpus = contract.gpus_per_node if gpus is None else gpus
+    use_cpu = gpus == 0
+    per_node = processes or (gpus if gpus else 1)
+    cluster = ClusterShape(num_nodes=contract.num_nodes, node_rank=contract.node_rank, processes_per_node=per_node,
+                           main_addr=contract.main_addr, main_port=contract.main_port, use_cpu=use_cpu)
+    strategy = parse_strategy(args.strategy)
+    config = accelerate_config(strategy, cluster, precision=args.precision, grad_accum=args.grad_accum)
+    env = {}
+    if strategy.uses_deepspeed and use_cpu:
+        env["DS_ACCELERATOR"] = "cpu"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", CONFIG_FILE,
+               "-m", "distrain_cloud.training", *train_argv]
+    return NodeLaunch(config, command, env)
+
+
+def _count_gpus() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import yaml
+
+    from .__main__ import _fail
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours, train_argv = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    p = argparse.ArgumentParser(prog="distrain-node-launch")
+    p.add_argument("--processes", type=int, help="processes on this node (default: one per GPU, else 1)")
+    p.add_argument("--print-config", action="store_true", help="print the rendered config and exit")
+    ns = p.parse_args(ours)
+    contract = Contract.from_env()
+    gpus = contract.gpus_per_node or _count_gpus()
+    try:
+        launch = plan_node(train_argv, contract, processes=ns.processes, gpus=gpus)
+    except ValueError as e:
+        _fail(e, contract)
+    text = yaml.safe_dump(launch.config, sort_keys=True)
+    if ns.print_config:
+        print(text)
+        return
+    fd, path = tempfile.mkstemp(prefix="distrain-accelerate-", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    command = [path if c == CONFIG_FILE else c for c in launch.command]
+    print(f"node_launch node_rank={contract.node_rank} nodes={contract.num_nodes} "
+          f"processes={launch.config['num_processes']} distributed_type={launch.config['distributed_type']}",
+          flush=True)
+    os.environ.update(launch.env)
+    # exec, not a child: signals (SIGTERM on spot interruption / stop) reach accelerate directly.
+    os.execv(command[0], command)
+
+
+if __name__ == "__main__":
+    main()

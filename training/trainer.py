@@ -1,0 +1,417 @@
+"""The training recipe: setup, train, evaluate, save. Reads top to bottom.
+
+Every side effect that must happen once (printing, files, W&B, the Hub) sits behind
+`accelerator.is_main_process`; everything collective (evaluation, checkpoints, the final
+gather of ZeRO-3 weights) runs on all processes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .args import TrainArgs
+from .contract import Contract
+from .strategies import deepspeed_config, parse_strategy
+
+STOP_EXIT_CODE = 143  # 128 + SIGTERM: stopped on request, state saved
+
+
+class Trainer:
+    def __init__(self, args: TrainArgs, contract: Contract):
+        self.args, self.contract = args, contract
+        self.strategy = parse_strategy(args.strategy)
+        self.stop_requested = False
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self) -> None:
+        import torch
+        from accelerate import Accelerator
+        from accelerate.utils import (DataLoaderConfiguration, DeepSpeedPlugin, InitProcessGroupKwargs,
+                                      TorchDynamoPlugin, set_seed)
+
+        from . import data, modeling
+
+        a = self.args
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.strategy.value == "single" and world > 1:
+            raise data.DataError(f"--strategy single runs one process, but {world} were started; use --strategy ddp")
+        ds_plugin, handlers = None, []
+        if self.strategy.uses_deepspeed:
+            ds_plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config(
+                self.strategy, micro_batch_size=a.batch_size, grad_accum=a.grad_accum, world_size=world,
+                precision=a.precision, max_grad_norm=a.max_grad_norm))
+            if not torch.cuda.is_available():
+                # Without a named backend accelerate counts one process under DeepSpeed on
+                # CPU while DeepSpeed sees them all; gloo makes both agree.
+                handlers.append(InitProcessGroupKwargs(backend="gloo"))
+        self.accelerator = Accelerator(
+            mixed_precision=a.precision,
+            gradient_accumulation_steps=a.grad_accum,
+            deepspeed_plugin=ds_plugin,
+            # Global batches split across processes: the same data per optimizer step
+            # whatever the world size.
+            dataloader_config=DataLoaderConfiguration(split_batches=True),
+            # The data order is ours (seed, epoch), so nothing needs syncing or drawing
+            # from the global RNG.
+            rng_types=[],
+            dynamo_plugin=TorchDynamoPlugin(backend="inductor") if a.compile else None,
+            log_with="wandb" if a.report_to == "wandb" else None,
+            kwargs_handlers=handlers,
+        )
+        acc = self.accelerator
+        set_seed(a.seed)
+        self.tokenizer = modeling.load_tokenizer(a)
+        self.data = data.prepare(a, self.contract, self.tokenizer, acc.main_process_first)
+        names = self.data.label_names
+        model = modeling.load_model(a, self.tokenizer, len(names) if names else None,
+                                    dict(enumerate(names)) if names else None)
+        self.num_parameters = modeling.count_parameters(model)
+        train_dl, eval_dl, self.train_sampler = data.make_loaders(
+            a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda")
+
+        self.steps_per_epoch = max(1, len(self.train_sampler) // a.grad_accum)
+        self.max_steps = a.max_steps if a.max_steps is not None else math.ceil(a.epochs * self.steps_per_epoch)
+        optimizer = self._optimizer(model, torch)
+        self.model, self.optimizer, self.train_dl, self.eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
+
+    def _optimizer(self, model, torch):
+        a = self.args
+        no_decay = ("bias", "norm", "ln_", "layernorm", "embeddings.LayerNorm")
+        decay, other = [], []
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                (other if p.ndim < 2 or any(k in name.lower() for k in no_decay) else decay).append(p)
+        groups = [{"params": decay, "weight_decay": a.weight_decay}, {"params": other, "weight_decay": 0.0}]
+        if self.strategy.offload:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam  # the optimizer runs where its state lives
+
+            return DeepSpeedCPUAdam(groups, lr=a.lr)
+        # Fused AdamW is one kernel per step instead of several per parameter.
+        fused = self.accelerator.device.type == "cuda"
+        return torch.optim.AdamW(groups, lr=a.lr, fused=fused)
+
+    # ------------------------------------------------------------------ train
+
+    def train(self) -> dict[str, Any]:
+        import torch
+
+        from . import checkpoint
+
+        a, acc = self.args, self.accelerator
+        state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "wandb_run_id": None}
+        resumed = checkpoint.latest(self.contract.checkpoint_dir)
+        if resumed:
+            path, saved = resumed
+            acc.load_state(str(path))
+            state.update(saved)
+            self._print(f"resumed_from={path.name} step={state['step']}")
+        self._start_tracking(state)
+        self._install_signal_handler()
+        self.contract.output_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_file = self.contract.output_dir / "metrics.jsonl"
+
+        progress = self._progress(initial=state["step"])
+        window = _Window()
+        last_saved = state["step"]
+        eval_metrics: dict[str, float] = {}
+        self.model.train()
+        while state["step"] < self.max_steps and not self.stop_requested:
+            self.train_sampler.set_epoch(state["epoch"])
+            self.train_dl.set_epoch(state["epoch"])
+            loader = self.train_dl
+            if state["batch_in_epoch"]:
+                loader = acc.skip_first_batches(self.train_dl, state["batch_in_epoch"])
+            micro_losses = []
+            batches = iter(loader)
+            while True:
+                t0 = time.perf_counter()
+                batch = next(batches, None)
+                window.data_wait += time.perf_counter() - t0
+                if batch is None:
+                    break
+                lr = lr_at(state["step"], a.lr, a.warmup_steps, self.max_steps, a.scheduler)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                with acc.accumulate(self.model):
+                    loss = self._loss(batch, state["step"], len(micro_losses))
+                    acc.backward(loss)
+                    if acc.sync_gradients and a.max_grad_norm and not self.strategy.uses_deepspeed:
+                        acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                micro_losses.append(loss.detach())
+                window.add_tokens(batch)
+                state["batch_in_epoch"] += 1
+                if not acc.sync_gradients:
+                    continue
+                state["step"] += 1
+                step = state["step"]
+                window.losses.append(torch.stack(micro_losses).mean())
+                micro_losses = []
+                progress.update(1)
+                self._check_stop(step)
+                if step % a.log_every == 0 or step == self.max_steps or self.stop_requested:
+                    self._log_train(step, window)
+                    window = _Window()
+                if a.eval_every and step % a.eval_every == 0 and step < self.max_steps:
+                    eval_metrics = self.evaluate(step)
+                if (a.save_every and step % a.save_every == 0) or self.stop_requested:
+                    checkpoint.save(acc, self.contract.checkpoint_dir, step, state, a.keep_checkpoints)
+                    last_saved = step
+                _maybe_die_for_test(step)
+                if step >= self.max_steps or self.stop_requested:
+                    break
+            if batch is None:
+                state["epoch"] += 1
+                state["batch_in_epoch"] = 0
+        progress.close()
+        if self.stop_requested:
+            if last_saved != state["step"]:
+                checkpoint.save(acc, self.contract.checkpoint_dir, state["step"], state, a.keep_checkpoints)
+            self._print(f"stopped=SIGTERM step={state['step']} checkpoint_saved=1")
+            acc.end_training()
+            sys.exit(STOP_EXIT_CODE)
+        eval_metrics = self.evaluate(state["step"])
+        return eval_metrics
+
+    def _loss(self, batch, step: int, micro: int):
+        if self.args.task == "masked-lm":
+            batch = self._mask(batch, seed=(self.args.seed, step, micro, self.accelerator.process_index))
+        elif self.args.task == "causal-lm":
+            batch = {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
+        return self.model(**batch).loss
+
+    def _mask(self, batch, seed: tuple[int, ...]):
+        """MLM masking from a generator keyed on (seed, step, ...): deterministic, so resume
+        is exact, and independent of the data loader's prefetching."""
+        import torch
+
+        ids = batch["input_ids"]
+        g = torch.Generator(device="cpu").manual_seed(hash(seed) & 0x7FFF_FFFF)
+        probs = torch.rand(ids.shape, generator=g).to(ids.device)
+        special = torch.zeros_like(ids, dtype=torch.bool)
+        for tid in self.tokenizer.all_special_ids:
+            special |= ids == tid
+        masked = (probs < self.args.mlm_probability) & ~special
+        labels = torch.where(masked, ids, torch.full_like(ids, -100))
+        # BERT's 80/10/10: mask, random token, unchanged.
+        choice = torch.rand(ids.shape, generator=g).to(ids.device)
+        inputs = torch.where(masked & (choice < 0.8), torch.full_like(ids, self.tokenizer.mask_token_id), ids)
+        random_ids = torch.randint(len(self.tokenizer), ids.shape, generator=g).to(ids.device)
+        inputs = torch.where(masked & (choice >= 0.8) & (choice < 0.9), random_ids, inputs)
+        return {"input_ids": inputs, "labels": labels}
+
+    # ------------------------------------------------------------------ evaluate
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        import torch
+        import torch.nn.functional as F
+
+        acc, task = self.accelerator, self.args.task
+        self.model.eval()
+        parts: dict[str, list] = {}
+        with torch.no_grad():
+            for i, batch in enumerate(self.eval_dl):
+                if task == "masked-lm":
+                    batch = self._mask(batch, seed=(self.args.seed, -1, i, acc.process_index))
+                elif task == "causal-lm":
+                    batch = {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
+                logits = self.model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
+                labels = batch["labels"]
+                if task == "classification":
+                    loss = F.cross_entropy(logits, labels, reduction="none")
+                    values = (loss, logits.argmax(-1), labels)
+                else:
+                    if task == "causal-lm":
+                        logits, labels = logits[:, :-1], labels[:, 1:]
+                    tok = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none", ignore_index=-100)
+                    values = (tok.sum(1), (labels != -100).sum(1))
+                # Drops the samples repeated to even out the last batch across processes.
+                for key, v in zip(("loss", "pred", "label") if task == "classification" else ("sum", "count"),
+                                  acc.gather_for_metrics(values)):
+                    parts.setdefault(key, []).append(v.cpu())
+        self.model.train()
+        cat = {k: torch.cat(v) for k, v in parts.items()}
+        if task == "classification":
+            metrics = {"eval_loss": cat["loss"].double().mean().item(),
+                       "eval_accuracy": (cat["pred"] == cat["label"]).double().mean().item(),
+                       "eval_f1_macro": macro_f1(cat["pred"], cat["label"], len(self.data.label_names)),
+                       "eval_samples": float(len(cat["label"]))}
+        else:
+            mean = (cat["sum"].double().sum() / cat["count"].sum().clamp(min=1)).item()
+            metrics = {"eval_loss": mean, "eval_perplexity": math.exp(min(mean, 50.0)),
+                       "eval_samples": float(len(cat["sum"]))}
+        self._emit(step, metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ save
+
+    def save(self, eval_metrics: dict[str, float]) -> None:
+        acc, a = self.accelerator, self.args
+        acc.wait_for_everyone()
+        unwrapped = acc.unwrap_model(self.model)
+        state_dict = acc.get_state_dict(self.model)  # collective: gathers ZeRO-3 shards
+        model_dir = self.contract.model_dir
+        if acc.is_main_process:
+            model_dir.mkdir(parents=True, exist_ok=True)
+            unwrapped.save_pretrained(model_dir, state_dict=state_dict, safe_serialization=True)
+            self.tokenizer.save_pretrained(model_dir)
+            resolved = {**a.to_dict(), "world_size": acc.num_processes, "max_steps_resolved": self.max_steps,
+                        "num_parameters": self.num_parameters, "final_metrics": eval_metrics}
+            (model_dir / "training_args.json").write_text(json.dumps(resolved, indent=2, default=str))
+            self._print(f"model_saved={model_dir}")
+        if a.task == "causal-lm":
+            self._sample(unwrapped)
+        if a.push_to_hub and acc.is_main_process:
+            from .hub import push_to_hub
+
+            url = push_to_hub(model_dir, a.push_to_hub)
+            self._print(f"pushed_to_hub={a.push_to_hub} commit={url}")
+        acc.wait_for_everyone()
+        acc.end_training()
+
+    def _sample(self, unwrapped) -> None:
+        import torch
+
+        acc = self.accelerator
+        zero3 = self.strategy.zero_stage == 3
+        if not (acc.is_main_process or zero3):
+            return
+        inputs = self.tokenizer(self.args.generate_prompt, return_tensors="pt").to(acc.device)
+        with torch.no_grad():
+            out = unwrapped.generate(**inputs, max_new_tokens=self.args.generate_tokens, do_sample=False,
+                                     pad_token_id=self.tokenizer.pad_token_id, synced_gpus=zero3)
+        text = self.tokenizer.decode(out[0], skip_special_tokens=True)
+        self._print("sample=" + json.dumps(text))
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _start_tracking(self, state: dict[str, Any]) -> None:
+        a, acc = self.args, self.accelerator
+        if a.report_to != "wandb":
+            return
+        if not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE"):
+            # No key: write the run offline (sync it later with `wandb sync`) instead of failing.
+            os.environ["WANDB_MODE"] = "offline"
+        if state["wandb_run_id"] is None:
+            import secrets
+
+            state["wandb_run_id"] = secrets.token_hex(4)
+        wandb_dir = self.contract.output_dir
+        if acc.is_main_process:
+            wandb_dir.mkdir(parents=True, exist_ok=True)
+        acc.init_trackers(a.wandb_project, config=a.to_dict(), init_kwargs={"wandb": {
+            "id": state["wandb_run_id"], "resume": "allow", "name": a.run_name, "entity": a.wandb_entity,
+            "dir": str(wandb_dir)}})
+
+    def _install_signal_handler(self) -> None:
+        def request_stop(signum, frame):
+            self.stop_requested = True
+
+        signal.signal(signal.SIGTERM, request_stop)
+
+    def _check_stop(self, step: int) -> None:
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return
+        # Every process must agree before a collective save; agree at log steps only,
+        # so the common case costs no extra synchronisation.
+        if step % self.args.log_every == 0:
+            import torch
+
+            flag = torch.tensor(float(self.stop_requested), device=acc.device)
+            self.stop_requested = bool(acc.reduce(flag, "max").item())
+        else:
+            self.stop_requested = False  # wait for the next agreement point
+
+    def _log_train(self, step: int, window: "_Window") -> None:
+        import torch
+
+        acc = self.accelerator
+        loss = acc.reduce(torch.stack(window.losses).mean(), "mean").item()
+        elapsed = max(time.perf_counter() - window.start, 1e-9)
+        tokens = acc.reduce(window.tokens.to(acc.device) if hasattr(window.tokens, "to") else
+                            torch.tensor(float(window.tokens), device=acc.device), "sum").item()
+        metrics = {"train_loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
+                   "tokens_per_sec": tokens / elapsed, "step_time": elapsed / len(window.losses),
+                   "data_wait_pct": 100.0 * window.data_wait / elapsed}
+        self._emit(step, metrics)
+
+    def _emit(self, step: int, metrics: dict[str, float]) -> None:
+        acc = self.accelerator
+        acc.log(metrics, step=step)
+        if acc.is_main_process:
+            # key=value lines: stable for SageMaker metric regexes and for grep.
+            self._print(" ".join([f"step={step}"] + [f"{k}={_fmt(v)}" for k, v in metrics.items()]))
+            with open(self.metrics_file, "a") as f:
+                f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+    def _print(self, line: str) -> None:
+        if self.accelerator.is_main_process:
+            print(line, flush=True)
+
+    def _progress(self, initial: int):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.max_steps, initial=initial, desc="train", dynamic_ncols=True,
+                    disable=not self.accelerator.is_main_process or not sys.stderr.isatty())
+
+
+class _Window:
+    """What happened since the last log line."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.losses: list = []
+        self.tokens: Any = 0
+        self.data_wait = 0.0
+
+    def add_tokens(self, batch) -> None:
+        # Real (non-padding) tokens; summed on the device to avoid a sync per step.
+        mask = batch.get("attention_mask")
+        self.tokens = self.tokens + (mask.sum() if mask is not None else batch["input_ids"].numel())
+
+
+def lr_at(step: int, peak: float, warmup: int, total: int, kind: str) -> float:
+    """The learning rate for optimizer step `step` (0-based): linear warmup, then decay.
+
+    A pure function of the step, set on the optimizer each step: it survives resume with no
+    scheduler state, and behaves the same under every strategy's optimizer wrapper.
+    """
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if kind == "constant":
+        return peak
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if kind == "cosine":
+        return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return peak * (1.0 - progress)
+
+
+def macro_f1(pred, label, num_classes: int) -> float:
+    scores = []
+    for c in range(num_classes):
+        tp = ((pred == c) & (label == c)).sum().item()
+        fp = ((pred == c) & (label != c)).sum().item()
+        fn = ((pred != c) & (label == c)).sum().item()
+        if tp + fp + fn:
+            scores.append(2 * tp / (2 * tp + fp + fn))
+    return sum(scores) / len(scores) if scores else 0.0
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def _maybe_die_for_test(step: int) -> None:
+    # Test hook: a `kill -9` right after this optimizer step, to prove exact resume.
+    if os.environ.get("DISTRAIN_TEST_KILL_AT_STEP") == str(step):
+        os.kill(os.getpid(), 9)
