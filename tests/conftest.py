@@ -1,0 +1,34 @@
+"""Shared fixtures. AWS tests never touch real AWS: fake credentials, then moto's mock."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture
+def aws_credentials(monkeypatch, tmp_path):
+    """Fake credentials and region; the developer's ~/.aws, profile and endpoints are hidden."""
+    for name in list(os.environ):
+        if name.startswith("AWS_ENDPOINT_URL") or name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION"):
+            monkeypatch.delenv(name)
+    empty = tmp_path / "aws-empty"
+    empty.write_text("")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_SECURITY_TOKEN", "testing")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+@pytest.fixture
+def mocked_aws(aws_credentials):
+    """moto's in-process mock of every AWS service, with fake credentials in place."""
+    import moto
+
+    with moto.mock_aws():
+        yield
