@@ -1,0 +1,430 @@
+"""Pick the Hugging Face PyTorch training image for an instance and region.
+
+The images and their tags come from sagemaker-core's image config
+(sagemaker/core/image_uri_config/huggingface.json), read here as plain JSON: importing
+sagemaker.core.image_uris costs a second or more and the launcher stays SDK-free.
+The URI is built the way `sagemaker.core.image_uris.retrieve(framework="huggingface",
+image_scope="training", ...)` builds it; tests/launcher/test_images.py checks they agree.
+
+The one rule this module exists for: never hand out an image whose CUDA build cannot
+run on the instance's GPU. Each image's CUDA version is in its tag (cu121, cu124,
+cu130, ...). A CUDA major drops old architectures (CUDA 13 needs compute capability
+>= 7.5, so no V100 / ml.p3.*), and a CUDA release older than a GPU architecture cannot
+target it (Hopper needs CUDA >= 11.8). See docs/catalog.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from distrain_cloud.infra.errors import UserError
+from distrain_cloud.launcher.catalog import InstanceType
+
+# Oldest GPU architecture (compute capability) each CUDA major still builds for.
+# CUDA 11 deprecated Kepler sm_35/37; CUDA 12 removed them (Maxwell sm_50 is its floor);
+# CUDA 13 removed Maxwell, Pascal and Volta (Turing sm_75 is its floor).
+MIN_COMPUTE_CAPABILITY_BY_CUDA_MAJOR: dict[int, tuple[int, int]] = {
+    10: (3, 0),
+    11: (3, 5),
+    12: (5, 0),
+    13: (7, 5),
+}
+
+# First CUDA release that can build for a GPU architecture. An image built with an
+# older CUDA has no kernels for that GPU.
+MIN_CUDA_BY_COMPUTE_CAPABILITY: dict[tuple[int, int], tuple[int, int]] = {
+    (7, 0): (9, 0),    # Volta: V100
+    (7, 5): (10, 0),   # Turing: T4
+    (8, 0): (11, 0),   # Ampere: A100
+    (8, 6): (11, 1),   # Ampere: A10G
+    (8, 9): (11, 8),   # Ada: L4, L40S
+    (9, 0): (11, 8),   # Hopper: H100, H200
+    (10, 0): (12, 8),  # Blackwell: B200
+}
+
+_CONFIG_RELPATH = ("sagemaker", "core", "image_uri_config", "huggingface.json")
+_CUDA_IN_TAG = re.compile(r"(?:^|[-_.])cu(\d{2,3})(?=$|[-_.])")
+_HF_TAG = re.compile(r"^(?P<pytorch>\d+(?:\.\d+)*)-transformers(?P<transformers>\d+(?:\.\d+)*)")
+_PY_IN_TAG = re.compile(r"(?:^|-)(py\d+)(?=$|-)")
+
+
+@dataclass(frozen=True)
+class ImageChoice:
+    uri: str
+    transformers_version: str | None
+    pytorch_version: str | None
+    py_version: str | None           # "py312"
+    cuda_version: str | None         # "12.4"; None for a CPU image or when unknown
+    reason: str                      # one short line for plans and logs
+
+
+@dataclass(frozen=True)
+class TrainingImage:
+    """One Hugging Face PyTorch training image of the config (before picking a region)."""
+
+    transformers_version: str
+    pytorch_version: str
+    py_version: str
+    processor: str                   # "gpu" or "cpu"
+    container_version: str           # "cu124-ubuntu22.04"
+    cuda_version: str | None         # "12.4"; None for a CPU image
+    repository: str                  # "huggingface-pytorch-training"
+    registries: Mapping[str, str] = field(hash=False, repr=False)  # region -> ECR account
+
+    @property
+    def tag(self) -> str:
+        parts = (f"{self.pytorch_version}-transformers{self.transformers_version}", self.processor,
+                 self.py_version, self.container_version)
+        return "-".join(p for p in parts if p)
+
+    def uri(self, region: str) -> str:
+        return f"{self.registries[region]}.dkr.{ecr_hostname(region)}/{self.repository}:{self.tag}"
+
+    @property
+    def cuda(self) -> tuple[int, int] | None:
+        return parse_cuda_version(self.container_version) if self.cuda_version else None
+
+    def runs_on(self, instance: InstanceType) -> bool:
+        """False when this image's CUDA build cannot run on the instance's GPU."""
+        return cuda_incompatibility(self.cuda, instance) is None
+
+    @property
+    def label(self) -> str:
+        return f"transformers {self.transformers_version} / PyTorch {self.pytorch_version}"
+
+
+# ---------------------------------------------------------------------------------------
+# CUDA versions and what runs where
+
+
+def parse_cuda_version(tag_or_uri: str) -> tuple[int, int] | None:
+    """(12, 4) from a tag or URI holding "cu124"; (11, 0) from "cu110"; None if none."""
+    m = _CUDA_IN_TAG.search(_tag_of(tag_or_uri))
+    if not m:
+        return None
+    digits = m.group(1)
+    return (int(digits[:-1]), int(digits[-1]))
+
+
+def cuda_incompatibility(cuda: tuple[int, int] | None, instance: InstanceType) -> str | None:
+    """Why a CUDA `cuda` build cannot run on `instance`'s GPU, or None when it can (or
+    when either is unknown: a CPU image, a CPU instance).
+
+    The text completes "... is a CUDA 13.0 build, which cannot run on <instance> (<why>)".
+    """
+    cc = instance.compute_capability
+    if cc is None or cuda is None:
+        return None
+    gpu = f"{instance.gpu_model}, compute capability {cc[0]}.{cc[1]}"
+    known_majors = sorted(MIN_COMPUTE_CAPABILITY_BY_CUDA_MAJOR)
+    # A CUDA major newer than the table drops at least what the newest known one dropped.
+    major = min(cuda[0], known_majors[-1])
+    floor = MIN_COMPUTE_CAPABILITY_BY_CUDA_MAJOR.get(major)
+    if floor is not None and cc < floor:
+        return f"{gpu}, needs >= {floor[0]}.{floor[1]}"
+    needs = MIN_CUDA_BY_COMPUTE_CAPABILITY.get(cc)
+    if needs is not None and cuda < needs:
+        return f"{gpu}, needs CUDA >= {needs[0]}.{needs[1]}"
+    return None
+
+
+def _cuda_advice(instance: InstanceType) -> str:
+    """Which images would run: "choose a cu12x image" / "choose a cu118 or newer image"."""
+    cc = instance.compute_capability
+    assert cc is not None
+    majors = [m for m, floor in MIN_COMPUTE_CAPABILITY_BY_CUDA_MAJOR.items() if cc >= floor]
+    newest_major = max(majors) if majors else None
+    needs = MIN_CUDA_BY_COMPUTE_CAPABILITY.get(cc)
+    if newest_major is not None and newest_major < max(MIN_COMPUTE_CAPABILITY_BY_CUDA_MAJOR):
+        return f"choose a cu{newest_major}x image"
+    if needs is not None:
+        return f"choose a cu{needs[0]}{needs[1]} or newer image"
+    return "choose an image built for this GPU"
+
+
+# ---------------------------------------------------------------------------------------
+# The config
+
+
+def ecr_hostname(region: str) -> str:
+    """ECR's hostname in `region`, per partition (what botocore's endpoint resolver gives)."""
+    if region.startswith("cn-"):
+        suffix = "amazonaws.com.cn"
+    elif region.startswith("us-isob-"):
+        suffix = "sc2s.sgov.gov"
+    elif region.startswith("us-isof-"):
+        suffix = "csp.hci.ic.gov"
+    elif region.startswith("us-iso-"):
+        suffix = "c2s.ic.gov"
+    elif region.startswith("eu-isoe-"):
+        suffix = "cloud.adc-e.uk"
+    else:
+        suffix = "amazonaws.com"
+    return f"ecr.{region}.{suffix}"
+
+
+def image_config_path() -> str | None:
+    """Where sagemaker-core's huggingface.json is, found on sys.path without importing it."""
+    for entry in sys.path:
+        candidate = os.path.join(entry or os.curdir, *_CONFIG_RELPATH)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def image_config_source() -> str:
+    """"sagemaker-core 2.27.0" (the package whose image config is used), for docs and plans."""
+    from importlib import metadata
+
+    try:
+        return f"sagemaker-core {metadata.version('sagemaker-core')}"
+    except metadata.PackageNotFoundError:
+        return "sagemaker-core (not installed)"
+
+
+@functools.lru_cache(maxsize=1)
+def _load_default_config() -> dict[str, Any]:
+    path = image_config_path()
+    if path is None:
+        raise UserError(
+            "picking a Hugging Face training image needs sagemaker-core's image config, which is not "
+            "installed; pip install 'distrain-cloud[sagemaker]', or pass --image-uri"
+        )
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _training_scope(config: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if config is None:
+        config = _load_default_config()
+    return config["training"] if "training" in config else config
+
+
+def _version_key(version: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.\-+]", version))
+
+
+def training_images(config: Mapping[str, Any] | None = None) -> tuple[TrainingImage, ...]:
+    """Every Hugging Face PyTorch training image in the config, newest first.
+
+    `config` is the parsed huggingface.json (or its "training" part); by default
+    sagemaker-core's. Entries without a container_version for a processor are left out:
+    their tag names no CUDA version, so nothing could vouch for them (transformers 4.4/4.5).
+    """
+    scope = _training_scope(config)
+    scope_processors = scope.get("processors") or ["gpu"]
+    found = []
+    for tv, by_framework in scope["versions"].items():
+        if not isinstance(by_framework, Mapping):
+            continue
+        for fw, entry in by_framework.items():
+            if not fw.startswith("pytorch") or not isinstance(entry, Mapping) or "repository" not in entry:
+                continue
+            py_versions = entry.get("py_versions") or []
+            if not py_versions:
+                continue
+            py = max(py_versions, key=lambda p: _version_key(p[2:]) if p[2:].isdigit() else (0,))
+            containers = entry.get("container_version") or {}
+            for processor in entry.get("processors") or scope_processors:
+                container = containers.get(processor)
+                if not container:
+                    continue
+                cuda = parse_cuda_version(container)
+                if processor != "cpu" and cuda is None:
+                    continue
+                found.append(TrainingImage(
+                    transformers_version=tv,
+                    pytorch_version=fw[len("pytorch"):],
+                    py_version=py,
+                    processor=processor,
+                    container_version=container,
+                    cuda_version=None if processor == "cpu" else "%d.%d" % cuda,
+                    repository=entry["repository"],
+                    registries=dict(entry.get("registries") or {}),
+                ))
+    found.sort(key=lambda i: (_version_key(i.transformers_version), _version_key(i.pytorch_version)), reverse=True)
+    return tuple(found)
+
+
+def known_regions(config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """Regions where the config publishes at least one Hugging Face PyTorch training image."""
+    return tuple(sorted({r for image in training_images(config) for r in image.registries}))
+
+
+# ---------------------------------------------------------------------------------------
+# Choosing
+
+
+def _matches(requested: str | None, version: str) -> bool:
+    """"4.56" and "4.56.2" both match 4.56.2; "2.8" matches PyTorch 2.8.0."""
+    if requested is None:
+        return True
+    requested = requested.strip().lower().removeprefix("pytorch").removeprefix("v")
+    return version == requested or version.startswith(requested + ".")
+
+
+def choose_training_image(
+    instance: InstanceType,
+    region: str,
+    *,
+    transformers_version: str | None = None,
+    pytorch_version: str | None = None,
+    image_uri: str | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> ImageChoice:
+    """The Hugging Face PyTorch training image to run on `instance` in `region`.
+
+    Default: the newest transformers/PyTorch pair whose CUDA build runs on the instance's
+    GPU. `transformers_version` / `pytorch_version` ("4.56" or "4.56.2") narrow the choice;
+    `image_uri` is taken as given unless its tag names a CUDA version the GPU cannot run.
+    `config` replaces sagemaker-core's huggingface.json (tests, pinned snapshots).
+    Raises UserError naming the flag to change.
+    """
+    if image_uri:
+        return _check_explicit(instance, region, image_uri, transformers_version, pytorch_version, config)
+
+    regions = known_regions(config)
+    if region not in regions:
+        raise UserError(
+            f"unknown region {region!r} (--region): Hugging Face training images are published in "
+            + ", ".join(regions)
+        )
+
+    processor = "gpu" if instance.is_gpu else "cpu"
+    images = [i for i in training_images(config) if i.processor == processor]
+    if not images:
+        raise UserError(
+            f"{instance.name} has no GPU and {image_config_source()} lists only GPU builds of the "
+            "Hugging Face training image; choose a GPU instance type (--instance-type, e.g. ml.g5.xlarge), "
+            "or pass --image-uri with a CPU image"
+        )
+
+    pinned = [i for i in images
+              if _matches(transformers_version, i.transformers_version) and _matches(pytorch_version, i.pytorch_version)]
+    if not pinned:
+        asked = " and ".join(
+            f"{flag} {value}" for flag, value in
+            (("--transformers-version", transformers_version), ("--pytorch-version", pytorch_version)) if value
+        )
+        pairs = ", ".join(f"{i.transformers_version}/{i.pytorch_version}" for i in images)
+        raise UserError(f"no Hugging Face training image matches {asked}; transformers/PyTorch pairs: {pairs}")
+
+    in_region = [i for i in pinned if region in i.registries]
+    if not in_region:
+        raise UserError(
+            f"{pinned[0].label} images are not published in {region} (--region); "
+            f"they are in: {', '.join(sorted(pinned[0].registries))}"
+        )
+
+    runnable = [i for i in in_region if i.runs_on(instance)]
+    newest = in_region[0]
+    if not runnable:
+        raise UserError(_pinned_incompatible(instance, region, newest, transformers_version, pytorch_version, config))
+
+    pick = runnable[0]
+    pinning = bool(transformers_version or pytorch_version)
+    if not pinning:
+        # Falling back by years to what an odd region still carries would surprise anyone:
+        # say so, and let them pin that image or move region.
+        best = next(i for i in pinned if i.runs_on(instance))
+        if best is not pick:
+            elsewhere = next((r for r in ("us-east-1", "us-west-2", "eu-west-1") if r in best.registries),
+                             sorted(best.registries)[0])
+            raise UserError(
+                f"the newest Hugging Face training image for {instance.name} ({best.label}) is not published in "
+                f"{region}, where the newest is {pick.label}; pin that with --transformers-version "
+                f"{pick.transformers_version} --pytorch-version {pick.pytorch_version}, or use --region {elsewhere}"
+            )
+    return ImageChoice(
+        uri=pick.uri(region),
+        transformers_version=pick.transformers_version,
+        pytorch_version=pick.pytorch_version,
+        py_version=pick.py_version,
+        cuda_version=pick.cuda_version,
+        reason=_reason(instance, region, pick, newest, pinned[0], pinning),
+    )
+
+
+def _reason(instance: InstanceType, region: str, pick: TrainingImage, newest: TrainingImage,
+            newest_anywhere: TrainingImage, pinned: bool) -> str:
+    build = f"CUDA {pick.cuda_version}" if pick.cuda_version else "CPU build"
+    what = "newest pinned image" if pinned else "newest image"
+    if pick is not newest:
+        why = cuda_incompatibility(newest.cuda, instance)
+        return (f"{what} that runs on {instance.gpu_model} ({build}); {newest.label} is a "
+                f"CUDA {newest.cuda_version} build ({why})")
+    if newest is not newest_anywhere:
+        return f"{what} published in {region} ({build}); {newest_anywhere.label} is not"
+    return f"{what} ({build})"
+
+
+def _pinned_incompatible(instance: InstanceType, region: str, image: TrainingImage,
+                         transformers_version: str | None, pytorch_version: str | None,
+                         config: Mapping[str, Any] | None) -> str:
+    why = cuda_incompatibility(image.cuda, instance)
+    flags = " and ".join(flag for flag, value in
+                         (("--transformers-version", transformers_version), ("--pytorch-version", pytorch_version))
+                         if value)
+    msg = f"{image.label} is a CUDA {image.cuda_version} build, which cannot run on {instance.name} ({why})"
+    if not flags:  # nothing pinned, and still nothing runs: only an explicit image can help
+        return (f"no Hugging Face training image of {image_config_source()} runs on {instance.name}: "
+                f"the newest, {msg}; pass --image-uri and {_cuda_advice(instance)}")
+    try:
+        default = choose_training_image(instance, region, config=config)
+    except UserError:
+        return f"{msg}; {_cuda_advice(instance)}"
+    return (f"{msg}; drop {flags} to let distrain-cloud pick {default.transformers_version}/"
+            f"{default.pytorch_version} ({default.uri})")
+
+
+def _tag_of(uri: str) -> str:
+    """The tag of an image URI ("" when it has none, e.g. digest-only); a bare tag as is."""
+    last = uri.rsplit("/", 1)[-1].split("@", 1)[0]
+    if ":" in last:
+        return last.split(":", 1)[1]
+    return "" if ("/" in uri or "@" in uri) else last
+
+
+def _check_explicit(instance: InstanceType, region: str, image_uri: str, transformers_version: str | None,
+                    pytorch_version: str | None, config: Mapping[str, Any] | None) -> ImageChoice:
+    image_uri = image_uri.strip()
+    tag = _tag_of(image_uri)
+    m = _HF_TAG.match(tag)
+    tag_tv, tag_pt = (m.group("transformers"), m.group("pytorch")) if m else (None, None)
+    for flag, what, asked, found in (("--transformers-version", "transformers", transformers_version, tag_tv),
+                                     ("--pytorch-version", "PyTorch", pytorch_version, tag_pt)):
+        if asked and found and not _matches(asked, found):
+            raise UserError(f"--image-uri is a {what} {found} image but {flag} asks for {asked}; drop one of them")
+    py = _PY_IN_TAG.search(tag)
+    cuda = parse_cuda_version(tag)
+    described = dict(
+        uri=image_uri,
+        transformers_version=tag_tv or transformers_version,
+        pytorch_version=tag_pt or pytorch_version,
+        py_version=py.group(1) if py else None,
+    )
+    if cuda is None:
+        return ImageChoice(**described, cuda_version=None, reason="explicit image, CUDA version unknown")
+    cuda_str = "%d.%d" % cuda
+    if not instance.is_gpu:
+        return ImageChoice(**described, cuda_version=cuda_str,
+                           reason=f"explicit image (CUDA {cuda_str} build on a CPU instance)")
+    why = cuda_incompatibility(cuda, instance)
+    if why is None:
+        return ImageChoice(**described, cuda_version=cuda_str,
+                           reason=f"explicit image, CUDA {cuda_str} runs on {instance.gpu_model}")
+    fix = _cuda_advice(instance)
+    try:
+        default = choose_training_image(instance, region, transformers_version=None, pytorch_version=None,
+                                        config=config)
+        fix = f"drop --image-uri to let distrain-cloud pick {default.uri}, or {fix}"
+    except UserError:
+        pass
+    name = image_uri.rsplit("/", 1)[-1]
+    raise UserError(f"image {name} is a CUDA {cuda_str} build, which cannot run on {instance.name} ({why}); {fix}")
