@@ -47,12 +47,12 @@ class TrainArgs:
     batch_size: int = 16
     eval_batch_size: int | None = None
     grad_accum: int = 1
-    lr: float = 5e-4
+    lr: float | None = None  # 5e-5 fine-tuning a pretrained --model, 1e-3 training from a config
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     warmup_steps: int = 0
     scheduler: str = "linear"
-    epochs: float = 1.0
+    epochs: float = 3.0
     max_steps: int | None = None
     seed: int = 42
     compile: bool = False
@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="per device, per micro-step")
     g.add_argument("--eval-batch-size", type=int)
     g.add_argument("--grad-accum", type=int, default=d.grad_accum)
-    g.add_argument("--lr", type=float, default=d.lr)
+    g.add_argument("--lr", type=float, default=d.lr,
+                   help="peak learning rate (default: 5e-5 for a pretrained --model, 1e-3 from a config)")
     g.add_argument("--weight-decay", type=float, default=d.weight_decay)
     g.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm, help="0 turns clipping off")
     g.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
@@ -151,6 +152,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
 
 
 def validate(a: TrainArgs) -> None:
+    if a.lr is None:
+        a.lr = 5e-5 if a.model else 1e-3
     sources = [n for n, v in (("--model", a.model), ("--model-config", a.model_config), ("--preset", a.preset)) if v]
     if len(sources) > 1:
         raise ArgumentError(f"give one of --model, --model-config, --preset, not {' and '.join(sources)}")

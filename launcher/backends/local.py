@@ -1,0 +1,190 @@
+"""The local backend: the container contract in a work folder on this machine, no Docker.
+
+`<workdir>/<job>/` holds the contract's folders (model/, output/, checkpoints/), the plan
+(job.json), the log (job.log) and the exit status (status.json). The job runs the same
+node launcher every backend runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from distrain_cloud.infra.errors import UserError
+from distrain_cloud.training.contract import Contract
+from distrain_cloud.training.node_launch import plan_node
+from distrain_cloud.training.strategies import deepspeed_config, parse_strategy
+
+from ..plan import Check, Plan, unique_job_name
+from ..spec import JobSpec
+
+
+def local_gpus() -> tuple[int, tuple[int, int] | None]:
+    """(GPU count, lowest compute capability) from nvidia-smi; no torch import."""
+    if not shutil.which("nvidia-smi"):
+        return 0, None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return 0, None
+    caps = [tuple(int(x) for x in c.split(".")) for c in out if c[:1].isdigit()]
+    return len(caps), (min(caps) if caps else None)  # type: ignore[return-value]
+
+
+def default_precision(gpus: int, capability: tuple[int, int] | None) -> str:
+    if gpus == 0:
+        return "no"
+    return "bf16" if capability and capability >= (8, 0) else "fp16"
+
+
+class LocalBackend:
+    name = "local"
+
+    def plan(self, spec: JobSpec, *, dry_run: bool = False) -> Plan:
+        if spec.nodes != 1:
+            raise UserError(f"--nodes {spec.nodes}: the local backend runs one node; drop --nodes or use "
+                            "a SageMaker instance type")
+        if spec.spot:
+            raise UserError("--spot applies to cloud instances, not --instance local")
+        gpus, capability = local_gpus()
+        precision = spec.precision or default_precision(gpus, capability)
+        if gpus == 0 and precision != "no":
+            raise UserError(f"--precision {precision} needs a GPU; this machine has none: use --precision no")
+        job_name = unique_job_name(spec.name)
+        argv = spec.check_training_args(precision, job_name)
+        root = (spec.local.workdir / job_name).resolve()
+        contract = Contract(model_dir=root / "model", output_dir=root / "output", checkpoint_dir=root / "checkpoints",
+                            channels={k: Path(v).resolve() for k, v in spec.inputs.items()}, gpus_per_node=gpus,
+                            main_port=_free_port())
+        node = plan_node(argv, contract, processes=spec.local.processes)
+        processes = node.config["num_processes"]
+        command = [sys.executable, "-m", "distrain_cloud.training.node_launch"]
+        if spec.local.processes:
+            command += ["--processes", str(spec.local.processes)]
+        command += ["--", *argv]
+        env = {**contract.to_env(), **node.env}
+        configs: dict[str, Any] = {"accelerate_config": node.config}
+        strategy = parse_strategy(spec.strategy)
+        if strategy.uses_deepspeed:
+            from distrain_cloud.training.args import parse_args
+
+            a = parse_args(argv)
+            configs["deepspeed_config"] = deepspeed_config(
+                strategy, micro_batch_size=a.batch_size, grad_accum=a.grad_accum, world_size=processes,
+                precision=precision, max_grad_norm=a.max_grad_norm)
+        checks = [
+            Check("training arguments parse", True),
+            Check("work folder is new", not root.exists(), str(root)),
+            Check("training stack installed", _has_training_stack(),
+                  "" if _has_training_stack() else "pip install 'distrain-cloud[train]'"),
+        ]
+        for name, path in contract.channels.items():
+            checks.append(Check(f"input channel {name} exists", path.exists(), str(path)))
+        if spec.secrets:
+            checks.append(Check("secrets", True, "resolved inside the job from: " + ", ".join(spec.secrets)))
+        return Plan(
+            backend=self.name, job_name=job_name,
+            summary={"instance": "local", "processes": processes, "gpus": gpus, "strategy": spec.strategy,
+                     "precision": precision, "workdir": str(root)},
+            request={"command": command, "env": env, "cwd": str(root)},
+            configs=configs, checks=checks, payload={"secrets": dict(spec.secrets)},
+        )
+
+    def submit(self, plan: Plan, *, wait: bool = True) -> int:
+        failed = plan.failed_checks
+        if failed:
+            raise UserError("plan check failed: " + "; ".join(f"{c.name} ({c.detail})" for c in failed))
+        root = Path(plan.request["cwd"])
+        root.parent.mkdir(parents=True, exist_ok=True)
+        root.mkdir()  # exclusive: never reuse another job's folder
+        (root / "job.json").write_text(plan.to_json())
+        _write_status(root, "InProgress")
+        env = {**os.environ, **plan.request["env"]}
+        command = list(plan.request["command"])
+        secrets = plan.payload.get("secrets") or {}
+        if secrets:
+            # References only: the wrapper resolves them inside the job's own process.
+            env["DISTRAIN_SECRETS"] = json.dumps(secrets)
+            command = [sys.executable, "-m", "distrain_cloud.infra.secret_env", "--", *command]
+        with open(root / "job.log", "wb") as log:
+            proc = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+            try:
+                assert proc.stdout is not None
+                for line in iter(proc.stdout.readline, b""):
+                    sys.stdout.buffer.write(line)
+                    sys.stdout.flush()
+                    log.write(line)
+                code = proc.wait()
+            except KeyboardInterrupt:
+                proc.send_signal(signal.SIGTERM)  # let it checkpoint
+                code = proc.wait()
+            finally:
+                signal.signal(signal.SIGTERM, previous)
+        _write_status(root, "Completed" if code == 0 else ("Stopped" if code == 143 else "Failed"), code)
+        print(f"job {plan.job_name}: {'completed' if code == 0 else f'exited with code {code}'}; "
+              f"model in {root / 'model'}, logs in {root / 'job.log'}", file=sys.stderr)
+        return code
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _root(self, job_name: str, workdir: Path) -> Path:
+        root = workdir / job_name
+        if not (root / "job.json").is_file():
+            raise UserError(f"no local job {job_name!r} under {workdir}/ (see `distrain-cloud ls --backend local`)")
+        return root
+
+    def status(self, job_name: str, *, workdir: Path = Path("runs"), **_: Any) -> dict[str, Any]:
+        root = self._root(job_name, workdir)
+        return {"job_name": job_name, **json.loads((root / "status.json").read_text())}
+
+    def list_jobs(self, *, workdir: Path = Path("runs"), **_: Any) -> list[dict[str, Any]]:
+        if not workdir.is_dir():
+            return []
+        jobs = [self.status(p.name, workdir=workdir) for p in sorted(workdir.iterdir()) if (p / "status.json").is_file()]
+        return sorted(jobs, key=lambda j: j.get("updated", 0), reverse=True)
+
+    def logs(self, job_name: str, *, follow: bool = False, workdir: Path = Path("runs"), **_: Any) -> int:
+        root = self._root(job_name, workdir)
+        with open(root / "job.log", "rb") as f:
+            while True:
+                chunk = f.read()
+                if chunk:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
+                if not follow or self.status(job_name, workdir=workdir)["status"] != "InProgress":
+                    return 0
+                time.sleep(1)
+
+    def cancel(self, job_name: str, **_: Any) -> str:
+        raise UserError("a local job runs in the foreground: stop it with Ctrl-C (it saves a checkpoint first)")
+
+
+def _free_port() -> int:
+    # Several local jobs at once must not fight over torch.distributed's default port.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _has_training_stack() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "accelerate"))
+
+
+def _write_status(root: Path, status: str, exit_code: int | None = None) -> None:
+    (root / "status.json").write_text(json.dumps({"status": status, "exit_code": exit_code, "updated": time.time()}))
+
+
+BACKEND = LocalBackend()

@@ -1,0 +1,188 @@
+"""`distrain-cloud`: thin commands over the launcher library.
+
+Only typer is imported at module level, so `--help` is instant; each command imports
+what it needs. Known errors print as one line (`error: ...`) with a non-zero exit;
+DISTRAIN_DEBUG=1 shows the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(
+    help="Run Hugging Face training jobs (Accelerate + DeepSpeed ZeRO) on SageMaker, EC2 or locally.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+# What follows `--` on the command line: training flags, passed through untouched.
+_TRAIN_ARGS: list[str] = []
+
+Backend = Annotated[Optional[str], typer.Option("--backend", help="sagemaker or local (default: sagemaker)")]
+Region = Annotated[Optional[str], typer.Option("--region", help="AWS region (default: AWS_REGION / profile)")]
+Json = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+Workdir = Annotated[Path, typer.Option("--workdir", help="local backend: folder holding local jobs")]
+
+
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def submit(
+    spec: Annotated[Optional[Path], typer.Argument(help="job spec YAML (optional); flags override it")] = None,
+    instance: Annotated[Optional[str], typer.Option("--instance", "-i", help="local, ml.p3.8xlarge, ...")] = None,
+    nodes: Annotated[Optional[int], typer.Option("--nodes", "-n", help="instances (each: one process per GPU)")] = None,
+    processes: Annotated[Optional[int], typer.Option("--processes", help="local: processes to start")] = None,
+    strategy: Annotated[Optional[str], typer.Option("--strategy", "-s", help="ddp, zero1, zero2, zero3, zero2-offload, zero3-offload, single")] = None,
+    precision: Annotated[Optional[str], typer.Option("--precision", help="no, fp16 or bf16 (default: by GPU)")] = None,
+    spot: Annotated[Optional[bool], typer.Option("--spot/--on-demand", help="spot capacity, resumed from checkpoints")] = None,
+    max_run: Annotated[Optional[str], typer.Option("--max-run", help="wall-clock limit: 3600, 90m, 6h")] = None,
+    max_wait: Annotated[Optional[str], typer.Option("--max-wait", help="spot: limit including waiting")] = None,
+    max_cost: Annotated[Optional[float], typer.Option("--max-cost", help="refuse if worst-case USD exceeds this")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="job name prefix")] = None,
+    region: Region = None,
+    secret: Annotated[Optional[list[str]], typer.Option("--secret", help="ENV=REFERENCE (Secrets Manager ARN or ssm:/name); repeatable")] = None,
+    input_: Annotated[Optional[list[str]], typer.Option("--input", help="CHANNEL=S3-URI-or-path; repeatable")] = None,
+    image_uri: Annotated[Optional[str], typer.Option("--image-uri", help="SageMaker: explicit training image")] = None,
+    role: Annotated[Optional[str], typer.Option("--role", help="SageMaker: execution role name or ARN")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan; send nothing")] = False,
+    as_json: Json = False,
+    wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends")] = False,
+) -> None:
+    """Plan a training job and run it (or only print the plan with --dry-run).
+
+    Training flags go after `--`, e.g. `submit --instance local -- --task causal-lm --max-steps 50`.
+    """
+    from .api import load, plan_job, submit_job
+
+    overrides = {
+        "instance": instance, "nodes": nodes, "strategy": strategy, "precision": precision, "spot": spot,
+        "max_run": max_run, "max_wait": max_wait, "max_cost": max_cost, "name": name, "region": region,
+        "secrets": _pairs(secret, "--secret"), "inputs": _pairs(input_, "--input"),
+        "local.processes": processes, "sagemaker.image_uri": image_uri, "sagemaker.role": role,
+        "train_args": list(_TRAIN_ARGS) or None,
+    }
+    job = load(spec, overrides)
+    plan = plan_job(job, dry_run=dry_run)
+    if dry_run or as_json:
+        typer.echo(plan.to_json() if as_json else plan.render())
+    if dry_run:
+        failed = plan.failed_checks
+        raise typer.Exit(1 if failed else 0)
+    raise typer.Exit(submit_job(plan, wait=wait))
+
+
+@app.command()
+def status(job: str, backend: Backend = None, region: Region = None, workdir: Workdir = Path("runs"),
+           as_json: Json = False) -> None:
+    """Show a job's status."""
+    from .backends import get_backend
+
+    info = get_backend(backend or "sagemaker").status(job, region=region, workdir=workdir)
+    _show(info, as_json)
+
+
+@app.command("ls")
+def list_jobs(backend: Backend = None, region: Region = None, workdir: Workdir = Path("runs"),
+              limit: Annotated[int, typer.Option("--limit")] = 20, as_json: Json = False) -> None:
+    """List recent jobs."""
+    from .backends import get_backend
+
+    jobs = get_backend(backend or "sagemaker").list_jobs(region=region, workdir=workdir, limit=limit)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(jobs, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("job", "status", "instance", "created", "detail")
+    for j in jobs:
+        table.add_row(j.get("job_name", ""), j.get("status", ""), str(j.get("instance", "")),
+                      str(j.get("created", "")), str(j.get("detail", "") or ""))
+    Console().print(table)
+
+
+@app.command()
+def logs(job: str, follow: Annotated[bool, typer.Option("--follow", "-f")] = False, backend: Backend = None,
+         region: Region = None, workdir: Workdir = Path("runs")) -> None:
+    """Print a job's logs (all hosts); --follow until it ends."""
+    from .backends import get_backend
+
+    raise typer.Exit(get_backend(backend or "sagemaker").logs(job, follow=follow, region=region, workdir=workdir))
+
+
+@app.command()
+def cancel(job: str, backend: Backend = None, region: Region = None) -> None:
+    """Stop a running job (it saves a checkpoint on the way out)."""
+    from .backends import get_backend
+
+    typer.echo(get_backend(backend or "sagemaker").cancel(job, region=region))
+
+
+@app.command()
+def instances(as_json: Json = False) -> None:
+    """The instance catalog: GPUs, memory, price."""
+    from .catalog import all_instances
+
+    rows = [i for i in all_instances() if i.gpus]
+    if as_json:
+        import dataclasses
+        import json
+
+        typer.echo(json.dumps([dataclasses.asdict(i) for i in rows], indent=2))
+        return
+    for i in rows:
+        price = i.hourly_usd.get("us-east-1")
+        typer.echo(f"{i.name:22} {i.gpus} x {i.gpu_model:5} {i.gpu_memory_gib:4} GiB  "
+                   f"cc {i.compute_capability_str}  ${price if price else '?'}/h (us-east-1)")
+
+
+def _pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:
+    from distrain_cloud.infra.errors import UserError
+
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise UserError(f"{flag} expects NAME=VALUE, got {item.split('=')[0]!r}...")
+        out[key] = value
+    return out
+
+
+def _show(info: dict, as_json: bool) -> None:
+    import json
+
+    if as_json:
+        typer.echo(json.dumps(info, indent=2, default=str))
+    else:
+        for k, v in info.items():
+            typer.echo(f"{k}: {v}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        _TRAIN_ARGS[:] = argv[cut + 1 :]
+        argv = argv[:cut]
+    from distrain_cloud.infra.errors import UserError
+
+    try:
+        app(args=argv, prog_name="distrain-cloud", standalone_mode=True)
+    except UserError as e:
+        if os.environ.get("DISTRAIN_DEBUG"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()
