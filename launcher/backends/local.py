@@ -64,7 +64,10 @@ class LocalBackend:
         contract = Contract(model_dir=root / "model", output_dir=root / "output", checkpoint_dir=root / "checkpoints",
                             channels={k: Path(v).resolve() for k, v in spec.inputs.items()}, gpus_per_node=gpus,
                             main_port=_free_port())
-        node = plan_node(argv, contract, processes=spec.local.processes)
+        try:
+            node = plan_node(argv, contract, processes=spec.local.processes)
+        except ValueError as e:
+            raise UserError(str(e)) from None
         processes = node.config["num_processes"]
         command = [sys.executable, "-m", "distrain_cloud.training.node_launch"]
         if spec.local.processes:

@@ -1,0 +1,89 @@
+"""The local backend's plan, and the CLI end to end on the offline default."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distrain_cloud.infra.errors import UserError
+from distrain_cloud.launcher.api import plan_job
+from distrain_cloud.launcher.spec import load_spec
+
+
+def local_spec(tmp_path, **overrides):
+    return load_spec(None, {"local": {"workdir": str(tmp_path / "runs")}, **overrides})
+
+
+def test_plan_lays_out_the_contract_and_renders_configs(tmp_path):
+    plan = plan_job(local_spec(tmp_path, strategy="zero2", train_args=["--batch-size", "4"],
+                               **{"local.processes": 2}), dry_run=True)
+    env, root = plan.request["env"], Path(plan.request["cwd"])
+    assert root.parent == (tmp_path / "runs").resolve() and not root.exists()
+    assert env["DISTRAIN_MODEL_DIR"] == str(root / "model")
+    assert env["DISTRAIN_CHECKPOINT_DIR"] == str(root / "checkpoints")
+    assert env["DS_ACCELERATOR"] == "cpu"
+    assert plan.configs["accelerate_config"]["num_processes"] == 2
+    ds = plan.configs["deepspeed_config"]
+    assert ds["zero_optimization"]["stage"] == 2 and ds["train_batch_size"] == 4 * 1 * 2
+    assert plan.request["command"][-2:] == ["--batch-size", "4"]
+    assert all(c.ok for c in plan.checks)
+
+
+def test_job_names_are_unique(tmp_path):
+    names = {plan_job(local_spec(tmp_path), dry_run=True).job_name for _ in range(20)}
+    assert len(names) == 20
+
+
+def test_local_refuses_what_it_cannot_do(tmp_path):
+    with pytest.raises(UserError, match="--nodes 2: the local backend runs one node"):
+        plan_job(local_spec(tmp_path, nodes=2))
+    with pytest.raises(UserError, match="--precision bf16 needs a GPU"):
+        plan_job(local_spec(tmp_path, precision="bf16"))
+    with pytest.raises(UserError, match="strategy 'single' runs one process"):
+        plan_job(local_spec(tmp_path, strategy="single", **{"local.processes": 2}))
+
+
+def cli(*args, cwd, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "distrain_cloud.launcher.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
+    r = cli("submit", "--instance", "local", "--dry-run", "--json", "--", "--max-steps", "3", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["backend"] == "local" and plan["request"]["command"][-2:] == ["--max-steps", "3"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bad_flag_value_is_one_line_and_creates_nothing(tmp_path):
+    r = cli("submit", "--instance", "local", "--strategy", "zero9", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: the command line: strategy: unknown strategy 'zero9'; choose one of: single, ddp, zero1, zero2, "
+        "zero3, zero2-offload, zero3-offload"]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_submit_local_runs_the_offline_default_end_to_end(tmp_path):
+    r = cli("submit", "--instance", "local", "--", "--max-steps", "40", "--log-every", "10", "--eval-every", "20",
+            cwd=tmp_path, env={"WANDB_MODE": "", "WANDB_API_KEY": ""})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (root,) = (tmp_path / "runs").iterdir()
+    assert json.loads((root / "status.json").read_text())["status"] == "Completed"
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (root / "model").iterdir()}
+    losses = [json.loads(l)["train_loss"] for l in (root / "output" / "metrics.jsonl").read_text().splitlines()
+              if "train_loss" in l]
+    assert losses[-1] < losses[0]
+    assert "eval_accuracy=" in r.stdout
+    assert list((root / "output" / "wandb").glob("offline-run-*"))
+    # ls and status read the job back
+    ls = cli("ls", "--backend", "local", "--json", cwd=tmp_path)
+    assert json.loads(ls.stdout)[0]["job_name"] == root.name
+    st = cli("status", root.name, "--backend", "local", "--json", cwd=tmp_path)
+    assert json.loads(st.stdout)["status"] == "Completed"

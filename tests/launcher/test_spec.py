@@ -1,0 +1,94 @@
+"""The job spec: YAML + overrides, unknown keys named, every shipped example loads."""
+
+from pathlib import Path
+
+import pytest
+
+from distrain_cloud.infra.errors import UserError
+from distrain_cloud.launcher.spec import JobSpec, load_spec, parse_duration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path, text):
+    p = tmp_path / "job.yaml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_example_loads(path):
+    spec = load_spec(path)
+    assert spec.instance
+    # The spec must also produce valid training arguments.
+    spec.check_training_args("no", "x")
+
+
+def test_unknown_top_level_key_is_named(tmp_path):
+    with pytest.raises(UserError, match=r"unknown key 'nodez'.*known keys: .*nodes"):
+        load_spec(write(tmp_path, "nodez: 2\n"))
+
+
+def test_unknown_nested_key_is_named_with_its_section(tmp_path):
+    with pytest.raises(UserError, match=r"unknown key 'sagemaker.rolee' in sagemaker; known keys: role"):
+        load_spec(write(tmp_path, "sagemaker:\n  rolee: x\n"))
+
+
+def test_unknown_hyperparameter_suggests_the_right_one(tmp_path):
+    with pytest.raises(UserError, match=r"unknown training flag 'learning_rat'|did you mean"):
+        load_spec(write(tmp_path, "hyperparameters:\n  batch_sise: 4\n"))
+
+
+def test_hyperparameter_owned_by_the_spec_is_refused(tmp_path):
+    with pytest.raises(UserError, match="set strategy at the top of the spec"):
+        load_spec(write(tmp_path, "hyperparameters:\n  strategy: zero2\n"))
+
+
+def test_cli_overrides_win_over_yaml(tmp_path):
+    spec = load_spec(write(tmp_path, "instance: ml.g5.xlarge\nstrategy: zero2\nnodes: 2\n"),
+                     {"strategy": "zero3", "nodes": None, "sagemaker.role": "r"})
+    assert (spec.strategy, spec.nodes, spec.sagemaker.role) == ("zero3", 2, "r")
+
+
+def test_bad_strategy_and_invalid_yaml_are_one_line(tmp_path):
+    with pytest.raises(UserError, match="unknown strategy 'zero4'") as e:
+        load_spec(None, {"strategy": "zero4"})
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="not valid YAML at line 2"):
+        load_spec(write(tmp_path, "a: 1\n b: [\n"))
+    with pytest.raises(UserError, match="not found"):
+        load_spec(tmp_path / "missing.yaml")
+
+
+def test_durations_and_spot_rules():
+    assert parse_duration("6h") == 21600 and parse_duration("90m") == 5400 and parse_duration(60) == 60
+    assert JobSpec(spot=True, max_run="1h", max_wait="2h").max_wait == 7200
+    with pytest.raises(UserError, match=r"max_wait \(1800s\) must be >= max_run \(3600s\)"):
+        load_spec(None, {"spot": True, "max_run": "1h", "max_wait": "30m"})
+    with pytest.raises(UserError, match="spot jobs only"):
+        load_spec(None, {"max_wait": "2h"})
+
+
+def test_secret_must_be_a_reference_and_value_is_never_echoed():
+    value = "hf_" + "x" * 34
+    with pytest.raises(UserError) as e:
+        load_spec(None, {"secrets": {"HF_TOKEN": value}})
+    assert "must be a reference" in str(e.value) and value not in str(e.value)
+    ok = load_spec(None, {"secrets": {"HF_TOKEN": "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-AbC",
+                                      "WANDB_API_KEY": "ssm:/team/wandb"}})
+    assert set(ok.secrets) == {"HF_TOKEN", "WANDB_API_KEY"}
+
+
+def test_training_argv_combines_spec_and_raw_flags():
+    spec = load_spec(None, {"hyperparameters": {"task": "causal-lm", "compile": True, "lr": 3e-4},
+                            "strategy": "zero2", "train_args": ["--max-steps", "5"]})
+    argv = spec.check_training_args("bf16", "job-1")
+    assert argv[:5] == ["--task", "causal-lm", "--compile", "--lr", "0.0003"]
+    assert argv[argv.index("--strategy") + 1] == "zero2" and argv[-2:] == ["--max-steps", "5"]
+    with pytest.raises(UserError, match="training arguments: argument --task: invalid choice"):
+        load_spec(None, {"train_args": ["--task", "nope"]}).check_training_args("no", "x")
+
+
+def test_hub_push_needs_a_token_reference():
+    with pytest.raises(UserError, match="add --secret HF_TOKEN="):
+        load_spec(None, {"hub": {"repo_id": "me/model"}}).check_training_args("no", "x")
