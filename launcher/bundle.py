@@ -29,6 +29,8 @@ import pathspec
 from distrain_cloud.infra.errors import UserError
 
 ARCHIVE_ROOT = "distrain_cloud/training"
+# The job also runs infra's secret resolver (it imports only these siblings).
+JOB_INFRA_FILES = ("__init__.py", "errors.py", "aws.py", "secret_env.py")
 ALWAYS_EXCLUDED = (
     ".git", "__pycache__/", "*.pyc", ".venv/", "venv/", ".env", ".env.*", ".aws/",
     "*.pem", "*.key", "id_rsa*", "*.p12", "*.pfx", ".netrc", "credentials",
@@ -109,6 +111,9 @@ def build_bundle(repo_root: Path) -> Bundle:
     if not top.is_dir():
         raise UserError(f"no training/ directory under {repo_root}: run from the distrain-cloud repository")
     sources = {f"{ARCHIVE_ROOT}/{rel}": path for rel, path in _collect(repo_root, top).items()}
+    for name in JOB_INFRA_FILES:
+        if (repo_root / "infra" / name).is_file():
+            sources[f"distrain_cloud/infra/{name}"] = repo_root / "infra" / name
     if f"{ARCHIVE_ROOT}/requirements.txt" in sources:
         sources["requirements.txt"] = sources[f"{ARCHIVE_ROOT}/requirements.txt"]
     dirs = {parent.as_posix() for name in sources for parent in Path(name).parents} - {"."}

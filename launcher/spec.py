@@ -82,6 +82,7 @@ class JobSpec(BaseModel):
     max_run: int = Field(parse_duration("24h"), description="wall-clock limit (3600, 90m, 6h, 2d)")
     max_wait: int | None = Field(None, description="spot only: limit including waiting for capacity (>= max_run)")
     max_cost: float | None = Field(None, gt=0, description="refuse to submit if the worst-case cost exceeds this (USD)")
+    resume_from: str | None = Field(None, description="continue from the checkpoints of this earlier job (same lineage)")
     inputs: dict[str, str] = Field(default_factory=dict, description="data channels: name -> S3 URI or local path")
     hyperparameters: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="training flags, e.g. {task: causal-lm, lr: 3e-4}")

@@ -176,10 +176,17 @@ def validate(a: TrainArgs) -> None:
 
 
 def hyperparameters_to_argv(hyperparameters: dict[str, Any]) -> list[str]:
-    """{"batch_size": 8, "compile": True} -> ["--batch-size", "8", "--compile"]."""
+    """{"batch_size": 8, "compile": True} -> ["--batch-size", "8", "--compile"].
+
+    SageMaker hands hyperparameters back as strings, so "true"/"false" count as booleans
+    for the boolean flags.
+    """
+    booleans = {f.name for f in fields(TrainArgs) if f.type == "bool"}
     argv: list[str] = []
     for key, value in hyperparameters.items():
         flag = "--" + key.replace("_", "-")
+        if key.replace("-", "_") in booleans and isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
         if value is True:
             argv.append(flag)
         elif value is False:
@@ -189,3 +196,17 @@ def hyperparameters_to_argv(hyperparameters: dict[str, Any]) -> list[str]:
         else:
             argv += [flag, str(value)]
     return argv
+
+
+def argv_to_hyperparameters(argv: Sequence[str]) -> dict[str, str]:
+    """Training flags -> the string map a SageMaker request carries (only non-defaults).
+
+    Round-trips with hyperparameters_to_argv: the job turns the map back into the same flags.
+    """
+    ns = vars(build_parser().parse_args(list(argv)))
+    defaults = TrainArgs().to_dict()
+    out = {}
+    for key, value in ns.items():
+        if value != defaults[key] and value is not None:
+            out[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return out

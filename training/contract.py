@@ -37,6 +37,9 @@ class Contract:
         env = os.environ if env is None else env
         if "SM_MODEL_DIR" in env or "SM_TRAINING_ENV" in env:
             return cls._from_sagemaker(env)
+        sm_root = Path(env.get(f"{PREFIX}SAGEMAKER_ROOT", "/opt/ml"))
+        if (sm_root / "input/config/resourceconfig.json").is_file():
+            return cls._from_sagemaker(sagemaker_env_from_files(sm_root, env))
         if f"{PREFIX}MODEL_DIR" in env:
             return cls._from_distrain(env)
         here = Path.cwd()
@@ -111,6 +114,27 @@ class Contract:
         for name, path in sorted(self.channels.items()):
             env[f"{PREFIX}CHANNEL_{name.upper()}"] = str(path)
         return env
+
+
+def sagemaker_env_from_files(root: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """The SM_* description a SageMaker container gets from its config files.
+
+    distrain-cloud's jobs run their own entrypoint (not the SageMaker training toolkit, which
+    is what normally exports SM_*), so the same facts are read from /opt/ml/input/config.
+    """
+    config = root / "input" / "config"
+    resource = json.loads((config / "resourceconfig.json").read_text())
+    channels_file = config / "inputdataconfig.json"
+    channels = sorted(json.loads(channels_file.read_text())) if channels_file.is_file() else []
+    derived = {
+        "SM_HOSTS": json.dumps(resource.get("hosts", [])),
+        "SM_CURRENT_HOST": resource.get("current_host", "algo-1"),
+        "SM_MODEL_DIR": str(root / "model"),
+        "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
+        "SM_CHANNELS": json.dumps(channels),
+        **{f"SM_CHANNEL_{c.upper()}": str(root / "input" / "data" / c) for c in channels},
+    }
+    return {**derived, **env}
 
 
 def _int(env: Mapping[str, str], key: str, default: int) -> int:

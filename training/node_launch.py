@@ -67,7 +67,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="distrain-node-launch")
     p.add_argument("--processes", type=int, help="processes on this node (default: one per GPU, else 1)")
     p.add_argument("--print-config", action="store_true", help="print the rendered config and exit")
+    p.add_argument("--hyperparameters", metavar="JSON_FILE",
+                   help="read training flags from a SageMaker hyperparameters.json (before any after --)")
     ns = p.parse_args(ours)
+    if ns.hyperparameters:
+        import json
+
+        from .args import hyperparameters_to_argv
+
+        with open(ns.hyperparameters) as f:
+            train_argv = hyperparameters_to_argv(json.load(f)) + train_argv
     contract = Contract.from_env()
     gpus = contract.gpus_per_node or _count_gpus()
     try:

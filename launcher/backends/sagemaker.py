@@ -1,0 +1,428 @@
+"""The SageMaker backend: a training job on the Hugging Face training image.
+
+The plan holds the exact CreateTrainingJob request, and submit sends that request and
+nothing else (through infra.aws's one boto3 adaptor). The job runs its own entrypoint: it
+unpacks the code bundle (an input channel), resolves secret references, and runs the node
+launcher, which starts one process per GPU on every node. The SageMaker training toolkit is
+not used, so nothing rewrites the request between the plan and the API.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from distrain_cloud.infra.errors import UserError
+from distrain_cloud.training.args import argv_to_hyperparameters, parse_args
+from distrain_cloud.training.strategies import ClusterShape, accelerate_config, deepspeed_config, parse_strategy
+
+from ..plan import Check, Plan, unique_job_name
+from ..spec import JobSpec
+
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+CODE_CHANNEL = "code"
+TAG_PREFIX = "distrain-cloud:"
+# What the job runs. Kept in the request (ContainerEntrypoint) so the plan shows it all.
+BOOTSTRAP = """set -euo pipefail
+mkdir -p /opt/ml/code
+tar -xzf /opt/ml/input/data/code/*.tar.gz -C /opt/ml/code
+cd /opt/ml/code
+export PYTHONPATH=/opt/ml/code${PYTHONPATH:+:$PYTHONPATH}
+if [ -s requirements.txt ]; then python -m pip install --quiet --disable-pip-version-check -r requirements.txt; fi
+exec python -m distrain_cloud.infra.secret_env -- \\
+  python -m distrain_cloud.training.node_launch --hyperparameters /opt/ml/input/config/hyperparameters.json
+"""
+METRICS = ("train_loss", "eval_loss", "eval_accuracy", "eval_f1_macro", "eval_perplexity", "tokens_per_sec")
+SPOT_PRICE_RANGE = (0.3, 0.7)  # typical spot price as a fraction of on-demand; never above 1.0
+
+
+class TrainingJobStatus(str, Enum):
+    InProgress = "InProgress"
+    Completed = "Completed"
+    Failed = "Failed"
+    Stopping = "Stopping"
+    Stopped = "Stopped"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({TrainingJobStatus.Completed, TrainingJobStatus.Failed, TrainingJobStatus.Stopped})
+# Secondary statuses worth naming; Interrupted and MaxWaitTimeExceeded only happen on spot.
+SECONDARY_TERMINAL = frozenset({"Completed", "Failed", "Stopped", "MaxRuntimeExceeded", "MaxWaitTimeExceeded",
+                                "Interrupted"})
+
+
+def repo_root() -> Path:
+    """Where training/ and infra/ live: the checkout (editable install) or site-packages."""
+    import distrain_cloud.training as training
+
+    return Path(training.__file__).resolve().parent.parent
+
+
+def default_precision(instance) -> str:
+    if not instance.gpus:
+        return "no"
+    return "bf16" if instance.compute_capability and instance.compute_capability >= (8, 0) else "fp16"
+
+
+class SageMakerBackend:
+    name = "sagemaker"
+
+    # ------------------------------------------------------------------ plan
+
+    def plan(self, spec: JobSpec, *, dry_run: bool = False) -> Plan:
+        from ..bundle import build_bundle, bundle_key
+        from ..catalog import hourly_price, lookup
+        from ..images import choose_training_image
+
+        instance = lookup(spec.instance)
+        if not instance.sagemaker:
+            raise UserError(f"--instance {spec.instance} is not a SageMaker type; use ml.{spec.instance}")
+        region, region_check = self._region(spec, dry_run)
+        image = choose_training_image(instance, region, image_uri=spec.sagemaker.image_uri,
+                                      transformers_version=spec.sagemaker.transformers_version,
+                                      pytorch_version=spec.sagemaker.pytorch_version)
+        precision = spec.precision or default_precision(instance)
+        if precision == "bf16" and instance.compute_capability and instance.compute_capability < (8, 0):
+            raise UserError(f"--precision bf16 needs compute capability >= 8.0; {instance.name} has "
+                            f"{instance.gpu_model} ({instance.compute_capability_str}): use --precision fp16")
+        job_name = unique_job_name(spec.name)
+        argv = spec.check_training_args(precision, job_name)
+        train = parse_args(argv)
+        strategy = parse_strategy(spec.strategy)
+
+        checks: list[Check] = [region_check]
+        account, role_arn = self._account_and_role(spec, region, dry_run, checks)
+        bucket = spec.sagemaker.bucket or f"distrain-cloud-{account}-{region}"
+        prefix = spec.sagemaker.prefix.strip("/")
+        bundle = build_bundle(repo_root())
+        code_key = bundle_key(prefix, bundle.sha256)
+        lineage = spec.resume_from or job_name
+        checkpoint_uri = self._checkpoint_uri(spec, bucket, prefix, lineage, region, dry_run, checks)
+
+        processes = max(instance.gpus, 1)
+        cluster = ClusterShape(num_nodes=spec.nodes, processes_per_node=processes, main_addr="algo-1",
+                               use_cpu=not instance.gpus)
+        configs: dict[str, Any] = {"accelerate_config (node 0)": accelerate_config(
+            strategy, cluster, precision=precision, grad_accum=train.grad_accum)}
+        if strategy.uses_deepspeed:
+            configs["deepspeed_config"] = deepspeed_config(
+                strategy, micro_batch_size=train.batch_size, grad_accum=train.grad_accum,
+                world_size=cluster.world_size, precision=precision, max_grad_norm=train.max_grad_norm)
+
+        max_wait = spec.max_wait or (spec.max_run * 2 if spec.spot else None)
+        request = self._request(spec, job_name, image.uri, role_arn, bucket, prefix, code_key, checkpoint_uri,
+                                argv, bundle.sha256, lineage, max_wait)
+        cost = self._cost(spec, instance, region)
+        checks += self._static_checks(spec, job_name, max_wait, cost, image)
+        if not dry_run:
+            checks += self._live_checks(spec, bucket, region, role_arn, instance)
+        return Plan(
+            backend=self.name, job_name=job_name,
+            summary={"instance": f"{spec.nodes} x {instance.name} ({instance.gpus} x {instance.gpu_model}, "
+                                 f"cc {instance.compute_capability_str})",
+                     "processes": f"{processes} per node, {cluster.world_size} in all",
+                     "strategy": spec.strategy, "precision": precision, "region": region,
+                     "image": image.uri, "image_reason": image.reason, "spot": spec.spot,
+                     "output": f"s3://{bucket}/{prefix}/jobs/{job_name}/", "checkpoints": checkpoint_uri},
+            request=request, configs=configs,
+            bundle={"sha256": bundle.sha256, "size": bundle.size, "files": len(bundle.files),
+                    "s3": f"s3://{bucket}/{code_key}"},
+            cost=cost, checks=checks,
+            payload={"bundle": bundle.data, "bucket": bucket, "code_key": code_key, "region": region},
+        )
+
+    def _region(self, spec: JobSpec, dry_run: bool) -> tuple[str, Check]:
+        from distrain_cloud.infra import aws
+
+        if dry_run and not spec.region:
+            try:
+                return aws.region(None), Check("region", True)
+            except UserError:
+                return "us-east-1", Check("region", None, "none configured; assumed us-east-1 (pass --region)")
+        return aws.region(spec.region), Check("region", True)
+
+    def _account_and_role(self, spec, region, dry_run, checks) -> tuple[str, str]:
+        role = spec.sagemaker.role
+        if not role:
+            raise UserError("SageMaker needs an execution role: pass --role NAME_OR_ARN (or sagemaker.role in the "
+                            "spec); it must trust sagemaker.amazonaws.com")
+        if dry_run:
+            account = role.split(":")[4] if role.startswith("arn:") else "<account>"
+            arn = role if role.startswith("arn:") else f"arn:aws:iam::{account}:role/{role}"
+            checks.append(Check("role exists and trusts SageMaker", None, "not checked in a dry run"))
+            return account, arn
+        from distrain_cloud.infra import aws, resources
+
+        with aws.translate_errors():
+            account = aws.account_id(region)
+            arn = resources.check_role(role)
+        checks.append(Check("role exists and trusts SageMaker", True, arn))
+        return account, arn
+
+    def _checkpoint_uri(self, spec, bucket, prefix, lineage, region, dry_run, checks) -> str:
+        uri = f"s3://{bucket}/{prefix}/checkpoints/{lineage}/"
+        if not spec.resume_from:
+            return uri
+        if dry_run:
+            checks.append(Check(f"resume from {spec.resume_from}", None, "its checkpoint location is not looked up "
+                                                                       "in a dry run"))
+            return uri
+        from distrain_cloud.infra import aws
+
+        with aws.translate_errors():
+            job = aws.client("sagemaker", region).describe_training_job(TrainingJobName=spec.resume_from)
+        previous = (job.get("CheckpointConfig") or {}).get("S3Uri")
+        checks.append(Check(f"resume from {spec.resume_from}", bool(previous), previous or "it had no checkpoints"))
+        return previous or uri
+
+    def _request(self, spec, job_name, image_uri, role_arn, bucket, prefix, code_key, checkpoint_uri, argv,
+                 sha256, lineage, max_wait) -> dict[str, Any]:
+        channels = [{
+            "ChannelName": CODE_CHANNEL,
+            "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": f"s3://{bucket}/{code_key}",
+                                            "S3DataDistributionType": "FullyReplicated"}},
+            "InputMode": "File",
+        }]
+        for name, uri in sorted(spec.inputs.items()):
+            if not uri.startswith("s3://"):
+                raise UserError(f"--input {name}={uri}: SageMaker channels must be s3:// URIs")
+            if name == CODE_CHANNEL:
+                raise UserError(f"--input {name}: the channel name '{CODE_CHANNEL}' is reserved for the code bundle")
+            channels.append({"ChannelName": name, "InputMode": "File", "DataSource": {"S3DataSource": {
+                "S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}}})
+        environment = {"HF_HUB_DISABLE_TELEMETRY": "1"}
+        if spec.secrets:
+            environment["DISTRAIN_SECRETS"] = json.dumps(spec.secrets, sort_keys=True)  # references only
+        stopping = {"MaxRuntimeInSeconds": spec.max_run}
+        if spec.spot:
+            stopping["MaxWaitTimeInSeconds"] = max_wait
+        tags = [{"Key": f"{TAG_PREFIX}code-sha256", "Value": sha256},
+                {"Key": f"{TAG_PREFIX}lineage", "Value": lineage},
+                {"Key": f"{TAG_PREFIX}strategy", "Value": spec.strategy}]
+        tags += [{"Key": k, "Value": v} for k, v in sorted(spec.sagemaker.tags.items())]
+        request: dict[str, Any] = {
+            "TrainingJobName": job_name,
+            "RoleArn": role_arn,
+            "AlgorithmSpecification": {
+                "TrainingImage": image_uri,
+                "TrainingInputMode": "File",
+                "ContainerEntrypoint": ["/bin/bash", "-c", BOOTSTRAP],
+                "MetricDefinitions": [{"Name": m, "Regex": f"{m}=([-+0-9.eE]+|nan|inf)"} for m in METRICS],
+            },
+            "HyperParameters": argv_to_hyperparameters(argv),
+            "InputDataConfig": channels,
+            "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/{prefix}/jobs/"},
+            "ResourceConfig": {"InstanceType": spec.instance, "InstanceCount": spec.nodes,
+                               "VolumeSizeInGB": spec.sagemaker.volume_size_gb},
+            "StoppingCondition": stopping,
+            "EnableManagedSpotTraining": spec.spot,
+            "CheckpointConfig": {"S3Uri": checkpoint_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
+            "Environment": environment,
+            "Tags": tags,
+        }
+        if spec.sagemaker.subnets:
+            request["VpcConfig"] = {"Subnets": spec.sagemaker.subnets,
+                                    "SecurityGroupIds": spec.sagemaker.security_group_ids}
+        return request
+
+    def _cost(self, spec, instance, region) -> dict[str, Any] | None:
+        from ..catalog import hourly_price
+
+        price = hourly_price(instance, region)
+        if price is None:
+            return {"hourly_usd": None, "note": f"no list price for {instance.name} in {region}"}
+        hours = spec.max_run / 3600
+        worst = round(spec.nodes * price * hours, 2)
+        cost: dict[str, Any] = {"hourly_usd": round(spec.nodes * price, 2), "max_run_hours": round(hours, 2),
+                                "worst_case_usd": worst}
+        if spec.spot:
+            lo, hi = SPOT_PRICE_RANGE
+            cost["spot_typical_usd"] = f"{worst * lo:.2f}-{worst * hi:.2f}"
+        return cost
+
+    def _static_checks(self, spec, job_name, max_wait, cost, image) -> list[Check]:
+        import re
+
+        checks = [
+            Check("job name valid", bool(re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", job_name)), job_name),
+            Check("image runs on the GPU", True, image.reason),
+        ]
+        if spec.spot:
+            checks.append(Check("max_wait >= max_run", max_wait >= spec.max_run, f"{max_wait}s >= {spec.max_run}s"))
+        if spec.max_cost is not None:
+            worst = (cost or {}).get("worst_case_usd")
+            if worst is None:
+                checks.append(Check(f"cost <= --max-cost {spec.max_cost}", False, "no price known to compare"))
+            else:
+                checks.append(Check(f"cost <= --max-cost {spec.max_cost}", worst <= spec.max_cost,
+                                    f"worst case ${worst} ({spec.nodes} node(s) x max_run)"))
+        return checks
+
+    def _live_checks(self, spec, bucket, region, role_arn, instance) -> list[Check]:
+        from distrain_cloud.infra import aws
+
+        checks = []
+        s3 = aws.client("s3", region)
+        try:
+            s3.head_bucket(Bucket=bucket)
+            checks.append(Check("bucket exists", True, bucket))
+        except Exception:
+            if spec.sagemaker.bucket:
+                checks.append(Check("bucket exists", False, f"{bucket}: create it or drop sagemaker.bucket"))
+            else:
+                checks.append(Check("bucket exists", True, f"{bucket} will be created"))
+        checks.append(self._quota_check(spec, region))
+        return checks
+
+    def _quota_check(self, spec, region) -> Check:
+        from distrain_cloud.infra import aws
+
+        name = f"{spec.instance} for training job usage"
+        try:
+            quotas = aws.client("service-quotas", region)
+            for page in quotas.get_paginator("list_service_quotas").paginate(ServiceCode="sagemaker"):
+                for q in page.get("Quotas", []):
+                    if q.get("QuotaName") == name:
+                        value = int(q.get("Value", 0))
+                        return Check(f"quota: {name}", value >= spec.nodes, f"{value} allowed, {spec.nodes} needed")
+        except Exception as e:  # no permission or not answered: say so, don't block
+            return Check(f"quota: {name}", None, f"not checked ({type(e).__name__})")
+        return Check(f"quota: {name}", None, "Service Quotas did not list it")
+
+    # ------------------------------------------------------------------ act
+
+    def submit(self, plan: Plan, *, wait: bool = False) -> int:
+        from distrain_cloud.infra import aws, resources
+
+        failed = plan.failed_checks
+        if failed:
+            raise UserError("plan check failed, nothing was created: "
+                            + "; ".join(f"{c.name} ({c.detail})" for c in failed))
+        region, bucket = plan.payload["region"], plan.payload["bucket"]
+        with aws.translate_errors():
+            resources.ensure_bucket(bucket, region)
+            uploaded = resources.upload_if_absent(bucket, plan.payload["code_key"], plan.payload["bundle"], region)
+            aws.client("sagemaker", region).create_training_job(**plan.request)
+        print(f"submitted {plan.job_name} (code bundle {'uploaded' if uploaded else 'already in S3'})",
+              file=sys.stderr)
+        print(f"next: distrain-cloud logs {plan.job_name} --follow --region {region}", file=sys.stderr)
+        if wait:
+            return self.wait(plan.job_name, region=region)
+        return 0
+
+    def wait(self, job_name: str, *, region: str | None = None, poll: float = 15.0) -> int:
+        seen = None
+        while True:
+            info = self.status(job_name, region=region)
+            state = (info["status"], info.get("secondary_status"))
+            if state != seen:
+                print(f"{job_name}: {info['status']} / {info.get('secondary_status')}"
+                      + (f" - {info['detail']}" if info.get("detail") else ""), file=sys.stderr, flush=True)
+                seen = state
+            if TrainingJobStatus(info["status"]).terminal:
+                return 0 if info["status"] == "Completed" else 1
+            time.sleep(poll)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def status(self, job_name: str, *, region: str | None = None, **_: Any) -> dict[str, Any]:
+        from distrain_cloud.infra import aws
+
+        with aws.translate_errors():
+            job = aws.client("sagemaker", aws.region(region)).describe_training_job(TrainingJobName=job_name)
+        status = TrainingJobStatus(job["TrainingJobStatus"])
+        return {
+            "job_name": job_name,
+            "status": status.value,
+            "secondary_status": job.get("SecondaryStatus"),
+            "terminal": status.terminal,
+            "instance": f"{job['ResourceConfig']['InstanceCount']} x {job['ResourceConfig']['InstanceType']}",
+            "created": str(job.get("CreationTime", "")),
+            "detail": job.get("FailureReason") or "",
+            "billable_seconds": job.get("BillableTimeInSeconds"),
+            "model_artifacts": (job.get("ModelArtifacts") or {}).get("S3ModelArtifacts"),
+            "checkpoints": (job.get("CheckpointConfig") or {}).get("S3Uri"),
+        }
+
+    def list_jobs(self, *, region: str | None = None, limit: int = 20, **_: Any) -> list[dict[str, Any]]:
+        from distrain_cloud.infra import aws
+
+        with aws.translate_errors():
+            page = aws.client("sagemaker", aws.region(region)).list_training_jobs(
+                SortBy="CreationTime", SortOrder="Descending", MaxResults=min(limit, 100))
+        return [{"job_name": j["TrainingJobName"], "status": j["TrainingJobStatus"],
+                 "created": str(j.get("CreationTime", "")), "instance": "", "detail": ""}
+                for j in page.get("TrainingJobSummaries", [])]
+
+    def logs(self, job_name: str, *, follow: bool = False, region: str | None = None, **_: Any) -> int:
+        from distrain_cloud.infra import aws
+
+        region = aws.region(region)
+        group = "/aws/sagemaker/TrainingJobs"
+        tokens: dict[str, str | None] = {}
+        with aws.translate_errors():
+            logs_client = aws.client("logs", region)
+            while True:
+                streams = _log_streams(logs_client, group, job_name)
+                for stream in streams:
+                    tokens.setdefault(stream, None)
+                for stream in sorted(tokens):
+                    tokens[stream] = _print_events(logs_client, group, stream, tokens[stream], _host(stream))
+                done = self.status(job_name, region=region)["terminal"] if follow else True
+                if done:
+                    # one last read so nothing written just before the end is lost
+                    for stream in sorted(tokens):
+                        _print_events(logs_client, group, stream, tokens[stream], _host(stream))
+                    return 0
+                time.sleep(5)
+
+    def cancel(self, job_name: str, *, region: str | None = None, **_: Any) -> str:
+        from distrain_cloud.infra import aws
+
+        info = self.status(job_name, region=region)
+        if info["terminal"]:
+            return f"{job_name} already ended: {info['status']}"
+        with aws.translate_errors():
+            aws.client("sagemaker", aws.region(region)).stop_training_job(TrainingJobName=job_name)
+        return f"stopping {job_name}: it saves a checkpoint first (distrain-cloud status {job_name})"
+
+
+def _host(stream: str) -> str:
+    # "<job>/algo-2-1732600000" -> "algo-2"
+    return stream.split("/", 1)[-1].rsplit("-", 1)[0]
+
+
+def _log_streams(client, group: str, job_name: str) -> list[str]:
+    from botocore.exceptions import ClientError
+
+    try:
+        out = client.describe_log_streams(logGroupName=group, logStreamNamePrefix=f"{job_name}/")
+    except ClientError as e:
+        if e.response["Error"]["Code"] == "ResourceNotFoundException":
+            return []  # no logs yet (the job is still starting)
+        raise
+    return [s["logStreamName"] for s in out.get("logStreams", [])]
+
+
+def _print_events(client, group: str, stream: str, token: str | None, host: str) -> str | None:
+    while True:
+        kwargs = {"logGroupName": group, "logStreamName": stream, "startFromHead": True}
+        if token:
+            kwargs["nextToken"] = token
+        out = client.get_log_events(**kwargs)
+        for event in out.get("events", []):
+            print(f"[{host}] {event['message']}", flush=True)
+        new = out.get("nextForwardToken")
+        if not out.get("events") or new == token:
+            return new
+        token = new
+
+
+BACKEND = SageMakerBackend()
