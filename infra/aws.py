@@ -36,10 +36,19 @@ _BAD_CREDENTIALS = {
 }  # fmt: skip
 
 
-def _config() -> Any:
+def _config(max_attempts: int) -> Any:
     from botocore.config import Config
 
-    return Config(retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS}, user_agent_extra=USER_AGENT)
+    return Config(retries={"mode": "standard", "max_attempts": max_attempts}, user_agent_extra=USER_AGENT)
+
+
+@functools.lru_cache(maxsize=1)
+def _loader() -> Any:
+    # Service models are immutable JSON; sharing their loader saves ~0.3 s per client
+    # while sessions (and so credentials) stay per call.
+    from botocore.loaders import create_loader
+
+    return create_loader()
 
 
 def _configured_region() -> str | None:
@@ -52,15 +61,20 @@ def _configured_region() -> str | None:
     return boto3.session.Session().region_name or None
 
 
-def client(service: str, region: str | None = None) -> Any:
-    """A new boto3 client for `service` with standard retries (8 retries, 9 calls) and our user agent.
+def client(service: str, region: str | None = None, *, max_attempts: int = MAX_ATTEMPTS) -> Any:
+    """A new boto3 client for `service` with standard retries (8 retries, 9 calls by default)
+    and our user agent. Advisory look-ups pass a small `max_attempts` so they never stall a plan.
 
     `region=None` falls back to the configured region (AWS_REGION included); global services
     (iam, sts, s3 without a region) also work with none at all."""
     import boto3
+    import botocore.session
 
+    core = botocore.session.Session()
+    core.register_component("data_loader", _loader())
     name = region or _configured_region()
-    return boto3.session.Session().client(service, region_name=name, config=_config())
+    return boto3.session.Session(botocore_session=core).client(service, region_name=name,
+                                                                config=_config(max_attempts))
 
 
 @functools.lru_cache(maxsize=1)

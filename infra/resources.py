@@ -101,7 +101,8 @@ def _trusts(policy: Any, principal: str) -> bool:
     return False
 
 
-def check_role(role_arn_or_name: str, service_principal: str = "sagemaker.amazonaws.com") -> str:
+def check_role(role_arn_or_name: str, service_principal: str = "sagemaker.amazonaws.com",
+               region: str | None = None) -> str:
     """The ARN of IAM role `role_arn_or_name` after checking it exists in this account and
     that its trust policy lets `service_principal` assume it."""
     from botocore.exceptions import ClientError
@@ -109,7 +110,7 @@ def check_role(role_arn_or_name: str, service_principal: str = "sagemaker.amazon
     name = role_arn_or_name.rsplit("/", 1)[-1] if role_arn_or_name.startswith("arn:") else role_arn_or_name
     with aws.translate_errors():
         try:
-            role = aws.client("iam").get_role(RoleName=name)["Role"]
+            role = aws.client("iam", region).get_role(RoleName=name)["Role"]
         except ClientError as exc:
             if _code(exc) != "NoSuchEntity":
                 raise

@@ -169,6 +169,7 @@ def _show(info: dict, as_json: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _TRAIN_ARGS.clear()
     if "--" in argv:
         cut = argv.index("--")
         _TRAIN_ARGS[:] = argv[cut + 1 :]

@@ -65,7 +65,7 @@ class Plan:
 
 
 def unique_job_name(prefix: str, max_len: int = 63) -> str:
-    """<prefix>-<UTC time>-<4 hex>: sortable, unique, within SageMaker's 63 characters."""
+    """<prefix>-<UTC time>-<6 hex>: sortable, unique, within SageMaker's 63 characters."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    suffix = f"-{stamp}-{secrets.token_hex(2)}"
+    suffix = f"-{stamp}-{secrets.token_hex(3)}"
     return prefix[: max_len - len(suffix)].rstrip("-") + suffix

@@ -46,16 +46,27 @@ class TrainingJobStatus(str, Enum):
     Failed = "Failed"
     Stopping = "Stopping"
     Stopped = "Stopped"
+    Deleting = "Deleting"  # an ended job being deleted
 
     @property
     def terminal(self) -> bool:
         return self in TERMINAL
 
 
-TERMINAL = frozenset({TrainingJobStatus.Completed, TrainingJobStatus.Failed, TrainingJobStatus.Stopped})
+TERMINAL = frozenset({TrainingJobStatus.Completed, TrainingJobStatus.Failed, TrainingJobStatus.Stopped,
+                      TrainingJobStatus.Deleting})
 # Secondary statuses worth naming; Interrupted and MaxWaitTimeExceeded only happen on spot.
 SECONDARY_TERMINAL = frozenset({"Completed", "Failed", "Stopped", "MaxRuntimeExceeded", "MaxWaitTimeExceeded",
                                 "Interrupted"})
+# What a secondary status means, for `status` when SageMaker gives no FailureReason.
+SECONDARY_DETAIL = {
+    "Interrupted": "spot capacity was reclaimed; SageMaker restarts the job when capacity returns and it resumes "
+                   "from its last checkpoint",
+    "MaxWaitTimeExceeded": "spot capacity did not come (and the job did not finish) within --max-wait; raise "
+                           "--max-wait, or use --on-demand",
+    "MaxRuntimeExceeded": "the job ran past --max-run and was stopped; its checkpoints remain (resume with "
+                          "resume_from)",
+}
 
 
 def repo_root() -> Path:
@@ -162,7 +173,7 @@ class SageMakerBackend:
 
         with aws.translate_errors():
             account = aws.account_id(region)
-            arn = resources.check_role(role)
+            arn = resources.check_role(role, region=region)
         checks.append(Check("role exists and trusts SageMaker", True, arn))
         return account, arn
 
@@ -214,7 +225,7 @@ class SageMakerBackend:
                 "TrainingImage": image_uri,
                 "TrainingInputMode": "File",
                 "ContainerEntrypoint": ["/bin/bash", "-c", BOOTSTRAP],
-                "MetricDefinitions": [{"Name": m, "Regex": f"{m}=([-+0-9.eE]+|nan|inf)"} for m in METRICS],
+                "MetricDefinitions": [{"Name": m, "Regex": f"{m}=([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))"} for m in METRICS],
             },
             "HyperParameters": argv_to_hyperparameters(argv),
             "InputDataConfig": channels,
@@ -284,9 +295,9 @@ class SageMakerBackend:
     def _quota_check(self, spec, region) -> Check:
         from distrain_cloud.infra import aws
 
-        name = f"{spec.instance} for training job usage"
+        name = f"{spec.instance} for {'spot ' if spec.spot else ''}training job usage"
         try:
-            quotas = aws.client("service-quotas", region)
+            quotas = aws.client("service-quotas", region, max_attempts=2)
             for page in quotas.get_paginator("list_service_quotas").paginate(ServiceCode="sagemaker"):
                 for q in page.get("Quotas", []):
                     if q.get("QuotaName") == name:
@@ -326,7 +337,7 @@ class SageMakerBackend:
                 print(f"{job_name}: {info['status']} / {info.get('secondary_status')}"
                       + (f" - {info['detail']}" if info.get("detail") else ""), file=sys.stderr, flush=True)
                 seen = state
-            if TrainingJobStatus(info["status"]).terminal:
+            if info["terminal"]:
                 return 0 if info["status"] == "Completed" else 1
             time.sleep(poll)
 
@@ -337,15 +348,18 @@ class SageMakerBackend:
 
         with aws.translate_errors():
             job = aws.client("sagemaker", aws.region(region)).describe_training_job(TrainingJobName=job_name)
-        status = TrainingJobStatus(job["TrainingJobStatus"])
+        status = job["TrainingJobStatus"]
+        secondary = job.get("SecondaryStatus")
+        resources = job.get("ResourceConfig") or {}
         return {
             "job_name": job_name,
-            "status": status.value,
-            "secondary_status": job.get("SecondaryStatus"),
-            "terminal": status.terminal,
-            "instance": f"{job['ResourceConfig']['InstanceCount']} x {job['ResourceConfig']['InstanceType']}",
+            "status": status,
+            "secondary_status": secondary,
+            # a status newer than this code is taken as still running: `wait` keeps polling
+            "terminal": status in {s.value for s in TERMINAL},
+            "instance": f"{resources.get('InstanceCount', '?')} x {resources.get('InstanceType', '?')}",
             "created": str(job.get("CreationTime", "")),
-            "detail": job.get("FailureReason") or "",
+            "detail": job.get("FailureReason") or SECONDARY_DETAIL.get(secondary or "", ""),
             "billable_seconds": job.get("BillableTimeInSeconds"),
             "model_artifacts": (job.get("ModelArtifacts") or {}).get("S3ModelArtifacts"),
             "checkpoints": (job.get("CheckpointConfig") or {}).get("S3Uri"),
@@ -389,6 +403,8 @@ class SageMakerBackend:
         info = self.status(job_name, region=region)
         if info["terminal"]:
             return f"{job_name} already ended: {info['status']}"
+        if info["status"] == TrainingJobStatus.Stopping.value:
+            return f"{job_name} is already stopping"
         with aws.translate_errors():
             aws.client("sagemaker", aws.region(region)).stop_training_job(TrainingJobName=job_name)
         return f"stopping {job_name}: it saves a checkpoint first (distrain-cloud status {job_name})"

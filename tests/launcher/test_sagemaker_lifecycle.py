@@ -1,0 +1,603 @@
+"""SageMaker submit, status, wait, cancel, ls and logs against moto (and botocore's Stubber
+where moto cannot play the part: its training jobs are Completed at once and it has no
+StopTrainingJob)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+
+import pytest
+
+from distrain_cloud.infra import aws
+from distrain_cloud.infra.errors import UserError
+from distrain_cloud.launcher import cli
+from distrain_cloud.launcher.api import plan_job, submit_job
+from distrain_cloud.launcher.backends import sagemaker as sm
+from distrain_cloud.launcher.spec import load_spec
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"  # moto's
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+
+def trust(service: str) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+
+
+@pytest.fixture
+def role(mocked_aws):
+    import boto3
+
+    return boto3.client("iam").create_role(RoleName="distrain-sm", AssumeRolePolicyDocument=trust(
+        "sagemaker.amazonaws.com"))["Role"]["Arn"]
+
+
+def spec(role_arn, **overrides):
+    base = {"instance": "ml.p3.8xlarge", "region": REGION, "sagemaker.role": role_arn, "max_run": "2h"}
+    base.update(overrides)
+    return load_spec(None, base)
+
+
+class Recorder:
+    """Every request any botocore client sends, as (operation, url, headers, body bytes)."""
+
+    def __init__(self):
+        self.requests: list[tuple[str, str, dict, bytes]] = []
+
+    def __call__(self, request, event_name, **_):
+        body = request.body
+        body = getattr(body, "_raw", body)  # aws-chunked upload (a checksum trailer): the payload inside
+        if body is None:
+            data = b""
+        elif isinstance(body, (bytes, bytearray)):
+            data = bytes(body)
+        elif isinstance(body, str):
+            data = body.encode()
+        elif hasattr(body, "getvalue"):
+            data = body.getvalue()
+        else:  # a stream: read it and rewind for the real send
+            pos = body.tell()
+            data = body.read()
+            body.seek(pos)
+        data = data.encode() if isinstance(data, str) else data
+        headers = {k: (v.decode() if isinstance(v, bytes) else str(v)) for k, v in request.headers.items()}
+        op = ".".join(event_name.split(".")[1:])  # "s3.PutObject"
+        self.requests.append((op, request.url, headers, data))
+
+    def ops(self, op: str | None = None) -> list:
+        return [r for r in self.requests if op is None or r[0] == op]
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    """Hooks every client botocore creates (through infra.aws or not) with a before-send recorder."""
+    import botocore.session
+
+    rec = Recorder()
+    real = botocore.session.Session.create_client
+
+    def create_client(self, *args, **kwargs):
+        client = real(self, *args, **kwargs)
+        client.meta.events.register_first("before-send", rec)
+        return client
+
+    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+    return rec
+
+
+class _Raw:
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def stream(self, **_):
+        yield self.data
+
+
+def inject_error(monkeypatch, operation: str, code: str, message: str, status: int = 400) -> list[int]:
+    """Make every SageMaker `operation` sent through infra.aws.client answer with `code`."""
+    from botocore.awsrequest import AWSResponse
+
+    sent: list[int] = []
+    real = aws.client
+
+    def answer(request, **_):
+        sent.append(1)
+        body = json.dumps({"__type": code, "message": message}).encode()
+        return AWSResponse(request.url, status, {"x-amzn-RequestId": "req-1",
+                                                 "Content-Type": "application/x-amz-json-1.1"}, _Raw(body))
+
+    def client(service, region=None):
+        c = real(service, region)
+        if service == "sagemaker":
+            c.meta.events.register_first(f"before-send.sagemaker.{operation}", answer)
+        return c
+
+    monkeypatch.setattr(aws, "client", client)
+    monkeypatch.setattr("time.sleep", lambda s: None)  # botocore's retry back-off
+    return sent
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """The real CLI entry point, in process (so moto's in-process mock serves it)."""
+    cli._TRAIN_ARGS.clear()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return e.value.code or 0, out, err
+
+
+def nothing_created():
+    import boto3
+
+    assert boto3.client("s3").list_buckets()["Buckets"] == []
+    assert boto3.client("sagemaker", region_name=REGION).list_training_jobs()["TrainingJobSummaries"] == []
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_loader(*args, **kwargs):
+    import botocore.loaders
+
+    return botocore.loaders.create_loader(*args, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def shared_botocore_data(monkeypatch):
+    """One botocore data loader for every session: infra.aws makes a new session per client, and
+    each would parse the service models again (~0.3 s a client). Requests are unchanged."""
+    import botocore.session
+
+    monkeypatch.setattr(botocore.session, "create_loader", _shared_loader)
+
+
+# ====================================================================== submit
+
+
+def test_submit_sends_exactly_the_plan_creates_the_bucket_and_uploads_the_bundle_once(role, recorder, capsys):
+    import boto3
+
+    first = plan_job(spec(role, spot=True, strategy="zero2", train_args=["--batch-size", "8"]))
+    assert not first.failed_checks, first.checks
+    assert [c.ok for c in first.checks if c.name == "role exists and trusts SageMaker"] == [True]
+    assert submit_job(first) == 0
+    assert "code bundle uploaded" in capsys.readouterr().err
+
+    # the request on the wire is the plan's request, verbatim
+    (create,) = recorder.ops("sagemaker.CreateTrainingJob")
+    assert json.loads(create[3]) == json.loads(json.dumps(first.request))
+
+    bucket, sha = f"distrain-cloud-{ACCOUNT}-{REGION}", first.bundle["sha256"]
+    s3 = boto3.client("s3", region_name=REGION)
+    assert s3.get_public_access_block(Bucket=bucket)["PublicAccessBlockConfiguration"]["BlockPublicAcls"] is True
+    rule = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"][0]
+    assert rule["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
+    key = f"distrain-cloud/code/{sha}.tar.gz"
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == [key]
+    uploaded = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert hashlib.sha256(uploaded).hexdigest() == sha
+
+    client = boto3.client("sagemaker", region_name=REGION)
+    job = client.describe_training_job(TrainingJobName=first.job_name)
+    algo = job["AlgorithmSpecification"]
+    assert algo["TrainingImage"] == first.summary["image"] and "cu12" in algo["TrainingImage"]
+    assert algo["ContainerEntrypoint"] == first.request["AlgorithmSpecification"]["ContainerEntrypoint"]
+    assert "distrain_cloud.training.node_launch" in algo["ContainerEntrypoint"][2]
+    assert job["ResourceConfig"]["InstanceType"] == "ml.p3.8xlarge" and job["ResourceConfig"]["InstanceCount"] == 1
+    assert job["HyperParameters"] == first.request["HyperParameters"]
+    assert job["HyperParameters"]["strategy"] == "zero2" and job["HyperParameters"]["batch_size"] == "8"
+    assert job["EnableManagedSpotTraining"] is True
+    assert job["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": 14400}
+    assert job["CheckpointConfig"] == {"S3Uri": f"s3://{bucket}/distrain-cloud/checkpoints/{first.job_name}/",
+                                       "LocalPath": "/opt/ml/checkpoints"}
+    assert job["RoleArn"] == role
+    assert job["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == f"s3://{bucket}/{key}"
+    tags = {t["Key"]: t["Value"] for t in client.list_tags(ResourceArn=job["TrainingJobArn"])["Tags"]}
+    assert tags["distrain-cloud:code-sha256"] == sha and tags["distrain-cloud:lineage"] == first.job_name
+
+    # unchanged code: a second job reuses the bundle, uploading nothing
+    second = plan_job(spec(role))
+    assert second.bundle["sha256"] == sha and second.job_name != first.job_name
+    assert submit_job(second) == 0
+    assert "code bundle already in S3" in capsys.readouterr().err
+    assert len(recorder.ops("s3.PutObject")) == 1
+    assert len(recorder.ops("s3.CreateBucket")) == 1
+    assert {j["TrainingJobName"] for j in client.list_training_jobs()["TrainingJobSummaries"]} == {
+        first.job_name, second.job_name}
+
+
+def test_a_role_that_only_trusts_ec2_is_refused_and_nothing_is_created(mocked_aws, recorder, capsys):
+    import boto3
+
+    arn = boto3.client("iam").create_role(RoleName="ec2-only", AssumeRolePolicyDocument=trust("ec2.amazonaws.com"))[
+        "Role"]["Arn"]
+    with pytest.raises(UserError, match=r"IAM role 'ec2-only' does not trust sagemaker.amazonaws.com: add it"):
+        plan_job(spec(arn))
+    code, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.8xlarge", "--role", arn, "--region", REGION)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == ["error: IAM role 'ec2-only' does not trust sagemaker.amazonaws.com: add it "
+                                        "as a Service principal allowed to sts:AssumeRole in the role's trust policy"]
+    nothing_created()
+    writes = {op for op, *_ in recorder.requests} - {"sts.GetCallerIdentity", "iam.GetRole", "iam.CreateRole",
+                                                     "s3.ListBuckets", "sagemaker.ListTrainingJobs"}
+    assert writes == set()
+
+
+def test_a_missing_role_or_one_of_another_account_is_refused(role):
+    with pytest.raises(UserError, match="IAM role 'nope' not found in this account"):
+        plan_job(spec("nope"))
+    with pytest.raises(UserError, match="is not in this account"):
+        plan_job(spec("arn:aws:iam::999999999999:role/distrain-sm"))
+    nothing_created()
+
+
+def test_over_budget_submit_refuses_and_creates_nothing(role, capsys):
+    code, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.8xlarge", "--role", role, "--region", REGION,
+                             "--max-run", "6h", "--max-cost", "50")
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: plan check failed, nothing was created: cost <= --max-cost 50.0 (worst case $88.13")
+    nothing_created()
+
+
+@pytest.mark.parametrize("code, message, expected", [
+    ("ResourceLimitExceeded", "The account-level service limit 'ml.p3.8xlarge for training job usage' is 0 Instances",
+     "error: AWS quota exceeded for CreateTrainingJob: The account-level service limit 'ml.p3.8xlarge for training "
+     "job usage' is 0 Instances -- request an increase in the Service Quotas console"),
+    ("ThrottlingException", "Rate exceeded",
+     "error: AWS is throttling CreateTrainingJob (gave up after 9 attempts); retry later"),
+])
+def test_create_training_job_errors_are_one_line_with_advice(role, monkeypatch, capsys, code, message, expected):
+    sent = inject_error(monkeypatch, "CreateTrainingJob", code, message)
+    rc, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.8xlarge", "--role", role, "--region", REGION)
+    assert rc == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith(expected), line
+    assert len(sent) == (9 if code == "ThrottlingException" else 1)  # throttling is retried, quota is not
+    if code == "ResourceLimitExceeded":
+        assert "smaller instance type/count" in line
+
+
+def test_resume_from_reuses_the_earlier_jobs_checkpoints(role):
+    first = plan_job(spec(role, spot=True))
+    submit_job(first)
+    again = plan_job(spec(role, spot=True, resume_from=first.job_name))
+    assert again.request["CheckpointConfig"] == first.request["CheckpointConfig"]
+    assert {"Key": "distrain-cloud:lineage", "Value": first.job_name} in again.request["Tags"]
+    assert [c.ok for c in again.checks if c.name.startswith("resume from")] == [True]
+    with pytest.raises(UserError, match=r"AWS rejected DescribeTrainingJob: Could not find training job"):
+        plan_job(spec(role, resume_from="never-ran-20250101-000000-abcd"))
+
+
+def test_a_spot_job_is_checked_against_the_spot_quota(role, monkeypatch):
+    from botocore.stub import Stubber
+
+    real = aws.client
+    quotas = real("service-quotas", REGION)
+    stub = Stubber(quotas)
+    page = {"Quotas": [{"QuotaName": "ml.g5.12xlarge for training job usage", "Value": 8.0},
+                       {"QuotaName": "ml.g5.12xlarge for spot training job usage", "Value": 1.0}]}
+    for _ in range(2):
+        stub.add_response("list_service_quotas", page, {"ServiceCode": "sagemaker"})
+    stub.activate()
+    monkeypatch.setattr(aws, "client", lambda s, r=None, **kw: quotas if s == "service-quotas" else real(s, r))
+
+    spot = plan_job(spec(role, instance="ml.g5.12xlarge", nodes=2, spot=True))
+    assert [(c.name, c.detail) for c in spot.failed_checks] == [
+        ("quota: ml.g5.12xlarge for spot training job usage", "1 allowed, 2 needed")]
+    on_demand = plan_job(spec(role, instance="ml.g5.12xlarge", nodes=2))
+    assert [c.ok for c in on_demand.checks if c.name.startswith("quota:")] == [True]
+    stub.assert_no_pending_responses()
+
+
+# ====================================================================== secrets never leave as values
+
+
+def test_a_secret_value_is_in_no_request_and_not_in_the_bundle(role, recorder, capsys):
+    import boto3
+
+    value = "fake-token-value-0123456789"
+    arn = boto3.client("secretsmanager", region_name=REGION).create_secret(Name="hf-token", SecretString=value)["ARN"]
+    plan = plan_job(spec(role, secrets={"HF_TOKEN": arn}, spot=True, **{"hub.repo_id": "me/gpt2-emotion"}))
+    assert submit_job(plan) == 0
+    out, err = capsys.readouterr()
+    ops = [op for op, *_ in recorder.requests]
+    assert "sagemaker.CreateTrainingJob" in ops and "s3.PutObject" in ops  # the recorder saw the whole submit
+    assert not any("GetSecretValue" in op or "GetParameter" in op for op in ops)
+    needle = value.encode()
+    for op, url, headers, body in recorder.requests:
+        if op.endswith(".CreateSecret"):  # the test's own setup
+            continue
+        assert value not in url and value not in json.dumps(headers), op
+        assert needle not in body, op
+        if body[:2] == b"\x1f\x8b":
+            assert needle not in gzip.decompress(body), op
+    (create,) = recorder.ops("sagemaker.CreateTrainingJob")
+    assert arn.encode() in create[3]  # the reference travels; the value does not
+    assert value not in plan.to_json() and value not in out + err
+
+    raw = gzip.decompress(plan.payload["bundle"])
+    assert needle not in raw
+    with tarfile.open(fileobj=io.BytesIO(plan.payload["bundle"]), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                assert needle not in tar.extractfile(member).read(), member.name
+
+    # the job can still get it: the shipped resolver turns the reference into the value
+    from distrain_cloud.infra.secret_env import resolve_all
+
+    refs = json.loads(plan.request["Environment"]["DISTRAIN_SECRETS"])
+    assert resolve_all(refs) == {"HF_TOKEN": value}
+
+
+# ====================================================================== status, wait, cancel
+
+
+def described(status, secondary, reason=None, name="job-1"):
+    now = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+    job = {
+        "TrainingJobName": name,
+        "TrainingJobArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/{name}",
+        "ModelArtifacts": {"S3ModelArtifacts": f"s3://b/distrain-cloud/jobs/{name}/output/model.tar.gz"},
+        "TrainingJobStatus": status,
+        "SecondaryStatus": secondary,
+        "AlgorithmSpecification": {"TrainingInputMode": "File", "TrainingImage": "img"},
+        "ResourceConfig": {"InstanceType": "ml.p3.8xlarge", "InstanceCount": 2, "VolumeSizeInGB": 100},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 3600},
+        "CheckpointConfig": {"S3Uri": f"s3://b/distrain-cloud/checkpoints/{name}/"},
+        "CreationTime": now,
+    }
+    if reason:
+        job["FailureReason"] = reason
+    return job
+
+
+@pytest.fixture
+def stub(aws_credentials, monkeypatch):
+    """infra.aws.client hands out one Stubber-backed SageMaker client; other services are real."""
+    from botocore.stub import Stubber
+
+    real = aws.client
+    client = real("sagemaker", REGION)
+    stubber = Stubber(client)
+    stubber.activate()
+    monkeypatch.setattr(aws, "client", lambda s, r=None, **kw: client if s == "sagemaker" else real(s, r))
+    yield stubber
+    stubber.assert_no_pending_responses()
+
+
+def expect_describe(stub, *jobs):
+    for job in jobs:
+        stub.add_response("describe_training_job", job, {"TrainingJobName": job["TrainingJobName"]})
+
+
+@pytest.mark.parametrize("status, secondary, terminal", [
+    ("InProgress", "Training", False),
+    ("Stopping", "Stopping", False),
+    ("Completed", "Completed", True),
+    ("Failed", "Failed", True),
+    ("Stopped", "Stopped", True),
+    ("Deleting", "Stopped", True),
+])
+def test_status_for_every_training_job_status(stub, status, secondary, terminal):
+    expect_describe(stub, described(status, secondary, reason="AlgorithmError: boom" if status == "Failed" else None))
+    info = sm.BACKEND.status("job-1", region=REGION)
+    assert (info["status"], info["secondary_status"], info["terminal"]) == (status, secondary, terminal)
+    assert info["instance"] == "2 x ml.p3.8xlarge"
+    assert info["checkpoints"] == "s3://b/distrain-cloud/checkpoints/job-1/"
+    if status == "Failed":
+        assert info["detail"] == "AlgorithmError: boom"
+
+
+def test_every_status_botocore_knows_is_handled():
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    assert set(model.shape_for("TrainingJobStatus").enum) <= {s.value for s in sm.TrainingJobStatus}
+
+
+@pytest.mark.parametrize("status, secondary, terminal, says", [
+    ("InProgress", "Interrupted", False, "spot"),
+    ("Stopped", "MaxWaitTimeExceeded", True, "--max-wait"),
+    ("Failed", "MaxWaitTimeExceeded", True, "--max-wait"),
+    ("Stopped", "MaxRuntimeExceeded", True, "--max-run"),
+    ("Stopped", "Stopped", True, ""),
+])
+def test_status_explains_spot_and_limit_secondary_statuses(stub, status, secondary, terminal, says):
+    expect_describe(stub, described(status, secondary))
+    info = sm.BACKEND.status("job-1", region=REGION)
+    assert (info["status"], info["secondary_status"], info["terminal"]) == (status, secondary, terminal)
+    assert says in info["detail"]
+
+
+def test_a_failure_reason_wins_over_the_generic_explanation(stub):
+    expect_describe(stub, described("Failed", "MaxWaitTimeExceeded", reason="Spot capacity unavailable"))
+    assert sm.BACKEND.status("job-1", region=REGION)["detail"] == "Spot capacity unavailable"
+
+
+def test_status_of_an_unknown_job_is_one_line(mocked_aws):
+    with pytest.raises(UserError, match=r"^AWS rejected DescribeTrainingJob: Could not find training job"):
+        sm.BACKEND.status("nope", region=REGION)
+
+
+@pytest.fixture
+def no_sleep(monkeypatch):
+    sleeps: list[float] = []
+    monkeypatch.setattr(sm.time, "sleep", sleeps.append)
+    return sleeps
+
+
+def test_wait_prints_each_transition_once_and_returns_0_when_completed(stub, no_sleep, capsys):
+    expect_describe(stub, described("InProgress", "Starting"), described("InProgress", "Downloading"),
+                    described("InProgress", "Training"), described("InProgress", "Training"),
+                    described("InProgress", "Uploading"), described("Completed", "Completed"))
+    assert sm.BACKEND.wait("job-1", region=REGION, poll=7) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "job-1: InProgress / Starting", "job-1: InProgress / Downloading", "job-1: InProgress / Training",
+        "job-1: InProgress / Uploading", "job-1: Completed / Completed"]
+    assert no_sleep == [7] * 5
+
+
+@pytest.mark.parametrize("final", [
+    described("Failed", "Failed", reason="AlgorithmError: CUDA out of memory"),
+    described("Stopped", "Stopped"),
+    described("Stopped", "MaxWaitTimeExceeded"),
+])
+def test_wait_returns_1_for_failed_or_stopped(stub, no_sleep, capsys, final):
+    expect_describe(stub, described("InProgress", "Training"), described("Stopping", "Stopping"), final)
+    assert sm.BACKEND.wait("job-1", region=REGION) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:2] == ["job-1: InProgress / Training", "job-1: Stopping / Stopping"]
+    assert lines[2].startswith(f"job-1: {final['TrainingJobStatus']} / {final['SecondaryStatus']}")
+    if final.get("FailureReason"):
+        assert lines[2].endswith(" - AlgorithmError: CUDA out of memory")
+
+
+def test_submit_wait_follows_the_job(role, no_sleep, capsys):
+    assert submit_job(plan_job(spec(role)), wait=True) == 0  # moto's jobs complete at once
+    assert capsys.readouterr().err.splitlines()[-1].endswith(": Completed / Completed")
+
+
+def test_cancel_stops_a_running_job(stub, capsys):
+    expect_describe(stub, described("InProgress", "Training"))
+    stub.add_response("stop_training_job", {}, {"TrainingJobName": "job-1"})
+    assert sm.BACKEND.cancel("job-1", region=REGION).startswith("stopping job-1: it saves a checkpoint first")
+    # and through the CLI
+    expect_describe(stub, described("InProgress", "Interrupted"))
+    stub.add_response("stop_training_job", {}, {"TrainingJobName": "job-1"})
+    code, out, _ = run_cli(capsys, "cancel", "job-1", "--region", REGION)
+    assert code == 0 and out.startswith("stopping job-1")
+
+
+@pytest.mark.parametrize("status", ["Completed", "Failed", "Stopped"])
+def test_cancel_refuses_politely_for_an_ended_job(stub, capsys, status):
+    expect_describe(stub, described(status, status))  # and no StopTrainingJob: the Stubber would fail on one
+    assert sm.BACKEND.cancel("job-1", region=REGION) == f"job-1 already ended: {status}"
+    expect_describe(stub, described(status, status))
+    code, out, err = run_cli(capsys, "cancel", "job-1", "--region", REGION)
+    assert (code, out.strip(), err) == (0, f"job-1 already ended: {status}", "")
+
+
+def test_cancel_of_a_stopping_job_sends_nothing_more(stub):
+    expect_describe(stub, described("Stopping", "Stopping"))
+    assert sm.BACKEND.cancel("job-1", region=REGION) == "job-1 is already stopping"
+
+
+def test_throttled_status_is_one_line(mocked_aws, monkeypatch, capsys):
+    inject_error(monkeypatch, "DescribeTrainingJob", "ThrottlingException", "Rate exceeded")
+    code, out, err = run_cli(capsys, "status", "job-1", "--region", REGION)
+    assert code == 2
+    assert err.strip() == "error: AWS is throttling DescribeTrainingJob (gave up after 9 attempts); retry later"
+
+
+# ====================================================================== ls
+
+
+def test_ls_lists_created_jobs(role, capsys):
+    names = set()
+    for _ in range(2):
+        p = plan_job(spec(role))
+        submit_job(p)
+        names.add(p.job_name)
+    jobs = sm.BACKEND.list_jobs(region=REGION)
+    assert {j["job_name"] for j in jobs} == names and {j["status"] for j in jobs} == {"Completed"}
+    code, out, _ = run_cli(capsys, "ls", "--json", "--region", REGION)
+    assert code == 0
+    listed = json.loads(out)
+    assert {j["job_name"] for j in listed} == names
+    assert all(j["created"] for j in listed)
+    code, out, _ = run_cli(capsys, "status", next(iter(names)), "--json", "--region", REGION)
+    assert code == 0 and json.loads(out)["status"] == "Completed"
+
+
+def test_ls_with_no_jobs_is_empty(mocked_aws, capsys):
+    assert sm.BACKEND.list_jobs(region=REGION) == []
+    code, out, _ = run_cli(capsys, "ls", "--json", "--region", REGION)
+    assert (code, json.loads(out)) == (0, [])
+
+
+# ====================================================================== logs
+
+
+def put_logs(job, host, lines, start=0):
+    """Events `start` ms after now (CloudWatch drops events older than 14 days)."""
+    import time
+
+    import boto3
+
+    start += int(time.time() * 1000)
+
+    logs = boto3.client("logs", region_name=REGION)
+    try:
+        logs.create_log_group(logGroupName=LOG_GROUP)
+    except logs.exceptions.ResourceAlreadyExistsException:
+        pass
+    stream = f"{job}/{host}-1732600000"
+    try:
+        logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
+    except logs.exceptions.ResourceAlreadyExistsException:
+        pass
+    logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream,
+                        logEvents=[{"timestamp": start + i, "message": m} for i, m in enumerate(lines)])
+
+
+def test_logs_print_every_host_prefixed(role, capsys):
+    p = plan_job(spec(role, nodes=2))
+    submit_job(p)
+    job = p.job_name
+    put_logs(job, "algo-1", ["node_launch node_rank=0 nodes=2 processes=8", "step=10 train_loss=1.2345 lr=5e-05"])
+    put_logs(job, "algo-2", ["node_launch node_rank=1 nodes=2 processes=8"])
+    put_logs(job + "-other", "algo-1", ["not this job"])  # a name sharing the prefix
+    capsys.readouterr()
+    assert sm.BACKEND.logs(job, region=REGION) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "[algo-1] node_launch node_rank=0 nodes=2 processes=8",
+        "[algo-1] step=10 train_loss=1.2345 lr=5e-05",
+        "[algo-2] node_launch node_rank=1 nodes=2 processes=8",
+    ]
+    code, out, _ = run_cli(capsys, "logs", job, "--region", REGION)
+    assert code == 0 and out.splitlines()[0] == "[algo-1] node_launch node_rank=0 nodes=2 processes=8"
+    # --follow on an ended job prints it all once and returns without sleeping
+    code, out, _ = run_cli(capsys, "logs", job, "--follow", "--region", REGION)
+    assert code == 0 and len(out.splitlines()) == 3
+
+
+def test_logs_of_a_job_with_no_log_group_yet_print_nothing(mocked_aws, capsys):
+    assert sm.BACKEND.logs("starting-job", region=REGION) == 0
+    assert capsys.readouterr().out == ""
+    put_logs("another-job", "algo-1", ["x"])  # a group, but no stream of this job
+    assert sm.BACKEND.logs("starting-job", region=REGION) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_logs_follow_prints_new_lines_once_until_the_job_ends(mocked_aws, monkeypatch, capsys):
+    from botocore.stub import Stubber
+
+    real = aws.client
+    sagemaker = real("sagemaker", REGION)
+    stub = Stubber(sagemaker)
+    expect_describe(stub, described("InProgress", "Training", name="run-1"),
+                    described("InProgress", "Training", name="run-1"), described("Completed", "Completed", name="run-1"))
+    stub.activate()
+    monkeypatch.setattr(aws, "client", lambda s, r=None, **kw: sagemaker if s == "sagemaker" else real(s, r))
+    put_logs("run-1", "algo-1", ["step=10 train_loss=2.0"])
+    more = iter([lambda: (put_logs("run-1", "algo-1", ["step=20 train_loss=1.5"], start=1000),
+                          put_logs("run-1", "algo-2", ["late host line"])),
+                 lambda: put_logs("run-1", "algo-1", ["step=30 train_loss=1.0", "model_saved=/opt/ml/model"],
+                                  start=2000)])
+    monkeypatch.setattr(sm.time, "sleep", lambda s: next(more)())
+    assert sm.BACKEND.logs("run-1", follow=True, region=REGION) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "[algo-1] step=10 train_loss=2.0",
+        "[algo-1] step=20 train_loss=1.5",
+        "[algo-2] late host line",
+        "[algo-1] step=30 train_loss=1.0",
+        "[algo-1] model_saved=/opt/ml/model",
+    ]
+    stub.assert_no_pending_responses()
