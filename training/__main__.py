@@ -16,11 +16,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     from .args import ArgumentError, parse_args
     from .contract import Contract
 
+    contract = None  # a bad argument is reported in the contract's failure file too
     try:
         contract = Contract.from_env()
         args = parse_args(argv)
     except (ArgumentError, ValueError) as e:
-        _fail(e, None)
+        _fail(e, contract)
     from .data import DataError
     from .trainer import Trainer
 

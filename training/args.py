@@ -58,6 +58,7 @@ class TrainArgs:
     compile: bool = False
     num_workers: int = 0
     mlm_probability: float = 0.15
+    profile_steps: str | None = None
     # when
     log_every: int = 10
     eval_every: int | None = None
@@ -69,6 +70,7 @@ class TrainArgs:
     wandb_entity: str | None = None
     run_name: str | None = None
     push_to_hub: str | None = None
+    save_model: bool = True
     generate_prompt: str = "The"
     generate_tokens: int = 24
 
@@ -124,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile)
     g.add_argument("--num-workers", type=int, default=d.num_workers)
     g.add_argument("--mlm-probability", type=float, default=d.mlm_probability)
+    g.add_argument("--profile-steps", metavar="START:END",
+                   help="profile these optimizer steps with torch.profiler; the table goes to the output folder")
     g = p.add_argument_group("logging, evaluation, checkpoints")
     g.add_argument("--log-every", type=int, default=d.log_every)
     g.add_argument("--eval-every", type=int, help="steps between evaluations (always one at the end)")
@@ -133,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--wandb-project", default=d.wandb_project)
     g.add_argument("--wandb-entity")
     g.add_argument("--run-name")
+    g.add_argument("--save-model", action=argparse.BooleanOptionalAction, default=d.save_model,
+                   help="write the final model to the model folder (--no-save-model for benchmarks)")
     g.add_argument("--push-to-hub", metavar="REPO", help="push the final model to this Hub repo (token from HF_TOKEN)")
     g.add_argument("--generate-prompt", default=d.generate_prompt)
     g.add_argument("--generate-tokens", type=int, default=d.generate_tokens)
@@ -167,6 +173,12 @@ def validate(a: TrainArgs) -> None:
         value = getattr(a, name)
         if value is not None and value < (0 if name == "max_steps" else 1):
             raise ArgumentError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if a.push_to_hub and not a.save_model:
+        raise ArgumentError("--push-to-hub needs the saved model; drop --no-save-model")
+    if a.profile_steps is not None:
+        start, sep, end = a.profile_steps.partition(":")
+        if not (sep and start.isdigit() and end.isdigit() and int(start) < int(end)):
+            raise ArgumentError(f"--profile-steps expects START:END with START < END, got {a.profile_steps!r}")
     if not 0.0 < a.validation_fraction < 1.0:
         raise ArgumentError(f"--validation-fraction must be between 0 and 1, got {a.validation_fraction}")
     if a.epochs <= 0:

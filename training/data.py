@@ -264,6 +264,7 @@ def collator(tokenizer, padded: bool, pad_to_multiple_of: int | None):
 
 
 def make_loaders(args: TrainArgs, data: PreparedData, tokenizer, world_size: int, use_cuda: bool):
+    import torch
     from torch.utils.data import DataLoader
 
     # On GPUs, round padded lengths to a multiple of 8 for the tensor cores.
@@ -275,8 +276,10 @@ def make_loaders(args: TrainArgs, data: PreparedData, tokenizer, world_size: int
                         f"{len(data.train)} training examples; lower --batch-size")
     eval_bs = (args.eval_batch_size or args.batch_size) * world_size
     eval_sampler = EpochBatchSampler(len(data.validation), eval_bs, args.seed, shuffle=False, drop_last=False)
+    # Their own generator: starting an iterator (e.g. on resume) must not draw from the
+    # global RNG that dropout uses, or resume is not exact.
     common = dict(num_workers=args.num_workers, pin_memory=use_cuda, collate_fn=collate,
-                  persistent_workers=args.num_workers > 0)
+                  persistent_workers=args.num_workers > 0, generator=torch.Generator())
     train = DataLoader(data.train, batch_sampler=train_sampler, **common)
     val = DataLoader(data.validation, batch_sampler=eval_sampler, **common)
     return train, val, train_sampler

@@ -95,4 +95,5 @@ def _supports_sdpa(auto, config) -> bool:
 
 
 def count_parameters(model) -> int:
-    return sum(p.numel() for p in model.parameters())
+    # Under ZeRO-3 a parameter is an empty placeholder; ds_numel is its real size.
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())

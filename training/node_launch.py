@@ -44,6 +44,8 @@ def plan_node(train_argv: Sequence[str], contract: Contract, *, processes: int |
     env = {}
     if strategy.uses_deepspeed and use_cpu:
         env["DS_ACCELERATOR"] = "cpu"
+    elif use_cpu:  # torchrun does not pass the config's use_cpu on; gloo DDP needs it
+        env["ACCELERATE_USE_CPU"] = "true"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", CONFIG_FILE,
                "-m", "distrain_cloud.training", *train_argv]
     return NodeLaunch(config, command, env)

@@ -139,11 +139,9 @@ def accelerate_config(
             f"strategy 'single' runs one process, but the cluster has {cluster.world_size}; "
             "use --strategy ddp (or a zero* strategy) for several processes"
         )
-    if cluster.world_size == 1:
+    if cluster.world_size == 1 and not strategy.uses_deepspeed:  # DeepSpeed needs torchrun's process group
         distributed_type = "NO"
-    elif cluster.use_cpu and not strategy.uses_deepspeed:
-        distributed_type = "MULTI_CPU"
-    else:
+    else:  # torchrun; accelerate's MULTI_CPU launcher starts one process without mpirun
         distributed_type = "MULTI_GPU"
     return {
         "compute_environment": "LOCAL_MACHINE",

@@ -34,8 +34,8 @@ class Trainer:
     def setup(self) -> None:
         import torch
         from accelerate import Accelerator
-        from accelerate.utils import (DataLoaderConfiguration, DeepSpeedPlugin, InitProcessGroupKwargs,
-                                      TorchDynamoPlugin, set_seed)
+        from accelerate.utils import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedDataParallelKwargs,
+                                      InitProcessGroupKwargs, TorchDynamoPlugin, set_seed)
 
         from . import data, modeling
 
@@ -43,7 +43,11 @@ class Trainer:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if self.strategy.value == "single" and world > 1:
             raise data.DataError(f"--strategy single runs one process, but {world} were started; use --strategy ddp")
-        ds_plugin, handlers = None, []
+        # Gradients live in DDP's buckets: no copy into them after backward, less memory.
+        ds_plugin, handlers = None, [DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
+        # TF32 for any fp32 matmul left (bf16/fp16 autocast covers the rest).
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
         if self.strategy.uses_deepspeed:
             ds_plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config(
                 self.strategy, micro_batch_size=a.batch_size, grad_accum=a.grad_accum, world_size=world,
@@ -118,6 +122,7 @@ class Trainer:
         self.contract.output_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_file = self.contract.output_dir / "metrics.jsonl"
 
+        profiler = _Profiler(a.profile_steps, acc, self.contract.output_dir)
         progress = self._progress(initial=state["step"])
         window = _Window()
         last_saved = state["step"]
@@ -157,6 +162,7 @@ class Trainer:
                 window.losses.append(torch.stack(micro_losses).mean())
                 micro_losses = []
                 progress.update(1)
+                profiler.step(step)
                 self._check_stop(step)
                 if step % a.log_every == 0 or step == self.max_steps or self.stop_requested:
                     self._log_train(step, window)
@@ -173,6 +179,7 @@ class Trainer:
                 state["epoch"] += 1
                 state["batch_in_epoch"] = 0
         progress.close()
+        profiler.close()
         if self.stop_requested:
             if last_saved != state["step"]:
                 checkpoint.save(acc, self.contract.checkpoint_dir, state["step"], state, a.keep_checkpoints)
@@ -257,6 +264,9 @@ class Trainer:
     def save(self, eval_metrics: dict[str, float]) -> None:
         acc, a = self.accelerator, self.args
         acc.wait_for_everyone()
+        if not a.save_model:
+            acc.end_training()
+            return
         unwrapped = acc.unwrap_model(self.model)
         state_dict = acc.get_state_dict(self.model)  # collective: gathers ZeRO-3 shards
         model_dir = self.contract.model_dir
@@ -343,6 +353,12 @@ class Trainer:
         metrics = {"train_loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
                    "tokens_per_sec": tokens / elapsed, "step_time": elapsed / len(window.losses),
                    "data_wait_pct": 100.0 * window.data_wait / elapsed}
+        if window.positions:
+            positions = acc.reduce(torch.tensor(float(window.positions), device=acc.device), "sum").item()
+            metrics["pad_pct"] = 100.0 * (1.0 - tokens / max(positions, 1.0))
+        if acc.device.type == "cuda":  # the most loaded process is the one that runs out
+            peak = torch.tensor(torch.cuda.max_memory_allocated(acc.device) / 2**30, device=acc.device)
+            metrics["peak_mem_gb"] = acc.gather(peak[None]).max().item()
         self._emit(step, metrics)
 
     def _emit(self, step: int, metrics: dict[str, float]) -> None:
@@ -365,6 +381,47 @@ class Trainer:
                     disable=not self.accelerator.is_main_process or not sys.stderr.isatty())
 
 
+class _Profiler:
+    """torch.profiler over optimizer steps START..END on the main process (--profile-steps)."""
+
+    def __init__(self, spec: str | None, accelerator, output_dir: Path):
+        self.prof = None
+        if not spec or not accelerator.is_main_process:
+            return
+        self.start, self.end = (int(x) for x in spec.split(":"))
+        self.output_dir = output_dir
+
+    def step(self, step: int) -> None:
+        if not hasattr(self, "start"):
+            return
+        import torch
+
+        if step == self.start and self.prof is None:
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            self.prof = torch.profiler.profile(activities=acts)
+            self.prof.__enter__()
+        elif step == self.end and self.prof is not None:
+            self.close()
+
+    def close(self) -> None:
+        if self.prof is None:
+            return
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.prof.__exit__(None, None, None)
+        key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        table = self.prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=80)
+        (self.output_dir / "profile.txt").write_text(table)
+        print("profile (steps %d-%d), top kernels:\n%s" % (self.start, self.end,
+              "\n".join(table.splitlines()[:16])), flush=True)
+        self.prof = None
+        del self.start
+
+
 class _Window:
     """What happened since the last log line."""
 
@@ -372,12 +429,17 @@ class _Window:
         self.start = time.perf_counter()
         self.losses: list = []
         self.tokens: Any = 0
+        self.positions = 0  # padded batch positions, when batches are padded
         self.data_wait = 0.0
 
     def add_tokens(self, batch) -> None:
         # Real (non-padding) tokens; summed on the device to avoid a sync per step.
         mask = batch.get("attention_mask")
-        self.tokens = self.tokens + (mask.sum() if mask is not None else batch["input_ids"].numel())
+        if mask is None:
+            self.tokens = self.tokens + batch["input_ids"].numel()
+        else:
+            self.tokens = self.tokens + mask.sum()
+            self.positions += mask.numel()
 
 
 def lr_at(step: int, peak: float, warmup: int, total: int, kind: str) -> float:

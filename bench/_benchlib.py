@@ -1,0 +1,218 @@
+"""Shared, torch-free helpers for the benchmark harness (run.py and hf_trainer_baseline.py).
+
+Kept free of heavy imports so `run.py --dry-run` works anywhere and the baseline can be
+started with `python bench/hf_trainer_baseline.py` or under torchrun (this folder is then
+on sys.path).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+ASSETS = REPO / "training" / "assets"
+CORPUS = ASSETS / "corpus.txt"
+TOKENIZER = ASSETS / "tokenizer.json"
+
+# Dense BF16 peak of one H100 SXM (no sparsity). Override with --peak-tflops.
+H100_BF16_PEAK_FLOPS = 989e12
+
+# Required on the GPU machines (NVLink multicast / NVLS must stay off). Never remove.
+REQUIRED_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+# The same model shapes as training/modeling.py's presets (kept in sync by hand;
+# run.py --cpu-smoke checks the parameter count against the baseline's real count).
+GPT2_SHAPES = {
+    "tiny-gpt2": {"n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 512, "vocab_size": None},
+    "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50304},
+    "gpt2-xl": {"n_layer": 48, "n_head": 25, "n_embd": 1600, "n_positions": 1024, "vocab_size": 50304},
+}
+SHIPPED_VOCAB = 746  # len() of the shipped tokenizer; tiny-gpt2 uses it as its vocabulary size
+
+BERT_BASE = {
+    "model_type": "bert", "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
+    "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 512,
+    "type_vocab_size": 2, "pad_token_id": 1,
+}
+
+LABELS = ("negative", "neutral", "positive")
+
+
+# ---------------------------------------------------------------- FLOPs and MFU
+
+
+def gpt2_num_params(n_layer: int, n_embd: int, vocab_size: int, n_positions: int) -> int:
+    """All parameters of GPT2LMHeadModel, embeddings included (lm_head is tied to wte)."""
+    d = n_embd
+    per_layer = 12 * d * d + 13 * d  # c_attn, attn c_proj, c_fc, mlp c_proj (+ biases), ln_1, ln_2
+    return vocab_size * d + n_positions * d + n_layer * per_layer + 2 * d  # + ln_f
+
+
+def flops_per_token(n_params: int, n_layer: int, hidden: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N (forward + backward matmuls) + 12*L*d*T (attention scores).
+
+    N is the TOTAL parameter count, embeddings included (a slight over-count of matmul work
+    for the input embedding; the tied output projection is real work).
+    """
+    return 6.0 * n_params + 12.0 * n_layer * hidden * seq_len
+
+
+def mfu(tokens_per_sec: float | None, fpt: float, num_gpus: int, peak_flops: float = H100_BF16_PEAK_FLOPS):
+    if tokens_per_sec is None or num_gpus < 1:
+        return None
+    return tokens_per_sec * fpt / (peak_flops * num_gpus)
+
+
+# ---------------------------------------------------------------- tokenizer and LM data
+
+
+def load_tokenizer():
+    """The shipped offline tokenizer, set up exactly as training/modeling.py does."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(TOKENIZER),
+        eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<pad>",
+        unk_token="<unk>", mask_token="<mask>", cls_token="<cls>", sep_token="<sep>",
+    )
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def read_lines(path: Path) -> list[str]:
+    """One document per line, as the `datasets` text builder reads a .txt file."""
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def pack_blocks(lines: list[str], tokenizer, block: int, limit: int | None = None) -> list[list[int]]:
+    """Our trainer's packing (training/data.py::_pack): doc + eos, concatenated, cut into blocks.
+
+    With `limit`, stops once that many blocks are packed (the file's first blocks).
+    """
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    blocks: list[list[int]] = []
+    for s in range(0, len(lines), 2000):  # same map batches, same dropped tails
+        if limit is not None and len(blocks) >= limit:
+            break
+        ids = tokenizer(lines[s : s + 2000], add_special_tokens=False)["input_ids"]
+        stream = [t for doc in ids for t in (doc + [eos] if eos is not None else doc)]
+        usable = len(stream) // block * block
+        blocks += [stream[i : i + block] for i in range(0, usable, block)]
+    return blocks
+
+
+CORPUS_TOKENS_ESTIMATE = 44471  # tokens (with eos) in one copy of corpus.txt, shipped tokenizer
+
+
+def corpus_repeats(needed_blocks: int, block: int, tokens_per_copy: int = CORPUS_TOKENS_ESTIMATE,
+                   train_fraction: float = 0.9) -> int:
+    """Copies of corpus.txt so that ONE epoch of our trainer's train split covers the run.
+
+    One epoch matters: at an epoch end accelerate forces a gradient sync, which would cut
+    accumulation short, and the loader restarts. 15% margin for the split and dropped tails.
+    """
+    per_copy = max(1e-9, train_fraction * tokens_per_copy / block)
+    return max(1, math.ceil(needed_blocks * 1.15 / per_copy) + 1)
+
+
+def write_repeated_corpus(path: Path, repeats: int) -> Path:
+    text = CORPUS.read_text(encoding="utf-8")
+    if not text.endswith("\n"):
+        text += "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(repeats):
+            f.write(text)
+    return path
+
+
+# ---------------------------------------------------------------- variable-length classification set
+
+CHARS_PER_TOKEN = 4.39  # corpus.txt: 195283 chars / 44471 tokens with the shipped tokenizer
+OPENERS = {
+    "negative": ["It was a terrible day.", "Everything felt dull and broken.", "I regretted the whole trip."],
+    "neutral": ["It was an ordinary day.", "Everything felt plain and usual.", "The trip was about average."],
+    "positive": ["It was a wonderful day.", "Everything felt lovely and bright.", "I adored the whole trip."],
+}
+
+
+def varlen_examples(n: int, seed: int = 1234, median_tokens: float = 120.0, sigma: float = 0.7,
+                    max_tokens: int = 512, min_tokens: int = 8) -> list[dict]:
+    """A realistic variable-length text-classification set: lengths ~ log-normal.
+
+    Median ~120 tokens, mean ~150, p90 ~300; ~2% reach the 512-token cap (truncated at
+    tokenization, as real long documents are). Text is sentences of the shipped corpus
+    (in-distribution for the shipped tokenizer) after a label cue sentence; labels are 3
+    classes. Deterministic in (n, seed).
+    """
+    rng = random.Random(seed)
+    sentences = [s.strip() + "." for line in read_lines(CORPUS) for s in line.split(".") if s.strip()]
+    out = []
+    for _ in range(n):
+        target = min(max_tokens * 1.1, max(min_tokens, rng.lognormvariate(math.log(median_tokens), sigma)))
+        label = rng.choice(LABELS)
+        parts = [rng.choice(OPENERS[label])]
+        chars = len(parts[0])
+        while chars < target * CHARS_PER_TOKEN:
+            s = rng.choice(sentences)
+            parts.append(s)
+            chars += len(s) + 1
+        text = " ".join(parts)
+        text = text[: int(target * CHARS_PER_TOKEN)].rsplit(" ", 1)[0] if len(text) > 40 else text
+        out.append({"text": text, "label": label})
+    return out
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def percentile(values: list[float], q: float) -> float:
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    k = (len(v) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def median(values: list[float]) -> float | None:
+    return percentile(values, 0.5) if values else None
+
+
+def kv_line(pairs: dict) -> str:
+    def fmt(v):
+        if v is None:
+            return "n/a"
+        if isinstance(v, float):
+            return f"{v:.6g}"
+        return str(v).replace(" ", "_")
+
+    return " ".join(f"{k}={fmt(v)}" for k, v in pairs.items())
+
+
+def parse_kv(line: str) -> dict[str, str]:
+    out = {}
+    for tok in line.strip().split():
+        if "=" in tok:
+            k, v = tok.split("=", 1)
+            out[k] = v
+    return out

@@ -1,0 +1,931 @@
+"""Benchmark driver: our trainer vs `transformers.Trainer`, in one invocation.
+
+    python bench/run.py --suite all --gpus 4 --deadline-min 9     # on the GPU machine
+    python bench/run.py --suite single,accum --gpus 1
+    python bench/run.py --dry-run --suite all --gpus 4            # print the commands only
+    python bench/run.py --cpu-smoke                               # tiny CPU run of the plumbing
+
+Suites (see bench/README.md): single, scaling, zero, xl, accum, varlen (or all).
+
+Every child gets the required NCCL/NVSHMEM environment, fresh model/output/checkpoint
+folders, `--report-to none`, a timeout, and its own log under <out>/logs/. The tables are
+rewritten after every run (<out>/results.md, <out>/results.json), so a run cut short
+still leaves what finished. <out> defaults to $OUT when set, else bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _benchlib as lib  # noqa: E402
+
+SUITES = ("single", "accum", "scaling", "zero", "varlen", "xl")  # also the order they run in
+BASELINE = lib.BENCH / "hf_trainer_baseline.py"
+PLACEHOLDER_WORK = "$WORK"  # shown instead of the temp folder in --dry-run
+
+
+# ---------------------------------------------------------------- runs
+
+
+@dataclass
+class Run:
+    id: str
+    impl: str  # "ours" | "hf_trainer"
+    label: str
+    cmd: list[str]
+    gpus: int  # processes: one per GPU (CPU processes under --cpu-smoke)
+    model: str
+    task: str  # "lm" | "classification"
+    strategy: str
+    seq_len: int
+    batch_size: int
+    grad_accum: int
+    steps: int
+    warmup: int
+    log_every: int | None
+    timeout: int
+    needs: tuple[str, ...] = ()
+    n_params: int | None = None
+    fpt: float | None = None  # training FLOPs per token, for MFU
+    result: dict = field(default_factory=dict)
+
+    @property
+    def key(self):
+        return (self.impl, tuple(self.cmd), self.gpus)
+
+
+@dataclass
+class Ctx:
+    a: argparse.Namespace
+    gpus: int
+    work: Path
+    lm_file: Path
+    varlen_file: Path
+    bert_dir: Path
+    cpu: bool
+    peak: float
+
+    @property
+    def precision(self):
+        return "no" if self.cpu else "bf16"
+
+
+def gpt2_fpt(preset: str, seq_len: int) -> tuple[int, float]:
+    s = lib.GPT2_SHAPES[preset]
+    n = lib.gpt2_num_params(s["n_layer"], s["n_embd"], s["vocab_size"] or lib.SHIPPED_VOCAB, s["n_positions"])
+    return n, lib.flops_per_token(n, s["n_layer"], s["n_embd"], seq_len)
+
+
+def ours_cmd(ctx: Ctx, *, gpus: int, strategy: str, task: str, batch: int, accum: int, total_steps: int,
+             log_every: int, model_flags: list[str], data_flags: list[str], compile_: bool = False) -> list[str]:
+    cmd = [sys.executable, "-m", "distrain_cloud.training.node_launch", "--processes", str(max(1, gpus)), "--",
+           "--task", task, *model_flags, *data_flags, "--strategy", strategy, "--precision", ctx.precision,
+           "--batch-size", str(batch), "--grad-accum", str(accum), "--max-steps", str(total_steps),
+           "--log-every", str(log_every), "--report-to", "none",
+           # keep the untimed tail short: a small final evaluation, one generated token
+           "--max-eval-samples", str(ctx.a.eval_samples), "--generate-tokens", "1"]
+    cmd.append("--no-save-model")  # the final save is untimed; skipping it saves budget
+    if compile_:
+        cmd.append("--compile")
+    if ctx.a.ours_extra:
+        import shlex
+
+        cmd += shlex.split(ctx.a.ours_extra)
+    return cmd
+
+
+def lm_data_flags(ctx: Ctx, seq_len: int) -> list[str]:
+    if ctx.a.lm_data == "builtin":
+        return ["--dataset", "builtin:corpus", "--block-size", str(seq_len)]
+    return ["--train-file", str(ctx.lm_file), "--block-size", str(seq_len)]
+
+
+def ours_lm(ctx: Ctx, *, gpus: int, strategy: str = "ddp", preset: str = "gpt2-small", batch: int | None = None,
+            accum: int = 1, steps: int | None = None, warmup: int | None = None, log_every: int | None = None,
+            compile_: bool = False, timeout: int | None = None, label: str | None = None) -> Run:
+    a = ctx.a
+    preset = "tiny-gpt2" if ctx.cpu else preset
+    batch = batch or a.batch_size
+    steps, warmup, log_every = steps or a.steps, a.warmup if warmup is None else warmup, log_every or a.log_every
+    n, fpt = gpt2_fpt(preset, a.seq_len)
+    cmd = ours_cmd(ctx, gpus=gpus, strategy=strategy, task="causal-lm", batch=batch, accum=accum,
+                   total_steps=warmup + steps, log_every=log_every, model_flags=["--preset", preset],
+                   data_flags=lm_data_flags(ctx, a.seq_len), compile_=compile_)
+    needs = ("datasets", "accelerate", "yaml") + (("deepspeed",) if strategy.startswith("zero") else ())
+    tag = f"ours-{preset}-{strategy}{'-compile' if compile_ else ''}-g{gpus}-b{batch}-k{accum}"
+    return Run(tag, "ours", label or f"ours {strategy}{' +compile' if compile_ else ''}", cmd, gpus, preset,
+               "lm", strategy, a.seq_len, batch, accum, steps, warmup, log_every,
+               timeout or (a.compile_timeout if compile_ else a.timeout), needs, n, fpt)
+
+
+def hf_lm(ctx: Ctx, *, compile_: bool, gpus: int = 1) -> Run:
+    a = ctx.a
+    preset = "tiny-gpt2" if ctx.cpu else "gpt2-small"
+    n, fpt = gpt2_fpt(preset, a.seq_len)
+    cmd = hf_launcher(gpus) + [str(BASELINE), "--mode", "lm", "--batch-size", str(a.batch_size),
+                               "--seq-len", str(a.seq_len), "--grad-accum", "1", "--steps", str(a.steps),
+                               "--warmup-steps", str(a.warmup), "--data-file", str(ctx.lm_file),
+                               "--peak-tflops", str(a.peak_tflops)]
+    if a.lm_data == "builtin":
+        cmd[cmd.index("--data-file") : cmd.index("--data-file") + 2] = []
+    if ctx.cpu:
+        cmd.append("--tiny")
+    if compile_:
+        cmd.append("--compile")
+    variant = "compile" if compile_ else "defaults"
+    return Run(f"hf-{preset}-{variant}-g{gpus}-b{a.batch_size}", "hf_trainer", f"HF Trainer {variant}", cmd, gpus,
+               preset, "lm", "ddp" if gpus > 1 else "single", a.seq_len, a.batch_size, 1, a.steps, a.warmup, None,
+               a.compile_timeout if compile_ else a.timeout, ("transformers",), n, fpt)
+
+
+def hf_launcher(gpus: int) -> list[str]:
+    if gpus > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)]
+    return [sys.executable]
+
+
+def varlen_runs(ctx: Ctx) -> list[Run]:
+    a = ctx.a
+    bert = a.varlen_model == "bert-base"
+    if ctx.cpu:
+        model_flags = ["--preset", "tiny-bert" if bert else "tiny-gpt2"]
+        name = "tiny-bert" if bert else "tiny-gpt2"
+    else:
+        model_flags = ["--model-config", str(ctx.bert_dir)] if bert else ["--preset", "gpt2-small"]
+        name = a.varlen_model
+    g = a.varlen_gpus
+    bs, L = a.varlen_batch_size, a.varlen_max_length
+    ours = ours_cmd(ctx, gpus=g, strategy="ddp", task="classification", batch=bs, accum=1,
+                    total_steps=a.warmup + a.steps, log_every=a.log_every, model_flags=model_flags,
+                    data_flags=["--train-file", str(ctx.varlen_file), "--max-length", str(L)])
+    hf = hf_launcher(g) + [str(BASELINE), "--mode", "classification", "--cls-model", a.varlen_model,
+                                   "--batch-size", str(bs), "--seq-len", str(L), "--steps", str(a.steps),
+                                   "--warmup-steps", str(a.warmup), "--data-file", str(ctx.varlen_file)]
+    if ctx.cpu:
+        hf.append("--tiny")
+    common = dict(gpus=g, model=name, task="classification", seq_len=L, batch_size=bs, grad_accum=1,
+                  steps=a.steps, warmup=a.warmup)
+    return [
+        Run(f"ours-cls-{name}-g{g}-b{bs}", "ours", "ours (dynamic padding, length-grouped)", ours,
+            strategy="ddp", log_every=a.log_every, timeout=a.timeout, needs=("datasets", "accelerate", "yaml"),
+            **common),
+        Run(f"hf-cls-{name}-g{g}-b{bs}", "hf_trainer", "HF Trainer (padding=max_length)", hf,
+            strategy="ddp" if g > 1 else "single", log_every=None, timeout=a.timeout, needs=("transformers",),
+            **common),
+    ]
+
+
+def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
+    a, G = ctx.a, ctx.gpus
+    out: dict[str, list[Run]] = {}
+    for s in suites:
+        if s == "single":
+            runs = [ours_lm(ctx, gpus=1, label="ours (ddp, 1 process)")]
+            if a.ours_compile:
+                runs.append(ours_lm(ctx, gpus=1, compile_=True, label="ours +compile"))
+            runs += [hf_lm(ctx, compile_=False), hf_lm(ctx, compile_=True)]
+        elif s == "scaling":
+            counts = sorted({n for n in (1, 2, 4, 8, 16) if n <= G} | {G})
+            runs = [ours_lm(ctx, gpus=n, label=f"ours ddp x{n}") for n in counts]
+        elif s == "zero":
+            runs = [ours_lm(ctx, gpus=G, strategy=st, label=f"ours {st} x{G}") for st in ("ddp", "zero2", "zero3")]
+        elif s == "xl":
+            runs = [ours_lm(ctx, gpus=G, strategy=st, preset="gpt2-xl", batch=a.xl_batch_size, steps=a.xl_steps,
+                            warmup=a.xl_warmup, log_every=a.xl_log_every, timeout=a.xl_timeout,
+                            label=f"ours {'tiny-gpt2' if ctx.cpu else 'gpt2-xl'} {st} x{G}")
+                    for st in ("ddp", "zero2", "zero3", "zero3-offload")]
+        elif s == "accum":
+            g = a.accum_gpus
+            k1 = ours_lm(ctx, gpus=g, accum=1, label="ours k=1")
+            kk = ours_lm(ctx, gpus=g, accum=a.accum_k, steps=a.accum_steps, warmup=a.accum_warmup,
+                         log_every=a.accum_log_every, label=f"ours k={a.accum_k}")
+            runs = [k1, kk]
+        elif s == "varlen":
+            runs = varlen_runs(ctx)
+        else:
+            raise SystemExit(f"unknown suite {s!r}; choose from {', '.join(SUITES)} or all")
+        out[s] = runs
+    return out
+
+
+# ---------------------------------------------------------------- environment
+
+
+def child_env(ctx: Ctx, run: Run, dirs: dict[str, Path], port: int, shim: Path | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTRAIN_", "SM_"))}
+    env.update(lib.REQUIRED_ENV)  # required on the GPU machines; never remove
+    env.update({
+        "DISTRAIN_MODEL_DIR": str(dirs["model"]), "DISTRAIN_OUTPUT_DIR": str(dirs["output"]),
+        "DISTRAIN_CHECKPOINT_DIR": str(dirs["checkpoints"]), "DISTRAIN_MAIN_PORT": str(port),
+        "HF_DATASETS_CACHE": str(ctx.work / "hf-datasets-cache"), "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
+        "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so CUDA's device i is nvidia-smi's GPU i (memory sampling)
+    })
+    if shim is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(shim)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    if ctx.cpu:
+        # CPU smoke only: one thread per process, or OpenMP spin-waits on a busy small
+        # machine make timings meaningless (GPU runs keep the environment untouched).
+        env["OMP_NUM_THREADS"] = "1"
+    if not ctx.cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices()[: run.gpus])
+    return env
+
+
+def visible_devices() -> list[str]:
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd:
+        return [d.strip() for d in cvd.split(",") if d.strip()]
+    return [str(i) for i in range(64)]
+
+
+def package_shim(work: Path) -> Path | None:
+    """Make `distrain_cloud.training` importable from this checkout when it isn't installed.
+
+    The repository maps training/ to distrain_cloud.training only through pyproject's
+    package-dir; on a machine where `pip install -e .` was not run, a folder of symlinks
+    on PYTHONPATH gives the children the same package names, from this very checkout.
+    """
+    try:
+        spec = importlib.util.find_spec("distrain_cloud.training")
+    except ModuleNotFoundError:  # not even the namespace package is importable
+        spec = None
+    if spec is not None and spec.submodule_search_locations and \
+            Path(list(spec.submodule_search_locations)[0]).resolve() == (lib.REPO / "training").resolve():
+        return None
+    shim = work / "pkgshim"
+    pkg = shim / "distrain_cloud"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for name in ("training", "launcher", "infra"):
+        link = pkg / name
+        if not link.exists() and (lib.REPO / name).is_dir():
+            link.symlink_to(lib.REPO / name, target_is_directory=True)
+    return shim
+
+
+def have(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def versions() -> dict:
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0]}
+    for pkg in ("torch", "transformers", "accelerate", "deepspeed", "datasets", "tokenizers"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def gpu_inventory() -> list[dict]:
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total,memory.used",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 5:
+            rows.append({"index": parts[0], "name": parts[1], "driver": parts[2],
+                         "memory_total_mib": float(parts[3]), "memory_used_mib": float(parts[4])})
+    return rows
+
+
+def git_commit() -> str | None:
+    try:
+        r = subprocess.run(["git", "-C", str(lib.REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                           text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(lib.REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (r.stdout.strip() + ("+dirty" if dirty else "")) if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class GpuMemSampler:
+    """Peak nvidia-smi memory.used per GPU while a run is alive (context + cache + tensors)."""
+
+    def __init__(self, interval: float = 0.5, enabled: bool = True):
+        self.interval, self.peak = interval, {}
+        self.enabled = enabled and bool(shutil.which("nvidia-smi"))
+        self._stop = threading.Event()
+        self._thread = None
+
+    def __enter__(self):
+        if self.enabled:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            try:
+                text = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                                      capture_output=True, text=True, timeout=10).stdout
+                for line in text.strip().splitlines():
+                    i, used = (p.strip() for p in line.split(","))
+                    self.peak[i] = max(self.peak.get(i, 0.0), float(used))
+            except (OSError, ValueError, subprocess.SubprocessError):
+                pass
+            self._stop.wait(self.interval)
+
+    def max_gib(self, devices: list[str]) -> float | None:
+        values = [v for i, v in self.peak.items() if i in devices] or list(self.peak.values())
+        return max(values) / 1024 if values else None
+
+
+# ---------------------------------------------------------------- running and parsing
+
+OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|Cannot allocate memory", re.I)
+
+
+class Runner:
+    def __init__(self, ctx: Ctx, out: Path, shim: Path | None, deadline: float | None):
+        self.ctx, self.out, self.shim, self.deadline = ctx, out, shim, deadline
+        self.port = 29600
+        self.current: subprocess.Popen | None = None
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+
+    def execute(self, run: Run) -> dict:
+        missing = [m for m in run.needs if not have(m)]
+        if missing:
+            return {"status": f"SKIPPED (missing {', '.join(missing)})"}
+        timeout = run.timeout
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left < 60:
+                return {"status": "SKIPPED (deadline)"}
+            timeout = int(min(timeout, left - 15))
+        rundir = Path(tempfile.mkdtemp(prefix=f"{run.id}-", dir=self.ctx.work))
+        dirs = {k: rundir / k for k in ("model", "output", "checkpoints")}
+        self.port += 1
+        env = child_env(self.ctx, run, dirs, self.port, self.shim)
+        log = self.out / "logs" / f"{run.id}.log"
+        t0 = time.monotonic()
+        status = None
+        with open(log, "w") as f, GpuMemSampler(enabled=not self.ctx.cpu) as mem:
+            f.write("# " + shlex.join(run.cmd) + "\n")
+            f.flush()
+            self.current = subprocess.Popen(run.cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=lib.REPO,
+                                            start_new_session=True)
+            try:
+                rc = self.current.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.stop_current()
+                rc, status = None, f"TIMEOUT ({timeout}s)"
+            except BaseException:  # Ctrl-C / SIGTERM of this driver: take the run down with it
+                self.stop_current()
+                raise
+            finally:
+                self.current = None
+        wall = time.monotonic() - t0
+        text = log.read_text(errors="replace")
+        res = {"wall_s": round(wall, 1), "log": str(log.relative_to(self.out)), "rc": rc,
+               "peak_mem_smi_gb": mem.max_gib(env.get("CUDA_VISIBLE_DEVICES", "").split(","))
+               if not self.ctx.cpu else None}
+        metrics = dirs["output"] / "metrics.jsonl"
+        if metrics.exists():
+            shutil.copy(metrics, self.out / "logs" / f"{run.id}.metrics.jsonl")
+        parsed = parse_ours(run, metrics, text) if run.impl == "ours" else parse_hf(run, text)
+        res.update(parsed)
+        if status is None:
+            if rc == 0 and res.get("tokens_per_sec") is not None:
+                status = "ok"
+            elif OOM.search(text):
+                status = "OOM"
+            else:
+                status = f"FAILED (rc={rc})"
+        if status != "ok":
+            res["error"] = last_error(text)
+            if res.get("tokens_per_sec") is not None and res.get("complete"):
+                res["note"] = "all timed windows finished; the failure came after training (eval/save)"
+        res["status"] = status
+        shutil.rmtree(rundir, ignore_errors=True)  # model files can be GBs
+        return res
+
+    def stop_current(self):
+        """SIGTERM the run's process group (ours saves and exits), SIGKILL after 20 s."""
+        p = self.current
+        if p is None or p.poll() is not None:
+            return
+        try:  # the child leads its own session: signal exactly that group
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.reap_group()
+            p.wait(timeout=20)
+        except ProcessLookupError:
+            pass
+
+    def reap_group(self):
+        """SIGKILL the run's own process group; only while its leader is alive (never reaped),
+        so the group id cannot belong to anything else."""
+        p = self.current
+        if p is None or p.returncode is not None:
+            return
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def last_error(text: str) -> str:
+    lines = [l.strip() for l in text.splitlines()
+             if l.strip() and not l.startswith("# ") and "[WARNING]" not in l and "Warning:" not in l]
+    for l in reversed(lines):
+        if OOM.search(l) or l.startswith("error:") or re.match(r"^[\w.]+(Error|Exception)\b", l):
+            return l[:300]
+    return lines[-1][:300] if lines else ""
+
+
+def parse_ours(run: Run, metrics: Path, text: str) -> dict:
+    rows = []
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    else:  # fall back to the key=value lines on stdout
+        for line in text.splitlines():
+            if line.startswith("step=") and "tokens_per_sec=" in line:
+                kv = lib.parse_kv(line)
+                rows.append({k: float(v) if k != "step" else int(v) for k, v in kv.items()
+                             if re.fullmatch(r"[-+0-9.eE]+|nan|inf", v)})
+    train = [r for r in rows if "tokens_per_sec" in r]
+    windows, prev = [], 0
+    for r in train:
+        windows.append((prev, int(r["step"]), r))
+        prev = int(r["step"])
+    post = [w for w in windows if w[0] >= run.warmup]
+    note = None
+    if not post and windows:
+        post, note = windows[-1:], "no post-warmup window; used the last"
+    pick = [w[2] for w in post]
+    tps = lib.median([r["tokens_per_sec"] for r in pick]) if pick else None
+    res = {
+        "tokens_per_sec": tps,
+        "step_time_ms": 1000 * lib.median([r["step_time"] for r in pick]) if pick and "step_time" in pick[0] else None,
+        "data_wait_pct": lib.median([r["data_wait_pct"] for r in pick]) if pick and "data_wait_pct" in pick[0] else None,
+        "windows": [[w[0], w[1]] for w in post],
+        "tokens_per_sec_windows": [round(r["tokens_per_sec"], 1) for r in pick],
+    }
+    if pick and "pad_frac" in pick[0]:  # if our trainer starts logging it, it wins over the replay
+        res["pad_frac"] = lib.median([r["pad_frac"] for r in pick])
+    peaks = [r["peak_mem_gb"] for r in rows if "peak_mem_gb" in r]
+    peaks += [float(m) for m in re.findall(r"peak_mem_gb=([0-9.]+)", text)]
+    res["peak_mem_gb"] = max(peaks) if peaks else None
+    res["complete"] = bool(windows) and windows[-1][1] >= run.warmup + run.steps
+    if note:
+        res["note"] = note
+    return res
+
+
+def parse_hf(run: Run, text: str) -> dict:
+    line = next((l for l in reversed(text.splitlines()) if l.startswith("bench=hf_trainer")), None)
+    if line is None:
+        return {"tokens_per_sec": None}
+    kv = lib.parse_kv(line)
+
+    def num(k):
+        try:
+            return float(kv[k])
+        except (KeyError, ValueError):
+            return None
+
+    res = {"tokens_per_sec": num("tokens_per_sec"), "tokens_per_sec_step": num("tokens_per_sec_step"),
+           "step_time_ms": num("step_time_ms"), "mfu_reported": num("mfu"), "peak_mem_gb": num("peak_mem_gb"),
+           "peak_mem_reserved_gb": num("peak_mem_reserved_gb"), "pad_frac": num("pad_frac"),
+           "n_params_counted": int(num("n_params")) if num("n_params") is not None else None,
+           "baseline_line": line, "complete": True}
+    return res
+
+
+def finish(run: Run, res: dict, peak: float, cpu: bool) -> dict:
+    res["cpu"] = cpu
+    tps = res.get("tokens_per_sec")
+    world = max(1, run.gpus)
+    res["tokens_per_sec_per_gpu"] = tps / world if tps is not None else None
+    if run.task == "lm" and run.fpt is not None:
+        res["mfu"] = lib.mfu(tps, run.fpt, world, peak)
+    return res
+
+
+# ---------------------------------------------------------------- padding (ours, simulated)
+
+
+def simulated_pad_frac(ctx: Ctx, run: Run) -> float | None:
+    """Padding fraction of our trainer's batches for the timed steps, replayed offline.
+
+    Our trainer logs only real-token throughput; this replays its own batch sampler
+    (distrain_cloud.training.data.EpochBatchSampler, length-grouped) and collator rule (pad
+    to the batch's longest, rounded up to 8 on GPUs) over the same file. It uses the whole
+    file, not the trainer's 90% train split, so it is an estimate, marked (sim.).
+    """
+    try:
+        from distrain_cloud.training.data import EpochBatchSampler
+    except ImportError:
+        return None
+    tok = lib.load_tokenizer()
+    rows = lib.read_jsonl(ctx.varlen_file)
+    lengths = [min(len(x), run.seq_len) for x in tok([r["text"] for r in rows])["input_ids"]]
+    world = max(1, run.gpus)
+    sampler = EpochBatchSampler(len(lengths), run.batch_size * world, 42, lengths=lengths)
+    batches = list(sampler)[run.warmup * run.grad_accum : (run.warmup + run.steps) * run.grad_accum]
+    mult = 8 if not ctx.cpu else 1
+    real = padded = 0
+    for b in batches:
+        for s in range(0, len(b), run.batch_size):  # split_batches: each process pads its own share
+            part = [lengths[i] for i in b[s : s + run.batch_size]]
+            width = math.ceil(max(part) / mult) * mult
+            real += sum(part)
+            padded += width * len(part)
+    return 1.0 - real / padded if padded else None
+
+
+# ---------------------------------------------------------------- tables
+
+
+def fmt(v, spec=".3g"):
+    if v is None:
+        return "–"
+    if isinstance(v, int) and not isinstance(v, bool) and spec == "int":
+        return f"{v:,}"
+    if isinstance(v, float):
+        if spec == "int":
+            return f"{v:,.0f}"
+        return format(v, spec)
+    return str(v)
+
+
+def xfmt(q) -> str:
+    return "–" if q is None else f"{q:.2f}x"
+
+
+def run_row(r: Run) -> list[str]:
+    res = r.result
+    return [r.label, f"{r.gpus} cpu" if r.result.get("cpu") else str(r.gpus), r.strategy, str(r.batch_size), str(r.grad_accum),
+            fmt(res.get("tokens_per_sec"), "int"), fmt(res.get("tokens_per_sec_per_gpu"), "int"),
+            fmt(res.get("step_time_ms"), ".1f"), fmt(res.get("mfu"), ".1%") if res.get("mfu") is not None else "–",
+            fmt(res.get("peak_mem_gb"), ".2f"), fmt(res.get("peak_mem_smi_gb"), ".2f"),
+            fmt(res.get("data_wait_pct"), ".1f"), res.get("status", "pending")]
+
+
+HEADER = ["run", "GPUs", "strategy", "micro-bs", "accum", "tokens/s", "tokens/s/GPU", "step ms", "MFU",
+          "peak GiB (torch)", "peak GiB (nvidia-smi)", "data wait %", "status"]
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def ratio(x, y):
+    return x / y if x is not None and y else None
+
+
+def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
+    """Suite-specific derived numbers: (markdown lines, json)."""
+    res = [r.result for r in runs]
+    tps = [x.get("tokens_per_sec") for x in res]
+    lines, out = [], {}
+    if suite == "single":
+        for o in (r for r in runs if r.impl == "ours"):
+            for h in (r for r in runs if r.impl == "hf_trainer"):
+                q = ratio(o.result.get("tokens_per_sec"), h.result.get("tokens_per_sec"))
+                out[f"{o.id}_over_{h.id}"] = q
+                lines.append(f"- {o.label} ÷ {h.label}: **{xfmt(q)}** tokens/s")
+        counted = [r.result.get("n_params_counted") for r in runs if r.result.get("n_params_counted")]
+        if counted and runs[0].n_params:
+            same = counted[0] == runs[0].n_params
+            lines.append(f"- parameters (N in MFU): {runs[0].n_params:,} by formula"
+                         + (", equal to the baseline's count" if same else
+                            f"; WARNING: the baseline counted {counted[0]:,}"))
+    elif suite == "scaling":
+        base = next((t for r, t in zip(runs, tps) if max(1, r.gpus) == 1), None)
+        for r, t in zip(runs, tps):
+            n = max(1, r.gpus)
+            eff = ratio(t, n * base) if base else None
+            out[f"efficiency_x{n}"] = eff
+            lines.append(f"- weak-scaling efficiency x{n} = tokens/s({n}) / ({n} × tokens/s(1)): **{fmt(eff, '.1%') if eff is not None else '–'}**")
+    elif suite == "zero":
+        base = tps[0]
+        for r, t in zip(runs[1:], tps[1:]):
+            q = ratio(t, base)
+            out[f"{r.strategy}_over_ddp"] = q
+            lines.append(f"- {r.strategy} ÷ ddp tokens/s: **{xfmt(q)}**; peak GiB (torch) "
+                         f"{fmt(r.result.get('peak_mem_gb'), '.2f')} vs {fmt(runs[0].result.get('peak_mem_gb'), '.2f')}")
+    elif suite == "accum":
+        k1, kk = runs
+        st1, stk = k1.result.get("step_time_ms"), kk.result.get("step_time_ms")
+        q = ratio(stk, kk.grad_accum * st1) if st1 else None
+        out["step_time_ratio"] = q
+        lines.append(f"- step_time(k={kk.grad_accum}) / ({kk.grad_accum} × step_time(k=1)) = **{fmt(q, '.3f')}** "
+                     "(1.0 = accumulation costs exactly k micro-steps; below 1 = the skipped optimizer steps "
+                     "and gradient syncs are saved; above 1 = overhead)")
+        lines.append(f"- tokens/s k={kk.grad_accum} ÷ k=1: **{xfmt(ratio(tps[1], tps[0]))}**")
+    elif suite == "varlen":
+        ours, hf = runs
+        measured = ours.result.get("pad_frac")
+        if measured is None and "pad_frac_sim" not in ours.result and ours.result.get("status") == "ok":
+            ours.result["pad_frac_sim"] = simulated_pad_frac(ctx, ours)
+        pf = measured if measured is not None else ours.result.get("pad_frac_sim")
+        how = "measured" if measured is not None else "sim."
+        hpf = hf.result.get("pad_frac")
+        out.update(ours_pad_frac_sim=pf, hf_pad_frac=hpf, ours_over_hf_nonpad=ratio(tps[0], tps[1]))
+        lines.append(f"- non-pad tokens/s, ours ÷ HF Trainer: **{xfmt(ratio(tps[0], tps[1]))}**")
+        lines.append(f"- padding fraction: ours {fmt(pf, '.1%') if pf is not None else '–'} ({how}), "
+                     f"HF Trainer {fmt(hpf, '.1%') if hpf is not None else '–'} (measured)")
+        if pf is not None and tps[0]:
+            lines.append(f"- ours padded tokens/s ({how}): {fmt(tps[0] / (1 - pf), 'int')}; "
+                         f"HF padded tokens/s: {fmt(tps[1] / (1 - hpf), 'int') if tps[1] and hpf is not None and hpf < 1 else '–'}")
+    elif suite == "xl":
+        for r in runs:
+            lines.append(f"- {r.strategy}: {r.result.get('status', 'pending')}"
+                         + (f" — {r.result.get('error')}" if r.result.get("error") else ""))
+    return lines, out
+
+
+SUITE_TITLES = {
+    "single": "single — 1 GPU: ours vs transformers.Trainer (defaults, +torch_compile)",
+    "scaling": "scaling — ours DDP on 1..N GPUs (weak scaling: fixed micro-batch per GPU)",
+    "zero": "zero — ours DDP vs ZeRO-2 vs ZeRO-3 on N GPUs, 124M",
+    "xl": "xl — gpt2-xl (~1.56B) on N GPUs: DDP, ZeRO-2, ZeRO-3, ZeRO-3 + CPU offload",
+    "accum": "accum — gradient accumulation cost (ours)",
+    "varlen": "varlen — variable-length classification: dynamic padding + length grouping vs padding=max_length",
+}
+
+
+def render(meta: dict, suites: dict[str, list[Run]], ctx: Ctx) -> tuple[str, dict]:
+    md = ["# distrain-cloud benchmark", ""]
+    v = meta["versions"]
+    gpus = meta.get("gpus") or []
+    md.append(f"- date: {meta['date']}  commit: {meta.get('commit')}  host GPUs: "
+              + (f"{len(gpus)} x {gpus[0]['name']} (driver {gpus[0]['driver']})" if gpus else "none (CPU)"))
+    md.append("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
+    md.append(f"- settings: seq {ctx.a.seq_len}, micro-batch {ctx.a.batch_size}, {ctx.a.steps} timed steps after "
+              f"{ctx.a.warmup} warmup steps (ours: median of per-window tokens/s over windows of {ctx.a.log_every} "
+              f"steps after warmup; HF: one span over the timed steps), precision {ctx.precision if not ctx.cpu else 'fp32'}; "
+              f"xl: micro-batch {ctx.a.xl_batch_size}, {ctx.a.xl_steps} after {ctx.a.xl_warmup} (windows of {ctx.a.xl_log_every}); "
+              f"accum: k={ctx.a.accum_k}, {ctx.a.accum_steps} after {ctx.a.accum_warmup} (windows of {ctx.a.accum_log_every}); "
+              f"varlen: micro-batch {ctx.a.varlen_batch_size}, max length {ctx.a.varlen_max_length}")
+    md.append(f"- MFU = tokens/s × (6N + 12·L·d·T) / ({ctx.peak / 1e12:g} TFLOP/s × GPUs), N = all parameters "
+              "incl. embeddings; peak GiB (torch) = max_memory_allocated (ours: its logged peak_mem_gb, "
+              "when present); peak GiB (nvidia-smi) = sampled memory.used, max over the run's GPUs")
+    data = {"meta": meta, "suites": {}}
+    for name, runs in suites.items():
+        md += ["", f"## {SUITE_TITLES[name]}", "",
+               f"model {runs[0].model}, seq {runs[0].seq_len}" + (f", {runs[0].task}" if runs[0].task != "lm" else ""),
+               "", md_table(HEADER, [run_row(r) for r in runs]), ""]
+        lines, derived = [], {}
+        if all(r.result for r in runs):
+            try:
+                lines, derived = summarize(name, runs, ctx)
+            except Exception as e:  # noqa: BLE001 - never lose the tables over a derived number
+                lines = [f"- (derived numbers failed: {type(e).__name__}: {e})"]
+        md += lines
+        errs = [f"- {r.label}: {r.result.get('error')}" for r in runs if r.result.get("error")]
+        if errs and name != "xl":
+            md += ["", "errors:"] + errs
+        data["suites"][name] = {"derived": derived, "runs": [run_json(r) for r in runs]}
+    return "\n".join(md) + "\n", data
+
+
+def run_json(r: Run) -> dict:
+    return {"id": r.id, "impl": r.impl, "label": r.label, "gpus": r.gpus, "model": r.model, "task": r.task,
+            "strategy": r.strategy, "seq_len": r.seq_len, "batch_size": r.batch_size, "grad_accum": r.grad_accum,
+            "steps": r.steps, "warmup": r.warmup, "log_every": r.log_every, "n_params": r.n_params,
+            "flops_per_token": r.fpt, "cmd": shlex.join(r.cmd), **r.result}
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Run benchmark suites: our trainer vs transformers.Trainer.")
+    p.add_argument("--suite", default="single", help=f"comma list of {', '.join(SUITES)}, or all")
+    p.add_argument("--gpus", type=int, help="GPUs for the multi-GPU suites (default: all visible)")
+    p.add_argument("--out", help="output folder (default: $OUT if set, else bench/results)")
+    p.add_argument("--work-dir", help="scratch for data, model and checkpoint folders (default: a temp dir, removed)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="tiny CPU plumbing check: tiny models, CPU processes (--gpus = processes, default 2)")
+    p.add_argument("--deadline-min", type=float, help="start no run after this many minutes; clamp timeouts to it")
+    g = p.add_argument_group("shapes and steps (124M suites)")
+    g.add_argument("--seq-len", type=int, default=None, help="default 1024 (64 with --cpu-smoke)")
+    g.add_argument("--batch-size", type=int, default=None, help="per-GPU micro-batch (default 16; 4 CPU)")
+    g.add_argument("--steps", type=int, default=None, help="timed steps (default 60; 4 CPU)")
+    g.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 10; 2 CPU)")
+    g.add_argument("--log-every", type=int, default=None, help="our log window (default 10; 2 CPU)")
+    g.add_argument("--ours-extra", default="", help="extra training flags for every run of ours, e.g. '--compile'")
+    g.add_argument("--ours-compile", action="store_true", help="single: also run ours with --compile")
+    g.add_argument("--lm-data", choices=("file", "builtin"), default="file",
+                   help="file: corpus.txt repeated so one epoch covers the run (default); builtin: "
+                        "--dataset builtin:corpus (43 blocks of 1024: too few for bs 16 on several GPUs)")
+    g.add_argument("--eval-samples", type=int, default=256, help="ours --max-eval-samples (untimed tail)")
+    g = p.add_argument_group("xl suite")
+    g.add_argument("--xl-batch-size", type=int, default=4)
+    g.add_argument("--xl-steps", type=int, default=15)
+    g.add_argument("--xl-warmup", type=int, default=5)
+    g.add_argument("--xl-log-every", type=int, default=5)
+    g.add_argument("--xl-timeout", type=int, default=600)
+    g = p.add_argument_group("accum suite")
+    g.add_argument("--accum-k", type=int, default=8)
+    g.add_argument("--accum-steps", type=int, default=None, help="timed k-step optimizer steps (default 20; 4 CPU)")
+    g.add_argument("--accum-warmup", type=int, default=None, help="default 5 (2 CPU)")
+    g.add_argument("--accum-log-every", type=int, default=None, help="default 5 (2 CPU)")
+    g.add_argument("--accum-gpus", type=int, default=1)
+    g = p.add_argument_group("varlen suite")
+    g.add_argument("--varlen-model", choices=("gpt2-small", "bert-base"), default="gpt2-small")
+    g.add_argument("--varlen-batch-size", type=int, default=None, help="default 32 (8 CPU)")
+    g.add_argument("--varlen-max-length", type=int, default=None, help="default 512 (128 CPU)")
+    g.add_argument("--varlen-gpus", type=int, default=1)
+    g = p.add_argument_group("limits")
+    g.add_argument("--timeout", type=int, default=300, help="seconds per 124M run")
+    g.add_argument("--compile-timeout", type=int, default=480, help="seconds per --compile run")
+    g.add_argument("--peak-tflops", type=float, default=lib.H100_BF16_PEAK_FLOPS / 1e12)
+    a = p.parse_args(argv)
+    cpu = a.cpu_smoke
+    defaults = dict(seq_len=(64, 1024), batch_size=(4, 16), steps=(4, 60), warmup=(2, 10), log_every=(2, 10),
+                    accum_steps=(4, 20), accum_warmup=(2, 5), accum_log_every=(2, 5), varlen_batch_size=(8, 32),
+                    varlen_max_length=(128, 512))
+    for k, (c, g_) in defaults.items():
+        if getattr(a, k) is None:
+            setattr(a, k, c if cpu else g_)
+    if cpu:
+        a.xl_steps, a.xl_warmup, a.xl_log_every = 4, 2, 2
+    for w, s, le, what in ((a.warmup, a.steps, a.log_every, ""), (a.accum_warmup, a.accum_steps, a.accum_log_every, "accum-"),
+                           (a.xl_warmup, a.xl_steps, a.xl_log_every, "xl-")):
+        if w % le or s % le:
+            p.error(f"--{what}warmup and --{what}steps must be multiples of --{what}log-every "
+                    f"(whole log windows), got {w}, {s}, {le}")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    names = list(SUITES) if a.suite == "all" else [s.strip() for s in a.suite.split(",") if s.strip()]
+    bad = [s for s in names if s not in SUITES]
+    if bad:
+        raise SystemExit(f"unknown suite(s) {', '.join(bad)}; choose from {', '.join(SUITES)} or all")
+    names = [s for s in SUITES if s in names]
+    if a.cpu_smoke:
+        gpus = a.gpus or 2  # CPU processes for the multi-process suites
+    elif a.gpus is not None:
+        gpus = a.gpus
+    elif a.dry_run:
+        gpus = 4
+    else:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus == 0:
+            raise SystemExit("no CUDA GPU visible; use --cpu-smoke on CPU, or --dry-run")
+    out = Path(a.out or os.environ.get("OUT") or lib.BENCH / "results").resolve()
+    work = Path(a.work_dir).resolve() if a.work_dir else (Path(PLACEHOLDER_WORK) if a.dry_run else
+                                                          Path(tempfile.mkdtemp(prefix="distrain-bench-")))
+    ctx = Ctx(a, gpus, work, work / "data" / "lm_corpus.txt", work / "data" / "varlen.jsonl", work / "data" / "bert-base",
+              a.cpu_smoke, a.peak_tflops * 1e12)
+    suites = build_suites(ctx, names)
+    all_runs: list[Run] = [r for rs in suites.values() for r in rs]
+    unique: dict = {}
+    for r in all_runs:
+        unique.setdefault(r.key, r)
+
+    # data sized so that one epoch of ours covers the longest run
+    lm = [r for r in all_runs if r.task == "lm"]
+    need_blocks = max([(r.warmup + r.steps) * r.batch_size * r.grad_accum * max(1, r.gpus) for r in lm], default=0)
+    cls = [r for r in all_runs if r.task == "classification"]
+    need_examples = max([(r.warmup + r.steps) * r.batch_size * r.grad_accum * max(1, r.gpus) for r in cls], default=0)
+    n_varlen = math.ceil(need_examples * 1.15 / 0.9) + 64 if cls else 0
+
+    if a.dry_run:
+        env_show = " ".join(f"{k}={v}" for k, v in lib.REQUIRED_ENV.items())
+        print(f"# every command runs from {lib.REPO} with: {env_show} \\\n#   DISTRAIN_MODEL_DIR/OUTPUT_DIR/"
+              f"CHECKPOINT_DIR=<fresh dirs under {work}> DISTRAIN_MAIN_PORT=<unique> HF_*_OFFLINE=1 "
+              "WANDB_MODE=disabled CUDA_VISIBLE_DEVICES=<first GPUs of the run>\n#   CUDA_DEVICE_ORDER=PCI_BUS_ID"
+              " PYTHONPATH=<symlink shim, only when distrain_cloud is not importable from this checkout>")
+        if lm and a.lm_data == "file":
+            print(f"# data: {ctx.lm_file} = training/assets/corpus.txt x "
+                  f"{lib.corpus_repeats(need_blocks, a.seq_len)} (covers {need_blocks} blocks of {a.seq_len})")
+        if cls:
+            print(f"# data: {ctx.varlen_file} = {n_varlen} synthetic variable-length examples (text,label)")
+        seen = set()
+        for name, runs in suites.items():
+            print(f"\n## suite {name}")
+            for r in runs:
+                again = " (same run as above; reused)" if r.key in seen else ""
+                seen.add(r.key)
+                print(f"# {r.label}  [gpus={r.gpus} timeout={r.timeout}s]{again}")
+                print(shlex.join(r.cmd))
+        print(f"\n# {len(unique)} unique runs, {len(all_runs)} table rows")
+        return 0
+
+    # ---- real run
+    out.mkdir(parents=True, exist_ok=True)
+    shim = package_shim(work)
+    if shim is not None:
+        sys.path.insert(0, str(shim))
+    deadline = time.monotonic() + 60 * a.deadline_min if a.deadline_min else None
+    t_start = time.monotonic()
+    if lm and a.lm_data == "file":
+        try:
+            tok = lib.load_tokenizer()
+            per_copy = sum(len(x) + 1 for x in tok(lib.read_lines(lib.CORPUS), add_special_tokens=False)["input_ids"])
+        except Exception:  # noqa: BLE001 - an estimate is fine without transformers
+            per_copy = lib.CORPUS_TOKENS_ESTIMATE
+        lib.write_repeated_corpus(ctx.lm_file, lib.corpus_repeats(need_blocks, a.seq_len, per_copy))
+    if cls:
+        lib.write_jsonl(ctx.varlen_file, lib.varlen_examples(n_varlen))
+        ctx.bert_dir.mkdir(parents=True, exist_ok=True)
+        (ctx.bert_dir / "config.json").write_text(json.dumps({**lib.BERT_BASE, "architectures": ["BertForMaskedLM"]}))
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(), "versions": versions(),
+            "gpus": gpu_inventory(), "host_cpus": os.cpu_count(), "suites": names, "gpus_used": gpus,
+            "args": vars(a), "required_env": lib.REQUIRED_ENV, "package_shim": str(shim) if shim else None,
+            "lm_data": str(ctx.lm_file) if a.lm_data == "file" else "builtin:corpus"}
+    if not ctx.cpu:
+        meta["modules"] = {m: have(m) for m in ("datasets", "deepspeed", "accelerate", "yaml")}
+        try:
+            import torch
+
+            meta["cuda"] = torch.version.cuda
+        except ImportError:
+            pass
+    runner = Runner(ctx, out, shim, deadline)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    done: dict = {}
+    order = list(unique.values())
+    print(f"bench: {len(order)} runs, suites {','.join(names)}, gpus {gpus}, out {out}", flush=True)
+    interrupted = False
+    try:
+        for i, r in enumerate(order, 1):
+            print(f"[{i}/{len(order)}] {r.id} ...", end=" ", flush=True)
+            res = finish(r, runner.execute(r), ctx.peak, ctx.cpu)
+            done[r.key] = res
+            for rr in all_runs:
+                if rr.key == r.key:
+                    rr.result = dict(res)
+            print(f"{res['status']} tokens/s={fmt(res.get('tokens_per_sec'), 'int')} "
+                  f"step_ms={fmt(res.get('step_time_ms'), '.1f')} wall={fmt(res.get('wall_s'), '.0f')}s", flush=True)
+            write_outputs(out, meta, suites, ctx, t_start)
+    except KeyboardInterrupt:
+        interrupted = True
+        runner.stop_current()
+        print("\ninterrupted; writing what finished", flush=True)
+    for r in all_runs:
+        if not r.result:
+            r.result = {"status": "NOT RUN", "cpu": ctx.cpu}
+    md = write_outputs(out, meta, suites, ctx, t_start)
+    print("\n" + md)
+    print(f"results: {out / 'results.md'} and {out / 'results.json'}; logs in {out / 'logs'}")
+    if not a.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+    failed = [r for r in unique.values() if r.result.get("status", "").startswith(("FAILED", "TIMEOUT"))]
+    return 130 if interrupted else (1 if failed else 0)
+
+
+def write_outputs(out: Path, meta: dict, suites, ctx: Ctx, t_start: float) -> str:
+    meta = dict(meta, elapsed_s=round(time.monotonic() - t_start, 1))
+    md, data = render(meta, suites, ctx)
+    (out / "results.md").write_text(md)
+    (out / "results.json").write_text(json.dumps(data, indent=2, default=str))
+    return md
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Several processes on CPU, started the way every backend starts them (node_launch):
+DDP over gloo gives the numbers of one process, and DeepSpeed ZeRO-2/3 train and save."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+EVAL_SAMPLES = 151  # not a multiple of the global eval batch (16): the last batch is uneven
+
+
+@pytest.fixture(scope="module")
+def ddp_pair(module_train, no_dropout_config):
+    """The same job on 1 process (batch 16) and on 2 (batch 8 each): the same global batches.
+
+    Batches are global and split across processes (split_batches), so both see the same
+    data at every step. The model has no dropout: each process draws its own dropout masks,
+    which no world size can reproduce.
+    """
+    common = ["--model-config", str(no_dropout_config), "--max-steps", "40", "--lr", "2e-3",
+              "--log-every", "10", "--eval-every", "20", "--report-to", "none",
+              # 300 validation examples, of which the first 151 are evaluated
+              "--validation-fraction", "0.2", "--max-eval-samples", str(EVAL_SAMPLES)]
+    one = module_train(*common, "--batch-size", "16", name="ddp-one")
+    two = module_train(*common, "--batch-size", "8", name="ddp-two", processes=2)
+    assert one.returncode == 0, one.describe()
+    assert two.returncode == 0, two.describe()
+    return one, two
+
+
+def world_size(run) -> int:
+    return json.loads((run.contract.model_dir / "training_args.json").read_text())["world_size"]
+
+
+def test_two_processes_really_run(ddp_pair):
+    _, two = ddp_pair
+    (launch,) = two.lines("node_launch ")
+    assert launch.startswith("node_launch node_rank=0 nodes=1 processes=2 "), launch
+    assert world_size(two) == 2, two.describe()
+    # Only the main process prints and writes metrics.
+    assert len(two.lines("model_saved=")) == 1
+    assert len(two.lines("step=")) == len(two.metrics) == 4 + 2
+
+
+def test_two_processes_give_the_numbers_of_one(ddp_pair):
+    one, two = ddp_pair
+    assert [e["step"] for e in one.evals] == [e["step"] for e in two.evals] == [20, 40]
+    for a, b in zip(one.evals, two.evals):
+        assert a["eval_accuracy"] == b["eval_accuracy"], (a, b)
+        assert a["eval_f1_macro"] == b["eval_f1_macro"], (a, b)
+        assert a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-3), (a, b)
+    assert one.train_losses.keys() == two.train_losses.keys()
+    for step, loss in one.train_losses.items():
+        assert two.train_losses[step] == pytest.approx(loss, rel=1e-3), step
+    # Training did something, so the agreement above is not that of two untouched models.
+    assert one.evals[-1]["eval_loss"] < one.evals[0]["eval_loss"] or \
+        one.train_losses[40] < one.train_losses[10]
+
+
+def test_uneven_last_eval_batch_counts_every_sample_once(ddp_pair):
+    one, two = ddp_pair
+    assert EVAL_SAMPLES % 16 != 0 and (EVAL_SAMPLES % 16) % 2 == 1  # 7 left: 4 and 3 per process
+    for run in (one, two):
+        assert [e["eval_samples"] for e in run.evals] == [EVAL_SAMPLES, EVAL_SAMPLES], run.describe()
+
+
+def check_saved_classifier(run, world: int) -> None:
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    saved = json.loads((run.contract.model_dir / "training_args.json").read_text())
+    assert saved["world_size"] == world
+    model, info = AutoModelForSequenceClassification.from_pretrained(run.contract.model_dir,
+                                                                     output_loading_info=True)
+    assert not any(info.values()), info  # no missing, unexpected or mismatched weights
+    assert model.config.num_labels == 3
+    assert sum(p.numel() for p in model.parameters()) == saved["num_parameters"]
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p).all(), name
+    # Real weights, not the empty placeholders of an ungathered ZeRO-3 shard.
+    assert model.get_input_embeddings().weight.abs().sum() > 0
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits
+    assert logits.shape == (1, 3) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("strategy,processes", [("zero2", 2), ("zero3", 2), ("zero2", 1)])
+def test_deepspeed_trains_and_saves_a_loadable_model(train, strategy, processes):
+    run = train("--strategy", strategy, "--max-steps", "40", "--batch-size", str(16 // processes),
+                "--lr", "2e-3", "--log-every", "10", "--report-to", "none", processes=processes)
+    assert run.returncode == 0, run.describe()
+    (launch,) = run.lines("node_launch ")
+    assert launch.startswith(f"node_launch node_rank=0 nodes=1 processes={processes} "), launch
+    losses = run.train_losses
+    assert sorted(losses) == [10, 20, 30, 40]
+    assert all(math.isfinite(v) for v in losses.values()), losses
+    assert losses[40] < losses[10], losses
+    final = run.final_eval
+    assert final["eval_samples"] == 150 and math.isfinite(final["eval_loss"])
+    check_saved_classifier(run, processes)
+
+
+def test_zero3_causal_lm_generates_a_sample(train):
+    # Generation under ZeRO-3 runs on every process (synced_gpus); only the main one prints.
+    run = train("--strategy", "zero3", "--task", "causal-lm", "--max-steps", "10", "--batch-size", "4",
+                "--log-every", "5", "--lr", "2e-3", "--generate-tokens", "8", "--report-to", "none", processes=2)
+    assert run.returncode == 0, run.describe()
+    samples = run.lines("sample=")
+    assert len(samples) == 1, run.describe()
+    text = json.loads(samples[0][len("sample="):])
+    assert text.startswith("The"), text
+    assert math.isfinite(run.final_eval["eval_perplexity"])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DeepSpeed without a launcher: on CPU the trainer always passes backend='gloo' (trainer.py "
+    "setup), so accelerate's PartialState asks torch.distributed for a world size with no process "
+    "group, and the ValueError is reported as bad input (exit 2). node_launch now starts DeepSpeed "
+    "through torchrun even for one process, which works (test above)."))
+def test_deepspeed_one_process_without_the_launcher(train):
+    run = train("--strategy", "zero2", "--max-steps", "4", "--log-every", "2", "--report-to", "none")
+    assert run.returncode == 0, run.describe()

@@ -1,0 +1,196 @@
+"""Checkpoints and resume: a job killed at any step and started again ends exactly where an
+uninterrupted one does; a checkpoint whose save was killed is never loaded; SIGTERM saves
+and exits 143."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+# Checkpoints every 2 steps, a loss per step, evaluations at steps 5, 10 and 12 (the end).
+FLAGS = ["--max-steps", "12", "--save-every", "2", "--log-every", "1", "--eval-every", "5", "--report-to", "none"]
+KILLED = (-9, 137)  # SIGKILL, seen directly or through a shell
+KILL_STEPS = (3, 6, 9)  # resumed from checkpoints 2, 6 and 8
+
+
+def last_per_step(records: list[dict], key: str) -> dict[int, dict]:
+    """step -> the last record with `key` at that step (a resumed run logs some steps twice)."""
+    out: dict[int, dict] = {}
+    for r in records:
+        if key in r:
+            out[r["step"]] = {k: v for k, v in r.items() if k not in ("tokens_per_sec", "step_time", "data_wait_pct")}
+    return out
+
+
+def assert_same_result(run, baseline) -> None:
+    """Bit-for-bit the same training: every step's loss, every evaluation, the final weights."""
+    assert run.returncode == 0, run.describe()
+    assert run.train_losses == baseline.train_losses  # exact, not approximate
+    assert sorted(run.train_losses) == list(range(1, 13))
+    assert last_per_step(run.metrics, "eval_loss") == last_per_step(baseline.metrics, "eval_loss")
+    weights = "model.safetensors"
+    assert (run.contract.model_dir / weights).read_bytes() == (baseline.contract.model_dir / weights).read_bytes()
+
+
+def resumed_line(step: int) -> str:
+    return f"resumed_from=checkpoint-{step:08d} step={step}"
+
+
+@pytest.fixture(scope="module")
+def baseline(module_train):
+    run = module_train(*FLAGS, name="baseline")
+    assert run.returncode == 0, run.describe()
+    assert sorted(run.train_losses) == list(range(1, 13))
+    assert [e["step"] for e in run.evals] == [5, 10, 12]
+    assert run.lines("resumed_from=") == []
+    # keep 2 by default: the last two checkpoints survive
+    assert [p.name for p in run.contract.complete_checkpoints()] == ["checkpoint-00000010", "checkpoint-00000012"]
+    return run
+
+
+@pytest.fixture(scope="module")
+def kill_and_resume(module_train, baseline):
+    """For each kill step: (the killed run, the rerun), each in its own contract. Runs two at a time."""
+    jobs = [{"flags": FLAGS, "name": f"kill-{s}", "env": {"DISTRAIN_TEST_KILL_AT_STEP": str(s)}} for s in KILL_STEPS]
+    # --num-workers 2: batches come from worker processes, and resume skips batches there too
+    jobs.append({"flags": [*FLAGS, "--num-workers", "2"], "name": "kill-7-workers",
+                 "env": {"DISTRAIN_TEST_KILL_AT_STEP": "7"}})
+    killed = module_train.many(jobs)
+    # The same contract folders are reused by the rerun: note what the kill left behind.
+    left = [[p.name for p in k.contract.complete_checkpoints()] for k in killed]
+    resumed = module_train.many([{"flags": job["flags"], "name": job["name"]} for job in jobs])
+    return {job["name"]: (k, ckpts, r) for job, k, ckpts, r in zip(jobs, killed, left, resumed)}
+
+
+@pytest.mark.parametrize("kill_step", KILL_STEPS)
+def test_killed_run_resumes_exactly(kill_and_resume, baseline, kill_step):
+    killed, left, resumed = kill_and_resume[f"kill-{kill_step}"]
+    assert killed.returncode in KILLED, killed.describe()
+    # It died right after step `kill_step`, with the checkpoints of the steps before (keep 2).
+    assert max(killed.train_losses) == kill_step
+    last_saved = kill_step // 2 * 2
+    assert left == [f"checkpoint-{s:08d}" for s in (last_saved - 2, last_saved) if s > 0]
+    assert [e["step"] for e in killed.evals] == ([5] if kill_step >= 5 else [])
+    # Started again, the same command resumes from the latest complete checkpoint ...
+    assert resumed.lines("resumed_from=") == [resumed_line(last_saved)], resumed.describe()
+    # ... and finishes exactly as the run that was never interrupted.
+    assert_same_result(resumed, baseline)
+
+
+def test_resume_with_dataloader_workers(kill_and_resume, baseline):
+    killed, left, resumed = kill_and_resume["kill-7-workers"]
+    assert killed.returncode in KILLED, killed.describe()
+    assert left == ["checkpoint-00000004", "checkpoint-00000006"]
+    assert resumed.lines("resumed_from=") == [resumed_line(6)], resumed.describe()
+    # Worker processes change where batches are built, not what they hold.
+    assert_same_result(resumed, baseline)
+
+
+def test_checkpoint_killed_mid_save_is_never_loaded(train, baseline):
+    # The first save (step 2) dies after accelerate wrote its state, before the COMPLETE marker.
+    crashed = train(*FLAGS, name="crash", env={"DISTRAIN_TEST_CRASH_IN": "save"})
+    assert crashed.returncode in KILLED, crashed.describe()
+    (half,) = crashed.contract.checkpoints()
+    assert half.name == "checkpoint-00000002" and not (half / "COMPLETE").exists()
+    assert any(half.iterdir())  # state files were written: only the marker is missing
+    assert crashed.contract.complete_checkpoints() == []
+
+    rerun = train(*FLAGS, name="crash")
+    assert rerun.returncode == 0, rerun.describe()
+    assert rerun.lines("resumed_from=") == [], "resumed from a half-written checkpoint\n" + rerun.describe()
+    assert_same_result(rerun, baseline)
+
+
+def test_incomplete_latest_checkpoint_falls_back_to_the_previous_one(train, baseline):
+    flags = [*FLAGS, "--keep-checkpoints", "5"]  # keeping more checkpoints does not change training
+    first = train(*flags, name="fallback", env={"DISTRAIN_TEST_KILL_AT_STEP": "4"})
+    assert first.returncode in KILLED, first.describe()
+    c = first.contract
+    assert [p.name for p in c.complete_checkpoints()] == ["checkpoint-00000002", "checkpoint-00000004"]
+    # Make checkpoint 4 look like a save killed half-way: no marker, garbage in its files.
+    newest = c.complete_checkpoints()[-1]
+    (newest / "COMPLETE").unlink()
+    for f in newest.iterdir():
+        if f.is_file():
+            f.write_bytes(b"\x00garbage" * 7)
+
+    rerun = train(*flags, name="fallback")
+    assert rerun.lines("resumed_from=") == [resumed_line(2)], rerun.describe()
+    assert_same_result(rerun, baseline)
+    # The half-written folder was replaced by a real checkpoint-4 when step 4 came round again.
+    assert (newest / "COMPLETE").read_text() == "4"
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(train):
+    flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", "1", "--report-to", "none"]
+    proc, c, argv = train.popen(*flags, name="sigterm")
+    metrics = c.output_dir / "metrics.jsonl"
+
+    def steps_logged() -> int:
+        if not metrics.is_file():
+            return 0
+        return sum(1 for line in metrics.read_text().splitlines() if line.endswith("}"))
+
+    try:
+        deadline = time.monotonic() + 120
+        while steps_logged() < 5 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it was signalled"
+        proc.send_signal(signal.SIGTERM)
+        run = train.finish(proc, c, argv, timeout=120)
+    finally:
+        train.kill(proc)  # only if a failed assertion left it running
+
+    assert run.returncode == 143, run.describe()
+    step = max(run.train_losses)
+    assert step >= 5
+    assert run.lines("stopped=") == [f"stopped=SIGTERM step={step} checkpoint_saved=1"], run.describe()
+    (ckpt,) = c.complete_checkpoints()
+    assert ckpt.name == f"checkpoint-{step:08d}"
+    assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == step
+    # Stopped is not finished: no evaluation, no model.
+    assert run.evals == [] and not c.model_dir.exists()
+
+    # The same command again resumes from it (and is killed two steps later to end the test).
+    again = train(*flags, name="sigterm", env={"DISTRAIN_TEST_KILL_AT_STEP": str(step + 2)})
+    assert again.returncode in KILLED, again.describe()
+    assert again.lines("resumed_from=") == [resumed_line(step)], again.describe()
+    assert max(again.train_losses) == step + 2
+    assert [m["step"] for m in again.metrics if "train_loss" in m][-2:] == [step + 1, step + 2]
+
+
+class WrongExitCode(AssertionError):
+    pass
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xfail(strict=True, raises=WrongExitCode, reason=(
+    "node_launch execs `accelerate launch`, whose torchrun agent turns SIGTERM into a "
+    "SignalException traceback and exit 1, although every worker saved the checkpoint and exited 143"))
+def test_sigterm_through_node_launch_exits_143(train):
+    flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", "1", "--report-to", "none"]
+    proc, c, argv = train.popen(*flags, name="sigterm-2", processes=2)
+    metrics = c.output_dir / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 180
+        while (not metrics.is_file() or metrics.read_text().count("\n") < 3) and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, "the run ended before it was signalled"
+        os.kill(proc.pid, signal.SIGTERM)  # what a backend stopping the job sends to the command it ran
+        run = train.finish(proc, c, argv, timeout=120)
+    finally:
+        train.kill(proc)
+    # The part that works: the workers agreed to stop, and saved.
+    step = max(run.train_losses)
+    assert run.lines("stopped=") == [f"stopped=SIGTERM step={step} checkpoint_saved=1"], run.describe()
+    assert [p.name for p in c.complete_checkpoints()] == [f"checkpoint-{step:08d}"]
+    # The part that does not: the exit code (only this may fail: xfail raises=WrongExitCode).
+    if run.returncode != 143:
+        raise WrongExitCode(run.describe())

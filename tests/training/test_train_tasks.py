@@ -1,0 +1,107 @@
+"""Every task trains on the offline defaults: the loss falls, evaluation reports its metrics,
+the model folder is complete, and W&B (no API key) writes an offline run under the output."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+MODEL_FILES = ("config.json", "model.safetensors", "training_args.json", *TOKENIZER_FILES)
+
+# (flags, eval metrics that must be there); 10 logged windows each, a few seconds on 2 cores.
+TASKS = {
+    "classification-tiny-gpt2": (["--task", "classification", "--preset", "tiny-gpt2", "--max-steps", "150"],
+                                 ("eval_accuracy", "eval_f1_macro")),
+    "classification-tiny-bert": (["--task", "classification", "--preset", "tiny-bert", "--max-steps", "150"],
+                                 ("eval_accuracy", "eval_f1_macro")),
+    "causal-lm": (["--task", "causal-lm", "--max-steps", "60"], ("eval_perplexity",)),
+    "masked-lm": (["--task", "masked-lm", "--preset", "tiny-bert", "--max-steps", "60"], ("eval_perplexity",)),
+}
+
+
+def log_every(flags: list[str]) -> int:
+    return int(flags[flags.index("--max-steps") + 1]) // 10
+
+
+@pytest.fixture(scope="module")
+def task_runs(module_train):
+    """One run per task, two at a time (each is a single process, on one core)."""
+    jobs = [{"flags": [*flags, "--lr", "2e-3", "--log-every", str(log_every(flags)), "--report-to", "none"],
+             "name": case} for case, (flags, _) in TASKS.items()]
+    return dict(zip(TASKS, module_train.many(jobs)))
+
+
+@pytest.mark.parametrize("case", list(TASKS))
+def test_task_trains_and_saves_a_complete_model(task_runs, case):
+    flags, eval_keys = TASKS[case]
+    steps = int(flags[flags.index("--max-steps") + 1])
+    log_every = steps // 10
+    run = task_runs[case]
+    assert run.returncode == 0, run.describe()
+
+    # The loss falls: the first logged window against the last.
+    losses = run.train_losses
+    assert sorted(losses) == list(range(log_every, steps + 1, log_every)), run.describe()
+    first, last = losses[log_every], losses[steps]
+    assert all(math.isfinite(v) for v in losses.values())
+    assert last < 0.9 * first, f"{case}: loss did not fall: {losses}"
+    # The same numbers on stdout, as key=value lines.
+    assert len(run.lines("step=")) == len(run.metrics)
+    assert any(f"step={steps} train_loss=" in line for line in run.lines("step="))
+
+    # One evaluation, at the end, with the task's metrics.
+    final = run.final_eval
+    assert final["step"] == steps and len(run.evals) == 1
+    for key in ("eval_loss", "eval_samples", *eval_keys):
+        assert math.isfinite(final[key]), (key, final)
+    eval_line = [line for line in run.lines(f"step={steps} ") if "eval_loss=" in line]
+    assert len(eval_line) == 1 and all(f" {k}=" in eval_line[0] for k in eval_keys), run.stdout
+    if "eval_accuracy" in eval_keys:
+        assert 0.0 <= final["eval_accuracy"] <= 1.0 and 0.0 <= final["eval_f1_macro"] <= 1.0
+        assert final["eval_samples"] == 150  # 10% of the 1500 builtin sentiment examples
+    else:
+        assert final["eval_perplexity"] == pytest.approx(math.exp(final["eval_loss"]), rel=1e-9)
+        assert final["eval_perplexity"] < 1000  # it learned something about a 746-token vocabulary
+
+    # The model folder: weights, config, tokenizer and the resolved arguments.
+    model_dir = run.contract.model_dir
+    for name in MODEL_FILES:
+        assert (model_dir / name).is_file(), f"{name} missing from {sorted(p.name for p in model_dir.iterdir())}"
+    saved = json.loads((model_dir / "training_args.json").read_text())
+    assert saved["task"] == flags[1] and saved["world_size"] == 1 and saved["max_steps_resolved"] == steps
+    assert saved["final_metrics"] == {k: v for k, v in final.items() if k != "step"}
+    assert run.lines("model_saved=") == [f"model_saved={model_dir}"]
+    # Nothing but metrics.jsonl in the output folder (W&B is off), nothing in the cwd.
+    assert sorted(p.name for p in run.contract.output_dir.iterdir()) == ["metrics.jsonl"]
+    assert list(run.contract.workdir.iterdir()) == []
+
+    samples = run.lines("sample=")
+    if case == "causal-lm":
+        assert len(samples) == 1, run.stdout
+        text = json.loads(samples[0][len("sample="):])
+        assert text.startswith("The") and len(text) > len("The"), text
+    else:
+        assert samples == []
+
+
+def test_wandb_without_api_key_writes_an_offline_run_under_the_output_dir(train):
+    # The default --report-to wandb; base_env strips WANDB_API_KEY, WANDB_MODE and WANDB_DIR.
+    run = train("--max-steps", "4", "--log-every", "2", "--save-every", "4")
+    assert run.returncode == 0, run.describe()
+    wandb_dir = run.contract.output_dir / "wandb"
+    runs = sorted(wandb_dir.glob("offline-run-*"))
+    assert len(runs) == 1, sorted(p.name for p in run.contract.output_dir.rglob("*"))
+    assert list(runs[0].glob("*.wandb")), sorted(p.name for p in runs[0].iterdir())
+    # The run id is kept in the checkpoint state, so a resumed job appends to the same run.
+    (ckpt,) = run.contract.complete_checkpoints()
+    run_id = json.loads((ckpt / "trainer_state.json").read_text())["wandb_run_id"]
+    assert run_id and runs[0].name.endswith("-" + run_id), (runs[0].name, run_id)
+    # W&B wrote nothing to the current folder or the model folder.
+    assert list(run.contract.workdir.iterdir()) == []
+    assert not (run.contract.model_dir / "wandb").exists()
+    assert len(run.evals) == 1 and len(run.train_losses) == 2
