@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     trainer = Trainer(args, contract)
     try:
         trainer.setup()
-    except (DataError, ValueError) as e:
+    except DataError as e:
         _fail(e, contract)
     metrics = trainer.train()
     trainer.save(metrics)

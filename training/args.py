@@ -56,7 +56,9 @@ class TrainArgs:
     max_steps: int | None = None
     seed: int = 42
     compile: bool = False
-    num_workers: int = 0
+    num_workers: int | None = None  # 2 on GPUs (batches prepared ahead), 0 on CPU
+    sdpa_backend: str = "auto"
+    fused_ce: bool = False
     mlm_probability: float = 0.15
     profile_steps: str | None = None
     # when
@@ -124,7 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-steps", type=int, help="optimizer steps; overrides --epochs")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile)
-    g.add_argument("--num-workers", type=int, default=d.num_workers)
+    g.add_argument("--num-workers", type=int, default=d.num_workers,
+                   help="data loader workers (default: 2 on GPUs, 0 on CPU)")
+    g.add_argument("--sdpa-backend", choices=("auto", "flash", "cudnn", "efficient", "math"), default=d.sdpa_backend,
+                   help="attention kernel for SDPA models (auto: PyTorch's choice)")
+    g.add_argument("--fused-ce", action=argparse.BooleanOptionalAction, default=d.fused_ce,
+                   help="causal-lm: chunked LM head + cross-entropy that never materialises the full logits")
     g.add_argument("--mlm-probability", type=float, default=d.mlm_probability)
     g.add_argument("--profile-steps", metavar="START:END",
                    help="profile these optimizer steps with torch.profiler; the table goes to the output folder")
@@ -173,6 +180,8 @@ def validate(a: TrainArgs) -> None:
         value = getattr(a, name)
         if value is not None and value < (0 if name == "max_steps" else 1):
             raise ArgumentError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if a.fused_ce and (a.task != "causal-lm" or a.strategy.startswith("zero3")):
+        raise ArgumentError("--fused-ce applies to --task causal-lm without ZeRO-3 (whose LM head is sharded)")
     if a.push_to_hub and not a.save_model:
         raise ArgumentError("--push-to-hub needs the saved model; drop --no-save-model")
     if a.profile_steps is not None:

@@ -107,6 +107,7 @@ def load_raw(args: TrainArgs, contract: Contract):
 
     source, kwargs = resolve_sources(args, contract)
     datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()  # our one-line error says it; no Arrow stack on stderr
     try:
         raw = datasets.load_dataset(**kwargs)
     except (FileNotFoundError, ValueError, OSError, datasets.exceptions.DatasetGenerationError) as e:
@@ -278,8 +279,9 @@ def make_loaders(args: TrainArgs, data: PreparedData, tokenizer, world_size: int
     eval_sampler = EpochBatchSampler(len(data.validation), eval_bs, args.seed, shuffle=False, drop_last=False)
     # Their own generator: starting an iterator (e.g. on resume) must not draw from the
     # global RNG that dropout uses, or resume is not exact.
-    common = dict(num_workers=args.num_workers, pin_memory=use_cuda, collate_fn=collate,
-                  persistent_workers=args.num_workers > 0, generator=torch.Generator())
+    workers = args.num_workers if args.num_workers is not None else (2 if use_cuda else 0)
+    common = dict(num_workers=workers, pin_memory=use_cuda, collate_fn=collate,
+                  persistent_workers=workers > 0, generator=torch.Generator())
     train = DataLoader(data.train, batch_sampler=train_sampler, **common)
     val = DataLoader(data.validation, batch_sampler=eval_sampler, **common)
     return train, val, train_sampler

@@ -96,9 +96,43 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"node_launch node_rank={contract.node_rank} nodes={contract.num_nodes} "
           f"processes={launch.config['num_processes']} distributed_type={launch.config['distributed_type']}",
           flush=True)
-    os.environ.update(launch.env)
-    # exec, not a child: signals (SIGTERM on spot interruption / stop) reach accelerate directly.
-    os.execv(command[0], command)
+    try:
+        code = _run_forwarding_signals(command, {**os.environ, **launch.env})
+    finally:
+        os.unlink(path)
+    sys.exit(_exit_code(code, contract))
+
+
+def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
+    """Run accelerate's launcher as a child; SIGTERM/SIGINT (spot interruption, stop) go to
+    it, and through it to every training process, which save a checkpoint and exit 143."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(command, env=env)
+    stopping = []
+
+    def forward(signum, frame):
+        stopping.append(signum)
+        proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return STOP_EXIT_CODE if stopping and code != 0 else code
+
+
+STOP_EXIT_CODE = 143
+
+
+def _exit_code(code: int, contract: Contract) -> int:
+    # torchrun reports any worker failure as 1; the contract's failure file says it was bad input.
+    if code not in (0, STOP_EXIT_CODE) and contract.failure_file.is_file():
+        return 2
+    return code
 
 
 if __name__ == "__main__":

@@ -41,6 +41,10 @@ class Trainer:
 
         a = self.args
         world = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.strategy.uses_deepspeed and "LOCAL_RANK" not in os.environ:
+            # Started without a launcher: describe the one-process group torchrun would.
+            os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
         if self.strategy.value == "single" and world > 1:
             raise data.DataError(f"--strategy single runs one process, but {world} were started; use --strategy ddp")
         # Gradients live in DDP's buckets: no copy into them after backward, less memory.
@@ -48,6 +52,7 @@ class Trainer:
         # TF32 for any fp32 matmul left (bf16/fp16 autocast covers the rest).
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        _select_sdpa_backend(a.sdpa_backend)
         if self.strategy.uses_deepspeed:
             ds_plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config(
                 self.strategy, micro_batch_size=a.batch_size, grad_accum=a.grad_accum, world_size=world,
@@ -62,7 +67,9 @@ class Trainer:
             deepspeed_plugin=ds_plugin,
             # Global batches split across processes: the same data per optimizer step
             # whatever the world size.
-            dataloader_config=DataLoaderConfiguration(split_batches=True),
+            # non_blocking (with pinned memory): the host queues the copy and moves on
+            # instead of waiting for the GPU to finish the previous step.
+            dataloader_config=DataLoaderConfiguration(split_batches=True, non_blocking=True),
             # The data order is ours (seed, epoch), so nothing needs syncing or drawing
             # from the global RNG.
             rng_types=[],
@@ -193,8 +200,22 @@ class Trainer:
         if self.args.task == "masked-lm":
             batch = self._mask(batch, seed=(self.args.seed, step, micro, self.accelerator.process_index))
         elif self.args.task == "causal-lm":
+            if self.args.fused_ce:
+                return self._fused_lm_loss(batch["input_ids"])
             batch = {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
         return self.model(**batch).loss
+
+    def _fused_lm_loss(self, input_ids):
+        import torch
+
+        from .losses import fused_causal_lm_loss
+
+        # Through the wrapped model (DDP needs its forward), with logits for one position
+        # only; the LM head and loss run chunked in losses.py.
+        out = self.model(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1)
+        head = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.args.precision, torch.float32)
+        return fused_causal_lm_loss(out.hidden_states[-1], head, input_ids, dtype=dtype, compile_=self.args.compile)
 
     def _mask(self, batch, seed: tuple[int, ...]):
         """MLM masking from a generator keyed on (seed, step, ...): deterministic, so resume
@@ -440,6 +461,25 @@ class _Window:
         else:
             self.tokens = self.tokens + mask.sum()
             self.positions += mask.numel()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _select_sdpa_backend(name: str) -> None:
+    import torch
+
+    if name == "auto" or not torch.cuda.is_available():
+        return
+    flags = {"flash": torch.backends.cuda.enable_flash_sdp, "cudnn": torch.backends.cuda.enable_cudnn_sdp,
+             "efficient": torch.backends.cuda.enable_mem_efficient_sdp, "math": torch.backends.cuda.enable_math_sdp}
+    for key, enable in flags.items():
+        enable(key == name)
 
 
 def lr_at(step: int, peak: float, warmup: int, total: int, kind: str) -> float:

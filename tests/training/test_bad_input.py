@@ -109,8 +109,8 @@ class NotOneLine(AssertionError):
 
 @pytest.mark.multiprocess
 @pytest.mark.xfail(strict=True, raises=NotOneLine, reason=(
-    "node_launch execs `accelerate launch`: when the processes exit 2 on bad data, torchrun "
-    "prints its ChildFailedError traceback and exits 1, so the job does not exit 2 with one line"))
+    "node_launch now exits 2 on bad data, but torchrun's agent still prints its ChildFailedError "
+    "traceback on stderr next to the one error line"))
 def test_bad_data_through_node_launch_exits_2_with_one_line(train):
     run = train("--text-column", "sentence", "--report-to", "none", processes=2)
     failure = run.contract.output_dir / "failure"

@@ -116,11 +116,6 @@ def test_zero3_causal_lm_generates_a_sample(train):
     assert math.isfinite(run.final_eval["eval_perplexity"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DeepSpeed without a launcher: on CPU the trainer always passes backend='gloo' (trainer.py "
-    "setup), so accelerate's PartialState asks torch.distributed for a world size with no process "
-    "group, and the ValueError is reported as bad input (exit 2). node_launch now starts DeepSpeed "
-    "through torchrun even for one process, which works (test above)."))
 def test_deepspeed_one_process_without_the_launcher(train):
     run = train("--strategy", "zero2", "--max-steps", "4", "--log-every", "2", "--report-to", "none")
     assert run.returncode == 0, run.describe()

@@ -170,9 +170,6 @@ class WrongExitCode(AssertionError):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.xfail(strict=True, raises=WrongExitCode, reason=(
-    "node_launch execs `accelerate launch`, whose torchrun agent turns SIGTERM into a "
-    "SignalException traceback and exit 1, although every worker saved the checkpoint and exited 143"))
 def test_sigterm_through_node_launch_exits_143(train):
     flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", "1", "--report-to", "none"]
     proc, c, argv = train.popen(*flags, name="sigterm-2", processes=2)

@@ -1,0 +1,77 @@
+"""Causal-LM loss without materialising the full logits (`--fused-ce`).
+
+GPT-2's 50K-token vocabulary makes the logits the largest tensor of a step: 16 x 1024 x
+50304 values, which the standard path writes in bf16, upcasts to fp32, and reads again for
+the softmax and its gradient. Here the LM head and the cross-entropy run chunk by chunk, and
+the gradients with respect to the hidden states and the head's weight are computed in the
+forward pass, so a chunk's logits live only while it is processed. Same loss, same
+gradients (up to rounding); the matmul FLOPs are unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+IGNORE = -100
+
+
+def _chunk(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
+    """Loss sum, d(loss sum)/dh and d(loss sum)/dw for one chunk of rows."""
+    logits = (h @ w.t()).float()
+    lse = torch.logsumexp(logits, dim=-1)
+    valid = y != IGNORE
+    target = y.clamp(min=0)
+    loss = ((lse - logits.gather(1, target[:, None]).squeeze(1)) * valid).sum()
+    grad = torch.exp(logits - lse[:, None])
+    grad.scatter_add_(1, target[:, None], -torch.ones_like(lse)[:, None])
+    grad = (grad * valid[:, None]).to(w.dtype)
+    return loss, grad @ w, grad.t() @ h
+
+
+_compiled_chunk = None
+
+
+def _chunk_fn(compile_: bool):
+    global _compiled_chunk
+    if not compile_:
+        return _chunk
+    if _compiled_chunk is None:
+        _compiled_chunk = torch.compile(_chunk, dynamic=False)
+    return _compiled_chunk
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, chunk_rows: int, dtype, compile_: bool):
+        fn = _chunk_fn(compile_)
+        w = weight.to(dtype)
+        h_all = hidden.to(dtype)
+        count = (labels != IGNORE).sum().clamp(min=1)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_h = torch.empty_like(h_all)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for s in range(0, h_all.shape[0], chunk_rows):
+            loss, gh, gw = fn(h_all[s : s + chunk_rows], w, labels[s : s + chunk_rows])
+            total += loss
+            grad_h[s : s + chunk_rows] = gh
+            grad_w += gw.float()
+        ctx.save_for_backward(grad_h, grad_w, count)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        return total / count
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w, count = ctx.saved_tensors
+        scale = grad_out / count
+        return ((grad_h.float() * scale).to(ctx.dtypes[0]), (grad_w * scale).to(ctx.dtypes[1]),
+                None, None, None, None)
+
+
+def fused_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor, *,
+                         dtype: torch.dtype, chunk_rows: int = 4096, compile_: bool = False) -> torch.Tensor:
+    """Mean next-token cross-entropy of `hidden @ weight.T` (hidden: [B, T, d], the final
+    hidden states; weight: the LM head's [V, d]) against `input_ids` shifted by one."""
+    h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+    y = input_ids[:, 1:].reshape(-1)
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        return _LinearCrossEntropy.apply(h, weight, y, chunk_rows, dtype, compile_)
