@@ -119,3 +119,16 @@ def test_zero3_causal_lm_generates_a_sample(train):
 def test_deepspeed_one_process_without_the_launcher(train):
     run = train("--strategy", "zero2", "--max-steps", "4", "--log-every", "2", "--report-to", "none")
     assert run.returncode == 0, run.describe()
+
+
+def test_zero2_follows_the_same_schedule_as_ddp(train):
+    """The learning rate is set on the optimizer each step (trainer.lr_at); under DeepSpeed the
+    optimizer is wrapped twice, so prove the schedule reaches it: in fp32 on one process,
+    ZeRO-2 and DDP must log the same losses while the rate decays."""
+    common = ["--max-steps", "12", "--log-every", "3", "--lr", "3e-3", "--report-to", "none", "--no-save-model"]
+    ddp = train(*common, "--strategy", "ddp", name="sched-ddp")
+    zero2 = train(*common, "--strategy", "zero2", name="sched-zero2")
+    assert ddp.returncode == 0 and zero2.returncode == 0, ddp.describe() + zero2.describe()
+    assert list(ddp.train_losses) == [3, 6, 9, 12]
+    for step, loss in ddp.train_losses.items():
+        assert zero2.train_losses[step] == pytest.approx(loss, rel=1e-5), step

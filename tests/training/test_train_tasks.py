@@ -105,3 +105,27 @@ def test_wandb_without_api_key_writes_an_offline_run_under_the_output_dir(train)
     assert list(run.contract.workdir.iterdir()) == []
     assert not (run.contract.model_dir / "wandb").exists()
     assert len(run.evals) == 1 and len(run.train_losses) == 2
+
+
+def test_push_to_hub_through_the_entry_point(train):
+    """The final model reaches the Hub (a local HTTP double of its API), with the token taken
+    from the environment at run time and never printed."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from hubdouble import HubDouble
+
+    token = "hf_test_not_a_real_token_123"
+    with HubDouble() as hub:
+        run = train("--max-steps", "4", "--log-every", "2", "--report-to", "none", "--push-to-hub", "me/tiny",
+                    name="push", env={"HF_ENDPOINT": hub.url, "HF_TOKEN": token, "HF_HUB_OFFLINE": "0",
+                                      "HF_HUB_DISABLE_TELEMETRY": "1"})
+        assert run.returncode == 0, run.describe()
+        files = hub.files("me/tiny")
+    model_dir = run.contract.model_dir
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "training_args.json"):
+        assert files[name] == (model_dir / name).read_bytes(), name
+    assert run.lines("pushed_to_hub=me/tiny")
+    assert token not in run.stdout + run.stderr
+    assert token not in (model_dir / "training_args.json").read_text()
