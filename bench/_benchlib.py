@@ -16,7 +16,6 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 ASSETS = REPO / "training" / "assets"
 CORPUS = ASSETS / "corpus.txt"
-TOKENIZER = ASSETS / "tokenizer.json"
 
 # Dense BF16 peak of one H100 SXM (no sparsity). Override with --peak-tflops.
 H100_BF16_PEAK_FLOPS = 989e12
@@ -75,17 +74,10 @@ def mfu(tokens_per_sec: float | None, fpt: float, num_gpus: int, peak_flops: flo
 
 
 def load_tokenizer():
-    """The shipped offline tokenizer, set up exactly as training/modeling.py does."""
-    from transformers import PreTrainedTokenizerFast
+    """The shipped offline tokenizer, exactly as our trainer loads it."""
+    from distrain_cloud.training.modeling import shipped_tokenizer
 
-    tok = PreTrainedTokenizerFast(
-        tokenizer_file=str(TOKENIZER),
-        eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<pad>",
-        unk_token="<unk>", mask_token="<mask>", cls_token="<cls>", sep_token="<sep>",
-    )
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return tok
+    return shipped_tokenizer()
 
 
 def read_lines(path: Path) -> list[str]:
