@@ -219,7 +219,7 @@ class EpochBatchSampler:
     """
 
     def __init__(self, num_examples: int, batch_size: int, seed: int, *, shuffle: bool = True,
-                 drop_last: bool = True, lengths: Sequence[int] | None = None, pool_batches: int = 64):
+                 drop_last: bool = True, lengths: Sequence[int] | None = None, pool_batches: int = 128):
         self.n, self.batch_size, self.seed = num_examples, batch_size, seed
         self.shuffle, self.drop_last, self.lengths, self.pool_batches = shuffle, drop_last, lengths, pool_batches
         self.epoch = 0
