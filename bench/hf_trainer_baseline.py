@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import math
 import os
 import sys
 import tempfile

@@ -27,7 +27,8 @@ class Trainer:
     def __init__(self, args: TrainArgs, contract: Contract):
         self.args, self.contract = args, contract
         self.strategy = parse_strategy(args.strategy)
-        self.stop_requested = False
+        self.signal_received = False  # set by the SIGTERM handler, at any moment
+        self.stop_requested = False  # acted on at step boundaries, by every process at once
 
     # ------------------------------------------------------------------ setup
 
@@ -133,7 +134,6 @@ class Trainer:
         progress = self._progress(initial=state["step"])
         window = _Window()
         last_saved = state["step"]
-        eval_metrics: dict[str, float] = {}
         self.model.train()
         while state["step"] < self.max_steps and not self.stop_requested:
             self.train_sampler.set_epoch(state["epoch"])
@@ -175,7 +175,7 @@ class Trainer:
                     self._log_train(step, window)
                     window = _Window()
                 if a.eval_every and step % a.eval_every == 0 and step < self.max_steps:
-                    eval_metrics = self.evaluate(step)
+                    self.evaluate(step)
                 if (a.save_every and step % a.save_every == 0) or self.stop_requested:
                     checkpoint.save(acc, self.contract.checkpoint_dir, step, state, a.keep_checkpoints)
                     last_saved = step
@@ -193,8 +193,7 @@ class Trainer:
             self._print(f"stopped=SIGTERM step={state['step']} checkpoint_saved=1")
             acc.end_training()
             sys.exit(STOP_EXIT_CODE)
-        eval_metrics = self.evaluate(state["step"])
-        return eval_metrics
+        return self.evaluate(state["step"])
 
     def _loss(self, batch, step: int, micro: int):
         if self.args.task == "masked-lm":
@@ -345,23 +344,22 @@ class Trainer:
 
     def _install_signal_handler(self) -> None:
         def request_stop(signum, frame):
-            self.stop_requested = True
+            self.signal_received = True
 
         signal.signal(signal.SIGTERM, request_stop)
 
     def _check_stop(self, step: int) -> None:
         acc = self.accelerator
         if acc.num_processes == 1:
+            self.stop_requested = self.signal_received
             return
         # Every process must agree before a collective save; agree at log steps only,
         # so the common case costs no extra synchronisation.
         if step % self.args.log_every == 0:
             import torch
 
-            flag = torch.tensor(float(self.stop_requested), device=acc.device)
-            self.stop_requested = bool(acc.reduce(flag, "max").item())
-        else:
-            self.stop_requested = False  # wait for the next agreement point
+            flag = torch.tensor(float(self.signal_received), device=acc.device)
+            self.stop_requested = acc.reduce(flag, "sum").item() > 0
 
     def _log_train(self, step: int, window: "_Window") -> None:
         import torch

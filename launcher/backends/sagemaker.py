@@ -89,7 +89,7 @@ class SageMakerBackend:
 
     def plan(self, spec: JobSpec, *, dry_run: bool = False) -> Plan:
         from ..bundle import build_bundle, bundle_key
-        from ..catalog import hourly_price, lookup
+        from ..catalog import lookup
         from ..images import choose_training_image
 
         instance = lookup(spec.instance)

@@ -253,7 +253,7 @@ def test_check_role(mocked_aws):
     arn = iam.create_role(RoleName="sm", AssumeRolePolicyDocument=_trust("sagemaker.amazonaws.com"))["Role"]["Arn"]
     assert resources.check_role("sm") == arn
     assert resources.check_role(arn) == arn
-    both = iam.create_role(RoleName="both", Path="/service-role/",
+    iam.create_role(RoleName="both", Path="/service-role/",
                            AssumeRolePolicyDocument=_trust("ec2.amazonaws.com", "sagemaker.amazonaws.com"))  # fmt: skip
     assert resources.check_role("both") == f"arn:aws:iam::{ACCOUNT}:role/service-role/both"
     assert resources.check_role("both", service_principal="ec2.amazonaws.com").endswith("/both")
