@@ -44,6 +44,7 @@ def submit(
     max_wait: Annotated[Optional[str], typer.Option("--max-wait", help="spot: limit including waiting")] = None,
     max_cost: Annotated[Optional[float], typer.Option("--max-cost", help="refuse if worst-case USD exceeds this")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="job name prefix")] = None,
+    resume_from: Annotated[Optional[str], typer.Option("--resume-from", help="continue from this earlier job's checkpoints")] = None,
     region: Region = None,
     secret: Annotated[Optional[list[str]], typer.Option("--secret", help="ENV=REFERENCE (Secrets Manager ARN or ssm:/name); repeatable")] = None,
     input_: Annotated[Optional[list[str]], typer.Option("--input", help="CHANNEL=S3-URI-or-path; repeatable")] = None,
@@ -55,13 +56,14 @@ def submit(
 ) -> None:
     """Plan a training job and run it (or only print the plan with --dry-run).
 
-    Training flags go after `--`, e.g. `submit --instance local -- --task causal-lm --max-steps 50`.
+    SPEC is an optional job YAML (see examples/); flags override it. Training flags go
+    after `--`, e.g. `submit --instance local -- --task causal-lm --max-steps 50`.
     """
     from .api import load, plan_job, submit_job
 
     overrides = {
         "instance": instance, "nodes": nodes, "strategy": strategy, "precision": precision, "spot": spot,
-        "max_run": max_run, "max_wait": max_wait, "max_cost": max_cost, "name": name, "region": region,
+        "max_run": max_run, "max_wait": max_wait, "max_cost": max_cost, "name": name, "region": region, "resume_from": resume_from,
         "secrets": _pairs(secret, "--secret"), "inputs": _pairs(input_, "--input"),
         "local.processes": processes, "sagemaker.image_uri": image_uri, "sagemaker.role": role,
         "train_args": list(_TRAIN_ARGS) or None,

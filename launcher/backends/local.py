@@ -61,7 +61,13 @@ class LocalBackend:
         job_name = unique_job_name(spec.name)
         argv = spec.check_training_args(precision, job_name)
         root = (spec.local.workdir / job_name).resolve()
-        contract = Contract(model_dir=root / "model", output_dir=root / "output", checkpoint_dir=root / "checkpoints",
+        # A lineage shares one checkpoint folder: the first job's.
+        checkpoints = root / "checkpoints"
+        if spec.resume_from:
+            checkpoints = (spec.local.workdir / spec.resume_from / "checkpoints").resolve()
+            if not checkpoints.is_dir():
+                raise UserError(f"--resume-from {spec.resume_from}: no checkpoints at {checkpoints}")
+        contract = Contract(model_dir=root / "model", output_dir=root / "output", checkpoint_dir=checkpoints,
                             channels={k: Path(v).resolve() for k, v in spec.inputs.items()}, gpus_per_node=gpus,
                             main_port=_free_port())
         try:

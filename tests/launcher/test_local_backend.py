@@ -87,3 +87,13 @@ def test_submit_local_runs_the_offline_default_end_to_end(tmp_path):
     assert json.loads(ls.stdout)[0]["job_name"] == root.name
     st = cli("status", root.name, "--backend", "local", "--json", cwd=tmp_path)
     assert json.loads(st.stdout)["status"] == "Completed"
+
+
+def test_resume_from_shares_the_earlier_jobs_checkpoints(tmp_path):
+    earlier = tmp_path / "runs" / "first-job" / "checkpoints"
+    with pytest.raises(UserError, match="--resume-from first-job: no checkpoints"):
+        plan_job(local_spec(tmp_path, resume_from="first-job"))
+    earlier.mkdir(parents=True)
+    plan = plan_job(local_spec(tmp_path, resume_from="first-job"), dry_run=True)
+    assert plan.request["env"]["DISTRAIN_CHECKPOINT_DIR"] == str(earlier.resolve())
+    assert plan.request["env"]["DISTRAIN_MODEL_DIR"] != str(earlier.parent.resolve() / "model")
