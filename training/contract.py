@@ -132,6 +132,7 @@ def sagemaker_env_from_files(root: Path, env: Mapping[str, str]) -> dict[str, st
         "SM_MODEL_DIR": str(root / "model"),
         "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
         "SM_CHANNELS": json.dumps(channels),
+        f"{PREFIX}CHECKPOINT_DIR": str(root / "checkpoints"),
         **{f"SM_CHANNEL_{c.upper()}": str(root / "input" / "data" / c) for c in channels},
     }
     return {**derived, **env}

@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from .args import parse_args
@@ -94,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f.write(text)
     command = [path if c == CONFIG_FILE else c for c in launch.command]
     print(f"node_launch node_rank={contract.node_rank} nodes={contract.num_nodes} "
-          f"processes={launch.config['num_processes']} distributed_type={launch.config['distributed_type']}",
+          f"processes={launch.config['num_processes']} distributed_type={launch.config['distributed_type']} "
+          f"code={Path(__file__).parent}",
           flush=True)
     try:
         code = _run_forwarding_signals(command, {**os.environ, **launch.env})

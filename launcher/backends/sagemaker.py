@@ -28,13 +28,14 @@ CODE_CHANNEL = "code"
 TAG_PREFIX = "distrain-cloud:"
 # What the job runs. Kept in the request (ContainerEntrypoint) so the plan shows it all.
 BOOTSTRAP = """set -euo pipefail
-mkdir -p /opt/ml/code
-tar -xzf /opt/ml/input/data/code/*.tar.gz -C /opt/ml/code
-cd /opt/ml/code
-export PYTHONPATH=/opt/ml/code${PYTHONPATH:+:$PYTHONPATH}
+ROOT="${DISTRAIN_SAGEMAKER_ROOT:-/opt/ml}"  # overridden only to rehearse the job outside SageMaker
+mkdir -p "$ROOT/code"
+tar -xzf "$ROOT"/input/data/code/*.tar.gz -C "$ROOT/code"
+cd "$ROOT/code"
+export PYTHONPATH="$ROOT/code${PYTHONPATH:+:$PYTHONPATH}"
 if [ -s requirements.txt ]; then python -m pip install --quiet --disable-pip-version-check -r requirements.txt; fi
 exec python -m distrain_cloud.infra.secret_env -- \\
-  python -m distrain_cloud.training.node_launch --hyperparameters /opt/ml/input/config/hyperparameters.json
+  python -m distrain_cloud.training.node_launch --hyperparameters "$ROOT/input/config/hyperparameters.json"
 """
 METRICS = ("train_loss", "eval_loss", "eval_accuracy", "eval_f1_macro", "eval_perplexity", "tokens_per_sec")
 SPOT_PRICE_RANGE = (0.3, 0.7)  # typical spot price as a fraction of on-demand; never above 1.0

@@ -353,9 +353,9 @@ def test_the_entrypoint_unpacks_the_bundle_and_starts_one_process_per_gpu(offlin
     entry = dry().request["AlgorithmSpecification"]["ContainerEntrypoint"]
     assert entry[:2] == ["/bin/bash", "-c"]
     script = entry[2]
-    assert "/opt/ml/input/data/code/" in script
+    assert "/input/data/code/" in script and "/opt/ml" in script
     assert "python -m distrain_cloud.infra.secret_env --" in script
-    assert "python -m distrain_cloud.training.node_launch --hyperparameters /opt/ml/input/config/hyperparameters.json" in script
+    assert "python -m distrain_cloud.training.node_launch --hyperparameters \"$ROOT/input/config/hyperparameters.json\"" in script
 
 
 def test_job_names_fit_sagemaker_and_are_unique(offline):
