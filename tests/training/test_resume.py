@@ -192,3 +192,17 @@ def test_sigterm_through_node_launch_exits_143(train, log_every):
     assert [p.name for p in c.complete_checkpoints()] == [f"checkpoint-{step:08d}"]
     if run.returncode != 143:
         raise WrongExitCode(run.describe())
+
+
+@pytest.mark.multiprocess
+def test_two_process_run_killed_and_resumed_matches_the_uninterrupted_one(train):
+    """Each process keeps its own RNG state in the checkpoint (dropout differs per rank), and
+    the global batch order is the sampler's: so a 2-process job resumes exactly too."""
+    flags = [*FLAGS, "--batch-size", "8"]
+    whole = train(*flags, name="two-whole", processes=2)
+    assert whole.returncode == 0, whole.describe()
+    killed = train(*flags, name="two-killed", processes=2, env={"DISTRAIN_TEST_KILL_AT_STEP": "5"})
+    assert killed.returncode != 0 and max(killed.train_losses) == 5, killed.describe()
+    again = train(*flags, name="two-killed", processes=2)
+    assert again.lines("resumed_from=") == [resumed_line(4)], again.describe()
+    assert_same_result(again, whole)
