@@ -99,31 +99,52 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"code={Path(__file__).parent}",
           flush=True)
     try:
-        code = _run_forwarding_signals(command, {**os.environ, **launch.env})
+        code = _run_forwarding_signals(command, {**os.environ, **launch.env}, contract.failure_file)
     finally:
         os.unlink(path)
     sys.exit(_exit_code(code, contract))
 
 
-def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
+def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_file: Path) -> int:
     """Run accelerate's launcher as a child; SIGTERM/SIGINT (spot interruption, stop) go to
-    it, and through it to every training process, which save a checkpoint and exit 143."""
+    it, and through it to every training process, which save a checkpoint and exit 143.
+
+    Its stderr passes through as it comes, except the launcher's own failure report (the
+    agent's log line and ChildFailedError traceback), which is held back and dropped when
+    the job already explained itself in the failure file: bad input stays one line.
+    """
     import signal
     import subprocess
+    import threading
 
-    proc = subprocess.Popen(command, env=env)
-    stopping = []
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    stopping, held = [], []
 
     def forward(signum, frame):
         stopping.append(signum)
         proc.send_signal(signum)
 
+    def relay():
+        assert proc.stderr is not None
+        for raw in iter(proc.stderr.readline, b""):
+            line = raw.decode(errors="replace")
+            if held or "torch/distributed/elastic" in line or line.startswith("Traceback (most recent call"):
+                held.append(line)
+            else:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
     try:
         code = proc.wait()
+        reader.join()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if held and not (code != 0 and failure_file.is_file()):
+        sys.stderr.write("".join(held))
     return STOP_EXIT_CODE if stopping and code != 0 else code
 
 

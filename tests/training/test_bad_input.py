@@ -108,9 +108,6 @@ class NotOneLine(AssertionError):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.xfail(strict=True, raises=NotOneLine, reason=(
-    "node_launch now exits 2 on bad data, but torchrun's agent still prints its ChildFailedError "
-    "traceback on stderr next to the one error line"))
 def test_bad_data_through_node_launch_exits_2_with_one_line(train):
     run = train("--text-column", "sentence", "--report-to", "none", processes=2)
     failure = run.contract.output_dir / "failure"
