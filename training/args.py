@@ -152,8 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# flag name -> field name, for the launcher's hyperparameter validation
 def known_flags() -> set[str]:
+    """The training flags, without their dashes (for the launcher's hyperparameter check)."""
     return {f.name.replace("_", "-") for f in fields(TrainArgs)}
 
 

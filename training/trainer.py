@@ -133,7 +133,6 @@ class Trainer:
         profiler = _Profiler(a.profile_steps, acc, self.contract.output_dir)
         progress = self._progress(initial=state["step"])
         window = _Window()
-        last_saved = state["step"]
         self.model.train()
         while state["step"] < self.max_steps and not self.stop_requested:
             self.train_sampler.set_epoch(state["epoch"])
@@ -178,7 +177,6 @@ class Trainer:
                     self.evaluate(step)
                 if (a.save_every and step % a.save_every == 0) or self.stop_requested:
                     checkpoint.save(acc, self.contract.checkpoint_dir, step, state, a.keep_checkpoints)
-                    last_saved = step
                 _maybe_die_for_test(step)
                 if step >= self.max_steps or self.stop_requested:
                     break
@@ -187,9 +185,7 @@ class Trainer:
                 state["batch_in_epoch"] = 0
         progress.close()
         profiler.close()
-        if self.stop_requested:
-            if last_saved != state["step"]:
-                checkpoint.save(acc, self.contract.checkpoint_dir, state["step"], state, a.keep_checkpoints)
+        if self.stop_requested:  # the loop saved a checkpoint at the step it stopped
             self._print(f"stopped=SIGTERM step={state['step']} checkpoint_saved=1")
             acc.end_training()
             sys.exit(STOP_EXIT_CODE)
@@ -367,8 +363,7 @@ class Trainer:
         acc = self.accelerator
         loss = acc.reduce(torch.stack(window.losses).mean(), "mean").item()
         elapsed = max(time.perf_counter() - window.start, 1e-9)
-        tokens = acc.reduce(window.tokens.to(acc.device) if hasattr(window.tokens, "to") else
-                            torch.tensor(float(window.tokens), device=acc.device), "sum").item()
+        tokens = acc.reduce(torch.as_tensor(window.tokens, device=acc.device).float(), "sum").item()
         metrics = {"train_loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
                    "tokens_per_sec": tokens / elapsed, "step_time": elapsed / len(window.losses),
                    "data_wait_pct": 100.0 * window.data_wait / elapsed}

@@ -89,11 +89,11 @@ class LocalBackend:
             configs["deepspeed_config"] = deepspeed_config(
                 strategy, micro_batch_size=a.batch_size, grad_accum=a.grad_accum, world_size=processes,
                 precision=precision, max_grad_norm=a.max_grad_norm)
+        stack = _has_training_stack()
         checks = [
             Check("training arguments parse", True),
             Check("work folder is new", not root.exists(), str(root)),
-            Check("training stack installed", _has_training_stack(),
-                  "" if _has_training_stack() else "pip install 'distrain-cloud[train]'"),
+            Check("training stack installed", stack, "" if stack else "pip install 'distrain-cloud[train]'"),
         ]
         for name, path in contract.channels.items():
             checks.append(Check(f"input channel {name} exists", path.exists(), str(path)))
