@@ -8,16 +8,21 @@ import pytest
 
 
 @pytest.fixture
-def aws_credentials(monkeypatch, tmp_path):
-    """Fake credentials and region; the developer's ~/.aws, profile and endpoints are hidden."""
+def no_aws_config(monkeypatch, tmp_path):
+    """No AWS_* variables and empty config/credentials files: nothing of the developer's ~/.aws."""
     for name in list(os.environ):
-        if name.startswith("AWS_ENDPOINT_URL") or name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION"):
+        if name.startswith("AWS_"):
             monkeypatch.delenv(name)
     empty = tmp_path / "aws-empty"
     empty.write_text("")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def aws_credentials(no_aws_config, monkeypatch):
+    """Fake credentials and region, on top of no_aws_config."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_SECURITY_TOKEN", "testing")

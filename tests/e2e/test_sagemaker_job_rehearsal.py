@@ -19,10 +19,7 @@ from distrain_cloud.launcher.spec import load_spec
 pytestmark = pytest.mark.slow
 
 
-def test_the_planned_entrypoint_trains_from_the_bundle(tmp_path, monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
+def test_the_planned_entrypoint_trains_from_the_bundle(tmp_path, no_aws_config):
     spec = load_spec(None, {
         "instance": "ml.g5.xlarge", "region": "us-east-1", "precision": "no",
         "sagemaker": {"role": "arn:aws:iam::123456789012:role/sm"},

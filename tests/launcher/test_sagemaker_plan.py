@@ -48,16 +48,8 @@ def _no_aws_env(home: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def offline(monkeypatch, tmp_path):
+def offline(no_aws_config, monkeypatch):
     """No credentials, no config, every endpoint a closed port, and any API call recorded and refused."""
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    empty = tmp_path / "aws-empty"
-    empty.write_text("")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_closed_port()}")
     import botocore.client
 

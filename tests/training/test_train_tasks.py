@@ -129,3 +129,17 @@ def test_push_to_hub_through_the_entry_point(train):
     assert run.lines("pushed_to_hub=me/tiny")
     assert token not in run.stdout + run.stderr
     assert token not in (model_dir / "training_args.json").read_text()
+
+
+def test_fused_cross_entropy_matches_the_standard_loss(train):
+    """--fused-ce computes the LM head and loss chunk by chunk, gradients in the forward pass:
+    the same training (fp32 on CPU), step for step. --profile-steps writes its table."""
+    common = ["--task", "causal-lm", "--max-steps", "6", "--log-every", "2", "--report-to", "none",
+              "--no-save-model"]
+    plain = train(*common, "--profile-steps", "2:4", name="ce-plain")
+    fused = train(*common, "--fused-ce", name="ce-fused")
+    assert plain.returncode == 0 and fused.returncode == 0, plain.describe() + fused.describe()
+    assert list(plain.train_losses) == [2, 4, 6]
+    for step, loss in plain.train_losses.items():
+        assert fused.train_losses[step] == pytest.approx(loss, rel=1e-5), step
+    assert "Self CPU" in (plain.contract.output_dir / "profile.txt").read_text()
