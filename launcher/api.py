@@ -1,13 +1,10 @@
-"""The library under the CLI: load a spec, plan it, act on the plan. No printing of plans here."""
+"""The library under the CLI: plan a job spec, act on the plan. No printing of plans here."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 from .backends import get_backend
 from .plan import Plan
-from .spec import JobSpec, load_spec
+from .spec import JobSpec
 
 
 def plan_job(spec: JobSpec, *, dry_run: bool = False) -> Plan:
@@ -18,6 +15,3 @@ def plan_job(spec: JobSpec, *, dry_run: bool = False) -> Plan:
 def submit_job(plan: Plan, *, wait: bool = False) -> int:
     return get_backend(plan.backend).submit(plan, wait=wait)
 
-
-def load(path: Path | None, overrides: dict[str, Any]) -> JobSpec:
-    return load_spec(path, overrides)

@@ -59,7 +59,8 @@ def submit(
     SPEC is an optional job YAML (see examples/); flags override it. Training flags go
     after `--`, e.g. `submit --instance local -- --task causal-lm --max-steps 50`.
     """
-    from .api import load, plan_job, submit_job
+    from .api import plan_job, submit_job
+    from .spec import load_spec
 
     overrides = {
         "instance": instance, "nodes": nodes, "strategy": strategy, "precision": precision, "spot": spot,
@@ -68,7 +69,7 @@ def submit(
         "local.processes": processes, "sagemaker.image_uri": image_uri, "sagemaker.role": role,
         "train_args": list(_TRAIN_ARGS) or None,
     }
-    job = load(spec, overrides)
+    job = load_spec(spec, overrides)
     plan = plan_job(job, dry_run=dry_run)
     if dry_run or as_json:
         typer.echo(plan.to_json() if as_json else plan.render())

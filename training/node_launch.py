@@ -41,7 +41,7 @@ def plan_node(train_argv: Sequence[str], contract: Contract, *, processes: int |
     cluster = ClusterShape(num_nodes=contract.num_nodes, node_rank=contract.node_rank, processes_per_node=per_node,
                            main_addr=contract.main_addr, main_port=contract.main_port, use_cpu=use_cpu)
     strategy = parse_strategy(args.strategy)
-    config = accelerate_config(strategy, cluster, precision=args.precision, grad_accum=args.grad_accum)
+    config = accelerate_config(strategy, cluster, precision=args.precision)
     env = {}
     if strategy.uses_deepspeed and use_cpu:
         env["DS_ACCELERATOR"] = "cpu"

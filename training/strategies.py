@@ -124,7 +124,6 @@ def accelerate_config(
     cluster: ClusterShape,
     *,
     precision: str,
-    grad_accum: int,
 ) -> dict[str, Any]:
     """The YAML that `accelerate launch --config_file` reads on one node.
 

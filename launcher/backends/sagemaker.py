@@ -122,7 +122,7 @@ class SageMakerBackend:
         cluster = ClusterShape(num_nodes=spec.nodes, processes_per_node=processes, main_addr="algo-1",
                                use_cpu=not instance.gpus)
         configs: dict[str, Any] = {"accelerate_config (node 0)": accelerate_config(
-            strategy, cluster, precision=precision, grad_accum=train.grad_accum)}
+            strategy, cluster, precision=precision)}
         if strategy.uses_deepspeed:
             configs["deepspeed_config"] = deepspeed_config(
                 strategy, micro_batch_size=train.batch_size, grad_accum=train.grad_accum,
