@@ -63,6 +63,7 @@ class Run:
     needs: tuple[str, ...] = ()
     n_params: int | None = None
     fpt: float | None = None  # training FLOPs per token, for MFU
+    variant: str = ""  # --variant NAME: compared with the runs of the same variant
     result: dict = field(default_factory=dict)
 
     @property
@@ -93,7 +94,8 @@ def gpt2_fpt(preset: str, seq_len: int) -> tuple[int, float]:
 
 
 def ours_cmd(ctx: Ctx, *, gpus: int, strategy: str, task: str, batch: int, accum: int, total_steps: int,
-             log_every: int, model_flags: list[str], data_flags: list[str], compile_: bool = False) -> list[str]:
+             log_every: int, model_flags: list[str], data_flags: list[str], compile_: bool = False,
+             extra: list[str] = ()) -> list[str]:
     cmd = [sys.executable, "-m", "distrain_cloud.training.node_launch", "--processes", str(max(1, gpus)), "--",
            "--task", task, *model_flags, *data_flags, "--strategy", strategy, "--precision", ctx.precision,
            "--batch-size", str(batch), "--grad-accum", str(accum), "--max-steps", str(total_steps),
@@ -107,7 +109,7 @@ def ours_cmd(ctx: Ctx, *, gpus: int, strategy: str, task: str, batch: int, accum
         import shlex
 
         cmd += shlex.split(ctx.a.ours_extra)
-    return cmd
+    return cmd + list(extra)
 
 
 def lm_data_flags(ctx: Ctx, seq_len: int) -> list[str]:
@@ -118,7 +120,8 @@ def lm_data_flags(ctx: Ctx, seq_len: int) -> list[str]:
 
 def ours_lm(ctx: Ctx, *, gpus: int, strategy: str = "ddp", preset: str = "gpt2-small", batch: int | None = None,
             accum: int = 1, steps: int | None = None, warmup: int | None = None, log_every: int | None = None,
-            compile_: bool = False, timeout: int | None = None, label: str | None = None) -> Run:
+            compile_: bool = False, timeout: int | None = None, label: str | None = None,
+            variant: tuple[str, list[str]] = ("", [])) -> Run:
     a = ctx.a
     preset = "tiny-gpt2" if ctx.cpu else preset
     batch = batch or a.batch_size
@@ -126,12 +129,15 @@ def ours_lm(ctx: Ctx, *, gpus: int, strategy: str = "ddp", preset: str = "gpt2-s
     n, fpt = gpt2_fpt(preset, a.seq_len)
     cmd = ours_cmd(ctx, gpus=gpus, strategy=strategy, task="causal-lm", batch=batch, accum=accum,
                    total_steps=warmup + steps, log_every=log_every, model_flags=["--preset", preset],
-                   data_flags=lm_data_flags(ctx, a.seq_len), compile_=compile_)
+                   data_flags=lm_data_flags(ctx, a.seq_len), compile_=compile_, extra=variant[1])
     needs = ("datasets", "accelerate", "yaml") + (("deepspeed",) if strategy.startswith("zero") else ())
     tag = f"ours-{preset}-{strategy}{'-compile' if compile_ else ''}-g{gpus}-b{batch}-k{accum}"
+    if variant[0]:
+        tag, label = f"{tag}-{variant[0]}", f"{label or 'ours ' + strategy} [{variant[0]}]"
     return Run(tag, "ours", label or f"ours {strategy}{' +compile' if compile_ else ''}", cmd, gpus, preset,
                "lm", strategy, a.seq_len, batch, accum, steps, warmup, log_every,
-               timeout or (a.compile_timeout if compile_ else a.timeout), needs, n, fpt)
+               timeout or (a.compile_timeout if compile_ or "--compile" in variant[1] else a.timeout), needs, n, fpt,
+               variant=variant[0])
 
 
 def hf_lm(ctx: Ctx, *, compile_: bool, gpus: int = 1) -> Run:
@@ -160,7 +166,7 @@ def hf_launcher(gpus: int) -> list[str]:
     return [sys.executable]
 
 
-def varlen_runs(ctx: Ctx) -> list[Run]:
+def varlen_runs(ctx: Ctx, variants: list[tuple[str, list[str]]] = ()) -> list[Run]:
     a = ctx.a
     bert = a.varlen_model == "bert-base"
     if ctx.cpu:
@@ -181,10 +187,14 @@ def varlen_runs(ctx: Ctx) -> list[Run]:
         hf.append("--tiny")
     common = dict(gpus=g, model=name, task="classification", seq_len=L, batch_size=bs, grad_accum=1,
                   steps=a.steps, warmup=a.warmup)
+    cls_needs = ("datasets", "accelerate", "yaml")
+    extra = [Run(f"ours-cls-{name}-g{g}-b{bs}-{v}", "ours", f"ours (dynamic padding, length-grouped) [{v}]",
+                 ours + flags, strategy="ddp", log_every=a.log_every,
+                 timeout=a.compile_timeout if "--compile" in flags else a.timeout, needs=cls_needs, variant=v,
+                 **common) for v, flags in variants]
     return [
         Run(f"ours-cls-{name}-g{g}-b{bs}", "ours", "ours (dynamic padding, length-grouped)", ours,
-            strategy="ddp", log_every=a.log_every, timeout=a.timeout, needs=("datasets", "accelerate", "yaml"),
-            **common),
+            strategy="ddp", log_every=a.log_every, timeout=a.timeout, needs=cls_needs, **common), *extra,
         Run(f"hf-cls-{name}-g{g}-b{bs}", "hf_trainer", "HF Trainer (padding=max_length)", hf,
             strategy="ddp" if g > 1 else "single", log_every=None, timeout=a.timeout, needs=("transformers",),
             **common),
@@ -195,21 +205,30 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
     a, G = ctx.a, ctx.gpus
     out: dict[str, list[Run]] = {}
     for s in suites:
+        variants = [(name, flags) for suite, name, flags in a.variants if suite == s]
         if s == "single":
             runs = [ours_lm(ctx, gpus=1, label="ours (ddp, 1 process)")]
             if a.ours_compile:
                 runs.append(ours_lm(ctx, gpus=1, compile_=True, label="ours +compile"))
+            runs += [ours_lm(ctx, gpus=1, compile_=True, label="ours +compile", variant=v) for v in variants]
             runs += [hf_lm(ctx, compile_=False), hf_lm(ctx, compile_=True)]
         elif s == "scaling":
             counts = sorted({n for n in (1, 2, 4, 8, 16) if n <= G} | {G})
             runs = [ours_lm(ctx, gpus=n, label=f"ours ddp x{n}") for n in counts]
+            # variants of multi-GPU settings (e.g. --ddp-reduce-dtype bf16): counts above 1 only,
+            # against the same 1-GPU run
+            runs += [ours_lm(ctx, gpus=n, label=f"ours ddp x{n}", variant=v) for v in variants for n in counts if n > 1]
         elif s == "zero":
             runs = [ours_lm(ctx, gpus=G, strategy=st, label=f"ours {st} x{G}") for st in ("ddp", "zero2", "zero3")]
+            # variants tune ZeRO-3 (e.g. --no-zero3-block-fetch): one more zero3 run each
+            runs += [ours_lm(ctx, gpus=G, strategy="zero3", label=f"ours zero3 x{G}", variant=v) for v in variants]
         elif s == "xl":
-            runs = [ours_lm(ctx, gpus=G, strategy=st, preset="gpt2-xl", batch=a.xl_batch_size, steps=a.xl_steps,
-                            warmup=a.xl_warmup, log_every=a.xl_log_every, timeout=a.xl_timeout,
-                            label=f"ours {'tiny-gpt2' if ctx.cpu else 'gpt2-xl'} {st} x{G}")
-                    for st in ("ddp", "zero2", "zero3", "zero3-offload")]
+            xl = dict(gpus=G, preset="gpt2-xl", batch=a.xl_batch_size, steps=a.xl_steps, warmup=a.xl_warmup,
+                      log_every=a.xl_log_every, timeout=a.xl_timeout)
+            name = "tiny-gpt2" if ctx.cpu else "gpt2-xl"
+            runs = [ours_lm(ctx, strategy=st, label=f"ours {name} {st} x{G}", **xl) for st in a.xl_strategies]
+            runs += [ours_lm(ctx, strategy="zero3", label=f"ours {name} zero3 x{G}", variant=v, **xl)
+                     for v in variants]
         elif s == "accum":
             g = a.accum_gpus
             k1 = ours_lm(ctx, gpus=g, accum=1, label="ours k=1")
@@ -217,7 +236,7 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
                          log_every=a.accum_log_every, label=f"ours k={a.accum_k}")
             runs = [k1, kk]
         elif s == "varlen":
-            runs = varlen_runs(ctx)
+            runs = varlen_runs(ctx, variants)
         else:
             raise SystemExit(f"unknown suite {s!r}; choose from {', '.join(SUITES)} or all")
         out[s] = runs
@@ -500,8 +519,8 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
         "windows": [[w[0], w[1]] for w in post],
         "tokens_per_sec_windows": [round(r["tokens_per_sec"], 1) for r in pick],
     }
-    if pick and "pad_frac" in pick[0]:  # if our trainer starts logging it, it wins over the replay
-        res["pad_frac"] = lib.median([r["pad_frac"] for r in pick])
+    if pick and "pad_pct" in pick[0]:  # measured by the trainer (padded positions it ran); wins over the replay
+        res["pad_frac"] = lib.median([r["pad_pct"] for r in pick]) / 100.0
     peaks = [r["peak_mem_gb"] for r in rows if "peak_mem_gb" in r]
     peaks += [float(m) for m in re.findall(r"peak_mem_gb=([0-9.]+)", text)]
     res["peak_mem_gb"] = max(peaks) if peaks else None
@@ -633,18 +652,21 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
                          + (", equal to the baseline's count" if same else
                             f"; WARNING: the baseline counted {counted[0]:,}"))
     elif suite == "scaling":
-        base = next((t for r, t in zip(runs, tps) if max(1, r.gpus) == 1), None)
         for r, t in zip(runs, tps):
+            base = next((t1 for r1, t1 in zip(runs, tps) if max(1, r1.gpus) == 1), None)
             n = max(1, r.gpus)
             eff = ratio(t, n * base) if base else None
-            out[f"efficiency_x{n}"] = eff
-            lines.append(f"- weak-scaling efficiency x{n} = tokens/s({n}) / ({n} × tokens/s(1)): **{fmt(eff, '.1%') if eff is not None else '–'}**")
+            tag = f" [{r.variant}]" if r.variant else ""
+            out[f"efficiency_x{n}" + (f"_{r.variant}" if r.variant else "")] = eff
+            lines.append(f"- weak-scaling efficiency x{n}{tag} = tokens/s({n}{tag}) / ({n} × tokens/s(1)): "
+                         f"**{fmt(eff, '.1%') if eff is not None else '–'}**")
     elif suite == "zero":
         base = tps[0]
         for r, t in zip(runs[1:], tps[1:]):
             q = ratio(t, base)
-            out[f"{r.strategy}_over_ddp"] = q
-            lines.append(f"- {r.strategy} ÷ ddp tokens/s: **{xfmt(q)}**; peak GiB (torch) "
+            name = r.strategy + (f" [{r.variant}]" if r.variant else "")
+            out[f"{r.strategy}{'_' + r.variant if r.variant else ''}_over_ddp"] = q
+            lines.append(f"- {name} ÷ ddp tokens/s: **{xfmt(q)}**; peak GiB (torch) "
                          f"{fmt(r.result.get('peak_mem_gb'), '.2f')} vs {fmt(runs[0].result.get('peak_mem_gb'), '.2f')}")
     elif suite == "accum":
         k1, kk = runs
@@ -656,20 +678,23 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
                      "and gradient syncs are saved; above 1 = overhead)")
         lines.append(f"- tokens/s k={kk.grad_accum} ÷ k=1: **{xfmt(ratio(tps[1], tps[0]))}**")
     elif suite == "varlen":
-        ours, hf = runs
-        measured = ours.result.get("pad_frac")
-        if measured is None and "pad_frac_sim" not in ours.result and ours.result.get("status") == "ok":
-            ours.result["pad_frac_sim"] = simulated_pad_frac(ctx, ours)
-        pf = measured if measured is not None else ours.result.get("pad_frac_sim")
-        how = "measured" if measured is not None else "sim."
-        hpf = hf.result.get("pad_frac")
-        out.update(ours_pad_frac_sim=pf, hf_pad_frac=hpf, ours_over_hf_nonpad=ratio(tps[0], tps[1]))
-        lines.append(f"- non-pad tokens/s, ours ÷ HF Trainer: **{xfmt(ratio(tps[0], tps[1]))}**")
-        lines.append(f"- padding fraction: ours {fmt(pf, '.1%') if pf is not None else '–'} ({how}), "
-                     f"HF Trainer {fmt(hpf, '.1%') if hpf is not None else '–'} (measured)")
-        if pf is not None and tps[0]:
-            lines.append(f"- ours padded tokens/s ({how}): {fmt(tps[0] / (1 - pf), 'int')}; "
-                         f"HF padded tokens/s: {fmt(tps[1] / (1 - hpf), 'int') if tps[1] and hpf is not None and hpf < 1 else '–'}")
+        hf = next(r for r in runs if r.impl == "hf_trainer")
+        hpf, htps = hf.result.get("pad_frac"), hf.result.get("tokens_per_sec")
+        out["hf_pad_frac"] = hpf
+        lines.append(f"- HF Trainer padding fraction: {fmt(hpf, '.1%') if hpf is not None else '–'} (measured); "
+                     f"HF padded tokens/s: {fmt(htps / (1 - hpf), 'int') if htps and hpf is not None and hpf < 1 else '–'}")
+        for ours in (r for r in runs if r.impl == "ours"):
+            otps = ours.result.get("tokens_per_sec")
+            measured = ours.result.get("pad_frac")
+            if measured is None and "pad_frac_sim" not in ours.result and ours.result.get("status") == "ok":
+                ours.result["pad_frac_sim"] = simulated_pad_frac(ctx, ours)
+            pf = measured if measured is not None else ours.result.get("pad_frac_sim")
+            how = "measured" if measured is not None else "sim."
+            key = "ours" + (f"_{ours.variant}" if ours.variant else "")
+            out.update({f"{key}_pad_frac": pf, f"{key}_over_hf_nonpad": ratio(otps, htps)})
+            lines.append(f"- {ours.label} ÷ HF Trainer, non-pad tokens/s: **{xfmt(ratio(otps, htps))}**; padding "
+                         f"{fmt(pf, '.1%') if pf is not None else '–'} ({how})"
+                         + (f"; padded tokens/s {fmt(otps / (1 - pf), 'int')}" if pf is not None and otps else ""))
     elif suite == "xl":
         for r in runs:
             lines.append(f"- {r.strategy}: {r.result.get('status', 'pending')}"
@@ -750,6 +775,10 @@ def parse_args(argv=None):
     g.add_argument("--log-every", type=int, default=None, help="our log window (default 10; 2 CPU)")
     g.add_argument("--ours-extra", default="", help="extra training flags for every run of ours, e.g. '--compile'")
     g.add_argument("--ours-compile", action="store_true", help="single: also run ours with --compile")
+    g.add_argument("--variant", action="append", default=[], metavar="SUITE:NAME=FLAGS",
+                   help="one more run of ours with these training flags, e.g. 'single:liger=--fused-ce --ce-kernel "
+                        "liger' (single: compiled, 1 GPU; scaling: every GPU count above 1, efficiency against the "
+                        "plain 1-GPU run; zero and xl: zero3; varlen: ours). Repeatable")
     g.add_argument("--lm-data", choices=("file", "builtin"), default="file",
                    help="file: corpus.txt repeated so one epoch covers the run (default); builtin: "
                         "--dataset builtin:corpus (43 blocks of 1024: too few for bs 16 on several GPUs)")
@@ -760,6 +789,8 @@ def parse_args(argv=None):
     g.add_argument("--xl-warmup", type=int, default=5)
     g.add_argument("--xl-log-every", type=int, default=5)
     g.add_argument("--xl-timeout", type=int, default=600)
+    g.add_argument("--xl-strategies", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+                   default=["ddp", "zero2", "zero3", "zero3-offload"], help="comma list (default: all four)")
     g = p.add_argument_group("accum suite")
     g.add_argument("--accum-k", type=int, default=8)
     g.add_argument("--accum-steps", type=int, default=None, help="timed k-step optimizer steps (default 20; 4 CPU)")
@@ -776,6 +807,14 @@ def parse_args(argv=None):
     g.add_argument("--compile-timeout", type=int, default=480, help="seconds per --compile run")
     g.add_argument("--peak-tflops", type=float, default=lib.H100_BF16_PEAK_FLOPS / 1e12)
     a = p.parse_args(argv)
+    a.variants = []
+    for spec in a.variant:
+        head, eq, flags = spec.partition("=")
+        suite, colon, name = head.partition(":")
+        if not (eq and colon and name.replace("-", "").isalnum() and suite in ("single", "scaling", "zero", "xl", "varlen")):
+            p.error(f"--variant expects SUITE:NAME=FLAGS with SUITE one of single, scaling, zero, xl, varlen and a "
+                    f"NAME of letters, digits and '-', got {spec!r}")
+        a.variants.append((suite, name, shlex.split(flags)))
     cpu = a.cpu_smoke
     defaults = dict(seq_len=(64, 1024), batch_size=(4, 16), steps=(4, 60), warmup=(2, 10), log_every=(2, 10),
                     accum_steps=(4, 20), accum_warmup=(2, 5), accum_log_every=(2, 5), varlen_batch_size=(8, 32),

@@ -15,6 +15,7 @@ from .strategies import PRECISIONS, STRATEGIES
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
 PRESETS = ("tiny-gpt2", "tiny-bert", "gpt2-small", "gpt2-xl")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 
 
 class ArgumentError(ValueError):
@@ -56,9 +57,14 @@ class TrainArgs:
     max_steps: int | None = None
     seed: int = 42
     compile: bool = False
+    compile_mode: str = "default"
     num_workers: int | None = None  # 2 on GPUs (batches prepared ahead), 0 on CPU
     sdpa_backend: str = "auto"
     fused_ce: bool = False
+    ce_kernel: str = "chunked"
+    ddp_reduce_dtype: str = "fp32"
+    ddp_bucket_mb: int = 25
+    zero3_block_fetch: bool = True
     mlm_probability: float = 0.15
     profile_steps: str | None = None
     # when
@@ -126,12 +132,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-steps", type=int, help="optimizer steps; overrides --epochs")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile)
+    g.add_argument("--compile-mode", choices=COMPILE_MODES, default=d.compile_mode,
+                   help="torch.compile mode with --compile (max-autotune* tune GEMMs; compiles take minutes)")
     g.add_argument("--num-workers", type=int, default=d.num_workers,
                    help="data loader workers (default: 2 on GPUs, 0 on CPU)")
     g.add_argument("--sdpa-backend", choices=("auto", "flash", "cudnn", "efficient", "math"), default=d.sdpa_backend,
                    help="attention kernel for SDPA models (auto: PyTorch's choice)")
     g.add_argument("--fused-ce", action=argparse.BooleanOptionalAction, default=d.fused_ce,
                    help="causal-lm: chunked LM head + cross-entropy that never materialises the full logits")
+    g.add_argument("--ce-kernel", choices=("chunked", "liger"), default=d.ce_kernel,
+                   help="--fused-ce implementation: our chunked one, or liger-kernel's (must be installed)")
+    g.add_argument("--ddp-reduce-dtype", choices=("fp32", "bf16", "fp16"), default=d.ddp_reduce_dtype,
+                   help="ddp: dtype of the gradient all-reduce (bf16/fp16 halve the bytes; gradients are "
+                        "averaged in that precision)")
+    g.add_argument("--ddp-bucket-mb", type=int, default=d.ddp_bucket_mb,
+                   help="ddp: gradient bucket size in MB (all-reduces start bucket by bucket during backward)")
+    g.add_argument("--zero3-block-fetch", action=argparse.BooleanOptionalAction, default=d.zero3_block_fetch,
+                   help="zero3: gather each transformer block's parameters at once (the model's "
+                        "_no_split_modules), not layer by layer")
     g.add_argument("--mlm-probability", type=float, default=d.mlm_probability)
     g.add_argument("--profile-steps", metavar="START:END",
                    help="profile these optimizer steps with torch.profiler; the table goes to the output folder")
@@ -182,6 +200,13 @@ def validate(a: TrainArgs) -> None:
             raise ArgumentError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if a.fused_ce and (a.task != "causal-lm" or a.strategy.startswith("zero3")):
         raise ArgumentError("--fused-ce applies to --task causal-lm without ZeRO-3 (whose LM head is sharded)")
+    if a.ddp_reduce_dtype != "fp32" and a.strategy != "ddp":
+        raise ArgumentError(f"--ddp-reduce-dtype applies to --strategy ddp, not {a.strategy} "
+                            "(DeepSpeed reduces in the training precision)")
+    if a.ddp_bucket_mb < 1:
+        raise ArgumentError(f"--ddp-bucket-mb must be at least 1, got {a.ddp_bucket_mb}")
+    if a.compile_mode != "default" and not a.compile:
+        raise ArgumentError(f"--compile-mode {a.compile_mode} needs --compile")
     if a.push_to_hub and not a.save_model:
         raise ArgumentError("--push-to-hub needs the saved model; drop --no-save-model")
     if a.profile_steps is not None:

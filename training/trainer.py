@@ -35,8 +35,9 @@ class Trainer:
     def setup(self) -> None:
         import torch
         from accelerate import Accelerator
-        from accelerate.utils import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedDataParallelKwargs,
-                                      InitProcessGroupKwargs, TorchDynamoPlugin, set_seed)
+        from accelerate.utils import (DataLoaderConfiguration, DDPCommunicationHookType, DeepSpeedPlugin,
+                                      DistributedDataParallelKwargs, InitProcessGroupKwargs, TorchDynamoPlugin,
+                                      set_seed)
 
         from . import data, modeling
 
@@ -46,10 +47,16 @@ class Trainer:
             # Started without a launcher: describe the one-process group torchrun would.
             os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+        if a.ddp_reduce_dtype == "bf16" and not torch.cuda.is_available():
+            raise data.DataError("--ddp-reduce-dtype bf16 needs GPUs (NCCL); gloo on CPU reduces fp32 or fp16")
         if self.strategy.value == "single" and world > 1:
             raise data.DataError(f"--strategy single runs one process, but {world} were started; use --strategy ddp")
         # Gradients live in DDP's buckets: no copy into them after backward, less memory.
-        ds_plugin, handlers = None, [DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
+        # A bf16/fp16 hook halves the all-reduce's bytes (opt-in: it averages in that precision).
+        hook = {"fp32": DDPCommunicationHookType.NO, "bf16": DDPCommunicationHookType.BF16,
+                "fp16": DDPCommunicationHookType.FP16}[a.ddp_reduce_dtype]
+        ds_plugin, handlers = None, [DistributedDataParallelKwargs(
+            gradient_as_bucket_view=True, bucket_cap_mb=a.ddp_bucket_mb, comm_hook=hook)]
         # TF32 for any fp32 matmul left (bf16/fp16 autocast covers the rest).
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -74,7 +81,7 @@ class Trainer:
             # The data order is ours (seed, epoch), so nothing needs syncing or drawing
             # from the global RNG.
             rng_types=[],
-            dynamo_plugin=TorchDynamoPlugin(backend="inductor") if a.compile else None,
+            dynamo_plugin=TorchDynamoPlugin(backend="inductor", mode=a.compile_mode) if a.compile else None,
             log_with="wandb" if a.report_to == "wandb" else None,
             kwargs_handlers=handlers,
         )
@@ -86,6 +93,8 @@ class Trainer:
         model = modeling.load_model(a, self.tokenizer, len(names) if names else None,
                                     dict(enumerate(names)) if names else None)
         self.num_parameters = modeling.count_parameters(model)
+        if self.strategy.zero_stage == 3 and a.zero3_block_fetch:
+            self._fetch_blocks_whole(model)
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
             a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda")
 
@@ -93,6 +102,20 @@ class Trainer:
         self.max_steps = a.max_steps if a.max_steps is not None else math.ceil(a.epochs * self.steps_per_epoch)
         optimizer = self._optimizer(model, torch)
         self.model, self.optimizer, self.train_dl, self.eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
+
+    def _fetch_blocks_whole(self, model) -> None:
+        """ZeRO-3 gathers parameters per module through Python hooks; for GPT-2's dozen small
+        layers per block that host overhead, not bandwidth, bounds the step. Making each
+        transformer block (the classes the model names in _no_split_modules, the unit FSDP
+        wraps) a ZeRO-3 leaf gathers a block at once: a block's parameters are live together,
+        which prefetching brings about anyway."""
+        from deepspeed.utils import set_z3_leaf_modules
+
+        names = set(getattr(model, "_no_split_modules", None) or ())
+        classes = sorted({type(m) for m in model.modules() if type(m).__name__ in names}, key=lambda c: c.__name__)
+        if classes:
+            set_z3_leaf_modules(model, classes)
+            self._print("zero3_fetch_unit=" + ",".join(c.__name__ for c in classes))
 
     def _optimizer(self, model, torch):
         a = self.args
@@ -203,13 +226,15 @@ class Trainer:
     def _fused_lm_loss(self, input_ids):
         import torch
 
-        from .losses import fused_causal_lm_loss
+        from .losses import fused_causal_lm_loss, liger_causal_lm_loss
 
         # Through the wrapped model (DDP needs its forward), with logits for one position
         # only; the LM head and loss run chunked in losses.py.
         out = self.model(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1)
         head = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.args.precision, torch.float32)
+        if self.args.ce_kernel == "liger":
+            return liger_causal_lm_loss(out.hidden_states[-1], head, input_ids, dtype=dtype)
         return fused_causal_lm_loss(out.hidden_states[-1], head, input_ids, dtype=dtype, compile_=self.args.compile)
 
     def _mask(self, batch, seed: tuple[int, ...]):

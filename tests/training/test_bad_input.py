@@ -48,6 +48,9 @@ CASES = {
     "garbage-parquet": (["--train-file", "{garbage}"], ["{garbage_name}"]),
     "nonexistent-file": (["--train-file", "{missing}"], ["--train-file", "{missing}"]),
     "unknown-builtin": (["--dataset", "builtin:nope"], ["--dataset", "builtin:nope"]),
+    "reduce-dtype-under-zero": (["--strategy", "zero2", "--ddp-reduce-dtype", "bf16"],
+                                ["--ddp-reduce-dtype", "--strategy ddp", "zero2"]),
+    "compile-mode-without-compile": (["--compile-mode", "max-autotune"], ["--compile-mode", "--compile"]),
 }
 
 

@@ -32,6 +32,22 @@ def ddp_pair(module_train, no_dropout_config):
     return one, two
 
 
+def test_fp16_gradient_reduce_stays_close_to_fp32(ddp_pair, module_train, no_dropout_config):
+    """--ddp-reduce-dtype registers DDP's compression hook: the all-reduce runs in fp16,
+    so losses move by rounding only (and do move: the hook really ran)."""
+    _, two = ddp_pair
+    common = ["--model-config", str(no_dropout_config), "--max-steps", "40", "--lr", "2e-3",
+              "--log-every", "10", "--eval-every", "20", "--report-to", "none",
+              "--validation-fraction", "0.2", "--max-eval-samples", str(EVAL_SAMPLES)]
+    half = module_train(*common, "--batch-size", "8", "--ddp-reduce-dtype", "fp16", name="ddp-fp16",
+                        processes=2)
+    assert half.returncode == 0, half.describe()
+    assert half.train_losses.keys() == two.train_losses.keys()
+    for step, loss in two.train_losses.items():
+        assert half.train_losses[step] == pytest.approx(loss, rel=1e-2), step
+    assert half.train_losses != two.train_losses
+
+
 def world_size(run) -> int:
     return json.loads((run.contract.model_dir / "training_args.json").read_text())["world_size"]
 
@@ -109,6 +125,7 @@ def test_zero3_causal_lm_generates_a_sample(train):
     run = train("--strategy", "zero3", "--task", "causal-lm", "--max-steps", "10", "--batch-size", "4",
                 "--log-every", "5", "--lr", "2e-3", "--generate-tokens", "8", "--report-to", "none", processes=2)
     assert run.returncode == 0, run.describe()
+    assert run.lines("zero3_fetch_unit=") == ["zero3_fetch_unit=GPT2Block"], run.describe()
     samples = run.lines("sample=")
     assert len(samples) == 1, run.describe()
     text = json.loads(samples[0][len("sample="):])
@@ -132,3 +149,18 @@ def test_zero2_follows_the_same_schedule_as_ddp(train):
     assert list(ddp.train_losses) == [3, 6, 9, 12]
     for step, loss in ddp.train_losses.items():
         assert zero2.train_losses[step] == pytest.approx(loss, rel=1e-5), step
+
+
+def test_zero3_block_fetch_changes_nothing_but_the_gathering(train, no_dropout_config):
+    """Gathering whole GPT-2 blocks (--zero3-block-fetch, the default) must train exactly
+    like ZeRO-3's per-layer gathering: same losses, step for step."""
+    common = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--strategy", "zero3",
+              "--max-steps", "8", "--batch-size", "4", "--log-every", "2", "--lr", "2e-3",
+              "--report-to", "none", "--no-save-model", "--generate-tokens", "0"]
+    block = train(*common, name="z3-block", processes=2)
+    layer = train(*common, "--no-zero3-block-fetch", name="z3-layer", processes=2)
+    assert block.returncode == 0 and layer.returncode == 0, block.describe() + layer.describe()
+    assert block.lines("zero3_fetch_unit=") and not layer.lines("zero3_fetch_unit=")
+    assert list(block.train_losses) == [2, 4, 6, 8]
+    for step, loss in layer.train_losses.items():
+        assert block.train_losses[step] == pytest.approx(loss, rel=1e-6), step
