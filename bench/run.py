@@ -194,10 +194,11 @@ def varlen_runs(ctx: Ctx, variants: list[tuple[str, list[str]]] = ()) -> list[Ru
                  **common) for v, flags in variants]
     return [
         Run(f"ours-cls-{name}-g{g}-b{bs}", "ours", "ours (dynamic padding, length-grouped)", ours,
-            strategy="ddp", log_every=a.log_every, timeout=a.timeout, needs=cls_needs, **common), *extra,
+            strategy="ddp", log_every=a.log_every, timeout=a.timeout, needs=cls_needs, **common),
         Run(f"hf-cls-{name}-g{g}-b{bs}", "hf_trainer", "HF Trainer (padding=max_length)", hf,
             strategy="ddp" if g > 1 else "single", log_every=None, timeout=a.timeout, needs=("transformers",),
             **common),
+        *extra,
     ]
 
 
@@ -210,8 +211,9 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
             runs = [ours_lm(ctx, gpus=1, label="ours (ddp, 1 process)")]
             if a.ours_compile:
                 runs.append(ours_lm(ctx, gpus=1, compile_=True, label="ours +compile"))
-            runs += [ours_lm(ctx, gpus=1, compile_=True, label="ours +compile", variant=v) for v in variants]
+            # baselines before variants: a deadline cuts variants, never the comparison
             runs += [hf_lm(ctx, compile_=False), hf_lm(ctx, compile_=True)]
+            runs += [ours_lm(ctx, gpus=1, compile_=True, label="ours +compile", variant=v) for v in variants]
         elif s == "scaling":
             counts = sorted({n for n in (1, 2, 4, 8, 16) if n <= G} | {G})
             runs = [ours_lm(ctx, gpus=n, label=f"ours ddp x{n}") for n in counts]

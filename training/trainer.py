@@ -220,7 +220,10 @@ class Trainer:
         elif self.args.task == "causal-lm":
             if self.args.fused_ce:
                 return self._fused_lm_loss(batch["input_ids"])
-            batch = {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
+            from .losses import causal_lm_loss
+
+            logits = self.model(input_ids=batch["input_ids"]).logits
+            return causal_lm_loss(logits, batch["input_ids"], compile_=self.args.compile)
         return self.model(**batch).loss
 
     def _fused_lm_loss(self, input_ids):
