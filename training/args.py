@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-workers", type=int, default=d.num_workers,
                    help="data loader workers (default: 2 on GPUs, 0 on CPU)")
     g.add_argument("--sdpa-backend", choices=("auto", "flash", "cudnn", "efficient", "math"), default=d.sdpa_backend,
-                   help="attention kernel for SDPA models (auto: PyTorch's choice)")
+                   help="attention kernel for SDPA models (auto: PyTorch's choice, without cuDNN for padded batches)")
     g.add_argument("--fused-ce", action=argparse.BooleanOptionalAction, default=d.fused_ce,
                    help="causal-lm: chunked LM head + cross-entropy that never materialises the full logits")
     g.add_argument("--ce-kernel", choices=("chunked", "liger"), default=d.ce_kernel,

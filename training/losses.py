@@ -1,5 +1,4 @@
-"""Causal-LM losses: the default next-token loss, and one that never materialises the full
-logits (`--fused-ce`).
+"""Causal-LM loss without materialising the full logits (`--fused-ce`).
 
 GPT-2's 50K-token vocabulary makes the logits the largest tensor of a step: 16 x 1024 x
 50304 values, which the standard path writes in bf16, upcasts to fp32, and reads again for
@@ -14,32 +13,6 @@ from __future__ import annotations
 import torch
 
 IGNORE = -100
-
-
-def _next_token_ce(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    # fp32 inside the kernels: the softmax is computed as precisely as transformers' loss,
-    # whose explicit `.float()` writes (and later re-reads) an fp32 copy of the whole logits.
-    vocab = logits.shape[-1]
-    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(),
-                                             input_ids[:, 1:].reshape(-1), ignore_index=IGNORE)
-
-
-_compiled_next_token_ce = None
-
-
-def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, *, compile_: bool) -> torch.Tensor:
-    """Mean next-token cross-entropy of packed blocks (every position is a real token).
-
-    The model returns its logits in the compute dtype (bf16 under autocast). Compiled, the
-    upcast fuses into the softmax's reduction and its gradient: the 16 x 1024 x 50304 fp32
-    copy is never written, which on GPT-2-small saves about 5% of a step.
-    """
-    global _compiled_next_token_ce
-    if not compile_:
-        return _next_token_ce(logits, input_ids)
-    if _compiled_next_token_ce is None:
-        _compiled_next_token_ce = torch.compile(_next_token_ce, dynamic=False)
-    return _compiled_next_token_ce(logits, input_ids)
 
 
 def _chunk(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
