@@ -59,6 +59,7 @@ class TrainArgs:
     compile: bool = False
     compile_mode: str = "default"
     num_workers: int | None = None  # 2 on GPUs (batches prepared ahead), 0 on CPU
+    pad_to_multiple_of: int | None = None  # padded batches: 8 on GPUs, 1 on CPU
     sdpa_backend: str = "auto"
     fused_ce: bool = False
     ce_kernel: str = "chunked"
@@ -134,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile)
     g.add_argument("--compile-mode", choices=COMPILE_MODES, default=d.compile_mode,
                    help="torch.compile mode with --compile (max-autotune* tune GEMMs; compiles take minutes)")
+    g.add_argument("--pad-to-multiple-of", type=int, default=d.pad_to_multiple_of,
+                   help="classification: round each batch's padded length up to a multiple of this "
+                        "(default: 8 on GPUs, 1 on CPU)")
     g.add_argument("--num-workers", type=int, default=d.num_workers,
                    help="data loader workers (default: 2 on GPUs, 0 on CPU)")
     g.add_argument("--sdpa-backend", choices=("auto", "flash", "cudnn", "efficient", "math"), default=d.sdpa_backend,
@@ -194,7 +198,8 @@ def validate(a: TrainArgs) -> None:
     for name in positive:
         if getattr(a, name) < 1:
             raise ArgumentError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
-    for name in ("eval_every", "save_every", "max_steps", "eval_batch_size", "max_train_samples", "max_eval_samples"):
+    for name in ("pad_to_multiple_of", "eval_every", "save_every", "max_steps", "eval_batch_size",
+                 "max_train_samples", "max_eval_samples"):
         value = getattr(a, name)
         if value is not None and value < (0 if name == "max_steps" else 1):
             raise ArgumentError(f"--{name.replace('_', '-')} must be positive, got {value}")

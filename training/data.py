@@ -268,8 +268,9 @@ def make_loaders(args: TrainArgs, data: PreparedData, tokenizer, world_size: int
     import torch
     from torch.utils.data import DataLoader
 
-    # On GPUs, round padded lengths to a multiple of 8 for the tensor cores.
-    collate = collator(tokenizer, data.padded, 8 if use_cuda else None)
+    # On GPUs, round padded lengths to a multiple of 8 by default for the tensor cores.
+    multiple = args.pad_to_multiple_of if args.pad_to_multiple_of is not None else (8 if use_cuda else None)
+    collate = collator(tokenizer, data.padded, multiple if multiple and multiple > 1 else None)
     train_sampler = EpochBatchSampler(len(data.train), args.batch_size * world_size, args.seed,
                                       lengths=data.lengths)
     if len(train_sampler) == 0:

@@ -51,6 +51,7 @@ CASES = {
     "reduce-dtype-under-zero": (["--strategy", "zero2", "--ddp-reduce-dtype", "bf16"],
                                 ["--ddp-reduce-dtype", "--strategy ddp", "zero2"]),
     "compile-mode-without-compile": (["--compile-mode", "max-autotune"], ["--compile-mode", "--compile"]),
+    "zero-pad-multiple": (["--pad-to-multiple-of", "0"], ["--pad-to-multiple-of"]),
 }
 
 

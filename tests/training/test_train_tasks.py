@@ -143,3 +143,17 @@ def test_fused_cross_entropy_matches_the_standard_loss(train):
     for step, loss in plain.train_losses.items():
         assert fused.train_losses[step] == pytest.approx(loss, rel=1e-5), step
     assert "Self CPU" in (plain.contract.output_dir / "profile.txt").read_text()
+
+
+def test_padding_is_measured_and_follows_pad_to_multiple_of(task_runs, train):
+    """Classification pads each batch to its longest example (pad_pct is measured from the
+    attention masks); --pad-to-multiple-of rounds that width up, so padding grows with it."""
+    plain = task_runs["classification-tiny-gpt2"]
+    coarse = train("--task", "classification", "--preset", "tiny-gpt2", "--max-steps", "30", "--log-every", "15",
+                   "--lr", "2e-3", "--report-to", "none", "--no-save-model", "--pad-to-multiple-of", "64")
+    assert coarse.returncode == 0, coarse.describe()
+    tight = [m["pad_pct"] for m in plain.metrics if "pad_pct" in m]
+    wide = [m["pad_pct"] for m in coarse.metrics if "pad_pct" in m]
+    assert tight and wide
+    # Length-grouped batches leave little padding; widths rounded to 64 tokens leave far more.
+    assert max(tight) < 10 < min(wide), (tight, wide)
