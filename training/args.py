@@ -205,6 +205,8 @@ def validate(a: TrainArgs) -> None:
             raise ArgumentError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if a.fused_ce and (a.task != "causal-lm" or a.strategy.startswith("zero3")):
         raise ArgumentError("--fused-ce applies to --task causal-lm without ZeRO-3 (whose LM head is sharded)")
+    if a.ce_kernel != "chunked" and not a.fused_ce:
+        raise ArgumentError(f"--ce-kernel {a.ce_kernel} picks the --fused-ce implementation; add --fused-ce")
     if a.ddp_reduce_dtype != "fp32" and a.strategy != "ddp":
         raise ArgumentError(f"--ddp-reduce-dtype applies to --strategy ddp, not {a.strategy} "
                             "(DeepSpeed reduces in the training precision)")

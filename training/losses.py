@@ -80,10 +80,7 @@ def fused_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, input_ids: 
 def liger_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor, *,
                          dtype: torch.dtype) -> torch.Tensor:
     """The same loss through liger-kernel's fused linear cross-entropy (Triton, CUDA only)."""
-    try:
-        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-    except ImportError:
-        raise RuntimeError("--ce-kernel liger needs the liger-kernel package: pip install liger-kernel") from None
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss  # checked at setup
     h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
     y = input_ids[:, 1:].reshape(-1)
     with torch.autocast(device_type=hidden.device.type, enabled=False):

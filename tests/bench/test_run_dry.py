@@ -1,0 +1,45 @@
+"""bench/run.py plans its runs without a GPU (--dry-run): the suites, the variants, and
+the errors for a malformed --variant."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def dry_run(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "--dry-run", *flags],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_variants_add_runs_with_their_flags():
+    r = dry_run("--suite", "single,scaling,zero,varlen", "--gpus", "4",
+                "--variant", "single:liger=--fused-ce --ce-kernel liger",
+                "--variant", "scaling:bf16=--ddp-reduce-dtype bf16",
+                "--variant", "zero:layer=--no-zero3-block-fetch",
+                "--variant", "varlen:pad1=--pad-to-multiple-of 1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    commands = {lines[i].split("  [")[0][2:]: lines[i + 1] for i, line in enumerate(lines[:-1])
+                if line.startswith("# ours") or line.startswith("# HF")}
+    assert commands["ours +compile [liger]"].endswith("--compile --fused-ce --ce-kernel liger")
+    # scaling variants: every count above 1, against the plain 1-GPU run
+    assert "ours ddp x2 [bf16]" in commands and "ours ddp x4 [bf16]" in commands
+    assert "ours ddp x1 [bf16]" not in commands
+    assert commands["ours ddp x4 [bf16]"].endswith("--ddp-reduce-dtype bf16")
+    assert "--processes 4" in commands["ours ddp x4 [bf16]"]
+    zero3_layer = commands["ours zero3 x4 [layer]"]
+    assert "--strategy zero3" in zero3_layer and zero3_layer.endswith("--no-zero3-block-fetch")
+    assert commands["ours (dynamic padding, length-grouped) [pad1]"].endswith("--pad-to-multiple-of 1")
+    # the baselines are planned before the variants, so a deadline cuts variants first
+    labels = list(commands)
+    assert labels.index("HF Trainer compile") < labels.index("ours +compile [liger]")
+
+
+def test_malformed_variant_is_refused():
+    r = dry_run("--suite", "single", "--gpus", "1", "--variant", "liger=--fused-ce")
+    assert r.returncode == 2
+    assert "--variant expects SUITE:NAME=FLAGS" in r.stderr
