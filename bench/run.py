@@ -768,6 +768,7 @@ def parse_args(argv=None):
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="tiny CPU plumbing check: tiny models, CPU processes (--gpus = processes, default 2)")
+    p.add_argument("--only", metavar="REGEX", help="run only the runs whose id matches (ids: see --dry-run logs)")
     p.add_argument("--deadline-min", type=float, help="start no run after this many minutes; clamp timeouts to it")
     g = p.add_argument_group("shapes and steps (124M suites)")
     g.add_argument("--seq-len", type=int, default=None, help="default 1024 (64 with --cpu-smoke)")
@@ -859,6 +860,8 @@ def main(argv=None) -> int:
     ctx = Ctx(a, gpus, work, work / "data" / "lm_corpus.txt", work / "data" / "varlen.jsonl", work / "data" / "bert-base",
               a.cpu_smoke, a.peak_tflops * 1e12)
     suites = build_suites(ctx, names)
+    if a.only:  # keep the runs whose id matches, e.g. --only compile
+        suites = {k: [r for r in rs if re.search(a.only, r.id)] for k, rs in suites.items()}
     all_runs: list[Run] = [r for rs in suites.values() for r in rs]
     unique: dict = {}
     for r in all_runs:
