@@ -87,6 +87,10 @@ def test_training_argv_combines_spec_and_raw_flags():
     assert argv[argv.index("--strategy") + 1] == "zero2" and argv[-2:] == ["--max-steps", "5"]
     with pytest.raises(UserError, match="training arguments: argument --task: invalid choice"):
         load_spec(None, {"train_args": ["--task", "nope"]}).check_training_args("no", "x")
+    # Flags that only fit some strategies are checked against the spec's strategy at plan time.
+    zero2_bf16 = load_spec(None, {"strategy": "zero2", "hyperparameters": {"ddp_reduce_dtype": "bf16"}})
+    with pytest.raises(UserError, match="--ddp-reduce-dtype applies to --strategy ddp, not zero2"):
+        zero2_bf16.check_training_args("bf16", "x")
 
 
 def test_hub_push_needs_a_token_reference():
