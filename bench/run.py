@@ -527,6 +527,9 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
     peaks += [float(m) for m in re.findall(r"peak_mem_gb=([0-9.]+)", text)]
     res["peak_mem_gb"] = max(peaks) if peaks else None
     res["complete"] = bool(windows) and windows[-1][1] >= run.warmup + run.steps
+    prof = next((line for line in text.splitlines() if line.startswith("profile_steps=")), None)
+    if prof:  # --profile-steps: per-step GPU busy, collective and exposed-collective milliseconds
+        res["profile"] = lib.parse_kv(prof)
     if note:
         res["note"] = note
     return res
@@ -701,6 +704,13 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
         for r in runs:
             lines.append(f"- {r.strategy}: {r.result.get('status', 'pending')}"
                          + (f" — {r.result.get('error')}" if r.result.get("error") else ""))
+    for r in runs:
+        p = r.result.get("profile")
+        if p and len(p) > 1:
+            lines.append(f"- {r.label}, profiled steps {p['profile_steps']} (ms per step): GPU busy "
+                         f"{p.get('profile_gpu_busy_ms')}, idle {p.get('profile_gpu_idle_ms')}, collectives "
+                         f"{p.get('profile_comm_ms')}, of which not overlapped by compute "
+                         f"{p.get('profile_exposed_comm_ms')}")
     return lines, out
 
 

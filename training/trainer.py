@@ -14,11 +14,11 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from .args import TrainArgs
 from .contract import Contract
+from .profiling import Profiler
 from .strategies import deepspeed_config, parse_strategy
 
 STOP_EXIT_CODE = 143  # 128 + SIGTERM: stopped on request, state saved
@@ -156,7 +156,7 @@ class Trainer:
         self.contract.output_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_file = self.contract.output_dir / "metrics.jsonl"
 
-        profiler = _Profiler(a.profile_steps, acc, self.contract.output_dir)
+        profiler = Profiler(a.profile_steps, acc, self.contract.output_dir)
         progress = self._progress(initial=state["step"])
         window = _Window()
         self.model.train()
@@ -421,47 +421,6 @@ class Trainer:
 
         return tqdm(total=self.max_steps, initial=initial, desc="train", dynamic_ncols=True,
                     disable=not self.accelerator.is_main_process or not sys.stderr.isatty())
-
-
-class _Profiler:
-    """torch.profiler over optimizer steps START..END on the main process (--profile-steps)."""
-
-    def __init__(self, spec: str | None, accelerator, output_dir: Path):
-        self.prof = None
-        if not spec or not accelerator.is_main_process:
-            return
-        self.start, self.end = (int(x) for x in spec.split(":"))
-        self.output_dir = output_dir
-
-    def step(self, step: int) -> None:
-        if not hasattr(self, "start"):
-            return
-        import torch
-
-        if step == self.start and self.prof is None:
-            acts = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                acts.append(torch.profiler.ProfilerActivity.CUDA)
-            self.prof = torch.profiler.profile(activities=acts)
-            self.prof.__enter__()
-        elif step == self.end and self.prof is not None:
-            self.close()
-
-    def close(self) -> None:
-        if self.prof is None:
-            return
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.prof.__exit__(None, None, None)
-        key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-        table = self.prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=80)
-        (self.output_dir / "profile.txt").write_text(table)
-        print("profile (steps %d-%d), top kernels:\n%s" % (self.start, self.end,
-              "\n".join(table.splitlines()[:16])), flush=True)
-        self.prof = None
-        del self.start
 
 
 class _Window:

@@ -3,6 +3,7 @@ the model folder is complete, and W&B (no API key) writes an offline run under t
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 
@@ -142,7 +143,11 @@ def test_fused_cross_entropy_matches_the_standard_loss(train):
     assert list(plain.train_losses) == [2, 4, 6]
     for step, loss in plain.train_losses.items():
         assert fused.train_losses[step] == pytest.approx(loss, rel=1e-5), step
-    assert "Self CPU" in (plain.contract.output_dir / "profile.txt").read_text()
+    profile = (plain.contract.output_dir / "profile.txt").read_text()
+    assert "Self CPU" in profile and "profile_steps=2-4" in profile
+    assert plain.lines("profile_steps=") == ["profile_steps=2-4"]  # no GPU kernels on CPU
+    with gzip.open(plain.contract.output_dir / "trace.json.gz", "rt") as f:
+        assert json.load(f)["traceEvents"]
 
 
 def test_padding_is_measured_and_follows_pad_to_multiple_of(task_runs, train):

@@ -1,0 +1,120 @@
+"""`--profile-steps START:END`: torch.profiler over those optimizer steps on the main process.
+
+Writes to the output folder:
+- `profile.txt`: the top kernels by device time, followed by the timeline summary;
+- `trace.json.gz`: a Chrome/Perfetto trace.
+
+It also prints one `profile_...` key=value line per run, with these figures per step:
+- GPU busy time;
+- collective (NCCL) time;
+- the part of the collective time that no compute kernel overlaps.
+
+That last figure is what a multi-GPU step pays for its communication.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+Interval = tuple[float, float]
+
+
+def merge(intervals: Iterable[Interval]) -> list[Interval]:
+    """The union of intervals, as sorted disjoint intervals."""
+    out: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(s, e) for s, e in out]
+
+
+def length(merged: list[Interval]) -> float:
+    return sum(e - s for s, e in merged)
+
+
+def overlap(a: list[Interval], b: list[Interval]) -> float:
+    """Total length of the intersection of two merged interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def is_collective(kernel_name: str) -> bool:
+    return "nccl" in kernel_name.lower()
+
+
+def timeline_summary(kernels: list[tuple[str, float, float]], steps: int) -> dict[str, float]:
+    """Per-step milliseconds from GPU kernel intervals (name, start_us, end_us)."""
+    if not kernels:
+        return {}
+    comm = merge((s, e) for n, s, e in kernels if is_collective(n))
+    compute = merge((s, e) for n, s, e in kernels if not is_collective(n))
+    busy = merge([*comm, *compute])
+    span = max(e for _, _, e in kernels) - min(s for _, s, _ in kernels)
+    per_step_ms = 1.0 / (1000.0 * max(steps, 1))
+    comm_total = length(comm)
+    return {
+        "profile_gpu_busy_ms": length(busy) * per_step_ms,
+        "profile_gpu_idle_ms": (span - length(busy)) * per_step_ms,
+        "profile_comm_ms": comm_total * per_step_ms,
+        "profile_exposed_comm_ms": (comm_total - overlap(comm, compute)) * per_step_ms,
+    }
+
+
+class Profiler:
+    """Profiles optimizer steps [start, end) when the training loop calls step(n) after each."""
+
+    def __init__(self, spec: str | None, accelerator, output_dir: Path):
+        self.prof = None
+        self.start = self.end = None
+        if spec and accelerator.is_main_process:
+            self.start, self.end = (int(x) for x in spec.split(":"))
+        self.output_dir = output_dir
+
+    def step(self, step: int) -> None:
+        if self.start is None:
+            return
+        import torch
+
+        if step == self.start and self.prof is None:
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            self.prof = torch.profiler.profile(activities=acts)
+            self.prof.__enter__()
+        elif step == self.end and self.prof is not None:
+            self.close()
+
+    def close(self) -> None:
+        if self.prof is None:
+            return
+        import torch
+        from torch.autograd import DeviceType
+
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+        self.prof.__exit__(None, None, None)
+        key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        table = self.prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=80)
+        kernels = [(e.name, e.time_range.start, e.time_range.end) for e in self.prof.events()
+                   if e.device_type == DeviceType.CUDA]
+        summary = timeline_summary(kernels, self.end - self.start)
+        line = " ".join([f"profile_steps={self.start}-{self.end}"] + [f"{k}={v:.3f}" for k, v in summary.items()])
+        (self.output_dir / "profile.txt").write_text(table + "\n" + line + "\n")
+        self.prof.export_chrome_trace(str(self.output_dir / "trace.json.gz"))
+        print("profile (steps %d-%d), top kernels:\n%s" % (self.start, self.end,
+              "\n".join(table.splitlines()[:16])), flush=True)
+        print(line, flush=True)
+        self.prof = None
+        self.start = None
