@@ -112,7 +112,10 @@ class Profiler:
         summary = timeline_summary(kernels, self.end - self.start)
         line = " ".join([f"profile_steps={self.start}-{self.end}"] + [f"{k}={v:.3f}" for k, v in summary.items()])
         (self.output_dir / "profile.txt").write_text(table + "\n" + line + "\n")
-        self.prof.export_chrome_trace(str(self.output_dir / "trace.json.gz"))
+        try:
+            self.prof.export_chrome_trace(str(self.output_dir / "trace.json.gz"))
+        except OSError as err:  # a diagnostic: a full disk must not end the training run
+            print(f"profile_trace_error={type(err).__name__}", flush=True)
         print("profile (steps %d-%d), top kernels:\n%s" % (self.start, self.end,
               "\n".join(table.splitlines()[:16])), flush=True)
         print(line, flush=True)
