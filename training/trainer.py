@@ -63,7 +63,6 @@ class Trainer:
         # TF32 for any fp32 matmul left (bf16/fp16 autocast covers the rest).
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        _select_sdpa_backend(a.sdpa_backend, padded=a.task == "classification")
         if self.strategy.uses_deepspeed:
             ds_plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config(
                 self.strategy, micro_batch_size=a.batch_size, grad_accum=a.grad_accum, world_size=world,
@@ -92,6 +91,7 @@ class Trainer:
         set_seed(a.seed)
         self.tokenizer = modeling.load_tokenizer(a)
         self.data = data.prepare(a, self.contract, self.tokenizer, acc.main_process_first)
+        _select_sdpa_backend(a.sdpa_backend, padded=self.data.padded)
         names = self.data.label_names
         model = modeling.load_model(a, self.tokenizer, len(names) if names else None,
                                     dict(enumerate(names)) if names else None)
@@ -122,12 +122,15 @@ class Trainer:
 
     def _optimizer(self, model, torch):
         a = self.args
-        no_decay = ("bias", "norm", "ln_", "layernorm", "embeddings.LayerNorm")
+        # No weight decay on biases and normalisation weights: exactly the 1-D parameters.
+        # ZeRO-3 has already partitioned them into flat shards: their shape is in ds_shape.
         decay, other = [], []
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.requires_grad:
-                (other if p.ndim < 2 or any(k in name.lower() for k in no_decay) else decay).append(p)
+                (other if len(getattr(p, "ds_shape", p.shape)) < 2 else decay).append(p)
         groups = [{"params": decay, "weight_decay": a.weight_decay}, {"params": other, "weight_decay": 0.0}]
+        count = lambda ps: sum(getattr(p, "ds_numel", p.numel()) for p in ps)  # noqa: E731
+        self._print(f"optimizer_params decay={count(decay)} no_decay={count(other)}")
         if self.strategy.offload:
             from deepspeed.ops.adam import DeepSpeedCPUAdam  # the optimizer runs where its state lives
 

@@ -161,6 +161,13 @@ def test_zero3_block_fetch_changes_nothing_but_the_gathering(train, no_dropout_c
     layer = train(*common, "--no-zero3-block-fetch", name="z3-layer", processes=2)
     assert block.returncode == 0 and layer.returncode == 0, block.describe() + layer.describe()
     assert block.lines("zero3_fetch_unit=") and not layer.lines("zero3_fetch_unit=")
+    # Weight decay is split by the parameters' real shapes, not ZeRO-3's flat shards.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(**json.loads(no_dropout_config.read_text())))
+    decay = sum(p.numel() for p in model.parameters() if p.ndim >= 2)
+    no_decay = sum(p.numel() for p in model.parameters() if p.ndim < 2)
+    assert block.lines("optimizer_params") == [f"optimizer_params decay={decay} no_decay={no_decay}"]
     assert list(block.train_losses) == [2, 4, 6, 8]
     for step, loss in layer.train_losses.items():
         assert block.train_losses[step] == pytest.approx(loss, rel=1e-6), step
