@@ -23,9 +23,9 @@ def _bucket_region(s3: Any, name: str) -> str:
     return {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(location, location)
 
 
-def default_bucket(region: str) -> str:
+def default_bucket(account: str, region: str) -> str:
     """The name of the per-account, per-region default bucket (not created; see ensure_bucket)."""
-    return f"distrain-cloud-{aws.account_id(region)}-{region}"
+    return f"distrain-cloud-{account}-{region}"
 
 
 def ensure_bucket(name: str, region: str) -> str:

@@ -155,7 +155,8 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
-            raise UserError(f"{flag} expects NAME=VALUE, got {item.split('=')[0]!r}...")
+            # Name the flag only: a value pasted without NAME= may be the secret itself.
+            raise UserError(f"{flag} expects NAME=VALUE (one of them is not)")
         out[key] = value
     return out
 

@@ -99,6 +99,12 @@ class JobSpec(BaseModel):
     def _duration(cls, v):
         return None if v is None else parse_duration(v)
 
+    @field_validator("instance")
+    @classmethod
+    def _normalise_instance(cls, value: str) -> str:
+        # One spelling everywhere after this: the request, the quota check, the backend choice.
+        return value.strip().lower()
+
     @field_validator("strategy")
     @classmethod
     def _strategy(cls, v: str) -> str:

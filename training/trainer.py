@@ -19,7 +19,7 @@ from typing import Any
 from .args import TrainArgs
 from .contract import Contract
 from .profiling import Profiler
-from .strategies import deepspeed_config, parse_strategy
+from .strategies import deepspeed_config_for, parse_strategy
 
 STOP_EXIT_CODE = 143  # 128 + SIGTERM: stopped on request, state saved
 
@@ -64,9 +64,7 @@ class Trainer:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         if self.strategy.uses_deepspeed:
-            ds_plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config(
-                self.strategy, micro_batch_size=a.batch_size, grad_accum=a.grad_accum, world_size=world,
-                precision=a.precision, max_grad_norm=a.max_grad_norm))
+            ds_plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config_for(a, world))
             if not torch.cuda.is_available():
                 # Without a named backend accelerate counts one process under DeepSpeed on
                 # CPU while DeepSpeed sees them all; gloo makes both agree.

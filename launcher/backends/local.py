@@ -15,15 +15,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.training.contract import Contract
 from distrain_cloud.training.node_launch import plan_node
-from distrain_cloud.training.strategies import deepspeed_config, parse_strategy
+from distrain_cloud.training.strategies import deepspeed_config_for, parse_strategy
 
 from ..plan import Check, Plan, unique_job_name
-from ..spec import JobSpec
+
+if TYPE_CHECKING:
+    from ..spec import JobSpec
 
 
 def local_gpus() -> tuple[int, tuple[int, int] | None]:
@@ -85,10 +87,7 @@ class LocalBackend:
         if strategy.uses_deepspeed:
             from distrain_cloud.training.args import parse_args
 
-            a = parse_args(argv)
-            configs["deepspeed_config"] = deepspeed_config(
-                strategy, micro_batch_size=a.batch_size, grad_accum=a.grad_accum, world_size=processes,
-                precision=precision, max_grad_norm=a.max_grad_norm)
+            configs["deepspeed_config"] = deepspeed_config_for(parse_args(argv), processes)
         stack = _has_training_stack()
         checks = [
             Check("training arguments parse", True),

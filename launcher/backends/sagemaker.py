@@ -14,16 +14,19 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError
+from distrain_cloud.infra.resources import default_bucket
 from distrain_cloud.training.args import argv_to_hyperparameters, parse_args
-from distrain_cloud.training.strategies import ClusterShape, accelerate_config, deepspeed_config, parse_strategy
+from distrain_cloud.training.contract import SAGEMAKER_CHECKPOINT_DIR
+from distrain_cloud.training.strategies import ClusterShape, accelerate_config, deepspeed_config_for, parse_strategy
 
 from ..plan import Check, Plan, unique_job_name
-from ..spec import JobSpec
 
-CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+if TYPE_CHECKING:
+    from ..spec import JobSpec
+
 CODE_CHANNEL = "code"
 TAG_PREFIX = "distrain-cloud:"
 # What the job runs. Kept in the request (ContainerEntrypoint) so the plan shows it all.
@@ -49,16 +52,9 @@ class TrainingJobStatus(str, Enum):
     Stopped = "Stopped"
     Deleting = "Deleting"  # an ended job being deleted
 
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL
-
 
 TERMINAL = frozenset({TrainingJobStatus.Completed, TrainingJobStatus.Failed, TrainingJobStatus.Stopped,
                       TrainingJobStatus.Deleting})
-# Secondary statuses worth naming; Interrupted and MaxWaitTimeExceeded only happen on spot.
-SECONDARY_TERMINAL = frozenset({"Completed", "Failed", "Stopped", "MaxRuntimeExceeded", "MaxWaitTimeExceeded",
-                                "Interrupted"})
 # What a secondary status means, for `status` when SageMaker gives no FailureReason.
 SECONDARY_DETAIL = {
     "Interrupted": "spot capacity was reclaimed; SageMaker restarts the job when capacity returns and it resumes "
@@ -111,7 +107,7 @@ class SageMakerBackend:
 
         checks: list[Check] = [region_check]
         account, role_arn = self._account_and_role(spec, region, dry_run, checks)
-        bucket = spec.sagemaker.bucket or f"distrain-cloud-{account}-{region}"
+        bucket = spec.sagemaker.bucket or default_bucket(account, region)
         prefix = spec.sagemaker.prefix.strip("/")
         bundle = build_bundle(repo_root())
         code_key = bundle_key(prefix, bundle.sha256)
@@ -121,12 +117,13 @@ class SageMakerBackend:
         processes = max(instance.gpus, 1)
         cluster = ClusterShape(num_nodes=spec.nodes, processes_per_node=processes, main_addr="algo-1",
                                use_cpu=not instance.gpus)
-        configs: dict[str, Any] = {"accelerate_config (node 0)": accelerate_config(
-            strategy, cluster, precision=precision)}
+        try:
+            configs: dict[str, Any] = {"accelerate_config (node 0)": accelerate_config(
+                strategy, cluster, precision=precision)}
+        except ValueError as e:  # e.g. --strategy single on a multi-GPU instance
+            raise UserError(str(e)) from None
         if strategy.uses_deepspeed:
-            configs["deepspeed_config"] = deepspeed_config(
-                strategy, micro_batch_size=train.batch_size, grad_accum=train.grad_accum,
-                world_size=cluster.world_size, precision=precision, max_grad_norm=train.max_grad_norm)
+            configs["deepspeed_config"] = deepspeed_config_for(train, cluster.world_size)
 
         max_wait = spec.max_wait or (spec.max_run * 2 if spec.spot else None)
         request = self._request(spec, job_name, image.uri, role_arn, bucket, prefix, code_key, checkpoint_uri,
@@ -235,7 +232,7 @@ class SageMakerBackend:
                                "VolumeSizeInGB": spec.sagemaker.volume_size_gb},
             "StoppingCondition": stopping,
             "EnableManagedSpotTraining": spec.spot,
-            "CheckpointConfig": {"S3Uri": checkpoint_uri, "LocalPath": CHECKPOINT_LOCAL_PATH},
+            "CheckpointConfig": {"S3Uri": checkpoint_uri, "LocalPath": SAGEMAKER_CHECKPOINT_DIR},
             "Environment": environment,
             "Tags": tags,
         }

@@ -205,7 +205,7 @@ def test_non_aws_errors_pass_through(aws_credentials):
 
 def test_account_id(mocked_aws):
     assert aws.account_id() == ACCOUNT
-    assert resources.default_bucket("eu-west-1") == f"distrain-cloud-{ACCOUNT}-eu-west-1"
+    assert resources.default_bucket(aws.account_id(), "eu-west-1") == f"distrain-cloud-{ACCOUNT}-eu-west-1"
 
 
 @pytest.mark.parametrize("region, location", [("us-east-1", None), ("eu-west-1", "eu-west-1")])

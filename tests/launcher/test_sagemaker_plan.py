@@ -126,6 +126,15 @@ def test_deepspeed_batch_is_computed_from_the_real_world_size(offline):
     assert ds["bf16"]["enabled"] and not ds["fp16"]["enabled"]
 
 
+def test_single_strategy_on_a_multi_gpu_instance_is_a_user_error(offline):
+    with pytest.raises(UserError, match="strategy 'single' runs one process, but the cluster has 4; use --strategy ddp"):
+        dry(strategy="single")
+
+
+def test_the_instance_is_sent_in_sagemaker_spelling(offline):
+    assert dry(instance="ml.P3.8xlarge").request["ResourceConfig"]["InstanceType"] == "ml.p3.8xlarge"
+
+
 def test_bf16_on_a_v100_is_refused_with_the_fix(offline):
     with pytest.raises(UserError, match=r"bf16 needs compute capability >= 8.0; ml.p3.8xlarge .*--precision fp16"):
         dry(precision="bf16")
@@ -426,3 +435,11 @@ def test_cli_incompatible_image_is_one_line(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("error: image ") and "ml.p3.8xlarge" in line and "drop --image-uri" in line
+
+
+def test_a_malformed_secret_flag_never_echoes_what_was_pasted(tmp_path):
+    r = cli("submit", str(EXAMPLE), "--secret", "hf_pastedtokenvalue", "--dry-run", env=_no_aws_env(tmp_path),
+            cwd=tmp_path)
+    assert r.returncode != 0
+    assert "--secret expects NAME=VALUE" in r.stderr
+    assert "pastedtokenvalue" not in r.stderr + r.stdout

@@ -96,3 +96,8 @@ def test_training_argv_combines_spec_and_raw_flags():
 def test_hub_push_needs_a_token_reference():
     with pytest.raises(UserError, match="add --secret HF_TOKEN="):
         load_spec(None, {"hub": {"repo_id": "me/model"}}).check_training_args("no", "x")
+
+
+def test_instance_is_spelled_one_way():
+    assert load_spec(None, {"instance": " ml.G5.xlarge "}).instance == "ml.g5.xlarge"
+    assert load_spec(None, {"instance": "LOCAL"}).backend == "local"
