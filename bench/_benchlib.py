@@ -19,6 +19,7 @@ CORPUS = ASSETS / "corpus.txt"
 
 # Dense BF16 peak of one H100 SXM (no sparsity). Override with --peak-tflops.
 H100_BF16_PEAK_FLOPS = 989e12
+LR = 5e-4  # both implementations: the peak learning rate (linear decay)
 
 # Required on the GPU machines (NVLink multicast / NVLS must stay off). Never remove.
 REQUIRED_ENV = {
@@ -27,8 +28,8 @@ REQUIRED_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 
-# The same model shapes as training/modeling.py's presets (kept in sync by hand;
-# run.py --cpu-smoke checks the parameter count against the baseline's real count).
+# The same model shapes as training/modeling.py's presets, restated so that --dry-run needs
+# no installed package; tests/bench/test_run_dry.py keeps the two equal.
 GPT2_SHAPES = {
     "tiny-gpt2": {"n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 512, "vocab_size": None},
     "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50304},

@@ -69,7 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--data-file", help="lm: a .txt (one document per line); classification: a .jsonl (text,label)")
     p.add_argument("--num-examples", type=int, default=None,
                    help="classification without --data-file: size of the synthetic set (default: enough for the run)")
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--lr", type=float, default=lib.LR)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--num-workers", type=int, default=0)

@@ -99,17 +99,13 @@ def ours_cmd(ctx: Ctx, *, gpus: int, strategy: str, task: str, batch: int, accum
     cmd = [sys.executable, "-m", "distrain_cloud.training.node_launch", "--processes", str(max(1, gpus)), "--",
            "--task", task, *model_flags, *data_flags, "--strategy", strategy, "--precision", ctx.precision,
            "--batch-size", str(batch), "--grad-accum", str(accum), "--max-steps", str(total_steps),
-           "--log-every", str(log_every), "--report-to", "none",
+           "--log-every", str(log_every), "--report-to", "none", "--lr", str(lib.LR),
            # keep the untimed tail short: a small final evaluation, one generated token
            "--max-eval-samples", str(ctx.a.eval_samples), "--generate-tokens", "1"]
     cmd.append("--no-save-model")  # the final save is untimed; skipping it saves budget
     if compile_:
         cmd.append("--compile")
-    if ctx.a.ours_extra:
-        import shlex
-
-        cmd += shlex.split(ctx.a.ours_extra)
-    return cmd + list(extra)
+    return cmd + shlex.split(ctx.a.ours_extra) + list(extra)
 
 
 def lm_data_flags(ctx: Ctx, seq_len: int) -> list[str]:
@@ -131,20 +127,20 @@ def ours_lm(ctx: Ctx, *, gpus: int, strategy: str = "ddp", preset: str = "gpt2-s
                    total_steps=warmup + steps, log_every=log_every, model_flags=["--preset", preset],
                    data_flags=lm_data_flags(ctx, a.seq_len), compile_=compile_, extra=variant[1])
     needs = ("datasets", "accelerate", "yaml") + (("deepspeed",) if strategy.startswith("zero") else ())
-    tag = f"ours-{preset}-{strategy}{'-compile' if compile_ else ''}-g{gpus}-b{batch}-k{accum}"
+    compiled = "--compile" in cmd  # also through --ours-extra or a variant
+    tag = f"ours-{preset}-{strategy}{'-compile' if compiled else ''}-g{gpus}-b{batch}-k{accum}"
     if variant[0]:
         tag, label = f"{tag}-{variant[0]}", f"{label or 'ours ' + strategy} [{variant[0]}]"
-    return Run(tag, "ours", label or f"ours {strategy}{' +compile' if compile_ else ''}", cmd, gpus, preset,
+    return Run(tag, "ours", label or f"ours {strategy}{' +compile' if compiled else ''}", cmd, gpus, preset,
                "lm", strategy, a.seq_len, batch, accum, steps, warmup, log_every,
-               timeout or (a.compile_timeout if compile_ or "--compile" in variant[1] else a.timeout), needs, n, fpt,
-               variant=variant[0])
+               timeout or (a.compile_timeout if compiled else a.timeout), needs, n, fpt, variant=variant[0])
 
 
 def hf_lm(ctx: Ctx, *, compile_: bool, gpus: int = 1) -> Run:
     a = ctx.a
     preset = "tiny-gpt2" if ctx.cpu else "gpt2-small"
     n, fpt = gpt2_fpt(preset, a.seq_len)
-    cmd = hf_launcher(gpus) + [str(BASELINE), "--mode", "lm", "--batch-size", str(a.batch_size),
+    cmd = hf_launcher(gpus) + [str(BASELINE), "--tf32", "--mode", "lm", "--batch-size", str(a.batch_size),
                                "--seq-len", str(a.seq_len), "--grad-accum", "1", "--steps", str(a.steps),
                                "--warmup-steps", str(a.warmup), "--data-file", str(ctx.lm_file),
                                "--peak-tflops", str(a.peak_tflops)]
@@ -180,7 +176,7 @@ def varlen_runs(ctx: Ctx, variants: list[tuple[str, list[str]]] = ()) -> list[Ru
     ours = ours_cmd(ctx, gpus=g, strategy="ddp", task="classification", batch=bs, accum=1,
                     total_steps=a.warmup + a.steps, log_every=a.log_every, model_flags=model_flags,
                     data_flags=["--train-file", str(ctx.varlen_file), "--max-length", str(L)])
-    hf = hf_launcher(g) + [str(BASELINE), "--mode", "classification", "--cls-model", a.varlen_model,
+    hf = hf_launcher(g) + [str(BASELINE), "--tf32", "--mode", "classification", "--cls-model", a.varlen_model,
                                    "--batch-size", str(bs), "--seq-len", str(L), "--steps", str(a.steps),
                                    "--warmup-steps", str(a.warmup), "--data-file", str(ctx.varlen_file)]
     if ctx.cpu:
@@ -524,7 +520,6 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
     if pick and "pad_pct" in pick[0]:  # measured by the trainer (padded positions it ran); wins over the replay
         res["pad_frac"] = lib.median([r["pad_pct"] for r in pick]) / 100.0
     peaks = [r["peak_mem_gb"] for r in rows if "peak_mem_gb" in r]
-    peaks += [float(m) for m in re.findall(r"peak_mem_gb=([0-9.]+)", text)]
     res["peak_mem_gb"] = max(peaks) if peaks else None
     res["complete"] = bool(windows) and windows[-1][1] >= run.warmup + run.steps
     prof = next((line for line in text.splitlines() if line.startswith("profile_steps=")), None)
@@ -563,38 +558,6 @@ def finish(run: Run, res: dict, peak: float, cpu: bool) -> dict:
     if run.task == "lm" and run.fpt is not None:
         res["mfu"] = lib.mfu(tps, run.fpt, world, peak)
     return res
-
-
-# ---------------------------------------------------------------- padding (ours, simulated)
-
-
-def simulated_pad_frac(ctx: Ctx, run: Run) -> float | None:
-    """Padding fraction of our trainer's batches for the timed steps, replayed offline.
-
-    Our trainer logs only real-token throughput; this replays its own batch sampler
-    (distrain_cloud.training.data.EpochBatchSampler, length-grouped) and collator rule (pad
-    to the batch's longest, rounded up to 8 on GPUs) over the same file. It uses the whole
-    file, not the trainer's 90% train split, so it is an estimate, marked (sim.).
-    """
-    try:
-        from distrain_cloud.training.data import EpochBatchSampler
-    except ImportError:
-        return None
-    tok = lib.load_tokenizer()
-    rows = lib.read_jsonl(ctx.varlen_file)
-    lengths = [min(len(x), run.seq_len) for x in tok([r["text"] for r in rows])["input_ids"]]
-    world = max(1, run.gpus)
-    sampler = EpochBatchSampler(len(lengths), run.batch_size * world, 42, lengths=lengths)
-    batches = list(sampler)[run.warmup * run.grad_accum : (run.warmup + run.steps) * run.grad_accum]
-    mult = 8 if not ctx.cpu else 1
-    real = padded = 0
-    for b in batches:
-        for s in range(0, len(b), run.batch_size):  # split_batches: each process pads its own share
-            part = [lengths[i] for i in b[s : s + run.batch_size]]
-            width = math.ceil(max(part) / mult) * mult
-            real += sum(part)
-            padded += width * len(part)
-    return 1.0 - real / padded if padded else None
 
 
 # ---------------------------------------------------------------- tables
@@ -666,15 +629,20 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
             lines.append(f"- weak-scaling efficiency x{n}{tag} = tokens/s({n}{tag}) / ({n} × tokens/s(1)): "
                          f"**{fmt(eff, '.1%') if eff is not None else '–'}**")
     elif suite == "zero":
-        base = tps[0]
-        for r, t in zip(runs[1:], tps[1:]):
+        ddp = next((r for r in runs if r.strategy == "ddp" and not r.variant), None)
+        base = ddp.result.get("tokens_per_sec") if ddp else None
+        for r, t in zip(runs, tps):
+            if r is ddp:
+                continue
             q = ratio(t, base)
             name = r.strategy + (f" [{r.variant}]" if r.variant else "")
             out[f"{r.strategy}{'_' + r.variant if r.variant else ''}_over_ddp"] = q
             lines.append(f"- {name} ÷ ddp tokens/s: **{xfmt(q)}**; peak GiB (torch) "
-                         f"{fmt(r.result.get('peak_mem_gb'), '.2f')} vs {fmt(runs[0].result.get('peak_mem_gb'), '.2f')}")
-    elif suite == "accum":
-        k1, kk = runs
+                         f"{fmt(r.result.get('peak_mem_gb'), '.2f')} vs "
+                         f"{fmt(ddp.result.get('peak_mem_gb') if ddp else None, '.2f')}")
+    elif suite == "accum" and len({r.grad_accum for r in runs}) == 2:
+        k1, kk = sorted(runs, key=lambda r: r.grad_accum)
+        tps = [k1.result.get("tokens_per_sec"), kk.result.get("tokens_per_sec")]
         st1, stk = k1.result.get("step_time_ms"), kk.result.get("step_time_ms")
         q = ratio(stk, kk.grad_accum * st1) if st1 else None
         out["step_time_ratio"] = q
@@ -683,22 +651,18 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
                      "and gradient syncs are saved; above 1 = overhead)")
         lines.append(f"- tokens/s k={kk.grad_accum} ÷ k=1: **{xfmt(ratio(tps[1], tps[0]))}**")
     elif suite == "varlen":
-        hf = next(r for r in runs if r.impl == "hf_trainer")
-        hpf, htps = hf.result.get("pad_frac"), hf.result.get("tokens_per_sec")
+        hf = next((r for r in runs if r.impl == "hf_trainer"), None)
+        hpf, htps = (hf.result.get("pad_frac"), hf.result.get("tokens_per_sec")) if hf else (None, None)
         out["hf_pad_frac"] = hpf
         lines.append(f"- HF Trainer padding fraction: {fmt(hpf, '.1%') if hpf is not None else '–'} (measured); "
                      f"HF padded tokens/s: {fmt(htps / (1 - hpf), 'int') if htps and hpf is not None and hpf < 1 else '–'}")
         for ours in (r for r in runs if r.impl == "ours"):
             otps = ours.result.get("tokens_per_sec")
-            measured = ours.result.get("pad_frac")
-            if measured is None and "pad_frac_sim" not in ours.result and ours.result.get("status") == "ok":
-                ours.result["pad_frac_sim"] = simulated_pad_frac(ctx, ours)
-            pf = measured if measured is not None else ours.result.get("pad_frac_sim")
-            how = "measured" if measured is not None else "sim."
+            pf = ours.result.get("pad_frac")  # measured: the trainer's pad_pct
             key = "ours" + (f"_{ours.variant}" if ours.variant else "")
             out.update({f"{key}_pad_frac": pf, f"{key}_over_hf_nonpad": ratio(otps, htps)})
             lines.append(f"- {ours.label} ÷ HF Trainer, non-pad tokens/s: **{xfmt(ratio(otps, htps))}**; padding "
-                         f"{fmt(pf, '.1%') if pf is not None else '–'} ({how})"
+                         f"{fmt(pf, '.1%') if pf is not None else '–'}"
                          + (f"; padded tokens/s {fmt(otps / (1 - pf), 'int')}" if pf is not None and otps else ""))
     elif suite == "xl":
         for r in runs:
@@ -942,7 +906,6 @@ def main(argv=None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    done: dict = {}
     order = list(unique.values())
     print(f"bench: {len(order)} runs, suites {','.join(names)}, gpus {gpus}, out {out}", flush=True)
     interrupted = False
@@ -950,7 +913,6 @@ def main(argv=None) -> int:
         for i, r in enumerate(order, 1):
             print(f"[{i}/{len(order)}] {r.id} ...", end=" ", flush=True)
             res = finish(r, runner.execute(r), ctx.peak, ctx.cpu)
-            done[r.key] = res
             for rr in all_runs:
                 if rr.key == r.key:
                     rr.result = dict(res)

@@ -43,3 +43,14 @@ def test_malformed_variant_is_refused():
     r = dry_run("--suite", "single", "--gpus", "1", "--variant", "liger=--fused-ce")
     assert r.returncode == 2
     assert "--variant expects SUITE:NAME=FLAGS" in r.stderr
+
+
+def test_bench_model_shapes_are_the_trainers_presets():
+    sys.path.insert(0, str(REPO / "bench"))
+    import _benchlib
+
+    from distrain_cloud.training.modeling import PRESETS
+
+    for name, shape in _benchlib.GPT2_SHAPES.items():
+        preset = {k: v for k, v in PRESETS[name].items() if k != "model_type"}
+        assert {k: v for k, v in shape.items() if v is not None} == preset, name
