@@ -71,7 +71,7 @@ def quotas_server():
 def env(moto_server, quotas_server, tmp_path_factory):
     home = tmp_path_factory.mktemp("home")  # no ~/.aws
     base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    # AWS_DEFAULT_REGION as a configured profile would give it; see the xfail below for why it is needed
+    # AWS_DEFAULT_REGION as a configured profile would give it; test_submit_with_only_region_flag_and_no_configured_region covers the case without it
     return {**base, "HOME": str(home), "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing", "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": REGION,
             "AWS_CONFIG_FILE": str(home / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),

@@ -2,8 +2,8 @@
 
 `train(*flags)` runs `python -m distrain_cloud.training FLAGS` (or, with `processes=N`,
 `python -m distrain_cloud.training.node_launch --processes N -- FLAGS`) with the
-DISTRAIN_* contract pointing under tmp_path, and returns a `TrainRun`, which unpacks as
-`(returncode, stdout, stderr, metrics)`; `metrics` are the JSON lines of metrics.jsonl.
+DISTRAIN_* contract pointing under tmp_path, and returns a `TrainRun`: its returncode, stdout,
+stderr, and `metrics`, the JSON lines of metrics.jsonl.
 Runs that share a `name` share a contract (that is how a rerun resumes).
 """
 
@@ -17,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import pytest
 
@@ -74,9 +74,6 @@ class TrainRun:
     metrics: list[dict]
     contract: Contract
     argv: list[str]
-
-    def __iter__(self) -> Iterator:  # returncode, stdout, stderr, metrics = run
-        return iter((self.returncode, self.stdout, self.stderr, self.metrics))
 
     def describe(self) -> str:
         """For assertion messages: the command and the end of its output."""

@@ -13,6 +13,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 EVAL_SAMPLES = 151  # not a multiple of the global eval batch (16): the last batch is uneven
 
 
+def ddp_flags(no_dropout_config) -> list[str]:
+    """The job of ddp_pair and of the fp16-reduce run: the comparison needs the very same one."""
+    return ["--model-config", str(no_dropout_config), "--max-steps", "40", "--lr", "2e-3",
+            "--log-every", "10", "--eval-every", "20", "--report-to", "none",
+            # 300 validation examples, of which the first 151 are evaluated
+            "--validation-fraction", "0.2", "--max-eval-samples", str(EVAL_SAMPLES)]
+
+
 @pytest.fixture(scope="module")
 def ddp_pair(module_train, no_dropout_config):
     """The same job on 1 process (batch 16) and on 2 (batch 8 each): the same global batches.
@@ -21,10 +29,7 @@ def ddp_pair(module_train, no_dropout_config):
     data at every step. The model has no dropout: each process draws its own dropout masks,
     which no world size can reproduce.
     """
-    common = ["--model-config", str(no_dropout_config), "--max-steps", "40", "--lr", "2e-3",
-              "--log-every", "10", "--eval-every", "20", "--report-to", "none",
-              # 300 validation examples, of which the first 151 are evaluated
-              "--validation-fraction", "0.2", "--max-eval-samples", str(EVAL_SAMPLES)]
+    common = ddp_flags(no_dropout_config)
     one = module_train(*common, "--batch-size", "16", name="ddp-one")
     two = module_train(*common, "--batch-size", "8", name="ddp-two", processes=2)
     assert one.returncode == 0, one.describe()
@@ -36,10 +41,7 @@ def test_fp16_gradient_reduce_stays_close_to_fp32(ddp_pair, module_train, no_dro
     """--ddp-reduce-dtype registers DDP's compression hook: the all-reduce runs in fp16,
     so losses move by rounding only (and do move: the hook really ran)."""
     _, two = ddp_pair
-    common = ["--model-config", str(no_dropout_config), "--max-steps", "40", "--lr", "2e-3",
-              "--log-every", "10", "--eval-every", "20", "--report-to", "none",
-              "--validation-fraction", "0.2", "--max-eval-samples", str(EVAL_SAMPLES)]
-    half = module_train(*common, "--batch-size", "8", "--ddp-reduce-dtype", "fp16", name="ddp-fp16",
+    half = module_train(*ddp_flags(no_dropout_config), "--batch-size", "8", "--ddp-reduce-dtype", "fp16", name="ddp-fp16",
                         processes=2)
     assert half.returncode == 0, half.describe()
     assert half.train_losses.keys() == two.train_losses.keys()
@@ -133,19 +135,16 @@ def test_zero3_causal_lm_generates_a_sample(train):
     assert math.isfinite(run.final_eval["eval_perplexity"])
 
 
-def test_deepspeed_one_process_without_the_launcher(train):
-    run = train("--strategy", "zero2", "--max-steps", "4", "--log-every", "2", "--report-to", "none")
-    assert run.returncode == 0, run.describe()
-
-
 def test_zero2_follows_the_same_schedule_as_ddp(train):
     """The learning rate is set on the optimizer each step (trainer.lr_at); under DeepSpeed the
     optimizer is wrapped twice, so prove the schedule reaches it: in fp32 on one process,
-    ZeRO-2 and DDP must log the same losses while the rate decays."""
-    common = ["--max-steps", "12", "--log-every", "3", "--lr", "3e-3", "--report-to", "none", "--no-save-model"]
-    ddp = train(*common, "--strategy", "ddp", name="sched-ddp")
-    zero2 = train(*common, "--strategy", "zero2", name="sched-zero2")
+    ZeRO-2 and DDP must log the same losses while the rate decays. The ZeRO-2 run is also one
+    DeepSpeed process started without a launcher, which trains and saves."""
+    common = ["--max-steps", "12", "--log-every", "3", "--lr", "3e-3", "--report-to", "none"]
+    ddp, zero2 = train.many([{"flags": [*common, "--strategy", "ddp", "--no-save-model"], "name": "sched-ddp"},
+                             {"flags": [*common, "--strategy", "zero2"], "name": "sched-zero2"}])
     assert ddp.returncode == 0 and zero2.returncode == 0, ddp.describe() + zero2.describe()
+    assert (zero2.contract.model_dir / "model.safetensors").is_file(), zero2.describe()
     assert list(ddp.train_losses) == [3, 6, 9, 12]
     for step, loss in ddp.train_losses.items():
         assert zero2.train_losses[step] == pytest.approx(loss, rel=1e-5), step

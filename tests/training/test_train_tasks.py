@@ -41,14 +41,14 @@ def task_runs(module_train):
 def test_task_trains_and_saves_a_complete_model(task_runs, case):
     flags, eval_keys = TASKS[case]
     steps = int(flags[flags.index("--max-steps") + 1])
-    log_every = steps // 10
+    every = log_every(flags)
     run = task_runs[case]
     assert run.returncode == 0, run.describe()
 
     # The loss falls: the first logged window against the last.
     losses = run.train_losses
-    assert sorted(losses) == list(range(log_every, steps + 1, log_every)), run.describe()
-    first, last = losses[log_every], losses[steps]
+    assert sorted(losses) == list(range(every, steps + 1, every)), run.describe()
+    first, last = losses[every], losses[steps]
     assert all(math.isfinite(v) for v in losses.values())
     assert last < 0.9 * first, f"{case}: loss did not fall: {losses}"
     # The same numbers on stdout, as key=value lines.
