@@ -43,6 +43,22 @@ PRECISIONS = ("no", "fp16", "bf16")
 STRATEGIES = tuple(s.value for s in Strategy)
 
 
+def choose_precision(requested: str | None, gpus: int, capability: tuple[int, int] | None, where: str) -> str:
+    """The precision a job runs in: the requested one if the hardware has it, else the best it has.
+
+    bf16 needs compute capability 8.0 (Ampere) or later; fp16 and bf16 need a GPU. `where`
+    names the hardware in the error ("ml.p3.8xlarge has V100 (7.0)", "this machine").
+    """
+    if gpus == 0:
+        if requested not in (None, "no"):
+            raise ValueError(f"--precision {requested} needs a GPU; {where} has none: use --precision no")
+        return "no"
+    bf16 = capability is None or capability >= (8, 0)  # unknown: let the job find out
+    if requested == "bf16" and not bf16:
+        raise ValueError(f"--precision bf16 needs compute capability >= 8.0; {where}: use --precision fp16")
+    return requested or ("bf16" if capability and bf16 else "fp16")
+
+
 def parse_strategy(name: str) -> Strategy:
     try:
         return Strategy(name)

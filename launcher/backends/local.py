@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.training.contract import Contract
 from distrain_cloud.training.node_launch import plan_node
-from distrain_cloud.training.strategies import deepspeed_config_for, parse_strategy
+from distrain_cloud.training.strategies import choose_precision, deepspeed_config_for, parse_strategy
 
 from ..plan import Check, Plan, unique_job_name
 
@@ -41,12 +41,6 @@ def local_gpus() -> tuple[int, tuple[int, int] | None]:
     return len(caps), (min(caps) if caps else None)  # type: ignore[return-value]
 
 
-def default_precision(gpus: int, capability: tuple[int, int] | None) -> str:
-    if gpus == 0:
-        return "no"
-    return "bf16" if capability and capability >= (8, 0) else "fp16"
-
-
 class LocalBackend:
     name = "local"
 
@@ -57,9 +51,10 @@ class LocalBackend:
         if spec.spot:
             raise UserError("--spot applies to cloud instances, not --instance local")
         gpus, capability = local_gpus()
-        precision = spec.precision or default_precision(gpus, capability)
-        if gpus == 0 and precision != "no":
-            raise UserError(f"--precision {precision} needs a GPU; this machine has none: use --precision no")
+        try:
+            precision = choose_precision(spec.precision, gpus, capability, "this machine")
+        except ValueError as e:
+            raise UserError(str(e)) from None
         job_name = unique_job_name(spec.name)
         argv = spec.check_training_args(precision, job_name)
         root = (spec.local.workdir / job_name).resolve()

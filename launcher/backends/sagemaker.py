@@ -20,7 +20,8 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.resources import default_bucket
 from distrain_cloud.training.args import argv_to_hyperparameters, parse_args
 from distrain_cloud.training.contract import SAGEMAKER_CHECKPOINT_DIR
-from distrain_cloud.training.strategies import ClusterShape, accelerate_config, deepspeed_config_for, parse_strategy
+from distrain_cloud.training.strategies import (ClusterShape, accelerate_config, choose_precision,
+                                               deepspeed_config_for, parse_strategy)
 
 from ..plan import Check, Plan, unique_job_name
 
@@ -73,12 +74,6 @@ def repo_root() -> Path:
     return Path(training.__file__).resolve().parent.parent
 
 
-def default_precision(instance) -> str:
-    if not instance.gpus:
-        return "no"
-    return "bf16" if instance.compute_capability and instance.compute_capability >= (8, 0) else "fp16"
-
-
 class SageMakerBackend:
     name = "sagemaker"
 
@@ -96,10 +91,11 @@ class SageMakerBackend:
         image = choose_training_image(instance, region, image_uri=spec.sagemaker.image_uri,
                                       transformers_version=spec.sagemaker.transformers_version,
                                       pytorch_version=spec.sagemaker.pytorch_version)
-        precision = spec.precision or default_precision(instance)
-        if precision == "bf16" and instance.compute_capability and instance.compute_capability < (8, 0):
-            raise UserError(f"--precision bf16 needs compute capability >= 8.0; {instance.name} has "
-                            f"{instance.gpu_model} ({instance.compute_capability_str}): use --precision fp16")
+        where = f"{instance.name} has {instance.gpu_model} ({instance.compute_capability_str})"
+        try:
+            precision = choose_precision(spec.precision, instance.gpus, instance.compute_capability, where)
+        except ValueError as e:
+            raise UserError(str(e)) from None
         job_name = unique_job_name(spec.name)
         argv = spec.check_training_args(precision, job_name)
         train = parse_args(argv)

@@ -1,0 +1,25 @@
+"""choose_precision: one rule for every backend (torch-free)."""
+
+from __future__ import annotations
+
+import pytest
+
+from distrain_cloud.training.strategies import choose_precision
+
+V100, A100 = (7, 0), (8, 0)
+
+
+@pytest.mark.parametrize("requested, gpus, capability, chosen", [
+    (None, 0, None, "no"), ("no", 0, None, "no"),
+    (None, 4, V100, "fp16"), (None, 4, A100, "bf16"), (None, 1, None, "fp16"),  # unknown GPU: the safe one
+    ("fp16", 4, A100, "fp16"), ("bf16", 1, None, "bf16"), ("no", 4, V100, "no"),
+])
+def test_the_requested_or_the_best_the_hardware_has(requested, gpus, capability, chosen):
+    assert choose_precision(requested, gpus, capability, "here") == chosen
+
+
+def test_impossible_requests_name_the_flag_the_hardware_and_the_fix():
+    with pytest.raises(ValueError, match=r"--precision bf16 needs compute capability >= 8.0; a V100: use --precision fp16"):
+        choose_precision("bf16", 4, V100, "a V100")
+    with pytest.raises(ValueError, match=r"--precision fp16 needs a GPU; this machine has none: use --precision no"):
+        choose_precision("fp16", 0, None, "this machine")
