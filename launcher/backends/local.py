@@ -77,6 +77,10 @@ class LocalBackend:
             command += ["--processes", str(spec.local.processes)]
         command += ["--", *argv]
         env = {**contract.to_env(), **node.env}
+        if spec.secrets:
+            # References only: the wrapper resolves them inside the job's own process.
+            env["DISTRAIN_SECRETS"] = json.dumps(dict(spec.secrets))
+            command = [sys.executable, "-m", "distrain_cloud.infra.secret_env", "--", *command]
         configs: dict[str, Any] = {"accelerate_config": node.config}
         strategy = parse_strategy(spec.strategy)
         if strategy.uses_deepspeed:
@@ -98,7 +102,7 @@ class LocalBackend:
             summary={"instance": "local", "processes": processes, "gpus": gpus, "strategy": spec.strategy,
                      "precision": precision, "workdir": str(root)},
             request={"command": command, "env": env, "cwd": str(root)},
-            configs=configs, checks=checks, payload={"secrets": dict(spec.secrets)},
+            configs=configs, checks=checks,
         )
 
     def submit(self, plan: Plan, *, wait: bool = True) -> int:
@@ -111,14 +115,8 @@ class LocalBackend:
         (root / "job.json").write_text(plan.to_json())
         _write_status(root, "InProgress")
         env = {**os.environ, **plan.request["env"]}
-        command = list(plan.request["command"])
-        secrets = plan.payload.get("secrets") or {}
-        if secrets:
-            # References only: the wrapper resolves them inside the job's own process.
-            env["DISTRAIN_SECRETS"] = json.dumps(secrets)
-            command = [sys.executable, "-m", "distrain_cloud.infra.secret_env", "--", *command]
         with open(root / "job.log", "wb") as log:
-            proc = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(plan.request["command"], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
             try:
                 assert proc.stdout is not None

@@ -32,6 +32,14 @@ def test_plan_lays_out_the_contract_and_renders_configs(tmp_path):
     assert all(c.ok for c in plan.checks)
 
 
+def test_the_plan_shows_the_secret_wrapper_with_references_only(tmp_path):
+    ref = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-token"
+    plan = plan_job(local_spec(tmp_path, secrets={"HF_TOKEN": ref}), dry_run=True)
+    # What --dry-run prints is what runs: the wrapper resolves the reference inside the job.
+    assert plan.request["command"][1:4] == ["-m", "distrain_cloud.infra.secret_env", "--"]
+    assert json.loads(plan.request["env"]["DISTRAIN_SECRETS"]) == {"HF_TOKEN": ref}
+
+
 def test_job_names_are_unique(tmp_path):
     names = {plan_job(local_spec(tmp_path), dry_run=True).job_name for _ in range(20)}
     assert len(names) == 20
