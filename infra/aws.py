@@ -116,9 +116,14 @@ def _one_line(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def error_code(exc: Any) -> str:
+    """The AWS error code of a botocore ClientError ("" for any other exception)."""
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
 def _client_error(exc: Any) -> UserError | None:
     err = exc.response.get("Error", {})
-    code, op = err.get("Code", ""), exc.operation_name
+    code, op = error_code(exc), exc.operation_name
     message = _one_line(re.split(r"\s*Encoded authorization failure message:", err.get("Message", ""))[0])
     if code in _ACCESS_DENIED:
         perm = re.search(r"perform:\s*([\w-]+:[\w*-]+)", message)

@@ -14,10 +14,6 @@ from . import aws
 from .errors import UserError
 
 
-def _code(exc: Any) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
 def _bucket_region(s3: Any, name: str) -> str:
     location = s3.get_bucket_location(Bucket=name).get("LocationConstraint")
     return {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(location, location)
@@ -41,12 +37,12 @@ def ensure_bucket(name: str, region: str) -> str:
         try:
             s3.head_bucket(Bucket=name)
         except ClientError as exc:
-            if _code(exc) in ("403", "AccessDenied"):
+            if aws.error_code(exc) in ("403", "AccessDenied"):
                 raise UserError(
                     f"S3 bucket {name!r} exists but belongs to another account (or denies you access): "
                     "choose another bucket name"
                 ) from exc
-            if _code(exc) not in ("404", "NoSuchBucket"):
+            if aws.error_code(exc) not in ("404", "NoSuchBucket"):
                 raise
         else:
             actual = _bucket_region(s3, name)
@@ -60,11 +56,11 @@ def ensure_bucket(name: str, region: str) -> str:
         try:
             s3.create_bucket(**kwargs)
         except ClientError as exc:
-            if _code(exc) == "BucketAlreadyExists":
+            if aws.error_code(exc) == "BucketAlreadyExists":
                 raise UserError(
                     f"S3 bucket name {name!r} is taken by another account: choose another bucket name"
                 ) from exc
-            if _code(exc) != "BucketAlreadyOwnedByYou":  # lost a race with ourselves: fine
+            if aws.error_code(exc) != "BucketAlreadyOwnedByYou":  # lost a race with ourselves: fine
                 raise
         s3.put_public_access_block(
             Bucket=name,
@@ -112,7 +108,7 @@ def check_role(role_arn_or_name: str, service_principal: str = "sagemaker.amazon
         try:
             role = aws.client("iam", region).get_role(RoleName=name)["Role"]
         except ClientError as exc:
-            if _code(exc) != "NoSuchEntity":
+            if aws.error_code(exc) != "NoSuchEntity":
                 raise
             raise UserError(
                 f"IAM role {role_arn_or_name!r} not found in this account: create it or pass another --role"
@@ -140,7 +136,7 @@ def upload_if_absent(bucket: str, key: str, data: bytes, region: str | None = No
             return False
         except ClientError as exc:
             # 403 is what S3 answers for a missing key without s3:ListBucket: upload anyway.
-            if _code(exc) not in ("404", "NoSuchKey", "403"):
+            if aws.error_code(exc) not in ("404", "NoSuchKey", "403"):
                 raise
         s3.put_object(Bucket=bucket, Key=key, Body=data)
     return True

@@ -36,7 +36,7 @@ def parse_reference(ref: str) -> tuple[str, str, str | None]:
 
 
 def resolve(ref: str, env_name: str, client_factory: Callable | None = None) -> str:
-    from .aws import client as make_client
+    from .aws import client as make_client, error_code
 
     factory = client_factory or make_client
     service, ident, region = parse_reference(ref)
@@ -47,7 +47,7 @@ def resolve(ref: str, env_name: str, client_factory: Callable | None = None) -> 
     except UserError:
         raise
     except Exception as e:  # one line naming the variable and reference, never a value
-        code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
+        code = error_code(e) or type(e).__name__
         raise UserError(f"cannot resolve {env_name} from {ref}: {code}") from None
     # A JSON secret holding several keys: take the one named like the variable.
     try:

@@ -146,3 +146,13 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{PREFIX}{key} must be an integer, got {raw!r}") from None
+
+
+def free_port() -> int:
+    """A free local TCP port for a rendezvous: several local jobs at once must not fight over
+    torch.distributed's default one."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

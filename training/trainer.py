@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from .args import TrainArgs
-from .contract import Contract
+from .contract import Contract, free_port
 from .profiling import Profiler
 from .strategies import deepspeed_config_for, parse_strategy
 
@@ -47,7 +47,7 @@ class Trainer:
         if self.strategy.uses_deepspeed and "LOCAL_RANK" not in os.environ:
             # Started without a launcher: describe the one-process group torchrun would.
             os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
         if a.fused_ce and a.ce_kernel == "liger" and importlib.util.find_spec("liger_kernel") is None:
             raise data.DataError("--ce-kernel liger needs the liger-kernel package (pip install liger-kernel)")
         if a.ddp_reduce_dtype == "bf16" and not torch.cuda.is_available():
@@ -442,14 +442,6 @@ class _Window:
         else:
             self.tokens = self.tokens + mask.sum()
             self.positions += mask.numel()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _select_sdpa_backend(name: str, *, padded: bool) -> None:

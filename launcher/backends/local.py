@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError
-from distrain_cloud.training.contract import Contract
+from distrain_cloud.training.contract import Contract, free_port
 from distrain_cloud.training.node_launch import plan_node
 from distrain_cloud.training.strategies import choose_precision, deepspeed_config_for, parse_strategy
 
@@ -66,7 +66,7 @@ class LocalBackend:
                 raise UserError(f"--resume-from {spec.resume_from}: no checkpoints at {checkpoints}")
         contract = Contract(model_dir=root / "model", output_dir=root / "output", checkpoint_dir=checkpoints,
                             channels={k: Path(v).resolve() for k, v in spec.inputs.items()}, gpus_per_node=gpus,
-                            main_port=_free_port())
+                            main_port=free_port())
         try:
             node = plan_node(argv, contract, processes=spec.local.processes)
         except ValueError as e:
@@ -169,13 +169,6 @@ class LocalBackend:
         raise UserError("a local job runs in the foreground: stop it with Ctrl-C (it saves a checkpoint first)")
 
 
-def _free_port() -> int:
-    # Several local jobs at once must not fight over torch.distributed's default port.
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _has_training_stack() -> bool:

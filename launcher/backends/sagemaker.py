@@ -278,8 +278,11 @@ class SageMakerBackend:
         try:
             s3.head_bucket(Bucket=bucket)
             checks.append(Check("bucket exists", True, bucket))
-        except Exception:
-            if spec.sagemaker.bucket:
+        except Exception as e:
+            code = aws.error_code(e)
+            if code in ("403", "AccessDenied"):  # another account's, or not ours to use
+                checks.append(Check("bucket usable", False, f"{bucket}: access denied; name another bucket"))
+            elif spec.sagemaker.bucket:
                 checks.append(Check("bucket exists", False, f"{bucket}: create it or drop sagemaker.bucket"))
             else:
                 checks.append(Check("bucket exists", True, f"{bucket} will be created"))
@@ -415,7 +418,9 @@ def _log_streams(client, group: str, job_name: str) -> list[str]:
     try:
         out = client.describe_log_streams(logGroupName=group, logStreamNamePrefix=f"{job_name}/")
     except ClientError as e:
-        if e.response["Error"]["Code"] == "ResourceNotFoundException":
+        from distrain_cloud.infra.aws import error_code
+
+        if error_code(e) == "ResourceNotFoundException":
             return []  # no logs yet (the job is still starting)
         raise
     return [s["logStreamName"] for s in out.get("logStreams", [])]

@@ -296,6 +296,22 @@ def test_a_spot_job_is_checked_against_the_spot_quota(role, monkeypatch):
     stub.assert_no_pending_responses()
 
 
+def test_a_bucket_we_may_not_use_fails_the_plan_instead_of_promising_to_create_it(role, monkeypatch):
+    from botocore.stub import Stubber
+
+    real = aws.client
+    s3 = real("s3", REGION)
+    stub = Stubber(s3)
+    stub.add_client_error("head_bucket", service_error_code="403", http_status_code=403)
+    stub.activate()
+    monkeypatch.setattr(aws, "client", lambda s, r=None, **kw: s3 if s == "s3" else real(s, r, **kw))
+
+    plan = plan_job(spec(role))
+    failed = [(c.name, c.detail) for c in plan.failed_checks]
+    assert len(failed) == 1 and failed[0][0] == "bucket usable" and "access denied" in failed[0][1], failed
+    stub.assert_no_pending_responses()
+
+
 # ====================================================================== secrets never leave as values
 
 
