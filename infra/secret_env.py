@@ -12,26 +12,30 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import Callable, Mapping, Sequence
 
 from .errors import UserError
 
 
+# What a reference looks like, for the spec (which refuses anything else before a job exists)
+# and for the job: a Secrets Manager or SSM ARN, ssm:/name, or secretsmanager:name.
+REFERENCE = re.compile(r"^(arn:aws[\w-]*:(secretsmanager|ssm):[\w-]+:\d{12}:.+|ssm:/.+|secretsmanager:.+)$")
+
+
 def parse_reference(ref: str) -> tuple[str, str, str | None]:
     """-> (service, id, region) for 'arn:aws:secretsmanager:...', 'arn:aws:ssm:...:parameter/x',
     'ssm:/name' or 'secretsmanager:name'."""
+    if not REFERENCE.match(ref):
+        raise UserError("not a secret reference (use a Secrets Manager or SSM ARN, ssm:/name or secretsmanager:name)")
     if ref.startswith("arn:"):
         parts = ref.split(":", 6)
-        if len(parts) < 6 or parts[2] not in ("secretsmanager", "ssm"):
-            raise UserError(f"{ref!r} is not a Secrets Manager or SSM parameter ARN")
         service, region = parts[2], parts[3]
         if service == "ssm":
             return "ssm", "/" + parts[5].removeprefix("parameter/").lstrip("/"), region
         return service, ref, region
     service, _, ident = ref.partition(":")
-    if service not in ("ssm", "secretsmanager") or not ident:
-        raise UserError(f"{ref!r} is not a secret reference (use an ARN, ssm:/name or secretsmanager:name)")
     return service, ident, None
 
 

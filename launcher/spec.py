@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.training.args import ArgumentError, hyperparameters_to_argv, known_flags, parse_args
+from distrain_cloud.infra.secret_env import REFERENCE
 from distrain_cloud.training.strategies import STRATEGIES
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_SECRET_REF = re.compile(r"^(arn:aws[\w-]*:(secretsmanager|ssm):[\w-]+:\d{12}:.+|ssm:/.+|secretsmanager:.+)$")
 # Flags the spec owns at the top level; setting them as hyperparameters would fork the truth.
 _OWNED_FLAGS = {"strategy": "strategy", "precision": "precision", "push-to-hub": "hub.repo_id",
                 "wandb-project": "wandb.project", "wandb-entity": "wandb.entity", "run-name": "wandb.run_name"}
@@ -138,7 +138,7 @@ class JobSpec(BaseModel):
         for env, ref in v.items():
             if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", env):
                 raise ValueError(f"{env!r} is not an environment variable name (use e.g. HF_TOKEN)")
-            if not _SECRET_REF.match(ref):
+            if not REFERENCE.match(ref):
                 # Never echo the value: it may be the secret itself pasted by mistake.
                 raise ValueError(f"{env} must be a reference (a Secrets Manager ARN, or ssm:/parameter/name), "
                                  "not a value")

@@ -18,8 +18,12 @@ def test_reference_forms():
         ("ssm", "/team/wandb", "us-west-2")
     assert secret_env.parse_reference("ssm:/team/wandb") == ("ssm", "/team/wandb", None)
     assert secret_env.parse_reference("secretsmanager:hf") == ("secretsmanager", "hf", None)
-    with pytest.raises(UserError, match="not a secret reference"):
+    with pytest.raises(UserError, match="not a secret reference") as refused:
         secret_env.parse_reference("hf_plainvalue")
+    assert "plainvalue" not in str(refused.value)  # a pasted value is never echoed
+    # The same grammar as the spec's: an ssm name needs its leading slash.
+    with pytest.raises(UserError, match="not a secret reference"):
+        secret_env.parse_reference("ssm:team/wandb")
 
 
 def test_resolves_plain_json_and_ssm_secrets(mocked_aws):
