@@ -58,6 +58,7 @@ class TrainArgs:
     seed: int = 42
     compile: bool = False
     compile_mode: str = "default"
+    compile_tuning: bool = False
     num_workers: int | None = None  # 2 on GPUs (batches prepared ahead), 0 on CPU
     pad_to_multiple_of: int | None = None  # padded batches: 8 on GPUs, 1 on CPU
     sdpa_backend: str = "auto"
@@ -135,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile)
     g.add_argument("--compile-mode", choices=COMPILE_MODES, default=d.compile_mode,
                    help="torch.compile mode with --compile (max-autotune* tune GEMMs; compiles take minutes)")
+    g.add_argument("--compile-tuning", action=argparse.BooleanOptionalAction, default=d.compile_tuning,
+                   help="with --compile: Inductor also tunes the launch settings of the kernels it generates "
+                        "(coordinate descent); the first compile takes longer")
     g.add_argument("--pad-to-multiple-of", type=int, default=d.pad_to_multiple_of,
                    help="classification: round each batch's padded length up to a multiple of this "
                         "(default: 8 on GPUs, 1 on CPU)")
@@ -214,6 +218,8 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(f"--ddp-bucket-mb must be at least 1, got {a.ddp_bucket_mb}")
     if a.compile_mode != "default" and not a.compile:
         raise ArgumentError(f"--compile-mode {a.compile_mode} needs --compile")
+    if a.compile_tuning and not a.compile:
+        raise ArgumentError("--compile-tuning needs --compile")
     if a.push_to_hub and not a.save_model:
         raise ArgumentError("--push-to-hub needs the saved model; drop --no-save-model")
     if a.profile_steps is not None:
