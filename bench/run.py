@@ -433,6 +433,9 @@ class Runner:
         metrics = dirs["output"] / "metrics.jsonl"
         if metrics.exists():
             shutil.copy(metrics, self.out / "logs" / f"{run.id}.metrics.jsonl")
+        profile = dirs["output"] / "profile.txt"  # --profile-steps: keep the kernel table (the trace is large)
+        if profile.exists():
+            shutil.copy(profile, self.out / "logs" / f"{run.id}.profile.txt")
         parsed = parse_ours(run, metrics, text) if run.impl == "ours" else parse_hf(run, text)
         res.update(parsed)
         if status is None:

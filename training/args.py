@@ -65,7 +65,7 @@ class TrainArgs:
     fused_ce: bool = False
     ce_kernel: str = "chunked"
     ddp_reduce_dtype: str = "fp32"
-    ddp_bucket_mb: int = 25
+    ddp_bucket_mb: int | None = None  # 25 eager, 1000 with --compile (strategies.ddp_bucket_mb)
     zero3_block_fetch: bool = True
     mlm_probability: float = 0.15
     profile_steps: str | None = None
@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ddp: dtype of the gradient all-reduce (bf16/fp16 halve the bytes; gradients are "
                         "averaged in that precision)")
     g.add_argument("--ddp-bucket-mb", type=int, default=d.ddp_bucket_mb,
-                   help="ddp: gradient bucket size in MB (all-reduces start bucket by bucket during backward)")
+                   help="ddp: gradient bucket size in MB; all-reduces start bucket by bucket during backward "
+                        "(default: 25, or 1000 with --compile, where each bucket also splits the compiled graph)")
     g.add_argument("--zero3-block-fetch", action=argparse.BooleanOptionalAction, default=d.zero3_block_fetch,
                    help="zero3: gather each transformer block's parameters at once (the model's "
                         "_no_split_modules), not layer by layer")
@@ -214,7 +215,7 @@ def validate(a: TrainArgs) -> None:
     if a.ddp_reduce_dtype != "fp32" and a.strategy != "ddp":
         raise ArgumentError(f"--ddp-reduce-dtype applies to --strategy ddp, not {a.strategy} "
                             "(DeepSpeed reduces in the training precision)")
-    if a.ddp_bucket_mb < 1:
+    if a.ddp_bucket_mb is not None and a.ddp_bucket_mb < 1:
         raise ArgumentError(f"--ddp-bucket-mb must be at least 1, got {a.ddp_bucket_mb}")
     if a.compile_mode != "default" and not a.compile:
         raise ArgumentError(f"--compile-mode {a.compile_mode} needs --compile")

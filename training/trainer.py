@@ -19,7 +19,7 @@ from typing import Any
 from .args import TrainArgs
 from .contract import Contract, free_port
 from .profiling import Profiler
-from .strategies import deepspeed_config_for, parse_strategy
+from .strategies import ddp_bucket_mb, deepspeed_config_for, parse_strategy
 
 STOP_EXIT_CODE = 143  # 128 + SIGTERM: stopped on request, state saved
 
@@ -59,7 +59,7 @@ class Trainer:
         hook = {"fp32": DDPCommunicationHookType.NO, "bf16": DDPCommunicationHookType.BF16,
                 "fp16": DDPCommunicationHookType.FP16}[a.ddp_reduce_dtype]
         ds_plugin, handlers = None, [DistributedDataParallelKwargs(
-            gradient_as_bucket_view=True, bucket_cap_mb=a.ddp_bucket_mb, comm_hook=hook)]
+            gradient_as_bucket_view=True, bucket_cap_mb=ddp_bucket_mb(a.ddp_bucket_mb, a.compile), comm_hook=hook)]
         if a.compile_tuning:
             # Inductor then tries block sizes and warp counts around its heuristic pick for
             # each generated kernel (the norms, dropouts, adds and the loss: about half the

@@ -1,10 +1,10 @@
-"""choose_precision: one rule for every backend (torch-free)."""
+"""choose_precision (one rule for every backend) and the DDP bucket default, torch-free."""
 
 from __future__ import annotations
 
 import pytest
 
-from distrain_cloud.training.strategies import choose_precision
+from distrain_cloud.training.strategies import choose_precision, ddp_bucket_mb
 
 V100, A100 = (7, 0), (8, 0)
 
@@ -23,3 +23,9 @@ def test_impossible_requests_name_the_flag_the_hardware_and_the_fix():
         choose_precision("bf16", 4, V100, "a V100")
     with pytest.raises(ValueError, match=r"--precision fp16 needs a GPU; this machine has none: use --precision no"):
         choose_precision("fp16", 0, None, "this machine")
+
+
+@pytest.mark.parametrize("requested, compiled, mb", [(None, False, 25), (None, True, 1000), (100, True, 100),
+                                                     (100, False, 100)])
+def test_ddp_buckets_are_large_under_compile_unless_the_flag_says_otherwise(requested, compiled, mb):
+    assert ddp_bucket_mb(requested, compiled) == mb
