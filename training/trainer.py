@@ -101,6 +101,7 @@ class Trainer:
         model = modeling.load_model(a, self.tokenizer, len(names) if names else None,
                                     dict(enumerate(names)) if names else None)
         self.num_parameters = modeling.count_parameters(model)
+        self.forward_kwargs = modeling.forward_kwargs(model)
         if self.strategy.zero_stage == 3 and a.zero3_block_fetch:
             self._fetch_blocks_whole(model)
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
@@ -232,7 +233,7 @@ class Trainer:
             if self.args.fused_ce:
                 return self._fused_lm_loss(batch["input_ids"])
             batch = {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
-        return self.model(**batch).loss
+        return self.model(**batch, **self.forward_kwargs).loss
 
     def _fused_lm_loss(self, input_ids):
         import torch
@@ -241,7 +242,7 @@ class Trainer:
 
         # Through the wrapped model (DDP needs its forward), with logits for one position
         # only; the LM head and loss run chunked in losses.py.
-        out = self.model(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1)
+        out = self.model(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1, **self.forward_kwargs)
         head = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.args.precision, torch.float32)
         if self.args.ce_kernel == "liger":
@@ -283,7 +284,8 @@ class Trainer:
                     batch = self._mask(batch, seed=(self.args.seed, -1, i, acc.process_index))
                 elif task == "causal-lm":
                     batch = {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
-                logits = self.model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
+                inputs = {k: v for k, v in batch.items() if k != "labels"}
+                logits = self.model(**inputs, **self.forward_kwargs).logits.float()
                 labels = batch["labels"]
                 if task == "classification":
                     loss = F.cross_entropy(logits, labels, reduction="none")
