@@ -411,7 +411,7 @@ class Runner:
         t0 = time.monotonic()
         status = None
         with open(log, "w") as f, GpuMemSampler(enabled=not self.ctx.cpu) as mem:
-            f.write("# " + shlex.join(run.cmd) + "\n")
+            f.write("# " + shown(run.cmd, self.ctx) + "\n")
             f.flush()
             self.current = subprocess.Popen(run.cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=lib.REPO,
                                             start_new_session=True)
@@ -722,15 +722,24 @@ def render(meta: dict, suites: dict[str, list[Run]], ctx: Ctx) -> tuple[str, dic
         errs = [f"- {r.label}: {r.result.get('error')}" for r in runs if r.result.get("error")]
         if errs and name != "xl":
             md += ["", "errors:"] + errs
-        data["suites"][name] = {"derived": derived, "runs": [run_json(r) for r in runs]}
+        data["suites"][name] = {"derived": derived, "runs": [run_json(r, ctx) for r in runs]}
     return "\n".join(md) + "\n", data
 
 
-def run_json(r: Run) -> dict:
+def shown(cmd: list[str], ctx: Ctx) -> str:
+    """A command as recorded (log headers, results.json, --dry-run): paths relative to the
+    repository and the work folder, so results carry no machine's paths."""
+    text = shlex.join(cmd)
+    for path, alias in ((sys.executable, "python"), (str(ctx.work), PLACEHOLDER_WORK), (f"{lib.REPO}/", "")):
+        text = text.replace(path, alias)
+    return text
+
+
+def run_json(r: Run, ctx: Ctx) -> dict:
     return {"id": r.id, "impl": r.impl, "label": r.label, "gpus": r.gpus, "model": r.model, "task": r.task,
             "strategy": r.strategy, "seq_len": r.seq_len, "batch_size": r.batch_size, "grad_accum": r.grad_accum,
             "steps": r.steps, "warmup": r.warmup, "log_every": r.log_every, "n_params": r.n_params,
-            "flops_per_token": r.fpt, "cmd": shlex.join(r.cmd), **r.result}
+            "flops_per_token": r.fpt, "cmd": shown(r.cmd, ctx), **r.result}
 
 
 # ---------------------------------------------------------------- main
@@ -853,15 +862,15 @@ def main(argv=None) -> int:
 
     if a.dry_run:
         env_show = " ".join(f"{k}={v}" for k, v in lib.REQUIRED_ENV.items())
-        print(f"# every command runs from {lib.REPO} with: {env_show} \\\n#   DISTRAIN_MODEL_DIR/OUTPUT_DIR/"
-              f"CHECKPOINT_DIR=<fresh dirs under {work}> DISTRAIN_MAIN_PORT=<unique> HF_*_OFFLINE=1 "
+        print(f"# every command runs from the repository root with: {env_show} \\\n#   DISTRAIN_MODEL_DIR/OUTPUT_DIR/"
+              f"CHECKPOINT_DIR=<fresh dirs under {PLACEHOLDER_WORK}> DISTRAIN_MAIN_PORT=<unique> HF_*_OFFLINE=1 "
               "WANDB_MODE=disabled CUDA_VISIBLE_DEVICES=<first GPUs of the run>\n#   CUDA_DEVICE_ORDER=PCI_BUS_ID"
               " PYTHONPATH=<symlink shim, only when distrain_cloud is not importable from this checkout>")
         if lm and a.lm_data == "file":
-            print(f"# data: {ctx.lm_file} = training/assets/corpus.txt x "
+            print(f"# data: {shown([str(ctx.lm_file)], ctx)} = training/assets/corpus.txt x "
                   f"{lib.corpus_repeats(need_blocks, a.seq_len)} (covers {need_blocks} blocks of {a.seq_len})")
         if cls:
-            print(f"# data: {ctx.varlen_file} = {n_varlen} synthetic variable-length examples (text,label)")
+            print(f"# data: {shown([str(ctx.varlen_file)], ctx)} = {n_varlen} synthetic variable-length examples (text,label)")
         seen = set()
         for name, runs in suites.items():
             print(f"\n## suite {name}")
@@ -869,7 +878,7 @@ def main(argv=None) -> int:
                 again = " (same run as above; reused)" if r.key in seen else ""
                 seen.add(r.key)
                 print(f"# {r.label}  [gpus={r.gpus} timeout={r.timeout}s]{again}")
-                print(shlex.join(r.cmd))
+                print(shown(r.cmd, ctx))
         print(f"\n# {len(unique)} unique runs, {len(all_runs)} table rows")
         return 0
 
@@ -893,8 +902,10 @@ def main(argv=None) -> int:
         (ctx.bert_dir / "config.json").write_text(json.dumps({**lib.BERT_BASE, "architectures": ["BertForMaskedLM"]}))
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(), "versions": versions(),
             "gpus": gpu_inventory(), "host_cpus": os.cpu_count(), "suites": names, "gpus_used": gpus,
-            "args": vars(a), "required_env": lib.REQUIRED_ENV, "package_shim": str(shim) if shim else None,
-            "lm_data": str(ctx.lm_file) if a.lm_data == "file" else "builtin:corpus"}
+            # folders as placeholders: results.json is committed, machine paths are not
+            "args": {**vars(a), "out": "$OUT" if a.out else None, "work_dir": PLACEHOLDER_WORK if a.work_dir else None},
+            "required_env": lib.REQUIRED_ENV, "package_shim": shown([str(shim)], ctx) if shim else None,
+            "lm_data": shown([str(ctx.lm_file)], ctx) if a.lm_data == "file" else "builtin:corpus"}
     if not ctx.cpu:
         meta["modules"] = {m: have(m) for m in ("datasets", "deepspeed", "accelerate", "yaml")}
         try:

@@ -54,3 +54,13 @@ def test_bench_model_shapes_are_the_trainers_presets():
     for name, shape in _benchlib.GPT2_SHAPES.items():
         preset = {k: v for k, v in PRESETS[name].items() if k != "model_type"}
         assert {k: v for k, v in shape.items() if v is not None} == preset, name
+
+
+def test_recorded_commands_name_no_machine_paths(tmp_path):
+    """Commands are recorded (logs, results.json, this plan) relative to the repository and
+    the work folder, so committed measurements carry no machine's paths."""
+    r = dry_run("--suite", "single,varlen", "--gpus", "1", "--work-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    for path in (sys.executable, str(REPO), str(tmp_path)):
+        assert path not in r.stdout
+    assert "python bench/hf_trainer_baseline.py" in r.stdout and "$WORK/data/lm_corpus.txt" in r.stdout
