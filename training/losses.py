@@ -85,3 +85,51 @@ def liger_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, input_ids: 
     y = input_ids[:, 1:].reshape(-1)
     with torch.autocast(device_type=hidden.device.type, enabled=False):
         return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE)(weight.to(dtype), h.to(dtype), y)
+
+
+class _CrossEntropyOnLowPrecisionLogits(torch.autograd.Function):
+    """Cross-entropy that keeps the logits in their training dtype (`--no-logits-upcast`).
+
+    transformers' causal-LM loss first copies the logits to fp32. Under torch.compile that copy
+    is kept for the backward: on GPT-2 small (16 x 1024 x 50304 logits) the copy, the
+    log-softmax and its backward took 9.6% of an H100 step, moving ~13 GB. Here the forward saves
+    the bf16/fp16 logits and one fp32 log-sum-exp per row. Each pass then reads the logits once
+    and upcasts in registers, which Inductor fuses into single kernels. Every value is computed
+    in fp32 as before (bf16 -> fp32 is exact), so the loss and the gradient are the same.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, target, divisor):
+        x = logits.float()
+        lse = torch.logsumexp(x, dim=-1)
+        valid = target != IGNORE
+        safe = torch.where(valid, target, 0)
+        picked = x.gather(1, safe[:, None]).squeeze(1)
+        ctx.save_for_backward(logits, lse, safe, valid, divisor)
+        return ((lse - picked) * valid).sum() / divisor
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits, lse, safe, valid, divisor = ctx.saved_tensors
+        cols = torch.arange(logits.shape[1], device=logits.device)
+        # d loss / d logits = (softmax - one_hot(target)) / divisor on the rows that count
+        grad = torch.exp(logits.float() - lse[:, None]) - (cols[None, :] == safe[:, None]).float()
+        scale = (grad_out / divisor) * valid
+        return (grad * scale[:, None]).to(logits.dtype), None, None
+
+
+def causal_lm_loss_without_upcast(logits, labels, vocab_size: int, num_items_in_batch=None,
+                                  ignore_index: int = IGNORE, shift_labels=None, **kwargs):
+    """Drop-in for transformers' ForCausalLMLoss (installed as the model's loss_function):
+    the same shift, ignore index and reduction (mean over counted tokens, or the sum divided by
+    num_items_in_batch), through _CrossEntropyOnLowPrecisionLogits."""
+    if ignore_index != IGNORE:
+        raise ValueError(f"--no-logits-upcast supports ignore_index={IGNORE} only, got {ignore_index}")
+    if shift_labels is None:
+        shift_labels = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]
+    target = shift_labels.reshape(-1).to(logits.device)
+    if num_items_in_batch is None:
+        divisor = (target != IGNORE).sum().float()  # mean over counted tokens, as cross_entropy's
+    else:
+        divisor = torch.as_tensor(num_items_in_batch, device=logits.device).float()
+    return _CrossEntropyOnLowPrecisionLogits.apply(logits.reshape(-1, vocab_size), target, divisor)

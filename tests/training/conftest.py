@@ -217,7 +217,8 @@ def shared_env(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("caches")
     return {"HF_HOME": str(root / "hf"), "HF_DATASETS_CACHE": str(root / "hf" / "datasets"),
             "WANDB_CONFIG_DIR": str(root / "wandb-config"), "WANDB_CACHE_DIR": str(root / "wandb-cache"),
-            "WANDB_DATA_DIR": str(root / "wandb-data"), "TRITON_CACHE_DIR": str(root / "triton")}
+            "WANDB_DATA_DIR": str(root / "wandb-data"), "TRITON_CACHE_DIR": str(root / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}
 
 
 @pytest.fixture

@@ -1,0 +1,71 @@
+"""--no-logits-upcast: the causal-LM loss from bf16 logits equals transformers' fp32 one, in
+value and gradient, and compiles into the model's graph without a break."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers.loss.loss_utils import ForCausalLMLoss
+
+from distrain_cloud.training.losses import IGNORE, causal_lm_loss_without_upcast
+
+V = 96
+
+
+def logits_and_labels(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    logits = (3 * torch.randn(3, 17, V, generator=g)).to(torch.bfloat16)
+    labels = torch.randint(0, V, (3, 17), generator=g)
+    labels[0, :5] = IGNORE  # ignored positions, as padding would be
+    return logits, labels
+
+
+@pytest.mark.parametrize("num_items", [None, 40])
+def test_same_loss_and_gradient_as_transformers(num_items):
+    logits, labels = logits_and_labels()
+    theirs_in = logits.clone().requires_grad_()
+    ours_in = logits.clone().requires_grad_()
+    theirs = ForCausalLMLoss(theirs_in, labels, V, num_items_in_batch=num_items)
+    ours = causal_lm_loss_without_upcast(ours_in, labels, V, num_items_in_batch=num_items)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    theirs.backward()
+    ours.backward()
+    assert ours_in.grad.dtype == torch.bfloat16
+    # both compute in fp32 and round once to bf16; the sums' order may differ by one ulp
+    torch.testing.assert_close(ours_in.grad.float(), theirs_in.grad.float(), rtol=1e-2, atol=1e-6)
+    assert (ours_in.grad[0, :4] == 0).all()  # positions whose next token is ignored
+
+
+def test_installed_as_the_models_loss_it_traces_into_one_graph():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=V,
+                                     bos_token_id=0, eos_token_id=0, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, V, (2, 16))
+    expected = model(input_ids=ids, labels=ids, use_cache=False).loss
+    model.loss_function = causal_lm_loss_without_upcast
+    torch._dynamo.reset()
+    step = torch.compile(lambda x: model(input_ids=x, labels=x, use_cache=False).loss,
+                         backend="aot_eager", fullgraph=True)  # fullgraph: a graph break is an error
+    loss = step(ids)
+    loss.backward()
+    torch._dynamo.reset()
+    torch.testing.assert_close(loss, expected)
+    assert model.lm_head.weight.grad is not None and torch.isfinite(model.lm_head.weight.grad).all()
+
+
+@pytest.mark.slow
+def test_compiled_training_gives_the_same_losses_with_it(module_train, no_dropout_config):
+    """The real entry point under --compile (Inductor on CPU), with and without the flag."""
+    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--compile", "--max-steps", "6",
+             "--log-every", "2", "--report-to", "none", "--no-save-model", "--generate-tokens", "0"]
+    default, lean = module_train.many([{"flags": flags, "name": "upcast"},
+                                       {"flags": [*flags, "--no-logits-upcast"], "name": "no-upcast"}])
+    assert default.returncode == 0, default.describe()
+    assert lean.returncode == 0, lean.describe()
+    assert sorted(lean.train_losses) == [2, 4, 6]
+    assert lean.lines("lm_loss=") == ["lm_loss=no-logits-upcast"] and not default.lines("lm_loss=")
+    for step, loss in default.train_losses.items():
+        assert lean.train_losses[step] == pytest.approx(loss, rel=1e-4), (step, default.train_losses, lean.train_losses)
+    assert lean.final_eval["eval_loss"] == pytest.approx(default.final_eval["eval_loss"], rel=1e-4)
