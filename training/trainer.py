@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from .args import TrainArgs
+from .args import CUDA_GRAPH_MODES, TrainArgs
 from .contract import Contract, free_port
 from .profiling import Profiler
 from .strategies import ddp_bucket_mb, deepspeed_config_for, parse_strategy
@@ -198,7 +198,9 @@ class Trainer:
                         acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
-                micro_losses.append(loss.detach())
+                # CUDA graphs (reduce-overhead, max-autotune) reuse their output memory on the next
+                # replay, which would overwrite a kept loss while accumulating: keep a copy.
+                micro_losses.append(loss.detach().clone() if a.compile_mode in CUDA_GRAPH_MODES else loss.detach())
                 window.add_tokens(batch)
                 state["batch_in_epoch"] += 1
                 if not acc.sync_gradients:
