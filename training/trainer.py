@@ -62,8 +62,8 @@ class Trainer:
             gradient_as_bucket_view=True, bucket_cap_mb=ddp_bucket_mb(a.ddp_bucket_mb, a.compile), comm_hook=hook)]
         if a.compile_tuning:
             # Inductor then tries block sizes and warp counts around its heuristic pick for
-            # each generated kernel (the norms, dropouts, adds and the loss: about half the
-            # step's GPU time on GPT-2 small).
+            # each generated kernel (the norms, dropouts, adds and the loss: about 40% of
+            # GPT-2 small's GPU time on an H100, the rest being cuBLAS and cuDNN).
             import torch._inductor.config as inductor_config
 
             inductor_config.coordinate_descent_tuning = True
