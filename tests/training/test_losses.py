@@ -3,6 +3,8 @@ value and gradient, and compiles into the model's graph without a break."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import transformers
@@ -53,6 +55,43 @@ def test_installed_as_the_models_loss_it_traces_into_one_graph():
     torch._dynamo.reset()
     torch.testing.assert_close(loss, expected)
     assert model.lm_head.weight.grad is not None and torch.isfinite(model.lm_head.weight.grad).all()
+
+
+def saved_for_backward(model, ids) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Shapes and dtypes the compiled forward keeps for the backward, split by the partitioner
+    Inductor uses (min-cut rematerialisation); no kernels are generated."""
+    from functorch.compile import aot_module_simplified, min_cut_rematerialization_partition
+
+    kept = []
+
+    def forward_compiler(gm, example_inputs):
+        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        kept.extend((tuple(n.meta["val"].shape), n.meta["val"].dtype) for n in outputs if "val" in n.meta)
+        return gm
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler,
+                                     bw_compiler=lambda g, _: g, partition_fn=min_cut_rematerialization_partition)
+
+    torch._dynamo.reset()
+    torch.compile(lambda x: model(input_ids=x, labels=x, use_cache=False).loss, backend=backend)(ids).backward()
+    torch._dynamo.reset()
+    return kept
+
+
+def test_the_compiled_forward_keeps_no_fp32_copy_of_the_logits():
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=V,
+                                     bos_token_id=0, eos_token_id=0)
+    ids = torch.randint(0, V, (2, 24))
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).to(torch.bfloat16)  # bf16 logits, as under autocast
+
+    def logits_sized() -> set[torch.dtype]:
+        return {dtype for shape, dtype in saved_for_backward(model, ids) if math.prod(shape) == ids.numel() * V}
+
+    assert logits_sized() == {torch.bfloat16, torch.float32}  # transformers' loss also keeps an fp32 copy
+    model.loss_function = causal_lm_loss_without_upcast
+    assert logits_sized() == {torch.bfloat16}
 
 
 @pytest.mark.slow
