@@ -58,8 +58,9 @@ class Trainer:
         # A bf16/fp16 hook halves the all-reduce's bytes (opt-in: it averages in that precision).
         hook = {"fp32": DDPCommunicationHookType.NO, "bf16": DDPCommunicationHookType.BF16,
                 "fp16": DDPCommunicationHookType.FP16}[a.ddp_reduce_dtype]
+        bucket_mb = ddp_bucket_mb(a.ddp_bucket_mb, a.compile)
         ds_plugin, handlers = None, [DistributedDataParallelKwargs(
-            gradient_as_bucket_view=True, bucket_cap_mb=ddp_bucket_mb(a.ddp_bucket_mb, a.compile), comm_hook=hook)]
+            gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb, comm_hook=hook)]
         if a.compile_tuning:
             # Inductor then tries block sizes and warp counts around its heuristic pick for
             # each generated kernel (the norms, dropouts, adds and the loss: about 40% of
@@ -101,6 +102,8 @@ class Trainer:
         model = modeling.load_model(a, self.tokenizer, len(names) if names else None,
                                     dict(enumerate(names)) if names else None)
         self.num_parameters = modeling.count_parameters(model)
+        if self.strategy.value == "ddp" and acc.num_processes > 1:
+            self._print(f"ddp_bucket_mb={bucket_mb}")
         self.forward_kwargs = modeling.forward_kwargs(model)
         if not a.logits_upcast:  # transformers calls it inside the (compiled) forward
             from .losses import causal_lm_loss_without_upcast

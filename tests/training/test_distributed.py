@@ -79,6 +79,24 @@ def test_two_processes_give_the_numbers_of_one(ddp_pair):
         one.train_losses[40] < one.train_losses[10]
 
 
+def test_compiled_ddp_runs_one_bucket_and_gives_the_numbers_of_one_eager_process(train, no_dropout_config):
+    """--compile under DDP: Dynamo's DDP graph splitting, with the compiled default of one large
+    bucket (training/strategies.ddp_bucket_mb), trains like one eager process on the same
+    global batches."""
+    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64",
+             "--max-steps", "8", "--log-every", "2", "--lr", "2e-3", "--report-to", "none", "--no-save-model",
+             "--generate-tokens", "0", "--max-eval-samples", "32"]
+    one = train(*flags, "--batch-size", "16", name="lm-one")
+    two = train(*flags, "--batch-size", "8", "--compile", name="lm-two-compiled", processes=2)
+    assert one.returncode == 0, one.describe()
+    assert two.returncode == 0, two.describe()
+    assert two.lines("ddp_bucket_mb=") == ["ddp_bucket_mb=1000"]
+    assert one.train_losses.keys() == two.train_losses.keys() == {2, 4, 6, 8}
+    for step, loss in one.train_losses.items():
+        assert two.train_losses[step] == pytest.approx(loss, rel=1e-3), (step, one.train_losses, two.train_losses)
+    assert two.final_eval["eval_loss"] == pytest.approx(one.final_eval["eval_loss"], rel=1e-3)
+
+
 def test_uneven_last_eval_batch_counts_every_sample_once(ddp_pair):
     one, two = ddp_pair
     assert EVAL_SAMPLES % 16 != 0 and (EVAL_SAMPLES % 16) % 2 == 1  # 7 left: 4 and 3 per process
