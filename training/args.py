@@ -16,7 +16,6 @@ TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
 PRESETS = ("tiny-gpt2", "tiny-bert", "gpt2-small", "gpt2-xl")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
-CUDA_GRAPH_MODES = ("max-autotune", "reduce-overhead")  # replay CUDA graphs over reused output memory
 
 
 class ArgumentError(ValueError):

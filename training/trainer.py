@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from .args import CUDA_GRAPH_MODES, TrainArgs
+from .args import TrainArgs
 from .contract import Contract, free_port
 from .profiling import Profiler
 from .strategies import ddp_bucket_mb, deepspeed_config_for, parse_strategy
@@ -156,8 +156,6 @@ class Trainer:
     # ------------------------------------------------------------------ train
 
     def train(self) -> dict[str, Any]:
-        import torch
-
         from . import checkpoint
 
         a, acc = self.args, self.accelerator
@@ -183,7 +181,7 @@ class Trainer:
             loader = self.train_dl
             if state["batch_in_epoch"]:
                 loader = acc.skip_first_batches(self.train_dl, state["batch_in_epoch"])
-            micro_losses = []
+            micro, micro_loss = 0, 0.0
             batches = iter(loader)
             while True:
                 t0 = time.perf_counter()
@@ -195,23 +193,23 @@ class Trainer:
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 with acc.accumulate(self.model):
-                    loss = self._loss(batch, state["step"], len(micro_losses))
+                    loss = self._loss(batch, state["step"], micro)
                     acc.backward(loss)
                     if acc.sync_gradients and a.max_grad_norm and not self.strategy.uses_deepspeed:
                         acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
-                # CUDA graphs (reduce-overhead, max-autotune) reuse their output memory on the next
-                # replay, which would overwrite a kept loss while accumulating: keep a copy.
-                micro_losses.append(loss.detach().clone() if a.compile_mode in CUDA_GRAPH_MODES else loss.detach())
+                # A new tensor, never the loss itself: CUDA graphs (reduce-overhead) reuse the
+                # loss's memory on their next replay.
+                micro_loss, micro = micro_loss + loss.detach(), micro + 1
                 window.add_tokens(batch)
                 state["batch_in_epoch"] += 1
                 if not acc.sync_gradients:
                     continue
                 state["step"] += 1
                 step = state["step"]
-                window.losses.append(torch.stack(micro_losses).mean())
-                micro_losses = []
+                window.losses.append(micro_loss / micro)
+                micro, micro_loss = 0, 0.0
                 progress.update(1)
                 profiler.step(step)
                 self._check_stop(step)
