@@ -90,6 +90,11 @@ def load_model(args: TrainArgs, tokenizer, num_labels: int | None = None,
         model = auto.from_config(config, **kwargs)
     if args.task == "causal-lm" and getattr(model.config, "_attn_implementation", None) == "sdpa":
         _unmasked_causal_attention(model)
+    if args.task == "causal-lm" and getattr(model, "loss_type", "") is None:
+        # transformers picks the loss from the class name, and GPT2LMHeadModel matches none: every
+        # forward then looks it up through a logged warning, which Dynamo cannot trace, so the
+        # compiled model split in two just before its loss. ForCausalLM is its fallback anyway.
+        model.loss_type = "ForCausalLM"
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
     return model

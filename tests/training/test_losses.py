@@ -39,27 +39,10 @@ def test_same_loss_and_gradient_as_transformers(num_items):
     assert (ours_in.grad[0, :4] == 0).all()  # positions whose next token is ignored
 
 
-def test_installed_as_the_models_loss_it_traces_into_one_graph():
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=V,
-                                     bos_token_id=0, eos_token_id=0, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
-    model = transformers.GPT2LMHeadModel(config)
-    ids = torch.randint(0, V, (2, 16))
-    expected = model(input_ids=ids, labels=ids, use_cache=False).loss
-    model.loss_function = causal_lm_loss_without_upcast
-    torch._dynamo.reset()
-    step = torch.compile(lambda x: model(input_ids=x, labels=x, use_cache=False).loss,
-                         backend="aot_eager", fullgraph=True)  # fullgraph: a graph break is an error
-    loss = step(ids)
-    loss.backward()
-    torch._dynamo.reset()
-    torch.testing.assert_close(loss, expected)
-    assert model.lm_head.weight.grad is not None and torch.isfinite(model.lm_head.weight.grad).all()
-
-
-def saved_for_backward(model, ids) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """Shapes and dtypes the compiled forward keeps for the backward, split by the partitioner
-    Inductor uses (min-cut rematerialisation); no kernels are generated."""
+def compiled_step(model, ids) -> tuple[torch.Tensor, list[tuple[tuple[int, ...], torch.dtype]]]:
+    """The loss of one compiled forward and backward, and the shapes and dtypes that forward keeps
+    for the backward, as split by the partitioner Inductor uses (min-cut rematerialisation; no
+    kernels are generated). fullgraph: a graph break is an error."""
     from functorch.compile import aot_module_simplified, min_cut_rematerialization_partition
 
     kept = []
@@ -74,24 +57,54 @@ def saved_for_backward(model, ids) -> list[tuple[tuple[int, ...], torch.dtype]]:
                                      bw_compiler=lambda g, _: g, partition_fn=min_cut_rematerialization_partition)
 
     torch._dynamo.reset()
-    torch.compile(lambda x: model(input_ids=x, labels=x, use_cache=False).loss, backend=backend)(ids).backward()
+    model.zero_grad(set_to_none=True)
+    loss = torch.compile(lambda x: model(input_ids=x, labels=x, use_cache=False).loss, backend=backend,
+                         fullgraph=True)(ids)
+    loss.backward()
     torch._dynamo.reset()
-    return kept
+    return loss.detach(), kept
 
 
-def test_the_compiled_forward_keeps_no_fp32_copy_of_the_logits():
+def test_compiled_into_the_models_graph_it_keeps_no_fp32_copy_of_the_logits():
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=V,
-                                     bos_token_id=0, eos_token_id=0)
+                                     bos_token_id=0, eos_token_id=0, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
     ids = torch.randint(0, V, (2, 24))
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).to(torch.bfloat16)  # bf16 logits, as under autocast
+    model.loss_type = "ForCausalLM"  # as modeling.load_model sets it: no graph break before the loss
+    expected = model(input_ids=ids, labels=ids, use_cache=False).loss.detach()
 
-    def logits_sized() -> set[torch.dtype]:
-        return {dtype for shape, dtype in saved_for_backward(model, ids) if math.prod(shape) == ids.numel() * V}
+    def logits_sized(kept) -> set[torch.dtype]:
+        return {dtype for shape, dtype in kept if math.prod(shape) == ids.numel() * V}
 
-    assert logits_sized() == {torch.bfloat16, torch.float32}  # transformers' loss also keeps an fp32 copy
+    _, kept = compiled_step(model, ids)
+    assert logits_sized(kept) == {torch.float32}  # transformers' loss keeps an fp32 copy
     model.loss_function = causal_lm_loss_without_upcast
-    assert logits_sized() == {torch.bfloat16}
+    loss, kept = compiled_step(model, ids)
+    assert logits_sized(kept) == {torch.bfloat16}
+    torch.testing.assert_close(loss, expected)
+    assert model.lm_head.weight.grad is not None and torch.isfinite(model.lm_head.weight.grad).all()
+
+
+def test_loaded_causal_lms_compile_into_one_graph_with_transformers_loss(tmp_path):
+    from distrain_cloud.training import modeling
+    from distrain_cloud.training.args import TrainArgs
+
+    args = TrainArgs(task="causal-lm", preset="tiny-gpt2")
+    tokenizer = modeling.load_tokenizer(args)
+    model = modeling.load_model(args, tokenizer)
+    assert model.loss_type == "ForCausalLM"
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    ids = torch.randint(0, len(tokenizer), (2, 16))
+    torch.compile(lambda x: model(input_ids=x, labels=x, use_cache=False).loss, backend=backend)(ids)
+    torch._dynamo.reset()
+    assert len(graphs) == 1  # transformers' default lookup split it in two
 
 
 @pytest.mark.slow
