@@ -255,3 +255,26 @@ def no_dropout_config(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("configs") / "tiny-gpt2-no-dropout.json"
     path.write_text(json.dumps(config))
     return path
+
+
+@pytest.fixture
+def dynamo_graphs():
+    """`dynamo_graphs(fn, *inputs)` -> the FX graphs Dynamo captures when compiling fn and calling
+    it once (each runs as traced; no Inductor, so it is fast on CPU)."""
+    import torch
+
+    def capture(fn, *inputs) -> list:
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        try:
+            torch.compile(fn, backend=backend)(*inputs)
+        finally:
+            torch._dynamo.reset()
+        return graphs
+
+    return capture

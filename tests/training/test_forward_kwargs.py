@@ -36,7 +36,7 @@ def test_decoders_get_use_cache_false_and_encoders_nothing(gpt2):
     bert(input_ids=torch.ones(1, 4, dtype=torch.long), **modeling.forward_kwargs(bert))  # accepted as is
 
 
-def test_same_loss_no_cache_and_a_compiled_graph_without_the_cached_tensors(gpt2):
+def test_same_loss_no_cache_and_a_compiled_graph_without_the_cached_tensors(gpt2, dynamo_graphs):
     ids = torch.randint(0, 128, (2, 16))
     torch.manual_seed(1)
     default = gpt2(input_ids=ids, labels=ids)
@@ -46,17 +46,9 @@ def test_same_loss_no_cache_and_a_compiled_graph_without_the_cached_tensors(gpt2
     assert torch.equal(default.loss, ours.loss)
 
     def graph_outputs(**kwargs) -> int:
-        """Outputs of the graph Dynamo captures for a training forward (no Inductor: fast on CPU)."""
-        counts = []
-
-        def backend(gm, example_inputs):
-            counts.append(len(next(n for n in gm.graph.nodes if n.op == "output").args[0]))
-            return gm.forward
-
-        torch._dynamo.reset()
-        torch.compile(lambda x: gpt2(input_ids=x, labels=x, **kwargs), backend=backend)(ids)
-        torch._dynamo.reset()
-        return counts[0]
+        """Outputs of the (first) graph Dynamo captures for a training forward."""
+        graphs = dynamo_graphs(lambda x: gpt2(input_ids=x, labels=x, **kwargs), ids)
+        return len(next(n for n in graphs[0].graph.nodes if n.op == "output").args[0])
 
     # The default also returns each layer's keys and values: 2 x LAYERS more tensors.
     assert graph_outputs() == graph_outputs(**modeling.forward_kwargs(gpt2)) + 2 * LAYERS

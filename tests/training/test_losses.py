@@ -86,7 +86,7 @@ def test_compiled_into_the_models_graph_it_keeps_no_fp32_copy_of_the_logits():
     assert model.lm_head.weight.grad is not None and torch.isfinite(model.lm_head.weight.grad).all()
 
 
-def test_loaded_causal_lms_compile_into_one_graph_with_transformers_loss(tmp_path):
+def test_loaded_causal_lms_compile_into_one_graph_with_transformers_loss(dynamo_graphs):
     from distrain_cloud.training import modeling
     from distrain_cloud.training.args import TrainArgs
 
@@ -94,16 +94,8 @@ def test_loaded_causal_lms_compile_into_one_graph_with_transformers_loss(tmp_pat
     tokenizer = modeling.load_tokenizer(args)
     model = modeling.load_model(args, tokenizer)
     assert model.loss_type == "ForCausalLM"
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
     ids = torch.randint(0, len(tokenizer), (2, 16))
-    torch.compile(lambda x: model(input_ids=x, labels=x, use_cache=False).loss, backend=backend)(ids)
-    torch._dynamo.reset()
+    graphs = dynamo_graphs(lambda x: model(input_ids=x, labels=x, use_cache=False).loss, ids)
     assert len(graphs) == 1  # transformers' default lookup split it in two
 
 
