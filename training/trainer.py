@@ -105,6 +105,7 @@ class Trainer:
         if self.strategy.value == "ddp" and acc.num_processes > 1:
             self._print(f"ddp_bucket_mb={bucket_mb}")
         self.forward_kwargs = modeling.forward_kwargs(model)
+        modeling.loss_only_in_training(model)
         if not a.logits_upcast:  # transformers calls it inside the (compiled) forward
             from .losses import causal_lm_loss_without_upcast
 
