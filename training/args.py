@@ -64,7 +64,6 @@ class TrainArgs:
     sdpa_backend: str = "auto"
     fused_ce: bool = False
     ce_kernel: str = "chunked"
-    logits_upcast: bool = True
     ddp_reduce_dtype: str = "fp32"
     ddp_bucket_mb: int | None = None  # 25 eager, 1000 with --compile (strategies.ddp_bucket_mb)
     zero3_block_fetch: bool = True
@@ -151,10 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="causal-lm: chunked LM head + cross-entropy that never materialises the full logits")
     g.add_argument("--ce-kernel", choices=("chunked", "liger"), default=d.ce_kernel,
                    help="--fused-ce implementation: our chunked one, or liger-kernel's (must be installed)")
-    g.add_argument("--logits-upcast", action=argparse.BooleanOptionalAction, default=d.logits_upcast,
-                   help="causal-lm: --no-logits-upcast computes the loss from the bf16/fp16 logits, upcasting "
-                        "inside its kernels, instead of keeping an fp32 copy of them for the backward "
-                        "(needs --compile)")
     g.add_argument("--ddp-reduce-dtype", choices=("fp32", "bf16", "fp16"), default=d.ddp_reduce_dtype,
                    help="ddp: dtype of the gradient all-reduce (bf16/fp16 halve the bytes; gradients are "
                         "averaged in that precision)")
@@ -215,9 +210,6 @@ def validate(a: TrainArgs) -> None:
             raise ArgumentError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if a.fused_ce and (a.task != "causal-lm" or a.strategy.startswith("zero3")):
         raise ArgumentError("--fused-ce applies to --task causal-lm without ZeRO-3 (whose LM head is sharded)")
-    if not a.logits_upcast and (a.task != "causal-lm" or a.fused_ce or not a.compile):
-        raise ArgumentError("--no-logits-upcast applies to --task causal-lm with --compile and without --fused-ce "
-                            "(Inductor fuses its kernels; --fused-ce never materialises the logits)")
     if a.ce_kernel != "chunked" and not a.fused_ce:
         raise ArgumentError(f"--ce-kernel {a.ce_kernel} picks the --fused-ce implementation; add --fused-ce")
     if a.ddp_reduce_dtype != "fp32" and a.strategy != "ddp":

@@ -106,11 +106,6 @@ class Trainer:
             self._print(f"ddp_bucket_mb={bucket_mb}")
         self.forward_kwargs = modeling.forward_kwargs(model)
         modeling.loss_only_in_training(model)
-        if not a.logits_upcast:  # transformers calls it inside the (compiled) forward
-            from .losses import causal_lm_loss_without_upcast
-
-            model.loss_function = causal_lm_loss_without_upcast
-            self._print("lm_loss=no-logits-upcast")
         if self.strategy.zero_stage == 3 and a.zero3_block_fetch:
             self._fetch_blocks_whole(model)
         train_dl, eval_dl, self.train_sampler = data.make_loaders(

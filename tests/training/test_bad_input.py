@@ -53,10 +53,6 @@ CASES = {
     "compile-mode-without-compile": (["--compile-mode", "max-autotune"], ["--compile-mode", "--compile"]),
     "compile-tuning-without-compile": (["--compile-tuning"], ["--compile-tuning", "--compile"]),
     "zero-pad-multiple": (["--pad-to-multiple-of", "0"], ["--pad-to-multiple-of"]),
-    "no-logits-upcast-without-compile": (["--task", "causal-lm", "--no-logits-upcast"],
-                                         ["--no-logits-upcast", "--compile"]),
-    "no-logits-upcast-for-classification": (["--task", "classification", "--compile", "--no-logits-upcast"],
-                                            ["--no-logits-upcast", "causal-lm"]),
     "ce-kernel-without-fused-ce": (["--task", "causal-lm", "--ce-kernel", "liger"], ["--ce-kernel", "--fused-ce"]),
     "bf16-reduce-on-cpu": (["--ddp-reduce-dtype", "bf16"], ["--ddp-reduce-dtype bf16", "GPUs"]),
 }
