@@ -100,43 +100,40 @@ def load_model(args: TrainArgs, tokenizer, num_labels: int | None = None,
     return model
 
 
-def forward_kwargs(model) -> dict[str, Any]:
-    """Keyword arguments for the trainer's forward passes (training and evaluation).
+def training_forward(model) -> None:
+    """Make the model's forward the one the trainer needs: no key/value cache unless a caller
+    asks for one, and in training mode, when a loss is computed, only the loss.
 
-    Decoder models default to use_cache=True and build a key/value cache even in training,
-    where nothing reads it. Under torch.compile each layer's cached keys and values become
-    outputs of the compiled graph: the forward copies them, and the backward materialises a
-    zero gradient for each and adds it into the q/k/v gradient. That addition sat in the
-    kernel that took 5.3% of GPT-2 small's compiled step on an H100 (bench/README.md).
-    """
-    import inspect
-
-    return {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
-
-
-def loss_only_in_training(model) -> None:
-    """Training forwards that compute a loss return only the loss.
-
-    The trainer reads nothing else from them, but returning the logits costs three passes over
-    an fp32 copy of them each step. Under bf16/fp16, accelerate converts a prepared model's outputs to fp32,
-    and under torch.compile the logits are then an output of the compiled graph: the forward
-    writes an fp32 copy (16 x 1024 x 50304 floats, 3.3 GB, for GPT-2 small), and because that
-    output requires grad the backward gets a gradient for it, filled with zeros and read again.
-    With the logits dropped inside the model's forward, the copy is dead code and the graph has
-    no such output. Evaluation (eval mode) and forwards without labels return everything.
+    Both are outputs nothing in training reads, and under torch.compile each unread output that
+    requires grad costs the forward a write and the backward a zero gradient to fill and read:
+    - Decoders default to use_cache=True and build a cache in training too. Each layer's keys
+      and values became graph outputs, and their zero gradients were added in the kernel that
+      took 5.3% of GPT-2 small's compiled step on an H100. generate() still gets its cache: it
+      passes use_cache itself.
+    - Under bf16/fp16, accelerate converts a prepared model's outputs to fp32. The logits
+      (16 x 1024 x 50304 for GPT-2 small) were an fp32 graph output: 3.3 GB written, then
+      zero-filled and read in the backward. Dropping them inside the forward makes the copy dead
+      code; on H100s it took ours from 1.27-1.31x to 1.34-1.42x the Trainer baseline measured
+      in the same runs (bench/README.md).
+    Evaluation (eval mode) and forwards without labels still return the logits.
     """
     import inspect
     import types
 
+    signature = inspect.signature(type(model).forward)
+    takes_cache = "use_cache" in signature.parameters
+
     def forward(self, *args, **kwargs):
+        if takes_cache:
+            kwargs.setdefault("use_cache", False)
         out = type(self).forward(self, *args, **kwargs)
         if self.training and getattr(out, "loss", None) is not None:
             return type(out)(loss=out.loss)
         return out
 
-    # The class's signature (with self): forward_kwargs() and generate() inspect it. A method,
-    # not a closure: accelerate rebinds what it unwraps to the model.
-    forward.__signature__ = inspect.signature(type(model).forward)
+    # The class's signature (with self), which generate() inspects. A method, not a closure:
+    # accelerate rebinds what it unwraps to the model.
+    forward.__signature__ = signature
     model.forward = types.MethodType(forward, model)
 
 

@@ -104,8 +104,7 @@ class Trainer:
         self.num_parameters = modeling.count_parameters(model)
         if self.strategy.value == "ddp" and acc.num_processes > 1:
             self._print(f"ddp_bucket_mb={bucket_mb}")
-        self.forward_kwargs = modeling.forward_kwargs(model)
-        modeling.loss_only_in_training(model)
+        modeling.training_forward(model)
         if self.strategy.zero_stage == 3 and a.zero3_block_fetch:
             self._fetch_blocks_whole(model)
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
@@ -237,7 +236,7 @@ class Trainer:
             if self.args.fused_ce:
                 return self._fused_lm_loss(batch["input_ids"])
             batch = {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
-        return self.model(**batch, **self.forward_kwargs).loss
+        return self.model(**batch).loss
 
     def _fused_lm_loss(self, input_ids):
         import torch
@@ -246,7 +245,7 @@ class Trainer:
 
         # Through the wrapped model (DDP needs its forward), with logits for one position
         # only; the LM head and loss run chunked in losses.py.
-        out = self.model(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1, **self.forward_kwargs)
+        out = self.model(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1)
         head = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.args.precision, torch.float32)
         if self.args.ce_kernel == "liger":
@@ -288,8 +287,7 @@ class Trainer:
                     batch = self._mask(batch, seed=(self.args.seed, -1, i, acc.process_index))
                 elif task == "causal-lm":
                     batch = {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
-                inputs = {k: v for k, v in batch.items() if k != "labels"}
-                logits = self.model(**inputs, **self.forward_kwargs).logits.float()
+                logits = self.model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
                 labels = batch["labels"]
                 if task == "classification":
                     loss = F.cross_entropy(logits, labels, reduction="none")
