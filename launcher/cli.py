@@ -51,6 +51,8 @@ def submit(
     image_uri: Annotated[Optional[str], typer.Option("--image-uri", help="SageMaker: explicit training image")] = None,
     role: Annotated[Optional[str], typer.Option("--role", help="SageMaker: execution role name or ARN")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan; send nothing")] = False,
+    bundle_files: Annotated[bool, typer.Option("--bundle-files", help="with --dry-run: list the code bundle's "
+                                                                      "files and sizes")] = False,
     as_json: Json = False,
     wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends")] = False,
 ) -> None:
@@ -73,6 +75,10 @@ def submit(
     plan = plan_job(job, dry_run=dry_run)
     if dry_run or as_json:
         typer.echo(plan.to_json() if as_json else plan.render())
+    if bundle_files:
+        listing = plan.payload.get("bundle_listing")
+        typer.echo(f"code bundle files:\n{listing}" if listing else
+                   f"code bundle files: none ({plan.backend} jobs run the installed code, not a bundle)")
     if dry_run:
         failed = plan.failed_checks
         raise typer.Exit(1 if failed else 0)

@@ -19,9 +19,49 @@ from distrain_cloud.infra.secret_env import REFERENCE
 from distrain_cloud.training.strategies import STRATEGIES
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+# A job name: what SageMaker accepts, and never a path (no dots, no slashes).
+JOB_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
+CHANNEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# S3's rules for new buckets: 3-63 of a-z 0-9 . -, starting and ending with a letter or digit,
+# no "..", not shaped like an IP address, none of the reserved prefixes and suffixes.
+_BUCKET = re.compile(r"(?!xn--|sthree-|amzn-s3-demo-)(?!\d+\.\d+\.\d+\.\d+$)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+_KEY_PREFIX = re.compile(r"[A-Za-z0-9!_.*'()/-]{0,200}")
+_SUBNET = re.compile(r"subnet-[0-9a-f]{8,17}")
+_SECURITY_GROUP = re.compile(r"sg-[0-9a-f]{8,17}")
+_ROLE = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}|[\w+=,.@-]{1,64}")
+# The CLI flag that sets each key, so a refusal names what the user typed as well as the key.
+FLAGS = {"name": "--name", "instance": "--instance", "nodes": "--nodes", "strategy": "--strategy",
+         "precision": "--precision", "region": "--region", "max_run": "--max-run", "max_wait": "--max-wait",
+         "max_cost": "--max-cost", "resume_from": "--resume-from", "inputs": "--input", "secrets": "--secret",
+         "sagemaker.role": "--role", "sagemaker.image_uri": "--image-uri", "local.processes": "--processes"}
+MAX_SPEC_BYTES = 1 << 20  # a job spec is a page of YAML; anything near this is a mistake
+MAX_SPEC_NODES = 100_000  # YAML aliases may not expand a spec past this ("billion laughs")
 # Flags the spec owns at the top level; setting them as hyperparameters would fork the truth.
 _OWNED_FLAGS = {"strategy": "strategy", "precision": "precision", "push-to-hub": "hub.repo_id",
                 "wandb-project": "wandb.project", "wandb-entity": "wandb.entity", "run-name": "wandb.run_name"}
+
+
+def bucket_problem(name: str) -> str | None:
+    """Why `name` cannot be an S3 bucket name, or None."""
+    if not _BUCKET.fullmatch(name) or ".." in name or name.endswith(_BUCKET_SUFFIXES):
+        return (f"{name!r} is not a valid S3 bucket name (3-63 lowercase letters, digits, dots and hyphens, "
+                "starting and ending with a letter or digit)")
+    return None
+
+
+def s3_uri_problem(uri: str) -> str | None:
+    """Why `uri` is not a usable s3://bucket/key URI, or None."""
+    if not uri.startswith("s3://"):
+        return f"{uri!r} is not an s3:// URI"
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if not bucket:
+        return f"{uri!r} names no bucket (write s3://BUCKET/prefix)"
+    if len(uri) > 1024:
+        return f"the URI is {len(uri)} characters; S3 URIs in a request are at most 1024"
+    if any(ord(c) < 32 for c in key):
+        return f"{uri!r} holds control characters"
+    return bucket_problem(bucket)
 
 
 def parse_duration(value: str | int | float) -> int:
@@ -48,6 +88,12 @@ class HubSpec(_Section):
     repo_id: str | None = Field(None, description="push the final model to this Hub repo (needs secrets.HF_TOKEN)")
 
 
+class BundleSpec(_Section):
+    allow_large: list[str] = Field(
+        default_factory=list, description="files over the code bundle's per-file limit to ship anyway "
+                                          "(paths from the repository root, e.g. training/assets/vocab.bin)")
+
+
 class LocalSpec(_Section):
     workdir: Path = Field(Path("runs"), description="each job gets <workdir>/<job name>/ with the contract's folders")
     processes: int | None = Field(None, ge=1, description="processes to start; default one per GPU, else 1")
@@ -64,6 +110,79 @@ class SageMakerSpec(_Section):
     subnets: list[str] = Field(default_factory=list)
     security_group_ids: list[str] = Field(default_factory=list)
     tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, v: str | None) -> str | None:
+        if v is not None and not _ROLE.fullmatch(v):
+            raise ValueError(f"{v!r} is neither an IAM role name nor a role ARN (arn:aws:iam::<account>:role/<name>)")
+        return v
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: str | None) -> str | None:
+        problem = v is not None and bucket_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not _KEY_PREFIX.fullmatch(v) or ".." in v.split("/"):
+            raise ValueError(f"{v!r}: a key prefix is at most 200 letters, digits and !_.*'()/- with no '..' part")
+        return v
+
+    @field_validator("image_uri")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 255 or not v.strip() or any(c.isspace() for c in v)):
+            raise ValueError("an image URI is at most 255 characters without spaces (ACCOUNT.dkr.ecr.REGION."
+                             "amazonaws.com/REPO:TAG)")
+        return v
+
+    @field_validator("subnets")
+    @classmethod
+    def _subnets(cls, v: list[str]) -> list[str]:
+        bad = [x for x in v if not _SUBNET.fullmatch(x)]
+        if bad or len(v) > 16:
+            raise ValueError(f"{bad[0]!r} is not a subnet id (subnet-0123abcd...)" if bad else "at most 16 subnets")
+        return v
+
+    @field_validator("security_group_ids")
+    @classmethod
+    def _security_groups(cls, v: list[str]) -> list[str]:
+        bad = [x for x in v if not _SECURITY_GROUP.fullmatch(x)]
+        if bad or len(v) > 5:
+            raise ValueError(f"{bad[0]!r} is not a security group id (sg-0123abcd...)" if bad
+                             else "at most 5 security groups")
+        return v
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: dict[str, str]) -> dict[str, str]:
+        import regex
+
+        allowed = regex.compile(r"[\p{L}\p{Z}\p{N}_.:/=+\-@]*")
+        if len(v) > 47:  # SageMaker allows 50; the plan adds 3 of its own
+            raise ValueError(f"{len(v)} tags; at most 47 (the job adds 3 of its own)")
+        for key, value in v.items():
+            if not 1 <= len(key) <= 128 or len(value) > 256:
+                raise ValueError(f"tag {key[:40]!r}: keys are 1-128 characters, values at most 256")
+            if key.lower().startswith(("aws:", "distrain-cloud:")):
+                raise ValueError(f"tag {key!r}: the aws: and distrain-cloud: prefixes are reserved")
+            if not allowed.fullmatch(key) or not allowed.fullmatch(value):
+                raise ValueError(f"tag {key[:40]!r}: use letters, digits, spaces and _ . : / = + - @ only")
+        return v
+
+    @model_validator(mode="after")
+    def _vpc(self) -> "SageMakerSpec":
+        # SageMaker needs both halves of a VPC config; one without the other is a mistake, not a default.
+        if bool(self.subnets) != bool(self.security_group_ids):
+            given, missing = (("subnets", "security_group_ids") if self.subnets
+                              else ("security_group_ids", "subnets"))
+            raise ValueError(f"{given} without {missing}: a VPC job needs both (or neither)")
+        return self
 
 
 class JobSpec(BaseModel):
@@ -91,6 +210,7 @@ class JobSpec(BaseModel):
         default_factory=dict, description="env var -> Secrets Manager ARN or SSM parameter; resolved inside the job")
     wandb: WandbSpec = Field(default_factory=WandbSpec)
     hub: HubSpec = Field(default_factory=HubSpec)
+    bundle: BundleSpec = Field(default_factory=BundleSpec)
     sagemaker: SageMakerSpec = Field(default_factory=SageMakerSpec)
     local: LocalSpec = Field(default_factory=LocalSpec)
 
@@ -104,6 +224,35 @@ class JobSpec(BaseModel):
     def _normalise_instance(cls, value: str) -> str:
         # One spelling everywhere after this: the request, the quota check, the backend choice.
         return value.strip().lower()
+
+    @field_validator("max_run", "max_wait")
+    @classmethod
+    def _positive(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"{v}s is not a limit: give at least 1 second (e.g. 90m, 6h, 2d)")
+        return v
+
+    @field_validator("resume_from")
+    @classmethod
+    def _job_name(cls, v: str | None) -> str | None:
+        # A job name is also a folder and an S3 prefix: it must never climb out of them.
+        if v is not None and not JOB_NAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not a job name (letters, digits and hyphens, as `distrain-cloud ls` shows)")
+        return v
+
+    @field_validator("inputs")
+    @classmethod
+    def _channels(cls, v: dict[str, str]) -> dict[str, str]:
+        for channel, source in v.items():
+            if not CHANNEL_NAME.fullmatch(channel):
+                raise ValueError(f"channel name {channel!r}: use 1-64 letters, digits, dots, hyphens or underscores")
+            if source.startswith("s3:") or "://" in source:
+                problem = s3_uri_problem(source)
+                if problem:
+                    raise ValueError(f"{channel}: {problem}")
+            elif not source.strip():
+                raise ValueError(f"{channel}: give an s3:// URI or a local path")
+        return v
 
     @field_validator("strategy")
     @classmethod
@@ -191,21 +340,10 @@ def _close(word: str, options) -> str:
 
 def load_spec(path: Path | None, overrides: dict[str, Any] | None = None) -> JobSpec:
     """Read a YAML spec (optional) and apply CLI overrides (dotted keys, None = not given)."""
-    import yaml
-
     data: dict[str, Any] = {}
     where = str(path) if path else "the command line"
     if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise UserError(f"job spec {path} not found") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark else ""
-            raise UserError(f"{path} is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
-        if not isinstance(data, dict):
-            raise UserError(f"{path} must be a mapping of keys (name:, instance:, ...), not {type(data).__name__}")
+        data = read_spec_file(Path(path))
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
@@ -225,6 +363,70 @@ def load_spec(path: Path | None, overrides: dict[str, Any] | None = None) -> Job
         raise UserError(f"{where}: {format_validation_error(e)}") from None
 
 
+def read_spec_file(path: Path) -> dict[str, Any]:
+    """The mapping in a job spec file, refused in one line when it is not one."""
+    import yaml
+
+    if not path.exists():
+        raise UserError(f"job spec {path} not found")
+    if not path.is_file():
+        raise UserError(f"job spec {path} is not a file (give the YAML file, e.g. examples/local-quickstart.yaml)")
+    if path.stat().st_size > MAX_SPEC_BYTES:
+        raise UserError(f"job spec {path} is {path.stat().st_size} bytes; a spec is at most {MAX_SPEC_BYTES}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"job spec {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            _check_expansion(node, path)
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path} is not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+    finally:
+        loader.dispose()
+    if data is None:
+        # An empty spec would silently mean "all defaults": almost always the wrong file.
+        raise UserError(f"job spec {path} is empty (or only comments); write at least `instance: local`, "
+                        "or leave the file out to use flags alone")
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must be a mapping of keys (name:, instance:, ...), not {type(data).__name__}")
+    return data
+
+
+def _check_expansion(root: Any, path: Path) -> None:
+    """Refuse YAML whose aliases expand it past MAX_SPEC_NODES, or refer to themselves."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: Any) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise UserError(f"{path}: a YAML alias refers to itself; a job spec holds plain values")
+        active.add(key)
+        if isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        else:
+            total = 1
+        active.discard(key)
+        if total > MAX_SPEC_NODES:
+            raise UserError(f"{path}: YAML aliases expand it past {MAX_SPEC_NODES} values; write the spec out plainly")
+        sizes[key] = total
+        return total
+
+    size(root)
+
+
 def format_validation_error(e: ValidationError) -> str:
     parts = []
     for err in e.errors():
@@ -238,5 +440,8 @@ def format_validation_error(e: ValidationError) -> str:
             parts.append(f"unknown key {loc!r}" + (f" in {section}" if section else "") + f"; known keys: {known}")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            parts.append(f"{loc}: {msg}")
+            key = ".".join(str(x) for x in err["loc"][:2])
+            flag = FLAGS.get(key) or FLAGS.get(str(err["loc"][:1] and err["loc"][0]))
+            label = f"{loc} ({flag})" if flag else loc
+            parts.append(f"{label}: {msg}" if label else msg)
     return "; ".join(parts)

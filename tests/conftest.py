@@ -37,3 +37,20 @@ def mocked_aws(aws_credentials):
 
     with moto.mock_aws():
         yield
+
+
+@pytest.fixture
+def aws_calls(aws_credentials, monkeypatch):
+    """Every AWS API call botocore is asked to make, refused and recorded ("sts.GetCallerIdentity").
+
+    With credentials present, a refusal that happens before the first call leaves this list empty."""
+    import botocore.client
+
+    calls: list[str] = []
+
+    def refuse(self, operation_name, api_params):
+        calls.append(f"{self.meta.service_model.service_name}.{operation_name}")
+        raise AssertionError(f"AWS was called: {calls[-1]}")
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", refuse)
+    return calls

@@ -23,6 +23,7 @@ from distrain_cloud.training.contract import SAGEMAKER_CHECKPOINT_DIR
 from distrain_cloud.training.strategies import (ClusterShape, accelerate_config, choose_precision,
                                                deepspeed_config_for, parse_strategy)
 
+from ..bootstrap import sagemaker_entrypoint
 from ..plan import Check, Plan, unique_job_name
 
 if TYPE_CHECKING:
@@ -30,17 +31,6 @@ if TYPE_CHECKING:
 
 CODE_CHANNEL = "code"
 TAG_PREFIX = "distrain-cloud:"
-# What the job runs. Kept in the request (ContainerEntrypoint) so the plan shows it all.
-BOOTSTRAP = """set -euo pipefail
-ROOT="${DISTRAIN_SAGEMAKER_ROOT:-/opt/ml}"  # overridden only to rehearse the job outside SageMaker
-mkdir -p "$ROOT/code"
-tar -xzf "$ROOT"/input/data/code/*.tar.gz -C "$ROOT/code"
-cd "$ROOT/code"
-export PYTHONPATH="$ROOT/code${PYTHONPATH:+:$PYTHONPATH}"
-if [ -s requirements.txt ]; then python -m pip install --quiet --disable-pip-version-check -r requirements.txt; fi
-exec python -m distrain_cloud.infra.secret_env -- \\
-  python -m distrain_cloud.training.node_launch --hyperparameters "$ROOT/input/config/hyperparameters.json"
-"""
 METRICS = ("train_loss", "eval_loss", "eval_accuracy", "eval_f1_macro", "eval_perplexity", "tokens_per_sec")
 SPOT_PRICE_RANGE = (0.3, 0.7)  # typical spot price as a fraction of on-demand; never above 1.0
 
@@ -102,13 +92,10 @@ class SageMakerBackend:
         strategy = parse_strategy(spec.strategy)
 
         checks: list[Check] = [region_check]
-        account, role_arn = self._account_and_role(spec, region, dry_run, checks)
-        bucket = spec.sagemaker.bucket or default_bucket(account, region)
         prefix = spec.sagemaker.prefix.strip("/")
-        bundle = build_bundle(repo_root())
+        bundle = build_bundle(repo_root(), allow_large=spec.bundle.allow_large)
         code_key = bundle_key(prefix, bundle.sha256)
         lineage = spec.resume_from or job_name
-        checkpoint_uri = self._checkpoint_uri(spec, bucket, prefix, lineage, region, dry_run, checks)
 
         processes = max(instance.gpus, 1)
         cluster = ClusterShape(num_nodes=spec.nodes, processes_per_node=processes, main_addr="algo-1",
@@ -122,8 +109,28 @@ class SageMakerBackend:
             configs["deepspeed_config"] = deepspeed_config_for(train, cluster.world_size)
 
         max_wait = spec.max_wait or (spec.max_run * 2 if spec.spot else None)
-        request = self._request(spec, job_name, image.uri, role_arn, bucket, prefix, code_key, checkpoint_uri,
-                                argv, bundle.sha256, lineage, max_wait)
+
+        def request_for(account: str, role_arn: str, checkpoint_uri: str | None = None) -> dict[str, Any]:
+            bucket = spec.sagemaker.bucket or default_bucket(account, region)
+            checkpoint_uri = checkpoint_uri or f"s3://{bucket}/{prefix}/checkpoints/{lineage}/"
+            return self._request(spec, job_name, image.uri, role_arn, bucket, prefix, code_key, checkpoint_uri,
+                                 argv, bundle.sha256, lineage, max_wait)
+
+        # Everything the user wrote is in the request before AWS is asked anything, so a request
+        # the API would refuse is refused here, with no call made.
+        refuse_api_problems(request_for(*_offline_identity(spec, "000000000000")))
+        if dry_run:
+            account, role_arn = _offline_identity(spec, "<account>")
+            checks.append(Check("role exists and trusts SageMaker", None, "not checked in a dry run"))
+        else:
+            account, role_arn = self._account_and_role(spec, region, checks)
+        bucket = spec.sagemaker.bucket or default_bucket(account, region)
+        checkpoint_uri = self._checkpoint_uri(spec, bucket, prefix, lineage, region, dry_run, checks)
+        request = request_for(account, role_arn, checkpoint_uri)
+        if not dry_run:
+            refuse_api_problems(request)  # the looked-up parts too (a previous job's checkpoint URI)
+        checks.append(Check("request fits the SageMaker API model", True,
+                            "lengths, ranges, patterns and required fields of CreateTrainingJob"))
         cost = self._cost(spec, instance, region)
         checks += self._static_checks(spec, job_name, max_wait, cost, image)
         if not dry_run:
@@ -140,7 +147,7 @@ class SageMakerBackend:
             bundle={"sha256": bundle.sha256, "size": bundle.size, "files": len(bundle.files),
                     "s3": f"s3://{bucket}/{code_key}"},
             cost=cost, checks=checks,
-            payload={"bundle": bundle.data, "bucket": bucket, "code_key": code_key, "region": region},
+            payload={"bundle": bundle.data, "bundle_listing": bundle.listing(), "bucket": bucket, "code_key": code_key, "region": region},
         )
 
     def _region(self, spec: JobSpec, dry_run: bool) -> tuple[str, Check]:
@@ -153,21 +160,12 @@ class SageMakerBackend:
                 return "us-east-1", Check("region", None, "none configured; assumed us-east-1 (pass --region)")
         return aws.region(spec.region), Check("region", True)
 
-    def _account_and_role(self, spec, region, dry_run, checks) -> tuple[str, str]:
-        role = spec.sagemaker.role
-        if not role:
-            raise UserError("SageMaker needs an execution role: pass --role NAME_OR_ARN (or sagemaker.role in the "
-                            "spec); it must trust sagemaker.amazonaws.com")
-        if dry_run:
-            account = role.split(":")[4] if role.startswith("arn:") else "<account>"
-            arn = role if role.startswith("arn:") else f"arn:aws:iam::{account}:role/{role}"
-            checks.append(Check("role exists and trusts SageMaker", None, "not checked in a dry run"))
-            return account, arn
+    def _account_and_role(self, spec: JobSpec, region: str, checks: list[Check]) -> tuple[str, str]:
         from distrain_cloud.infra import aws, resources
 
         with aws.translate_errors():
             account = aws.account_id(region)
-            arn = resources.check_role(role, region=region)
+            arn = resources.check_role(_role(spec), region=region)
         checks.append(Check("role exists and trusts SageMaker", True, arn))
         return account, arn
 
@@ -218,7 +216,7 @@ class SageMakerBackend:
             "AlgorithmSpecification": {
                 "TrainingImage": image_uri,
                 "TrainingInputMode": "File",
-                "ContainerEntrypoint": ["/bin/bash", "-c", BOOTSTRAP],
+                "ContainerEntrypoint": sagemaker_entrypoint(CODE_CHANNEL),
                 "MetricDefinitions": [{"Name": m, "Regex": f"{m}=([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))"} for m in METRICS],
             },
             "HyperParameters": argv_to_hyperparameters(argv),
@@ -317,7 +315,7 @@ class SageMakerBackend:
         with aws.translate_errors():
             resources.ensure_bucket(bucket, region)
             uploaded = resources.upload_if_absent(bucket, plan.payload["code_key"], plan.payload["bundle"], region)
-            aws.client("sagemaker", region).create_training_job(**plan.request)
+            create_training_job_once(plan.request, region)
         print(f"submitted {plan.job_name} (code bundle {'uploaded' if uploaded else 'already in S3'})",
               file=sys.stderr)
         print(f"next: distrain-cloud logs {plan.job_name} --follow --region {region}", file=sys.stderr)
@@ -405,6 +403,84 @@ class SageMakerBackend:
         with aws.translate_errors():
             aws.client("sagemaker", aws.region(region)).stop_training_job(TrainingJobName=job_name)
         return f"stopping {job_name}: it saves a checkpoint first (distrain-cloud status {job_name})"
+
+
+def create_training_job_once(request: dict[str, Any], region: str) -> None:
+    """CreateTrainingJob, safe to retry: botocore retries a call whose answer was lost, and the
+    retry meets `ResourceInUse` for the job the first call made. That is success when the job
+    of that name is this request's (same role, image, hyperparameters and checkpoint location);
+    any other job of that name is a real conflict."""
+    from botocore.exceptions import ClientError
+
+    from distrain_cloud.infra import aws
+
+    sagemaker = aws.client("sagemaker", region)
+    try:
+        sagemaker.create_training_job(**request)
+    except ClientError as exc:
+        if aws.error_code(exc) != "ResourceInUse":
+            raise
+        existing = sagemaker.describe_training_job(TrainingJobName=request["TrainingJobName"])
+        if _fingerprint(existing) != _fingerprint(request):
+            raise UserError(f"a different training job named {request['TrainingJobName']} already exists; "
+                            "submit again (each submit picks a new name) or pass another --name") from exc
+
+
+def _fingerprint(job: dict[str, Any]) -> tuple[Any, ...]:
+    """The parts of a request that DescribeTrainingJob gives back unchanged."""
+    algorithm = job.get("AlgorithmSpecification") or {}
+    return (job.get("RoleArn"), algorithm.get("TrainingImage"), job.get("HyperParameters") or {},
+            (job.get("CheckpointConfig") or {}).get("S3Uri"))
+
+
+def _role(spec: JobSpec) -> str:
+    if not spec.sagemaker.role:
+        raise UserError("SageMaker needs an execution role: pass --role NAME_OR_ARN (or sagemaker.role in the "
+                        "spec); it must trust sagemaker.amazonaws.com")
+    return spec.sagemaker.role
+
+
+def _offline_identity(spec: JobSpec, unknown_account: str) -> tuple[str, str]:
+    """(account, role ARN) as far as they are known without asking AWS."""
+    role = _role(spec)
+    account = role.split(":")[4] if role.startswith("arn:") else unknown_account
+    return account, role if role.startswith("arn:") else f"arn:aws:iam::{account}:role/{role}"
+
+
+# Which flag or spec key sets each part of the request, so a refusal names what the user wrote.
+REQUEST_SOURCES = (
+    ("TrainingJobName", "--name"),
+    ("RoleArn", "--role"),
+    ("AlgorithmSpecification.TrainingImage", "--image-uri"),
+    ("HyperParameters", "training flags (hyperparameters: or after --)"),
+    ("InputDataConfig", "--input"),
+    ("OutputDataConfig", "sagemaker.bucket / sagemaker.prefix"),
+    ("CheckpointConfig", "sagemaker.bucket / sagemaker.prefix / --resume-from"),
+    ("ResourceConfig.InstanceType", "--instance"),
+    ("ResourceConfig.InstanceCount", "--nodes"),
+    ("ResourceConfig.VolumeSizeInGB", "sagemaker.volume_size_gb"),
+    ("StoppingCondition.MaxRuntimeInSeconds", "--max-run"),
+    ("StoppingCondition.MaxWaitTimeInSeconds", "--max-wait"),
+    ("VpcConfig", "sagemaker.subnets / sagemaker.security_group_ids"),
+    ("Environment", "--secret"),
+    ("Tags", "sagemaker.tags"),
+)
+
+
+def refuse_api_problems(request: dict[str, Any]) -> None:
+    """Raise one UserError naming the flag or key behind each part of `request` that breaks
+    SageMaker's API model."""
+    from ..apimodel import problems
+
+    found = problems("sagemaker", "CreateTrainingJob", request)
+    if not found:
+        return
+    parts = []
+    for path, problem in found[:3]:
+        source = next((src for prefix, src in REQUEST_SOURCES if path.startswith(prefix)), "the planned request")
+        parts.append(f"{source}: {path} {problem}")
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    raise UserError("SageMaker would refuse this job, nothing was sent: " + "; ".join(parts) + more)
 
 
 def _host(stream: str) -> str:

@@ -123,7 +123,7 @@ def test_submit_the_example_then_status_ls_logs_and_cancel(moto_server, env, rol
     assert "huggingface-pytorch-training" in image and "-cu12" in image and "cu13" not in image
     assert image == plan["request"]["AlgorithmSpecification"]["TrainingImage"]
     entry = algo["ContainerEntrypoint"]
-    assert entry[:2] == ["/bin/bash", "-c"] and "python -m distrain_cloud.training.node_launch" in entry[2]
+    assert entry[:2] == ["/bin/bash", "-c"] and "distrain_cloud/training/job_entry.sh" in entry[2]
     assert entry == plan["request"]["AlgorithmSpecification"]["ContainerEntrypoint"]
     assert job["ResourceConfig"]["InstanceType"] == "ml.p3.8xlarge" and job["ResourceConfig"]["InstanceCount"] == 1
     assert job["RoleArn"] == role

@@ -72,7 +72,7 @@ def test_bad_flag_value_is_one_line_and_creates_nothing(tmp_path):
     r = cli("submit", "--instance", "local", "--strategy", "zero9", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        "error: the command line: strategy: unknown strategy 'zero9'; choose one of: single, ddp, zero1, zero2, "
+        "error: the command line: strategy (--strategy): unknown strategy 'zero9'; choose one of: single, ddp, zero1, zero2, "
         "zero3, zero2-offload, zero3-offload"]
     assert not (tmp_path / "runs").exists()
 

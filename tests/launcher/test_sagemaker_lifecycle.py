@@ -188,7 +188,7 @@ def test_submit_sends_exactly_the_plan_creates_the_bucket_and_uploads_the_bundle
     algo = job["AlgorithmSpecification"]
     assert algo["TrainingImage"] == first.summary["image"] and "cu12" in algo["TrainingImage"]
     assert algo["ContainerEntrypoint"] == first.request["AlgorithmSpecification"]["ContainerEntrypoint"]
-    assert "distrain_cloud.training.node_launch" in algo["ContainerEntrypoint"][2]
+    assert "distrain_cloud/training/job_entry.sh" in algo["ContainerEntrypoint"][2]
     assert job["ResourceConfig"]["InstanceType"] == "ml.p3.8xlarge" and job["ResourceConfig"]["InstanceCount"] == 1
     assert job["HyperParameters"] == first.request["HyperParameters"]
     assert job["HyperParameters"]["strategy"] == "zero2" and job["HyperParameters"]["batch_size"] == "8"
@@ -617,3 +617,54 @@ def test_logs_follow_prints_new_lines_once_until_the_job_ends(mocked_aws, monkey
         "[algo-1] model_saved=/opt/ml/model",
     ]
     stub.assert_no_pending_responses()
+
+
+def sagemaker_refuses_taken_names(monkeypatch, *, lose_first_answer: bool = False) -> list[str]:
+    """CreateTrainingJob as SageMaker answers it and moto does not: `ResourceInUse` when a job of that
+    name exists. With `lose_first_answer`, the first job is created and its answer lost on the way back
+    (a dropped connection), so botocore retries the call, as in real life."""
+    from botocore.exceptions import ConnectionClosedError
+    from moto.sagemaker.exceptions import ResourceInUseException
+    from moto.sagemaker.models import SageMakerModelBackend
+
+    answers: list[str] = []
+    create = SageMakerModelBackend.create_training_job
+
+    def create_like_sagemaker(self, training_job_name, *args, **kwargs):
+        if training_job_name in self.training_jobs:
+            answers.append("ResourceInUse")
+            raise ResourceInUseException(message=f"Training job {training_job_name} already exists")
+        job = create(self, training_job_name, *args, **kwargs)
+        answers.append("created")
+        if lose_first_answer and len(answers) == 1:
+            raise ConnectionClosedError(endpoint_url="https://api.sagemaker.us-east-1.amazonaws.com")
+        return job
+
+    monkeypatch.setattr(SageMakerModelBackend, "create_training_job", create_like_sagemaker)
+    monkeypatch.setattr("time.sleep", lambda s: None)  # botocore's retry back-off
+    return answers
+
+
+def test_a_create_whose_answer_was_lost_is_still_a_success(role, monkeypatch, capsys):
+    sent = sagemaker_refuses_taken_names(monkeypatch, lose_first_answer=True)
+    rc, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.8xlarge", "--role", role, "--region", REGION)
+    assert sent == ["created", "ResourceInUse"]  # delivered, answer dropped; the retry met its own job
+    assert rc == 0, err
+    assert err.startswith("submitted ")
+    import boto3
+
+    jobs = boto3.client("sagemaker", region_name=REGION).list_training_jobs()["TrainingJobSummaries"]
+    assert len(jobs) == 1
+
+
+def test_a_name_taken_by_another_job_is_a_conflict(role, monkeypatch):
+    from distrain_cloud.launcher.backends.sagemaker import create_training_job_once
+
+    sent = sagemaker_refuses_taken_names(monkeypatch)
+    plan = plan_job(spec(role), dry_run=False)
+    create_training_job_once(plan.request, REGION)
+    create_training_job_once(plan.request, REGION)  # the same request again: the same job
+    other = {**plan.request, "HyperParameters": {**plan.request["HyperParameters"], "seed": "7"}}
+    with pytest.raises(UserError, match="a different training job named .* already exists"):
+        create_training_job_once(other, REGION)
+    assert sent == ["created", "ResourceInUse", "ResourceInUse"]

@@ -350,13 +350,19 @@ def test_the_code_bundle_is_content_addressed_stable_and_tagged(offline):
     assert {"distrain_cloud/training/node_launch.py", "distrain_cloud/infra/secret_env.py"} <= names
 
 
-def test_the_entrypoint_unpacks_the_bundle_and_starts_one_process_per_gpu(offline):
-    entry = dry().request["AlgorithmSpecification"]["ContainerEntrypoint"]
+def test_the_entrypoint_unpacks_the_bundle_and_runs_its_job_script(offline):
+    plan = dry()
+    entry = plan.request["AlgorithmSpecification"]["ContainerEntrypoint"]
     assert entry[:2] == ["/bin/bash", "-c"]
     script = entry[2]
-    assert "/input/data/code/" in script and "/opt/ml" in script
-    assert "python -m distrain_cloud.infra.secret_env --" in script
-    assert "python -m distrain_cloud.training.node_launch --hyperparameters \"$ROOT/input/config/hyperparameters.json\"" in script
+    assert "/input/data/code/" in script and "/opt/ml" in script and "\n" not in script
+    assert 'exec bash "$R/code/distrain_cloud/training/job_entry.sh" --hyperparameters' in script
+    # The rest travels in the bundle the plan hashed: secrets resolved, then the node launcher.
+    with tarfile.open(fileobj=io.BytesIO(plan.payload["bundle"]), mode="r:gz") as tar:
+        member = tar.getmember("distrain_cloud/training/job_entry.sh")
+        job_script = tar.extractfile(member).read().decode()
+    assert member.mode & 0o111
+    assert "python -m distrain_cloud.infra.secret_env -- python -m distrain_cloud.training.node_launch" in job_script
 
 
 def test_job_names_fit_sagemaker_and_are_unique(offline):
@@ -377,7 +383,7 @@ def test_inputs_must_be_s3_and_code_is_reserved(offline):
     with pytest.raises(UserError, match="SageMaker channels must be s3:// URIs"):
         dry(inputs={"train": "/local/path"})
     with pytest.raises(UserError, match="reserved for the code bundle"):
-        dry(inputs={"code": "s3://x/y"})
+        dry(inputs={"code": "s3://some-bucket/y"})
 
 
 def test_a_role_name_becomes_an_arn_placeholder_in_a_dry_run(offline):
