@@ -7,7 +7,9 @@ the token stream into fixed blocks, so there is no padding at all.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -92,6 +94,8 @@ def _files_kwargs(files: dict[str, list[Path]], flag: str) -> dict:
             if p.suffix not in BUILDERS:
                 raise DataError(f"{flag}: cannot read {p}: unsupported format {p.suffix!r} "
                                 f"(use csv, json, jsonl, parquet or txt)")
+            if _is_empty(p):
+                raise DataError(f"{flag}: data file {p} is empty; add rows to it or remove it")
     builders = {BUILDERS[s] for s in suffixes}
     if len(builders) > 1:
         raise DataError(f"{flag}: mixed file formats {sorted(suffixes)}; use one format for all splits")
@@ -101,16 +105,43 @@ def _files_kwargs(files: dict[str, list[Path]], flag: str) -> dict:
     return kwargs
 
 
+def _is_empty(path: Path) -> bool:
+    """True for a file of 0 bytes, a parquet file of no rows, or a text file of only blank lines.
+
+    `datasets` answers such files with a StopIteration, a schema error or an Arrow error,
+    sometimes only when a second file follows.
+    """
+    if path.stat().st_size == 0:
+        return True
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:  # the footer alone says; a file that is not parquet is the loader's to report
+            return pq.read_metadata(path).num_rows == 0
+        except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
+            return False
+    with path.open("rb") as f:  # a real file ends this loop at its first byte
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return False
+    return True
+
+
 def load_raw(args: TrainArgs, contract: Contract):
     """A DatasetDict with 'train' and 'validation' splits, checked against the arguments."""
     import datasets
 
     source, kwargs = resolve_sources(args, contract)
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()  # our one-line error says it; no Arrow stack on stderr
+    # Our one-line error says it: no Arrow stack, nor the "Failed to read" line logged before a raise.
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         raw = datasets.load_dataset(**kwargs)
     except (FileNotFoundError, ValueError, OSError, datasets.exceptions.DatasetGenerationError) as e:
+        # A csv of only a header, or a split whose files hold no rows between them.
+        no_rows = re.match(r'Instruction "(\w+)" corresponds to no data', str(e))
+        if no_rows:
+            raise DataError(f"{_where(source, kwargs, no_rows[1])} holds no rows; add rows to it") from e
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         cause = e.__cause__ or e.__context__
         if cause is not None and str(cause).strip():
@@ -118,20 +149,31 @@ def load_raw(args: TrainArgs, contract: Contract):
         raise DataError(f"cannot read data {source}: {reason[:300]}") from e
     if "train" not in raw:
         raise DataError(f"data {source} has no 'train' split (splits: {', '.join(raw)})")
-    if "validation" not in raw:
-        for alt in ("valid", "test", "eval"):
-            if alt in raw:
-                raw["validation"] = raw.pop(alt)
-                break
-        else:
-            parts = raw["train"].train_test_split(test_size=args.validation_fraction, seed=args.seed)
-            raw["train"], raw["validation"] = parts["train"], parts["test"]
+    validation = next((s for s in ("validation", "valid", "test", "eval") if s in raw), None)
+    # Checked before any split or selection, so a row number is the row's place in its file.
+    _check_columns(args, raw, source)
+    for split in ["train"] + ([validation] if validation else []):
+        _check_rows(args, raw[split], _where(source, kwargs, split))
+    if validation is None:
+        parts = raw["train"].train_test_split(test_size=args.validation_fraction, seed=args.seed)
+        raw["train"], raw["validation"] = parts["train"], parts["test"]
+    elif validation != "validation":
+        raw["validation"] = raw.pop(validation)
     if args.max_train_samples:
         raw["train"] = raw["train"].select(range(min(args.max_train_samples, len(raw["train"]))))
     if args.max_eval_samples:
         raw["validation"] = raw["validation"].select(range(min(args.max_eval_samples, len(raw["validation"]))))
-    _check_columns(args, raw, source)
     return raw
+
+
+def _where(source: str, kwargs: dict, split: str) -> str:
+    """How an error names a split's data: its file, or the source and split, whose rows are counted
+    through its files in the order they are read (by name)."""
+    files = kwargs.get("data_files", {}).get(split, [])
+    if len(files) == 1:
+        return f"data file {files[0]}"
+    read = f", {len(files)} files read in name order" if files else ""
+    return f"data {source} ({split} split{read})"
 
 
 def _check_columns(args: TrainArgs, raw, source: str) -> None:
@@ -142,6 +184,84 @@ def _check_columns(args: TrainArgs, raw, source: str) -> None:
     if args.task == "classification" and args.label_column not in columns:
         raise DataError(f"--label-column {args.label_column!r} is not in data {source}; "
                         f"its columns are: {', '.join(columns)}")
+
+
+def _check_rows(args: TrainArgs, split, where: str) -> None:
+    """Refuse a split with no rows, text that is not a string, or a missing label.
+
+    Tokenizers raise a TypeError on null or non-string text (or, for a list, silently read
+    it as words); a null label has no class. Each check is one vectorized pass over a column.
+    """
+    if len(split) == 0:
+        raise DataError(f"{where} holds no rows; add rows to it")
+    columns = [("--text-column", args.text_column)]
+    if args.task == "classification":
+        columns.append(("--label-column", args.label_column))
+    for flag, column in columns:
+        if column not in split.column_names:  # a validation file without the column
+            raise DataError(f"{flag} {column!r} is not in {where}; its columns are: {', '.join(split.column_names)}")
+        values = split.with_format("arrow")[column]
+        if flag == "--text-column":
+            count, row, what = _non_text(values)
+            if count:
+                raise DataError(f"{where}: {flag} {column!r} must hold text, but row {row + 1} is {what} "
+                                f"({count} of {len(split)} rows are not text); fix or remove those rows")
+        else:
+            count, row = _missing_labels(values, is_class_label=hasattr(split.features[column], "names"))
+            if count:
+                raise DataError(f"{where}: {flag} {column!r} has no label in row {row + 1} "
+                                f"({count} of {len(split)} rows have none); fill in or remove those rows")
+
+
+def _non_text(values) -> tuple[int, int, str]:
+    """How many values are not strings, the index of the first, and what it is."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = values.type.value_type if pa.types.is_dictionary(values.type) else values.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view":
+        return (values.null_count, _first(values.is_null()), "null") if values.null_count else (0, -1, "")
+    # Arrow's JSON extension type, which datasets (>= 5) gives a json column that mixes strings
+    # with other values.
+    if getattr(kind, "extension_name", None) == "arrow.json":
+        storage = pa.chunked_array([c.storage for c in values.chunks], kind.storage_type)
+        # Each value is stored as its JSON text, so a string is one that starts with a quote.
+        bad = pc.invert(pc.fill_null(pc.starts_with(storage, '"'), False))
+        count = pc.sum(bad).as_py() or 0
+        if not count:
+            return 0, -1, ""
+        i = _first(bad)
+        value = storage[i].as_py()
+        return count, i, _describe(None if value is None else json.loads(value))
+    # numbers, booleans, lists, objects or only nulls: no row holds a string
+    return len(values), 0, _describe(values[0].as_py())
+
+
+def _missing_labels(values, is_class_label: bool) -> tuple[int, int]:
+    """How many labels are null (or -1, datasets' missing ClassLabel), and the index of the first."""
+    import pyarrow.compute as pc
+
+    missing = values.is_null()
+    if is_class_label:
+        missing = pc.or_(missing, pc.fill_null(pc.less(values, 0), False))
+    count = pc.sum(missing).as_py() or 0
+    return count, _first(missing) if count else -1
+
+
+def _first(mask) -> int:
+    import pyarrow.compute as pc
+
+    return pc.index(mask, True).as_py()
+
+
+def _describe(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({json.dumps(value)})"
+    if isinstance(value, (int, float)):
+        return f"a number ({json.dumps(value)})"
+    return "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else type(value).__name__
 
 
 def label_names(args: TrainArgs, raw) -> list[str]:

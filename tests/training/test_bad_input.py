@@ -24,6 +24,8 @@ def data_files(tmp_path_factory) -> dict[str, Path]:
     garbage = d / "train.parquet"
     garbage.write_bytes(bytes(range(256)) * 4)  # not parquet: no magic bytes
     (d / "sentences.csv").write_text("sentence,label\n" + "".join(f"{r['text']},{r['label']}\n" for r in rows))
+    (d / "empty.jsonl").write_text("")
+    (d / "header-only.csv").write_text("text,label\n")
     return {
         "train": write_jsonl(d / "train.jsonl", rows),
         # 'neutral' never occurs in training
@@ -32,6 +34,17 @@ def data_files(tmp_path_factory) -> dict[str, Path]:
         "garbage": garbage,
         "csv_without_text": d / "sentences.csv",
         "missing": d / "does-not-exist.csv",
+        "empty_jsonl": d / "empty.jsonl",
+        "header_only_csv": d / "header-only.csv",
+        # bad rows: row numbers count from 1 in the file, like the error line's
+        "null_text": write_jsonl(d / "null-text.jsonl", rows[:3] + [{"text": None, "label": "pos"}] + rows[3:]),
+        "number_text": write_jsonl(d / "number-text.jsonl",
+                                   rows[:1] + [{"text": 7, "label": "pos"}, {"text": ["a", "list"], "label": "neg"}]
+                                   + rows[1:]),
+        "null_label": write_jsonl(d / "null-label.jsonl",
+                                  rows[:4] + [{"text": "the day was", "label": None}] + rows[4:]),
+        "null_text_validation": write_jsonl(d / "null-text-validation.jsonl",
+                                            [{"text": "it was good", "label": "pos"}, {"text": None, "label": "neg"}]),
     }
 
 
@@ -48,6 +61,17 @@ CASES = {
     "garbage-parquet": (["--train-file", "{garbage}"], ["{garbage_name}"]),
     "nonexistent-file": (["--train-file", "{missing}"], ["--train-file", "{missing}"]),
     "unknown-builtin": (["--dataset", "builtin:nope"], ["--dataset", "builtin:nope"]),
+    "empty-jsonl": (["--train-file", "{empty_jsonl}"], ["--train-file", "{empty_jsonl} is empty"]),
+    "header-only-csv": (["--train-file", "{header_only_csv}"], ["{header_only_csv} holds no rows"]),
+    "null-text": (["--train-file", "{null_text}"],
+                  ["{null_text}", "--text-column 'text'", "row 4 is null", "(1 of 19 rows"]),
+    "null-text-causal-lm": (["--task", "causal-lm", "--train-file", "{null_text}"],
+                            ["{null_text}", "--text-column 'text'", "row 4 is null"]),
+    "number-text": (["--train-file", "{number_text}"],
+                    ["{number_text}", "--text-column 'text'", "row 2 is a number (7)", "(2 of 20 rows"]),
+    "null-label": (["--train-file", "{null_label}"], ["{null_label}", "--label-column 'label'", "row 5", "(1 of 19"]),
+    "null-text-in-validation": (["--train-file", "{train}", "--validation-file", "{null_text_validation}"],
+                                ["{null_text_validation}", "--text-column 'text'", "row 2 is null"]),
     "reduce-dtype-under-zero": (["--strategy", "zero2", "--ddp-reduce-dtype", "bf16"],
                                 ["--ddp-reduce-dtype", "--strategy ddp", "zero2"]),
     "compile-mode-without-compile": (["--compile-mode", "max-autotune"], ["--compile-mode", "--compile"]),
@@ -88,6 +112,7 @@ def assert_one_error_line(run, must_name: list[str], quiet_stdout: bool = True) 
 def test_bad_input_exits_2_with_one_line(bad_runs, data_files, case):
     run = bad_runs[case]
     error = assert_one_error_line(run, fill(CASES[case][1], data_files))
+    assert run.stderr.strip() == error, run.describe()  # and no log or warning lines around it
     c = run.contract
     # The same line in the failure file, and nothing else anywhere in the contract.
     assert sorted(p.name for p in c.output_dir.iterdir()) == ["failure"]
@@ -118,3 +143,31 @@ def test_bad_data_through_node_launch_exits_2_with_one_line(train):
     assert failure.read_text().startswith("error: --text-column 'sentence' is not in data")
     assert sorted(p.name for p in run.contract.output_dir.iterdir()) == ["failure"]
     assert_one_error_line(run, ["--text-column", "sentence"], quiet_stdout=False)  # node_launch's line
+
+
+def test_bad_rows_in_a_folder_of_files_and_missing_class_labels(tmp_path, monkeypatch):
+    """In process, without a model: the row is counted through the folder's files in name order,
+    and a ClassLabel of -1 (datasets' missing label) is refused like a null one."""
+    import datasets
+
+    from distrain_cloud.training.args import parse_args
+    from distrain_cloud.training.contract import Contract
+    from distrain_cloud.training.data import DataError, _check_rows, load_raw
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    channel = tmp_path / "train"
+    channel.mkdir()
+    rows = [{"text": f"the day was {w}", "label": w} for w in ["good", "bad"] * 3]
+    write_jsonl(channel / "part-0.jsonl", rows)
+    write_jsonl(channel / "part-1.jsonl", rows[:2] + [{"text": None, "label": "good"}])
+    contract = Contract(model_dir=tmp_path / "model", output_dir=tmp_path / "output",
+                        checkpoint_dir=tmp_path / "checkpoints", channels={"train": channel})
+    with pytest.raises(DataError) as e:
+        load_raw(parse_args(["--report-to", "none"]), contract)
+    assert str(e.value).startswith(f"data channel {channel} (train split, 2 files read in name order): "
+                                   "--text-column 'text' must hold text, but row 9 is null (1 of 9 rows")
+
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["a", "b"])})
+    split = datasets.Dataset.from_dict({"text": ["x", "y", "z"], "label": [0, -1, 1]}, features=features)
+    with pytest.raises(DataError, match=r"^data file x.jsonl: --label-column 'label' has no label in row 2 \(1 of 3"):
+        _check_rows(parse_args(["--report-to", "none"]), split, "data file x.jsonl")
