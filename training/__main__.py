@@ -2,7 +2,8 @@
 
 Every backend starts this, one process per device, through `accelerate launch`
 (see node_launch.py). Bad input exits 2 with one line on stderr and the same line in the
-contract's failure file; nothing else is written.
+contract's failure file; nothing else is written. A checkpoint this run cannot resume exits 2
+the same way; a save that fails on the disk (full, read-only) exits 1, also with one line.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = parse_args(argv)
     except (ArgumentError, ValueError) as e:
         _fail(e, contract)
+    from .checkpoint import CheckpointError
     from .data import DataError
     from .trainer import Trainer
 
@@ -30,18 +32,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         trainer.setup()
     except DataError as e:
         _fail(e, contract)
-    metrics = trainer.train()
-    trainer.save(metrics)
+    try:
+        metrics = trainer.train()
+        trainer.save(metrics)
+    except CheckpointError as e:  # a checkpoint that cannot be resumed, or a full disk
+        _fail(e, contract, code=e.exit_code, every_process=e.every_process)
 
 
-def _fail(error: Exception, contract) -> None:
+def _fail(error: Exception, contract, code: int = 2, every_process: bool = False) -> None:
+    """One `error:` line on stderr and in the failure file, then exit `code`; the traceback
+    only with DISTRAIN_DEBUG=1. Printed by the main process, or by whichever process hit it
+    (`every_process`: a failed write on one process that the others may never see)."""
+    if os.environ.get("DISTRAIN_DEBUG"):
+        raise error
     message = f"error: {error}"
-    if int(os.environ.get("RANK", "0")) == 0:
+    if every_process or int(os.environ.get("RANK", "0")) == 0:
         print(message, file=sys.stderr, flush=True)
         if contract is not None:
-            contract.failure_file.parent.mkdir(parents=True, exist_ok=True)
-            contract.failure_file.write_text(message + "\n")
-    sys.exit(2)
+            try:
+                contract.failure_file.parent.mkdir(parents=True, exist_ok=True)
+                contract.failure_file.write_text(message + "\n")
+            except OSError:  # the disk that is full may hold the failure file too: stderr has the line
+                pass
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -155,11 +155,14 @@ class Trainer:
 
         a, acc = self.args, self.accelerator
         state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "wandb_run_id": None}
-        resumed = checkpoint.latest(self.contract.checkpoint_dir)
+        resumed = self._resume_point()
         if resumed:
             path, saved = resumed
+            # Before Accelerate reads it: a ZeRO checkpoint of another world size or strategy
+            # would end in a DeepSpeed traceback there.
+            checkpoint.check_resumable(path, saved, acc.num_processes, self.strategy.value)
             acc.load_state(str(path))
-            state.update(saved)
+            state.update({key: saved[key] for key in state if key in saved})
             self._print(f"resumed_from={path.name} step={state['step']}")
         self._start_tracking(state)
         self._install_signal_handler()
@@ -214,7 +217,9 @@ class Trainer:
                 if a.eval_every and step % a.eval_every == 0 and step < self.max_steps:
                     self.evaluate(step)
                 if (a.save_every and step % a.save_every == 0) or self.stop_requested:
-                    checkpoint.save(acc, self.contract.checkpoint_dir, step, state, a.keep_checkpoints)
+                    # What the checkpoint can be resumed with is recorded beside the position.
+                    saved = {**state, "world_size": acc.num_processes, "strategy": self.strategy.value}
+                    checkpoint.save(acc, self.contract.checkpoint_dir, step, saved, a.keep_checkpoints)
                 _maybe_die_for_test(step)
                 if step >= self.max_steps or self.stop_requested:
                     break
@@ -228,6 +233,20 @@ class Trainer:
             acc.end_training()
             sys.exit(STOP_EXIT_CODE)
         return self.evaluate(state["step"])
+
+    def _resume_point(self):
+        """The newest complete checkpoint that verifies, chosen by the main process (which
+        reads it once and says once which ones it skipped) and handed to the others, so that
+        every process loads the same one."""
+        from . import checkpoint
+
+        acc = self.accelerator
+        found = checkpoint.latest(self.contract.checkpoint_dir) if acc.is_main_process else None
+        if acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            found = broadcast_object_list([found])[0]
+        return found
 
     def _loss(self, batch, step: int, micro: int):
         if self.args.task == "masked-lm":
@@ -327,12 +346,21 @@ class Trainer:
         state_dict = acc.get_state_dict(self.model)  # collective: gathers ZeRO-3 shards
         model_dir = self.contract.model_dir
         if acc.is_main_process:
-            model_dir.mkdir(parents=True, exist_ok=True)
-            unwrapped.save_pretrained(model_dir, state_dict=state_dict, safe_serialization=True)
-            self.tokenizer.save_pretrained(model_dir)
-            resolved = {**a.to_dict(), "world_size": acc.num_processes, "max_steps_resolved": self.max_steps,
-                        "num_parameters": self.num_parameters, "final_metrics": eval_metrics}
-            (model_dir / "training_args.json").write_text(json.dumps(resolved, indent=2, default=str))
+            from .checkpoint import SaveError, disk_failure, fault_point
+
+            try:
+                model_dir.mkdir(parents=True, exist_ok=True)
+                fault_point("model")
+                unwrapped.save_pretrained(model_dir, state_dict=state_dict, safe_serialization=True)
+                self.tokenizer.save_pretrained(model_dir)
+                resolved = {**a.to_dict(), "world_size": acc.num_processes, "max_steps_resolved": self.max_steps,
+                            "num_parameters": self.num_parameters, "final_metrics": eval_metrics}
+                (model_dir / "training_args.json").write_text(json.dumps(resolved, indent=2, default=str))
+            except Exception as e:
+                line = disk_failure(e, model_dir, "the model", "the model there is incomplete")
+                if line is None:
+                    raise
+                raise SaveError(line) from e
             self._print(f"model_saved={model_dir}")
         if a.task == "causal-lm":
             self._sample(unwrapped)

@@ -1,6 +1,6 @@
 """Checkpoints and resume: a job killed at any step and started again ends exactly where an
-uninterrupted one does; a checkpoint whose save was killed is never loaded; SIGTERM saves
-and exits 143."""
+uninterrupted one does; a checkpoint whose save was killed, or whose files no longer match
+its manifest, is never loaded; SIGTERM saves and exits 143."""
 
 from __future__ import annotations
 
@@ -117,6 +117,64 @@ def test_incomplete_latest_checkpoint_falls_back_to_the_previous_one(train, base
     assert_same_result(rerun, baseline)
     # The half-written folder was replaced by a real checkpoint-4 when step 4 came round again.
     assert (newest / "COMPLETE").read_text() == "4"
+
+
+def killed_after_step_4(train, name: str):
+    """A run killed after step 4 with checkpoints 2 and 4 complete (keeping 5 changes no number)."""
+    flags = [*FLAGS, "--keep-checkpoints", "5"]
+    first = train(*flags, name=name, env={"DISTRAIN_TEST_KILL_AT_STEP": "4"})
+    assert first.returncode in KILLED, first.describe()
+    assert [p.name for p in first.contract.complete_checkpoints()] == ["checkpoint-00000002", "checkpoint-00000004"]
+    return flags, first.contract.complete_checkpoints()[-1]
+
+
+def truncate(path) -> str:
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[: size // 2])
+    return f"{path.name} has {size // 2} bytes, its manifest says {size}"
+
+
+def flip_one_byte(path) -> str:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
+    path.write_bytes(bytes(data))
+    return f"{path.name} does not match its sha256 in MANIFEST.json"
+
+
+# Damage to a checkpoint marked complete (a full disk, a bad copy or sync): its manifest says so.
+@pytest.mark.parametrize("name, damage", [("model.safetensors", truncate), ("optimizer.bin", truncate),
+                                          ("model.safetensors", flip_one_byte)],
+                         ids=["truncated-weights", "truncated-optimizer", "flipped-weights"])
+def test_damaged_complete_checkpoint_is_skipped_for_the_previous_one(train, baseline, name, damage):
+    flags, newest = killed_after_step_4(train, "damaged")
+    assert (newest / "MANIFEST.json").is_file()
+    problem = damage(newest / name)
+
+    rerun = train(*flags, name="damaged")
+    skipped = [line for line in rerun.stderr.splitlines() if "checkpoint-00000004" in line]
+    assert skipped == [(f"warning: skipping checkpoint-00000004 in {rerun.contract.checkpoint_dir}: {problem}; "
+                        "resuming from checkpoint-00000002 instead")], rerun.describe()
+    assert "Traceback" not in rerun.stderr
+    assert rerun.lines("resumed_from=") == [resumed_line(2)], rerun.describe()
+    assert_same_result(rerun, baseline)
+    assert (newest / "COMPLETE").read_text() == "4"  # saved again, whole, when step 4 came round
+
+
+def test_checkpoint_without_manifest_still_resumes(train, baseline):
+    """Checkpoints saved before manifests existed load as before, unverified, with one note."""
+    flags, newest = killed_after_step_4(train, "legacy")
+    (newest / "MANIFEST.json").unlink()
+    state = json.loads((newest / "trainer_state.json").read_text())
+    for key in ("world_size", "strategy"):  # not recorded then either
+        del state[key]
+    (newest / "trainer_state.json").write_text(json.dumps(state))
+
+    rerun = train(*flags, name="legacy")
+    assert rerun.lines("resumed_from=") == [resumed_line(4)], rerun.describe()
+    notes = [line for line in rerun.stderr.splitlines() if "MANIFEST.json" in line]
+    assert notes == [("note: checkpoint-00000004 has no MANIFEST.json (saved before checksums existed): "
+                      "loading it unverified")], rerun.describe()
+    assert_same_result(rerun, baseline)
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_143(train):
