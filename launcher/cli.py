@@ -14,6 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from distrain_cloud.infra.errors import UserError
+
 app = typer.Typer(
     help="Run Hugging Face training jobs (Accelerate + DeepSpeed ZeRO) on SageMaker, EC2 or locally.",
     no_args_is_help=True,
@@ -25,7 +27,8 @@ app = typer.Typer(
 # What follows `--` on the command line: training flags, passed through untouched.
 _TRAIN_ARGS: list[str] = []
 
-Backend = Annotated[Optional[str], typer.Option("--backend", help="sagemaker or local (default: sagemaker)")]
+Backend = Annotated[Optional[str], typer.Option("--backend", help="sagemaker or local (default: from the job's "
+                                                                  "record, its local folder, else sagemaker)")]
 Region = Annotated[Optional[str], typer.Option("--region", help="AWS region (default: AWS_REGION / profile)")]
 Json = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 Workdir = Annotated[Path, typer.Option("--workdir", help="local backend: folder holding local jobs")]
@@ -49,8 +52,13 @@ def submit(
     secret: Annotated[Optional[list[str]], typer.Option("--secret", help="ENV=REFERENCE (Secrets Manager ARN or ssm:/name); repeatable")] = None,
     input_: Annotated[Optional[list[str]], typer.Option("--input", help="CHANNEL=S3-URI-or-path; repeatable")] = None,
     image_uri: Annotated[Optional[str], typer.Option("--image-uri", help="SageMaker: explicit training image")] = None,
-    role: Annotated[Optional[str], typer.Option("--role", help="SageMaker: execution role name or ARN")] = None,
+    role: Annotated[Optional[str], typer.Option("--role", help="SageMaker: execution role name or ARN "
+                                                             "(default: the stack's)")] = None,
+    stack: Annotated[Optional[str], typer.Option("--stack", help="the `infra up` stack whose role and bucket "
+                                                               "cloud jobs use (default distrain-cloud)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan; send nothing")] = False,
+    check: Annotated[bool, typer.Option("--check", help="with --dry-run: also run the read-only AWS checks "
+                                                        "(role, bucket, quota)")] = False,
     bundle_files: Annotated[bool, typer.Option("--bundle-files", help="with --dry-run: list the code bundle's "
                                                                       "files and sizes")] = False,
     as_json: Json = False,
@@ -67,12 +75,13 @@ def submit(
     overrides = {
         "instance": instance, "nodes": nodes, "strategy": strategy, "precision": precision, "spot": spot,
         "max_run": max_run, "max_wait": max_wait, "max_cost": max_cost, "name": name, "region": region, "resume_from": resume_from,
+        "stack": stack,
         "secrets": _pairs(secret, "--secret"), "inputs": _pairs(input_, "--input"),
         "local.processes": processes, "sagemaker.image_uri": image_uri, "sagemaker.role": role,
         "train_args": list(_TRAIN_ARGS) or None,
     }
     job = load_spec(spec, overrides)
-    plan = plan_job(job, dry_run=dry_run)
+    plan = plan_job(job, dry_run=dry_run, check=check or not dry_run)
     if dry_run or as_json:
         typer.echo(plan.to_json() if as_json else plan.render())
     if bundle_files:
@@ -88,20 +97,30 @@ def submit(
 @app.command()
 def status(job: str, backend: Backend = None, region: Region = None, workdir: Workdir = Path("runs"),
            as_json: Json = False) -> None:
-    """Show a job's status."""
+    """Show a job's status (its backend is found from the record written at submit)."""
     from .backends import get_backend
+    from .jobs import find_job
 
-    info = get_backend(backend or "sagemaker").status(job, region=region, workdir=workdir)
-    _show(info, as_json)
+    ref = find_job(job, backend=backend, region=region, workdir=workdir)
+    _show({**get_backend(ref.backend).status(ref), "backend": ref.backend}, as_json)
 
 
 @app.command("ls")
 def list_jobs(backend: Backend = None, region: Region = None, workdir: Workdir = Path("runs"),
-              limit: Annotated[int, typer.Option("--limit")] = 20, as_json: Json = False) -> None:
-    """List recent jobs."""
-    from .backends import get_backend
+              limit: Annotated[int, typer.Option("--limit", help="most recent jobs to show")] = 20,
+              as_json: Json = False) -> None:
+    """List recent jobs of every backend (or of --backend)."""
+    from .backends import BACKENDS, get_backend
 
-    jobs = get_backend(backend or "sagemaker").list_jobs(region=region, workdir=workdir, limit=limit)
+    jobs = []
+    for name in [backend] if backend else list(BACKENDS):
+        try:
+            jobs += get_backend(name).list_jobs(region=region, workdir=workdir, limit=limit)
+        except UserError as e:
+            if backend:
+                raise
+            print(f"note: {name} jobs not listed: {e}", file=sys.stderr)  # e.g. no credentials
+    jobs = sorted(jobs, key=lambda j: str(j.get("created") or j.get("updated") or ""), reverse=True)[:limit]
     if as_json:
         import json
 
@@ -110,9 +129,9 @@ def list_jobs(backend: Backend = None, region: Region = None, workdir: Workdir =
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("job", "status", "instance", "created", "detail")
+    table = Table("job", "backend", "status", "instance", "created", "detail")
     for j in jobs:
-        table.add_row(j.get("job_name", ""), j.get("status", ""), str(j.get("instance", "")),
+        table.add_row(j.get("job_name", ""), j.get("backend", ""), j.get("status", ""), str(j.get("instance", "")),
                       str(j.get("created", "")), str(j.get("detail", "") or ""))
     Console().print(table)
 
@@ -122,16 +141,31 @@ def logs(job: str, follow: Annotated[bool, typer.Option("--follow", "-f")] = Fal
          region: Region = None, workdir: Workdir = Path("runs")) -> None:
     """Print a job's logs (all hosts); --follow until it ends."""
     from .backends import get_backend
+    from .jobs import find_job
 
-    raise typer.Exit(get_backend(backend or "sagemaker").logs(job, follow=follow, region=region, workdir=workdir))
+    ref = find_job(job, backend=backend, region=region, workdir=workdir)
+    raise typer.Exit(get_backend(ref.backend).logs(ref, follow=follow))
 
 
 @app.command()
-def cancel(job: str, backend: Backend = None, region: Region = None) -> None:
+def wait(job: str, backend: Backend = None, region: Region = None, workdir: Workdir = Path("runs"),
+         poll: Annotated[float, typer.Option("--poll", help="seconds between status checks")] = 15.0) -> None:
+    """Follow a job until it ends; exit 0 only if it completed."""
+    from .backends import get_backend, wait_for
+    from .jobs import find_job
+
+    ref = find_job(job, backend=backend, region=region, workdir=workdir)
+    raise typer.Exit(wait_for(get_backend(ref.backend), ref, poll=poll))
+
+
+@app.command()
+def cancel(job: str, backend: Backend = None, region: Region = None, workdir: Workdir = Path("runs")) -> None:
     """Stop a running job (it saves a checkpoint on the way out)."""
     from .backends import get_backend
+    from .jobs import find_job
 
-    typer.echo(get_backend(backend or "sagemaker").cancel(job, region=region))
+    ref = find_job(job, backend=backend, region=region, workdir=workdir)
+    typer.echo(get_backend(ref.backend).cancel(ref))
 
 
 @app.command()
@@ -153,8 +187,6 @@ def instances(as_json: Json = False) -> None:
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:
-    from distrain_cloud.infra.errors import UserError
-
     if not items:
         return None
     out = {}
@@ -184,8 +216,6 @@ def main(argv: list[str] | None = None) -> None:
         cut = argv.index("--")
         _TRAIN_ARGS[:] = argv[cut + 1 :]
         argv = argv[:cut]
-    from distrain_cloud.infra.errors import UserError
-
     try:
         app(args=argv, prog_name="distrain-cloud", standalone_mode=True)
     except UserError as e:

@@ -11,6 +11,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from distrain_cloud.infra.errors import UserError
+
 
 @dataclass(frozen=True)
 class Check:
@@ -62,6 +64,14 @@ class Plan:
             lines.append(f"{name}:")
             lines += ["  " + line for line in json.dumps(config, indent=2, default=str).splitlines()]
         return "\n".join(lines)
+
+
+def refuse_failed_checks(plan: Plan) -> None:
+    """The one refusal for a plan with failed checks: before anything is created."""
+    failed = plan.failed_checks
+    if failed:
+        raise UserError("plan check failed, nothing was created: "
+                        + "; ".join(f"{c.name} ({c.detail})" for c in failed))
 
 
 def unique_job_name(prefix: str, max_len: int = 63) -> str:

@@ -32,7 +32,7 @@ _SECURITY_GROUP = re.compile(r"sg-[0-9a-f]{8,17}")
 _ROLE = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}|[\w+=,.@-]{1,64}")
 # The CLI flag that sets each key, so a refusal names what the user typed as well as the key.
 FLAGS = {"name": "--name", "instance": "--instance", "nodes": "--nodes", "strategy": "--strategy",
-         "precision": "--precision", "region": "--region", "max_run": "--max-run", "max_wait": "--max-wait",
+         "precision": "--precision", "region": "--region", "stack": "--stack", "max_run": "--max-run", "max_wait": "--max-wait",
          "max_cost": "--max-cost", "resume_from": "--resume-from", "inputs": "--input", "secrets": "--secret",
          "sagemaker.role": "--role", "sagemaker.image_uri": "--image-uri", "local.processes": "--processes"}
 MAX_SPEC_BYTES = 1 << 20  # a job spec is a page of YAML; anything near this is a mistake
@@ -197,6 +197,8 @@ class JobSpec(BaseModel):
     precision: Literal["no", "fp16", "bf16"] | None = Field(
         None, description="default: bf16 where the GPU supports it, fp16 on older GPUs, no on CPU")
     region: str | None = Field(None, description="AWS region; default from AWS_REGION / the profile")
+    stack: str = Field("distrain-cloud", description="the `distrain-cloud infra up` stack whose role and bucket "
+                                                     "cloud jobs use when the spec names none")
     spot: bool = Field(False, description="use spot capacity, resuming from checkpoints after interruptions")
     max_run: int = Field(parse_duration("24h"), description="wall-clock limit (3600, 90m, 6h, 2d)")
     max_wait: int | None = Field(None, description="spot only: limit including waiting for capacity (>= max_run)")

@@ -54,3 +54,11 @@ def aws_calls(aws_credentials, monkeypatch):
 
     monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", refuse)
     return calls
+
+
+@pytest.fixture(autouse=True)
+def job_records(tmp_path_factory, monkeypatch):
+    """Each test keeps its job records (written at submit) in a folder of its own, not in ~."""
+    home = tmp_path_factory.mktemp("distrain-home")
+    monkeypatch.setenv("DISTRAIN_HOME", str(home))
+    return home / "jobs"

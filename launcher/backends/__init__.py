@@ -1,17 +1,22 @@
 """Backends behind one interface; the CLI never sees past it.
 
-A backend turns a JobSpec into a Plan (pure: `dry_run=True` makes no network call at all)
-and acts on a Plan. Modules are imported only when their backend is used.
+A backend turns a JobSpec into a Plan without any network call (`plan`), checks the plan
+against what only the cloud can tell (`preflight`, read-only), and acts on it (`submit`).
+Lifecycle calls take a JobRef (see launcher/jobs.py). Modules are imported only when used.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from distrain_cloud.infra.errors import UserError
 
 if TYPE_CHECKING:
+    from ..jobs import JobRef
     from ..plan import Plan
     from ..spec import JobSpec
 
@@ -19,26 +24,46 @@ if TYPE_CHECKING:
 class Backend(Protocol):
     name: str
 
-    def plan(self, spec: "JobSpec", *, dry_run: bool = False) -> "Plan": ...
+    def plan(self, spec: JobSpec) -> Plan: ...
 
-    def submit(self, plan: "Plan", *, wait: bool = False) -> int:
+    def preflight(self, plan: Plan) -> Plan:
+        """The plan with the read-only live checks added (and what only the cloud can name)."""
+
+    def submit(self, plan: Plan, *, wait: bool = False) -> int:
         """Act on the plan; returns the CLI's exit code."""
 
-    def status(self, job_name: str, **options: Any) -> dict[str, Any]: ...
+    def status(self, job: JobRef) -> dict[str, Any]:
+        """At least job_name, status, terminal (bool) and detail."""
 
-    def list_jobs(self, **options: Any) -> list[dict[str, Any]]: ...
+    def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]: ...
 
-    def logs(self, job_name: str, *, follow: bool = False, **options: Any) -> int: ...
+    def logs(self, job: JobRef, *, follow: bool = False) -> int: ...
 
-    def cancel(self, job_name: str, **options: Any) -> str: ...
+    def cancel(self, job: JobRef) -> str: ...
 
 
-_MODULES = {"local": "local", "sagemaker": "sagemaker"}
+BACKENDS = {"local": "local", "sagemaker": "sagemaker"}
 
 
 def get_backend(name: str) -> Backend:
-    if name not in _MODULES:
+    if name not in BACKENDS:
         raise UserError(f"the {name} backend is not available yet; use --instance local or a SageMaker type "
                         "such as ml.g5.12xlarge")
-    module = importlib.import_module(f"{__name__}.{_MODULES[name]}")
-    return module.BACKEND
+    module = importlib.import_module(f"{__name__}.{BACKENDS[name]}")
+    return module.BACKEND  # type: ignore[no-any-return]
+
+
+def wait_for(backend: Backend, job: JobRef, *, poll: float = 15.0) -> int:
+    """Follow a job until it ends, printing each change of state once; 0 only if it completed."""
+    seen = None
+    while True:
+        info = backend.status(job)
+        state = (info["status"], info.get("secondary_status"))
+        if state != seen:
+            shown = info["status"] + (f" / {info['secondary_status']}" if info.get("secondary_status") else "")
+            print(f"{time.strftime('%H:%M:%S')} {job.name}: {shown}"
+                  + (f" - {info['detail']}" if info.get("detail") else ""), file=sys.stderr, flush=True)
+            seen = state
+        if info["terminal"]:
+            return 0 if info["status"] == "Completed" else 1
+        time.sleep(poll)

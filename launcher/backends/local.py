@@ -22,7 +22,8 @@ from distrain_cloud.training.contract import Contract, free_port
 from distrain_cloud.training.node_launch import plan_node
 from distrain_cloud.training.strategies import choose_precision, deepspeed_config_for, parse_strategy
 
-from ..plan import Check, Plan, unique_job_name
+from ..jobs import JobRef
+from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
 
 if TYPE_CHECKING:
     from ..spec import JobSpec
@@ -44,7 +45,7 @@ def local_gpus() -> tuple[int, tuple[int, int] | None]:
 class LocalBackend:
     name = "local"
 
-    def plan(self, spec: JobSpec, *, dry_run: bool = False) -> Plan:
+    def plan(self, spec: JobSpec) -> Plan:
         if spec.nodes != 1:
             raise UserError(f"--nodes {spec.nodes}: the local backend runs one node; drop --nodes or use "
                             "a SageMaker instance type")
@@ -105,10 +106,11 @@ class LocalBackend:
             configs=configs, checks=checks,
         )
 
+    def preflight(self, plan: Plan) -> Plan:
+        return plan  # nothing to ask a cloud: every check ran in plan
+
     def submit(self, plan: Plan, *, wait: bool = True) -> int:
-        failed = plan.failed_checks
-        if failed:
-            raise UserError("plan check failed: " + "; ".join(f"{c.name} ({c.detail})" for c in failed))
+        refuse_failed_checks(plan)
         root = Path(plan.request["cwd"])
         root.parent.mkdir(parents=True, exist_ok=True)
         root.mkdir()  # exclusive: never reuse another job's folder
@@ -137,38 +139,37 @@ class LocalBackend:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _root(self, job_name: str, workdir: Path) -> Path:
-        root = workdir / job_name
+    def _root(self, job: JobRef) -> Path:
+        root = job.workdir / job.name
         if not (root / "job.json").is_file():
-            raise UserError(f"no local job {job_name!r} under {workdir}/ (see `distrain-cloud ls --backend local`)")
+            raise UserError(f"no local job {job.name!r} under {job.workdir}/ (see `distrain-cloud ls`)")
         return root
 
-    def status(self, job_name: str, *, workdir: Path = Path("runs"), **_: Any) -> dict[str, Any]:
-        root = self._root(job_name, workdir)
-        return {"job_name": job_name, **json.loads((root / "status.json").read_text())}
+    def status(self, job: JobRef) -> dict[str, Any]:
+        info = json.loads((self._root(job) / "status.json").read_text())
+        return {"job_name": job.name, **info, "terminal": info["status"] != "InProgress",
+                "detail": info.get("detail", "")}
 
-    def list_jobs(self, *, workdir: Path = Path("runs"), **_: Any) -> list[dict[str, Any]]:
+    def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
         if not workdir.is_dir():
             return []
-        jobs = [self.status(p.name, workdir=workdir) for p in sorted(workdir.iterdir()) if (p / "status.json").is_file()]
-        return sorted(jobs, key=lambda j: j.get("updated", 0), reverse=True)
+        jobs = [{**self.status(JobRef(p.name, self.name, workdir=workdir)), "backend": self.name}
+                for p in workdir.iterdir() if (p / "status.json").is_file()]
+        return sorted(jobs, key=lambda j: j.get("updated", 0), reverse=True)[:limit]
 
-    def logs(self, job_name: str, *, follow: bool = False, workdir: Path = Path("runs"), **_: Any) -> int:
-        root = self._root(job_name, workdir)
-        with open(root / "job.log", "rb") as f:
+    def logs(self, job: JobRef, *, follow: bool = False) -> int:
+        with open(self._root(job) / "job.log", "rb") as f:
             while True:
                 chunk = f.read()
                 if chunk:
                     sys.stdout.buffer.write(chunk)
                     sys.stdout.flush()
-                if not follow or self.status(job_name, workdir=workdir)["status"] != "InProgress":
+                if not follow or self.status(job)["terminal"]:
                     return 0
                 time.sleep(1)
 
-    def cancel(self, job_name: str, **_: Any) -> str:
+    def cancel(self, job: JobRef) -> str:
         raise UserError("a local job runs in the foreground: stop it with Ctrl-C (it saves a checkpoint first)")
-
-
 
 
 def _has_training_stack() -> bool:

@@ -9,6 +9,7 @@ not used, so nothing rewrites the request between the plan and the API.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -24,15 +25,18 @@ from distrain_cloud.training.strategies import (ClusterShape, accelerate_config,
                                                deepspeed_config_for, parse_strategy)
 
 from ..bootstrap import sagemaker_entrypoint
-from ..plan import Check, Plan, unique_job_name
+from . import cloud
+from ..jobs import JobRef
+from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
+from . import wait_for
 
 if TYPE_CHECKING:
     from ..spec import JobSpec
 
 CODE_CHANNEL = "code"
 TAG_PREFIX = "distrain-cloud:"
+METRIC_REGEX = "{}=([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))"
 METRICS = ("train_loss", "eval_loss", "eval_accuracy", "eval_f1_macro", "eval_perplexity", "tokens_per_sec")
-SPOT_PRICE_RANGE = (0.3, 0.7)  # typical spot price as a fraction of on-demand; never above 1.0
 
 
 class TrainingJobStatus(str, Enum):
@@ -69,7 +73,9 @@ class SageMakerBackend:
 
     # ------------------------------------------------------------------ plan
 
-    def plan(self, spec: JobSpec, *, dry_run: bool = False) -> Plan:
+    def plan(self, spec: JobSpec) -> Plan:
+        """Everything that will be sent, without one AWS call. What only AWS knows (the account,
+        the stack's role and bucket, a previous job's checkpoints) is a placeholder until preflight."""
         from ..bundle import build_bundle, bundle_key
         from ..catalog import lookup
         from ..images import choose_training_image
@@ -77,7 +83,7 @@ class SageMakerBackend:
         instance = lookup(spec.instance)
         if not instance.sagemaker:
             raise UserError(f"--instance {spec.instance} is not a SageMaker type; use ml.{spec.instance}")
-        region, region_check = self._region(spec, dry_run)
+        region, region_check = cloud.plan_region(spec.region)
         image = choose_training_image(instance, region, image_uri=spec.sagemaker.image_uri,
                                       transformers_version=spec.sagemaker.transformers_version,
                                       pytorch_version=spec.sagemaker.pytorch_version)
@@ -91,12 +97,6 @@ class SageMakerBackend:
         train = parse_args(argv)
         strategy = parse_strategy(spec.strategy)
 
-        checks: list[Check] = [region_check]
-        prefix = spec.sagemaker.prefix.strip("/")
-        bundle = build_bundle(repo_root(), allow_large=spec.bundle.allow_large)
-        code_key = bundle_key(prefix, bundle.sha256)
-        lineage = spec.resume_from or job_name
-
         processes = max(instance.gpus, 1)
         cluster = ClusterShape(num_nodes=spec.nodes, processes_per_node=processes, main_addr="algo-1",
                                use_cpu=not instance.gpus)
@@ -108,88 +108,98 @@ class SageMakerBackend:
         if strategy.uses_deepspeed:
             configs["deepspeed_config"] = deepspeed_config_for(train, cluster.world_size)
 
-        max_wait = spec.max_wait or (spec.max_run * 2 if spec.spot else None)
-
-        def request_for(account: str, role_arn: str, checkpoint_uri: str | None = None) -> dict[str, Any]:
-            bucket = spec.sagemaker.bucket or default_bucket(account, region)
-            checkpoint_uri = checkpoint_uri or f"s3://{bucket}/{prefix}/checkpoints/{lineage}/"
-            return self._request(spec, job_name, image.uri, role_arn, bucket, prefix, code_key, checkpoint_uri,
-                                 argv, bundle.sha256, lineage, max_wait)
-
-        # Everything the user wrote is in the request before AWS is asked anything, so a request
-        # the API would refuse is refused here, with no call made.
-        refuse_api_problems(request_for(*_offline_identity(spec, "000000000000")))
-        if dry_run:
-            account, role_arn = _offline_identity(spec, "<account>")
-            checks.append(Check("role exists and trusts SageMaker", None, "not checked in a dry run"))
-        else:
-            account, role_arn = self._account_and_role(spec, region, checks)
-        bucket = spec.sagemaker.bucket or default_bucket(account, region)
-        checkpoint_uri = self._checkpoint_uri(spec, bucket, prefix, lineage, region, dry_run, checks)
-        request = request_for(account, role_arn, checkpoint_uri)
-        if not dry_run:
-            refuse_api_problems(request)  # the looked-up parts too (a previous job's checkpoint URI)
+        bundle = build_bundle(repo_root(), allow_large=spec.bundle.allow_large)
+        parts = _Parts(job_name=job_name, region=region, image_uri=image.uri, argv=tuple(argv),
+                       prefix=spec.sagemaker.prefix.strip("/"), code_sha256=bundle.sha256,
+                       lineage=spec.resume_from or job_name,
+                       max_wait=spec.max_wait or (spec.max_run * 2 if spec.spot else None))
+        # Everything the user wrote is in the request now, so a request the API would refuse is
+        # refused here, before AWS is asked anything (a well-formed account stands in for theirs).
+        refuse_api_problems(self._request(spec, parts, *_offline_identity(spec, "000000000000")))
+        account, role_arn = _offline_identity(spec, "<account>")
+        checks = [region_check,
+                  Check("role exists and trusts SageMaker", None,
+                        "checked at submit" if spec.sagemaker.role else f"from stack {spec.stack}, at submit")]
+        if spec.resume_from:
+            checks.append(Check(f"resume from {spec.resume_from}", None, "its checkpoints are looked up at submit"))
         checks.append(Check("request fits the SageMaker API model", True,
                             "lengths, ranges, patterns and required fields of CreateTrainingJob"))
-        cost = self._cost(spec, instance, region)
-        checks += self._static_checks(spec, job_name, max_wait, cost, image)
-        if not dry_run:
-            checks += self._live_checks(spec, bucket, region, role_arn, instance)
-        return Plan(
+        checks.append(Check("image runs on the GPU", True, image.reason))
+        cost = cloud.estimate_cost(instance, region, spec.nodes, spec.max_run, spec.spot)
+        if spec.max_cost is not None:
+            checks.append(cloud.budget_check(spec.max_cost, cost, spec.nodes))
+        plan = Plan(
             backend=self.name, job_name=job_name,
             summary={"instance": f"{spec.nodes} x {instance.name} ({instance.gpus} x {instance.gpu_model}, "
                                  f"cc {instance.compute_capability_str})",
                      "processes": f"{processes} per node, {cluster.world_size} in all",
                      "strategy": spec.strategy, "precision": precision, "region": region,
-                     "image": image.uri, "image_reason": image.reason, "spot": spec.spot,
-                     "output": f"s3://{bucket}/{prefix}/jobs/{job_name}/", "checkpoints": checkpoint_uri},
-            request=request, configs=configs,
-            bundle={"sha256": bundle.sha256, "size": bundle.size, "files": len(bundle.files),
-                    "s3": f"s3://{bucket}/{code_key}"},
+                     "image": image.uri, "image_reason": image.reason, "spot": spec.spot},
+            request={}, configs=configs,
+            bundle={"sha256": bundle.sha256, "size": bundle.size, "files": len(bundle.files)},
             cost=cost, checks=checks,
-            payload={"bundle": bundle.data, "bundle_listing": bundle.listing(), "bucket": bucket, "code_key": code_key, "region": region},
+            payload={"bundle": bundle.data, "bundle_listing": bundle.listing(), "spec": spec, "parts": parts},
         )
+        # With no role the job uses the stack's role and bucket, which only AWS can name.
+        bucket = spec.sagemaker.bucket or (None if spec.sagemaker.role else f"<stack-{spec.stack}-bucket>")
+        return self._place(plan, account, role_arn, bucket)
 
-    def _region(self, spec: JobSpec, dry_run: bool) -> tuple[str, Check]:
-        from distrain_cloud.infra import aws
+    def _place(self, plan: Plan, account: str, role_arn: str, bucket: str | None,
+               checkpoint_uri: str | None = None) -> Plan:
+        """The plan with its account-dependent parts filled in: role, bucket, S3 locations."""
+        from ..bundle import bundle_key
 
-        if dry_run and not spec.region:
-            try:
-                return aws.region(None), Check("region", True)
-            except UserError:
-                return "us-east-1", Check("region", None, "none configured; assumed us-east-1 (pass --region)")
-        return aws.region(spec.region), Check("region", True)
+        spec, parts = plan.payload["spec"], plan.payload["parts"]
+        bucket = bucket or default_bucket(account, parts.region)
+        code_key = bundle_key(parts.prefix, parts.code_sha256)
+        checkpoint_uri = checkpoint_uri or _checkpoint_uri(bucket, parts)
+        request = self._request(spec, parts, account, role_arn, bucket, checkpoint_uri)
+        summary = {**plan.summary, "output": f"s3://{bucket}/{parts.prefix}/jobs/{parts.job_name}/",
+                   "checkpoints": checkpoint_uri}
+        return dataclasses.replace(
+            plan, request=request, summary=summary, bundle={**(plan.bundle or {}), "s3": f"s3://{bucket}/{code_key}"},
+            payload={**plan.payload, "bucket": bucket, "code_key": code_key, "region": parts.region})
 
-    def _account_and_role(self, spec: JobSpec, region: str, checks: list[Check]) -> tuple[str, str]:
+    def preflight(self, plan: Plan) -> Plan:
+        """The plan checked against AWS (read-only calls): region, account, the role (or the
+        stack's), the bucket, a resumed job's checkpoints, the instance quota."""
         from distrain_cloud.infra import aws, resources
 
+        spec, parts = plan.payload["spec"], plan.payload["parts"]
+        region = aws.region(spec.region)  # a real submit needs a configured region, not an assumed one
+        if region != parts.region:
+            raise UserError(f"the plan was made for {parts.region} but the region is {region}; plan again")
+        checks = [c for c in plan.checks if c.ok is not None]
+        bucket = spec.sagemaker.bucket
         with aws.translate_errors():
             account = aws.account_id(region)
-            arn = resources.check_role(_role(spec), region=region)
-        checks.append(Check("role exists and trusts SageMaker", True, arn))
-        return account, arn
+            if spec.sagemaker.role:
+                role_arn = resources.check_role(spec.sagemaker.role, region=region)
+                checks.append(Check("role exists and trusts SageMaker", True, role_arn))
+            else:
+                stack = _stack_resources(spec.stack, region)
+                role_arn, bucket = stack.sagemaker_role_arn, bucket or stack.bucket
+                checks.append(Check("role exists and trusts SageMaker", True, f"{role_arn} (stack {spec.stack})"))
+        checkpoint_uri = None
+        if spec.resume_from:
+            checkpoint_uri = _previous_checkpoints(spec.resume_from, region, checks)
+        placed = self._place(plan, account, role_arn, bucket, checkpoint_uri)
+        refuse_api_problems(placed.request)  # the looked-up parts too (a previous job's checkpoint URI)
+        checks.append(cloud.bucket_check(placed.payload["bucket"], region,
+                                         named_by_user=bool(spec.sagemaker.bucket)))
+        checks.append(self._quota_check(spec, region))
+        return dataclasses.replace(placed, checks=checks)
 
-    def _checkpoint_uri(self, spec, bucket, prefix, lineage, region, dry_run, checks) -> str:
-        uri = f"s3://{bucket}/{prefix}/checkpoints/{lineage}/"
-        if not spec.resume_from:
-            return uri
-        if dry_run:
-            checks.append(Check(f"resume from {spec.resume_from}", None, "its checkpoint location is not looked up "
-                                                                       "in a dry run"))
-            return uri
-        from distrain_cloud.infra import aws
+    def _request(self, spec: JobSpec, parts: _Parts, account: str, role_arn: str, bucket: str | None = None,
+                 checkpoint_uri: str | None = None) -> dict[str, Any]:
+        from ..bundle import bundle_key
 
-        with aws.translate_errors():
-            job = aws.client("sagemaker", region).describe_training_job(TrainingJobName=spec.resume_from)
-        previous = (job.get("CheckpointConfig") or {}).get("S3Uri")
-        checks.append(Check(f"resume from {spec.resume_from}", bool(previous), previous or "it had no checkpoints"))
-        return previous or uri
-
-    def _request(self, spec, job_name, image_uri, role_arn, bucket, prefix, code_key, checkpoint_uri, argv,
-                 sha256, lineage, max_wait) -> dict[str, Any]:
+        bucket = bucket or spec.sagemaker.bucket or default_bucket(account, parts.region)
+        checkpoint_uri = checkpoint_uri or _checkpoint_uri(bucket, parts)
+        code_uri = f"s3://{bucket}/{bundle_key(parts.prefix, parts.code_sha256)}"
         channels = [{
             "ChannelName": CODE_CHANNEL,
-            "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": f"s3://{bucket}/{code_key}",
+            "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": code_uri,
                                             "S3DataDistributionType": "FullyReplicated"}},
             "InputMode": "File",
         }]
@@ -205,23 +215,23 @@ class SageMakerBackend:
             environment["DISTRAIN_SECRETS"] = json.dumps(spec.secrets, sort_keys=True)  # references only
         stopping = {"MaxRuntimeInSeconds": spec.max_run}
         if spec.spot:
-            stopping["MaxWaitTimeInSeconds"] = max_wait
-        tags = [{"Key": f"{TAG_PREFIX}code-sha256", "Value": sha256},
-                {"Key": f"{TAG_PREFIX}lineage", "Value": lineage},
+            stopping["MaxWaitTimeInSeconds"] = parts.max_wait
+        tags = [{"Key": f"{TAG_PREFIX}code-sha256", "Value": parts.code_sha256},
+                {"Key": f"{TAG_PREFIX}lineage", "Value": parts.lineage},
                 {"Key": f"{TAG_PREFIX}strategy", "Value": spec.strategy}]
         tags += [{"Key": k, "Value": v} for k, v in sorted(spec.sagemaker.tags.items())]
         request: dict[str, Any] = {
-            "TrainingJobName": job_name,
+            "TrainingJobName": parts.job_name,
             "RoleArn": role_arn,
             "AlgorithmSpecification": {
-                "TrainingImage": image_uri,
+                "TrainingImage": parts.image_uri,
                 "TrainingInputMode": "File",
                 "ContainerEntrypoint": sagemaker_entrypoint(CODE_CHANNEL),
-                "MetricDefinitions": [{"Name": m, "Regex": f"{m}=([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))"} for m in METRICS],
+                "MetricDefinitions": [{"Name": m, "Regex": METRIC_REGEX.format(m)} for m in METRICS],
             },
-            "HyperParameters": argv_to_hyperparameters(argv),
+            "HyperParameters": argv_to_hyperparameters(list(parts.argv)),
             "InputDataConfig": channels,
-            "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/{prefix}/jobs/"},
+            "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/{parts.prefix}/jobs/"},
             "ResourceConfig": {"InstanceType": spec.instance, "InstanceCount": spec.nodes,
                                "VolumeSizeInGB": spec.sagemaker.volume_size_gb},
             "StoppingCondition": stopping,
@@ -234,58 +244,6 @@ class SageMakerBackend:
             request["VpcConfig"] = {"Subnets": spec.sagemaker.subnets,
                                     "SecurityGroupIds": spec.sagemaker.security_group_ids}
         return request
-
-    def _cost(self, spec, instance, region) -> dict[str, Any] | None:
-        from ..catalog import hourly_price
-
-        price = hourly_price(instance, region)
-        if price is None:
-            return {"hourly_usd": None, "note": f"no list price for {instance.name} in {region}"}
-        hours = spec.max_run / 3600
-        worst = round(spec.nodes * price * hours, 2)
-        cost: dict[str, Any] = {"hourly_usd": round(spec.nodes * price, 2), "max_run_hours": round(hours, 2),
-                                "worst_case_usd": worst}
-        if spec.spot:
-            lo, hi = SPOT_PRICE_RANGE
-            cost["spot_typical_usd"] = f"{worst * lo:.2f}-{worst * hi:.2f}"
-        return cost
-
-    def _static_checks(self, spec, job_name, max_wait, cost, image) -> list[Check]:
-        import re
-
-        checks = [
-            Check("job name valid", bool(re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", job_name)), job_name),
-            Check("image runs on the GPU", True, image.reason),
-        ]
-        if spec.spot:
-            checks.append(Check("max_wait >= max_run", max_wait >= spec.max_run, f"{max_wait}s >= {spec.max_run}s"))
-        if spec.max_cost is not None:
-            worst = (cost or {}).get("worst_case_usd")
-            if worst is None:
-                checks.append(Check(f"cost <= --max-cost {spec.max_cost}", False, "no price known to compare"))
-            else:
-                checks.append(Check(f"cost <= --max-cost {spec.max_cost}", worst <= spec.max_cost,
-                                    f"worst case ${worst} ({spec.nodes} node(s) x max_run)"))
-        return checks
-
-    def _live_checks(self, spec, bucket, region, role_arn, instance) -> list[Check]:
-        from distrain_cloud.infra import aws
-
-        checks = []
-        s3 = aws.client("s3", region)
-        try:
-            s3.head_bucket(Bucket=bucket)
-            checks.append(Check("bucket exists", True, bucket))
-        except Exception as e:
-            code = aws.error_code(e)
-            if code in ("403", "AccessDenied"):  # another account's, or not ours to use
-                checks.append(Check("bucket usable", False, f"{bucket}: access denied; name another bucket"))
-            elif spec.sagemaker.bucket:
-                checks.append(Check("bucket exists", False, f"{bucket}: create it or drop sagemaker.bucket"))
-            else:
-                checks.append(Check("bucket exists", True, f"{bucket} will be created"))
-        checks.append(self._quota_check(spec, region))
-        return checks
 
     def _quota_check(self, spec, region) -> Check:
         from distrain_cloud.infra import aws
@@ -305,75 +263,44 @@ class SageMakerBackend:
     # ------------------------------------------------------------------ act
 
     def submit(self, plan: Plan, *, wait: bool = False) -> int:
-        from distrain_cloud.infra import aws, resources
+        region = plan.payload["region"]
+        refuse_failed_checks(plan)
+        uploaded = cloud.upload_code(plan)
+        from distrain_cloud.infra import aws
 
-        failed = plan.failed_checks
-        if failed:
-            raise UserError("plan check failed, nothing was created: "
-                            + "; ".join(f"{c.name} ({c.detail})" for c in failed))
-        region, bucket = plan.payload["region"], plan.payload["bucket"]
         with aws.translate_errors():
-            resources.ensure_bucket(bucket, region)
-            uploaded = resources.upload_if_absent(bucket, plan.payload["code_key"], plan.payload["bundle"], region)
             create_training_job_once(plan.request, region)
         print(f"submitted {plan.job_name} (code bundle {'uploaded' if uploaded else 'already in S3'})",
               file=sys.stderr)
         print(f"next: distrain-cloud logs {plan.job_name} --follow --region {region}", file=sys.stderr)
         if wait:
-            return self.wait(plan.job_name, region=region)
+            return wait_for(self, JobRef(plan.job_name, self.name, region))
         return 0
-
-    def wait(self, job_name: str, *, region: str | None = None, poll: float = 15.0) -> int:
-        seen = None
-        while True:
-            info = self.status(job_name, region=region)
-            state = (info["status"], info.get("secondary_status"))
-            if state != seen:
-                print(f"{job_name}: {info['status']} / {info.get('secondary_status')}"
-                      + (f" - {info['detail']}" if info.get("detail") else ""), file=sys.stderr, flush=True)
-                seen = state
-            if info["terminal"]:
-                return 0 if info["status"] == "Completed" else 1
-            time.sleep(poll)
 
     # ------------------------------------------------------------------ lifecycle
 
-    def status(self, job_name: str, *, region: str | None = None, **_: Any) -> dict[str, Any]:
+    def status(self, job: JobRef) -> dict[str, Any]:
         from distrain_cloud.infra import aws
 
         with aws.translate_errors():
-            job = aws.client("sagemaker", aws.region(region)).describe_training_job(TrainingJobName=job_name)
-        status = job["TrainingJobStatus"]
-        secondary = job.get("SecondaryStatus")
-        resources = job.get("ResourceConfig") or {}
-        return {
-            "job_name": job_name,
-            "status": status,
-            "secondary_status": secondary,
-            # a status newer than this code is taken as still running: `wait` keeps polling
-            "terminal": status in {s.value for s in TERMINAL},
-            "instance": f"{resources.get('InstanceCount', '?')} x {resources.get('InstanceType', '?')}",
-            "created": str(job.get("CreationTime", "")),
-            "detail": job.get("FailureReason") or SECONDARY_DETAIL.get(secondary or "", ""),
-            "billable_seconds": job.get("BillableTimeInSeconds"),
-            "model_artifacts": (job.get("ModelArtifacts") or {}).get("S3ModelArtifacts"),
-            "checkpoints": (job.get("CheckpointConfig") or {}).get("S3Uri"),
-        }
+            described = aws.client("sagemaker", aws.region(job.region)).describe_training_job(
+                TrainingJobName=job.name)
+        return _status(job.name, described)
 
-    def list_jobs(self, *, region: str | None = None, limit: int = 20, **_: Any) -> list[dict[str, Any]]:
+    def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
         from distrain_cloud.infra import aws
 
         with aws.translate_errors():
             page = aws.client("sagemaker", aws.region(region)).list_training_jobs(
                 SortBy="CreationTime", SortOrder="Descending", MaxResults=min(limit, 100))
-        return [{"job_name": j["TrainingJobName"], "status": j["TrainingJobStatus"],
+        return [{"job_name": j["TrainingJobName"], "backend": self.name, "status": j["TrainingJobStatus"],
                  "created": str(j.get("CreationTime", "")), "instance": "", "detail": ""}
                 for j in page.get("TrainingJobSummaries", [])]
 
-    def logs(self, job_name: str, *, follow: bool = False, region: str | None = None, **_: Any) -> int:
+    def logs(self, job: JobRef, *, follow: bool = False) -> int:
         from distrain_cloud.infra import aws
 
-        region = aws.region(region)
+        region, job_name = aws.region(job.region), job.name
         group = "/aws/sagemaker/TrainingJobs"
         tokens: dict[str, str | None] = {}
         with aws.translate_errors():
@@ -384,7 +311,7 @@ class SageMakerBackend:
                     tokens.setdefault(stream, None)
                 for stream in sorted(tokens):
                     tokens[stream] = _print_events(logs_client, group, stream, tokens[stream], _host(stream))
-                done = self.status(job_name, region=region)["terminal"] if follow else True
+                done = self.status(job)["terminal"] if follow else True
                 if done:
                     # one last read so nothing written just before the end is lost
                     for stream in sorted(tokens):
@@ -392,17 +319,75 @@ class SageMakerBackend:
                     return 0
                 time.sleep(5)
 
-    def cancel(self, job_name: str, *, region: str | None = None, **_: Any) -> str:
+    def cancel(self, job: JobRef) -> str:
         from distrain_cloud.infra import aws
 
-        info = self.status(job_name, region=region)
+        job_name, info = job.name, self.status(job)
         if info["terminal"]:
             return f"{job_name} already ended: {info['status']}"
         if info["status"] == TrainingJobStatus.Stopping.value:
             return f"{job_name} is already stopping"
         with aws.translate_errors():
-            aws.client("sagemaker", aws.region(region)).stop_training_job(TrainingJobName=job_name)
+            aws.client("sagemaker", aws.region(job.region)).stop_training_job(TrainingJobName=job_name)
         return f"stopping {job_name}: it saves a checkpoint first (distrain-cloud status {job_name})"
+
+
+def _status(job_name: str, job: dict[str, Any]) -> dict[str, Any]:
+    status = job["TrainingJobStatus"]
+    secondary = job.get("SecondaryStatus")
+    resources = job.get("ResourceConfig") or {}
+    return {
+        "job_name": job_name,
+        "status": status,
+        "secondary_status": secondary,
+        # a status newer than this code is taken as still running: `wait` keeps polling
+        "terminal": status in {s.value for s in TERMINAL},
+        "instance": f"{resources.get('InstanceCount', '?')} x {resources.get('InstanceType', '?')}",
+        "created": str(job.get("CreationTime", "")),
+        "detail": job.get("FailureReason") or SECONDARY_DETAIL.get(secondary or "", ""),
+        "billable_seconds": job.get("BillableTimeInSeconds"),
+        "model_artifacts": (job.get("ModelArtifacts") or {}).get("S3ModelArtifacts"),
+        "checkpoints": (job.get("CheckpointConfig") or {}).get("S3Uri"),
+    }
+
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parts:
+    """What the request is made of besides the spec, fixed at plan time (the job name above all)."""
+
+    job_name: str
+    region: str
+    image_uri: str
+    argv: tuple[str, ...]
+    prefix: str
+    code_sha256: str
+    lineage: str
+    max_wait: int | None
+
+
+def _checkpoint_uri(bucket: str, parts: _Parts) -> str:
+    # A lineage shares one checkpoint prefix: resumed attempts read what earlier ones wrote.
+    return f"s3://{bucket}/{parts.prefix}/checkpoints/{parts.lineage}/"
+
+
+def _previous_checkpoints(job_name: str, region: str, checks: list[Check]) -> str | None:
+    from distrain_cloud.infra import aws
+
+    with aws.translate_errors():
+        job = aws.client("sagemaker", region).describe_training_job(TrainingJobName=job_name)
+    previous = (job.get("CheckpointConfig") or {}).get("S3Uri")
+    checks.append(Check(f"resume from {job_name}", bool(previous), previous or "it had no checkpoints"))
+    return previous
+
+
+def _stack_resources(stack: str, region: str) -> Any:
+    from distrain_cloud.infra import stack as stacks
+
+    try:
+        return stacks.resources(stack, region)
+    except UserError as e:
+        raise UserError(f"{e} (or pass --role NAME_OR_ARN to use a role of your own)") from None
 
 
 def create_training_job_once(request: dict[str, Any], region: str) -> None:
@@ -433,16 +418,10 @@ def _fingerprint(job: dict[str, Any]) -> tuple[Any, ...]:
             (job.get("CheckpointConfig") or {}).get("S3Uri"))
 
 
-def _role(spec: JobSpec) -> str:
-    if not spec.sagemaker.role:
-        raise UserError("SageMaker needs an execution role: pass --role NAME_OR_ARN (or sagemaker.role in the "
-                        "spec); it must trust sagemaker.amazonaws.com")
-    return spec.sagemaker.role
-
-
 def _offline_identity(spec: JobSpec, unknown_account: str) -> tuple[str, str]:
-    """(account, role ARN) as far as they are known without asking AWS."""
-    role = _role(spec)
+    """(account, role ARN) as far as they are known without asking AWS; with no role, the stack's
+    (its name is only known at submit)."""
+    role = spec.sagemaker.role or f"{spec.stack}-sagemaker"
     account = role.split(":")[4] if role.startswith("arn:") else unknown_account
     return account, role if role.startswith("arn:") else f"arn:aws:iam::{account}:role/{role}"
 

@@ -109,7 +109,8 @@ def test_submit_the_example_then_status_ls_logs_and_cancel(moto_server, env, rol
     checks = {c["name"]: (c["ok"], c["detail"]) for c in plan["checks"]}
     assert checks["role exists and trusts SageMaker"] == (True, role)
     assert checks["quota: ml.p3.8xlarge for spot training job usage"] == (True, "2 allowed, 1 needed")
-    assert checks["bucket exists"][0] is True and checks["max_wait >= max_run"][0] is True
+    assert checks["bucket exists"][0] is True and checks["request fits the SageMaker API model"][0] is True
+    assert plan["request"]["StoppingCondition"]["MaxWaitTimeInSeconds"] >= plan["request"]["StoppingCondition"]["MaxRuntimeInSeconds"]
     assert any(t.endswith(".ListServiceQuotas") for t in _QuotasHandler.requests)
     # one process per GPU: 4 x V100 on one ml.p3.8xlarge
     acc = plan["configs"]["accelerate_config (node 0)"]
@@ -148,10 +149,12 @@ def test_submit_the_example_then_status_ls_logs_and_cancel(moto_server, env, rol
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
     assert keys == [f"distrain-cloud/code/{sha}.tar.gz"]
 
-    # status, ls, logs, cancel: each its own process, against the same server
-    r = cli(env, "status", job_name, "--region", REGION, "--json", cwd=tmp_path)
+    # status, ls, logs, cancel: each its own process, against the same server; the job's record
+    # (written at submit) says where it runs, so neither --backend nor --region is needed
+    r = cli(env, "status", job_name, "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
+    assert info["backend"] == "sagemaker"
     assert (info["status"], info["terminal"], info["instance"]) == ("Completed", True, "1 x ml.p3.8xlarge")
     assert info["checkpoints"] == job["CheckpointConfig"]["S3Uri"]
 
@@ -159,11 +162,14 @@ def test_submit_the_example_then_status_ls_logs_and_cancel(moto_server, env, rol
     assert r.returncode == 0, r.stderr
     assert job_name in {j["job_name"] for j in json.loads(r.stdout)}
 
-    r = cli(env, "logs", job_name, "--region", REGION, cwd=tmp_path)
+    r = cli(env, "logs", job_name, cwd=tmp_path)
     assert (r.returncode, r.stdout) == (0, "")  # moto writes no logs for its jobs
 
-    r = cli(env, "cancel", job_name, "--region", REGION, cwd=tmp_path)
+    r = cli(env, "cancel", job_name, cwd=tmp_path)
     assert (r.returncode, r.stdout.strip()) == (0, f"{job_name} already ended: Completed")
+
+    r = cli(env, "wait", job_name, "--poll", "0", cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr.rstrip().endswith(f"{job_name}: Completed / Completed"), r.stderr
 
     # the same code again: the bundle is already there
     r = cli(env, "submit", str(EXAMPLE), "--region", REGION, "--role", role, cwd=tmp_path)

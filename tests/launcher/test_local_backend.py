@@ -90,11 +90,15 @@ def test_submit_local_runs_the_offline_default_end_to_end(tmp_path):
     assert losses[-1] < losses[0]
     assert "eval_accuracy=" in r.stdout
     assert list((root / "output" / "wandb").glob("offline-run-*"))
-    # ls and status read the job back
-    ls = cli("ls", "--backend", "local", "--json", cwd=tmp_path)
-    assert json.loads(ls.stdout)[0]["job_name"] == root.name
-    st = cli("status", root.name, "--backend", "local", "--json", cwd=tmp_path)
-    assert json.loads(st.stdout)["status"] == "Completed"
+    # ls and status read the job back with no --backend: ls lists every backend (SageMaker, with no
+    # credentials here, is noted and skipped); status follows the job's record, from any folder
+    ls = cli("ls", "--json", cwd=tmp_path, env={"AWS_ACCESS_KEY_ID": "", "AWS_EC2_METADATA_DISABLED": "true"})
+    assert [(j["job_name"], j["backend"]) for j in json.loads(ls.stdout)] == [(root.name, "local")]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    st = cli("status", root.name, "--json", cwd=elsewhere)
+    assert (json.loads(st.stdout)["status"], json.loads(st.stdout)["backend"]) == ("Completed", "local")
+    assert cli("wait", root.name, cwd=elsewhere).returncode == 0
 
 
 def test_resume_from_shares_the_earlier_jobs_checkpoints(tmp_path):

@@ -10,7 +10,9 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,8 @@ from distrain_cloud.infra import aws
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.launcher import cli
 from distrain_cloud.launcher.api import plan_job, submit_job
+from distrain_cloud.launcher.backends import wait_for
+from distrain_cloud.launcher.jobs import JobRef
 from distrain_cloud.launcher.backends import sagemaker as sm
 from distrain_cloud.launcher.spec import load_spec
 
@@ -37,6 +41,10 @@ def role(mocked_aws):
 
     return boto3.client("iam").create_role(RoleName="distrain-sm", AssumeRolePolicyDocument=trust(
         "sagemaker.amazonaws.com"))["Role"]["Arn"]
+
+
+def ref(name: str) -> JobRef:
+    return JobRef(name, "sagemaker", REGION)
 
 
 def spec(role_arn, **overrides):
@@ -403,7 +411,7 @@ def expect_describe(stub, *jobs):
 ])
 def test_status_for_every_training_job_status(stub, status, secondary, terminal):
     expect_describe(stub, described(status, secondary, reason="AlgorithmError: boom" if status == "Failed" else None))
-    info = sm.BACKEND.status("job-1", region=REGION)
+    info = sm.BACKEND.status(ref("job-1"))
     assert (info["status"], info["secondary_status"], info["terminal"]) == (status, secondary, terminal)
     assert info["instance"] == "2 x ml.p3.8xlarge"
     assert info["checkpoints"] == "s3://b/distrain-cloud/checkpoints/job-1/"
@@ -427,19 +435,19 @@ def test_every_status_botocore_knows_is_handled():
 ])
 def test_status_explains_spot_and_limit_secondary_statuses(stub, status, secondary, terminal, says):
     expect_describe(stub, described(status, secondary))
-    info = sm.BACKEND.status("job-1", region=REGION)
+    info = sm.BACKEND.status(ref("job-1"))
     assert (info["status"], info["secondary_status"], info["terminal"]) == (status, secondary, terminal)
     assert says in info["detail"]
 
 
 def test_a_failure_reason_wins_over_the_generic_explanation(stub):
     expect_describe(stub, described("Failed", "MaxWaitTimeExceeded", reason="Spot capacity unavailable"))
-    assert sm.BACKEND.status("job-1", region=REGION)["detail"] == "Spot capacity unavailable"
+    assert sm.BACKEND.status(ref("job-1"))["detail"] == "Spot capacity unavailable"
 
 
 def test_status_of_an_unknown_job_is_one_line(mocked_aws):
     with pytest.raises(UserError, match=r"^AWS rejected DescribeTrainingJob: Could not find training job"):
-        sm.BACKEND.status("nope", region=REGION)
+        sm.BACKEND.status(ref("nope"))
 
 
 @pytest.fixture
@@ -449,12 +457,19 @@ def no_sleep(monkeypatch):
     return sleeps
 
 
+def untimed(err: str) -> list[str]:
+    """wait's lines without their leading HH:MM:SS (checked here)."""
+    lines = err.splitlines()
+    assert all(re.match(r"\d\d:\d\d:\d\d ", line) for line in lines), lines
+    return [line[9:] for line in lines]
+
+
 def test_wait_prints_each_transition_once_and_returns_0_when_completed(stub, no_sleep, capsys):
     expect_describe(stub, described("InProgress", "Starting"), described("InProgress", "Downloading"),
                     described("InProgress", "Training"), described("InProgress", "Training"),
                     described("InProgress", "Uploading"), described("Completed", "Completed"))
-    assert sm.BACKEND.wait("job-1", region=REGION, poll=7) == 0
-    assert capsys.readouterr().err.splitlines() == [
+    assert wait_for(sm.BACKEND, ref("job-1"), poll=7) == 0
+    assert untimed(capsys.readouterr().err) == [
         "job-1: InProgress / Starting", "job-1: InProgress / Downloading", "job-1: InProgress / Training",
         "job-1: InProgress / Uploading", "job-1: Completed / Completed"]
     assert no_sleep == [7] * 5
@@ -467,8 +482,8 @@ def test_wait_prints_each_transition_once_and_returns_0_when_completed(stub, no_
 ])
 def test_wait_returns_1_for_failed_or_stopped(stub, no_sleep, capsys, final):
     expect_describe(stub, described("InProgress", "Training"), described("Stopping", "Stopping"), final)
-    assert sm.BACKEND.wait("job-1", region=REGION) == 1
-    lines = capsys.readouterr().err.splitlines()
+    assert wait_for(sm.BACKEND, ref("job-1")) == 1
+    lines = untimed(capsys.readouterr().err)
     assert lines[:2] == ["job-1: InProgress / Training", "job-1: Stopping / Stopping"]
     assert lines[2].startswith(f"job-1: {final['TrainingJobStatus']} / {final['SecondaryStatus']}")
     if final.get("FailureReason"):
@@ -483,7 +498,7 @@ def test_submit_wait_follows_the_job(role, no_sleep, capsys):
 def test_cancel_stops_a_running_job(stub, capsys):
     expect_describe(stub, described("InProgress", "Training"))
     stub.add_response("stop_training_job", {}, {"TrainingJobName": "job-1"})
-    assert sm.BACKEND.cancel("job-1", region=REGION).startswith("stopping job-1: it saves a checkpoint first")
+    assert sm.BACKEND.cancel(ref("job-1")).startswith("stopping job-1: it saves a checkpoint first")
     # and through the CLI
     expect_describe(stub, described("InProgress", "Interrupted"))
     stub.add_response("stop_training_job", {}, {"TrainingJobName": "job-1"})
@@ -494,7 +509,7 @@ def test_cancel_stops_a_running_job(stub, capsys):
 @pytest.mark.parametrize("status", ["Completed", "Failed", "Stopped"])
 def test_cancel_refuses_politely_for_an_ended_job(stub, capsys, status):
     expect_describe(stub, described(status, status))  # and no StopTrainingJob: the Stubber would fail on one
-    assert sm.BACKEND.cancel("job-1", region=REGION) == f"job-1 already ended: {status}"
+    assert sm.BACKEND.cancel(ref("job-1")) == f"job-1 already ended: {status}"
     expect_describe(stub, described(status, status))
     code, out, err = run_cli(capsys, "cancel", "job-1", "--region", REGION)
     assert (code, out.strip(), err) == (0, f"job-1 already ended: {status}", "")
@@ -502,7 +517,7 @@ def test_cancel_refuses_politely_for_an_ended_job(stub, capsys, status):
 
 def test_cancel_of_a_stopping_job_sends_nothing_more(stub):
     expect_describe(stub, described("Stopping", "Stopping"))
-    assert sm.BACKEND.cancel("job-1", region=REGION) == "job-1 is already stopping"
+    assert sm.BACKEND.cancel(ref("job-1")) == "job-1 is already stopping"
 
 
 def test_throttled_status_is_one_line(mocked_aws, monkeypatch, capsys):
@@ -521,7 +536,7 @@ def test_ls_lists_created_jobs(role, capsys):
         p = plan_job(spec(role))
         submit_job(p)
         names.add(p.job_name)
-    jobs = sm.BACKEND.list_jobs(region=REGION)
+    jobs = sm.BACKEND.list_jobs(region=REGION, workdir=Path("runs"), limit=20)
     assert {j["job_name"] for j in jobs} == names and {j["status"] for j in jobs} == {"Completed"}
     code, out, _ = run_cli(capsys, "ls", "--json", "--region", REGION)
     assert code == 0
@@ -533,7 +548,7 @@ def test_ls_lists_created_jobs(role, capsys):
 
 
 def test_ls_with_no_jobs_is_empty(mocked_aws, capsys):
-    assert sm.BACKEND.list_jobs(region=REGION) == []
+    assert sm.BACKEND.list_jobs(region=REGION, workdir=Path("runs"), limit=20) == []
     code, out, _ = run_cli(capsys, "ls", "--json", "--region", REGION)
     assert (code, json.loads(out)) == (0, [])
 
@@ -571,7 +586,7 @@ def test_logs_print_every_host_prefixed(role, capsys):
     put_logs(job, "algo-2", ["node_launch node_rank=1 nodes=2 processes=8"])
     put_logs(job + "-other", "algo-1", ["not this job"])  # a name sharing the prefix
     capsys.readouterr()
-    assert sm.BACKEND.logs(job, region=REGION) == 0
+    assert sm.BACKEND.logs(ref(job)) == 0
     assert capsys.readouterr().out.splitlines() == [
         "[algo-1] node_launch node_rank=0 nodes=2 processes=8",
         "[algo-1] step=10 train_loss=1.2345 lr=5e-05",
@@ -585,10 +600,10 @@ def test_logs_print_every_host_prefixed(role, capsys):
 
 
 def test_logs_of_a_job_with_no_log_group_yet_print_nothing(mocked_aws, capsys):
-    assert sm.BACKEND.logs("starting-job", region=REGION) == 0
+    assert sm.BACKEND.logs(ref("starting-job")) == 0
     assert capsys.readouterr().out == ""
     put_logs("another-job", "algo-1", ["x"])  # a group, but no stream of this job
-    assert sm.BACKEND.logs("starting-job", region=REGION) == 0
+    assert sm.BACKEND.logs(ref("starting-job")) == 0
     assert capsys.readouterr().out == ""
 
 
@@ -608,7 +623,7 @@ def test_logs_follow_prints_new_lines_once_until_the_job_ends(mocked_aws, monkey
                  lambda: put_logs("run-1", "algo-1", ["step=30 train_loss=1.0", "model_saved=/opt/ml/model"],
                                   start=2000)])
     monkeypatch.setattr(sm.time, "sleep", lambda s: next(more)())
-    assert sm.BACKEND.logs("run-1", follow=True, region=REGION) == 0
+    assert sm.BACKEND.logs(ref("run-1"), follow=True) == 0
     assert capsys.readouterr().out.splitlines() == [
         "[algo-1] step=10 train_loss=2.0",
         "[algo-1] step=20 train_loss=1.5",

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from distrain_cloud.infra.errors import UserError
+from distrain_cloud.launcher import apimodel
 from distrain_cloud.launcher.api import plan_job
 from distrain_cloud.launcher.backends import sagemaker as sm
 from distrain_cloud.launcher.images import parse_cuda_version
@@ -163,7 +164,7 @@ def test_an_unknown_instance_gets_a_suggestion(offline):
 def test_an_ec2_type_is_refused_with_the_sagemaker_spelling(offline):
     # the spec routes non-ml types to the (absent) ec2 backend; the SageMaker backend itself says what to write
     with pytest.raises(UserError, match=r"use ml.p3.8xlarge"):
-        sm.BACKEND.plan(spec(instance="p3.8xlarge"), dry_run=True)
+        sm.BACKEND.plan(spec(instance="p3.8xlarge"))
 
 
 def test_no_region_configured_assumes_us_east_1_and_says_so(offline):
@@ -182,7 +183,7 @@ def test_spot_sets_managed_spot_and_a_max_wait_beyond_max_run(offline):
     assert r["EnableManagedSpotTraining"] is True
     stop = r["StoppingCondition"]
     assert stop["MaxRuntimeInSeconds"] == 7200 and stop["MaxWaitTimeInSeconds"] >= stop["MaxRuntimeInSeconds"]
-    assert [c.ok for c in plan.checks if c.name == "max_wait >= max_run"] == [True]
+    assert stop["MaxWaitTimeInSeconds"] == 2 * 7200  # the default: twice max_run
     assert r["CheckpointConfig"] == {"S3Uri": f"s3://distrain-cloud-123456789012-us-east-1/distrain-cloud/"
                                               f"checkpoints/{plan.job_name}/", "LocalPath": "/opt/ml/checkpoints"}
     assert {"Key": "distrain-cloud:lineage", "Value": plan.job_name} in r["Tags"]
@@ -373,7 +374,7 @@ def test_job_names_fit_sagemaker_and_are_unique(offline):
     for p in plans:
         assert len(p.job_name) <= 63 and re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", p.job_name)
         assert p.request["TrainingJobName"] == p.job_name
-        assert [c.ok for c in p.checks if c.name == "job name valid"] == [True]
+        assert apimodel.problems("sagemaker", "CreateTrainingJob", p.request) == []
     assert names[0].startswith(long + "-") and re.search(r"-\d{8}-\d{6}-[0-9a-f]{6}$", names[0])
 
 
@@ -389,8 +390,15 @@ def test_inputs_must_be_s3_and_code_is_reserved(offline):
 def test_a_role_name_becomes_an_arn_placeholder_in_a_dry_run(offline):
     plan = dry(**{"sagemaker.role": "distrain-cloud-sagemaker"})
     assert plan.request["RoleArn"] == "arn:aws:iam::<account>:role/distrain-cloud-sagemaker"
-    with pytest.raises(UserError, match="SageMaker needs an execution role: pass --role"):
-        dry(**{"sagemaker.role": None})
+    assert plan.request["OutputDataConfig"]["S3OutputPath"] == "s3://distrain-cloud-<account>-us-east-1/distrain-cloud/jobs/"
+
+
+def test_with_no_role_the_plan_names_the_stack_it_will_use(offline):
+    plan = dry(**{"sagemaker.role": None, "stack": "team-a"})
+    assert plan.request["RoleArn"] == "arn:aws:iam::<account>:role/team-a-sagemaker"
+    assert plan.summary["output"].startswith("s3://<stack-team-a-bucket>/")
+    (check,) = [c for c in plan.checks if c.name == "role exists and trusts SageMaker"]
+    assert check.ok is None and check.detail == "from stack team-a, at submit"
 
 
 # ---------------------------------------------------------------- the real CLI, no credentials at all

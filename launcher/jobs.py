@@ -1,0 +1,80 @@
+"""Which backend a job runs on: a record written at submit, so lifecycle commands need no --backend.
+
+Records live in `$DISTRAIN_HOME/jobs/<job>.json` (default `~/.distrain-cloud`); they hold where
+the job is (backend, region, work folder), never anything secret. A job with no record (submitted
+from another machine) is found by its local folder, else looked up on SageMaker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from distrain_cloud.infra.errors import UserError
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Enough to find a job again: its name and where it runs."""
+
+    name: str
+    backend: str
+    region: str | None = None
+    workdir: Path = Path("runs")
+
+
+def records_dir() -> Path:
+    return Path(os.environ.get("DISTRAIN_HOME") or Path.home() / ".distrain-cloud") / "jobs"
+
+
+def check_name(name: str) -> str:
+    """A job name is a name, never a path: it is a folder and an S3 prefix too."""
+    from .spec import JOB_NAME
+
+    if not JOB_NAME.fullmatch(name):
+        raise UserError(f"{name!r} is not a job name (letters, digits and hyphens, as `distrain-cloud ls` shows)")
+    return name
+
+
+def write_record(plan: Plan, *, region: str | None, workdir: Path | None) -> None:
+    """Written before the job is started, so every job that may exist can be found."""
+    folder = records_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"name": plan.job_name, "backend": plan.backend, "region": region,
+              "workdir": str(workdir.resolve()) if workdir else None,
+              "instance": plan.summary.get("instance"), "created": time.time()}
+    (folder / f"{check_name(plan.job_name)}.json").write_text(json.dumps(record, indent=2))
+
+
+def find_job(name: str, *, backend: str | None = None, region: str | None = None,
+             workdir: Path = Path("runs")) -> JobRef:
+    """The job `name`: the backend named, else its record, else its local folder, else SageMaker."""
+    check_name(name)
+    if backend:
+        return JobRef(name, backend, region, workdir)
+    path = records_dir() / f"{name}.json"
+    if path.is_file():
+        record = json.loads(path.read_text())
+        return JobRef(name, record["backend"], region or record.get("region"),
+                      Path(record["workdir"]) if record.get("workdir") else workdir)
+    if (workdir / name / "job.json").is_file():
+        return JobRef(name, "local", region, workdir)
+    return JobRef(name, "sagemaker", region, workdir)
+
+
+def recorded_jobs() -> list[dict[str, Any]]:
+    folder = records_dir()
+    if not folder.is_dir():
+        return []
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
+
+def as_dict(ref: JobRef) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(ref).items()}
