@@ -38,9 +38,15 @@ GPT2_SHAPES = {
 SHIPPED_VOCAB = 746  # len() of the shipped tokenizer; tiny-gpt2 uses it as its vocabulary size
 
 BERT_BASE = {
-    "model_type": "bert", "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
-    "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 512,
-    "type_vocab_size": 2, "pad_token_id": 1,
+    "model_type": "bert",
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "pad_token_id": 1,
 }
 
 LABELS = ("negative", "neutral", "positive")
@@ -106,8 +112,9 @@ def pack_blocks(lines: list[str], tokenizer, block: int, limit: int | None = Non
 CORPUS_TOKENS_ESTIMATE = 44471  # tokens (with eos) in one copy of corpus.txt, shipped tokenizer
 
 
-def corpus_repeats(needed_blocks: int, block: int, tokens_per_copy: int = CORPUS_TOKENS_ESTIMATE,
-                   train_fraction: float = 0.9) -> int:
+def corpus_repeats(
+    needed_blocks: int, block: int, tokens_per_copy: int = CORPUS_TOKENS_ESTIMATE, train_fraction: float = 0.9
+) -> int:
     """Copies of corpus.txt so that ONE epoch of our trainer's train split covers the run.
 
     One epoch matters: at an epoch end accelerate forces a gradient sync, which would cut
@@ -138,8 +145,14 @@ OPENERS = {
 }
 
 
-def varlen_examples(n: int, seed: int = 1234, median_tokens: float = 120.0, sigma: float = 0.7,
-                    max_tokens: int = 512, min_tokens: int = 8) -> list[dict]:
+def varlen_examples(
+    n: int,
+    seed: int = 1234,
+    median_tokens: float = 120.0,
+    sigma: float = 0.7,
+    max_tokens: int = 512,
+    min_tokens: int = 8,
+) -> list[dict]:
     """A realistic variable-length text-classification set: lengths ~ log-normal.
 
     Median ~120 tokens, mean ~150, p90 ~300; ~2% reach the 512-token cap (truncated at

@@ -44,7 +44,12 @@ def main() -> None:
         "distrain-cloud submit --help": [cli, "submit", "--help"],
         "submit --instance local --dry-run": [cli, "submit", "--instance", "local", "--dry-run"],
         "submit examples/sagemaker-gpt2-emotion.yaml --dry-run": [
-            cli, "submit", str(REPO / "examples/sagemaker-gpt2-emotion.yaml"), "--dry-run", "--json"],
+            cli,
+            "submit",
+            str(REPO / "examples/sagemaker-gpt2-emotion.yaml"),
+            "--dry-run",
+            "--json",
+        ],
         "accelerate launch --help (reference)": [str(BIN / "accelerate"), "launch", "--help"],
     }
     with tempfile.TemporaryDirectory() as cwd:

@@ -49,36 +49,54 @@ import _benchlib as lib  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=("lm", "classification"), default="lm")
-    p.add_argument("--cls-model", choices=("gpt2-small", "bert-base"), default="gpt2-small",
-                   help="classification model shape")
+    p.add_argument(
+        "--cls-model", choices=("gpt2-small", "bert-base"), default="gpt2-small", help="classification model shape"
+    )
     p.add_argument("--model", choices=("gpt2-small", "gpt2-xl"), default="gpt2-small", help="LM model shape")
     p.add_argument("--compile", action="store_true", help="TrainingArguments(torch_compile=True)")
     p.add_argument("--optim", default="adamw_torch_fused")
     p.add_argument("--steps", type=int, default=None, help="timed optimizer steps (default 60; 3 with --tiny)")
-    p.add_argument("--warmup-steps", type=int, default=None,
-                   help="untimed optimizer steps run first (default 10; 1 with --tiny)")
+    p.add_argument(
+        "--warmup-steps", type=int, default=None, help="untimed optimizer steps run first (default 10; 1 with --tiny)"
+    )
     p.add_argument("--batch-size", type=int, default=None, help="per device micro-batch (default 16; 4 with --tiny)")
-    p.add_argument("--seq-len", type=int, default=None,
-                   help="LM block size / classification max_length (default 1024 lm, 512 classification, 64 tiny)")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="LM block size / classification max_length (default 1024 lm, 512 classification, 64 tiny)",
+    )
     p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
-                   help="default bf16 (fp32 with --tiny)")
+    p.add_argument(
+        "--precision", choices=("bf16", "fp16", "fp32"), default=None, help="default bf16 (fp32 with --tiny)"
+    )
     p.add_argument("--attn", default="sdpa", help="attn_implementation (sdpa, eager, ...)")
-    p.add_argument("--tf32", action="store_true",
-                   help="TrainingArguments(tf32=True); off = the Trainer default (our trainer turns TF32 on)")
+    p.add_argument(
+        "--tf32",
+        action="store_true",
+        help="TrainingArguments(tf32=True); off = the Trainer default (our trainer turns TF32 on)",
+    )
     p.add_argument("--data-file", help="lm: a .txt (one document per line); classification: a .jsonl (text,label)")
-    p.add_argument("--num-examples", type=int, default=None,
-                   help="classification without --data-file: size of the synthetic set (default: enough for the run)")
+    p.add_argument(
+        "--num-examples",
+        type=int,
+        default=None,
+        help="classification without --data-file: size of the synthetic set (default: enough for the run)",
+    )
     p.add_argument("--lr", type=float, default=lib.LR)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--peak-tflops", type=float, default=lib.H100_BF16_PEAK_FLOPS / 1e12)
-    p.add_argument("--no-sync", action="store_true",
-                   help="do not torch.cuda.synchronize() in the timing callback (on by default)")
-    p.add_argument("--tiny", action="store_true",
-                   help="CPU smoke test: 2 layers, 64 hidden, seq 64, fp32, 3 steps (tiny-gpt2 preset shape)")
+    p.add_argument(
+        "--no-sync", action="store_true", help="do not torch.cuda.synchronize() in the timing callback (on by default)"
+    )
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="CPU smoke test: 2 layers, 64 hidden, seq 64, fp32, 3 steps (tiny-gpt2 preset shape)",
+    )
     a = p.parse_args(argv)
     tiny = a.tiny
     if a.steps is None:
@@ -110,22 +128,36 @@ def build_model(a, tokenizer, num_labels: int | None):
         cfg.pop("model_type")
         config = BertConfig(**cfg, num_labels=num_labels)
         if a.tiny:
-            config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
-                                num_attention_heads=2, intermediate_size=128, max_position_embeddings=512,
-                                pad_token_id=tokenizer.pad_token_id, num_labels=num_labels)
+            config = BertConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=128,
+                max_position_embeddings=512,
+                pad_token_id=tokenizer.pad_token_id,
+                num_labels=num_labels,
+            )
         auto = transformers.BertForSequenceClassification
         shape = {"n_layer": config.num_hidden_layers, "n_embd": config.hidden_size}
     else:
         shape = dict(lib.GPT2_SHAPES["tiny-gpt2" if a.tiny else (a.model if a.mode == "lm" else "gpt2-small")])
         if shape["vocab_size"] is None:
             shape["vocab_size"] = len(tokenizer)
-        config = GPT2Config(**shape, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id,
-                            eos_token_id=tokenizer.eos_token_id)
+        config = GPT2Config(
+            **shape,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.eos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
         if num_labels:
             config.num_labels = num_labels
         auto = transformers.GPT2ForSequenceClassification if num_labels else transformers.GPT2LMHeadModel
-    model = auto._from_config(config, attn_implementation=a.attn) if hasattr(auto, "_from_config") \
+    model = (
+        auto._from_config(config, attn_implementation=a.attn)
+        if hasattr(auto, "_from_config")
         else auto.from_config(config, attn_implementation=a.attn)
+    )
     if a.seq_len > getattr(config, "n_positions", getattr(config, "max_position_embeddings", a.seq_len)):
         raise SystemExit(f"error: --seq-len {a.seq_len} exceeds the model's positions")
     return model, shape
@@ -171,13 +203,22 @@ def build_cls_data(a, tokenizer, needed: int):
         rows = lib.varlen_examples(a.num_examples or max(needed, 256))
         source = "synthetic"
     label_of = {n: i for i, n in enumerate(sorted({str(r["label"]) for r in rows}))}
-    enc = tokenizer([r["text"] for r in rows], truncation=True, max_length=a.seq_len, padding="max_length",
-                    return_tensors="pt")
-    tensors = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-               "labels": torch.tensor([label_of[str(r["label"])] for r in rows], dtype=torch.long)}
+    enc = tokenizer(
+        [r["text"] for r in rows], truncation=True, max_length=a.seq_len, padding="max_length", return_tensors="pt"
+    )
+    tensors = {
+        "input_ids": enc["input_ids"],
+        "attention_mask": enc["attention_mask"],
+        "labels": torch.tensor([label_of[str(r["label"])] for r in rows], dtype=torch.long),
+    }
     lengths = enc["attention_mask"].sum(1).double()
-    info = {"data": source, "examples": len(rows), "len_median": float(lengths.median()),
-            "len_mean": float(lengths.mean()), "len_max": int(lengths.max())}
+    info = {
+        "data": source,
+        "examples": len(rows),
+        "len_median": float(lengths.median()),
+        "len_mean": float(lengths.mean()),
+        "len_max": int(lengths.max()),
+    }
     return Blocks(tensors, needed), info, len(label_of)
 
 
@@ -248,14 +289,29 @@ def training_arguments(a, out_dir: str, total_steps: int):
     from transformers import TrainingArguments
 
     kwargs = dict(
-        output_dir=out_dir, max_steps=total_steps, per_device_train_batch_size=a.batch_size,
-        gradient_accumulation_steps=a.grad_accum, learning_rate=a.lr, weight_decay=a.weight_decay,
-        max_grad_norm=a.max_grad_norm, lr_scheduler_type="linear", warmup_steps=0, optim=a.optim,
-        bf16=a.precision == "bf16", fp16=a.precision == "fp16", torch_compile=a.compile,
+        output_dir=out_dir,
+        max_steps=total_steps,
+        per_device_train_batch_size=a.batch_size,
+        gradient_accumulation_steps=a.grad_accum,
+        learning_rate=a.lr,
+        weight_decay=a.weight_decay,
+        max_grad_norm=a.max_grad_norm,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        optim=a.optim,
+        bf16=a.precision == "bf16",
+        fp16=a.precision == "fp16",
+        torch_compile=a.compile,
         tf32=True if a.tf32 and torch.cuda.is_available() else None,
-        logging_strategy="steps", logging_steps=total_steps + 1,  # no mid-run logging syncs
-        eval_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
-        dataloader_num_workers=a.num_workers, remove_unused_columns=False, seed=a.seed,
+        logging_strategy="steps",
+        logging_steps=total_steps + 1,  # no mid-run logging syncs
+        eval_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=a.num_workers,
+        remove_unused_columns=False,
+        seed=a.seed,
         use_cpu=not torch.cuda.is_available(),
     )
     accepted = set(inspect.signature(TrainingArguments.__init__).parameters)
@@ -270,7 +326,11 @@ def training_arguments(a, out_dir: str, total_steps: int):
 
 def model_name(a) -> str:
     if a.mode == "classification":
-        return ("tiny-" if a.tiny else "") + a.cls_model.split("-")[0] + ("" if a.tiny else "-" + a.cls_model.split("-")[1])
+        return (
+            ("tiny-" if a.tiny else "")
+            + a.cls_model.split("-")[0]
+            + ("" if a.tiny else "-" + a.cls_model.split("-")[1])
+        )
     return "tiny-gpt2" if a.tiny else a.model
 
 
@@ -306,8 +366,9 @@ def main(argv=None) -> None:
     timer = make_timer(a, counters)
     with tempfile.TemporaryDirectory(prefix="hf-baseline-") as out_dir:
         targs = training_arguments(a, out_dir, total_steps)
-        trainer = BenchTrainer(model=model, args=targs, train_dataset=data, data_collator=default_data_collator,
-                               callbacks=[timer])
+        trainer = BenchTrainer(
+            model=model, args=targs, train_dataset=data, data_collator=default_data_collator, callbacks=[timer]
+        )
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         trainer.train()
@@ -333,23 +394,43 @@ def main(argv=None) -> None:
         return
     tps = real / elapsed
     line = {
-        "bench": "hf_trainer", "variant": "compile" if a.compile else "defaults", "mode": a.mode,
+        "bench": "hf_trainer",
+        "variant": "compile" if a.compile else "defaults",
+        "mode": a.mode,
         "model": model_name(a),
-        "tokens_per_sec": tps, "tokens_per_sec_step": real / step_sum if step_sum else None,
+        "tokens_per_sec": tps,
+        "tokens_per_sec_step": real / step_sum if step_sum else None,
         "step_time_ms": 1000 * lib.median(timer.step_times) if timer.step_times else None,
-        "mfu": None, "peak_mem_gb": peak, "peak_mem_reserved_gb": reserved, "gpus": world if cuda else 0,
+        "mfu": None,
+        "peak_mem_gb": peak,
+        "peak_mem_reserved_gb": reserved,
+        "gpus": world if cuda else 0,
     }
     if a.mode == "lm":
         fpt = lib.flops_per_token(n_params, shape["n_layer"], shape["n_embd"], a.seq_len)
         line["mfu"] = lib.mfu(tps, fpt, max(1, world), a.peak_tflops * 1e12)
     else:
-        line.update(nonpad_tokens_per_sec=tps, padded_tokens_per_sec=total / elapsed,
-                    pad_frac=1.0 - real / total if total else None)
+        line.update(
+            nonpad_tokens_per_sec=tps,
+            padded_tokens_per_sec=total / elapsed,
+            pad_frac=1.0 - real / total if total else None,
+        )
     line.update(
-        mfu_params="total_incl_embeddings", n_params=n_params, seq_len=a.seq_len, batch_size=a.batch_size,
-        grad_accum=a.grad_accum, steps=a.steps, warmup_steps=a.warmup_steps, precision=a.precision, tf32=a.tf32,
-        attn=model.config._attn_implementation, optim=a.optim, device=torch.cuda.get_device_name(0) if cuda else "cpu",
-        torch=torch.__version__, transformers=transformers.__version__, peak_tflops=a.peak_tflops,
+        mfu_params="total_incl_embeddings",
+        n_params=n_params,
+        seq_len=a.seq_len,
+        batch_size=a.batch_size,
+        grad_accum=a.grad_accum,
+        steps=a.steps,
+        warmup_steps=a.warmup_steps,
+        precision=a.precision,
+        tf32=a.tf32,
+        attn=model.config._attn_implementation,
+        optim=a.optim,
+        device=torch.cuda.get_device_name(0) if cuda else "cpu",
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        peak_tflops=a.peak_tflops,
         **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in info.items() if k != "data"},
     )
     print(f"data={info['data']}", flush=True)

@@ -93,15 +93,54 @@ def gpt2_fpt(preset: str, seq_len: int) -> tuple[int, float]:
     return n, lib.flops_per_token(n, s["n_layer"], s["n_embd"], seq_len)
 
 
-def ours_cmd(ctx: Ctx, *, gpus: int, strategy: str, task: str, batch: int, accum: int, total_steps: int,
-             log_every: int, model_flags: list[str], data_flags: list[str], compile_: bool = False,
-             extra: list[str] = ()) -> list[str]:
-    cmd = [sys.executable, "-m", "distrain_cloud.training.node_launch", "--processes", str(max(1, gpus)), "--",
-           "--task", task, *model_flags, *data_flags, "--strategy", strategy, "--precision", ctx.precision,
-           "--batch-size", str(batch), "--grad-accum", str(accum), "--max-steps", str(total_steps),
-           "--log-every", str(log_every), "--report-to", "none", "--lr", str(lib.LR),
-           # keep the untimed tail short: a small final evaluation, one generated token
-           "--max-eval-samples", str(ctx.a.eval_samples), "--generate-tokens", "1"]
+def ours_cmd(
+    ctx: Ctx,
+    *,
+    gpus: int,
+    strategy: str,
+    task: str,
+    batch: int,
+    accum: int,
+    total_steps: int,
+    log_every: int,
+    model_flags: list[str],
+    data_flags: list[str],
+    compile_: bool = False,
+    extra: list[str] = (),
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "distrain_cloud.training.node_launch",
+        "--processes",
+        str(max(1, gpus)),
+        "--",
+        "--task",
+        task,
+        *model_flags,
+        *data_flags,
+        "--strategy",
+        strategy,
+        "--precision",
+        ctx.precision,
+        "--batch-size",
+        str(batch),
+        "--grad-accum",
+        str(accum),
+        "--max-steps",
+        str(total_steps),
+        "--log-every",
+        str(log_every),
+        "--report-to",
+        "none",
+        "--lr",
+        str(lib.LR),
+        # keep the untimed tail short: a small final evaluation, one generated token
+        "--max-eval-samples",
+        str(ctx.a.eval_samples),
+        "--generate-tokens",
+        "1",
+    ]
     cmd.append("--no-save-model")  # the final save is untimed; skipping it saves budget
     if compile_:
         cmd.append("--compile")
@@ -114,36 +153,93 @@ def lm_data_flags(ctx: Ctx, seq_len: int) -> list[str]:
     return ["--train-file", str(ctx.lm_file), "--block-size", str(seq_len)]
 
 
-def ours_lm(ctx: Ctx, *, gpus: int, strategy: str = "ddp", preset: str = "gpt2-small", batch: int | None = None,
-            accum: int = 1, steps: int | None = None, warmup: int | None = None, log_every: int | None = None,
-            compile_: bool = False, timeout: int | None = None, label: str | None = None,
-            variant: tuple[str, list[str]] = ("", [])) -> Run:
+def ours_lm(
+    ctx: Ctx,
+    *,
+    gpus: int,
+    strategy: str = "ddp",
+    preset: str = "gpt2-small",
+    batch: int | None = None,
+    accum: int = 1,
+    steps: int | None = None,
+    warmup: int | None = None,
+    log_every: int | None = None,
+    compile_: bool = False,
+    timeout: int | None = None,
+    label: str | None = None,
+    variant: tuple[str, list[str]] = ("", []),
+) -> Run:
     a = ctx.a
     preset = "tiny-gpt2" if ctx.cpu else preset
     batch = batch or a.batch_size
     steps, warmup, log_every = steps or a.steps, a.warmup if warmup is None else warmup, log_every or a.log_every
     n, fpt = gpt2_fpt(preset, a.seq_len)
-    cmd = ours_cmd(ctx, gpus=gpus, strategy=strategy, task="causal-lm", batch=batch, accum=accum,
-                   total_steps=warmup + steps, log_every=log_every, model_flags=["--preset", preset],
-                   data_flags=lm_data_flags(ctx, a.seq_len), compile_=compile_, extra=variant[1])
+    cmd = ours_cmd(
+        ctx,
+        gpus=gpus,
+        strategy=strategy,
+        task="causal-lm",
+        batch=batch,
+        accum=accum,
+        total_steps=warmup + steps,
+        log_every=log_every,
+        model_flags=["--preset", preset],
+        data_flags=lm_data_flags(ctx, a.seq_len),
+        compile_=compile_,
+        extra=variant[1],
+    )
     needs = ("datasets", "accelerate", "yaml") + (("deepspeed",) if strategy.startswith("zero") else ())
     compiled = "--compile" in cmd  # also through --ours-extra or a variant
     tag = f"ours-{preset}-{strategy}{'-compile' if compiled else ''}-g{gpus}-b{batch}-k{accum}"
     if variant[0]:
         tag, label = f"{tag}-{variant[0]}", f"{label or 'ours ' + strategy} [{variant[0]}]"
-    return Run(tag, "ours", label or f"ours {strategy}{' +compile' if compiled else ''}", cmd, gpus, preset,
-               "lm", strategy, a.seq_len, batch, accum, steps, warmup, log_every,
-               timeout or (a.compile_timeout if compiled else a.timeout), needs, n, fpt, variant=variant[0])
+    return Run(
+        tag,
+        "ours",
+        label or f"ours {strategy}{' +compile' if compiled else ''}",
+        cmd,
+        gpus,
+        preset,
+        "lm",
+        strategy,
+        a.seq_len,
+        batch,
+        accum,
+        steps,
+        warmup,
+        log_every,
+        timeout or (a.compile_timeout if compiled else a.timeout),
+        needs,
+        n,
+        fpt,
+        variant=variant[0],
+    )
 
 
 def hf_lm(ctx: Ctx, *, compile_: bool, gpus: int = 1) -> Run:
     a = ctx.a
     preset = "tiny-gpt2" if ctx.cpu else "gpt2-small"
     n, fpt = gpt2_fpt(preset, a.seq_len)
-    cmd = hf_launcher(gpus) + [str(BASELINE), "--tf32", "--mode", "lm", "--batch-size", str(a.batch_size),
-                               "--seq-len", str(a.seq_len), "--grad-accum", "1", "--steps", str(a.steps),
-                               "--warmup-steps", str(a.warmup), "--data-file", str(ctx.lm_file),
-                               "--peak-tflops", str(a.peak_tflops)]
+    cmd = hf_launcher(gpus) + [
+        str(BASELINE),
+        "--tf32",
+        "--mode",
+        "lm",
+        "--batch-size",
+        str(a.batch_size),
+        "--seq-len",
+        str(a.seq_len),
+        "--grad-accum",
+        "1",
+        "--steps",
+        str(a.steps),
+        "--warmup-steps",
+        str(a.warmup),
+        "--data-file",
+        str(ctx.lm_file),
+        "--peak-tflops",
+        str(a.peak_tflops),
+    ]
     if a.lm_data == "builtin":
         cmd[cmd.index("--data-file") : cmd.index("--data-file") + 2] = []
     if ctx.cpu:
@@ -151,9 +247,26 @@ def hf_lm(ctx: Ctx, *, compile_: bool, gpus: int = 1) -> Run:
     if compile_:
         cmd.append("--compile")
     variant = "compile" if compile_ else "defaults"
-    return Run(f"hf-{preset}-{variant}-g{gpus}-b{a.batch_size}", "hf_trainer", f"HF Trainer {variant}", cmd, gpus,
-               preset, "lm", "ddp" if gpus > 1 else "single", a.seq_len, a.batch_size, 1, a.steps, a.warmup, None,
-               a.compile_timeout if compile_ else a.timeout, ("transformers",), n, fpt)
+    return Run(
+        f"hf-{preset}-{variant}-g{gpus}-b{a.batch_size}",
+        "hf_trainer",
+        f"HF Trainer {variant}",
+        cmd,
+        gpus,
+        preset,
+        "lm",
+        "ddp" if gpus > 1 else "single",
+        a.seq_len,
+        a.batch_size,
+        1,
+        a.steps,
+        a.warmup,
+        None,
+        a.compile_timeout if compile_ else a.timeout,
+        ("transformers",),
+        n,
+        fpt,
+    )
 
 
 def hf_launcher(gpus: int) -> list[str]:
@@ -173,27 +286,87 @@ def varlen_runs(ctx: Ctx, variants: list[tuple[str, list[str]]] = ()) -> list[Ru
         name = a.varlen_model
     g = a.varlen_gpus
     bs, L = a.varlen_batch_size, a.varlen_max_length
-    ours = ours_cmd(ctx, gpus=g, strategy="ddp", task="classification", batch=bs, accum=1,
-                    total_steps=a.warmup + a.steps, log_every=a.log_every, model_flags=model_flags,
-                    data_flags=["--train-file", str(ctx.varlen_file), "--max-length", str(L)])
-    hf = hf_launcher(g) + [str(BASELINE), "--tf32", "--mode", "classification", "--cls-model", a.varlen_model,
-                                   "--batch-size", str(bs), "--seq-len", str(L), "--steps", str(a.steps),
-                                   "--warmup-steps", str(a.warmup), "--data-file", str(ctx.varlen_file)]
+    ours = ours_cmd(
+        ctx,
+        gpus=g,
+        strategy="ddp",
+        task="classification",
+        batch=bs,
+        accum=1,
+        total_steps=a.warmup + a.steps,
+        log_every=a.log_every,
+        model_flags=model_flags,
+        data_flags=["--train-file", str(ctx.varlen_file), "--max-length", str(L)],
+    )
+    hf = hf_launcher(g) + [
+        str(BASELINE),
+        "--tf32",
+        "--mode",
+        "classification",
+        "--cls-model",
+        a.varlen_model,
+        "--batch-size",
+        str(bs),
+        "--seq-len",
+        str(L),
+        "--steps",
+        str(a.steps),
+        "--warmup-steps",
+        str(a.warmup),
+        "--data-file",
+        str(ctx.varlen_file),
+    ]
     if ctx.cpu:
         hf.append("--tiny")
-    common = dict(gpus=g, model=name, task="classification", seq_len=L, batch_size=bs, grad_accum=1,
-                  steps=a.steps, warmup=a.warmup)
+    common = dict(
+        gpus=g,
+        model=name,
+        task="classification",
+        seq_len=L,
+        batch_size=bs,
+        grad_accum=1,
+        steps=a.steps,
+        warmup=a.warmup,
+    )
     cls_needs = ("datasets", "accelerate", "yaml")
-    extra = [Run(f"ours-cls-{name}-g{g}-b{bs}-{v}", "ours", f"ours (dynamic padding, length-grouped) [{v}]",
-                 ours + flags, strategy="ddp", log_every=a.log_every,
-                 timeout=a.compile_timeout if "--compile" in flags else a.timeout, needs=cls_needs, variant=v,
-                 **common) for v, flags in variants]
+    extra = [
+        Run(
+            f"ours-cls-{name}-g{g}-b{bs}-{v}",
+            "ours",
+            f"ours (dynamic padding, length-grouped) [{v}]",
+            ours + flags,
+            strategy="ddp",
+            log_every=a.log_every,
+            timeout=a.compile_timeout if "--compile" in flags else a.timeout,
+            needs=cls_needs,
+            variant=v,
+            **common,
+        )
+        for v, flags in variants
+    ]
     return [
-        Run(f"ours-cls-{name}-g{g}-b{bs}", "ours", "ours (dynamic padding, length-grouped)", ours,
-            strategy="ddp", log_every=a.log_every, timeout=a.timeout, needs=cls_needs, **common),
-        Run(f"hf-cls-{name}-g{g}-b{bs}", "hf_trainer", "HF Trainer (padding=max_length)", hf,
-            strategy="ddp" if g > 1 else "single", log_every=None, timeout=a.timeout, needs=("transformers",),
-            **common),
+        Run(
+            f"ours-cls-{name}-g{g}-b{bs}",
+            "ours",
+            "ours (dynamic padding, length-grouped)",
+            ours,
+            strategy="ddp",
+            log_every=a.log_every,
+            timeout=a.timeout,
+            needs=cls_needs,
+            **common,
+        ),
+        Run(
+            f"hf-cls-{name}-g{g}-b{bs}",
+            "hf_trainer",
+            "HF Trainer (padding=max_length)",
+            hf,
+            strategy="ddp" if g > 1 else "single",
+            log_every=None,
+            timeout=a.timeout,
+            needs=("transformers",),
+            **common,
+        ),
         *extra,
     ]
 
@@ -221,17 +394,30 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
             # variants tune ZeRO-3 (e.g. --no-zero3-block-fetch): one more zero3 run each
             runs += [ours_lm(ctx, gpus=G, strategy="zero3", label=f"ours zero3 x{G}", variant=v) for v in variants]
         elif s == "xl":
-            xl = dict(gpus=G, preset="gpt2-xl", batch=a.xl_batch_size, steps=a.xl_steps, warmup=a.xl_warmup,
-                      log_every=a.xl_log_every, timeout=a.xl_timeout)
+            xl = dict(
+                gpus=G,
+                preset="gpt2-xl",
+                batch=a.xl_batch_size,
+                steps=a.xl_steps,
+                warmup=a.xl_warmup,
+                log_every=a.xl_log_every,
+                timeout=a.xl_timeout,
+            )
             name = "tiny-gpt2" if ctx.cpu else "gpt2-xl"
             runs = [ours_lm(ctx, strategy=st, label=f"ours {name} {st} x{G}", **xl) for st in a.xl_strategies]
-            runs += [ours_lm(ctx, strategy="zero3", label=f"ours {name} zero3 x{G}", variant=v, **xl)
-                     for v in variants]
+            runs += [ours_lm(ctx, strategy="zero3", label=f"ours {name} zero3 x{G}", variant=v, **xl) for v in variants]
         elif s == "accum":
             g = a.accum_gpus
             k1 = ours_lm(ctx, gpus=g, accum=1, label="ours k=1")
-            kk = ours_lm(ctx, gpus=g, accum=a.accum_k, steps=a.accum_steps, warmup=a.accum_warmup,
-                         log_every=a.accum_log_every, label=f"ours k={a.accum_k}")
+            kk = ours_lm(
+                ctx,
+                gpus=g,
+                accum=a.accum_k,
+                steps=a.accum_steps,
+                warmup=a.accum_warmup,
+                log_every=a.accum_log_every,
+                label=f"ours k={a.accum_k}",
+            )
             runs = [k1, kk]
         elif s == "varlen":
             runs = varlen_runs(ctx, variants)
@@ -247,14 +433,22 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
 def child_env(ctx: Ctx, run: Run, dirs: dict[str, Path], port: int, shim: Path | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTRAIN_", "SM_"))}
     env.update(lib.REQUIRED_ENV)  # required on the GPU machines; never remove
-    env.update({
-        "DISTRAIN_MODEL_DIR": str(dirs["model"]), "DISTRAIN_OUTPUT_DIR": str(dirs["output"]),
-        "DISTRAIN_CHECKPOINT_DIR": str(dirs["checkpoints"]), "DISTRAIN_MAIN_PORT": str(port),
-        "HF_DATASETS_CACHE": str(ctx.work / "hf-datasets-cache"), "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
-        "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so CUDA's device i is nvidia-smi's GPU i (memory sampling)
-    })
+    env.update(
+        {
+            "DISTRAIN_MODEL_DIR": str(dirs["model"]),
+            "DISTRAIN_OUTPUT_DIR": str(dirs["output"]),
+            "DISTRAIN_CHECKPOINT_DIR": str(dirs["checkpoints"]),
+            "DISTRAIN_MAIN_PORT": str(port),
+            "HF_DATASETS_CACHE": str(ctx.work / "hf-datasets-cache"),
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "WANDB_MODE": "disabled",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1",
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so CUDA's device i is nvidia-smi's GPU i (memory sampling)
+        }
+    )
     if shim is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(shim)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     if ctx.cpu:
@@ -284,8 +478,11 @@ def package_shim(work: Path) -> Path | None:
         spec = importlib.util.find_spec("distrain_cloud.training")
     except ModuleNotFoundError:  # not even the namespace package is importable
         spec = None
-    if spec is not None and spec.submodule_search_locations and \
-            Path(list(spec.submodule_search_locations)[0]).resolve() == (lib.REPO / "training").resolve():
+    if (
+        spec is not None
+        and spec.submodule_search_locations
+        and Path(list(spec.submodule_search_locations)[0]).resolve() == (lib.REPO / "training").resolve()
+    ):
         return None
     shim = work / "pkgshim"
     pkg = shim / "distrain_cloud"
@@ -320,25 +517,45 @@ def gpu_inventory() -> list[dict]:
     if not shutil.which("nvidia-smi"):
         return []
     try:
-        text = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total,memory.used",
-                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30).stdout
+        text = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=index,name,driver_version,memory.total,memory.used",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     rows = []
     for line in text.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 5:
-            rows.append({"index": parts[0], "name": parts[1], "driver": parts[2],
-                         "memory_total_mib": float(parts[3]), "memory_used_mib": float(parts[4])})
+            rows.append(
+                {
+                    "index": parts[0],
+                    "name": parts[1],
+                    "driver": parts[2],
+                    "memory_total_mib": float(parts[3]),
+                    "memory_used_mib": float(parts[4]),
+                }
+            )
     return rows
 
 
 def git_commit() -> str | None:
     try:
-        r = subprocess.run(["git", "-C", str(lib.REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                           text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(lib.REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        r = subprocess.run(
+            ["git", "-C", str(lib.REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(lib.REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return (r.stdout.strip() + ("+dirty" if dirty else "")) if r.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -367,8 +584,12 @@ class GpuMemSampler:
     def _loop(self):
         while not self._stop.is_set():
             try:
-                text = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                                      capture_output=True, text=True, timeout=10).stdout
+                text = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                ).stdout
                 for line in text.strip().splitlines():
                     i, used = (p.strip() for p in line.split(","))
                     self.peak[i] = max(self.peak.get(i, 0.0), float(used))
@@ -413,8 +634,9 @@ class Runner:
         with open(log, "w") as f, GpuMemSampler(enabled=not self.ctx.cpu) as mem:
             f.write("# " + shown(run.cmd, self.ctx) + "\n")
             f.flush()
-            self.current = subprocess.Popen(run.cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=lib.REPO,
-                                            start_new_session=True)
+            self.current = subprocess.Popen(
+                run.cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=lib.REPO, start_new_session=True
+            )
             try:
                 rc = self.current.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -427,9 +649,14 @@ class Runner:
                 self.current = None
         wall = time.monotonic() - t0
         text = log.read_text(errors="replace")
-        res = {"wall_s": round(wall, 1), "log": str(log.relative_to(self.out)), "rc": rc,
-               "peak_mem_smi_gb": mem.max_gib(env.get("CUDA_VISIBLE_DEVICES", "").split(","))
-               if not self.ctx.cpu else None}
+        res = {
+            "wall_s": round(wall, 1),
+            "log": str(log.relative_to(self.out)),
+            "rc": rc,
+            "peak_mem_smi_gb": mem.max_gib(env.get("CUDA_VISIBLE_DEVICES", "").split(","))
+            if not self.ctx.cpu
+            else None,
+        }
         metrics = dirs["output"] / "metrics.jsonl"
         if metrics.exists():
             shutil.copy(metrics, self.out / "logs" / f"{run.id}.metrics.jsonl")
@@ -480,8 +707,11 @@ class Runner:
 
 
 def last_error(text: str) -> str:
-    lines = [l.strip() for l in text.splitlines()
-             if l.strip() and not l.startswith("# ") and "[WARNING]" not in l and "Warning:" not in l]
+    lines = [
+        l.strip()
+        for l in text.splitlines()
+        if l.strip() and not l.startswith("# ") and "[WARNING]" not in l and "Warning:" not in l
+    ]
     for l in reversed(lines):
         if OOM.search(l) or l.startswith("error:") or re.match(r"^[\w.]+(Error|Exception)\b", l):
             return l[:300]
@@ -500,8 +730,13 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
         for line in text.splitlines():
             if line.startswith("step=") and "tokens_per_sec=" in line:
                 kv = lib.parse_kv(line)
-                rows.append({k: float(v) if k != "step" else int(v) for k, v in kv.items()
-                             if re.fullmatch(r"[-+0-9.eE]+|nan|inf", v)})
+                rows.append(
+                    {
+                        k: float(v) if k != "step" else int(v)
+                        for k, v in kv.items()
+                        if re.fullmatch(r"[-+0-9.eE]+|nan|inf", v)
+                    }
+                )
     train = [r for r in rows if "tokens_per_sec" in r]
     windows, prev = [], 0
     for r in train:
@@ -516,7 +751,9 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
     res = {
         "tokens_per_sec": tps,
         "step_time_ms": 1000 * lib.median([r["step_time"] for r in pick]) if pick and "step_time" in pick[0] else None,
-        "data_wait_pct": lib.median([r["data_wait_pct"] for r in pick]) if pick and "data_wait_pct" in pick[0] else None,
+        "data_wait_pct": lib.median([r["data_wait_pct"] for r in pick])
+        if pick and "data_wait_pct" in pick[0]
+        else None,
         "windows": [[w[0], w[1]] for w in post],
         "tokens_per_sec_windows": [round(r["tokens_per_sec"], 1) for r in pick],
     }
@@ -545,11 +782,18 @@ def parse_hf(run: Run, text: str) -> dict:
         except (KeyError, ValueError):
             return None
 
-    res = {"tokens_per_sec": num("tokens_per_sec"), "tokens_per_sec_step": num("tokens_per_sec_step"),
-           "step_time_ms": num("step_time_ms"), "mfu_reported": num("mfu"), "peak_mem_gb": num("peak_mem_gb"),
-           "peak_mem_reserved_gb": num("peak_mem_reserved_gb"), "pad_frac": num("pad_frac"),
-           "n_params_counted": int(num("n_params")) if num("n_params") is not None else None,
-           "baseline_line": line, "complete": True}
+    res = {
+        "tokens_per_sec": num("tokens_per_sec"),
+        "tokens_per_sec_step": num("tokens_per_sec_step"),
+        "step_time_ms": num("step_time_ms"),
+        "mfu_reported": num("mfu"),
+        "peak_mem_gb": num("peak_mem_gb"),
+        "peak_mem_reserved_gb": num("peak_mem_reserved_gb"),
+        "pad_frac": num("pad_frac"),
+        "n_params_counted": int(num("n_params")) if num("n_params") is not None else None,
+        "baseline_line": line,
+        "complete": True,
+    }
     return res
 
 
@@ -584,15 +828,38 @@ def xfmt(q) -> str:
 
 def run_row(r: Run) -> list[str]:
     res = r.result
-    return [r.label, f"{r.gpus} cpu" if r.result.get("cpu") else str(r.gpus), r.strategy, str(r.batch_size), str(r.grad_accum),
-            fmt(res.get("tokens_per_sec"), "int"), fmt(res.get("tokens_per_sec_per_gpu"), "int"),
-            fmt(res.get("step_time_ms"), ".1f"), fmt(res.get("mfu"), ".1%") if res.get("mfu") is not None else "–",
-            fmt(res.get("peak_mem_gb"), ".2f"), fmt(res.get("peak_mem_smi_gb"), ".2f"),
-            fmt(res.get("data_wait_pct"), ".1f"), res.get("status", "pending")]
+    return [
+        r.label,
+        f"{r.gpus} cpu" if r.result.get("cpu") else str(r.gpus),
+        r.strategy,
+        str(r.batch_size),
+        str(r.grad_accum),
+        fmt(res.get("tokens_per_sec"), "int"),
+        fmt(res.get("tokens_per_sec_per_gpu"), "int"),
+        fmt(res.get("step_time_ms"), ".1f"),
+        fmt(res.get("mfu"), ".1%") if res.get("mfu") is not None else "–",
+        fmt(res.get("peak_mem_gb"), ".2f"),
+        fmt(res.get("peak_mem_smi_gb"), ".2f"),
+        fmt(res.get("data_wait_pct"), ".1f"),
+        res.get("status", "pending"),
+    ]
 
 
-HEADER = ["run", "GPUs", "strategy", "micro-bs", "accum", "tokens/s", "tokens/s/GPU", "step ms", "MFU",
-          "peak GiB (torch)", "peak GiB (nvidia-smi)", "data wait %", "status"]
+HEADER = [
+    "run",
+    "GPUs",
+    "strategy",
+    "micro-bs",
+    "accum",
+    "tokens/s",
+    "tokens/s/GPU",
+    "step ms",
+    "MFU",
+    "peak GiB (torch)",
+    "peak GiB (nvidia-smi)",
+    "data wait %",
+    "status",
+]
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -619,9 +886,10 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
         counted = [r.result.get("n_params_counted") for r in runs if r.result.get("n_params_counted")]
         if counted and runs[0].n_params:
             same = counted[0] == runs[0].n_params
-            lines.append(f"- parameters (N in MFU): {runs[0].n_params:,} by formula"
-                         + (", equal to the baseline's count" if same else
-                            f"; WARNING: the baseline counted {counted[0]:,}"))
+            lines.append(
+                f"- parameters (N in MFU): {runs[0].n_params:,} by formula"
+                + (", equal to the baseline's count" if same else f"; WARNING: the baseline counted {counted[0]:,}")
+            )
     elif suite == "scaling":
         for r, t in zip(runs, tps):
             base = next((t1 for r1, t1 in zip(runs, tps) if max(1, r1.gpus) == 1), None)
@@ -629,8 +897,10 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
             eff = ratio(t, n * base) if base else None
             tag = f" [{r.variant}]" if r.variant else ""
             out[f"efficiency_x{n}" + (f"_{r.variant}" if r.variant else "")] = eff
-            lines.append(f"- weak-scaling efficiency x{n}{tag} = tokens/s({n}{tag}) / ({n} × tokens/s(1)): "
-                         f"**{fmt(eff, '.1%') if eff is not None else '–'}**")
+            lines.append(
+                f"- weak-scaling efficiency x{n}{tag} = tokens/s({n}{tag}) / ({n} × tokens/s(1)): "
+                f"**{fmt(eff, '.1%') if eff is not None else '–'}**"
+            )
     elif suite == "zero":
         ddp = next((r for r in runs if r.strategy == "ddp" and not r.variant), None)
         base = ddp.result.get("tokens_per_sec") if ddp else None
@@ -640,44 +910,56 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
             q = ratio(t, base)
             name = r.strategy + (f" [{r.variant}]" if r.variant else "")
             out[f"{r.strategy}{'_' + r.variant if r.variant else ''}_over_ddp"] = q
-            lines.append(f"- {name} ÷ ddp tokens/s: **{xfmt(q)}**; peak GiB (torch) "
-                         f"{fmt(r.result.get('peak_mem_gb'), '.2f')} vs "
-                         f"{fmt(ddp.result.get('peak_mem_gb') if ddp else None, '.2f')}")
+            lines.append(
+                f"- {name} ÷ ddp tokens/s: **{xfmt(q)}**; peak GiB (torch) "
+                f"{fmt(r.result.get('peak_mem_gb'), '.2f')} vs "
+                f"{fmt(ddp.result.get('peak_mem_gb') if ddp else None, '.2f')}"
+            )
     elif suite == "accum" and len({r.grad_accum for r in runs}) == 2:
         k1, kk = sorted(runs, key=lambda r: r.grad_accum)
         tps = [k1.result.get("tokens_per_sec"), kk.result.get("tokens_per_sec")]
         st1, stk = k1.result.get("step_time_ms"), kk.result.get("step_time_ms")
         q = ratio(stk, kk.grad_accum * st1) if st1 else None
         out["step_time_ratio"] = q
-        lines.append(f"- step_time(k={kk.grad_accum}) / ({kk.grad_accum} × step_time(k=1)) = **{fmt(q, '.3f')}** "
-                     "(1.0 = accumulation costs exactly k micro-steps; below 1 = the skipped optimizer steps "
-                     "and gradient syncs are saved; above 1 = overhead)")
+        lines.append(
+            f"- step_time(k={kk.grad_accum}) / ({kk.grad_accum} × step_time(k=1)) = **{fmt(q, '.3f')}** "
+            "(1.0 = accumulation costs exactly k micro-steps; below 1 = the skipped optimizer steps "
+            "and gradient syncs are saved; above 1 = overhead)"
+        )
         lines.append(f"- tokens/s k={kk.grad_accum} ÷ k=1: **{xfmt(ratio(tps[1], tps[0]))}**")
     elif suite == "varlen":
         hf = next((r for r in runs if r.impl == "hf_trainer"), None)
         hpf, htps = (hf.result.get("pad_frac"), hf.result.get("tokens_per_sec")) if hf else (None, None)
         out["hf_pad_frac"] = hpf
-        lines.append(f"- HF Trainer padding fraction: {fmt(hpf, '.1%') if hpf is not None else '–'} (measured); "
-                     f"HF padded tokens/s: {fmt(htps / (1 - hpf), 'int') if htps and hpf is not None and hpf < 1 else '–'}")
+        lines.append(
+            f"- HF Trainer padding fraction: {fmt(hpf, '.1%') if hpf is not None else '–'} (measured); "
+            f"HF padded tokens/s: {fmt(htps / (1 - hpf), 'int') if htps and hpf is not None and hpf < 1 else '–'}"
+        )
         for ours in (r for r in runs if r.impl == "ours"):
             otps = ours.result.get("tokens_per_sec")
             pf = ours.result.get("pad_frac")  # measured: the trainer's pad_pct
             key = "ours" + (f"_{ours.variant}" if ours.variant else "")
             out.update({f"{key}_pad_frac": pf, f"{key}_over_hf_nonpad": ratio(otps, htps)})
-            lines.append(f"- {ours.label} ÷ HF Trainer, non-pad tokens/s: **{xfmt(ratio(otps, htps))}**; padding "
-                         f"{fmt(pf, '.1%') if pf is not None else '–'}"
-                         + (f"; padded tokens/s {fmt(otps / (1 - pf), 'int')}" if pf is not None and otps else ""))
+            lines.append(
+                f"- {ours.label} ÷ HF Trainer, non-pad tokens/s: **{xfmt(ratio(otps, htps))}**; padding "
+                f"{fmt(pf, '.1%') if pf is not None else '–'}"
+                + (f"; padded tokens/s {fmt(otps / (1 - pf), 'int')}" if pf is not None and otps else "")
+            )
     elif suite == "xl":
         for r in runs:
-            lines.append(f"- {r.strategy}: {r.result.get('status', 'pending')}"
-                         + (f" — {r.result.get('error')}" if r.result.get("error") else ""))
+            lines.append(
+                f"- {r.strategy}: {r.result.get('status', 'pending')}"
+                + (f" — {r.result.get('error')}" if r.result.get("error") else "")
+            )
     for r in runs:
         p = r.result.get("profile")
         if p and len(p) > 1:
-            lines.append(f"- {r.label}, profiled steps {p['profile_steps']} (ms per step): GPU busy "
-                         f"{p.get('profile_gpu_busy_ms')}, idle {p.get('profile_gpu_idle_ms')}, collectives "
-                         f"{p.get('profile_comm_ms')}, of which not overlapped by compute "
-                         f"{p.get('profile_exposed_comm_ms')}")
+            lines.append(
+                f"- {r.label}, profiled steps {p['profile_steps']} (ms per step): GPU busy "
+                f"{p.get('profile_gpu_busy_ms')}, idle {p.get('profile_gpu_idle_ms')}, collectives "
+                f"{p.get('profile_comm_ms')}, of which not overlapped by compute "
+                f"{p.get('profile_exposed_comm_ms')}"
+            )
     return lines, out
 
 
@@ -695,23 +977,35 @@ def render(meta: dict, suites: dict[str, list[Run]], ctx: Ctx) -> tuple[str, dic
     md = ["# distrain-cloud benchmark", ""]
     v = meta["versions"]
     gpus = meta.get("gpus") or []
-    md.append(f"- date: {meta['date']}  commit: {meta.get('commit')}  host GPUs: "
-              + (f"{len(gpus)} x {gpus[0]['name']} (driver {gpus[0]['driver']})" if gpus else "none (CPU)"))
+    md.append(
+        f"- date: {meta['date']}  commit: {meta.get('commit')}  host GPUs: "
+        + (f"{len(gpus)} x {gpus[0]['name']} (driver {gpus[0]['driver']})" if gpus else "none (CPU)")
+    )
     md.append("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
-    md.append(f"- settings: seq {ctx.a.seq_len}, micro-batch {ctx.a.batch_size}, {ctx.a.steps} timed steps after "
-              f"{ctx.a.warmup} warmup steps (ours: median of per-window tokens/s over windows of {ctx.a.log_every} "
-              f"steps after warmup; HF: one span over the timed steps), precision {ctx.precision if not ctx.cpu else 'fp32'}; "
-              f"xl: micro-batch {ctx.a.xl_batch_size}, {ctx.a.xl_steps} after {ctx.a.xl_warmup} (windows of {ctx.a.xl_log_every}); "
-              f"accum: k={ctx.a.accum_k}, {ctx.a.accum_steps} after {ctx.a.accum_warmup} (windows of {ctx.a.accum_log_every}); "
-              f"varlen: micro-batch {ctx.a.varlen_batch_size}, max length {ctx.a.varlen_max_length}")
-    md.append(f"- MFU = tokens/s × (6N + 12·L·d·T) / ({ctx.peak / 1e12:g} TFLOP/s × GPUs), N = all parameters "
-              "incl. embeddings; peak GiB (torch) = max_memory_allocated (ours: its logged peak_mem_gb, "
-              "when present); peak GiB (nvidia-smi) = sampled memory.used, max over the run's GPUs")
+    md.append(
+        f"- settings: seq {ctx.a.seq_len}, micro-batch {ctx.a.batch_size}, {ctx.a.steps} timed steps after "
+        f"{ctx.a.warmup} warmup steps (ours: median of per-window tokens/s over windows of {ctx.a.log_every} "
+        f"steps after warmup; HF: one span over the timed steps), precision {ctx.precision if not ctx.cpu else 'fp32'}; "
+        f"xl: micro-batch {ctx.a.xl_batch_size}, {ctx.a.xl_steps} after {ctx.a.xl_warmup} (windows of {ctx.a.xl_log_every}); "
+        f"accum: k={ctx.a.accum_k}, {ctx.a.accum_steps} after {ctx.a.accum_warmup} (windows of {ctx.a.accum_log_every}); "
+        f"varlen: micro-batch {ctx.a.varlen_batch_size}, max length {ctx.a.varlen_max_length}"
+    )
+    md.append(
+        f"- MFU = tokens/s × (6N + 12·L·d·T) / ({ctx.peak / 1e12:g} TFLOP/s × GPUs), N = all parameters "
+        "incl. embeddings; peak GiB (torch) = max_memory_allocated (ours: its logged peak_mem_gb, "
+        "when present); peak GiB (nvidia-smi) = sampled memory.used, max over the run's GPUs"
+    )
     data = {"meta": meta, "suites": {}}
     for name, runs in suites.items():
-        md += ["", f"## {SUITE_TITLES[name]}", "",
-               f"model {runs[0].model}, seq {runs[0].seq_len}" + (f", {runs[0].task}" if runs[0].task != "lm" else ""),
-               "", md_table(HEADER, [run_row(r) for r in runs]), ""]
+        md += [
+            "",
+            f"## {SUITE_TITLES[name]}",
+            "",
+            f"model {runs[0].model}, seq {runs[0].seq_len}" + (f", {runs[0].task}" if runs[0].task != "lm" else ""),
+            "",
+            md_table(HEADER, [run_row(r) for r in runs]),
+            "",
+        ]
         lines, derived = [], {}
         if all(r.result for r in runs):
             try:
@@ -736,10 +1030,25 @@ def shown(cmd: list[str], ctx: Ctx) -> str:
 
 
 def run_json(r: Run, ctx: Ctx) -> dict:
-    return {"id": r.id, "impl": r.impl, "label": r.label, "gpus": r.gpus, "model": r.model, "task": r.task,
-            "strategy": r.strategy, "seq_len": r.seq_len, "batch_size": r.batch_size, "grad_accum": r.grad_accum,
-            "steps": r.steps, "warmup": r.warmup, "log_every": r.log_every, "n_params": r.n_params,
-            "flops_per_token": r.fpt, "cmd": shown(r.cmd, ctx), **r.result}
+    return {
+        "id": r.id,
+        "impl": r.impl,
+        "label": r.label,
+        "gpus": r.gpus,
+        "model": r.model,
+        "task": r.task,
+        "strategy": r.strategy,
+        "seq_len": r.seq_len,
+        "batch_size": r.batch_size,
+        "grad_accum": r.grad_accum,
+        "steps": r.steps,
+        "warmup": r.warmup,
+        "log_every": r.log_every,
+        "n_params": r.n_params,
+        "flops_per_token": r.fpt,
+        "cmd": shown(r.cmd, ctx),
+        **r.result,
+    }
 
 
 # ---------------------------------------------------------------- main
@@ -752,8 +1061,11 @@ def parse_args(argv=None):
     p.add_argument("--out", help="output folder (default: $OUT if set, else bench/results)")
     p.add_argument("--work-dir", help="scratch for data, model and checkpoint folders (default: a temp dir, removed)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="tiny CPU plumbing check: tiny models, CPU processes (--gpus = processes, default 2)")
+    p.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="tiny CPU plumbing check: tiny models, CPU processes (--gpus = processes, default 2)",
+    )
     p.add_argument("--only", metavar="REGEX", help="run only the runs whose id matches (ids: see --dry-run logs)")
     p.add_argument("--deadline-min", type=float, help="start no run after this many minutes; clamp timeouts to it")
     g = p.add_argument_group("shapes and steps (124M suites)")
@@ -764,13 +1076,22 @@ def parse_args(argv=None):
     g.add_argument("--log-every", type=int, default=None, help="our log window (default 10; 2 CPU)")
     g.add_argument("--ours-extra", default="", help="extra training flags for every run of ours, e.g. '--compile'")
     g.add_argument("--ours-compile", action="store_true", help="single: also run ours with --compile")
-    g.add_argument("--variant", action="append", default=[], metavar="SUITE:NAME=FLAGS",
-                   help="one more run of ours with these training flags, e.g. 'single:liger=--fused-ce --ce-kernel "
-                        "liger' (single: compiled, 1 GPU; scaling: every GPU count above 1, efficiency against the "
-                        "plain 1-GPU run; zero and xl: zero3; varlen: ours). Repeatable")
-    g.add_argument("--lm-data", choices=("file", "builtin"), default="file",
-                   help="file: corpus.txt repeated so one epoch covers the run (default); builtin: "
-                        "--dataset builtin:corpus (43 blocks of 1024: too few for bs 16 on several GPUs)")
+    g.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="SUITE:NAME=FLAGS",
+        help="one more run of ours with these training flags, e.g. 'single:liger=--fused-ce --ce-kernel "
+        "liger' (single: compiled, 1 GPU; scaling: every GPU count above 1, efficiency against the "
+        "plain 1-GPU run; zero and xl: zero3; varlen: ours). Repeatable",
+    )
+    g.add_argument(
+        "--lm-data",
+        choices=("file", "builtin"),
+        default="file",
+        help="file: corpus.txt repeated so one epoch covers the run (default); builtin: "
+        "--dataset builtin:corpus (43 blocks of 1024: too few for bs 16 on several GPUs)",
+    )
     g.add_argument("--eval-samples", type=int, default=256, help="ours --max-eval-samples (untimed tail)")
     g = p.add_argument_group("xl suite")
     g.add_argument("--xl-batch-size", type=int, default=4)
@@ -778,8 +1099,12 @@ def parse_args(argv=None):
     g.add_argument("--xl-warmup", type=int, default=5)
     g.add_argument("--xl-log-every", type=int, default=5)
     g.add_argument("--xl-timeout", type=int, default=600)
-    g.add_argument("--xl-strategies", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
-                   default=["ddp", "zero2", "zero3", "zero3-offload"], help="comma list (default: all four)")
+    g.add_argument(
+        "--xl-strategies",
+        type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+        default=["ddp", "zero2", "zero3", "zero3-offload"],
+        help="comma list (default: all four)",
+    )
     g = p.add_argument_group("accum suite")
     g.add_argument("--accum-k", type=int, default=8)
     g.add_argument("--accum-steps", type=int, default=None, help="timed k-step optimizer steps (default 20; 4 CPU)")
@@ -800,24 +1125,42 @@ def parse_args(argv=None):
     for spec in a.variant:
         head, eq, flags = spec.partition("=")
         suite, colon, name = head.partition(":")
-        if not (eq and colon and name.replace("-", "").isalnum() and suite in ("single", "scaling", "zero", "xl", "varlen")):
-            p.error(f"--variant expects SUITE:NAME=FLAGS with SUITE one of single, scaling, zero, xl, varlen and a "
-                    f"NAME of letters, digits and '-', got {spec!r}")
+        if not (
+            eq and colon and name.replace("-", "").isalnum() and suite in ("single", "scaling", "zero", "xl", "varlen")
+        ):
+            p.error(
+                f"--variant expects SUITE:NAME=FLAGS with SUITE one of single, scaling, zero, xl, varlen and a "
+                f"NAME of letters, digits and '-', got {spec!r}"
+            )
         a.variants.append((suite, name, shlex.split(flags)))
     cpu = a.cpu_smoke
-    defaults = dict(seq_len=(64, 1024), batch_size=(4, 16), steps=(4, 60), warmup=(2, 10), log_every=(2, 10),
-                    accum_steps=(4, 20), accum_warmup=(2, 5), accum_log_every=(2, 5), varlen_batch_size=(8, 32),
-                    varlen_max_length=(128, 512))
+    defaults = dict(
+        seq_len=(64, 1024),
+        batch_size=(4, 16),
+        steps=(4, 60),
+        warmup=(2, 10),
+        log_every=(2, 10),
+        accum_steps=(4, 20),
+        accum_warmup=(2, 5),
+        accum_log_every=(2, 5),
+        varlen_batch_size=(8, 32),
+        varlen_max_length=(128, 512),
+    )
     for k, (c, g_) in defaults.items():
         if getattr(a, k) is None:
             setattr(a, k, c if cpu else g_)
     if cpu:
         a.xl_steps, a.xl_warmup, a.xl_log_every = 4, 2, 2
-    for w, s, le, what in ((a.warmup, a.steps, a.log_every, ""), (a.accum_warmup, a.accum_steps, a.accum_log_every, "accum-"),
-                           (a.xl_warmup, a.xl_steps, a.xl_log_every, "xl-")):
+    for w, s, le, what in (
+        (a.warmup, a.steps, a.log_every, ""),
+        (a.accum_warmup, a.accum_steps, a.accum_log_every, "accum-"),
+        (a.xl_warmup, a.xl_steps, a.xl_log_every, "xl-"),
+    ):
         if w % le or s % le:
-            p.error(f"--{what}warmup and --{what}steps must be multiples of --{what}log-every "
-                    f"(whole log windows), got {w}, {s}, {le}")
+            p.error(
+                f"--{what}warmup and --{what}steps must be multiples of --{what}log-every "
+                f"(whole log windows), got {w}, {s}, {le}"
+            )
     return a
 
 
@@ -841,10 +1184,21 @@ def main(argv=None) -> int:
         if gpus == 0:
             raise SystemExit("no CUDA GPU visible; use --cpu-smoke on CPU, or --dry-run")
     out = Path(a.out or os.environ.get("OUT") or lib.BENCH / "results").resolve()
-    work = Path(a.work_dir).resolve() if a.work_dir else (Path(PLACEHOLDER_WORK) if a.dry_run else
-                                                          Path(tempfile.mkdtemp(prefix="distrain-bench-")))
-    ctx = Ctx(a, gpus, work, work / "data" / "lm_corpus.txt", work / "data" / "varlen.jsonl", work / "data" / "bert-base",
-              a.cpu_smoke, a.peak_tflops * 1e12)
+    work = (
+        Path(a.work_dir).resolve()
+        if a.work_dir
+        else (Path(PLACEHOLDER_WORK) if a.dry_run else Path(tempfile.mkdtemp(prefix="distrain-bench-")))
+    )
+    ctx = Ctx(
+        a,
+        gpus,
+        work,
+        work / "data" / "lm_corpus.txt",
+        work / "data" / "varlen.jsonl",
+        work / "data" / "bert-base",
+        a.cpu_smoke,
+        a.peak_tflops * 1e12,
+    )
     suites = build_suites(ctx, names)
     if a.only:  # keep the runs whose id matches, e.g. --only compile
         suites = {k: [r for r in rs if re.search(a.only, r.id)] for k, rs in suites.items()}
@@ -862,15 +1216,21 @@ def main(argv=None) -> int:
 
     if a.dry_run:
         env_show = " ".join(f"{k}={v}" for k, v in lib.REQUIRED_ENV.items())
-        print(f"# every command runs from the repository root with: {env_show} \\\n#   DISTRAIN_MODEL_DIR/OUTPUT_DIR/"
-              f"CHECKPOINT_DIR=<fresh dirs under {PLACEHOLDER_WORK}> DISTRAIN_MAIN_PORT=<unique> HF_*_OFFLINE=1 "
-              "WANDB_MODE=disabled CUDA_VISIBLE_DEVICES=<first GPUs of the run>\n#   CUDA_DEVICE_ORDER=PCI_BUS_ID"
-              " PYTHONPATH=<symlink shim, only when distrain_cloud is not importable from this checkout>")
+        print(
+            f"# every command runs from the repository root with: {env_show} \\\n#   DISTRAIN_MODEL_DIR/OUTPUT_DIR/"
+            f"CHECKPOINT_DIR=<fresh dirs under {PLACEHOLDER_WORK}> DISTRAIN_MAIN_PORT=<unique> HF_*_OFFLINE=1 "
+            "WANDB_MODE=disabled CUDA_VISIBLE_DEVICES=<first GPUs of the run>\n#   CUDA_DEVICE_ORDER=PCI_BUS_ID"
+            " PYTHONPATH=<symlink shim, only when distrain_cloud is not importable from this checkout>"
+        )
         if lm and a.lm_data == "file":
-            print(f"# data: {shown([str(ctx.lm_file)], ctx)} = training/assets/corpus.txt x "
-                  f"{lib.corpus_repeats(need_blocks, a.seq_len)} (covers {need_blocks} blocks of {a.seq_len})")
+            print(
+                f"# data: {shown([str(ctx.lm_file)], ctx)} = training/assets/corpus.txt x "
+                f"{lib.corpus_repeats(need_blocks, a.seq_len)} (covers {need_blocks} blocks of {a.seq_len})"
+            )
         if cls:
-            print(f"# data: {shown([str(ctx.varlen_file)], ctx)} = {n_varlen} synthetic variable-length examples (text,label)")
+            print(
+                f"# data: {shown([str(ctx.varlen_file)], ctx)} = {n_varlen} synthetic variable-length examples (text,label)"
+            )
         seen = set()
         for name, runs in suites.items():
             print(f"\n## suite {name}")
@@ -900,12 +1260,20 @@ def main(argv=None) -> int:
         lib.write_jsonl(ctx.varlen_file, lib.varlen_examples(n_varlen))
         ctx.bert_dir.mkdir(parents=True, exist_ok=True)
         (ctx.bert_dir / "config.json").write_text(json.dumps({**lib.BERT_BASE, "architectures": ["BertForMaskedLM"]}))
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(), "versions": versions(),
-            "gpus": gpu_inventory(), "host_cpus": os.cpu_count(), "suites": names, "gpus_used": gpus,
-            # folders as placeholders: results.json is committed, machine paths are not
-            "args": {**vars(a), "out": "$OUT" if a.out else None, "work_dir": PLACEHOLDER_WORK if a.work_dir else None},
-            "required_env": lib.REQUIRED_ENV, "package_shim": shown([str(shim)], ctx) if shim else None,
-            "lm_data": shown([str(ctx.lm_file)], ctx) if a.lm_data == "file" else "builtin:corpus"}
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "commit": git_commit(),
+        "versions": versions(),
+        "gpus": gpu_inventory(),
+        "host_cpus": os.cpu_count(),
+        "suites": names,
+        "gpus_used": gpus,
+        # folders as placeholders: results.json is committed, machine paths are not
+        "args": {**vars(a), "out": "$OUT" if a.out else None, "work_dir": PLACEHOLDER_WORK if a.work_dir else None},
+        "required_env": lib.REQUIRED_ENV,
+        "package_shim": shown([str(shim)], ctx) if shim else None,
+        "lm_data": shown([str(ctx.lm_file)], ctx) if a.lm_data == "file" else "builtin:corpus",
+    }
     if not ctx.cpu:
         meta["modules"] = {m: have(m) for m in ("datasets", "deepspeed", "accelerate", "yaml")}
         try:
@@ -930,8 +1298,11 @@ def main(argv=None) -> int:
             for rr in all_runs:
                 if rr.key == r.key:
                     rr.result = dict(res)
-            print(f"{res['status']} tokens/s={fmt(res.get('tokens_per_sec'), 'int')} "
-                  f"step_ms={fmt(res.get('step_time_ms'), '.1f')} wall={fmt(res.get('wall_s'), '.0f')}s", flush=True)
+            print(
+                f"{res['status']} tokens/s={fmt(res.get('tokens_per_sec'), 'int')} "
+                f"step_ms={fmt(res.get('step_time_ms'), '.1f')} wall={fmt(res.get('wall_s'), '.0f')}s",
+                flush=True,
+            )
             write_outputs(out, meta, suites, ctx, t_start)
     except KeyboardInterrupt:
         interrupted = True

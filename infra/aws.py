@@ -73,8 +73,7 @@ def client(service: str, region: str | None = None, *, max_attempts: int = MAX_A
     core = botocore.session.Session()
     core.register_component("data_loader", _loader())
     name = region or _configured_region()
-    return boto3.session.Session(botocore_session=core).client(service, region_name=name,
-                                                                config=_config(max_attempts))
+    return boto3.session.Session(botocore_session=core).client(service, region_name=name, config=_config(max_attempts))
 
 
 @functools.lru_cache(maxsize=1)

@@ -97,8 +97,9 @@ def _trusts(policy: Any, principal: str) -> bool:
     return False
 
 
-def check_role(role_arn_or_name: str, service_principal: str = "sagemaker.amazonaws.com",
-               region: str | None = None) -> str:
+def check_role(
+    role_arn_or_name: str, service_principal: str = "sagemaker.amazonaws.com", region: str | None = None
+) -> str:
     """The ARN of IAM role `role_arn_or_name` after checking it exists in this account and
     that its trust policy lets `service_principal` assume it."""
     from botocore.exceptions import ClientError

@@ -14,10 +14,9 @@ import json
 import os
 import re
 import sys
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .errors import UserError
-
 
 # What a reference looks like, for the spec (which refuses anything else before a job exists)
 # and for the job: a Secrets Manager or SSM ARN, ssm:/name, or secretsmanager:name.
@@ -40,7 +39,8 @@ def parse_reference(ref: str) -> tuple[str, str, str | None]:
 
 
 def resolve(ref: str, env_name: str, client_factory: Callable | None = None) -> str:
-    from .aws import client as make_client, error_code
+    from .aws import client as make_client
+    from .aws import error_code
 
     factory = client_factory or make_client
     service, ident, region = parse_reference(ref)

@@ -16,12 +16,17 @@ SAGEMAKER_ROOT = "${DISTRAIN_SAGEMAKER_ROOT:-/opt/ml}"
 
 def unpack_and_run(archive_glob: str, code_dir: str, script_args: str) -> str:
     """One shell line: unpack the bundle into `code_dir` and hand over to its job script."""
-    return (f'mkdir -p "{code_dir}" && tar -xzf {archive_glob} -C "{code_dir}" && '
-            f'exec bash "{code_dir}/{JOB_SCRIPT}" {script_args}')
+    return (
+        f'mkdir -p "{code_dir}" && tar -xzf {archive_glob} -C "{code_dir}" && '
+        f'exec bash "{code_dir}/{JOB_SCRIPT}" {script_args}'
+    )
 
 
 def sagemaker_entrypoint(code_channel: str) -> list[str]:
     """The ContainerEntrypoint: SageMaker puts the bundle in the code channel's folder."""
-    line = unpack_and_run(f'"$R"/input/data/{code_channel}/*.tar.gz', "$R/code",
-                          '--hyperparameters "$R/input/config/hyperparameters.json"')
+    line = unpack_and_run(
+        f'"$R"/input/data/{code_channel}/*.tar.gz',
+        "$R/code",
+        '--hyperparameters "$R/input/config/hyperparameters.json"',
+    )
     return ["/bin/bash", "-c", f"R={SAGEMAKER_ROOT}; {line}"]

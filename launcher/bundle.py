@@ -168,8 +168,11 @@ def _check_sizes(repo_root: Path, sources: dict[str, Path], allow_large: Sequenc
                 f"gitignored or a credential file): write paths from the repository root, e.g. training/assets/x.bin"
             )
     sizes = {rel: os.stat(repo_root / rel).st_size for rel in repo_paths}  # through a symlink: the target's
-    too_big = [rel for rel, size in sizes.items()
-               if size > MAX_FILE_SIZE and not any(is_allowed(rel, entry) for entry in allowed)]
+    too_big = [
+        rel
+        for rel, size in sizes.items()
+        if size > MAX_FILE_SIZE and not any(is_allowed(rel, entry) for entry in allowed)
+    ]
     if too_big:
         one = len(too_big) == 1
         them, named = "it" if one else "them", ", ".join(f"{rel} ({_human(sizes[rel])})" for rel in too_big)
@@ -217,5 +220,10 @@ def build_bundle(repo_root: Path, *, allow_large: Sequence[str] = ()) -> Bundle:
                     sizes[name] = len(content)
     data = raw.getvalue()
     files = tuple(sorted(sources))
-    return Bundle(data=data, sha256=hashlib.sha256(data).hexdigest(), size=len(data), files=files,
-                  file_sizes=tuple(sizes[name] for name in files))
+    return Bundle(
+        data=data,
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        files=files,
+        file_sizes=tuple(sizes[name] for name in files),
+    )

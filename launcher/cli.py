@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -27,40 +27,63 @@ app = typer.Typer(
 # What follows `--` on the command line: training flags, passed through untouched.
 _TRAIN_ARGS: list[str] = []
 
-Backend = Annotated[Optional[str], typer.Option("--backend", help="sagemaker or local (default: from the job's "
-                                                                  "record, its local folder, else sagemaker)")]
-Region = Annotated[Optional[str], typer.Option("--region", help="AWS region (default: AWS_REGION / profile)")]
+Backend = Annotated[
+    str | None,
+    typer.Option(
+        "--backend", help="sagemaker or local (default: from the job's record, its local folder, else sagemaker)"
+    ),
+]
+Region = Annotated[str | None, typer.Option("--region", help="AWS region (default: AWS_REGION / profile)")]
 Json = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 Workdir = Annotated[Path, typer.Option("--workdir", help="local backend: folder holding local jobs")]
 
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def submit(
-    spec: Annotated[Optional[Path], typer.Argument(help="job spec YAML (optional); flags override it")] = None,
-    instance: Annotated[Optional[str], typer.Option("--instance", "-i", help="local, ml.p3.8xlarge, ...")] = None,
-    nodes: Annotated[Optional[int], typer.Option("--nodes", "-n", help="instances (each: one process per GPU)")] = None,
-    processes: Annotated[Optional[int], typer.Option("--processes", help="local: processes to start")] = None,
-    strategy: Annotated[Optional[str], typer.Option("--strategy", "-s", help="ddp, zero1, zero2, zero3, zero2-offload, zero3-offload, single")] = None,
-    precision: Annotated[Optional[str], typer.Option("--precision", help="no, fp16 or bf16 (default: by GPU)")] = None,
-    spot: Annotated[Optional[bool], typer.Option("--spot/--on-demand", help="spot capacity, resumed from checkpoints")] = None,
-    max_run: Annotated[Optional[str], typer.Option("--max-run", help="wall-clock limit: 3600, 90m, 6h")] = None,
-    max_wait: Annotated[Optional[str], typer.Option("--max-wait", help="spot: limit including waiting")] = None,
-    max_cost: Annotated[Optional[float], typer.Option("--max-cost", help="refuse if worst-case USD exceeds this")] = None,
-    name: Annotated[Optional[str], typer.Option("--name", help="job name prefix")] = None,
-    resume_from: Annotated[Optional[str], typer.Option("--resume-from", help="continue from this earlier job's checkpoints")] = None,
+    spec: Annotated[Path | None, typer.Argument(help="job spec YAML (optional); flags override it")] = None,
+    instance: Annotated[str | None, typer.Option("--instance", "-i", help="local, ml.p3.8xlarge, ...")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="instances (each: one process per GPU)")] = None,
+    processes: Annotated[int | None, typer.Option("--processes", help="local: processes to start")] = None,
+    strategy: Annotated[
+        str | None,
+        typer.Option("--strategy", "-s", help="ddp, zero1, zero2, zero3, zero2-offload, zero3-offload, single"),
+    ] = None,
+    precision: Annotated[str | None, typer.Option("--precision", help="no, fp16 or bf16 (default: by GPU)")] = None,
+    spot: Annotated[
+        bool | None, typer.Option("--spot/--on-demand", help="spot capacity, resumed from checkpoints")
+    ] = None,
+    max_run: Annotated[str | None, typer.Option("--max-run", help="wall-clock limit: 3600, 90m, 6h")] = None,
+    max_wait: Annotated[str | None, typer.Option("--max-wait", help="spot: limit including waiting")] = None,
+    max_cost: Annotated[
+        float | None, typer.Option("--max-cost", help="refuse if worst-case USD exceeds this")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="job name prefix")] = None,
+    resume_from: Annotated[
+        str | None, typer.Option("--resume-from", help="continue from this earlier job's checkpoints")
+    ] = None,
     region: Region = None,
-    secret: Annotated[Optional[list[str]], typer.Option("--secret", help="ENV=REFERENCE (Secrets Manager ARN or ssm:/name); repeatable")] = None,
-    input_: Annotated[Optional[list[str]], typer.Option("--input", help="CHANNEL=S3-URI-or-path; repeatable")] = None,
-    image_uri: Annotated[Optional[str], typer.Option("--image-uri", help="SageMaker: explicit training image")] = None,
-    role: Annotated[Optional[str], typer.Option("--role", help="SageMaker: execution role name or ARN "
-                                                             "(default: the stack's)")] = None,
-    stack: Annotated[Optional[str], typer.Option("--stack", help="the `infra up` stack whose role and bucket "
-                                                               "cloud jobs use (default distrain-cloud)")] = None,
+    secret: Annotated[
+        list[str] | None,
+        typer.Option("--secret", help="ENV=REFERENCE (Secrets Manager ARN or ssm:/name); repeatable"),
+    ] = None,
+    input_: Annotated[list[str] | None, typer.Option("--input", help="CHANNEL=S3-URI-or-path; repeatable")] = None,
+    image_uri: Annotated[str | None, typer.Option("--image-uri", help="SageMaker: explicit training image")] = None,
+    role: Annotated[
+        str | None, typer.Option("--role", help="SageMaker: execution role name or ARN (default: the stack's)")
+    ] = None,
+    stack: Annotated[
+        str | None,
+        typer.Option(
+            "--stack", help="the `infra up` stack whose role and bucket cloud jobs use (default distrain-cloud)"
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan; send nothing")] = False,
-    check: Annotated[bool, typer.Option("--check", help="with --dry-run: also run the read-only AWS checks "
-                                                        "(role, bucket, quota)")] = False,
-    bundle_files: Annotated[bool, typer.Option("--bundle-files", help="with --dry-run: list the code bundle's "
-                                                                      "files and sizes")] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="with --dry-run: also run the read-only AWS checks (role, bucket, quota)")
+    ] = False,
+    bundle_files: Annotated[
+        bool, typer.Option("--bundle-files", help="with --dry-run: list the code bundle's files and sizes")
+    ] = False,
     as_json: Json = False,
     wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends")] = False,
 ) -> None:
@@ -73,11 +96,23 @@ def submit(
     from .spec import load_spec
 
     overrides = {
-        "instance": instance, "nodes": nodes, "strategy": strategy, "precision": precision, "spot": spot,
-        "max_run": max_run, "max_wait": max_wait, "max_cost": max_cost, "name": name, "region": region, "resume_from": resume_from,
+        "instance": instance,
+        "nodes": nodes,
+        "strategy": strategy,
+        "precision": precision,
+        "spot": spot,
+        "max_run": max_run,
+        "max_wait": max_wait,
+        "max_cost": max_cost,
+        "name": name,
+        "region": region,
+        "resume_from": resume_from,
         "stack": stack,
-        "secrets": _pairs(secret, "--secret"), "inputs": _pairs(input_, "--input"),
-        "local.processes": processes, "sagemaker.image_uri": image_uri, "sagemaker.role": role,
+        "secrets": _pairs(secret, "--secret"),
+        "inputs": _pairs(input_, "--input"),
+        "local.processes": processes,
+        "sagemaker.image_uri": image_uri,
+        "sagemaker.role": role,
         "train_args": list(_TRAIN_ARGS) or None,
     }
     job = load_spec(spec, overrides)
@@ -86,8 +121,11 @@ def submit(
         typer.echo(plan.to_json() if as_json else plan.render())
     if bundle_files:
         listing = plan.payload.get("bundle_listing")
-        typer.echo(f"code bundle files:\n{listing}" if listing else
-                   f"code bundle files: none ({plan.backend} jobs run the installed code, not a bundle)")
+        typer.echo(
+            f"code bundle files:\n{listing}"
+            if listing
+            else f"code bundle files: none ({plan.backend} jobs run the installed code, not a bundle)"
+        )
     if dry_run:
         failed = plan.failed_checks
         raise typer.Exit(1 if failed else 0)
@@ -95,8 +133,9 @@ def submit(
 
 
 @app.command()
-def status(job: str, backend: Backend = None, region: Region = None, workdir: Workdir = Path("runs"),
-           as_json: Json = False) -> None:
+def status(
+    job: str, backend: Backend = None, region: Region = None, workdir: Workdir = Path("runs"), as_json: Json = False
+) -> None:
     """Show a job's status (its backend is found from the record written at submit)."""
     from .backends import get_backend
     from .jobs import find_job
@@ -106,9 +145,13 @@ def status(job: str, backend: Backend = None, region: Region = None, workdir: Wo
 
 
 @app.command("ls")
-def list_jobs(backend: Backend = None, region: Region = None, workdir: Workdir = Path("runs"),
-              limit: Annotated[int, typer.Option("--limit", help="most recent jobs to show")] = 20,
-              as_json: Json = False) -> None:
+def list_jobs(
+    backend: Backend = None,
+    region: Region = None,
+    workdir: Workdir = Path("runs"),
+    limit: Annotated[int, typer.Option("--limit", help="most recent jobs to show")] = 20,
+    as_json: Json = False,
+) -> None:
     """List recent jobs of every backend (or of --backend)."""
     from .backends import BACKENDS, get_backend
 
@@ -131,14 +174,25 @@ def list_jobs(backend: Backend = None, region: Region = None, workdir: Workdir =
 
     table = Table("job", "backend", "status", "instance", "created", "detail")
     for j in jobs:
-        table.add_row(j.get("job_name", ""), j.get("backend", ""), j.get("status", ""), str(j.get("instance", "")),
-                      str(j.get("created", "")), str(j.get("detail", "") or ""))
+        table.add_row(
+            j.get("job_name", ""),
+            j.get("backend", ""),
+            j.get("status", ""),
+            str(j.get("instance", "")),
+            str(j.get("created", "")),
+            str(j.get("detail", "") or ""),
+        )
     Console().print(table)
 
 
 @app.command()
-def logs(job: str, follow: Annotated[bool, typer.Option("--follow", "-f")] = False, backend: Backend = None,
-         region: Region = None, workdir: Workdir = Path("runs")) -> None:
+def logs(
+    job: str,
+    follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
+    backend: Backend = None,
+    region: Region = None,
+    workdir: Workdir = Path("runs"),
+) -> None:
     """Print a job's logs (all hosts); --follow until it ends."""
     from .backends import get_backend
     from .jobs import find_job
@@ -148,8 +202,13 @@ def logs(job: str, follow: Annotated[bool, typer.Option("--follow", "-f")] = Fal
 
 
 @app.command()
-def wait(job: str, backend: Backend = None, region: Region = None, workdir: Workdir = Path("runs"),
-         poll: Annotated[float, typer.Option("--poll", help="seconds between status checks")] = 15.0) -> None:
+def wait(
+    job: str,
+    backend: Backend = None,
+    region: Region = None,
+    workdir: Workdir = Path("runs"),
+    poll: Annotated[float, typer.Option("--poll", help="seconds between status checks")] = 15.0,
+) -> None:
     """Follow a job until it ends; exit 0 only if it completed."""
     from .backends import get_backend, wait_for
     from .jobs import find_job
@@ -182,8 +241,10 @@ def instances(as_json: Json = False) -> None:
         return
     for i in rows:
         price = i.hourly_usd.get("us-east-1")
-        typer.echo(f"{i.name:22} {i.gpus} x {i.gpu_model:5} {i.gpu_memory_gib:4} GiB  "
-                   f"cc {i.compute_capability_str}  ${price if price else '?'}/h (us-east-1)")
+        typer.echo(
+            f"{i.name:22} {i.gpus} x {i.gpu_model:5} {i.gpu_memory_gib:4} GiB  "
+            f"cc {i.compute_capability_str}  ${price if price else '?'}/h (us-east-1)"
+        )
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:

@@ -20,8 +20,9 @@ import json
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.launcher.catalog import InstanceType
@@ -39,12 +40,12 @@ MIN_COMPUTE_CAPABILITY_BY_CUDA_MAJOR: dict[int, tuple[int, int]] = {
 # First CUDA release that can build for a GPU architecture. An image built with an
 # older CUDA has no kernels for that GPU.
 MIN_CUDA_BY_COMPUTE_CAPABILITY: dict[tuple[int, int], tuple[int, int]] = {
-    (7, 0): (9, 0),    # Volta: V100
-    (7, 5): (10, 0),   # Turing: T4
-    (8, 0): (11, 0),   # Ampere: A100
-    (8, 6): (11, 1),   # Ampere: A10G
-    (8, 9): (11, 8),   # Ada: L4, L40S
-    (9, 0): (11, 8),   # Hopper: H100, H200
+    (7, 0): (9, 0),  # Volta: V100
+    (7, 5): (10, 0),  # Turing: T4
+    (8, 0): (11, 0),  # Ampere: A100
+    (8, 6): (11, 1),  # Ampere: A10G
+    (8, 9): (11, 8),  # Ada: L4, L40S
+    (9, 0): (11, 8),  # Hopper: H100, H200
     (10, 0): (12, 8),  # Blackwell: B200
 }
 
@@ -59,9 +60,9 @@ class ImageChoice:
     uri: str
     transformers_version: str | None
     pytorch_version: str | None
-    py_version: str | None           # "py312"
-    cuda_version: str | None         # "12.4"; None for a CPU image or when unknown
-    reason: str                      # one short line for plans and logs
+    py_version: str | None  # "py312"
+    cuda_version: str | None  # "12.4"; None for a CPU image or when unknown
+    reason: str  # one short line for plans and logs
 
 
 @dataclass(frozen=True)
@@ -71,16 +72,20 @@ class TrainingImage:
     transformers_version: str
     pytorch_version: str
     py_version: str
-    processor: str                   # "gpu" or "cpu"
-    container_version: str           # "cu124-ubuntu22.04"
-    cuda_version: str | None         # "12.4"; None for a CPU image
-    repository: str                  # "huggingface-pytorch-training"
+    processor: str  # "gpu" or "cpu"
+    container_version: str  # "cu124-ubuntu22.04"
+    cuda_version: str | None  # "12.4"; None for a CPU image
+    repository: str  # "huggingface-pytorch-training"
     registries: Mapping[str, str] = field(hash=False, repr=False)  # region -> ECR account
 
     @property
     def tag(self) -> str:
-        parts = (f"{self.pytorch_version}-transformers{self.transformers_version}", self.processor,
-                 self.py_version, self.container_version)
+        parts = (
+            f"{self.pytorch_version}-transformers{self.transformers_version}",
+            self.processor,
+            self.py_version,
+            self.container_version,
+        )
         return "-".join(p for p in parts if p)
 
     def uri(self, region: str) -> str:
@@ -179,7 +184,7 @@ def image_config_path() -> str | None:
 
 
 def image_config_source() -> str:
-    """"sagemaker-core 2.27.0" (the package whose image config is used), for docs and plans."""
+    """ "sagemaker-core 2.27.0" (the package whose image config is used), for docs and plans."""
     from importlib import metadata
 
     try:
@@ -238,16 +243,18 @@ def training_images(config: Mapping[str, Any] | None = None) -> tuple[TrainingIm
                 cuda = parse_cuda_version(container)
                 if processor != "cpu" and cuda is None:
                     continue
-                found.append(TrainingImage(
-                    transformers_version=tv,
-                    pytorch_version=fw[len("pytorch"):],
-                    py_version=py,
-                    processor=processor,
-                    container_version=container,
-                    cuda_version=None if processor == "cpu" else "%d.%d" % cuda,
-                    repository=entry["repository"],
-                    registries=dict(entry.get("registries") or {}),
-                ))
+                found.append(
+                    TrainingImage(
+                        transformers_version=tv,
+                        pytorch_version=fw[len("pytorch") :],
+                        py_version=py,
+                        processor=processor,
+                        container_version=container,
+                        cuda_version=None if processor == "cpu" else "%d.%d" % cuda,
+                        repository=entry["repository"],
+                        registries=dict(entry.get("registries") or {}),
+                    )
+                )
     found.sort(key=lambda i: (_version_key(i.transformers_version), _version_key(i.pytorch_version)), reverse=True)
     return tuple(found)
 
@@ -262,7 +269,7 @@ def known_regions(config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
 
 
 def _matches(requested: str | None, version: str) -> bool:
-    """"4.56" and "4.56.2" both match 4.56.2; "2.8" matches PyTorch 2.8.0."""
+    """ "4.56" and "4.56.2" both match 4.56.2; "2.8" matches PyTorch 2.8.0."""
     if requested is None:
         return True
     requested = requested.strip().lower().removeprefix("pytorch").removeprefix("v")
@@ -292,8 +299,7 @@ def choose_training_image(
     regions = known_regions(config)
     if region not in regions:
         raise UserError(
-            f"unknown region {region!r} (--region): Hugging Face training images are published in "
-            + ", ".join(regions)
+            f"unknown region {region!r} (--region): Hugging Face training images are published in " + ", ".join(regions)
         )
 
     processor = "gpu" if instance.is_gpu else "cpu"
@@ -305,12 +311,19 @@ def choose_training_image(
             "or pass --image-uri with a CPU image"
         )
 
-    pinned = [i for i in images
-              if _matches(transformers_version, i.transformers_version) and _matches(pytorch_version, i.pytorch_version)]
+    pinned = [
+        i
+        for i in images
+        if _matches(transformers_version, i.transformers_version) and _matches(pytorch_version, i.pytorch_version)
+    ]
     if not pinned:
         asked = " and ".join(
-            f"{flag} {value}" for flag, value in
-            (("--transformers-version", transformers_version), ("--pytorch-version", pytorch_version)) if value
+            f"{flag} {value}"
+            for flag, value in (
+                ("--transformers-version", transformers_version),
+                ("--pytorch-version", pytorch_version),
+            )
+            if value
         )
         pairs = ", ".join(f"{i.transformers_version}/{i.pytorch_version}" for i in images)
         raise UserError(f"no Hugging Face training image matches {asked}; transformers/PyTorch pairs: {pairs}")
@@ -334,8 +347,9 @@ def choose_training_image(
         # say so, and let them pin that image or move region.
         best = next(i for i in pinned if i.runs_on(instance))
         if best is not pick:
-            elsewhere = next((r for r in ("us-east-1", "us-west-2", "eu-west-1") if r in best.registries),
-                             sorted(best.registries)[0])
+            elsewhere = next(
+                (r for r in ("us-east-1", "us-west-2", "eu-west-1") if r in best.registries), sorted(best.registries)[0]
+            )
             raise UserError(
                 f"the newest Hugging Face training image for {instance.name} ({best.label}) is not published in "
                 f"{region}, where the newest is {pick.label}; pin that with --transformers-version "
@@ -351,36 +365,55 @@ def choose_training_image(
     )
 
 
-def _reason(instance: InstanceType, region: str, pick: TrainingImage, newest: TrainingImage,
-            newest_anywhere: TrainingImage, pinned: bool) -> str:
+def _reason(
+    instance: InstanceType,
+    region: str,
+    pick: TrainingImage,
+    newest: TrainingImage,
+    newest_anywhere: TrainingImage,
+    pinned: bool,
+) -> str:
     build = f"CUDA {pick.cuda_version}" if pick.cuda_version else "CPU build"
     what = "newest pinned image" if pinned else "newest image"
     if pick is not newest:
         why = cuda_incompatibility(newest.cuda, instance)
-        return (f"{what} that runs on {instance.gpu_model} ({build}); {newest.label} is a "
-                f"CUDA {newest.cuda_version} build ({why})")
+        return (
+            f"{what} that runs on {instance.gpu_model} ({build}); {newest.label} is a "
+            f"CUDA {newest.cuda_version} build ({why})"
+        )
     if newest is not newest_anywhere:
         return f"{what} published in {region} ({build}); {newest_anywhere.label} is not"
     return f"{what} ({build})"
 
 
-def _pinned_incompatible(instance: InstanceType, region: str, image: TrainingImage,
-                         transformers_version: str | None, pytorch_version: str | None,
-                         config: Mapping[str, Any] | None) -> str:
+def _pinned_incompatible(
+    instance: InstanceType,
+    region: str,
+    image: TrainingImage,
+    transformers_version: str | None,
+    pytorch_version: str | None,
+    config: Mapping[str, Any] | None,
+) -> str:
     why = cuda_incompatibility(image.cuda, instance)
-    flags = " and ".join(flag for flag, value in
-                         (("--transformers-version", transformers_version), ("--pytorch-version", pytorch_version))
-                         if value)
+    flags = " and ".join(
+        flag
+        for flag, value in (("--transformers-version", transformers_version), ("--pytorch-version", pytorch_version))
+        if value
+    )
     msg = f"{image.label} is a CUDA {image.cuda_version} build, which cannot run on {instance.name} ({why})"
     if not flags:  # nothing pinned, and still nothing runs: only an explicit image can help
-        return (f"no Hugging Face training image of {image_config_source()} runs on {instance.name}: "
-                f"the newest, {msg}; pass --image-uri and {_cuda_advice(instance)}")
+        return (
+            f"no Hugging Face training image of {image_config_source()} runs on {instance.name}: "
+            f"the newest, {msg}; pass --image-uri and {_cuda_advice(instance)}"
+        )
     try:
         default = choose_training_image(instance, region, config=config)
     except UserError:
         return f"{msg}; {_cuda_advice(instance)}"
-    return (f"{msg}; drop {flags} to let distrain-cloud pick {default.transformers_version}/"
-            f"{default.pytorch_version} ({default.uri})")
+    return (
+        f"{msg}; drop {flags} to let distrain-cloud pick {default.transformers_version}/"
+        f"{default.pytorch_version} ({default.uri})"
+    )
 
 
 def _tag_of(uri: str) -> str:
@@ -391,14 +424,22 @@ def _tag_of(uri: str) -> str:
     return "" if ("/" in uri or "@" in uri) else last
 
 
-def _check_explicit(instance: InstanceType, region: str, image_uri: str, transformers_version: str | None,
-                    pytorch_version: str | None, config: Mapping[str, Any] | None) -> ImageChoice:
+def _check_explicit(
+    instance: InstanceType,
+    region: str,
+    image_uri: str,
+    transformers_version: str | None,
+    pytorch_version: str | None,
+    config: Mapping[str, Any] | None,
+) -> ImageChoice:
     image_uri = image_uri.strip()
     tag = _tag_of(image_uri)
     m = _HF_TAG.match(tag)
     tag_tv, tag_pt = (m.group("transformers"), m.group("pytorch")) if m else (None, None)
-    for flag, what, asked, found in (("--transformers-version", "transformers", transformers_version, tag_tv),
-                                     ("--pytorch-version", "PyTorch", pytorch_version, tag_pt)):
+    for flag, what, asked, found in (
+        ("--transformers-version", "transformers", transformers_version, tag_tv),
+        ("--pytorch-version", "PyTorch", pytorch_version, tag_pt),
+    ):
         if asked and found and not _matches(asked, found):
             raise UserError(f"--image-uri is a {what} {found} image but {flag} asks for {asked}; drop one of them")
     py = _PY_IN_TAG.search(tag)
@@ -413,16 +454,19 @@ def _check_explicit(instance: InstanceType, region: str, image_uri: str, transfo
         return ImageChoice(**described, cuda_version=None, reason="explicit image, CUDA version unknown")
     cuda_str = "%d.%d" % cuda
     if not instance.is_gpu:
-        return ImageChoice(**described, cuda_version=cuda_str,
-                           reason=f"explicit image (CUDA {cuda_str} build on a CPU instance)")
+        return ImageChoice(
+            **described, cuda_version=cuda_str, reason=f"explicit image (CUDA {cuda_str} build on a CPU instance)"
+        )
     why = cuda_incompatibility(cuda, instance)
     if why is None:
-        return ImageChoice(**described, cuda_version=cuda_str,
-                           reason=f"explicit image, CUDA {cuda_str} runs on {instance.gpu_model}")
+        return ImageChoice(
+            **described, cuda_version=cuda_str, reason=f"explicit image, CUDA {cuda_str} runs on {instance.gpu_model}"
+        )
     fix = _cuda_advice(instance)
     try:
-        default = choose_training_image(instance, region, transformers_version=None, pytorch_version=None,
-                                        config=config)
+        default = choose_training_image(
+            instance, region, transformers_version=None, pytorch_version=None, config=config
+        )
         fix = f"drop --image-uri to let distrain-cloud pick {default.uri}, or {fix}"
     except UserError:
         pass

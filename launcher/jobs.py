@@ -47,14 +47,20 @@ def write_record(plan: Plan, *, region: str | None, workdir: Path | None) -> Non
     """Written before the job is started, so every job that may exist can be found."""
     folder = records_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"name": plan.job_name, "backend": plan.backend, "region": region,
-              "workdir": str(workdir.resolve()) if workdir else None,
-              "instance": plan.summary.get("instance"), "created": time.time()}
+    record = {
+        "name": plan.job_name,
+        "backend": plan.backend,
+        "region": region,
+        "workdir": str(workdir.resolve()) if workdir else None,
+        "instance": plan.summary.get("instance"),
+        "created": time.time(),
+    }
     (folder / f"{check_name(plan.job_name)}.json").write_text(json.dumps(record, indent=2))
 
 
-def find_job(name: str, *, backend: str | None = None, region: str | None = None,
-             workdir: Path = Path("runs")) -> JobRef:
+def find_job(
+    name: str, *, backend: str | None = None, region: str | None = None, workdir: Path = Path("runs")
+) -> JobRef:
     """The job `name`: the backend named, else its record, else its local folder, else SageMaker."""
     check_name(name)
     if backend:
@@ -62,8 +68,12 @@ def find_job(name: str, *, backend: str | None = None, region: str | None = None
     path = records_dir() / f"{name}.json"
     if path.is_file():
         record = json.loads(path.read_text())
-        return JobRef(name, record["backend"], region or record.get("region"),
-                      Path(record["workdir"]) if record.get("workdir") else workdir)
+        return JobRef(
+            name,
+            record["backend"],
+            region or record.get("region"),
+            Path(record["workdir"]) if record.get("workdir") else workdir,
+        )
     if (workdir / name / "job.json").is_file():
         return JobRef(name, "local", region, workdir)
     return JobRef(name, "sagemaker", region, workdir)

@@ -70,8 +70,9 @@ def refuse_failed_checks(plan: Plan) -> None:
     """The one refusal for a plan with failed checks: before anything is created."""
     failed = plan.failed_checks
     if failed:
-        raise UserError("plan check failed, nothing was created: "
-                        + "; ".join(f"{c.name} ({c.detail})" for c in failed))
+        raise UserError(
+            "plan check failed, nothing was created: " + "; ".join(f"{c.name} ({c.detail})" for c in failed)
+        )
 
 
 def unique_job_name(prefix: str, max_len: int = 63) -> str:

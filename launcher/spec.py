@@ -14,8 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from distrain_cloud.infra.errors import UserError
-from distrain_cloud.training.args import ArgumentError, hyperparameters_to_argv, known_flags, parse_args
 from distrain_cloud.infra.secret_env import REFERENCE
+from distrain_cloud.training.args import ArgumentError, hyperparameters_to_argv, known_flags, parse_args
 from distrain_cloud.training.strategies import STRATEGIES
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -31,22 +31,44 @@ _SUBNET = re.compile(r"subnet-[0-9a-f]{8,17}")
 _SECURITY_GROUP = re.compile(r"sg-[0-9a-f]{8,17}")
 _ROLE = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}|[\w+=,.@-]{1,64}")
 # The CLI flag that sets each key, so a refusal names what the user typed as well as the key.
-FLAGS = {"name": "--name", "instance": "--instance", "nodes": "--nodes", "strategy": "--strategy",
-         "precision": "--precision", "region": "--region", "stack": "--stack", "max_run": "--max-run", "max_wait": "--max-wait",
-         "max_cost": "--max-cost", "resume_from": "--resume-from", "inputs": "--input", "secrets": "--secret",
-         "sagemaker.role": "--role", "sagemaker.image_uri": "--image-uri", "local.processes": "--processes"}
+FLAGS = {
+    "name": "--name",
+    "instance": "--instance",
+    "nodes": "--nodes",
+    "strategy": "--strategy",
+    "precision": "--precision",
+    "region": "--region",
+    "stack": "--stack",
+    "max_run": "--max-run",
+    "max_wait": "--max-wait",
+    "max_cost": "--max-cost",
+    "resume_from": "--resume-from",
+    "inputs": "--input",
+    "secrets": "--secret",
+    "sagemaker.role": "--role",
+    "sagemaker.image_uri": "--image-uri",
+    "local.processes": "--processes",
+}
 MAX_SPEC_BYTES = 1 << 20  # a job spec is a page of YAML; anything near this is a mistake
 MAX_SPEC_NODES = 100_000  # YAML aliases may not expand a spec past this ("billion laughs")
 # Flags the spec owns at the top level; setting them as hyperparameters would fork the truth.
-_OWNED_FLAGS = {"strategy": "strategy", "precision": "precision", "push-to-hub": "hub.repo_id",
-                "wandb-project": "wandb.project", "wandb-entity": "wandb.entity", "run-name": "wandb.run_name"}
+_OWNED_FLAGS = {
+    "strategy": "strategy",
+    "precision": "precision",
+    "push-to-hub": "hub.repo_id",
+    "wandb-project": "wandb.project",
+    "wandb-entity": "wandb.entity",
+    "run-name": "wandb.run_name",
+}
 
 
 def bucket_problem(name: str) -> str | None:
     """Why `name` cannot be an S3 bucket name, or None."""
     if not _BUCKET.fullmatch(name) or ".." in name or name.endswith(_BUCKET_SUFFIXES):
-        return (f"{name!r} is not a valid S3 bucket name (3-63 lowercase letters, digits, dots and hyphens, "
-                "starting and ending with a letter or digit)")
+        return (
+            f"{name!r} is not a valid S3 bucket name (3-63 lowercase letters, digits, dots and hyphens, "
+            "starting and ending with a letter or digit)"
+        )
     return None
 
 
@@ -54,7 +76,7 @@ def s3_uri_problem(uri: str) -> str | None:
     """Why `uri` is not a usable s3://bucket/key URI, or None."""
     if not uri.startswith("s3://"):
         return f"{uri!r} is not an s3:// URI"
-    bucket, _, key = uri[len("s3://"):].partition("/")
+    bucket, _, key = uri[len("s3://") :].partition("/")
     if not bucket:
         return f"{uri!r} names no bucket (write s3://BUCKET/prefix)"
     if len(uri) > 1024:
@@ -90,8 +112,10 @@ class HubSpec(_Section):
 
 class BundleSpec(_Section):
     allow_large: list[str] = Field(
-        default_factory=list, description="files over the code bundle's per-file limit to ship anyway "
-                                          "(paths from the repository root, e.g. training/assets/vocab.bin)")
+        default_factory=list,
+        description="files over the code bundle's per-file limit to ship anyway "
+        "(paths from the repository root, e.g. training/assets/vocab.bin)",
+    )
 
 
 class LocalSpec(_Section):
@@ -101,9 +125,13 @@ class LocalSpec(_Section):
 
 class SageMakerSpec(_Section):
     role: str | None = Field(None, description="execution role name or ARN; must trust sagemaker.amazonaws.com")
-    bucket: str | None = Field(None, description="S3 bucket for code, outputs, checkpoints; default distrain-cloud-<account>-<region>")
+    bucket: str | None = Field(
+        None, description="S3 bucket for code, outputs, checkpoints; default distrain-cloud-<account>-<region>"
+    )
     prefix: str = Field("distrain-cloud", description="key prefix inside the bucket")
-    image_uri: str | None = Field(None, description="explicit training image; default: the newest HF image the GPU can run")
+    image_uri: str | None = Field(
+        None, description="explicit training image; default: the newest HF image the GPU can run"
+    )
     transformers_version: str | None = None
     pytorch_version: str | None = None
     volume_size_gb: int = Field(100, ge=1)
@@ -137,8 +165,9 @@ class SageMakerSpec(_Section):
     @classmethod
     def _image(cls, v: str | None) -> str | None:
         if v is not None and (len(v) > 255 or not v.strip() or any(c.isspace() for c in v)):
-            raise ValueError("an image URI is at most 255 characters without spaces (ACCOUNT.dkr.ecr.REGION."
-                             "amazonaws.com/REPO:TAG)")
+            raise ValueError(
+                "an image URI is at most 255 characters without spaces (ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO:TAG)"
+            )
         return v
 
     @field_validator("subnets")
@@ -154,8 +183,9 @@ class SageMakerSpec(_Section):
     def _security_groups(cls, v: list[str]) -> list[str]:
         bad = [x for x in v if not _SECURITY_GROUP.fullmatch(x)]
         if bad or len(v) > 5:
-            raise ValueError(f"{bad[0]!r} is not a security group id (sg-0123abcd...)" if bad
-                             else "at most 5 security groups")
+            raise ValueError(
+                f"{bad[0]!r} is not a security group id (sg-0123abcd...)" if bad else "at most 5 security groups"
+            )
         return v
 
     @field_validator("tags")
@@ -176,11 +206,10 @@ class SageMakerSpec(_Section):
         return v
 
     @model_validator(mode="after")
-    def _vpc(self) -> "SageMakerSpec":
+    def _vpc(self) -> SageMakerSpec:
         # SageMaker needs both halves of a VPC config; one without the other is a mistake, not a default.
         if bool(self.subnets) != bool(self.security_group_ids):
-            given, missing = (("subnets", "security_group_ids") if self.subnets
-                              else ("security_group_ids", "subnets"))
+            given, missing = ("subnets", "security_group_ids") if self.subnets else ("security_group_ids", "subnets")
             raise ValueError(f"{given} without {missing}: a VPC job needs both (or neither)")
         return self
 
@@ -191,25 +220,34 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field("distrain", description="job name prefix; a timestamp and suffix make each job unique")
-    instance: str = Field("local", description="'local', a SageMaker type (ml.p3.8xlarge) or an EC2 type (p4d.24xlarge)")
+    instance: str = Field(
+        "local", description="'local', a SageMaker type (ml.p3.8xlarge) or an EC2 type (p4d.24xlarge)"
+    )
     nodes: int = Field(1, ge=1, le=64, description="instances; each runs one process per GPU")
     strategy: str = Field("ddp", description="one of " + ", ".join(STRATEGIES))
     precision: Literal["no", "fp16", "bf16"] | None = Field(
-        None, description="default: bf16 where the GPU supports it, fp16 on older GPUs, no on CPU")
+        None, description="default: bf16 where the GPU supports it, fp16 on older GPUs, no on CPU"
+    )
     region: str | None = Field(None, description="AWS region; default from AWS_REGION / the profile")
-    stack: str = Field("distrain-cloud", description="the `distrain-cloud infra up` stack whose role and bucket "
-                                                     "cloud jobs use when the spec names none")
+    stack: str = Field(
+        "distrain-cloud",
+        description="the `distrain-cloud infra up` stack whose role and bucket cloud jobs use when the spec names none",
+    )
     spot: bool = Field(False, description="use spot capacity, resuming from checkpoints after interruptions")
     max_run: int = Field(parse_duration("24h"), description="wall-clock limit (3600, 90m, 6h, 2d)")
     max_wait: int | None = Field(None, description="spot only: limit including waiting for capacity (>= max_run)")
     max_cost: float | None = Field(None, gt=0, description="refuse to submit if the worst-case cost exceeds this (USD)")
-    resume_from: str | None = Field(None, description="continue from the checkpoints of this earlier job (same lineage)")
+    resume_from: str | None = Field(
+        None, description="continue from the checkpoints of this earlier job (same lineage)"
+    )
     inputs: dict[str, str] = Field(default_factory=dict, description="data channels: name -> S3 URI or local path")
     hyperparameters: dict[str, str | int | float | bool] = Field(
-        default_factory=dict, description="training flags, e.g. {task: causal-lm, lr: 3e-4}")
+        default_factory=dict, description="training flags, e.g. {task: causal-lm, lr: 3e-4}"
+    )
     train_args: list[str] = Field(default_factory=list, description="raw training flags (what follows `--` on the CLI)")
     secrets: dict[str, str] = Field(
-        default_factory=dict, description="env var -> Secrets Manager ARN or SSM parameter; resolved inside the job")
+        default_factory=dict, description="env var -> Secrets Manager ARN or SSM parameter; resolved inside the job"
+    )
     wandb: WandbSpec = Field(default_factory=WandbSpec)
     hub: HubSpec = Field(default_factory=HubSpec)
     bundle: BundleSpec = Field(default_factory=BundleSpec)
@@ -291,12 +329,13 @@ class JobSpec(BaseModel):
                 raise ValueError(f"{env!r} is not an environment variable name (use e.g. HF_TOKEN)")
             if not REFERENCE.match(ref):
                 # Never echo the value: it may be the secret itself pasted by mistake.
-                raise ValueError(f"{env} must be a reference (a Secrets Manager ARN, or ssm:/parameter/name), "
-                                 "not a value")
+                raise ValueError(
+                    f"{env} must be a reference (a Secrets Manager ARN, or ssm:/parameter/name), not a value"
+                )
         return v
 
     @model_validator(mode="after")
-    def _spot_wait(self) -> "JobSpec":
+    def _spot_wait(self) -> JobSpec:
         if self.max_wait is not None and not self.spot:
             raise ValueError("max_wait applies to spot jobs only; add spot: true or drop max_wait")
         if self.max_wait is not None and self.max_wait < self.max_run:
@@ -393,8 +432,10 @@ def read_spec_file(path: Path) -> dict[str, Any]:
         loader.dispose()
     if data is None:
         # An empty spec would silently mean "all defaults": almost always the wrong file.
-        raise UserError(f"job spec {path} is empty (or only comments); write at least `instance: local`, "
-                        "or leave the file out to use flags alone")
+        raise UserError(
+            f"job spec {path} is empty (or only comments); write at least `instance: local`, "
+            "or leave the file out to use flags alone"
+        )
     if not isinstance(data, dict):
         raise UserError(f"{path} must be a mapping of keys (name:, instance:, ...), not {type(data).__name__}")
     return data

@@ -102,7 +102,7 @@ class HubDouble:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "HubDouble":
+    def start(self) -> HubDouble:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -118,7 +118,7 @@ class HubDouble:
             self._thread.join()
             self._server = None
 
-    def __enter__(self) -> "HubDouble":
+    def __enter__(self) -> HubDouble:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -47,8 +47,9 @@ BACKENDS = {"local": "local", "sagemaker": "sagemaker"}
 
 def get_backend(name: str) -> Backend:
     if name not in BACKENDS:
-        raise UserError(f"the {name} backend is not available yet; use --instance local or a SageMaker type "
-                        "such as ml.g5.12xlarge")
+        raise UserError(
+            f"the {name} backend is not available yet; use --instance local or a SageMaker type such as ml.g5.12xlarge"
+        )
     module = importlib.import_module(f"{__name__}.{BACKENDS[name]}")
     return module.BACKEND  # type: ignore[no-any-return]
 
@@ -61,8 +62,12 @@ def wait_for(backend: Backend, job: JobRef, *, poll: float = 15.0) -> int:
         state = (info["status"], info.get("secondary_status"))
         if state != seen:
             shown = info["status"] + (f" / {info['secondary_status']}" if info.get("secondary_status") else "")
-            print(f"{time.strftime('%H:%M:%S')} {job.name}: {shown}"
-                  + (f" - {info['detail']}" if info.get("detail") else ""), file=sys.stderr, flush=True)
+            print(
+                f"{time.strftime('%H:%M:%S')} {job.name}: {shown}"
+                + (f" - {info['detail']}" if info.get("detail") else ""),
+                file=sys.stderr,
+                flush=True,
+            )
             seen = state
         if info["terminal"]:
             return 0 if info["status"] == "Completed" else 1

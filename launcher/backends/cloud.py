@@ -42,8 +42,11 @@ def estimate_cost(instance: Instance, region: str, nodes: int, max_run: int, spo
         return {"hourly_usd": None, "note": f"no list price for {instance.name} in {region}"}
     hours = max_run / 3600
     worst = round(nodes * price * hours, 2)
-    cost: dict[str, Any] = {"hourly_usd": round(nodes * price, 2), "max_run_hours": round(hours, 2),
-                            "worst_case_usd": worst}
+    cost: dict[str, Any] = {
+        "hourly_usd": round(nodes * price, 2),
+        "max_run_hours": round(hours, 2),
+        "worst_case_usd": worst,
+    }
     if spot:
         lo, hi = SPOT_PRICE_RANGE
         cost["spot_typical_usd"] = f"{worst * lo:.2f}-{worst * hi:.2f}"

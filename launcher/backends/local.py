@@ -34,8 +34,12 @@ def local_gpus() -> tuple[int, tuple[int, int] | None]:
     if not shutil.which("nvidia-smi"):
         return 0, None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.split()
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.split()
     except (OSError, subprocess.TimeoutExpired):
         return 0, None
     caps = [tuple(int(x) for x in c.split(".")) for c in out if c[:1].isdigit()]
@@ -47,8 +51,9 @@ class LocalBackend:
 
     def plan(self, spec: JobSpec) -> Plan:
         if spec.nodes != 1:
-            raise UserError(f"--nodes {spec.nodes}: the local backend runs one node; drop --nodes or use "
-                            "a SageMaker instance type")
+            raise UserError(
+                f"--nodes {spec.nodes}: the local backend runs one node; drop --nodes or use a SageMaker instance type"
+            )
         if spec.spot:
             raise UserError("--spot applies to cloud instances, not --instance local")
         gpus, capability = local_gpus()
@@ -65,9 +70,14 @@ class LocalBackend:
             checkpoints = (spec.local.workdir / spec.resume_from / "checkpoints").resolve()
             if not checkpoints.is_dir():
                 raise UserError(f"--resume-from {spec.resume_from}: no checkpoints at {checkpoints}")
-        contract = Contract(model_dir=root / "model", output_dir=root / "output", checkpoint_dir=checkpoints,
-                            channels={k: Path(v).resolve() for k, v in spec.inputs.items()}, gpus_per_node=gpus,
-                            main_port=free_port())
+        contract = Contract(
+            model_dir=root / "model",
+            output_dir=root / "output",
+            checkpoint_dir=checkpoints,
+            channels={k: Path(v).resolve() for k, v in spec.inputs.items()},
+            gpus_per_node=gpus,
+            main_port=free_port(),
+        )
         try:
             node = plan_node(argv, contract, processes=spec.local.processes)
         except ValueError as e:
@@ -99,11 +109,19 @@ class LocalBackend:
         if spec.secrets:
             checks.append(Check("secrets", True, "resolved inside the job from: " + ", ".join(spec.secrets)))
         return Plan(
-            backend=self.name, job_name=job_name,
-            summary={"instance": "local", "processes": processes, "gpus": gpus, "strategy": spec.strategy,
-                     "precision": precision, "workdir": str(root)},
+            backend=self.name,
+            job_name=job_name,
+            summary={
+                "instance": "local",
+                "processes": processes,
+                "gpus": gpus,
+                "strategy": spec.strategy,
+                "precision": precision,
+                "workdir": str(root),
+            },
             request={"command": command, "env": env, "cwd": str(root)},
-            configs=configs, checks=checks,
+            configs=configs,
+            checks=checks,
         )
 
     def preflight(self, plan: Plan) -> Plan:
@@ -118,7 +136,9 @@ class LocalBackend:
         _write_status(root, "InProgress")
         env = {**os.environ, **plan.request["env"]}
         with open(root / "job.log", "wb") as log:
-            proc = subprocess.Popen(plan.request["command"], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                plan.request["command"], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
             previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
             try:
                 assert proc.stdout is not None
@@ -133,8 +153,11 @@ class LocalBackend:
             finally:
                 signal.signal(signal.SIGTERM, previous)
         _write_status(root, "Completed" if code == 0 else ("Stopped" if code == 143 else "Failed"), code)
-        print(f"job {plan.job_name}: {'completed' if code == 0 else f'exited with code {code}'}; "
-              f"model in {root / 'model'}, logs in {root / 'job.log'}", file=sys.stderr)
+        print(
+            f"job {plan.job_name}: {'completed' if code == 0 else f'exited with code {code}'}; "
+            f"model in {root / 'model'}, logs in {root / 'job.log'}",
+            file=sys.stderr,
+        )
         return code
 
     # ------------------------------------------------------------------ lifecycle
@@ -147,14 +170,21 @@ class LocalBackend:
 
     def status(self, job: JobRef) -> dict[str, Any]:
         info = json.loads((self._root(job) / "status.json").read_text())
-        return {"job_name": job.name, **info, "terminal": info["status"] != "InProgress",
-                "detail": info.get("detail", "")}
+        return {
+            "job_name": job.name,
+            **info,
+            "terminal": info["status"] != "InProgress",
+            "detail": info.get("detail", ""),
+        }
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
         if not workdir.is_dir():
             return []
-        jobs = [{**self.status(JobRef(p.name, self.name, workdir=workdir)), "backend": self.name}
-                for p in workdir.iterdir() if (p / "status.json").is_file()]
+        jobs = [
+            {**self.status(JobRef(p.name, self.name, workdir=workdir)), "backend": self.name}
+            for p in workdir.iterdir()
+            if (p / "status.json").is_file()
+        ]
         return sorted(jobs, key=lambda j: j.get("updated", 0), reverse=True)[:limit]
 
     def logs(self, job: JobRef, *, follow: bool = False) -> int:

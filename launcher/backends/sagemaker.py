@@ -21,14 +21,18 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.resources import default_bucket
 from distrain_cloud.training.args import argv_to_hyperparameters, parse_args
 from distrain_cloud.training.contract import SAGEMAKER_CHECKPOINT_DIR
-from distrain_cloud.training.strategies import (ClusterShape, accelerate_config, choose_precision,
-                                               deepspeed_config_for, parse_strategy)
+from distrain_cloud.training.strategies import (
+    ClusterShape,
+    accelerate_config,
+    choose_precision,
+    deepspeed_config_for,
+    parse_strategy,
+)
 
 from ..bootstrap import sagemaker_entrypoint
-from . import cloud
 from ..jobs import JobRef
 from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
-from . import wait_for
+from . import cloud, wait_for
 
 if TYPE_CHECKING:
     from ..spec import JobSpec
@@ -48,16 +52,17 @@ class TrainingJobStatus(str, Enum):
     Deleting = "Deleting"  # an ended job being deleted
 
 
-TERMINAL = frozenset({TrainingJobStatus.Completed, TrainingJobStatus.Failed, TrainingJobStatus.Stopped,
-                      TrainingJobStatus.Deleting})
+TERMINAL = frozenset(
+    {TrainingJobStatus.Completed, TrainingJobStatus.Failed, TrainingJobStatus.Stopped, TrainingJobStatus.Deleting}
+)
 # What a secondary status means, for `status` when SageMaker gives no FailureReason.
 SECONDARY_DETAIL = {
     "Interrupted": "spot capacity was reclaimed; SageMaker restarts the job when capacity returns and it resumes "
-                   "from its last checkpoint",
+    "from its last checkpoint",
     "MaxWaitTimeExceeded": "spot capacity did not come (and the job did not finish) within --max-wait; raise "
-                           "--max-wait, or use --on-demand",
+    "--max-wait, or use --on-demand",
     "MaxRuntimeExceeded": "the job ran past --max-run and was stopped; its checkpoints remain (resume with "
-                          "resume_from)",
+    "resume_from)",
 }
 
 
@@ -76,7 +81,7 @@ class SageMakerBackend:
     def plan(self, spec: JobSpec) -> Plan:
         """Everything that will be sent, without one AWS call. What only AWS knows (the account,
         the stack's role and bucket, a previous job's checkpoints) is a placeholder until preflight."""
-        from ..bundle import build_bundle, bundle_key
+        from ..bundle import build_bundle
         from ..catalog import lookup
         from ..images import choose_training_image
 
@@ -84,9 +89,13 @@ class SageMakerBackend:
         if not instance.sagemaker:
             raise UserError(f"--instance {spec.instance} is not a SageMaker type; use ml.{spec.instance}")
         region, region_check = cloud.plan_region(spec.region)
-        image = choose_training_image(instance, region, image_uri=spec.sagemaker.image_uri,
-                                      transformers_version=spec.sagemaker.transformers_version,
-                                      pytorch_version=spec.sagemaker.pytorch_version)
+        image = choose_training_image(
+            instance,
+            region,
+            image_uri=spec.sagemaker.image_uri,
+            transformers_version=spec.sagemaker.transformers_version,
+            pytorch_version=spec.sagemaker.pytorch_version,
+        )
         where = f"{instance.name} has {instance.gpu_model} ({instance.compute_capability_str})"
         try:
             precision = choose_precision(spec.precision, instance.gpus, instance.compute_capability, where)
@@ -98,54 +107,82 @@ class SageMakerBackend:
         strategy = parse_strategy(spec.strategy)
 
         processes = max(instance.gpus, 1)
-        cluster = ClusterShape(num_nodes=spec.nodes, processes_per_node=processes, main_addr="algo-1",
-                               use_cpu=not instance.gpus)
+        cluster = ClusterShape(
+            num_nodes=spec.nodes, processes_per_node=processes, main_addr="algo-1", use_cpu=not instance.gpus
+        )
         try:
-            configs: dict[str, Any] = {"accelerate_config (node 0)": accelerate_config(
-                strategy, cluster, precision=precision)}
+            configs: dict[str, Any] = {
+                "accelerate_config (node 0)": accelerate_config(strategy, cluster, precision=precision)
+            }
         except ValueError as e:  # e.g. --strategy single on a multi-GPU instance
             raise UserError(str(e)) from None
         if strategy.uses_deepspeed:
             configs["deepspeed_config"] = deepspeed_config_for(train, cluster.world_size)
 
         bundle = build_bundle(repo_root(), allow_large=spec.bundle.allow_large)
-        parts = _Parts(job_name=job_name, region=region, image_uri=image.uri, argv=tuple(argv),
-                       prefix=spec.sagemaker.prefix.strip("/"), code_sha256=bundle.sha256,
-                       lineage=spec.resume_from or job_name,
-                       max_wait=spec.max_wait or (spec.max_run * 2 if spec.spot else None))
+        parts = _Parts(
+            job_name=job_name,
+            region=region,
+            image_uri=image.uri,
+            argv=tuple(argv),
+            prefix=spec.sagemaker.prefix.strip("/"),
+            code_sha256=bundle.sha256,
+            lineage=spec.resume_from or job_name,
+            max_wait=spec.max_wait or (spec.max_run * 2 if spec.spot else None),
+        )
         # Everything the user wrote is in the request now, so a request the API would refuse is
         # refused here, before AWS is asked anything (a well-formed account stands in for theirs).
         refuse_api_problems(self._request(spec, parts, *_offline_identity(spec, "000000000000")))
         account, role_arn = _offline_identity(spec, "<account>")
-        checks = [region_check,
-                  Check("role exists and trusts SageMaker", None,
-                        "checked at submit" if spec.sagemaker.role else f"from stack {spec.stack}, at submit")]
+        checks = [
+            region_check,
+            Check(
+                "role exists and trusts SageMaker",
+                None,
+                "checked at submit" if spec.sagemaker.role else f"from stack {spec.stack}, at submit",
+            ),
+        ]
         if spec.resume_from:
             checks.append(Check(f"resume from {spec.resume_from}", None, "its checkpoints are looked up at submit"))
-        checks.append(Check("request fits the SageMaker API model", True,
-                            "lengths, ranges, patterns and required fields of CreateTrainingJob"))
+        checks.append(
+            Check(
+                "request fits the SageMaker API model",
+                True,
+                "lengths, ranges, patterns and required fields of CreateTrainingJob",
+            )
+        )
         checks.append(Check("image runs on the GPU", True, image.reason))
         cost = cloud.estimate_cost(instance, region, spec.nodes, spec.max_run, spec.spot)
         if spec.max_cost is not None:
             checks.append(cloud.budget_check(spec.max_cost, cost, spec.nodes))
         plan = Plan(
-            backend=self.name, job_name=job_name,
-            summary={"instance": f"{spec.nodes} x {instance.name} ({instance.gpus} x {instance.gpu_model}, "
-                                 f"cc {instance.compute_capability_str})",
-                     "processes": f"{processes} per node, {cluster.world_size} in all",
-                     "strategy": spec.strategy, "precision": precision, "region": region,
-                     "image": image.uri, "image_reason": image.reason, "spot": spec.spot},
-            request={}, configs=configs,
+            backend=self.name,
+            job_name=job_name,
+            summary={
+                "instance": f"{spec.nodes} x {instance.name} ({instance.gpus} x {instance.gpu_model}, "
+                f"cc {instance.compute_capability_str})",
+                "processes": f"{processes} per node, {cluster.world_size} in all",
+                "strategy": spec.strategy,
+                "precision": precision,
+                "region": region,
+                "image": image.uri,
+                "image_reason": image.reason,
+                "spot": spec.spot,
+            },
+            request={},
+            configs=configs,
             bundle={"sha256": bundle.sha256, "size": bundle.size, "files": len(bundle.files)},
-            cost=cost, checks=checks,
+            cost=cost,
+            checks=checks,
             payload={"bundle": bundle.data, "bundle_listing": bundle.listing(), "spec": spec, "parts": parts},
         )
         # With no role the job uses the stack's role and bucket, which only AWS can name.
         bucket = spec.sagemaker.bucket or (None if spec.sagemaker.role else f"<stack-{spec.stack}-bucket>")
         return self._place(plan, account, role_arn, bucket)
 
-    def _place(self, plan: Plan, account: str, role_arn: str, bucket: str | None,
-               checkpoint_uri: str | None = None) -> Plan:
+    def _place(
+        self, plan: Plan, account: str, role_arn: str, bucket: str | None, checkpoint_uri: str | None = None
+    ) -> Plan:
         """The plan with its account-dependent parts filled in: role, bucket, S3 locations."""
         from ..bundle import bundle_key
 
@@ -154,11 +191,18 @@ class SageMakerBackend:
         code_key = bundle_key(parts.prefix, parts.code_sha256)
         checkpoint_uri = checkpoint_uri or _checkpoint_uri(bucket, parts)
         request = self._request(spec, parts, account, role_arn, bucket, checkpoint_uri)
-        summary = {**plan.summary, "output": f"s3://{bucket}/{parts.prefix}/jobs/{parts.job_name}/",
-                   "checkpoints": checkpoint_uri}
+        summary = {
+            **plan.summary,
+            "output": f"s3://{bucket}/{parts.prefix}/jobs/{parts.job_name}/",
+            "checkpoints": checkpoint_uri,
+        }
         return dataclasses.replace(
-            plan, request=request, summary=summary, bundle={**(plan.bundle or {}), "s3": f"s3://{bucket}/{code_key}"},
-            payload={**plan.payload, "bucket": bucket, "code_key": code_key, "region": parts.region})
+            plan,
+            request=request,
+            summary=summary,
+            bundle={**(plan.bundle or {}), "s3": f"s3://{bucket}/{code_key}"},
+            payload={**plan.payload, "bucket": bucket, "code_key": code_key, "region": parts.region},
+        )
 
     def preflight(self, plan: Plan) -> Plan:
         """The plan checked against AWS (read-only calls): region, account, the role (or the
@@ -185,40 +229,66 @@ class SageMakerBackend:
             checkpoint_uri = _previous_checkpoints(spec.resume_from, region, checks)
         placed = self._place(plan, account, role_arn, bucket, checkpoint_uri)
         refuse_api_problems(placed.request)  # the looked-up parts too (a previous job's checkpoint URI)
-        checks.append(cloud.bucket_check(placed.payload["bucket"], region,
-                                         named_by_user=bool(spec.sagemaker.bucket)))
+        checks.append(cloud.bucket_check(placed.payload["bucket"], region, named_by_user=bool(spec.sagemaker.bucket)))
         checks.append(self._quota_check(spec, region))
         return dataclasses.replace(placed, checks=checks)
 
-    def _request(self, spec: JobSpec, parts: _Parts, account: str, role_arn: str, bucket: str | None = None,
-                 checkpoint_uri: str | None = None) -> dict[str, Any]:
+    def _request(
+        self,
+        spec: JobSpec,
+        parts: _Parts,
+        account: str,
+        role_arn: str,
+        bucket: str | None = None,
+        checkpoint_uri: str | None = None,
+    ) -> dict[str, Any]:
         from ..bundle import bundle_key
 
         bucket = bucket or spec.sagemaker.bucket or default_bucket(account, parts.region)
         checkpoint_uri = checkpoint_uri or _checkpoint_uri(bucket, parts)
         code_uri = f"s3://{bucket}/{bundle_key(parts.prefix, parts.code_sha256)}"
-        channels = [{
-            "ChannelName": CODE_CHANNEL,
-            "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": code_uri,
-                                            "S3DataDistributionType": "FullyReplicated"}},
-            "InputMode": "File",
-        }]
+        channels = [
+            {
+                "ChannelName": CODE_CHANNEL,
+                "DataSource": {
+                    "S3DataSource": {
+                        "S3DataType": "S3Prefix",
+                        "S3Uri": code_uri,
+                        "S3DataDistributionType": "FullyReplicated",
+                    }
+                },
+                "InputMode": "File",
+            }
+        ]
         for name, uri in sorted(spec.inputs.items()):
             if not uri.startswith("s3://"):
                 raise UserError(f"--input {name}={uri}: SageMaker channels must be s3:// URIs")
             if name == CODE_CHANNEL:
                 raise UserError(f"--input {name}: the channel name '{CODE_CHANNEL}' is reserved for the code bundle")
-            channels.append({"ChannelName": name, "InputMode": "File", "DataSource": {"S3DataSource": {
-                "S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}}})
+            channels.append(
+                {
+                    "ChannelName": name,
+                    "InputMode": "File",
+                    "DataSource": {
+                        "S3DataSource": {
+                            "S3DataType": "S3Prefix",
+                            "S3Uri": uri,
+                            "S3DataDistributionType": "FullyReplicated",
+                        }
+                    },
+                }
+            )
         environment = {"HF_HUB_DISABLE_TELEMETRY": "1"}
         if spec.secrets:
             environment["DISTRAIN_SECRETS"] = json.dumps(spec.secrets, sort_keys=True)  # references only
         stopping = {"MaxRuntimeInSeconds": spec.max_run}
         if spec.spot:
             stopping["MaxWaitTimeInSeconds"] = parts.max_wait
-        tags = [{"Key": f"{TAG_PREFIX}code-sha256", "Value": parts.code_sha256},
-                {"Key": f"{TAG_PREFIX}lineage", "Value": parts.lineage},
-                {"Key": f"{TAG_PREFIX}strategy", "Value": spec.strategy}]
+        tags = [
+            {"Key": f"{TAG_PREFIX}code-sha256", "Value": parts.code_sha256},
+            {"Key": f"{TAG_PREFIX}lineage", "Value": parts.lineage},
+            {"Key": f"{TAG_PREFIX}strategy", "Value": spec.strategy},
+        ]
         tags += [{"Key": k, "Value": v} for k, v in sorted(spec.sagemaker.tags.items())]
         request: dict[str, Any] = {
             "TrainingJobName": parts.job_name,
@@ -232,8 +302,11 @@ class SageMakerBackend:
             "HyperParameters": argv_to_hyperparameters(list(parts.argv)),
             "InputDataConfig": channels,
             "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/{parts.prefix}/jobs/"},
-            "ResourceConfig": {"InstanceType": spec.instance, "InstanceCount": spec.nodes,
-                               "VolumeSizeInGB": spec.sagemaker.volume_size_gb},
+            "ResourceConfig": {
+                "InstanceType": spec.instance,
+                "InstanceCount": spec.nodes,
+                "VolumeSizeInGB": spec.sagemaker.volume_size_gb,
+            },
             "StoppingCondition": stopping,
             "EnableManagedSpotTraining": spec.spot,
             "CheckpointConfig": {"S3Uri": checkpoint_uri, "LocalPath": SAGEMAKER_CHECKPOINT_DIR},
@@ -241,8 +314,10 @@ class SageMakerBackend:
             "Tags": tags,
         }
         if spec.sagemaker.subnets:
-            request["VpcConfig"] = {"Subnets": spec.sagemaker.subnets,
-                                    "SecurityGroupIds": spec.sagemaker.security_group_ids}
+            request["VpcConfig"] = {
+                "Subnets": spec.sagemaker.subnets,
+                "SecurityGroupIds": spec.sagemaker.security_group_ids,
+            }
         return request
 
     def _quota_check(self, spec, region) -> Check:
@@ -270,8 +345,7 @@ class SageMakerBackend:
 
         with aws.translate_errors():
             create_training_job_once(plan.request, region)
-        print(f"submitted {plan.job_name} (code bundle {'uploaded' if uploaded else 'already in S3'})",
-              file=sys.stderr)
+        print(f"submitted {plan.job_name} (code bundle {'uploaded' if uploaded else 'already in S3'})", file=sys.stderr)
         print(f"next: distrain-cloud logs {plan.job_name} --follow --region {region}", file=sys.stderr)
         if wait:
             return wait_for(self, JobRef(plan.job_name, self.name, region))
@@ -283,8 +357,7 @@ class SageMakerBackend:
         from distrain_cloud.infra import aws
 
         with aws.translate_errors():
-            described = aws.client("sagemaker", aws.region(job.region)).describe_training_job(
-                TrainingJobName=job.name)
+            described = aws.client("sagemaker", aws.region(job.region)).describe_training_job(TrainingJobName=job.name)
         return _status(job.name, described)
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
@@ -292,10 +365,19 @@ class SageMakerBackend:
 
         with aws.translate_errors():
             page = aws.client("sagemaker", aws.region(region)).list_training_jobs(
-                SortBy="CreationTime", SortOrder="Descending", MaxResults=min(limit, 100))
-        return [{"job_name": j["TrainingJobName"], "backend": self.name, "status": j["TrainingJobStatus"],
-                 "created": str(j.get("CreationTime", "")), "instance": "", "detail": ""}
-                for j in page.get("TrainingJobSummaries", [])]
+                SortBy="CreationTime", SortOrder="Descending", MaxResults=min(limit, 100)
+            )
+        return [
+            {
+                "job_name": j["TrainingJobName"],
+                "backend": self.name,
+                "status": j["TrainingJobStatus"],
+                "created": str(j.get("CreationTime", "")),
+                "instance": "",
+                "detail": "",
+            }
+            for j in page.get("TrainingJobSummaries", [])
+        ]
 
     def logs(self, job: JobRef, *, follow: bool = False) -> int:
         from distrain_cloud.infra import aws
@@ -349,7 +431,6 @@ def _status(job_name: str, job: dict[str, Any]) -> dict[str, Any]:
         "model_artifacts": (job.get("ModelArtifacts") or {}).get("S3ModelArtifacts"),
         "checkpoints": (job.get("CheckpointConfig") or {}).get("S3Uri"),
     }
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -407,15 +488,21 @@ def create_training_job_once(request: dict[str, Any], region: str) -> None:
             raise
         existing = sagemaker.describe_training_job(TrainingJobName=request["TrainingJobName"])
         if _fingerprint(existing) != _fingerprint(request):
-            raise UserError(f"a different training job named {request['TrainingJobName']} already exists; "
-                            "submit again (each submit picks a new name) or pass another --name") from exc
+            raise UserError(
+                f"a different training job named {request['TrainingJobName']} already exists; "
+                "submit again (each submit picks a new name) or pass another --name"
+            ) from exc
 
 
 def _fingerprint(job: dict[str, Any]) -> tuple[Any, ...]:
     """The parts of a request that DescribeTrainingJob gives back unchanged."""
     algorithm = job.get("AlgorithmSpecification") or {}
-    return (job.get("RoleArn"), algorithm.get("TrainingImage"), job.get("HyperParameters") or {},
-            (job.get("CheckpointConfig") or {}).get("S3Uri"))
+    return (
+        job.get("RoleArn"),
+        algorithm.get("TrainingImage"),
+        job.get("HyperParameters") or {},
+        (job.get("CheckpointConfig") or {}).get("S3Uri"),
+    )
 
 
 def _offline_identity(spec: JobSpec, unknown_account: str) -> tuple[str, str]:

@@ -11,20 +11,37 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def dry_run(*flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "--dry-run", *flags],
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), "--dry-run", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_variants_add_runs_with_their_flags():
-    r = dry_run("--suite", "single,scaling,zero,varlen", "--gpus", "4",
-                "--variant", "single:liger=--fused-ce --ce-kernel liger",
-                "--variant", "scaling:bf16=--ddp-reduce-dtype bf16",
-                "--variant", "zero:layer=--no-zero3-block-fetch",
-                "--variant", "varlen:pad1=--pad-to-multiple-of 1")
+    r = dry_run(
+        "--suite",
+        "single,scaling,zero,varlen",
+        "--gpus",
+        "4",
+        "--variant",
+        "single:liger=--fused-ce --ce-kernel liger",
+        "--variant",
+        "scaling:bf16=--ddp-reduce-dtype bf16",
+        "--variant",
+        "zero:layer=--no-zero3-block-fetch",
+        "--variant",
+        "varlen:pad1=--pad-to-multiple-of 1",
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    commands = {lines[i].split("  [")[0][2:]: lines[i + 1] for i, line in enumerate(lines[:-1])
-                if line.startswith("# ours") or line.startswith("# HF")}
+    commands = {
+        lines[i].split("  [")[0][2:]: lines[i + 1]
+        for i, line in enumerate(lines[:-1])
+        if line.startswith("# ours") or line.startswith("# HF")
+    }
     assert commands["ours +compile [liger]"].endswith("--compile --fused-ce --ce-kernel liger")
     # scaling variants: every count above 1, against the plain 1-GPU run
     assert "ours ddp x2 [bf16]" in commands and "ours ddp x4 [bf16]" in commands

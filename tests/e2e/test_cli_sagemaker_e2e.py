@@ -42,9 +42,12 @@ class _QuotasHandler(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         target = self.headers.get("X-Amz-Target", "")
         type(self).requests.append(target)
-        quotas = [{"ServiceCode": "sagemaker", "QuotaCode": f"L-{i}", "QuotaName": name, "Value": value}
-                  for i, (name, value) in enumerate((("ml.p3.8xlarge for training job usage", 1.0),
-                                                     ("ml.p3.8xlarge for spot training job usage", 2.0)))]
+        quotas = [
+            {"ServiceCode": "sagemaker", "QuotaCode": f"L-{i}", "QuotaName": name, "Value": value}
+            for i, (name, value) in enumerate(
+                (("ml.p3.8xlarge for training job usage", 1.0), ("ml.p3.8xlarge for spot training job usage", 2.0))
+            )
+        ]
         ok = target.endswith(".ListServiceQuotas")
         body = json.dumps({"Quotas": quotas} if ok else {"__type": "UnknownOperationException"}).encode()
         self.send_response(200 if ok else 400)
@@ -72,35 +75,60 @@ def env(moto_server, quotas_server, tmp_path_factory):
     home = tmp_path_factory.mktemp("home")  # no ~/.aws
     base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     # AWS_DEFAULT_REGION as a configured profile would give it; test_submit_with_only_region_flag_and_no_configured_region covers the case without it
-    return {**base, "HOME": str(home), "AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": REGION,
-            "AWS_CONFIG_FILE": str(home / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),
-            "AWS_ENDPOINT_URL_SERVICE_QUOTAS": quotas_server}
+    return {
+        **base,
+        "HOME": str(home),
+        "AWS_ENDPOINT_URL": moto_server,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_CONFIG_FILE": str(home / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),
+        "AWS_ENDPOINT_URL_SERVICE_QUOTAS": quotas_server,
+    }
 
 
 def aws_client(service, moto_server):
     import boto3
 
-    return boto3.client(service, region_name=REGION, endpoint_url=moto_server, aws_access_key_id="testing",
-                        aws_secret_access_key="testing")
+    return boto3.client(
+        service,
+        region_name=REGION,
+        endpoint_url=moto_server,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
 
 
 @pytest.fixture(scope="module")
 def role(moto_server):
-    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                      "Principal": {"Service": "sagemaker.amazonaws.com"}}]}
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"Service": "sagemaker.amazonaws.com"}}
+        ],
+    }
     return aws_client("iam", moto_server).create_role(
-        RoleName="distrain-cloud-sagemaker", AssumeRolePolicyDocument=json.dumps(policy))["Role"]["Arn"]
+        RoleName="distrain-cloud-sagemaker", AssumeRolePolicyDocument=json.dumps(policy)
+    )["Role"]["Arn"]
 
 
 def cli(env, *args, cwd):
-    return subprocess.run([sys.executable, "-m", "distrain_cloud.launcher.cli", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "distrain_cloud.launcher.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_submit_the_example_then_status_ls_logs_and_cancel(moto_server, env, role, tmp_path):
-    r = cli(env, "submit", str(EXAMPLE), "--region", REGION, "--role", role, "--max-cost", "100", "--json",
-            cwd=tmp_path)
+    r = cli(
+        env, "submit", str(EXAMPLE), "--region", REGION, "--role", role, "--max-cost", "100", "--json", cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     job_name = plan["job_name"]
@@ -110,7 +138,10 @@ def test_submit_the_example_then_status_ls_logs_and_cancel(moto_server, env, rol
     assert checks["role exists and trusts SageMaker"] == (True, role)
     assert checks["quota: ml.p3.8xlarge for spot training job usage"] == (True, "2 allowed, 1 needed")
     assert checks["bucket exists"][0] is True and checks["request fits the SageMaker API model"][0] is True
-    assert plan["request"]["StoppingCondition"]["MaxWaitTimeInSeconds"] >= plan["request"]["StoppingCondition"]["MaxRuntimeInSeconds"]
+    assert (
+        plan["request"]["StoppingCondition"]["MaxWaitTimeInSeconds"]
+        >= plan["request"]["StoppingCondition"]["MaxRuntimeInSeconds"]
+    )
     assert any(t.endswith(".ListServiceQuotas") for t in _QuotasHandler.requests)
     # one process per GPU: 4 x V100 on one ml.p3.8xlarge
     acc = plan["configs"]["accelerate_config (node 0)"]
@@ -132,19 +163,29 @@ def test_submit_the_example_then_status_ls_logs_and_cancel(moto_server, env, rol
     hp = job["HyperParameters"]
     assert hp == plan["request"]["HyperParameters"]
     assert {k: hp[k] for k in ("model", "dataset", "strategy", "precision", "push_to_hub", "run_name")} == {
-        "model": "gpt2", "dataset": "dair-ai/emotion", "strategy": "zero2", "precision": "fp16",
-        "push_to_hub": "my-org/gpt2-emotion", "run_name": job_name}
+        "model": "gpt2",
+        "dataset": "dair-ai/emotion",
+        "strategy": "zero2",
+        "precision": "fp16",
+        "push_to_hub": "my-org/gpt2-emotion",
+        "run_name": job_name,
+    }
     assert "HF_TOKEN" not in json.dumps(hp)
 
     bucket = f"distrain-cloud-123456789012-{REGION}"
     assert job["EnableManagedSpotTraining"] is True
     assert job["StoppingCondition"] == {"MaxRuntimeInSeconds": 6 * 3600, "MaxWaitTimeInSeconds": 8 * 3600}
-    assert job["CheckpointConfig"] == {"S3Uri": f"s3://{bucket}/distrain-cloud/checkpoints/{job_name}/",
-                                       "LocalPath": "/opt/ml/checkpoints"}
+    assert job["CheckpointConfig"] == {
+        "S3Uri": f"s3://{bucket}/distrain-cloud/checkpoints/{job_name}/",
+        "LocalPath": "/opt/ml/checkpoints",
+    }
     tags = {t["Key"]: t["Value"] for t in sm.list_tags(ResourceArn=job["TrainingJobArn"])["Tags"]}
     sha = plan["bundle"]["sha256"]
-    assert tags == {"distrain-cloud:code-sha256": sha, "distrain-cloud:lineage": job_name,
-                    "distrain-cloud:strategy": "zero2"}
+    assert tags == {
+        "distrain-cloud:code-sha256": sha,
+        "distrain-cloud:lineage": job_name,
+        "distrain-cloud:strategy": "zero2",
+    }
     s3 = aws_client("s3", moto_server)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
     assert keys == [f"distrain-cloud/code/{sha}.tar.gz"]

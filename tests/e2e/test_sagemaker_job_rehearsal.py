@@ -20,11 +20,16 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_planned_entrypoint_trains_from_the_bundle(tmp_path, no_aws_config):
-    spec = load_spec(None, {
-        "instance": "ml.g5.xlarge", "region": "us-east-1", "precision": "no",
-        "sagemaker": {"role": "arn:aws:iam::123456789012:role/sm"},
-        "hyperparameters": {"task": "classification", "max_steps": 6, "log_every": 2, "report_to": "none"},
-    })
+    spec = load_spec(
+        None,
+        {
+            "instance": "ml.g5.xlarge",
+            "region": "us-east-1",
+            "precision": "no",
+            "sagemaker": {"role": "arn:aws:iam::123456789012:role/sm"},
+            "hyperparameters": {"task": "classification", "max_steps": 6, "log_every": 2, "report_to": "none"},
+        },
+    )
     plan = plan_job(spec, dry_run=True)
     request = plan.request
 
@@ -38,8 +43,14 @@ def test_the_planned_entrypoint_trains_from_the_bundle(tmp_path, no_aws_config):
     (config / "inputdataconfig.json").write_text(json.dumps({c["ChannelName"]: {} for c in request["InputDataConfig"]}))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTRAIN_", "SM_", "WANDB_"))}
-    env.update(request["Environment"], DISTRAIN_SAGEMAKER_ROOT=str(root), OMP_NUM_THREADS="1",
-               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    env.update(
+        request["Environment"],
+        DISTRAIN_SAGEMAKER_ROOT=str(root),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf"),
+    )
     entry = request["AlgorithmSpecification"]["ContainerEntrypoint"]
     r = subprocess.run(entry, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

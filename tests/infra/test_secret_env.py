@@ -14,8 +14,11 @@ REGION = "us-east-1"
 def test_reference_forms():
     arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:hf-AbC"
     assert secret_env.parse_reference(arn) == ("secretsmanager", arn, "eu-west-1")
-    assert secret_env.parse_reference("arn:aws:ssm:us-west-2:123456789012:parameter/team/wandb") == \
-        ("ssm", "/team/wandb", "us-west-2")
+    assert secret_env.parse_reference("arn:aws:ssm:us-west-2:123456789012:parameter/team/wandb") == (
+        "ssm",
+        "/team/wandb",
+        "us-west-2",
+    )
     assert secret_env.parse_reference("ssm:/team/wandb") == ("ssm", "/team/wandb", None)
     assert secret_env.parse_reference("secretsmanager:hf") == ("secretsmanager", "hf", None)
     with pytest.raises(UserError, match="not a secret reference") as refused:
@@ -46,8 +49,9 @@ def test_a_missing_secret_names_the_variable_not_a_value(mocked_aws):
 def test_main_puts_values_in_the_environment_and_runs_the_command(mocked_aws, monkeypatch, capsys):
     import boto3
 
-    arn = boto3.client("secretsmanager", region_name=REGION).create_secret(
-        Name="hf", SecretString="fake-hf-value-1")["ARN"]
+    arn = boto3.client("secretsmanager", region_name=REGION).create_secret(Name="hf", SecretString="fake-hf-value-1")[
+        "ARN"
+    ]
     monkeypatch.setenv("DISTRAIN_SECRETS", json.dumps({"HF_TOKEN": arn}))
     ran = {}
     monkeypatch.setattr(os, "execvp", lambda file, args: ran.update(args=args, token=os.environ.get("HF_TOKEN")))
@@ -67,4 +71,5 @@ def test_main_fails_in_one_line(mocked_aws, monkeypatch, capsys):
         secret_env.main(["--", "true"])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "error: cannot resolve HF_TOKEN from ssm:/missing: ParameterNotFound"]
+        "error: cannot resolve HF_TOKEN from ssm:/missing: ParameterNotFound"
+    ]

@@ -153,24 +153,59 @@ def test_real_repository():
 # One path per pattern of ALWAYS_EXCLUDED at least, each matched by that pattern alone (checked below), so
 # removing any pattern makes one of these ship and its test fail. Paths are relative to the repo root.
 EXCLUDED_BY_FAMILY = {
-    "not code": ["training/.git/config", "training/__pycache__/notes.txt", "training/sub/stale.pyc",
-                 "training/.venv/lib/site.py", "training/venv/bin/python"],
-    "ssh and private keys": ["training/.ssh/config", "training/.ssh/id_ecdsa", "training/.gnupg/pubring.kbx",
-                             "training/id_rsa", "training/keys/id_dsa", "training/id_ecdsa_sk", "training/id_ed25519",
-                             "training/id_ed25519_sk.pub", "training/id_xmss", "training/server.pem",
-                             "training/tls.key", "training/putty.ppk", "training/AuthKey_TEST.p8",
-                             "training/cert.p12", "training/cert.pfx", "training/store.jks",
-                             "training/release.keystore"],
-    "cloud": ["training/.aws/config", "training/sub/credentials", "training/.s3cfg", "training/.boto",
-              "training/.config/gcloud/credentials.db", "training/application_default_credentials.json",
-              "training/.azure/msal_token_cache.json"],
-    "registries and package indexes": ["training/.docker/config.json", "training/.pypirc", "training/pip.conf",
-                                       "training/.npmrc", "training/.yarnrc.yml", "training/.gem/credentials",
-                                       "training/.cargo/credentials.toml"],
+    "not code": [
+        "training/.git/config",
+        "training/__pycache__/notes.txt",
+        "training/sub/stale.pyc",
+        "training/.venv/lib/site.py",
+        "training/venv/bin/python",
+    ],
+    "ssh and private keys": [
+        "training/.ssh/config",
+        "training/.ssh/id_ecdsa",
+        "training/.gnupg/pubring.kbx",
+        "training/id_rsa",
+        "training/keys/id_dsa",
+        "training/id_ecdsa_sk",
+        "training/id_ed25519",
+        "training/id_ed25519_sk.pub",
+        "training/id_xmss",
+        "training/server.pem",
+        "training/tls.key",
+        "training/putty.ppk",
+        "training/AuthKey_TEST.p8",
+        "training/cert.p12",
+        "training/cert.pfx",
+        "training/store.jks",
+        "training/release.keystore",
+    ],
+    "cloud": [
+        "training/.aws/config",
+        "training/sub/credentials",
+        "training/.s3cfg",
+        "training/.boto",
+        "training/.config/gcloud/credentials.db",
+        "training/application_default_credentials.json",
+        "training/.azure/msal_token_cache.json",
+    ],
+    "registries and package indexes": [
+        "training/.docker/config.json",
+        "training/.pypirc",
+        "training/pip.conf",
+        "training/.npmrc",
+        "training/.yarnrc.yml",
+        "training/.gem/credentials",
+        "training/.cargo/credentials.toml",
+    ],
     "git": ["training/.git-credentials", "training/.netrc", "training/_netrc", "training/.config/gh/hosts.yml"],
-    "hugging face hub": ["training/.huggingface/token", "training/.cache/huggingface/token",
-                         "training/.cache/huggingface/stored_tokens", "training/hf_token", "training/.hf_token",
-                         "training/hf_token.txt"],
+    "hugging face hub": [
+        "training/.huggingface/token",
+        "training/.cache/huggingface/token",
+        "training/.cache/huggingface/stored_tokens",
+        "training/hf_token",
+        "training/.hf_token",
+        "training/hf_token.txt",
+    ],
     "kubernetes": ["training/.kube/config", "training/kubeconfig", "training/prod.kubeconfig"],
     "environment files": ["training/.env", "training/.env.local", "training/.envrc"],
 }
@@ -210,18 +245,42 @@ def test_every_excluded_pattern_is_tested_alone():
 
 
 def test_gitignore_cannot_reinclude_credentials_and_near_names_ship(tmp_path):
-    near = ["environment.py", "tokens.py", "keys.py", "id_utils.py", "hf_token_utils.py", "credentials_check.py",
-            "kube.py", "config.json", "docker/config.json", "huggingface/tokenizer.json", "git_info.py"]
-    repo = _tree(tmp_path, {"training/.gitignore": "!.npmrc\n!.ssh/\n", "training/.npmrc": FAKE,
-                            "training/.ssh/id_ed25519": FAKE, **{f"training/{rel}": "" for rel in near}})
+    near = [
+        "environment.py",
+        "tokens.py",
+        "keys.py",
+        "id_utils.py",
+        "hf_token_utils.py",
+        "credentials_check.py",
+        "kube.py",
+        "config.json",
+        "docker/config.json",
+        "huggingface/tokenizer.json",
+        "git_info.py",
+    ]
+    repo = _tree(
+        tmp_path,
+        {
+            "training/.gitignore": "!.npmrc\n!.ssh/\n",
+            "training/.npmrc": FAKE,
+            "training/.ssh/id_ed25519": FAKE,
+            **{f"training/{rel}": "" for rel in near},
+        },
+    )
     bundle = build_bundle(repo)
     assert set(bundle.files) == {f"{ROOT}/{rel}" for rel in [".gitignore", *near]}
     assert FAKE.encode() not in gzip.decompress(bundle.data)
 
 
 def test_file_over_the_size_limit_is_refused(tmp_path):
-    repo = _tree(tmp_path, {"training/__init__.py": "", "training/assets/big.bin": MAX_FILE_SIZE + 1,
-                            "training/assets/at-limit.bin": MAX_FILE_SIZE})
+    repo = _tree(
+        tmp_path,
+        {
+            "training/__init__.py": "",
+            "training/assets/big.bin": MAX_FILE_SIZE + 1,
+            "training/assets/at-limit.bin": MAX_FILE_SIZE,
+        },
+    )
     with pytest.raises(UserError) as error:
         build_bundle(repo)
     message = str(error.value)
@@ -238,11 +297,21 @@ def small_limit(monkeypatch) -> int:
 
 
 def test_allow_large_lets_listed_files_through(tmp_path, small_limit):
-    repo = _tree(tmp_path, {"training/__init__.py": "", "training/assets/big.bin": "x" * 4096,
-                            "training/data/part-1.bin": "y" * 3000, "training/data/part-2.bin": "z" * 2048,
-                            "training/edge.txt": "e" * small_limit})
-    with pytest.raises(UserError, match=r"^code bundle: training/assets/big.bin \(4.0 KiB\), training/data/part-1.bin "
-                                        r"\(2.9 KiB\), training/data/part-2.bin \(2.0 KiB\) are over the 1.0 KiB "):
+    repo = _tree(
+        tmp_path,
+        {
+            "training/__init__.py": "",
+            "training/assets/big.bin": "x" * 4096,
+            "training/data/part-1.bin": "y" * 3000,
+            "training/data/part-2.bin": "z" * 2048,
+            "training/edge.txt": "e" * small_limit,
+        },
+    )
+    with pytest.raises(
+        UserError,
+        match=r"^code bundle: training/assets/big.bin \(4.0 KiB\), training/data/part-1.bin "
+        r"\(2.9 KiB\), training/data/part-2.bin \(2.0 KiB\) are over the 1.0 KiB ",
+    ):
         build_bundle(repo)
     with pytest.raises(UserError, match=r"^code bundle: training/assets/big.bin \(4.0 KiB\) is over"):
         build_bundle(repo, allow_large=["training/data/"])  # a folder allows everything below it
@@ -255,8 +324,15 @@ def test_allow_large_lets_listed_files_through(tmp_path, small_limit):
 
 @pytest.mark.parametrize("entry", ["assets/big.bin", "training/missing.bin", "training/.env", "training/a"])
 def test_allow_large_entry_naming_no_bundled_file_is_refused(tmp_path, small_limit, entry):
-    repo = _tree(tmp_path, {"training/__init__.py": "", "training/assets/big.bin": "x" * 4096,
-                            "training/abc.py": "", "training/.env": FAKE})
+    repo = _tree(
+        tmp_path,
+        {
+            "training/__init__.py": "",
+            "training/assets/big.bin": "x" * 4096,
+            "training/abc.py": "",
+            "training/.env": FAKE,
+        },
+    )
     with pytest.raises(UserError) as error:
         build_bundle(repo, allow_large=["training/assets/big.bin", entry])
     assert str(error.value).startswith(f"bundle.allow_large lists '{entry}', which names no file in the code bundle")
@@ -269,5 +345,6 @@ def test_listing_shows_every_file_with_its_size(repo):
     assert all(size < 1024 for size in bundle.file_sizes)  # all shown in bytes
     assert lines[:-1] == [f"{size:>8} B  {name}" for name, size in zip(bundle.files, bundle.file_sizes, strict=True)]
     assert "       0 B  distrain_cloud/training/__init__.py" in lines and "      19 B  requirements.txt" in lines
-    assert lines[-1] == (f"{len(bundle.files)} files, {sum(bundle.file_sizes)} B ({bundle.size} B compressed), "
-                         f"sha256 {bundle.sha256}")
+    assert lines[-1] == (
+        f"{len(bundle.files)} files, {sum(bundle.file_sizes)} B ({bundle.size} B compressed), sha256 {bundle.sha256}"
+    )

@@ -10,13 +10,27 @@ from distrain_cloud.launcher import catalog
 from distrain_cloud.launcher.catalog import GPU_COMPUTE_CAPABILITY, PRICE_REGIONS, all_instances, hourly_price, lookup
 
 WANTED = [
-    "ml.p3.2xlarge", "ml.p3.8xlarge", "ml.p3.16xlarge", "ml.p3dn.24xlarge",
-    "ml.g4dn.xlarge", "ml.g4dn.12xlarge",
-    "ml.g5.xlarge", "ml.g5.2xlarge", "ml.g5.12xlarge", "ml.g5.48xlarge",
-    "ml.g6.xlarge", "ml.g6.12xlarge", "ml.g6.48xlarge",
-    "ml.g6e.xlarge", "ml.g6e.12xlarge", "ml.g6e.48xlarge",
-    "ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge",
-    "ml.m5.xlarge", "ml.c5.2xlarge",
+    "ml.p3.2xlarge",
+    "ml.p3.8xlarge",
+    "ml.p3.16xlarge",
+    "ml.p3dn.24xlarge",
+    "ml.g4dn.xlarge",
+    "ml.g4dn.12xlarge",
+    "ml.g5.xlarge",
+    "ml.g5.2xlarge",
+    "ml.g5.12xlarge",
+    "ml.g5.48xlarge",
+    "ml.g6.xlarge",
+    "ml.g6.12xlarge",
+    "ml.g6.48xlarge",
+    "ml.g6e.xlarge",
+    "ml.g6e.12xlarge",
+    "ml.g6e.48xlarge",
+    "ml.p4d.24xlarge",
+    "ml.p4de.24xlarge",
+    "ml.p5.48xlarge",
+    "ml.m5.xlarge",
+    "ml.c5.2xlarge",
 ]
 
 
@@ -34,19 +48,28 @@ def test_known_figures():
     assert (p3.gpus, p3.gpu_model, p3.compute_capability, p3.gpu_memory_gib, p3.efa) == (4, "V100", (7, 0), 16, False)
     p5 = lookup("p5.48xlarge")
     assert (p5.vcpus, p5.memory_gib, p5.gpus, p5.gpu_model, p5.compute_capability, p5.efa) == (
-        192, 2048, 8, "H100", (9, 0), True)
+        192,
+        2048,
+        8,
+        "H100",
+        (9, 0),
+        True,
+    )
     assert lookup("ml.p4de.24xlarge").gpu_memory_gib == 80 and lookup("ml.p4d.24xlarge").gpu_memory_gib == 40
     assert lookup("ml.p3dn.24xlarge").gpu_memory_gib == 32
     assert lookup("g6e.xlarge").gpu_model == "L40S" and lookup("g6.xlarge").gpu_model == "L4"
     assert lookup("ml.g5.12xlarge").compute_capability_str == "8.6"
 
 
-@pytest.mark.parametrize("typo, suggestion", [
-    ("ml.p3.8xlrge", "ml.p3.8xlarge"),
-    ("ml.g5.12xlarg", "ml.g5.12xlarge"),
-    ("p5.48xlarg", "p5.48xlarge"),
-    ("ml.p4d.24xl", "ml.p4d.24xlarge"),
-])
+@pytest.mark.parametrize(
+    "typo, suggestion",
+    [
+        ("ml.p3.8xlrge", "ml.p3.8xlarge"),
+        ("ml.g5.12xlarg", "ml.g5.12xlarge"),
+        ("p5.48xlarg", "p5.48xlarge"),
+        ("ml.p4d.24xl", "ml.p4d.24xlarge"),
+    ],
+)
 def test_unknown_instance_suggests_a_close_match(typo, suggestion):
     with pytest.raises(UserError) as err:
         lookup(typo)
@@ -110,7 +133,7 @@ def test_all_instances_lists_sagemaker_first_and_each_once():
     names = [i.name for i in all_instances()]
     assert len(names) == len(set(names))
     first_ec2 = next(n for n in names if not n.startswith("ml."))
-    assert all(not n.startswith("ml.") for n in names[names.index(first_ec2):])
+    assert all(not n.startswith("ml.") for n in names[names.index(first_ec2) :])
 
 
 def test_instances_are_hashable_and_serialisable():

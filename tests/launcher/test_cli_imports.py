@@ -34,17 +34,23 @@ def test_help_imports_nothing_heavy(tmp_path):
 
 
 def test_local_dry_run_imports_nothing_heavy(tmp_path):
-    action = ("try:\n    cli.main(['submit', '--instance', 'local', '--dry-run', '--json'])\n"
-              "except SystemExit as e:\n    assert e.code == 0, e.code")
+    action = (
+        "try:\n    cli.main(['submit', '--instance', 'local', '--dry-run', '--json'])\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code"
+    )
     assert heavy_modules_after(action, tmp_path) == []
 
 
-@pytest.mark.parametrize("action", [
-    "import distrain_cloud.launcher.catalog as c\n"
-    "c.lookup('ml.p5.48xlarge'); c.hourly_price('p3.2xlarge', 'us-west-2')",
-    "import distrain_cloud.launcher.catalog as c, distrain_cloud.launcher.images as im\n"
-    "if im.image_config_path():\n"
-    "    im.choose_training_image(c.lookup('ml.p3.8xlarge'), 'us-east-1')",
-], ids=["catalog", "images"])
+@pytest.mark.parametrize(
+    "action",
+    [
+        "import distrain_cloud.launcher.catalog as c\n"
+        "c.lookup('ml.p5.48xlarge'); c.hourly_price('p3.2xlarge', 'us-west-2')",
+        "import distrain_cloud.launcher.catalog as c, distrain_cloud.launcher.images as im\n"
+        "if im.image_config_path():\n"
+        "    im.choose_training_image(c.lookup('ml.p3.8xlarge'), 'us-east-1')",
+    ],
+    ids=["catalog", "images"],
+)
 def test_catalog_and_images_import_nothing_heavy(tmp_path, action):
     assert heavy_modules_after(action, tmp_path) == []

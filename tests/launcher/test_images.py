@@ -30,7 +30,7 @@ def fake_config(*entries, processors=("gpu",)):
 
 REGIONS = ("us-east-1", "us-west-2", "eu-west-1")
 FAKE = fake_config(
-    ("6.0.0", "2.11.0", {"gpu": "cu140-ubuntu24.04"}, REGIONS),   # a future CUDA major
+    ("6.0.0", "2.11.0", {"gpu": "cu140-ubuntu24.04"}, REGIONS),  # a future CUDA major
     ("5.3.0", "2.9.0", {"gpu": "cu130-ubuntu22.04"}, REGIONS),
     ("4.56.2", "2.8.0", {"gpu": "cu128-ubuntu22.04"}, REGIONS),
     ("4.26.0", "1.13.1", {"gpu": "cu117-ubuntu20.04"}, REGIONS + ("eu-central-2",)),
@@ -47,19 +47,26 @@ def shipped():
 
 # --- the CUDA rule ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expected", [
-    ("cu130-ubuntu22.04", (13, 0)),
-    ("cu124-ubuntu22.04", (12, 4)),
-    ("cu110-ubuntu18.04", (11, 0)),
-    ("2.9.0-transformers5.3.0-gpu-py312-cu130-ubuntu22.04", (13, 0)),
-    ("763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:2.1.0-transformers4.36.0-gpu-py310-cu121-ubuntu20.04", (12, 1)),
-    ("registry.local:5000/team/train:torch2.5-cu92", (9, 2)),
-    ("myrepo/train:latest", None),
-    ("myrepo/cu130-train:latest", None),     # only the tag counts
-    ("myrepo/train@sha256:" + "a" * 64, None),
-    ("ubuntu22.04", None),
-    ("docu121ment", None),
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("cu130-ubuntu22.04", (13, 0)),
+        ("cu124-ubuntu22.04", (12, 4)),
+        ("cu110-ubuntu18.04", (11, 0)),
+        ("2.9.0-transformers5.3.0-gpu-py312-cu130-ubuntu22.04", (13, 0)),
+        (
+            "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:2.1.0-transformers4.36.0-gpu-py310-cu121-ubuntu20.04",
+            (12, 1),
+        ),
+        ("registry.local:5000/team/train:torch2.5-cu92", (9, 2)),
+        ("myrepo/train:latest", None),
+        ("myrepo/cu130-train:latest", None),  # only the tag counts
+        ("myrepo/train@sha256:" + "a" * 64, None),
+        ("ubuntu22.04", None),
+        ("docu121ment", None),
+    ],
+)
 def test_parse_cuda_version(text, expected):
     assert parse_cuda_version(text) == expected
 
@@ -67,7 +74,7 @@ def test_parse_cuda_version(text, expected):
 def test_compute_capability_floor_per_cuda_major():
     v100, t4, a10g, h100 = (lookup(n) for n in ("ml.p3.2xlarge", "ml.g4dn.xlarge", "ml.g5.xlarge", "ml.p5.48xlarge"))
     assert cuda_incompatibility((13, 0), v100) == "V100, compute capability 7.0, needs >= 7.5"
-    assert cuda_incompatibility((14, 0), v100) is not None      # newer majors drop at least as much
+    assert cuda_incompatibility((14, 0), v100) is not None  # newer majors drop at least as much
     assert cuda_incompatibility((12, 9), v100) is None
     assert cuda_incompatibility((13, 0), t4) is None
     assert cuda_incompatibility((13, 0), a10g) is None
@@ -80,6 +87,7 @@ def test_compute_capability_floor_per_cuda_major():
 
 # --- defaults -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("instance", [i for i in all_instances() if i.gpu_model == "V100"], ids=lambda i: i.name)
 @pytest.mark.parametrize("region", PRICE_REGIONS)
 def test_v100_never_gets_a_cuda13_image(shipped, instance, region):
@@ -87,7 +95,11 @@ def test_v100_never_gets_a_cuda13_image(shipped, instance, region):
     assert int(choice.cuda_version.split(".")[0]) < 13
     assert "-cu13" not in choice.uri
     # Newest that runs: every newer image of the config is a CUDA 13 build.
-    newer = [i for i in shipped if images._version_key(i.transformers_version) > images._version_key(choice.transformers_version)]
+    newer = [
+        i
+        for i in shipped
+        if images._version_key(i.transformers_version) > images._version_key(choice.transformers_version)
+    ]
     assert all(i.cuda[0] >= 13 for i in newer)
     assert "V100" in choice.reason
 
@@ -96,22 +108,37 @@ def test_v100_with_any_pin_never_gets_a_cuda13_image(shipped):
     p3 = lookup("ml.p3.8xlarge")
     for image in shipped:
         try:
-            choice = choose_training_image(p3, "us-east-1", transformers_version=image.transformers_version,
-                                           pytorch_version=image.pytorch_version)
+            choice = choose_training_image(
+                p3, "us-east-1", transformers_version=image.transformers_version, pytorch_version=image.pytorch_version
+            )
         except UserError as err:
             assert image.cuda[0] >= 13 and "--transformers-version" in str(err)
         else:
             assert int(choice.cuda_version.split(".")[0]) < 13
 
 
-@pytest.mark.parametrize("name", ["ml.p4d.24xlarge", "ml.p5.48xlarge", "ml.g5.12xlarge", "p4d.24xlarge",
-                                  "g5.xlarge", "ml.g6e.48xlarge", "ml.g4dn.12xlarge"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ml.p4d.24xlarge",
+        "ml.p5.48xlarge",
+        "ml.g5.12xlarge",
+        "p4d.24xlarge",
+        "g5.xlarge",
+        "ml.g6e.48xlarge",
+        "ml.g4dn.12xlarge",
+    ],
+)
 def test_modern_gpus_get_the_newest_image(shipped, name):
     newest = shipped[0]
     choice = choose_training_image(lookup(name), "us-east-1")
     assert choice.uri == newest.uri("us-east-1")
     assert (choice.transformers_version, choice.pytorch_version, choice.py_version, choice.cuda_version) == (
-        newest.transformers_version, newest.pytorch_version, newest.py_version, newest.cuda_version)
+        newest.transformers_version,
+        newest.pytorch_version,
+        newest.py_version,
+        newest.cuda_version,
+    )
     assert choice.reason.startswith("newest image")
 
 
@@ -120,8 +147,10 @@ def test_fake_config_rule():
     assert choose_training_image(p3, "us-west-2", config=FAKE).cuda_version == "12.8"
     assert choose_training_image(t4, "us-west-2", config=FAKE).cuda_version == "14.0"
     chosen = choose_training_image(h100, "us-west-2", config=FAKE)
-    assert chosen.uri == (f"{ACCOUNT}.dkr.ecr.us-west-2.amazonaws.com/huggingface-pytorch-training:"
-                          "2.11.0-transformers6.0.0-gpu-py312-cu140-ubuntu24.04")
+    assert chosen.uri == (
+        f"{ACCOUNT}.dkr.ecr.us-west-2.amazonaws.com/huggingface-pytorch-training:"
+        "2.11.0-transformers6.0.0-gpu-py312-cu140-ubuntu24.04"
+    )
     assert (chosen.transformers_version, chosen.pytorch_version, chosen.py_version) == ("6.0.0", "2.11.0", "py312")
 
 
@@ -134,6 +163,7 @@ def test_only_cuda13_images_and_a_v100_is_a_clear_error():
 
 
 # --- pins -----------------------------------------------------------------------------------
+
 
 def test_pin_by_alias_or_full_version():
     h100 = lookup("ml.p5.48xlarge")
@@ -163,35 +193,50 @@ def test_pin_matching_nothing_lists_the_pairs():
 
 # --- explicit images -----------------------------------------------------------------------
 
-CU130 = ("763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:"
-         "2.9.0-transformers5.3.0-gpu-py312-cu130-ubuntu22.04")
+CU130 = (
+    "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:"
+    "2.9.0-transformers5.3.0-gpu-py312-cu130-ubuntu22.04"
+)
 
 
 def test_explicit_cuda13_image_on_v100_is_refused():
     with pytest.raises(UserError) as err:
         choose_training_image(lookup("ml.p3.8xlarge"), "us-east-1", image_uri=CU130, config=FAKE)
     msg = str(err.value)
-    assert msg.startswith("image huggingface-pytorch-training:2.9.0-transformers5.3.0-gpu-py312-cu130-ubuntu22.04 "
-                          "is a CUDA 13.0 build, which cannot run on ml.p3.8xlarge "
-                          "(V100, compute capability 7.0, needs >= 7.5)")
+    assert msg.startswith(
+        "image huggingface-pytorch-training:2.9.0-transformers5.3.0-gpu-py312-cu130-ubuntu22.04 "
+        "is a CUDA 13.0 build, which cannot run on ml.p3.8xlarge "
+        "(V100, compute capability 7.0, needs >= 7.5)"
+    )
     default = choose_training_image(lookup("ml.p3.8xlarge"), "us-east-1", config=FAKE)
     assert f"drop --image-uri to let distrain-cloud pick {default.uri}, or choose a cu12x image" in msg
     assert "\n" not in msg
 
 
 def test_explicit_cuda13_image_on_v100_with_the_shipped_config(shipped):
-    with pytest.raises(UserError, match=r"cannot run on p3\.2xlarge .*drop --image-uri to let distrain-cloud pick "
-                                        r"\S+-cu12\d-\S+, or choose a cu12x image"):
+    with pytest.raises(
+        UserError,
+        match=r"cannot run on p3\.2xlarge .*drop --image-uri to let distrain-cloud pick "
+        r"\S+-cu12\d-\S+, or choose a cu12x image",
+    ):
         choose_training_image(lookup("p3.2xlarge"), "us-east-1", image_uri=CU130)
 
 
 def test_explicit_compatible_image_is_described():
     choice = choose_training_image(lookup("ml.p4d.24xlarge"), "us-east-1", image_uri=CU130, config=FAKE)
-    assert choice == images.ImageChoice(CU130, "5.3.0", "2.9.0", "py312", "13.0", "explicit image, CUDA 13.0 runs on A100")
+    assert choice == images.ImageChoice(
+        CU130, "5.3.0", "2.9.0", "py312", "13.0", "explicit image, CUDA 13.0 runs on A100"
+    )
 
 
-@pytest.mark.parametrize("uri", ["myrepo/train:latest", "123456789012.dkr.ecr.us-east-1.amazonaws.com/mine",
-                                 "ghcr.io/acme/train@sha256:" + "0" * 64])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "myrepo/train:latest",
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/mine",
+        "ghcr.io/acme/train@sha256:" + "0" * 64,
+    ],
+)
 def test_explicit_image_with_unknown_cuda_is_accepted(uri):
     choice = choose_training_image(lookup("ml.p3.2xlarge"), "us-east-1", image_uri=uri, config=FAKE)
     assert choice.uri == uri and choice.cuda_version is None
@@ -199,11 +244,14 @@ def test_explicit_image_with_unknown_cuda_is_accepted(uri):
 
 
 def test_explicit_image_contradicting_a_pin_is_refused():
-    with pytest.raises(UserError, match=r"--image-uri is a transformers 5\.3\.0 image but --transformers-version asks for 4\.56"):
+    with pytest.raises(
+        UserError, match=r"--image-uri is a transformers 5\.3\.0 image but --transformers-version asks for 4\.56"
+    ):
         choose_training_image(lookup("ml.p4d.24xlarge"), "us-east-1", image_uri=CU130, transformers_version="4.56")
 
 
 # --- regions and CPU --------------------------------------------------------------------------
+
 
 def test_unknown_region_is_named_with_the_known_ones():
     with pytest.raises(UserError) as err:
@@ -235,8 +283,9 @@ def test_cpu_instance_without_cpu_images_is_a_clear_error():
 
 
 def test_cpu_instance_gets_a_cpu_image_when_the_config_has_one():
-    cfg = fake_config(("5.3.0", "2.9.0", {"gpu": "cu130-ubuntu22.04", "cpu": "ubuntu22.04"}, REGIONS),
-                      processors=("cpu", "gpu"))
+    cfg = fake_config(
+        ("5.3.0", "2.9.0", {"gpu": "cu130-ubuntu22.04", "cpu": "ubuntu22.04"}, REGIONS), processors=("cpu", "gpu")
+    )
     choice = choose_training_image(lookup("c5.2xlarge"), "us-east-1", config=cfg)
     assert choice.cuda_version is None and choice.uri.endswith(":2.9.0-transformers5.3.0-cpu-py312-ubuntu22.04")
     assert choose_training_image(lookup("g5.xlarge"), "us-east-1", config=cfg).cuda_version == "13.0"
@@ -244,26 +293,38 @@ def test_cpu_instance_gets_a_cpu_image_when_the_config_has_one():
 
 # --- agreement with sagemaker-core ------------------------------------------------------------
 
+
 def test_uris_equal_sagemaker_core_retrieve(shipped, monkeypatch):
     image_uris = pytest.importorskip("sagemaker.core.image_uris")
     # retrieve() re-reads botocore's endpoint data on every call (~40 ms); read it once.
-    monkeypatch.setattr(image_uris.utils, "_botocore_resolver", functools.lru_cache()(image_uris.utils._botocore_resolver))
+    monkeypatch.setattr(
+        image_uris.utils, "_botocore_resolver", functools.lru_cache()(image_uris.utils._botocore_resolver)
+    )
 
     def retrieve(image, region, instance_type="ml.p4d.24xlarge"):
         return image_uris.retrieve(
-            framework="huggingface", region=region, version=image.transformers_version,
-            base_framework_version=f"pytorch{image.pytorch_version}", py_version=image.py_version,
-            instance_type=instance_type, image_scope="training")
+            framework="huggingface",
+            region=region,
+            version=image.transformers_version,
+            base_framework_version=f"pytorch{image.pytorch_version}",
+            py_version=image.py_version,
+            instance_type=instance_type,
+            image_scope="training",
+        )
 
     for image in shipped:
         for region in ("us-east-1", "us-west-2", "eu-west-1"):
             assert image.uri(region) == retrieve(image, region)
-    for region in shipped[0].registries:      # every partition's hostname, newest image
+    for region in shipped[0].registries:  # every partition's hostname, newest image
         assert shipped[0].uri(region) == retrieve(shipped[0], region)
     for name in ("ml.p3.8xlarge", "ml.g5.12xlarge", "ml.p4d.24xlarge", "ml.p5.48xlarge"):
         choice = choose_training_image(lookup(name), "us-east-1")
         assert choice.uri == image_uris.retrieve(
-            framework="huggingface", region="us-east-1", version=choice.transformers_version,
-            base_framework_version=f"pytorch{choice.pytorch_version}", py_version=choice.py_version,
-            instance_type=name, image_scope="training")
-
+            framework="huggingface",
+            region="us-east-1",
+            version=choice.transformers_version,
+            base_framework_version=f"pytorch{choice.pytorch_version}",
+            py_version=choice.py_version,
+            instance_type=name,
+            image_scope="training",
+        )

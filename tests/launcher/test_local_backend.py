@@ -18,8 +18,9 @@ def local_spec(tmp_path, **overrides):
 
 
 def test_plan_lays_out_the_contract_and_renders_configs(tmp_path):
-    plan = plan_job(local_spec(tmp_path, strategy="zero2", train_args=["--batch-size", "4"],
-                               **{"local.processes": 2}), dry_run=True)
+    plan = plan_job(
+        local_spec(tmp_path, strategy="zero2", train_args=["--batch-size", "4"], **{"local.processes": 2}), dry_run=True
+    )
     env, root = plan.request["env"], Path(plan.request["cwd"])
     assert root.parent == (tmp_path / "runs").resolve() and not root.exists()
     assert env["DISTRAIN_MODEL_DIR"] == str(root / "model")
@@ -55,9 +56,14 @@ def test_local_refuses_what_it_cannot_do(tmp_path):
 
 
 def cli(*args, cwd, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "distrain_cloud.launcher.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "distrain_cloud.launcher.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
 
 
 def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
@@ -73,20 +79,36 @@ def test_bad_flag_value_is_one_line_and_creates_nothing(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "error: the command line: strategy (--strategy): unknown strategy 'zero9'; choose one of: single, ddp, zero1, zero2, "
-        "zero3, zero2-offload, zero3-offload"]
+        "zero3, zero2-offload, zero3-offload"
+    ]
     assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow
 def test_submit_local_runs_the_offline_default_end_to_end(tmp_path):
-    r = cli("submit", "--instance", "local", "--", "--max-steps", "40", "--log-every", "10", "--eval-every", "20",
-            cwd=tmp_path, env={"WANDB_MODE": "", "WANDB_API_KEY": ""})
+    r = cli(
+        "submit",
+        "--instance",
+        "local",
+        "--",
+        "--max-steps",
+        "40",
+        "--log-every",
+        "10",
+        "--eval-every",
+        "20",
+        cwd=tmp_path,
+        env={"WANDB_MODE": "", "WANDB_API_KEY": ""},
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     (root,) = (tmp_path / "runs").iterdir()
     assert json.loads((root / "status.json").read_text())["status"] == "Completed"
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (root / "model").iterdir()}
-    losses = [json.loads(l)["train_loss"] for l in (root / "output" / "metrics.jsonl").read_text().splitlines()
-              if "train_loss" in l]
+    losses = [
+        json.loads(l)["train_loss"]
+        for l in (root / "output" / "metrics.jsonl").read_text().splitlines()
+        if "train_loss" in l
+    ]
     assert losses[-1] < losses[0]
     assert "eval_accuracy=" in r.stdout
     assert list((root / "output" / "wandb").glob("offline-run-*"))

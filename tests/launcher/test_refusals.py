@@ -20,7 +20,8 @@ from distrain_cloud.launcher.spec import load_spec
 ROLE = "arn:aws:iam::123456789012:role/distrain-sm"
 SAGEMAKER = ["submit", "--instance", "ml.g5.xlarge", "--region", "us-east-1", "--role", ROLE]
 BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+)
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, list[str]]:
@@ -50,8 +51,14 @@ FLAG_CASES = {
 }
 SPEC_CASES = {
     "bucket name": ("sagemaker:\n  bucket: My_Bucket\n", "sagemaker.bucket"),
-    "subnets without security groups": ("sagemaker:\n  subnets: [subnet-0123abcd]\n", "subnets without security_group_ids"),
-    "security groups without subnets": ("sagemaker:\n  security_group_ids: [sg-0123abcd]\n", "security_group_ids without subnets"),
+    "subnets without security groups": (
+        "sagemaker:\n  subnets: [subnet-0123abcd]\n",
+        "subnets without security_group_ids",
+    ),
+    "security groups without subnets": (
+        "sagemaker:\n  security_group_ids: [sg-0123abcd]\n",
+        "security_group_ids without subnets",
+    ),
     "subnet id": ("sagemaker:\n  subnets: [net1]\n  security_group_ids: [sg-0123abcd]\n", "not a subnet id"),
     "reserved tag": ("sagemaker:\n  tags: {'aws:x': y}\n", "reserved"),
     "prefix climbing out": ("sagemaker:\n  prefix: a/../b\n", "sagemaker.prefix"),
@@ -83,8 +90,9 @@ def test_bad_job_files_are_refused_in_one_line_before_any_aws_call(aws_calls, ca
 
 def test_a_folder_or_a_huge_file_is_not_a_job_spec(aws_calls, capsys, tmp_path):
     code, lines = run_cli(SAGEMAKER + [str(tmp_path)], capsys)
-    assert code == 2 and lines == [f"error: job spec {tmp_path} is not a file (give the YAML file, e.g. "
-                                   "examples/local-quickstart.yaml)"]
+    assert code == 2 and lines == [
+        f"error: job spec {tmp_path} is not a file (give the YAML file, e.g. examples/local-quickstart.yaml)"
+    ]
     big = spec_file(tmp_path, "name: x\n" + "#" * (1 << 20))
     code, lines = run_cli(SAGEMAKER + [big], capsys)
     assert code == 2 and "bytes; a spec is at most" in lines[0]
@@ -103,12 +111,17 @@ def test_resume_from_cannot_leave_the_local_work_folder(capsys, tmp_path):
 def test_the_api_model_check_finds_what_moto_accepts():
     """The failures a hostile review sent to moto, each caught by the model walk."""
     request = {
-        "TrainingJobName": "ok-name", "RoleArn": ROLE,
-        "AlgorithmSpecification": {"TrainingInputMode": "File", "TrainingImage": "img",
-                                   "ContainerEntrypoint": ["/bin/bash", "-c", "x" * 547]},
+        "TrainingJobName": "ok-name",
+        "RoleArn": ROLE,
+        "AlgorithmSpecification": {
+            "TrainingInputMode": "File",
+            "TrainingImage": "img",
+            "ContainerEntrypoint": ["/bin/bash", "-c", "x" * 547],
+        },
         "HyperParameters": {"lr": "1" * 2501},
-        "InputDataConfig": [{"ChannelName": "bad name", "DataSource": {"S3DataSource": {
-            "S3DataType": "S3Prefix", "S3Uri": "ftp://x"}}}],
+        "InputDataConfig": [
+            {"ChannelName": "bad name", "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "ftp://x"}}}
+        ],
         "OutputDataConfig": {"S3OutputPath": "s3://b/p"},
         "ResourceConfig": {"InstanceType": "ml.nope.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
         "StoppingCondition": {"MaxRuntimeInSeconds": 29 * 86400},
@@ -123,38 +136,72 @@ def test_the_api_model_check_finds_what_moto_accepts():
     assert "28 days" in found["StoppingCondition.MaxRuntimeInSeconds"]
     assert found["Bogus"] == "is not a field of this request"
     # Java's `.` stops at a newline, as SageMaker's does: a multi-line entrypoint item is refused.
-    assert apimodel.problems("sagemaker", "CreateTrainingJob", {**request, "AlgorithmSpecification": {
-        "TrainingInputMode": "File", "ContainerEntrypoint": ["a\nb"]}}) != []
+    assert (
+        apimodel.problems(
+            "sagemaker",
+            "CreateTrainingJob",
+            {**request, "AlgorithmSpecification": {"TrainingInputMode": "File", "ContainerEntrypoint": ["a\nb"]}},
+        )
+        != []
+    )
     del request["Bogus"]
-    assert ("RoleArn", "is required") in apimodel.problems("sagemaker", "CreateTrainingJob",
-                                                           {k: v for k, v in request.items() if k != "RoleArn"})
+    assert ("RoleArn", "is required") in apimodel.problems(
+        "sagemaker", "CreateTrainingJob", {k: v for k, v in request.items() if k != "RoleArn"}
+    )
 
 
 # ---------------------------------------------------------------- every plannable spec is a valid request
 
 _name = st.from_regex(r"[a-z0-9](-?[a-z0-9]){0,20}", fullmatch=True)
 _tag_text = st.text(st.sampled_from("abcXYZ019 _.:/=+-@é"), min_size=1, max_size=40)
-_specs = st.fixed_dictionaries({
-    "name": _name,
-    "instance": st.sampled_from(["ml.g5.xlarge", "ml.g5.12xlarge", "ml.p3.8xlarge", "ml.p4d.24xlarge",
-                                 "ml.g4dn.12xlarge", "ml.m5.xlarge", "ml.trn1.32xlarge"]),
-    "nodes": st.integers(1, 8),
-    "strategy": st.sampled_from(["ddp", "zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"]),
-    "spot": st.booleans(),
-    "max_run": st.integers(1, 40 * 86400),
-    "inputs": st.dictionaries(st.from_regex(r"[A-Za-z0-9._-]{1,64}", fullmatch=True).filter(lambda c: c != "code"),
-                              _name.map(lambda b: f"s3://{b}x1/data/"), max_size=3),
-    "hyperparameters": st.fixed_dictionaries({}, optional={
-        "lr": st.floats(1e-6, 1.0), "max_steps": st.integers(1, 10**6), "model": st.text(min_size=1, max_size=3000),
-        "seed": st.integers(0, 2**31)}),
-    "train_args": st.lists(st.sampled_from(["--max-steps", "7", "--seed", "3"]), max_size=0),
-    "sagemaker": st.fixed_dictionaries({"role": st.just(ROLE)}, optional={
-        "prefix": st.from_regex(r"[a-z0-9]{1,20}(/[a-z0-9]{1,20}){0,3}", fullmatch=True),
-        "bucket": _name.map(lambda b: b + "-bkt"),
-        "tags": st.dictionaries(_tag_text.filter(lambda k: not k.lower().startswith(("aws:", "distrain-cloud:"))),
-                                _tag_text, max_size=5),
-        "volume_size_gb": st.integers(1, 16384)}),
-})
+_specs = st.fixed_dictionaries(
+    {
+        "name": _name,
+        "instance": st.sampled_from(
+            [
+                "ml.g5.xlarge",
+                "ml.g5.12xlarge",
+                "ml.p3.8xlarge",
+                "ml.p4d.24xlarge",
+                "ml.g4dn.12xlarge",
+                "ml.m5.xlarge",
+                "ml.trn1.32xlarge",
+            ]
+        ),
+        "nodes": st.integers(1, 8),
+        "strategy": st.sampled_from(["ddp", "zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"]),
+        "spot": st.booleans(),
+        "max_run": st.integers(1, 40 * 86400),
+        "inputs": st.dictionaries(
+            st.from_regex(r"[A-Za-z0-9._-]{1,64}", fullmatch=True).filter(lambda c: c != "code"),
+            _name.map(lambda b: f"s3://{b}x1/data/"),
+            max_size=3,
+        ),
+        "hyperparameters": st.fixed_dictionaries(
+            {},
+            optional={
+                "lr": st.floats(1e-6, 1.0),
+                "max_steps": st.integers(1, 10**6),
+                "model": st.text(min_size=1, max_size=3000),
+                "seed": st.integers(0, 2**31),
+            },
+        ),
+        "train_args": st.lists(st.sampled_from(["--max-steps", "7", "--seed", "3"]), max_size=0),
+        "sagemaker": st.fixed_dictionaries(
+            {"role": st.just(ROLE)},
+            optional={
+                "prefix": st.from_regex(r"[a-z0-9]{1,20}(/[a-z0-9]{1,20}){0,3}", fullmatch=True),
+                "bucket": _name.map(lambda b: b + "-bkt"),
+                "tags": st.dictionaries(
+                    _tag_text.filter(lambda k: not k.lower().startswith(("aws:", "distrain-cloud:"))),
+                    _tag_text,
+                    max_size=5,
+                ),
+                "volume_size_gb": st.integers(1, 16384),
+            },
+        ),
+    }
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -186,5 +233,5 @@ def test_dry_run_lists_the_bundle_files_and_a_big_file_needs_allow_large(capsys,
         main(SAGEMAKER + [job, "--dry-run", "--bundle-files"])
     out = capsys.readouterr().out
     assert end.value.code == 0
-    listing = out[out.index("code bundle files:"):]
+    listing = out[out.index("code bundle files:") :]
     assert "distrain_cloud/training/assets/big.bin" in listing and "4.0 KiB" in listing

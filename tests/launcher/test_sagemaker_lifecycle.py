@@ -20,9 +20,9 @@ from distrain_cloud.infra import aws
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.launcher import cli
 from distrain_cloud.launcher.api import plan_job, submit_job
+from distrain_cloud.launcher.backends import sagemaker as sm
 from distrain_cloud.launcher.backends import wait_for
 from distrain_cloud.launcher.jobs import JobRef
-from distrain_cloud.launcher.backends import sagemaker as sm
 from distrain_cloud.launcher.spec import load_spec
 
 REGION = "us-east-1"
@@ -31,16 +31,21 @@ LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
 def trust(service: str) -> str:
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}],
+        }
+    )
 
 
 @pytest.fixture
 def role(mocked_aws):
     import boto3
 
-    return boto3.client("iam").create_role(RoleName="distrain-sm", AssumeRolePolicyDocument=trust(
-        "sagemaker.amazonaws.com"))["Role"]["Arn"]
+    return boto3.client("iam").create_role(
+        RoleName="distrain-sm", AssumeRolePolicyDocument=trust("sagemaker.amazonaws.com")
+    )["Role"]["Arn"]
 
 
 def ref(name: str) -> JobRef:
@@ -118,8 +123,9 @@ def inject_error(monkeypatch, operation: str, code: str, message: str, status: i
     def answer(request, **_):
         sent.append(1)
         body = json.dumps({"__type": code, "message": message}).encode()
-        return AWSResponse(request.url, status, {"x-amzn-RequestId": "req-1",
-                                                 "Content-Type": "application/x-amz-json-1.1"}, _Raw(body))
+        return AWSResponse(
+            request.url, status, {"x-amzn-RequestId": "req-1", "Content-Type": "application/x-amz-json-1.1"}, _Raw(body)
+        )
 
     def client(service, region=None):
         c = real(service, region)
@@ -149,7 +155,7 @@ def nothing_created():
     assert boto3.client("sagemaker", region_name=REGION).list_training_jobs()["TrainingJobSummaries"] == []
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shared_loader(*args, **kwargs):
     import botocore.loaders
 
@@ -202,8 +208,10 @@ def test_submit_sends_exactly_the_plan_creates_the_bucket_and_uploads_the_bundle
     assert job["HyperParameters"]["strategy"] == "zero2" and job["HyperParameters"]["batch_size"] == "8"
     assert job["EnableManagedSpotTraining"] is True
     assert job["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": 14400}
-    assert job["CheckpointConfig"] == {"S3Uri": f"s3://{bucket}/distrain-cloud/checkpoints/{first.job_name}/",
-                                       "LocalPath": "/opt/ml/checkpoints"}
+    assert job["CheckpointConfig"] == {
+        "S3Uri": f"s3://{bucket}/distrain-cloud/checkpoints/{first.job_name}/",
+        "LocalPath": "/opt/ml/checkpoints",
+    }
     assert job["RoleArn"] == role
     assert job["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == f"s3://{bucket}/{key}"
     tags = {t["Key"]: t["Value"] for t in client.list_tags(ResourceArn=job["TrainingJobArn"])["Tags"]}
@@ -217,23 +225,33 @@ def test_submit_sends_exactly_the_plan_creates_the_bucket_and_uploads_the_bundle
     assert len(recorder.ops("s3.PutObject")) == 1
     assert len(recorder.ops("s3.CreateBucket")) == 1
     assert {j["TrainingJobName"] for j in client.list_training_jobs()["TrainingJobSummaries"]} == {
-        first.job_name, second.job_name}
+        first.job_name,
+        second.job_name,
+    }
 
 
 def test_a_role_that_only_trusts_ec2_is_refused_and_nothing_is_created(mocked_aws, recorder, capsys):
     import boto3
 
     arn = boto3.client("iam").create_role(RoleName="ec2-only", AssumeRolePolicyDocument=trust("ec2.amazonaws.com"))[
-        "Role"]["Arn"]
+        "Role"
+    ]["Arn"]
     with pytest.raises(UserError, match=r"IAM role 'ec2-only' does not trust sagemaker.amazonaws.com: add it"):
         plan_job(spec(arn))
     code, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.8xlarge", "--role", arn, "--region", REGION)
     assert code == 2 and out == ""
-    assert err.strip().splitlines() == ["error: IAM role 'ec2-only' does not trust sagemaker.amazonaws.com: add it "
-                                        "as a Service principal allowed to sts:AssumeRole in the role's trust policy"]
+    assert err.strip().splitlines() == [
+        "error: IAM role 'ec2-only' does not trust sagemaker.amazonaws.com: add it "
+        "as a Service principal allowed to sts:AssumeRole in the role's trust policy"
+    ]
     nothing_created()
-    writes = {op for op, *_ in recorder.requests} - {"sts.GetCallerIdentity", "iam.GetRole", "iam.CreateRole",
-                                                     "s3.ListBuckets", "sagemaker.ListTrainingJobs"}
+    writes = {op for op, *_ in recorder.requests} - {
+        "sts.GetCallerIdentity",
+        "iam.GetRole",
+        "iam.CreateRole",
+        "s3.ListBuckets",
+        "sagemaker.ListTrainingJobs",
+    }
     assert writes == set()
 
 
@@ -246,21 +264,42 @@ def test_a_missing_role_or_one_of_another_account_is_refused(role):
 
 
 def test_over_budget_submit_refuses_and_creates_nothing(role, capsys):
-    code, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.8xlarge", "--role", role, "--region", REGION,
-                             "--max-run", "6h", "--max-cost", "50")
+    code, out, err = run_cli(
+        capsys,
+        "submit",
+        "--instance",
+        "ml.p3.8xlarge",
+        "--role",
+        role,
+        "--region",
+        REGION,
+        "--max-run",
+        "6h",
+        "--max-cost",
+        "50",
+    )
     assert code == 2
     (line,) = err.strip().splitlines()
     assert line.startswith("error: plan check failed, nothing was created: cost <= --max-cost 50.0 (worst case $88.13")
     nothing_created()
 
 
-@pytest.mark.parametrize("code, message, expected", [
-    ("ResourceLimitExceeded", "The account-level service limit 'ml.p3.8xlarge for training job usage' is 0 Instances",
-     "error: AWS quota exceeded for CreateTrainingJob: The account-level service limit 'ml.p3.8xlarge for training "
-     "job usage' is 0 Instances -- request an increase in the Service Quotas console"),
-    ("ThrottlingException", "Rate exceeded",
-     "error: AWS is throttling CreateTrainingJob (gave up after 9 attempts); retry later"),
-])
+@pytest.mark.parametrize(
+    "code, message, expected",
+    [
+        (
+            "ResourceLimitExceeded",
+            "The account-level service limit 'ml.p3.8xlarge for training job usage' is 0 Instances",
+            "error: AWS quota exceeded for CreateTrainingJob: The account-level service limit 'ml.p3.8xlarge for training "
+            "job usage' is 0 Instances -- request an increase in the Service Quotas console",
+        ),
+        (
+            "ThrottlingException",
+            "Rate exceeded",
+            "error: AWS is throttling CreateTrainingJob (gave up after 9 attempts); retry later",
+        ),
+    ],
+)
 def test_create_training_job_errors_are_one_line_with_advice(role, monkeypatch, capsys, code, message, expected):
     sent = inject_error(monkeypatch, "CreateTrainingJob", code, message)
     rc, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.8xlarge", "--role", role, "--region", REGION)
@@ -289,8 +328,12 @@ def test_a_spot_job_is_checked_against_the_spot_quota(role, monkeypatch):
     real = aws.client
     quotas = real("service-quotas", REGION)
     stub = Stubber(quotas)
-    page = {"Quotas": [{"QuotaName": "ml.g5.12xlarge for training job usage", "Value": 8.0},
-                       {"QuotaName": "ml.g5.12xlarge for spot training job usage", "Value": 1.0}]}
+    page = {
+        "Quotas": [
+            {"QuotaName": "ml.g5.12xlarge for training job usage", "Value": 8.0},
+            {"QuotaName": "ml.g5.12xlarge for spot training job usage", "Value": 1.0},
+        ]
+    }
     for _ in range(2):
         stub.add_response("list_service_quotas", page, {"ServiceCode": "sagemaker"})
     stub.activate()
@@ -298,7 +341,8 @@ def test_a_spot_job_is_checked_against_the_spot_quota(role, monkeypatch):
 
     spot = plan_job(spec(role, instance="ml.g5.12xlarge", nodes=2, spot=True))
     assert [(c.name, c.detail) for c in spot.failed_checks] == [
-        ("quota: ml.g5.12xlarge for spot training job usage", "1 allowed, 2 needed")]
+        ("quota: ml.g5.12xlarge for spot training job usage", "1 allowed, 2 needed")
+    ]
     on_demand = plan_job(spec(role, instance="ml.g5.12xlarge", nodes=2))
     assert [c.ok for c in on_demand.checks if c.name.startswith("quota:")] == [True]
     stub.assert_no_pending_responses()
@@ -401,14 +445,17 @@ def expect_describe(stub, *jobs):
         stub.add_response("describe_training_job", job, {"TrainingJobName": job["TrainingJobName"]})
 
 
-@pytest.mark.parametrize("status, secondary, terminal", [
-    ("InProgress", "Training", False),
-    ("Stopping", "Stopping", False),
-    ("Completed", "Completed", True),
-    ("Failed", "Failed", True),
-    ("Stopped", "Stopped", True),
-    ("Deleting", "Stopped", True),
-])
+@pytest.mark.parametrize(
+    "status, secondary, terminal",
+    [
+        ("InProgress", "Training", False),
+        ("Stopping", "Stopping", False),
+        ("Completed", "Completed", True),
+        ("Failed", "Failed", True),
+        ("Stopped", "Stopped", True),
+        ("Deleting", "Stopped", True),
+    ],
+)
 def test_status_for_every_training_job_status(stub, status, secondary, terminal):
     expect_describe(stub, described(status, secondary, reason="AlgorithmError: boom" if status == "Failed" else None))
     info = sm.BACKEND.status(ref("job-1"))
@@ -426,13 +473,16 @@ def test_every_status_botocore_knows_is_handled():
     assert set(model.shape_for("TrainingJobStatus").enum) <= {s.value for s in sm.TrainingJobStatus}
 
 
-@pytest.mark.parametrize("status, secondary, terminal, says", [
-    ("InProgress", "Interrupted", False, "spot"),
-    ("Stopped", "MaxWaitTimeExceeded", True, "--max-wait"),
-    ("Failed", "MaxWaitTimeExceeded", True, "--max-wait"),
-    ("Stopped", "MaxRuntimeExceeded", True, "--max-run"),
-    ("Stopped", "Stopped", True, ""),
-])
+@pytest.mark.parametrize(
+    "status, secondary, terminal, says",
+    [
+        ("InProgress", "Interrupted", False, "spot"),
+        ("Stopped", "MaxWaitTimeExceeded", True, "--max-wait"),
+        ("Failed", "MaxWaitTimeExceeded", True, "--max-wait"),
+        ("Stopped", "MaxRuntimeExceeded", True, "--max-run"),
+        ("Stopped", "Stopped", True, ""),
+    ],
+)
 def test_status_explains_spot_and_limit_secondary_statuses(stub, status, secondary, terminal, says):
     expect_describe(stub, described(status, secondary))
     info = sm.BACKEND.status(ref("job-1"))
@@ -465,21 +515,34 @@ def untimed(err: str) -> list[str]:
 
 
 def test_wait_prints_each_transition_once_and_returns_0_when_completed(stub, no_sleep, capsys):
-    expect_describe(stub, described("InProgress", "Starting"), described("InProgress", "Downloading"),
-                    described("InProgress", "Training"), described("InProgress", "Training"),
-                    described("InProgress", "Uploading"), described("Completed", "Completed"))
+    expect_describe(
+        stub,
+        described("InProgress", "Starting"),
+        described("InProgress", "Downloading"),
+        described("InProgress", "Training"),
+        described("InProgress", "Training"),
+        described("InProgress", "Uploading"),
+        described("Completed", "Completed"),
+    )
     assert wait_for(sm.BACKEND, ref("job-1"), poll=7) == 0
     assert untimed(capsys.readouterr().err) == [
-        "job-1: InProgress / Starting", "job-1: InProgress / Downloading", "job-1: InProgress / Training",
-        "job-1: InProgress / Uploading", "job-1: Completed / Completed"]
+        "job-1: InProgress / Starting",
+        "job-1: InProgress / Downloading",
+        "job-1: InProgress / Training",
+        "job-1: InProgress / Uploading",
+        "job-1: Completed / Completed",
+    ]
     assert no_sleep == [7] * 5
 
 
-@pytest.mark.parametrize("final", [
-    described("Failed", "Failed", reason="AlgorithmError: CUDA out of memory"),
-    described("Stopped", "Stopped"),
-    described("Stopped", "MaxWaitTimeExceeded"),
-])
+@pytest.mark.parametrize(
+    "final",
+    [
+        described("Failed", "Failed", reason="AlgorithmError: CUDA out of memory"),
+        described("Stopped", "Stopped"),
+        described("Stopped", "MaxWaitTimeExceeded"),
+    ],
+)
 def test_wait_returns_1_for_failed_or_stopped(stub, no_sleep, capsys, final):
     expect_describe(stub, described("InProgress", "Training"), described("Stopping", "Stopping"), final)
     assert wait_for(sm.BACKEND, ref("job-1")) == 1
@@ -574,8 +637,11 @@ def put_logs(job, host, lines, start=0):
         logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
     except logs.exceptions.ResourceAlreadyExistsException:
         pass
-    logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream,
-                        logEvents=[{"timestamp": start + i, "message": m} for i, m in enumerate(lines)])
+    logs.put_log_events(
+        logGroupName=LOG_GROUP,
+        logStreamName=stream,
+        logEvents=[{"timestamp": start + i, "message": m} for i, m in enumerate(lines)],
+    )
 
 
 def test_logs_print_every_host_prefixed(role, capsys):
@@ -613,15 +679,24 @@ def test_logs_follow_prints_new_lines_once_until_the_job_ends(mocked_aws, monkey
     real = aws.client
     sagemaker = real("sagemaker", REGION)
     stub = Stubber(sagemaker)
-    expect_describe(stub, described("InProgress", "Training", name="run-1"),
-                    described("InProgress", "Training", name="run-1"), described("Completed", "Completed", name="run-1"))
+    expect_describe(
+        stub,
+        described("InProgress", "Training", name="run-1"),
+        described("InProgress", "Training", name="run-1"),
+        described("Completed", "Completed", name="run-1"),
+    )
     stub.activate()
     monkeypatch.setattr(aws, "client", lambda s, r=None, **kw: sagemaker if s == "sagemaker" else real(s, r))
     put_logs("run-1", "algo-1", ["step=10 train_loss=2.0"])
-    more = iter([lambda: (put_logs("run-1", "algo-1", ["step=20 train_loss=1.5"], start=1000),
-                          put_logs("run-1", "algo-2", ["late host line"])),
-                 lambda: put_logs("run-1", "algo-1", ["step=30 train_loss=1.0", "model_saved=/opt/ml/model"],
-                                  start=2000)])
+    more = iter(
+        [
+            lambda: (
+                put_logs("run-1", "algo-1", ["step=20 train_loss=1.5"], start=1000),
+                put_logs("run-1", "algo-2", ["late host line"]),
+            ),
+            lambda: put_logs("run-1", "algo-1", ["step=30 train_loss=1.0", "model_saved=/opt/ml/model"], start=2000),
+        ]
+    )
     monkeypatch.setattr(sm.time, "sleep", lambda s: next(more)())
     assert sm.BACKEND.logs(ref("run-1"), follow=True) == 0
     assert capsys.readouterr().out.splitlines() == [

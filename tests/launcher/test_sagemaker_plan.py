@@ -31,8 +31,10 @@ EXAMPLE = REPO / "examples" / "sagemaker-gpt2-emotion.yaml"
 ROLE = "arn:aws:iam::123456789012:role/distrain-sm"
 HF_REF = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-token-AbCdEf"
 ACCELERATE = "accelerate_config (node 0)"
-CU130_IMAGE = ("763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:"
-               "2.9.0-transformers5.3.0-gpu-py312-cu130-ubuntu22.04")
+CU130_IMAGE = (
+    "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:"
+    "2.9.0-transformers5.3.0-gpu-py312-cu130-ubuntu22.04"
+)
 
 
 def _closed_port() -> int:
@@ -95,8 +97,11 @@ def test_p3_8xlarge_runs_four_processes_per_node_on_a_cuda12_image_in_fp16(offli
     assert "cu13" not in image and parse_cuda_version(image)[0] == 12, image
     assert image == plan.summary["image"]
     assert plan.request["HyperParameters"]["precision"] == "fp16"
-    assert plan.request["ResourceConfig"] == {"InstanceType": "ml.p3.8xlarge", "InstanceCount": 1,
-                                              "VolumeSizeInGB": 100}
+    assert plan.request["ResourceConfig"] == {
+        "InstanceType": "ml.p3.8xlarge",
+        "InstanceCount": 1,
+        "VolumeSizeInGB": 100,
+    }
 
 
 def test_p3_8xlarge_on_two_nodes_is_eight_processes(offline):
@@ -120,15 +125,18 @@ def test_g5_12xlarge_on_two_nodes_is_eight_processes_in_bf16(offline):
 
 
 def test_deepspeed_batch_is_computed_from_the_real_world_size(offline):
-    plan = dry(instance="ml.g5.12xlarge", nodes=2, strategy="zero3", train_args=["--batch-size", "4",
-                                                                               "--grad-accum", "2"])
+    plan = dry(
+        instance="ml.g5.12xlarge", nodes=2, strategy="zero3", train_args=["--batch-size", "4", "--grad-accum", "2"]
+    )
     ds = plan.configs["deepspeed_config"]
     assert ds["train_batch_size"] == 4 * 2 * 8 and ds["zero_optimization"]["stage"] == 3
     assert ds["bf16"]["enabled"] and not ds["fp16"]["enabled"]
 
 
 def test_single_strategy_on_a_multi_gpu_instance_is_a_user_error(offline):
-    with pytest.raises(UserError, match="strategy 'single' runs one process, but the cluster has 4; use --strategy ddp"):
+    with pytest.raises(
+        UserError, match="strategy 'single' runs one process, but the cluster has 4; use --strategy ddp"
+    ):
         dry(strategy="single")
 
 
@@ -184,8 +192,10 @@ def test_spot_sets_managed_spot_and_a_max_wait_beyond_max_run(offline):
     stop = r["StoppingCondition"]
     assert stop["MaxRuntimeInSeconds"] == 7200 and stop["MaxWaitTimeInSeconds"] >= stop["MaxRuntimeInSeconds"]
     assert stop["MaxWaitTimeInSeconds"] == 2 * 7200  # the default: twice max_run
-    assert r["CheckpointConfig"] == {"S3Uri": f"s3://distrain-cloud-123456789012-us-east-1/distrain-cloud/"
-                                              f"checkpoints/{plan.job_name}/", "LocalPath": "/opt/ml/checkpoints"}
+    assert r["CheckpointConfig"] == {
+        "S3Uri": f"s3://distrain-cloud-123456789012-us-east-1/distrain-cloud/checkpoints/{plan.job_name}/",
+        "LocalPath": "/opt/ml/checkpoints",
+    }
     assert {"Key": "distrain-cloud:lineage", "Value": plan.job_name} in r["Tags"]
     assert "spot_typical_usd" in plan.cost
 
@@ -265,11 +275,21 @@ def test_a_hub_push_without_a_token_reference_is_refused(offline):
 
 
 def test_hyperparameters_are_strings_that_round_trip_to_the_same_training_args(offline):
-    s = spec(strategy="zero2", hyperparameters={"task": "causal-lm", "lr": 3e-4, "batch_size": 8, "compile": True,
-                                                 "max_steps": 100, "report_to": "none",
-                                                 "generate_prompt": "Once upon a time"},
-             train_args=["--warmup-steps", "10", "--grad-accum", "2"], secrets={"HF_TOKEN": HF_REF},
-             **{"hub.repo_id": "me/model"})
+    s = spec(
+        strategy="zero2",
+        hyperparameters={
+            "task": "causal-lm",
+            "lr": 3e-4,
+            "batch_size": 8,
+            "compile": True,
+            "max_steps": 100,
+            "report_to": "none",
+            "generate_prompt": "Once upon a time",
+        },
+        train_args=["--warmup-steps", "10", "--grad-accum", "2"],
+        secrets={"HF_TOKEN": HF_REF},
+        **{"hub.repo_id": "me/model"},
+    )
     plan = plan_job(s, dry_run=True)
     hp = plan.request["HyperParameters"]
     assert hp and all(isinstance(k, str) and isinstance(v, str) for k, v in hp.items())
@@ -279,7 +299,12 @@ def test_hyperparameters_are_strings_that_round_trip_to_the_same_training_args(o
     expected = parse_args(s.training_argv(plan.summary["precision"], plan.job_name))
     assert in_job == expected
     assert (in_job.task, in_job.strategy, in_job.precision, in_job.grad_accum, in_job.run_name) == (
-        "causal-lm", "zero2", "fp16", 2, plan.job_name)
+        "causal-lm",
+        "zero2",
+        "fp16",
+        2,
+        plan.job_name,
+    )
 
 
 def test_the_example_spec_round_trips_too(offline):
@@ -308,13 +333,23 @@ def _emitted_line(tmp_path, step, metrics, capsys) -> str:
 
 
 def test_metric_regexes_match_the_entry_points_own_lines(offline, tmp_path, capsys):
-    definitions = {m["Name"]: re.compile(m["Regex"]) for m in dry().request["AlgorithmSpecification"]["MetricDefinitions"]}
+    definitions = {
+        m["Name"]: re.compile(m["Regex"]) for m in dry().request["AlgorithmSpecification"]["MetricDefinitions"]
+    }
     assert set(definitions) >= {"train_loss", "eval_loss", "eval_accuracy", "tokens_per_sec"}
-    train = _emitted_line(tmp_path, 10, {"train_loss": 1.2345, "lr": 4.5e-05, "tokens_per_sec": 81234.56789,
-                                         "step_time": 0.25, "data_wait_pct": 1.5}, capsys)
+    train = _emitted_line(
+        tmp_path,
+        10,
+        {"train_loss": 1.2345, "lr": 4.5e-05, "tokens_per_sec": 81234.56789, "step_time": 0.25, "data_wait_pct": 1.5},
+        capsys,
+    )
     assert train.startswith("step=10 train_loss=1.2345 lr=4.5e-05 ")
-    evals = _emitted_line(tmp_path, 500, {"eval_loss": 0.4321, "eval_accuracy": 0.9, "eval_f1_macro": 0.875,
-                                          "eval_samples": 2000.0}, capsys)
+    evals = _emitted_line(
+        tmp_path,
+        500,
+        {"eval_loss": 0.4321, "eval_accuracy": 0.9, "eval_f1_macro": 0.875, "eval_samples": 2000.0},
+        capsys,
+    )
     assert evals.startswith("step=500 eval_loss=0.4321 eval_accuracy=0.9 ")
     lm = _emitted_line(tmp_path, 20, {"eval_loss": 3.5, "eval_perplexity": 33.11545, "eval_samples": 10.0}, capsys)
 
@@ -390,7 +425,10 @@ def test_inputs_must_be_s3_and_code_is_reserved(offline):
 def test_a_role_name_becomes_an_arn_placeholder_in_a_dry_run(offline):
     plan = dry(**{"sagemaker.role": "distrain-cloud-sagemaker"})
     assert plan.request["RoleArn"] == "arn:aws:iam::<account>:role/distrain-cloud-sagemaker"
-    assert plan.request["OutputDataConfig"]["S3OutputPath"] == "s3://distrain-cloud-<account>-us-east-1/distrain-cloud/jobs/"
+    assert (
+        plan.request["OutputDataConfig"]["S3OutputPath"]
+        == "s3://distrain-cloud-<account>-us-east-1/distrain-cloud/jobs/"
+    )
 
 
 def test_with_no_role_the_plan_names_the_stack_it_will_use(offline):
@@ -405,8 +443,14 @@ def test_with_no_role_the_plan_names_the_stack_it_will_use(offline):
 
 
 def cli(*args, env, cwd):
-    return subprocess.run([sys.executable, "-m", "distrain_cloud.launcher.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "distrain_cloud.launcher.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_cli_dry_run_needs_no_credentials(tmp_path):
@@ -428,10 +472,15 @@ def test_cli_dry_run_opens_no_connection(tmp_path):
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
         listener.setblocking(False)
-        env = {**_no_aws_env(tmp_path), "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_ENDPOINT_URL": f"http://127.0.0.1:{listener.getsockname()[1]}"}
-        r = cli("submit", str(EXAMPLE), "--role", "distrain-cloud-sagemaker", "--dry-run", "--json", env=env,
-                cwd=tmp_path)
+        env = {
+            **_no_aws_env(tmp_path),
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{listener.getsockname()[1]}",
+        }
+        r = cli(
+            "submit", str(EXAMPLE), "--role", "distrain-cloud-sagemaker", "--dry-run", "--json", env=env, cwd=tmp_path
+        )
         assert r.returncode == 0, r.stderr
         with pytest.raises(BlockingIOError):
             listener.accept()
@@ -444,16 +493,16 @@ def test_cli_dry_run_over_budget_exits_non_zero(tmp_path):
 
 
 def test_cli_incompatible_image_is_one_line(tmp_path):
-    r = cli("submit", str(EXAMPLE), "--image-uri", CU130_IMAGE, "--dry-run", env=_no_aws_env(tmp_path),
-            cwd=tmp_path)
+    r = cli("submit", str(EXAMPLE), "--image-uri", CU130_IMAGE, "--dry-run", env=_no_aws_env(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("error: image ") and "ml.p3.8xlarge" in line and "drop --image-uri" in line
 
 
 def test_a_malformed_secret_flag_never_echoes_what_was_pasted(tmp_path):
-    r = cli("submit", str(EXAMPLE), "--secret", "hf_pastedtokenvalue", "--dry-run", env=_no_aws_env(tmp_path),
-            cwd=tmp_path)
+    r = cli(
+        "submit", str(EXAMPLE), "--secret", "hf_pastedtokenvalue", "--dry-run", env=_no_aws_env(tmp_path), cwd=tmp_path
+    )
     assert r.returncode != 0
     assert "--secret expects NAME=VALUE" in r.stderr
     assert "pastedtokenvalue" not in r.stderr + r.stdout

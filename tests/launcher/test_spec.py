@@ -45,8 +45,10 @@ def test_hyperparameter_owned_by_the_spec_is_refused(tmp_path):
 
 
 def test_cli_overrides_win_over_yaml(tmp_path):
-    spec = load_spec(write(tmp_path, "instance: ml.g5.xlarge\nstrategy: zero2\nnodes: 2\n"),
-                     {"strategy": "zero3", "nodes": None, "sagemaker.role": "r"})
+    spec = load_spec(
+        write(tmp_path, "instance: ml.g5.xlarge\nstrategy: zero2\nnodes: 2\n"),
+        {"strategy": "zero3", "nodes": None, "sagemaker.role": "r"},
+    )
     assert (spec.strategy, spec.nodes, spec.sagemaker.role) == ("zero3", 2, "r")
 
 
@@ -74,14 +76,27 @@ def test_secret_must_be_a_reference_and_value_is_never_echoed():
     with pytest.raises(UserError) as e:
         load_spec(None, {"secrets": {"HF_TOKEN": value}})
     assert "must be a reference" in str(e.value) and value not in str(e.value)
-    ok = load_spec(None, {"secrets": {"HF_TOKEN": "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-AbC",
-                                      "WANDB_API_KEY": "ssm:/team/wandb"}})
+    ok = load_spec(
+        None,
+        {
+            "secrets": {
+                "HF_TOKEN": "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-AbC",
+                "WANDB_API_KEY": "ssm:/team/wandb",
+            }
+        },
+    )
     assert set(ok.secrets) == {"HF_TOKEN", "WANDB_API_KEY"}
 
 
 def test_training_argv_combines_spec_and_raw_flags():
-    spec = load_spec(None, {"hyperparameters": {"task": "causal-lm", "compile": True, "lr": 3e-4},
-                            "strategy": "zero2", "train_args": ["--max-steps", "5"]})
+    spec = load_spec(
+        None,
+        {
+            "hyperparameters": {"task": "causal-lm", "compile": True, "lr": 3e-4},
+            "strategy": "zero2",
+            "train_args": ["--max-steps", "5"],
+        },
+    )
     argv = spec.check_training_args("bf16", "job-1")
     assert argv[:5] == ["--task", "causal-lm", "--compile", "--lr", "0.0003"]
     assert argv[argv.index("--strategy") + 1] == "zero2" and argv[-2:] == ["--max-steps", "5"]
