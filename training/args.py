@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, NoReturn, Sequence
+from typing import Any, NoReturn
 
 from .strategies import PRECISIONS, STRATEGIES
 
@@ -103,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--task", choices=TASKS, default=d.task)
     g.add_argument("--model", help="Hub id or local folder of a pretrained model")
     g.add_argument("--model-config", help="config.json path or Hub id: build the model with random weights")
-    g.add_argument("--preset", choices=PRESETS, help="a named config built offline (default: tiny-gpt2 when no model is given)")
+    g.add_argument(
+        "--preset", choices=PRESETS, help="a named config built offline (default: tiny-gpt2 when no model is given)"
+    )
     g.add_argument("--tokenizer", help="Hub id or folder (default: the model's, or the shipped offline tokenizer)")
     g = p.add_argument_group("data")
     g.add_argument("--dataset", help="Hub dataset id, local file or folder, or builtin:sentiment / builtin:corpus")
@@ -112,10 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--validation-file")
     g.add_argument("--text-column", default=d.text_column)
     g.add_argument("--label-column", default=d.label_column)
-    g.add_argument("--validation-fraction", type=float, default=d.validation_fraction,
-                   help="carved out of the training data when it has no validation split")
+    g.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=d.validation_fraction,
+        help="carved out of the training data when it has no validation split",
+    )
     g.add_argument("--max-length", type=int, default=d.max_length, help="classification: truncate to this many tokens")
-    g.add_argument("--block-size", type=int, default=d.block_size, help="language models: pack text into blocks of this many tokens")
+    g.add_argument(
+        "--block-size",
+        type=int,
+        default=d.block_size,
+        help="language models: pack text into blocks of this many tokens",
+    )
     g.add_argument("--max-train-samples", type=int)
     g.add_argument("--max-eval-samples", type=int)
     g = p.add_argument_group("optimisation")
@@ -124,8 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="per device, per micro-step")
     g.add_argument("--eval-batch-size", type=int)
     g.add_argument("--grad-accum", type=int, default=d.grad_accum)
-    g.add_argument("--lr", type=float, default=d.lr,
-                   help="peak learning rate (default: 5e-5 for a pretrained --model, 1e-3 from a config)")
+    g.add_argument(
+        "--lr",
+        type=float,
+        default=d.lr,
+        help="peak learning rate (default: 5e-5 for a pretrained --model, 1e-3 from a config)",
+    )
     g.add_argument("--weight-decay", type=float, default=d.weight_decay)
     g.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm, help="0 turns clipping off")
     g.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
@@ -134,34 +150,73 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-steps", type=int, help="optimizer steps; overrides --epochs")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile)
-    g.add_argument("--compile-mode", choices=COMPILE_MODES, default=d.compile_mode,
-                   help="torch.compile mode with --compile (max-autotune* tune GEMMs; compiles take minutes)")
-    g.add_argument("--compile-tuning", action=argparse.BooleanOptionalAction, default=d.compile_tuning,
-                   help="with --compile: Inductor also tunes the launch settings of the kernels it generates "
-                        "(coordinate descent); the first compile takes longer")
-    g.add_argument("--pad-to-multiple-of", type=int, default=d.pad_to_multiple_of,
-                   help="classification: round each batch's padded length up to a multiple of this "
-                        "(default: 8 on GPUs, 1 on CPU)")
-    g.add_argument("--num-workers", type=int, default=d.num_workers,
-                   help="data loader workers (default: 2 on GPUs, 0 on CPU)")
-    g.add_argument("--sdpa-backend", choices=("auto", "flash", "cudnn", "efficient", "math"), default=d.sdpa_backend,
-                   help="attention kernel for SDPA models (auto: PyTorch's choice, without cuDNN for padded batches)")
-    g.add_argument("--fused-ce", action=argparse.BooleanOptionalAction, default=d.fused_ce,
-                   help="causal-lm: chunked LM head + cross-entropy that never materialises the full logits")
-    g.add_argument("--ce-kernel", choices=("chunked", "liger"), default=d.ce_kernel,
-                   help="--fused-ce implementation: our chunked one, or liger-kernel's (must be installed)")
-    g.add_argument("--ddp-reduce-dtype", choices=("fp32", "bf16", "fp16"), default=d.ddp_reduce_dtype,
-                   help="ddp: dtype of the gradient all-reduce (bf16/fp16 halve the bytes; gradients are "
-                        "averaged in that precision)")
-    g.add_argument("--ddp-bucket-mb", type=int, default=d.ddp_bucket_mb,
-                   help="ddp: gradient bucket size in MB; all-reduces start bucket by bucket during backward "
-                        "(default: 25, or 1000 with --compile, where each bucket also splits the compiled graph)")
-    g.add_argument("--zero3-block-fetch", action=argparse.BooleanOptionalAction, default=d.zero3_block_fetch,
-                   help="zero3: gather each transformer block's parameters at once (the model's "
-                        "_no_split_modules), not layer by layer")
+    g.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        default=d.compile_mode,
+        help="torch.compile mode with --compile (max-autotune* tune GEMMs; compiles take minutes)",
+    )
+    g.add_argument(
+        "--compile-tuning",
+        action=argparse.BooleanOptionalAction,
+        default=d.compile_tuning,
+        help="with --compile: Inductor also tunes the launch settings of the kernels it generates "
+        "(coordinate descent); the first compile takes longer",
+    )
+    g.add_argument(
+        "--pad-to-multiple-of",
+        type=int,
+        default=d.pad_to_multiple_of,
+        help="classification: round each batch's padded length up to a multiple of this (default: 8 on GPUs, 1 on CPU)",
+    )
+    g.add_argument(
+        "--num-workers", type=int, default=d.num_workers, help="data loader workers (default: 2 on GPUs, 0 on CPU)"
+    )
+    g.add_argument(
+        "--sdpa-backend",
+        choices=("auto", "flash", "cudnn", "efficient", "math"),
+        default=d.sdpa_backend,
+        help="attention kernel for SDPA models (auto: PyTorch's choice, without cuDNN for padded batches)",
+    )
+    g.add_argument(
+        "--fused-ce",
+        action=argparse.BooleanOptionalAction,
+        default=d.fused_ce,
+        help="causal-lm: chunked LM head + cross-entropy that never materialises the full logits",
+    )
+    g.add_argument(
+        "--ce-kernel",
+        choices=("chunked", "liger"),
+        default=d.ce_kernel,
+        help="--fused-ce implementation: our chunked one, or liger-kernel's (must be installed)",
+    )
+    g.add_argument(
+        "--ddp-reduce-dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default=d.ddp_reduce_dtype,
+        help="ddp: dtype of the gradient all-reduce (bf16/fp16 halve the bytes; gradients are "
+        "averaged in that precision)",
+    )
+    g.add_argument(
+        "--ddp-bucket-mb",
+        type=int,
+        default=d.ddp_bucket_mb,
+        help="ddp: gradient bucket size in MB; all-reduces start bucket by bucket during backward "
+        "(default: 25, or 1000 with --compile, where each bucket also splits the compiled graph)",
+    )
+    g.add_argument(
+        "--zero3-block-fetch",
+        action=argparse.BooleanOptionalAction,
+        default=d.zero3_block_fetch,
+        help="zero3: gather each transformer block's parameters at once (the model's "
+        "_no_split_modules), not layer by layer",
+    )
     g.add_argument("--mlm-probability", type=float, default=d.mlm_probability)
-    g.add_argument("--profile-steps", metavar="START:END",
-                   help="profile these optimizer steps with torch.profiler; the table goes to the output folder")
+    g.add_argument(
+        "--profile-steps",
+        metavar="START:END",
+        help="profile these optimizer steps with torch.profiler; the table goes to the output folder",
+    )
     g = p.add_argument_group("logging, evaluation, checkpoints")
     g.add_argument("--log-every", type=int, default=d.log_every)
     g.add_argument("--eval-every", type=int, help="steps between evaluations (always one at the end)")
@@ -171,8 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--wandb-project", default=d.wandb_project)
     g.add_argument("--wandb-entity")
     g.add_argument("--run-name")
-    g.add_argument("--save-model", action=argparse.BooleanOptionalAction, default=d.save_model,
-                   help="write the final model to the model folder (--no-save-model for benchmarks)")
+    g.add_argument(
+        "--save-model",
+        action=argparse.BooleanOptionalAction,
+        default=d.save_model,
+        help="write the final model to the model folder (--no-save-model for benchmarks)",
+    )
     g.add_argument("--push-to-hub", metavar="REPO", help="push the final model to this Hub repo (token from HF_TOKEN)")
     g.add_argument("--generate-prompt", default=d.generate_prompt)
     g.add_argument("--generate-tokens", type=int, default=d.generate_tokens)
@@ -203,8 +262,15 @@ def validate(a: TrainArgs) -> None:
     for name in positive:
         if getattr(a, name) < 1:
             raise ArgumentError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
-    for name in ("pad_to_multiple_of", "eval_every", "save_every", "max_steps", "eval_batch_size",
-                 "max_train_samples", "max_eval_samples"):
+    for name in (
+        "pad_to_multiple_of",
+        "eval_every",
+        "save_every",
+        "max_steps",
+        "eval_batch_size",
+        "max_train_samples",
+        "max_eval_samples",
+    ):
         value = getattr(a, name)
         if value is not None and value < (0 if name == "max_steps" else 1):
             raise ArgumentError(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -213,8 +279,10 @@ def validate(a: TrainArgs) -> None:
     if a.ce_kernel != "chunked" and not a.fused_ce:
         raise ArgumentError(f"--ce-kernel {a.ce_kernel} picks the --fused-ce implementation; add --fused-ce")
     if a.ddp_reduce_dtype != "fp32" and a.strategy != "ddp":
-        raise ArgumentError(f"--ddp-reduce-dtype applies to --strategy ddp, not {a.strategy} "
-                            "(DeepSpeed reduces in the training precision)")
+        raise ArgumentError(
+            f"--ddp-reduce-dtype applies to --strategy ddp, not {a.strategy} "
+            "(DeepSpeed reduces in the training precision)"
+        )
     if a.ddp_bucket_mb is not None and a.ddp_bucket_mb < 1:
         raise ArgumentError(f"--ddp-bucket-mb must be at least 1, got {a.ddp_bucket_mb}")
     if a.compile_mode != "default" and not a.compile:

@@ -170,12 +170,14 @@ def check_resumable(path: Path, saved: dict[str, Any], world_size: int, strategy
     if _layout(old) != _layout(new):
         raise CheckpointError(
             f"{where} was saved with --strategy {old.value}, which stores its state differently from "
-            f"--strategy {new.value}: resume with --strategy {old.value}, or move the checkpoints away to start over")
+            f"--strategy {new.value}: resume with --strategy {old.value}, or move the checkpoints away to start over"
+        )
     if old.uses_deepspeed and n != world_size:
         raise CheckpointError(
             f"{where} was saved by {_processes(n)} with --strategy {old.value}, which splits its state across "
             f"processes, but this run has {world_size}: run it with {_processes(n)} to resume (this trainer does not "
-            "load DeepSpeed's universal checkpoints yet), or move the checkpoints away to start over")
+            "load DeepSpeed's universal checkpoints yet), or move the checkpoints away to start over"
+        )
 
 
 def _processes(n: int) -> str:
@@ -212,8 +214,13 @@ def save(accelerator, root: Path, step: int, state: dict[str, Any], keep: int) -
             for _, old in complete_checkpoints(root)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
     except Exception as e:
-        line = disk_failure(e, root, path.name, f"{path.name} is not marked complete and will not be loaded",
-                            f" or keep fewer checkpoints (--keep-checkpoints, now {keep})")
+        line = disk_failure(
+            e,
+            root,
+            path.name,
+            f"{path.name} is not marked complete and will not be loaded",
+            f" or keep fewer checkpoints (--keep-checkpoints, now {keep})",
+        )
         if line is None:
             raise
         raise SaveError(line) from e
@@ -232,8 +239,10 @@ def disk_failure(error: BaseException, folder: Path, what: str, note: str, more_
         room = "free space unknown" if free is None else f"{_size(free)} free"
         if inodes_left == 0:
             room = "no free inodes"
-        return (f"no space left on device while saving {what} to {folder} ({room} on the disk mounted at {mount}); "
-                f"{note}: free space there{more_space}")
+        return (
+            f"no space left on device while saving {what} to {folder} ({room} on the disk mounted at {mount}); "
+            f"{note}: free space there{more_space}"
+        )
     if os_error is not None:
         reason = os_error.strerror or str(os_error)
         return f"could not save {what} to {folder}: {reason} ({os_error.filename or folder}); {note}"

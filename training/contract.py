@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 PREFIX = "DISTRAIN_"
 # SageMaker syncs this folder to checkpoint_config.S3Uri; it has no SM_* variable.
@@ -33,7 +33,7 @@ class Contract:
     source: str = "default"  # "sagemaker", "distrain" or "default": who described it
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Contract":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Contract:
         env = os.environ if env is None else env
         if "SM_MODEL_DIR" in env or "SM_TRAINING_ENV" in env:
             return cls._from_sagemaker(env)
@@ -50,7 +50,7 @@ class Contract:
         )
 
     @classmethod
-    def _from_sagemaker(cls, env: Mapping[str, str]) -> "Contract":
+    def _from_sagemaker(cls, env: Mapping[str, str]) -> Contract:
         hosts = json.loads(env.get("SM_HOSTS", "[]")) or [env.get("SM_CURRENT_HOST", "algo-1")]
         current = env.get("SM_CURRENT_HOST", hosts[0])
         channels = {
@@ -73,7 +73,7 @@ class Contract:
         )
 
     @classmethod
-    def _from_distrain(cls, env: Mapping[str, str]) -> "Contract":
+    def _from_distrain(cls, env: Mapping[str, str]) -> Contract:
         channels = {
             key[len(PREFIX + "CHANNEL_") :].lower(): Path(value)
             for key, value in env.items()

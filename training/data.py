@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from .args import TrainArgs
 from .contract import Contract
@@ -62,7 +62,7 @@ def resolve_sources(args: TrainArgs, contract: Contract) -> tuple[str, dict]:
                 break
         return f"channel {contract.channels['train']}", _files_kwargs(files, "the train channel")
     default = "builtin:sentiment" if args.task == "classification" else "builtin:corpus"
-    return default, _files_kwargs({"train": [BUILTIN[default.split(':')[1]]]}, "--dataset")
+    return default, _files_kwargs({"train": [BUILTIN[default.split(":")[1]]]}, "--dataset")
 
 
 def _channel_files(folder: Path) -> list[Path]:
@@ -92,8 +92,9 @@ def _files_kwargs(files: dict[str, list[Path]], flag: str) -> dict:
             if not p.is_file():
                 raise DataError(f"{flag}: cannot read {p}: no such file")
             if p.suffix not in BUILDERS:
-                raise DataError(f"{flag}: cannot read {p}: unsupported format {p.suffix!r} "
-                                f"(use csv, json, jsonl, parquet or txt)")
+                raise DataError(
+                    f"{flag}: cannot read {p}: unsupported format {p.suffix!r} (use csv, json, jsonl, parquet or txt)"
+                )
             if _is_empty(p):
                 raise DataError(f"{flag}: data file {p} is empty; add rows to it or remove it")
     builders = {BUILDERS[s] for s in suffixes}
@@ -179,11 +180,13 @@ def _where(source: str, kwargs: dict, split: str) -> str:
 def _check_columns(args: TrainArgs, raw, source: str) -> None:
     columns = raw["train"].column_names
     if args.text_column not in columns:
-        raise DataError(f"--text-column {args.text_column!r} is not in data {source}; "
-                        f"its columns are: {', '.join(columns)}")
+        raise DataError(
+            f"--text-column {args.text_column!r} is not in data {source}; its columns are: {', '.join(columns)}"
+        )
     if args.task == "classification" and args.label_column not in columns:
-        raise DataError(f"--label-column {args.label_column!r} is not in data {source}; "
-                        f"its columns are: {', '.join(columns)}")
+        raise DataError(
+            f"--label-column {args.label_column!r} is not in data {source}; its columns are: {', '.join(columns)}"
+        )
 
 
 def _check_rows(args: TrainArgs, split, where: str) -> None:
@@ -204,13 +207,17 @@ def _check_rows(args: TrainArgs, split, where: str) -> None:
         if flag == "--text-column":
             count, row, what = _non_text(values)
             if count:
-                raise DataError(f"{where}: {flag} {column!r} must hold text, but row {row + 1} is {what} "
-                                f"({count} of {len(split)} rows are not text); fix or remove those rows")
+                raise DataError(
+                    f"{where}: {flag} {column!r} must hold text, but row {row + 1} is {what} "
+                    f"({count} of {len(split)} rows are not text); fix or remove those rows"
+                )
         else:
             count, row = _missing_labels(values, is_class_label=hasattr(split.features[column], "names"))
             if count:
-                raise DataError(f"{where}: {flag} {column!r} has no label in row {row + 1} "
-                                f"({count} of {len(split)} rows have none); fill in or remove those rows")
+                raise DataError(
+                    f"{where}: {flag} {column!r} has no label in row {row + 1} "
+                    f"({count} of {len(split)} rows have none); fill in or remove those rows"
+                )
 
 
 def _non_text(values) -> tuple[int, int, str]:
@@ -271,13 +278,17 @@ def label_names(args: TrainArgs, raw) -> list[str]:
         return list(feature.names)
     seen = sorted({str(v) for v in raw["train"][args.label_column] if v is not None})
     if len(seen) < 2:
-        raise DataError(f"--label-column {args.label_column!r} has {len(seen)} distinct value(s) in the "
-                        "training data; classification needs at least 2")
+        raise DataError(
+            f"--label-column {args.label_column!r} has {len(seen)} distinct value(s) in the "
+            "training data; classification needs at least 2"
+        )
     unseen = sorted({str(v) for v in raw["validation"][args.label_column]} - set(seen))
     if unseen:
         shown = ", ".join(repr(u) for u in unseen[:5])
-        raise DataError(f"--label-column {args.label_column!r}: validation data has label(s) {shown} "
-                        "that never occur in the training data")
+        raise DataError(
+            f"--label-column {args.label_column!r}: validation data has label(s) {shown} "
+            "that never occur in the training data"
+        )
     return seen
 
 
@@ -293,8 +304,10 @@ def prepare(args: TrainArgs, contract: Contract, tokenizer, main_process_first) 
             return PreparedData(train, val, names, list(train["length"]), padded=True)
         train, val = (_pack(args, raw[s], tokenizer) for s in ("train", "validation"))
         if len(train) == 0 or len(val) == 0:
-            raise DataError(f"--block-size {args.block_size} is larger than the data: no full block to train "
-                            "or evaluate on; lower --block-size or add data")
+            raise DataError(
+                f"--block-size {args.block_size} is larger than the data: no full block to train "
+                "or evaluate on; lower --block-size or add data"
+            )
         return PreparedData(train, val, None, None, padded=False)
 
 
@@ -338,8 +351,17 @@ class EpochBatchSampler:
     examples of similar length share a batch (less padding), and batch order is shuffled.
     """
 
-    def __init__(self, num_examples: int, batch_size: int, seed: int, *, shuffle: bool = True,
-                 drop_last: bool = True, lengths: Sequence[int] | None = None, pool_batches: int = 128):
+    def __init__(
+        self,
+        num_examples: int,
+        batch_size: int,
+        seed: int,
+        *,
+        shuffle: bool = True,
+        drop_last: bool = True,
+        lengths: Sequence[int] | None = None,
+        pool_batches: int = 128,
+    ):
         self.n, self.batch_size, self.seed = num_examples, batch_size, seed
         self.shuffle, self.drop_last, self.lengths, self.pool_batches = shuffle, drop_last, lengths, pool_batches
         self.epoch = 0
@@ -360,8 +382,9 @@ class EpochBatchSampler:
             order = torch.randperm(self.n, generator=g).tolist()
         if self.lengths is not None:
             pool = self.batch_size * self.pool_batches
-            order = [i for s in range(0, self.n, pool)
-                     for i in sorted(order[s : s + pool], key=lambda j: -self.lengths[j])]
+            order = [
+                i for s in range(0, self.n, pool) for i in sorted(order[s : s + pool], key=lambda j: -self.lengths[j])
+            ]
         batches = [order[i : i + self.batch_size] for i in range(0, self.n, self.batch_size)]
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
@@ -391,18 +414,24 @@ def make_loaders(args: TrainArgs, data: PreparedData, tokenizer, world_size: int
     # On GPUs, round padded lengths to a multiple of 8 by default for the tensor cores.
     multiple = args.pad_to_multiple_of if args.pad_to_multiple_of is not None else (8 if use_cuda else None)
     collate = collator(tokenizer, data.padded, multiple if multiple and multiple > 1 else None)
-    train_sampler = EpochBatchSampler(len(data.train), args.batch_size * world_size, args.seed,
-                                      lengths=data.lengths)
+    train_sampler = EpochBatchSampler(len(data.train), args.batch_size * world_size, args.seed, lengths=data.lengths)
     if len(train_sampler) == 0:
-        raise DataError(f"--batch-size {args.batch_size} x {world_size} process(es) is larger than the "
-                        f"{len(data.train)} training examples; lower --batch-size")
+        raise DataError(
+            f"--batch-size {args.batch_size} x {world_size} process(es) is larger than the "
+            f"{len(data.train)} training examples; lower --batch-size"
+        )
     eval_bs = (args.eval_batch_size or args.batch_size) * world_size
     eval_sampler = EpochBatchSampler(len(data.validation), eval_bs, args.seed, shuffle=False, drop_last=False)
     # Their own generator: starting an iterator (e.g. on resume) must not draw from the
     # global RNG that dropout uses, or resume is not exact.
     workers = args.num_workers if args.num_workers is not None else (2 if use_cuda else 0)
-    common = dict(num_workers=workers, pin_memory=use_cuda, collate_fn=collate,
-                  persistent_workers=workers > 0, generator=torch.Generator())
+    common = dict(
+        num_workers=workers,
+        pin_memory=use_cuda,
+        collate_fn=collate,
+        persistent_workers=workers > 0,
+        generator=torch.Generator(),
+    )
     train = DataLoader(data.train, batch_sampler=train_sampler, **common)
     val = DataLoader(data.validation, batch_sampler=eval_sampler, **common)
     return train, val, train_sampler

@@ -63,12 +63,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_out):
         grad_h, grad_w, count = ctx.saved_tensors
         scale = grad_out / count
-        return ((grad_h.float() * scale).to(ctx.dtypes[0]), (grad_w * scale).to(ctx.dtypes[1]),
-                None, None, None, None)
+        return ((grad_h.float() * scale).to(ctx.dtypes[0]), (grad_w * scale).to(ctx.dtypes[1]), None, None, None, None)
 
 
-def fused_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor, *,
-                         dtype: torch.dtype, chunk_rows: int = 4096, compile_: bool = False) -> torch.Tensor:
+def fused_causal_lm_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    input_ids: torch.Tensor,
+    *,
+    dtype: torch.dtype,
+    chunk_rows: int = 4096,
+    compile_: bool = False,
+) -> torch.Tensor:
     """Mean next-token cross-entropy of `hidden @ weight.T` (hidden: [B, T, d], the final
     hidden states; weight: the LM head's [V, d]) against `input_ids` shifted by one."""
     h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
@@ -77,12 +83,13 @@ def fused_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, input_ids: 
         return _LinearCrossEntropy.apply(h, weight, y, chunk_rows, dtype, compile_)
 
 
-def liger_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor, *,
-                         dtype: torch.dtype) -> torch.Tensor:
+def liger_causal_lm_loss(
+    hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor, *, dtype: torch.dtype
+) -> torch.Tensor:
     """The same loss through liger-kernel's fused linear cross-entropy (Triton, CUDA only)."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss  # checked at setup
+
     h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
     y = input_ids[:, 1:].reshape(-1)
     with torch.autocast(device_type=hidden.device.type, enabled=False):
         return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE)(weight.to(dtype), h.to(dtype), y)
-

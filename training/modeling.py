@@ -14,12 +14,30 @@ SHIPPED_TOKENIZER = ASSETS / "tokenizer.json"
 # (padded to a multiple of 64 for the matrix units) so benchmark FLOPs are honest.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny-gpt2": {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 512},
-    "tiny-bert": {"model_type": "bert", "num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64,
-                  "intermediate_size": 128, "max_position_embeddings": 512},
-    "gpt2-small": {"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024,
-                   "vocab_size": 50304},
-    "gpt2-xl": {"model_type": "gpt2", "n_layer": 48, "n_head": 25, "n_embd": 1600, "n_positions": 1024,
-                "vocab_size": 50304},
+    "tiny-bert": {
+        "model_type": "bert",
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "max_position_embeddings": 512,
+    },
+    "gpt2-small": {
+        "model_type": "gpt2",
+        "n_layer": 12,
+        "n_head": 12,
+        "n_embd": 768,
+        "n_positions": 1024,
+        "vocab_size": 50304,
+    },
+    "gpt2-xl": {
+        "model_type": "gpt2",
+        "n_layer": 48,
+        "n_head": 25,
+        "n_embd": 1600,
+        "n_positions": 1024,
+        "vocab_size": 50304,
+    },
 }
 
 TASK_AUTO_CLASS = {
@@ -51,8 +69,13 @@ def shipped_tokenizer():
 
     return PreTrainedTokenizerFast(
         tokenizer_file=str(SHIPPED_TOKENIZER),
-        eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<pad>",
-        unk_token="<unk>", mask_token="<mask>", cls_token="<cls>", sep_token="<sep>",
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+        cls_token="<cls>",
+        sep_token="<sep>",
     )
 
 
@@ -75,8 +98,7 @@ def build_config(args: TrainArgs, tokenizer, num_labels: int | None, id2label: d
     return AutoConfig.for_model(model_type, **preset, **extra)
 
 
-def load_model(args: TrainArgs, tokenizer, num_labels: int | None = None,
-               id2label: dict[int, str] | None = None):
+def load_model(args: TrainArgs, tokenizer, num_labels: int | None = None, id2label: dict[int, str] | None = None):
     import transformers
 
     config = build_config(args, tokenizer, num_labels, id2label)

@@ -12,9 +12,9 @@ import argparse
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from .args import parse_args
 from .contract import Contract
@@ -31,15 +31,22 @@ class NodeLaunch:
 CONFIG_FILE = "{config_file}"
 
 
-def plan_node(train_argv: Sequence[str], contract: Contract, *, processes: int | None = None,
-              gpus: int | None = None) -> NodeLaunch:
+def plan_node(
+    train_argv: Sequence[str], contract: Contract, *, processes: int | None = None, gpus: int | None = None
+) -> NodeLaunch:
     """Pure: what this node will run. The launcher calls it to render plans."""
     args = parse_args(train_argv)
     gpus = contract.gpus_per_node if gpus is None else gpus
     use_cpu = gpus == 0
     per_node = processes or (gpus if gpus else 1)
-    cluster = ClusterShape(num_nodes=contract.num_nodes, node_rank=contract.node_rank, processes_per_node=per_node,
-                           main_addr=contract.main_addr, main_port=contract.main_port, use_cpu=use_cpu)
+    cluster = ClusterShape(
+        num_nodes=contract.num_nodes,
+        node_rank=contract.node_rank,
+        processes_per_node=per_node,
+        main_addr=contract.main_addr,
+        main_port=contract.main_port,
+        use_cpu=use_cpu,
+    )
     strategy = parse_strategy(args.strategy)
     config = accelerate_config(strategy, cluster, precision=args.precision)
     env = {}
@@ -47,8 +54,16 @@ def plan_node(train_argv: Sequence[str], contract: Contract, *, processes: int |
         env["DS_ACCELERATOR"] = "cpu"
     elif use_cpu:  # torchrun does not pass the config's use_cpu on; gloo DDP needs it
         env["ACCELERATE_USE_CPU"] = "true"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", CONFIG_FILE,
-               "-m", "distrain_cloud.training", *train_argv]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        CONFIG_FILE,
+        "-m",
+        "distrain_cloud.training",
+        *train_argv,
+    ]
     return NodeLaunch(config, command, env)
 
 
@@ -70,8 +85,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="distrain-node-launch")
     p.add_argument("--processes", type=int, help="processes on this node (default: one per GPU, else 1)")
     p.add_argument("--print-config", action="store_true", help="print the rendered config and exit")
-    p.add_argument("--hyperparameters", metavar="JSON_FILE",
-                   help="read training flags from a SageMaker hyperparameters.json (before any after --)")
+    p.add_argument(
+        "--hyperparameters",
+        metavar="JSON_FILE",
+        help="read training flags from a SageMaker hyperparameters.json (before any after --)",
+    )
     ns = p.parse_args(ours)
     if ns.hyperparameters:
         import json
@@ -94,10 +112,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     command = [path if c == CONFIG_FILE else c for c in launch.command]
-    print(f"node_launch node_rank={contract.node_rank} nodes={contract.num_nodes} "
-          f"processes={launch.config['num_processes']} distributed_type={launch.config['distributed_type']} "
-          f"code={Path(__file__).parent}",
-          flush=True)
+    print(
+        f"node_launch node_rank={contract.node_rank} nodes={contract.num_nodes} "
+        f"processes={launch.config['num_processes']} distributed_type={launch.config['distributed_type']} "
+        f"code={Path(__file__).parent}",
+        flush=True,
+    )
     try:
         code = _run_forwarding_signals(command, {**os.environ, **launch.env}, contract.failure_file)
     finally:

@@ -14,8 +14,8 @@ That last figure is what a multi-GPU step pays for its communication.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 Interval = tuple[float, float]
 
@@ -107,8 +107,11 @@ class Profiler:
         self.prof.__exit__(None, None, None)
         key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
         table = self.prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=80)
-        kernels = [(e.name, e.time_range.start, e.time_range.end) for e in self.prof.events()
-                   if e.device_type == DeviceType.CUDA]
+        kernels = [
+            (e.name, e.time_range.start, e.time_range.end)
+            for e in self.prof.events()
+            if e.device_type == DeviceType.CUDA
+        ]
         summary = timeline_summary(kernels, self.end - self.start)
         line = " ".join([f"profile_steps={self.start}-{self.end}"] + [f"{k}={v:.3f}" for k, v in summary.items()])
         (self.output_dir / "profile.txt").write_text(table + "\n" + line + "\n")
@@ -116,8 +119,10 @@ class Profiler:
             self.prof.export_chrome_trace(str(self.output_dir / "trace.json.gz"))
         except OSError as err:  # a diagnostic: a full disk must not end the training run
             print(f"profile_trace_error={type(err).__name__}", flush=True)
-        print("profile (steps %d-%d), top kernels:\n%s" % (self.start, self.end,
-              "\n".join(table.splitlines()[:16])), flush=True)
+        print(
+            "profile (steps %d-%d), top kernels:\n%s" % (self.start, self.end, "\n".join(table.splitlines()[:16])),
+            flush=True,
+        )
         print(line, flush=True)
         self.prof = None
         self.start = None

@@ -137,9 +137,14 @@ def deepspeed_config(
 
 def deepspeed_config_for(args, world_size: int) -> dict[str, Any]:
     """deepspeed_config for parsed training arguments (a TrainArgs) on `world_size` processes."""
-    return deepspeed_config(parse_strategy(args.strategy), micro_batch_size=args.batch_size,
-                            grad_accum=args.grad_accum, world_size=world_size, precision=args.precision,
-                            max_grad_norm=args.max_grad_norm)
+    return deepspeed_config(
+        parse_strategy(args.strategy),
+        micro_batch_size=args.batch_size,
+        grad_accum=args.grad_accum,
+        world_size=world_size,
+        precision=args.precision,
+        max_grad_norm=args.max_grad_norm,
+    )
 
 
 # Eager DDP all-reduces each 25 MB bucket (PyTorch's default) as soon as backward fills it.

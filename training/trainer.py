@@ -36,9 +36,15 @@ class Trainer:
     def setup(self) -> None:
         import torch
         from accelerate import Accelerator
-        from accelerate.utils import (DataLoaderConfiguration, DDPCommunicationHookType, DeepSpeedPlugin,
-                                      DistributedDataParallelKwargs, InitProcessGroupKwargs, TorchDynamoPlugin,
-                                      set_seed)
+        from accelerate.utils import (
+            DataLoaderConfiguration,
+            DDPCommunicationHookType,
+            DeepSpeedPlugin,
+            DistributedDataParallelKwargs,
+            InitProcessGroupKwargs,
+            TorchDynamoPlugin,
+            set_seed,
+        )
 
         from . import data, modeling
 
@@ -46,8 +52,15 @@ class Trainer:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if self.strategy.uses_deepspeed and "LOCAL_RANK" not in os.environ:
             # Started without a launcher: describe the one-process group torchrun would.
-            os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+            os.environ.update(
+                {
+                    "RANK": "0",
+                    "LOCAL_RANK": "0",
+                    "WORLD_SIZE": "1",
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(free_port()),
+                }
+            )
         if a.fused_ce and a.ce_kernel == "liger" and importlib.util.find_spec("liger_kernel") is None:
             raise data.DataError("--ce-kernel liger needs the liger-kernel package (pip install liger-kernel)")
         if a.ddp_reduce_dtype == "bf16" and not torch.cuda.is_available():
@@ -56,11 +69,16 @@ class Trainer:
             raise data.DataError(f"--strategy single runs one process, but {world} were started; use --strategy ddp")
         # Gradients live in DDP's buckets: no copy into them after backward, less memory.
         # A bf16/fp16 hook halves the all-reduce's bytes (opt-in: it averages in that precision).
-        hook = {"fp32": DDPCommunicationHookType.NO, "bf16": DDPCommunicationHookType.BF16,
-                "fp16": DDPCommunicationHookType.FP16}[a.ddp_reduce_dtype]
+        hook = {
+            "fp32": DDPCommunicationHookType.NO,
+            "bf16": DDPCommunicationHookType.BF16,
+            "fp16": DDPCommunicationHookType.FP16,
+        }[a.ddp_reduce_dtype]
         bucket_mb = ddp_bucket_mb(a.ddp_bucket_mb, a.compile)
-        ds_plugin, handlers = None, [DistributedDataParallelKwargs(
-            gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb, comm_hook=hook)]
+        ds_plugin, handlers = (
+            None,
+            [DistributedDataParallelKwargs(gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb, comm_hook=hook)],
+        )
         if a.compile_tuning:
             # Inductor then tries block sizes and warp counts around its heuristic pick for
             # each generated kernel (the norms, dropouts, adds and the loss: about 40% of
@@ -99,8 +117,9 @@ class Trainer:
         self.data = data.prepare(a, self.contract, self.tokenizer, acc.main_process_first)
         _select_sdpa_backend(a.sdpa_backend, padded=self.data.padded)
         names = self.data.label_names
-        model = modeling.load_model(a, self.tokenizer, len(names) if names else None,
-                                    dict(enumerate(names)) if names else None)
+        model = modeling.load_model(
+            a, self.tokenizer, len(names) if names else None, dict(enumerate(names)) if names else None
+        )
         self.num_parameters = modeling.count_parameters(model)
         if self.strategy.value == "ddp" and acc.num_processes > 1:
             self._print(f"ddp_bucket_mb={bucket_mb}")
@@ -108,7 +127,8 @@ class Trainer:
         if self.strategy.zero_stage == 3 and a.zero3_block_fetch:
             self._fetch_blocks_whole(model)
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
-            a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda")
+            a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda"
+        )
 
         self.steps_per_epoch = max(1, len(self.train_sampler) // a.grad_accum)
         self.max_steps = a.max_steps if a.max_steps is not None else math.ceil(a.epochs * self.steps_per_epoch)
@@ -317,20 +337,27 @@ class Trainer:
                     tok = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none", ignore_index=-100)
                     values = (tok.sum(1), (labels != -100).sum(1))
                 # Drops the samples repeated to even out the last batch across processes.
-                for key, v in zip(("loss", "pred", "label") if task == "classification" else ("sum", "count"),
-                                  acc.gather_for_metrics(values)):
+                for key, v in zip(
+                    ("loss", "pred", "label") if task == "classification" else ("sum", "count"),
+                    acc.gather_for_metrics(values),
+                ):
                     parts.setdefault(key, []).append(v.cpu())
         self.model.train()
         cat = {k: torch.cat(v) for k, v in parts.items()}
         if task == "classification":
-            metrics = {"eval_loss": cat["loss"].double().mean().item(),
-                       "eval_accuracy": (cat["pred"] == cat["label"]).double().mean().item(),
-                       "eval_f1_macro": macro_f1(cat["pred"], cat["label"], len(self.data.label_names)),
-                       "eval_samples": float(len(cat["label"]))}
+            metrics = {
+                "eval_loss": cat["loss"].double().mean().item(),
+                "eval_accuracy": (cat["pred"] == cat["label"]).double().mean().item(),
+                "eval_f1_macro": macro_f1(cat["pred"], cat["label"], len(self.data.label_names)),
+                "eval_samples": float(len(cat["label"])),
+            }
         else:
             mean = (cat["sum"].double().sum() / cat["count"].sum().clamp(min=1)).item()
-            metrics = {"eval_loss": mean, "eval_perplexity": math.exp(min(mean, 50.0)),
-                       "eval_samples": float(len(cat["sum"]))}
+            metrics = {
+                "eval_loss": mean,
+                "eval_perplexity": math.exp(min(mean, 50.0)),
+                "eval_samples": float(len(cat["sum"])),
+            }
         self._emit(step, metrics)
         return metrics
 
@@ -353,8 +380,13 @@ class Trainer:
                 fault_point("model")
                 unwrapped.save_pretrained(model_dir, state_dict=state_dict, safe_serialization=True)
                 self.tokenizer.save_pretrained(model_dir)
-                resolved = {**a.to_dict(), "world_size": acc.num_processes, "max_steps_resolved": self.max_steps,
-                            "num_parameters": self.num_parameters, "final_metrics": eval_metrics}
+                resolved = {
+                    **a.to_dict(),
+                    "world_size": acc.num_processes,
+                    "max_steps_resolved": self.max_steps,
+                    "num_parameters": self.num_parameters,
+                    "final_metrics": eval_metrics,
+                }
                 (model_dir / "training_args.json").write_text(json.dumps(resolved, indent=2, default=str))
             except Exception as e:
                 line = disk_failure(e, model_dir, "the model", "the model there is incomplete")
@@ -381,8 +413,13 @@ class Trainer:
             return
         inputs = self.tokenizer(self.args.generate_prompt, return_tensors="pt").to(acc.device)
         with torch.no_grad():
-            out = unwrapped.generate(**inputs, max_new_tokens=self.args.generate_tokens, do_sample=False,
-                                     pad_token_id=self.tokenizer.pad_token_id, synced_gpus=zero3)
+            out = unwrapped.generate(
+                **inputs,
+                max_new_tokens=self.args.generate_tokens,
+                do_sample=False,
+                pad_token_id=self.tokenizer.pad_token_id,
+                synced_gpus=zero3,
+            )
         text = self.tokenizer.decode(out[0], skip_special_tokens=True)
         self._print("sample=" + json.dumps(text))
 
@@ -402,9 +439,19 @@ class Trainer:
         wandb_dir = self.contract.output_dir
         if acc.is_main_process:
             wandb_dir.mkdir(parents=True, exist_ok=True)
-        acc.init_trackers(a.wandb_project, config=a.to_dict(), init_kwargs={"wandb": {
-            "id": state["wandb_run_id"], "resume": "allow", "name": a.run_name, "entity": a.wandb_entity,
-            "dir": str(wandb_dir)}})
+        acc.init_trackers(
+            a.wandb_project,
+            config=a.to_dict(),
+            init_kwargs={
+                "wandb": {
+                    "id": state["wandb_run_id"],
+                    "resume": "allow",
+                    "name": a.run_name,
+                    "entity": a.wandb_entity,
+                    "dir": str(wandb_dir),
+                }
+            },
+        )
 
     def _install_signal_handler(self) -> None:
         def request_stop(signum, frame):
@@ -425,16 +472,20 @@ class Trainer:
             flag = torch.tensor(float(self.signal_received), device=acc.device)
             self.stop_requested = acc.reduce(flag, "sum").item() > 0
 
-    def _log_train(self, step: int, window: "_Window") -> None:
+    def _log_train(self, step: int, window: _Window) -> None:
         import torch
 
         acc = self.accelerator
         loss = acc.reduce(torch.stack(window.losses).mean(), "mean").item()
         elapsed = max(time.perf_counter() - window.start, 1e-9)
         tokens = acc.reduce(torch.as_tensor(window.tokens, device=acc.device).float(), "sum").item()
-        metrics = {"train_loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
-                   "tokens_per_sec": tokens / elapsed, "step_time": elapsed / len(window.losses),
-                   "data_wait_pct": 100.0 * window.data_wait / elapsed}
+        metrics = {
+            "train_loss": loss,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "tokens_per_sec": tokens / elapsed,
+            "step_time": elapsed / len(window.losses),
+            "data_wait_pct": 100.0 * window.data_wait / elapsed,
+        }
         if window.positions:
             positions = acc.reduce(torch.tensor(float(window.positions), device=acc.device), "sum").item()
             metrics["pad_pct"] = 100.0 * (1.0 - tokens / max(positions, 1.0))
@@ -459,8 +510,13 @@ class Trainer:
     def _progress(self, initial: int):
         from tqdm.auto import tqdm
 
-        return tqdm(total=self.max_steps, initial=initial, desc="train", dynamic_ncols=True,
-                    disable=not self.accelerator.is_main_process or not sys.stderr.isatty())
+        return tqdm(
+            total=self.max_steps,
+            initial=initial,
+            desc="train",
+            dynamic_ncols=True,
+            disable=not self.accelerator.is_main_process or not sys.stderr.isatty(),
+        )
 
 
 class _Window:
@@ -496,8 +552,12 @@ def _select_sdpa_backend(name: str, *, padded: bool) -> None:
             # (bench/README.md). PyTorch then takes memory-efficient attention for the mask.
             torch.backends.cuda.enable_cudnn_sdp(False)
         return
-    flags = {"flash": torch.backends.cuda.enable_flash_sdp, "cudnn": torch.backends.cuda.enable_cudnn_sdp,
-             "efficient": torch.backends.cuda.enable_mem_efficient_sdp, "math": torch.backends.cuda.enable_math_sdp}
+    flags = {
+        "flash": torch.backends.cuda.enable_flash_sdp,
+        "cudnn": torch.backends.cuda.enable_cudnn_sdp,
+        "efficient": torch.backends.cuda.enable_mem_efficient_sdp,
+        "math": torch.backends.cuda.enable_math_sdp,
+    }
     for key, enable in flags.items():
         enable(key == name)
 

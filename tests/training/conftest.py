@@ -15,9 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import pytest
 
@@ -26,8 +26,19 @@ RUN_TIMEOUT_S = 240
 
 # Variables of the calling environment that would change what a run does.
 _STRIPPED_PREFIXES = ("DISTRAIN_", "SM_", "WANDB_", "ACCELERATE_", "DS_", "TORCHELASTIC_")
-_STRIPPED = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-             "GROUP_RANK", "ROLE_RANK", "CUDA_VISIBLE_DEVICES", "HF_TOKEN", "OMP_NUM_THREADS"}
+_STRIPPED = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "CUDA_VISIBLE_DEVICES",
+    "HF_TOKEN",
+    "OMP_NUM_THREADS",
+}
 
 
 @dataclass
@@ -54,8 +65,11 @@ class Contract:
         return self.root / "cwd"
 
     def env(self) -> dict[str, str]:
-        return {"DISTRAIN_MODEL_DIR": str(self.model_dir), "DISTRAIN_OUTPUT_DIR": str(self.output_dir),
-                "DISTRAIN_CHECKPOINT_DIR": str(self.checkpoint_dir)}
+        return {
+            "DISTRAIN_MODEL_DIR": str(self.model_dir),
+            "DISTRAIN_OUTPUT_DIR": str(self.output_dir),
+            "DISTRAIN_CHECKPOINT_DIR": str(self.checkpoint_dir),
+        }
 
     def checkpoints(self) -> list[Path]:
         if not self.checkpoint_dir.is_dir():
@@ -77,8 +91,10 @@ class TrainRun:
 
     def describe(self) -> str:
         """For assertion messages: the command and the end of its output."""
-        return (f"command: {' '.join(self.argv)}\nreturncode: {self.returncode}\n"
-                f"--- stdout (tail)\n{self.stdout[-3000:]}\n--- stderr (tail)\n{self.stderr[-6000:]}")
+        return (
+            f"command: {' '.join(self.argv)}\nreturncode: {self.returncode}\n"
+            f"--- stdout (tail)\n{self.stdout[-3000:]}\n--- stderr (tail)\n{self.stderr[-6000:]}"
+        )
 
     def lines(self, prefix: str) -> list[str]:
         """stdout lines that start with `prefix`."""
@@ -120,15 +136,16 @@ def free_port() -> int:
 
 
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(_STRIPPED_PREFIXES) and k not in _STRIPPED}
-    env.update({
-        "OMP_NUM_THREADS": "1",  # 2 processes on 2 cores: no oversubscription
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_STRIPPED_PREFIXES) and k not in _STRIPPED}
+    env.update(
+        {
+            "OMP_NUM_THREADS": "1",  # 2 processes on 2 cores: no oversubscription
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.update(extra or {})
     return env
 
@@ -150,13 +167,21 @@ class Runner:
         c.workdir.mkdir(parents=True, exist_ok=True)
         return c
 
-    def popen(self, *flags: str, name: str = "run", processes: int | None = None,
-              env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Contract, list[str]]:
+    def popen(
+        self, *flags: str, name: str = "run", processes: int | None = None, env: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen, Contract, list[str]]:
         c = self.contract(name)
         run_env = base_env({**self.shared_env, **c.env(), "DISTRAIN_MAIN_PORT": str(free_port()), **(env or {})})
         argv = command(flags, processes)
-        proc = subprocess.Popen(argv, cwd=c.workdir, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=c.workdir,
+            env=run_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         return proc, c, argv
 
     def finish(self, proc: subprocess.Popen, c: Contract, argv: list[str], timeout: float = RUN_TIMEOUT_S) -> TrainRun:
@@ -168,8 +193,14 @@ class Runner:
             pytest.fail(f"run timed out after {timeout}s: {' '.join(argv)}\n{out[-3000:]}\n{err[-3000:]}")
         return TrainRun(proc.returncode, out, err, read_metrics(c.output_dir / "metrics.jsonl"), c, argv)
 
-    def __call__(self, *flags: str, name: str = "run", processes: int | None = None,
-                 env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT_S) -> TrainRun:
+    def __call__(
+        self,
+        *flags: str,
+        name: str = "run",
+        processes: int | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = RUN_TIMEOUT_S,
+    ) -> TrainRun:
         proc, c, argv = self.popen(*flags, name=name, processes=processes, env=env)
         return self.finish(proc, c, argv, timeout)
 
@@ -192,8 +223,17 @@ class Runner:
             while pending or running:
                 while pending and len(running) < parallel:
                     i, job = pending.pop(0)
-                    running.append((i, *self.popen(*job["flags"], name=job.get("name", f"job{i}"),
-                                                   processes=job.get("processes"), env=job.get("env"))))
+                    running.append(
+                        (
+                            i,
+                            *self.popen(
+                                *job["flags"],
+                                name=job.get("name", f"job{i}"),
+                                processes=job.get("processes"),
+                                env=job.get("env"),
+                            ),
+                        )
+                    )
                 i, proc, c, argv = running.pop(0)
                 results[i] = self.finish(proc, c, argv)
         finally:
@@ -215,10 +255,15 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def shared_env(tmp_path_factory) -> dict[str, str]:
     """Caches shared by every run of the session, away from the developer's home folder."""
     root = tmp_path_factory.mktemp("caches")
-    return {"HF_HOME": str(root / "hf"), "HF_DATASETS_CACHE": str(root / "hf" / "datasets"),
-            "WANDB_CONFIG_DIR": str(root / "wandb-config"), "WANDB_CACHE_DIR": str(root / "wandb-cache"),
-            "WANDB_DATA_DIR": str(root / "wandb-data"), "TRITON_CACHE_DIR": str(root / "triton"),
-            "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}
+    return {
+        "HF_HOME": str(root / "hf"),
+        "HF_DATASETS_CACHE": str(root / "hf" / "datasets"),
+        "WANDB_CONFIG_DIR": str(root / "wandb-config"),
+        "WANDB_CACHE_DIR": str(root / "wandb-cache"),
+        "WANDB_DATA_DIR": str(root / "wandb-data"),
+        "TRITON_CACHE_DIR": str(root / "triton"),
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+    }
 
 
 @pytest.fixture
@@ -236,8 +281,15 @@ def module_train(tmp_path_factory, shared_env) -> Runner:
 # A tiny GPT-2 like the tiny-gpt2 preset, but without dropout: with dropout, each process
 # draws its own masks, so 1 and 2 processes cannot give the same numbers.
 NO_DROPOUT_GPT2 = {
-    "model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 512,
-    "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "summary_first_dropout": 0.0,
+    "model_type": "gpt2",
+    "n_layer": 2,
+    "n_head": 2,
+    "n_embd": 64,
+    "n_positions": 512,
+    "attn_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "resid_pdrop": 0.0,
+    "summary_first_dropout": 0.0,
 }
 
 
@@ -250,8 +302,7 @@ def no_dropout_config(tmp_path_factory) -> Path:
 
     tok = PreTrainedTokenizerFast(tokenizer_file=str(SHIPPED_TOKENIZER))
     eos, pad = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<pad>")
-    config = {**NO_DROPOUT_GPT2, "vocab_size": len(tok), "bos_token_id": eos, "eos_token_id": eos,
-              "pad_token_id": pad}
+    config = {**NO_DROPOUT_GPT2, "vocab_size": len(tok), "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": pad}
     path = tmp_path_factory.mktemp("configs") / "tiny-gpt2-no-dropout.json"
     path.write_text(json.dumps(config))
     return path

@@ -29,8 +29,9 @@ def data_files(tmp_path_factory) -> dict[str, Path]:
     return {
         "train": write_jsonl(d / "train.jsonl", rows),
         # 'neutral' never occurs in training
-        "validation": write_jsonl(d / "validation.jsonl", [{"text": "it was ok", "label": "neutral"},
-                                                             {"text": "it was good", "label": "pos"}]),
+        "validation": write_jsonl(
+            d / "validation.jsonl", [{"text": "it was ok", "label": "neutral"}, {"text": "it was good", "label": "pos"}]
+        ),
         "garbage": garbage,
         "csv_without_text": d / "sentences.csv",
         "missing": d / "does-not-exist.csv",
@@ -38,13 +39,16 @@ def data_files(tmp_path_factory) -> dict[str, Path]:
         "header_only_csv": d / "header-only.csv",
         # bad rows: row numbers count from 1 in the file, like the error line's
         "null_text": write_jsonl(d / "null-text.jsonl", rows[:3] + [{"text": None, "label": "pos"}] + rows[3:]),
-        "number_text": write_jsonl(d / "number-text.jsonl",
-                                   rows[:1] + [{"text": 7, "label": "pos"}, {"text": ["a", "list"], "label": "neg"}]
-                                   + rows[1:]),
-        "null_label": write_jsonl(d / "null-label.jsonl",
-                                  rows[:4] + [{"text": "the day was", "label": None}] + rows[4:]),
-        "null_text_validation": write_jsonl(d / "null-text-validation.jsonl",
-                                            [{"text": "it was good", "label": "pos"}, {"text": None, "label": "neg"}]),
+        "number_text": write_jsonl(
+            d / "number-text.jsonl",
+            rows[:1] + [{"text": 7, "label": "pos"}, {"text": ["a", "list"], "label": "neg"}] + rows[1:],
+        ),
+        "null_label": write_jsonl(
+            d / "null-label.jsonl", rows[:4] + [{"text": "the day was", "label": None}] + rows[4:]
+        ),
+        "null_text_validation": write_jsonl(
+            d / "null-text-validation.jsonl", [{"text": "it was good", "label": "pos"}, {"text": None, "label": "neg"}]
+        ),
     }
 
 
@@ -56,24 +60,36 @@ CASES = {
     "missing-text-column": (["--text-column", "sentence"], ["--text-column", "sentence"]),
     "missing-label-column": (["--label-column", "category"], ["--label-column", "category"]),
     "csv-without-text-column": (["--train-file", "{csv_without_text}"], ["--text-column", "'text'"]),
-    "unseen-validation-labels": (["--train-file", "{train}", "--validation-file", "{validation}"],
-                                 ["--label-column", "'neutral'"]),
+    "unseen-validation-labels": (
+        ["--train-file", "{train}", "--validation-file", "{validation}"],
+        ["--label-column", "'neutral'"],
+    ),
     "garbage-parquet": (["--train-file", "{garbage}"], ["{garbage_name}"]),
     "nonexistent-file": (["--train-file", "{missing}"], ["--train-file", "{missing}"]),
     "unknown-builtin": (["--dataset", "builtin:nope"], ["--dataset", "builtin:nope"]),
     "empty-jsonl": (["--train-file", "{empty_jsonl}"], ["--train-file", "{empty_jsonl} is empty"]),
     "header-only-csv": (["--train-file", "{header_only_csv}"], ["{header_only_csv} holds no rows"]),
-    "null-text": (["--train-file", "{null_text}"],
-                  ["{null_text}", "--text-column 'text'", "row 4 is null", "(1 of 19 rows"]),
-    "null-text-causal-lm": (["--task", "causal-lm", "--train-file", "{null_text}"],
-                            ["{null_text}", "--text-column 'text'", "row 4 is null"]),
-    "number-text": (["--train-file", "{number_text}"],
-                    ["{number_text}", "--text-column 'text'", "row 2 is a number (7)", "(2 of 20 rows"]),
+    "null-text": (
+        ["--train-file", "{null_text}"],
+        ["{null_text}", "--text-column 'text'", "row 4 is null", "(1 of 19 rows"],
+    ),
+    "null-text-causal-lm": (
+        ["--task", "causal-lm", "--train-file", "{null_text}"],
+        ["{null_text}", "--text-column 'text'", "row 4 is null"],
+    ),
+    "number-text": (
+        ["--train-file", "{number_text}"],
+        ["{number_text}", "--text-column 'text'", "row 2 is a number (7)", "(2 of 20 rows"],
+    ),
     "null-label": (["--train-file", "{null_label}"], ["{null_label}", "--label-column 'label'", "row 5", "(1 of 19"]),
-    "null-text-in-validation": (["--train-file", "{train}", "--validation-file", "{null_text_validation}"],
-                                ["{null_text_validation}", "--text-column 'text'", "row 2 is null"]),
-    "reduce-dtype-under-zero": (["--strategy", "zero2", "--ddp-reduce-dtype", "bf16"],
-                                ["--ddp-reduce-dtype", "--strategy ddp", "zero2"]),
+    "null-text-in-validation": (
+        ["--train-file", "{train}", "--validation-file", "{null_text_validation}"],
+        ["{null_text_validation}", "--text-column 'text'", "row 2 is null"],
+    ),
+    "reduce-dtype-under-zero": (
+        ["--strategy", "zero2", "--ddp-reduce-dtype", "bf16"],
+        ["--ddp-reduce-dtype", "--strategy ddp", "zero2"],
+    ),
     "compile-mode-without-compile": (["--compile-mode", "max-autotune"], ["--compile-mode", "--compile"]),
     "compile-tuning-without-compile": (["--compile-tuning"], ["--compile-tuning", "--compile"]),
     "zero-pad-multiple": (["--pad-to-multiple-of", "0"], ["--pad-to-multiple-of"]),
@@ -90,8 +106,10 @@ def fill(items: list[str], files: dict[str, Path]) -> list[str]:
 @pytest.fixture(scope="module")
 def bad_runs(module_train, data_files):
     """Every case once, two at a time (each is a short single-process run)."""
-    jobs = [{"flags": ["--report-to", "none", "--max-steps", "5", *fill(flags, data_files)], "name": case}
-            for case, (flags, _) in CASES.items()]
+    jobs = [
+        {"flags": ["--report-to", "none", "--max-steps", "5", *fill(flags, data_files)], "name": case}
+        for case, (flags, _) in CASES.items()
+    ]
     return dict(zip(CASES, module_train.many(jobs)))
 
 
@@ -160,12 +178,18 @@ def test_bad_rows_in_a_folder_of_files_and_missing_class_labels(tmp_path, monkey
     rows = [{"text": f"the day was {w}", "label": w} for w in ["good", "bad"] * 3]
     write_jsonl(channel / "part-0.jsonl", rows)
     write_jsonl(channel / "part-1.jsonl", rows[:2] + [{"text": None, "label": "good"}])
-    contract = Contract(model_dir=tmp_path / "model", output_dir=tmp_path / "output",
-                        checkpoint_dir=tmp_path / "checkpoints", channels={"train": channel})
+    contract = Contract(
+        model_dir=tmp_path / "model",
+        output_dir=tmp_path / "output",
+        checkpoint_dir=tmp_path / "checkpoints",
+        channels={"train": channel},
+    )
     with pytest.raises(DataError) as e:
         load_raw(parse_args(["--report-to", "none"]), contract)
-    assert str(e.value).startswith(f"data channel {channel} (train split, 2 files read in name order): "
-                                   "--text-column 'text' must hold text, but row 9 is null (1 of 9 rows")
+    assert str(e.value).startswith(
+        f"data channel {channel} (train split, 2 files read in name order): "
+        "--text-column 'text' must hold text, but row 9 is null (1 of 9 rows"
+    )
 
     features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["a", "b"])})
     split = datasets.Dataset.from_dict({"text": ["x", "y", "z"], "label": [0, -1, 1]}, features=features)

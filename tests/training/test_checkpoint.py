@@ -55,12 +55,19 @@ def test_manifest_lists_every_file_with_its_size_and_sha256(tmp_path):
     manifest = json.loads((path / "MANIFEST.json").read_text())
     assert manifest["algorithm"] == "sha256"
     assert sorted(manifest["files"]) == [
-        "latest", "pytorch_model/mp_rank_00_model_states.pt", "pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt",
-        "pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt", "random_states_0.pkl", "random_states_1.pkl",
-        "trainer_state.json"]  # everything but the manifest and the marker, which comes after it
+        "latest",
+        "pytorch_model/mp_rank_00_model_states.pt",
+        "pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+        "trainer_state.json",
+    ]  # everything but the manifest and the marker, which comes after it
     shard = path / "pytorch_model" / "mp_rank_00_model_states.pt"
     assert manifest["files"]["pytorch_model/mp_rank_00_model_states.pt"] == {
-        "size": 7000, "sha256": hashlib.sha256(shard.read_bytes()).hexdigest()}
+        "size": 7000,
+        "sha256": hashlib.sha256(shard.read_bytes()).hexdigest(),
+    }
     assert (path / "COMPLETE").read_text() == "2"
     assert checkpoint.verify(path) is None
     assert checkpoint.latest(tmp_path, warn=pytest.fail) == (path, {**STATE, "step": 2})
@@ -78,24 +85,32 @@ def same_size_other_bytes(f: Path) -> None:
     f.write_bytes(b"X" + f.read_bytes()[1:])
 
 
-@pytest.mark.parametrize("damage, problem", [
-    (missing, "random_states_1.pkl is missing"),
-    (truncated, "random_states_1.pkl has 3 bytes, its manifest says 4"),
-    (same_size_other_bytes, "random_states_1.pkl does not match its sha256 in MANIFEST.json"),
-])
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (missing, "random_states_1.pkl is missing"),
+        (truncated, "random_states_1.pkl has 3 bytes, its manifest says 4"),
+        (same_size_other_bytes, "random_states_1.pkl does not match its sha256 in MANIFEST.json"),
+    ],
+)
 def test_verify_names_the_damaged_file(tmp_path, damage, problem):
     path = save(tmp_path, 2)
     damage(path / "random_states_1.pkl")
     assert checkpoint.verify(path) == problem
 
 
-@pytest.mark.parametrize("text, problem", [
-    ('{"files": {"latest": ', "MANIFEST.json is unreadable (JSONDecodeError: "),
-    ('{"files": {"latest": {"size": 13}}}', "MANIFEST.json is unreadable (KeyError: 'sha256')"),
-    ('{"files": ["latest"]}', "MANIFEST.json is unreadable (AttributeError: "),
-    ('{"files": {"../../etc/hostname": {"size": 1, "sha256": "0"}}}',
-     "MANIFEST.json names '../../etc/hostname', outside the checkpoint"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('{"files": {"latest": ', "MANIFEST.json is unreadable (JSONDecodeError: "),
+        ('{"files": {"latest": {"size": 13}}}', "MANIFEST.json is unreadable (KeyError: 'sha256')"),
+        ('{"files": ["latest"]}', "MANIFEST.json is unreadable (AttributeError: "),
+        (
+            '{"files": {"../../etc/hostname": {"size": 1, "sha256": "0"}}}',
+            "MANIFEST.json names '../../etc/hostname', outside the checkpoint",
+        ),
+    ],
+)
 def test_unreadable_or_hostile_manifest_fails_verification(tmp_path, text, problem):
     path = save(tmp_path, 2)
     (path / "MANIFEST.json").write_text(text)
@@ -109,10 +124,15 @@ def test_latest_skips_damaged_checkpoints_with_one_line_each(tmp_path):
     lines: list[str] = []
     assert checkpoint.latest(tmp_path, warn=lines.append) == (older, {**STATE, "step": 2})
     assert lines == [
-        (f"warning: skipping checkpoint-00000006 in {tmp_path}: pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt"
-        " has 3995 bytes, its manifest says 3996; resuming from checkpoint-00000002 instead"),
-        (f"warning: skipping checkpoint-00000004 in {tmp_path}: trainer_state.json does not match its sha256 in "
-        "MANIFEST.json; resuming from checkpoint-00000002 instead")]
+        (
+            f"warning: skipping checkpoint-00000006 in {tmp_path}: pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt"
+            " has 3995 bytes, its manifest says 3996; resuming from checkpoint-00000002 instead"
+        ),
+        (
+            f"warning: skipping checkpoint-00000004 in {tmp_path}: trainer_state.json does not match its sha256 in "
+            "MANIFEST.json; resuming from checkpoint-00000002 instead"
+        ),
+    ]
 
     missing(older / "latest")
     lines.clear()
@@ -126,8 +146,9 @@ def test_checkpoint_without_manifest_loads_unverified_with_a_note(tmp_path):
     truncated(path / "latest")  # nothing to check it against
     lines: list[str] = []
     assert checkpoint.latest(tmp_path, warn=lines.append) == (path, {**STATE, "step": 2})
-    assert lines == [("note: checkpoint-00000002 has no MANIFEST.json (saved before checksums existed): "
-                     "loading it unverified")]
+    assert lines == [
+        ("note: checkpoint-00000002 has no MANIFEST.json (saved before checksums existed): loading it unverified")
+    ]
 
 
 def fail_half_way(error: BaseException) -> Callable[[Path], None]:
@@ -142,8 +163,9 @@ def fail_half_way(error: BaseException) -> Callable[[Path], None]:
 TORCH_FULL_DISK = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 6976 vs 6868")
 
 
-@pytest.mark.parametrize("error", [TORCH_FULL_DISK, OSError(errno.ENOSPC, "No space left on device")],
-                         ids=["torch-runtime-error", "enospc"])
+@pytest.mark.parametrize(
+    "error", [TORCH_FULL_DISK, OSError(errno.ENOSPC, "No space left on device")], ids=["torch-runtime-error", "enospc"]
+)
 def test_save_on_a_full_disk_raises_one_line_naming_folder_and_disk(tmp_path, monkeypatch, error):
     monkeypatch.setattr(checkpoint, "_disk_space", lambda folder: (5 * 1024, 1000, Path("/mnt/scratch")))
     save(tmp_path, 2)
@@ -152,7 +174,8 @@ def test_save_on_a_full_disk_raises_one_line_naming_folder_and_disk(tmp_path, mo
     assert str(raised.value) == (
         f"no space left on device while saving checkpoint-00000004 to {tmp_path} (5.0 KiB free on the disk mounted at "
         "/mnt/scratch); checkpoint-00000004 is not marked complete and will not be loaded: free space there or keep "
-        "fewer checkpoints (--keep-checkpoints, now 3)")
+        "fewer checkpoints (--keep-checkpoints, now 3)"
+    )
     assert raised.value.exit_code == 1
     assert [p.name for _, p in checkpoint.complete_checkpoints(tmp_path)] == ["checkpoint-00000002"]
 
@@ -170,7 +193,8 @@ def test_other_disk_errors_are_one_line_too(tmp_path):
     assert str(raised.value) == (
         f"could not save checkpoint-00000002 to {tmp_path}: Permission denied "
         f"({tmp_path}/checkpoint-00000002/optimizer.bin); checkpoint-00000002 is not marked complete and will not be "
-        "loaded")
+        "loaded"
+    )
 
 
 def test_errors_that_are_not_the_disk_pass_through(tmp_path):
@@ -182,18 +206,39 @@ def test_errors_that_are_not_the_disk_pass_through(tmp_path):
 ZERO2_OF_2 = {**STATE, "world_size": 2, "strategy": "zero2"}
 
 
-@pytest.mark.parametrize("saved, world, strategy, says", [
-    (ZERO2_OF_2, 1, "zero2",
-     ("was saved by 2 processes with --strategy zero2, which splits its state across processes, "
-      "but this run has 1: run it with 2 processes to resume")),
-    ({**ZERO2_OF_2, "world_size": 1}, 4, "zero2-offload",
-     ("saved by 1 process with --strategy zero2, which splits its state across processes, "
-      "but this run has 4: run it with 1 process to resume")),
-    ({**ZERO2_OF_2, "strategy": "zero3"}, 2, "zero2",
-     ("was saved with --strategy zero3, which stores its state differently from --strategy zero2: "
-      "resume with --strategy zero3")),
-    ({**STATE, "strategy": "ddp"}, 1, "zero2", "resume with --strategy ddp"),
-])
+@pytest.mark.parametrize(
+    "saved, world, strategy, says",
+    [
+        (
+            ZERO2_OF_2,
+            1,
+            "zero2",
+            (
+                "was saved by 2 processes with --strategy zero2, which splits its state across processes, "
+                "but this run has 1: run it with 2 processes to resume"
+            ),
+        ),
+        (
+            {**ZERO2_OF_2, "world_size": 1},
+            4,
+            "zero2-offload",
+            (
+                "saved by 1 process with --strategy zero2, which splits its state across processes, "
+                "but this run has 4: run it with 1 process to resume"
+            ),
+        ),
+        (
+            {**ZERO2_OF_2, "strategy": "zero3"},
+            2,
+            "zero2",
+            (
+                "was saved with --strategy zero3, which stores its state differently from --strategy zero2: "
+                "resume with --strategy zero3"
+            ),
+        ),
+        ({**STATE, "strategy": "ddp"}, 1, "zero2", "resume with --strategy ddp"),
+    ],
+)
 def test_checkpoints_a_run_cannot_resume_are_refused(tmp_path, saved, world, strategy, says):
     with pytest.raises(checkpoint.CheckpointError, match=f"^checkpoint-00000002 in {tmp_path} ") as raised:
         checkpoint.check_resumable(tmp_path / "checkpoint-00000002", saved, world, strategy)
@@ -201,13 +246,16 @@ def test_checkpoints_a_run_cannot_resume_are_refused(tmp_path, saved, world, str
     assert raised.value.exit_code == 2
 
 
-@pytest.mark.parametrize("saved, world, strategy", [
-    ({**STATE, "world_size": 2, "strategy": "ddp"}, 1, "ddp"),  # DDP state does not depend on the world size
-    ({**STATE, "world_size": 1, "strategy": "ddp"}, 1, "single"),
-    (ZERO2_OF_2, 2, "zero2"),
-    (ZERO2_OF_2, 2, "zero2-offload"),
-    ({k: v for k, v in ZERO2_OF_2.items() if k not in ("world_size", "strategy")}, 1, "zero2"),  # not recorded
-])
+@pytest.mark.parametrize(
+    "saved, world, strategy",
+    [
+        ({**STATE, "world_size": 2, "strategy": "ddp"}, 1, "ddp"),  # DDP state does not depend on the world size
+        ({**STATE, "world_size": 1, "strategy": "ddp"}, 1, "single"),
+        (ZERO2_OF_2, 2, "zero2"),
+        (ZERO2_OF_2, 2, "zero2-offload"),
+        ({k: v for k, v in ZERO2_OF_2.items() if k not in ("world_size", "strategy")}, 1, "zero2"),  # not recorded
+    ],
+)
 def test_checkpoints_a_run_can_resume_pass(tmp_path, saved, world, strategy):
     checkpoint.check_resumable(tmp_path / "checkpoint-00000002", saved, world, strategy)
 
@@ -232,12 +280,23 @@ def assert_one_error_line(run, code: int, must_name: list[str]) -> str:
 def test_full_disk_during_saves_is_one_line_and_a_failure_file(train):
     """DISTRAIN_TEST_NO_SPACE_IN makes the write fail as a full disk does (OSError ENOSPC):
     in a checkpoint right after Accelerate wrote its files, or in the final model."""
-    ckpt, model = train.many([{"flags": FLAGS, "name": "full-ckpt", "env": {"DISTRAIN_TEST_NO_SPACE_IN": "save"}},
-                              {"flags": FLAGS, "name": "full-model", "env": {"DISTRAIN_TEST_NO_SPACE_IN": "model"}}])
+    ckpt, model = train.many(
+        [
+            {"flags": FLAGS, "name": "full-ckpt", "env": {"DISTRAIN_TEST_NO_SPACE_IN": "save"}},
+            {"flags": FLAGS, "name": "full-model", "env": {"DISTRAIN_TEST_NO_SPACE_IN": "model"}},
+        ]
+    )
     c = ckpt.contract
-    assert_one_error_line(ckpt, 1, [("no space left on device while saving checkpoint-00000002 to "
-                                    f"{c.checkpoint_dir} ("), "free on the disk mounted at ",
-                                    "checkpoint-00000002 is not marked complete", "--keep-checkpoints"])
+    assert_one_error_line(
+        ckpt,
+        1,
+        [
+            (f"no space left on device while saving checkpoint-00000002 to {c.checkpoint_dir} ("),
+            "free on the disk mounted at ",
+            "checkpoint-00000002 is not marked complete",
+            "--keep-checkpoints",
+        ],
+    )
     (half,) = c.checkpoints()
     assert any(half.iterdir()) and not (half / "COMPLETE").exists()
 
@@ -249,13 +308,29 @@ def test_full_disk_during_saves_is_one_line_and_a_failure_file(train):
 @pytest.fixture(scope="module")
 def zero2_of_two(module_train):
     """A ZeRO-2 checkpoint saved by 2 processes (each writes its own optimizer shard)."""
-    run = module_train("--strategy", "zero2", "--max-steps", "2", "--save-every", "2", "--batch-size", "8",
-                       "--report-to", "none", "--no-save-model", name="zero2-of-two", processes=2)
+    run = module_train(
+        "--strategy",
+        "zero2",
+        "--max-steps",
+        "2",
+        "--save-every",
+        "2",
+        "--batch-size",
+        "8",
+        "--report-to",
+        "none",
+        "--no-save-model",
+        name="zero2-of-two",
+        processes=2,
+    )
     assert run.returncode == 0, run.describe()
     (path,) = run.contract.complete_checkpoints()
     assert len(list((path / "pytorch_model").glob("zero_pp_rank_*_optim_states.pt"))) == 2
-    assert {k: v for k, v in json.loads((path / "trainer_state.json").read_text()).items()
-            if k in ("world_size", "strategy")} == {"world_size": 2, "strategy": "zero2"}
+    assert {
+        k: v
+        for k, v in json.loads((path / "trainer_state.json").read_text()).items()
+        if k in ("world_size", "strategy")
+    } == {"world_size": 2, "strategy": "zero2"}
     return run.contract
 
 
@@ -263,10 +338,27 @@ def zero2_of_two(module_train):
 @pytest.mark.multiprocess
 def test_zero2_checkpoint_of_2_processes_is_refused_by_1(module_train, zero2_of_two):
     # Started as every backend starts it (node_launch), before DeepSpeed would fail on it.
-    run = module_train("--strategy", "zero2", "--max-steps", "4", "--batch-size", "8", "--report-to", "none",
-                       "--no-save-model", name="zero2-of-two", processes=1)
-    assert_one_error_line(run, 2, [(f"checkpoint-00000002 in {zero2_of_two.checkpoint_dir} was saved by 2 processes "
-                                   "with --strategy zero2"), "but this run has 1: run it with 2 processes"])
+    run = module_train(
+        "--strategy",
+        "zero2",
+        "--max-steps",
+        "4",
+        "--batch-size",
+        "8",
+        "--report-to",
+        "none",
+        "--no-save-model",
+        name="zero2-of-two",
+        processes=1,
+    )
+    assert_one_error_line(
+        run,
+        2,
+        [
+            (f"checkpoint-00000002 in {zero2_of_two.checkpoint_dir} was saved by 2 processes with --strategy zero2"),
+            "but this run has 1: run it with 2 processes",
+        ],
+    )
     assert not run.lines("resumed_from=")
 
 
@@ -274,5 +366,6 @@ def test_zero2_checkpoint_of_2_processes_is_refused_by_1(module_train, zero2_of_
 @pytest.mark.multiprocess
 def test_zero2_checkpoint_is_refused_by_ddp(module_train, zero2_of_two):
     run = module_train("--max-steps", "4", "--report-to", "none", name="zero2-of-two")
-    assert_one_error_line(run, 2, ["was saved with --strategy zero2", "from --strategy ddp",
-                                   "resume with --strategy zero2"])
+    assert_one_error_line(
+        run, 2, ["was saved with --strategy zero2", "from --strategy ddp", "resume with --strategy zero2"]
+    )

@@ -15,10 +15,25 @@ EVAL_SAMPLES = 151  # not a multiple of the global eval batch (16): the last bat
 
 def ddp_flags(no_dropout_config) -> list[str]:
     """The job of ddp_pair and of the fp16-reduce run: the comparison needs the very same one."""
-    return ["--model-config", str(no_dropout_config), "--max-steps", "40", "--lr", "2e-3",
-            "--log-every", "10", "--eval-every", "20", "--report-to", "none",
-            # 300 validation examples, of which the first 151 are evaluated
-            "--validation-fraction", "0.2", "--max-eval-samples", str(EVAL_SAMPLES)]
+    return [
+        "--model-config",
+        str(no_dropout_config),
+        "--max-steps",
+        "40",
+        "--lr",
+        "2e-3",
+        "--log-every",
+        "10",
+        "--eval-every",
+        "20",
+        "--report-to",
+        "none",
+        # 300 validation examples, of which the first 151 are evaluated
+        "--validation-fraction",
+        "0.2",
+        "--max-eval-samples",
+        str(EVAL_SAMPLES),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +56,9 @@ def test_fp16_gradient_reduce_stays_close_to_fp32(ddp_pair, module_train, no_dro
     """--ddp-reduce-dtype registers DDP's compression hook: the all-reduce runs in fp16,
     so losses move by rounding only (and do move: the hook really ran)."""
     _, two = ddp_pair
-    half = module_train(*ddp_flags(no_dropout_config), "--batch-size", "8", "--ddp-reduce-dtype", "fp16", name="ddp-fp16",
-                        processes=2)
+    half = module_train(
+        *ddp_flags(no_dropout_config), "--batch-size", "8", "--ddp-reduce-dtype", "fp16", name="ddp-fp16", processes=2
+    )
     assert half.returncode == 0, half.describe()
     assert half.train_losses.keys() == two.train_losses.keys()
     for step, loss in two.train_losses.items():
@@ -75,17 +91,34 @@ def test_two_processes_give_the_numbers_of_one(ddp_pair):
     for step, loss in one.train_losses.items():
         assert two.train_losses[step] == pytest.approx(loss, rel=1e-3), step
     # Training did something, so the agreement above is not that of two untouched models.
-    assert one.evals[-1]["eval_loss"] < one.evals[0]["eval_loss"] or \
-        one.train_losses[40] < one.train_losses[10]
+    assert one.evals[-1]["eval_loss"] < one.evals[0]["eval_loss"] or one.train_losses[40] < one.train_losses[10]
 
 
 def test_compiled_ddp_runs_one_bucket_and_gives_the_numbers_of_one_eager_process(train, no_dropout_config):
     """--compile under DDP: Dynamo's DDP graph splitting, with the compiled default of one large
     bucket (training/strategies.ddp_bucket_mb), trains like one eager process on the same
     global batches."""
-    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64",
-             "--max-steps", "8", "--log-every", "2", "--lr", "2e-3", "--report-to", "none", "--no-save-model",
-             "--generate-tokens", "0", "--max-eval-samples", "32"]
+    flags = [
+        "--task",
+        "causal-lm",
+        "--model-config",
+        str(no_dropout_config),
+        "--block-size",
+        "64",
+        "--max-steps",
+        "8",
+        "--log-every",
+        "2",
+        "--lr",
+        "2e-3",
+        "--report-to",
+        "none",
+        "--no-save-model",
+        "--generate-tokens",
+        "0",
+        "--max-eval-samples",
+        "32",
+    ]
     one = train(*flags, "--batch-size", "16", name="lm-one")
     two = train(*flags, "--batch-size", "8", "--compile", name="lm-two-compiled", processes=2)
     assert one.returncode == 0, one.describe()
@@ -110,8 +143,7 @@ def check_saved_classifier(run, world: int) -> None:
 
     saved = json.loads((run.contract.model_dir / "training_args.json").read_text())
     assert saved["world_size"] == world
-    model, info = AutoModelForSequenceClassification.from_pretrained(run.contract.model_dir,
-                                                                     output_loading_info=True)
+    model, info = AutoModelForSequenceClassification.from_pretrained(run.contract.model_dir, output_loading_info=True)
     assert not any(info.values()), info  # no missing, unexpected or mismatched weights
     assert model.config.num_labels == 3
     assert sum(p.numel() for p in model.parameters()) == saved["num_parameters"]
@@ -126,8 +158,21 @@ def check_saved_classifier(run, world: int) -> None:
 
 @pytest.mark.parametrize("strategy,processes", [("zero2", 2), ("zero3", 2), ("zero2", 1)])
 def test_deepspeed_trains_and_saves_a_loadable_model(train, strategy, processes):
-    run = train("--strategy", strategy, "--max-steps", "40", "--batch-size", str(16 // processes),
-                "--lr", "2e-3", "--log-every", "10", "--report-to", "none", processes=processes)
+    run = train(
+        "--strategy",
+        strategy,
+        "--max-steps",
+        "40",
+        "--batch-size",
+        str(16 // processes),
+        "--lr",
+        "2e-3",
+        "--log-every",
+        "10",
+        "--report-to",
+        "none",
+        processes=processes,
+    )
     assert run.returncode == 0, run.describe()
     (launch,) = run.lines("node_launch ")
     assert launch.startswith(f"node_launch node_rank=0 nodes=1 processes={processes} "), launch
@@ -142,13 +187,30 @@ def test_deepspeed_trains_and_saves_a_loadable_model(train, strategy, processes)
 
 def test_zero3_causal_lm_generates_a_sample(train):
     # Generation under ZeRO-3 runs on every process (synced_gpus); only the main one prints.
-    run = train("--strategy", "zero3", "--task", "causal-lm", "--max-steps", "10", "--batch-size", "4",
-                "--log-every", "5", "--lr", "2e-3", "--generate-tokens", "8", "--report-to", "none", processes=2)
+    run = train(
+        "--strategy",
+        "zero3",
+        "--task",
+        "causal-lm",
+        "--max-steps",
+        "10",
+        "--batch-size",
+        "4",
+        "--log-every",
+        "5",
+        "--lr",
+        "2e-3",
+        "--generate-tokens",
+        "8",
+        "--report-to",
+        "none",
+        processes=2,
+    )
     assert run.returncode == 0, run.describe()
     assert run.lines("zero3_fetch_unit=") == ["zero3_fetch_unit=GPT2Block"], run.describe()
     samples = run.lines("sample=")
     assert len(samples) == 1, run.describe()
-    text = json.loads(samples[0][len("sample="):])
+    text = json.loads(samples[0][len("sample=") :])
     assert text.startswith("The"), text
     assert math.isfinite(run.final_eval["eval_perplexity"])
 
@@ -159,8 +221,12 @@ def test_zero2_follows_the_same_schedule_as_ddp(train):
     ZeRO-2 and DDP must log the same losses while the rate decays. The ZeRO-2 run is also one
     DeepSpeed process started without a launcher, which trains and saves."""
     common = ["--max-steps", "12", "--log-every", "3", "--lr", "3e-3", "--report-to", "none"]
-    ddp, zero2 = train.many([{"flags": [*common, "--strategy", "ddp", "--no-save-model"], "name": "sched-ddp"},
-                             {"flags": [*common, "--strategy", "zero2"], "name": "sched-zero2"}])
+    ddp, zero2 = train.many(
+        [
+            {"flags": [*common, "--strategy", "ddp", "--no-save-model"], "name": "sched-ddp"},
+            {"flags": [*common, "--strategy", "zero2"], "name": "sched-zero2"},
+        ]
+    )
     assert ddp.returncode == 0 and zero2.returncode == 0, ddp.describe() + zero2.describe()
     assert (zero2.contract.model_dir / "model.safetensors").is_file(), zero2.describe()
     assert list(ddp.train_losses) == [3, 6, 9, 12]
@@ -171,9 +237,27 @@ def test_zero2_follows_the_same_schedule_as_ddp(train):
 def test_zero3_block_fetch_changes_nothing_but_the_gathering(train, no_dropout_config):
     """Gathering whole GPT-2 blocks (--zero3-block-fetch, the default) must train exactly
     like ZeRO-3's per-layer gathering: same losses, step for step."""
-    common = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--strategy", "zero3",
-              "--max-steps", "8", "--batch-size", "4", "--log-every", "2", "--lr", "2e-3",
-              "--report-to", "none", "--no-save-model", "--generate-tokens", "0"]
+    common = [
+        "--task",
+        "causal-lm",
+        "--model-config",
+        str(no_dropout_config),
+        "--strategy",
+        "zero3",
+        "--max-steps",
+        "8",
+        "--batch-size",
+        "4",
+        "--log-every",
+        "2",
+        "--lr",
+        "2e-3",
+        "--report-to",
+        "none",
+        "--no-save-model",
+        "--generate-tokens",
+        "0",
+    ]
     block = train(*common, name="z3-block", processes=2)
     layer = train(*common, "--no-zero3-block-fetch", name="z3-layer", processes=2)
     assert block.returncode == 0 and layer.returncode == 0, block.describe() + layer.describe()

@@ -85,7 +85,11 @@ def test_push_uploads_every_file_byte_identical(hub, model_folder, monkeypatch, 
     repo = hub.repo(REPO_ID)
     assert hub.files(REPO_ID) == local_files(model_folder)
     assert set(repo.files) == {
-        "config.json", "model.safetensors", "tokenizer.json", "README.md", "runs/final/trainer_state.json",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "README.md",
+        "runs/final/trainer_state.json",
     }
     assert [c.summary for c in repo.commits] == ["Final model"]
     assert commit_url == f"{hub.url}/{REPO_ID}/commit/{repo.head}"

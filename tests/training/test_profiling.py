@@ -17,8 +17,12 @@ def test_merge_and_overlap():
 def test_exposed_communication_is_what_compute_does_not_cover():
     # Two steps (µs): compute 0-800 with an all-reduce 600-1000 (200 hidden, 200 exposed),
     # then compute 1000-1800 and an all-reduce 1900-2000 alone; 100 µs of idle GPU.
-    kernels = [("sm90_xmma_gemm", 0, 800), ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 600, 1000),
-               ("triton_poi_fused_add", 1000, 1800), ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1900, 2000)]
+    kernels = [
+        ("sm90_xmma_gemm", 0, 800),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 600, 1000),
+        ("triton_poi_fused_add", 1000, 1800),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1900, 2000),
+    ]
     s = timeline_summary(kernels, steps=2)
     assert s["profile_comm_ms"] == pytest.approx(0.25)  # (400 + 100) / 2 µs
     assert s["profile_exposed_comm_ms"] == pytest.approx(0.15)  # (200 + 100) / 2

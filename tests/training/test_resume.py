@@ -59,8 +59,9 @@ def kill_and_resume(module_train, baseline):
     """For each kill step: (the killed run, the rerun), each in its own contract. Runs two at a time."""
     jobs = [{"flags": FLAGS, "name": f"kill-{s}", "env": {"DISTRAIN_TEST_KILL_AT_STEP": str(s)}} for s in KILL_STEPS]
     # --num-workers 2: batches come from worker processes, and resume skips batches there too
-    jobs.append({"flags": [*FLAGS, "--num-workers", "2"], "name": "kill-7-workers",
-                 "env": {"DISTRAIN_TEST_KILL_AT_STEP": "7"}})
+    jobs.append(
+        {"flags": [*FLAGS, "--num-workers", "2"], "name": "kill-7-workers", "env": {"DISTRAIN_TEST_KILL_AT_STEP": "7"}}
+    )
     killed = module_train.many(jobs)
     # The same contract folders are reused by the rerun: note what the kill left behind.
     left = [[p.name for p in k.contract.complete_checkpoints()] for k in killed]
@@ -142,9 +143,11 @@ def flip_one_byte(path) -> str:
 
 
 # Damage to a checkpoint marked complete (a full disk, a bad copy or sync): its manifest says so.
-@pytest.mark.parametrize("name, damage", [("model.safetensors", truncate), ("optimizer.bin", truncate),
-                                          ("model.safetensors", flip_one_byte)],
-                         ids=["truncated-weights", "truncated-optimizer", "flipped-weights"])
+@pytest.mark.parametrize(
+    "name, damage",
+    [("model.safetensors", truncate), ("optimizer.bin", truncate), ("model.safetensors", flip_one_byte)],
+    ids=["truncated-weights", "truncated-optimizer", "flipped-weights"],
+)
 def test_damaged_complete_checkpoint_is_skipped_for_the_previous_one(train, baseline, name, damage):
     flags, newest = killed_after_step_4(train, "damaged")
     assert (newest / "MANIFEST.json").is_file()
@@ -152,8 +155,12 @@ def test_damaged_complete_checkpoint_is_skipped_for_the_previous_one(train, base
 
     rerun = train(*flags, name="damaged")
     skipped = [line for line in rerun.stderr.splitlines() if "checkpoint-00000004" in line]
-    assert skipped == [(f"warning: skipping checkpoint-00000004 in {rerun.contract.checkpoint_dir}: {problem}; "
-                        "resuming from checkpoint-00000002 instead")], rerun.describe()
+    assert skipped == [
+        (
+            f"warning: skipping checkpoint-00000004 in {rerun.contract.checkpoint_dir}: {problem}; "
+            "resuming from checkpoint-00000002 instead"
+        )
+    ], rerun.describe()
     assert "Traceback" not in rerun.stderr
     assert rerun.lines("resumed_from=") == [resumed_line(2)], rerun.describe()
     assert_same_result(rerun, baseline)
@@ -172,8 +179,9 @@ def test_checkpoint_without_manifest_still_resumes(train, baseline):
     rerun = train(*flags, name="legacy")
     assert rerun.lines("resumed_from=") == [resumed_line(4)], rerun.describe()
     notes = [line for line in rerun.stderr.splitlines() if "MANIFEST.json" in line]
-    assert notes == [("note: checkpoint-00000004 has no MANIFEST.json (saved before checksums existed): "
-                      "loading it unverified")], rerun.describe()
+    assert notes == [
+        ("note: checkpoint-00000004 has no MANIFEST.json (saved before checksums existed): loading it unverified")
+    ], rerun.describe()
     assert_same_result(rerun, baseline)
 
 
@@ -223,8 +231,11 @@ def test_sigterm_through_node_launch_exits_143(train, log_every):
     metrics = c.output_dir / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 180
-        while (not metrics.is_file() or metrics.read_text().count("\n") < 3) and proc.poll() is None \
-                and time.monotonic() < deadline:
+        while (
+            (not metrics.is_file() or metrics.read_text().count("\n") < 3)
+            and proc.poll() is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
         assert proc.poll() is None, "the run ended before it was signalled"
         os.kill(proc.pid, signal.SIGTERM)  # what a backend stopping the job sends to the command it ran

@@ -16,10 +16,14 @@ MODEL_FILES = ("config.json", "model.safetensors", "training_args.json", *TOKENI
 
 # (flags, eval metrics that must be there); 10 logged windows each, a few seconds on 2 cores.
 TASKS = {
-    "classification-tiny-gpt2": (["--task", "classification", "--preset", "tiny-gpt2", "--max-steps", "150"],
-                                 ("eval_accuracy", "eval_f1_macro")),
-    "classification-tiny-bert": (["--task", "classification", "--preset", "tiny-bert", "--max-steps", "150"],
-                                 ("eval_accuracy", "eval_f1_macro")),
+    "classification-tiny-gpt2": (
+        ["--task", "classification", "--preset", "tiny-gpt2", "--max-steps", "150"],
+        ("eval_accuracy", "eval_f1_macro"),
+    ),
+    "classification-tiny-bert": (
+        ["--task", "classification", "--preset", "tiny-bert", "--max-steps", "150"],
+        ("eval_accuracy", "eval_f1_macro"),
+    ),
     "causal-lm": (["--task", "causal-lm", "--max-steps", "60"], ("eval_perplexity",)),
     "masked-lm": (["--task", "masked-lm", "--preset", "tiny-bert", "--max-steps", "60"], ("eval_perplexity",)),
 }
@@ -32,8 +36,10 @@ def log_every(flags: list[str]) -> int:
 @pytest.fixture(scope="module")
 def task_runs(module_train):
     """One run per task, two at a time (each is a single process, on one core)."""
-    jobs = [{"flags": [*flags, "--lr", "2e-3", "--log-every", str(log_every(flags)), "--report-to", "none"],
-             "name": case} for case, (flags, _) in TASKS.items()]
+    jobs = [
+        {"flags": [*flags, "--lr", "2e-3", "--log-every", str(log_every(flags)), "--report-to", "none"], "name": case}
+        for case, (flags, _) in TASKS.items()
+    ]
     return dict(zip(TASKS, module_train.many(jobs)))
 
 
@@ -84,7 +90,7 @@ def test_task_trains_and_saves_a_complete_model(task_runs, case):
     samples = run.lines("sample=")
     if case == "causal-lm":
         assert len(samples) == 1, run.stdout
-        text = json.loads(samples[0][len("sample="):])
+        text = json.loads(samples[0][len("sample=") :])
         assert text.startswith("The") and len(text) > len("The"), text
     else:
         assert samples == []
@@ -119,9 +125,18 @@ def test_push_to_hub_through_the_entry_point(train):
 
     token = "hf_test_not_a_real_token_123"
     with HubDouble() as hub:
-        run = train("--max-steps", "4", "--log-every", "2", "--report-to", "none", "--push-to-hub", "me/tiny",
-                    name="push", env={"HF_ENDPOINT": hub.url, "HF_TOKEN": token, "HF_HUB_OFFLINE": "0",
-                                      "HF_HUB_DISABLE_TELEMETRY": "1"})
+        run = train(
+            "--max-steps",
+            "4",
+            "--log-every",
+            "2",
+            "--report-to",
+            "none",
+            "--push-to-hub",
+            "me/tiny",
+            name="push",
+            env={"HF_ENDPOINT": hub.url, "HF_TOKEN": token, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"},
+        )
         assert run.returncode == 0, run.describe()
         files = hub.files("me/tiny")
     model_dir = run.contract.model_dir
@@ -135,8 +150,7 @@ def test_push_to_hub_through_the_entry_point(train):
 def test_fused_cross_entropy_matches_the_standard_loss(train):
     """--fused-ce computes the LM head and loss chunk by chunk, gradients in the forward pass:
     the same training (fp32 on CPU), step for step. --profile-steps writes its table."""
-    common = ["--task", "causal-lm", "--max-steps", "6", "--log-every", "2", "--report-to", "none",
-              "--no-save-model"]
+    common = ["--task", "causal-lm", "--max-steps", "6", "--log-every", "2", "--report-to", "none", "--no-save-model"]
     plain = train(*common, "--profile-steps", "2:4", name="ce-plain")
     fused = train(*common, "--fused-ce", name="ce-fused")
     assert plain.returncode == 0 and fused.returncode == 0, plain.describe() + fused.describe()
@@ -154,8 +168,23 @@ def test_padding_is_measured_and_follows_pad_to_multiple_of(task_runs, train):
     """Classification pads each batch to its longest example (pad_pct is measured from the
     attention masks); --pad-to-multiple-of rounds that width up, so padding grows with it."""
     plain = task_runs["classification-tiny-gpt2"]
-    coarse = train("--task", "classification", "--preset", "tiny-gpt2", "--max-steps", "30", "--log-every", "15",
-                   "--lr", "2e-3", "--report-to", "none", "--no-save-model", "--pad-to-multiple-of", "64")
+    coarse = train(
+        "--task",
+        "classification",
+        "--preset",
+        "tiny-gpt2",
+        "--max-steps",
+        "30",
+        "--log-every",
+        "15",
+        "--lr",
+        "2e-3",
+        "--report-to",
+        "none",
+        "--no-save-model",
+        "--pad-to-multiple-of",
+        "64",
+    )
     assert coarse.returncode == 0, coarse.describe()
     tight = [m["pad_pct"] for m in plain.metrics if "pad_pct" in m]
     wide = [m["pad_pct"] for m in coarse.metrics if "pad_pct" in m]

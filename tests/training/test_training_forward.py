@@ -21,8 +21,9 @@ IDS = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0
 
 def gpt2(ours: bool):
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=LAYERS, n_head=2, n_embd=64, n_positions=64, vocab_size=VOCAB,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=LAYERS, n_head=2, n_embd=64, n_positions=64, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0
+    )
     model = transformers.GPT2LMHeadModel(config).train()
     model.loss_type = "ForCausalLM"  # as modeling.load_model sets it
     if ours:
@@ -53,13 +54,16 @@ def test_evaluation_and_label_free_forwards_keep_their_logits_without_a_cache_un
     assert inspect.signature(ours.forward) == inspect.signature(default.forward)
     ours.eval()
     prompt = IDS[:1, :4]
-    assert torch.equal(ours.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0),
-                       default.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0))
+    assert torch.equal(
+        ours.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0),
+        default.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0),
+    )
 
 
 def test_encoders_without_a_cache_argument_run_as_before():
-    config = transformers.BertConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=32,
-                                     intermediate_size=64, vocab_size=VOCAB)
+    config = transformers.BertConfig(
+        num_hidden_layers=1, num_attention_heads=2, hidden_size=32, intermediate_size=64, vocab_size=VOCAB
+    )
     bert = transformers.BertForSequenceClassification(config)
     modeling.training_forward(bert)
     out = bert(input_ids=IDS, labels=torch.tensor([0, 1]))
@@ -123,8 +127,10 @@ def test_the_trainer_prepares_its_model_with_it(tmp_path, fresh_accelerate):
     from distrain_cloud.training.trainer import Trainer
 
     args = parse_args(["--task", "causal-lm", "--preset", "tiny-gpt2", "--report-to", "none"])
-    trainer = Trainer(args, Contract(model_dir=tmp_path / "model", output_dir=tmp_path / "output",
-                                     checkpoint_dir=tmp_path / "checkpoints"))
+    trainer = Trainer(
+        args,
+        Contract(model_dir=tmp_path / "model", output_dir=tmp_path / "output", checkpoint_dir=tmp_path / "checkpoints"),
+    )
     trainer.setup()
     ids = next(iter(trainer.train_dl))["input_ids"]
     trainer.model.train()

@@ -34,8 +34,11 @@ FILLER = [
     "we talked about it all the way home",
     "the second half was quite different from the first",
 ]
-VERBS = {"positive": ["loved", "enjoyed", "adored"], "negative": ["hated", "regretted", "disliked"],
-         "neutral": ["noticed", "tried", "visited"]}
+VERBS = {
+    "positive": ["loved", "enjoyed", "adored"],
+    "negative": ["hated", "regretted", "disliked"],
+    "neutral": ["noticed", "tried", "visited"],
+}
 WORDS = {"positive": POSITIVE, "negative": NEGATIVE, "neutral": NEUTRAL}
 
 
@@ -95,8 +98,9 @@ def main() -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=1024, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train([str(HERE / "sentiment.jsonl"), str(HERE / "corpus.txt")], trainer)
     tok.save(str(HERE / "tokenizer.json"))
 
