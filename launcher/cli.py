@@ -24,6 +24,15 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+
+def _add_infra_commands() -> None:
+    from .infra_cli import app as infra_app  # typer only: --help stays instant
+
+    app.add_typer(infra_app, name="infra")
+
+
+_add_infra_commands()
+
 # What follows `--` on the command line: training flags, passed through untouched.
 _TRAIN_ARGS: list[str] = []
 
@@ -54,9 +63,7 @@ def submit(
     ] = None,
     max_run: Annotated[str | None, typer.Option("--max-run", help="wall-clock limit: 3600, 90m, 6h")] = None,
     max_wait: Annotated[str | None, typer.Option("--max-wait", help="spot: limit including waiting")] = None,
-    max_cost: Annotated[
-        float | None, typer.Option("--max-cost", help="refuse if worst-case USD exceeds this")
-    ] = None,
+    max_cost: Annotated[float | None, typer.Option("--max-cost", help="refuse if worst-case USD exceeds this")] = None,
     name: Annotated[str | None, typer.Option("--name", help="job name prefix")] = None,
     resume_from: Annotated[
         str | None, typer.Option("--resume-from", help="continue from this earlier job's checkpoints")

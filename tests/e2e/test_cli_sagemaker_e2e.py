@@ -240,3 +240,27 @@ def test_submit_with_only_region_flag_and_no_configured_region(moto_server, env,
     r = cli(bare, "submit", str(EXAMPLE), "--region", REGION, "--role", role, cwd=tmp_path)
     assert "no AWS region" not in r.stderr
     assert r.returncode == 0, r.stderr
+
+
+def test_after_infra_up_a_submit_needs_no_role(moto_server, env, tmp_path):
+    """No role and no stack: one line saying to run `infra up`; after it, the stack's role and bucket."""
+    r = cli(env, "submit", "--instance", "ml.g5.xlarge", "--stack", "e2e-stack", cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    (line,) = r.stderr.strip().splitlines()
+    assert "distrain-cloud infra up" in line and "--role" in line, line
+
+    r = cli(env, "infra", "up", "--stack", "e2e-stack", "--yes", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = cli(env, "submit", "--instance", "ml.g5.xlarge", "--stack", "e2e-stack", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    cf = aws_client("cloudformation", moto_server)
+    physical = {
+        res["LogicalResourceId"]: res["PhysicalResourceId"]
+        for res in cf.describe_stack_resources(StackName="e2e-stack")["StackResources"]
+        if res.get("PhysicalResourceId")  # moto lists resources it cannot create without ids
+    }
+    role_arn = aws_client("iam", moto_server).get_role(RoleName=physical["SageMakerExecutionRole"])["Role"]["Arn"]
+    job = aws_client("sagemaker", moto_server).describe_training_job(TrainingJobName=plan["job_name"])
+    assert job["RoleArn"] == role_arn
+    assert job["OutputDataConfig"]["S3OutputPath"].startswith(f"s3://{physical['Bucket']}/")
