@@ -35,9 +35,6 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=7)
     a = p.parse_args()
-    empty = tempfile.NamedTemporaryFile(delete=False).name
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_CONFIG_FILE=empty, AWS_SHARED_CREDENTIALS_FILE=empty, AWS_EC2_METADATA_DISABLED="true")
     cli = str(BIN / "distrain-cloud")
     cases = {
         "distrain-cloud --help": [cli, "--help"],
@@ -53,6 +50,10 @@ def main() -> None:
         "accelerate launch --help (reference)": [str(BIN / "accelerate"), "launch", "--help"],
     }
     with tempfile.TemporaryDirectory() as cwd:
+        empty = Path(cwd) / "aws-empty"  # no ~/.aws of the developer's
+        empty.write_text("")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(AWS_CONFIG_FILE=str(empty), AWS_SHARED_CREDENTIALS_FILE=str(empty), AWS_EC2_METADATA_DISABLED="true")
         rows = []
         for name, cmd in cases.items():
             timed(cmd, env, cwd)  # warm the file cache

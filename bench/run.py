@@ -708,13 +708,13 @@ class Runner:
 
 def last_error(text: str) -> str:
     lines = [
-        l.strip()
-        for l in text.splitlines()
-        if l.strip() and not l.startswith("# ") and "[WARNING]" not in l and "Warning:" not in l
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("# ") and "[WARNING]" not in line and "Warning:" not in line
     ]
-    for l in reversed(lines):
-        if OOM.search(l) or l.startswith("error:") or re.match(r"^[\w.]+(Error|Exception)\b", l):
-            return l[:300]
+    for line in reversed(lines):
+        if OOM.search(line) or line.startswith("error:") or re.match(r"^[\w.]+(Error|Exception)\b", line):
+            return line[:300]
     return lines[-1][:300] if lines else ""
 
 
@@ -771,7 +771,7 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
 
 
 def parse_hf(run: Run, text: str) -> dict:
-    line = next((l for l in reversed(text.splitlines()) if l.startswith("bench=hf_trainer")), None)
+    line = next((x for x in reversed(text.splitlines()) if x.startswith("bench=hf_trainer")), None)
     if line is None:
         return {"tokens_per_sec": None}
     kv = lib.parse_kv(line)
@@ -891,8 +891,8 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
                 + (", equal to the baseline's count" if same else f"; WARNING: the baseline counted {counted[0]:,}")
             )
     elif suite == "scaling":
-        for r, t in zip(runs, tps):
-            base = next((t1 for r1, t1 in zip(runs, tps) if max(1, r1.gpus) == 1), None)
+        for r, t in zip(runs, tps, strict=True):
+            base = next((t1 for r1, t1 in zip(runs, tps, strict=True) if max(1, r1.gpus) == 1), None)
             n = max(1, r.gpus)
             eff = ratio(t, n * base) if base else None
             tag = f" [{r.variant}]" if r.variant else ""
@@ -904,7 +904,7 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
     elif suite == "zero":
         ddp = next((r for r in runs if r.strategy == "ddp" and not r.variant), None)
         base = ddp.result.get("tokens_per_sec") if ddp else None
-        for r, t in zip(runs, tps):
+        for r, t in zip(runs, tps, strict=True):
             if r is ddp:
                 continue
             q = ratio(t, base)
@@ -985,9 +985,12 @@ def render(meta: dict, suites: dict[str, list[Run]], ctx: Ctx) -> tuple[str, dic
     md.append(
         f"- settings: seq {ctx.a.seq_len}, micro-batch {ctx.a.batch_size}, {ctx.a.steps} timed steps after "
         f"{ctx.a.warmup} warmup steps (ours: median of per-window tokens/s over windows of {ctx.a.log_every} "
-        f"steps after warmup; HF: one span over the timed steps), precision {ctx.precision if not ctx.cpu else 'fp32'}; "
-        f"xl: micro-batch {ctx.a.xl_batch_size}, {ctx.a.xl_steps} after {ctx.a.xl_warmup} (windows of {ctx.a.xl_log_every}); "
-        f"accum: k={ctx.a.accum_k}, {ctx.a.accum_steps} after {ctx.a.accum_warmup} (windows of {ctx.a.accum_log_every}); "
+        f"steps after warmup; HF: one span over the timed steps), "
+        f"precision {ctx.precision if not ctx.cpu else 'fp32'}; "
+        f"xl: micro-batch {ctx.a.xl_batch_size}, {ctx.a.xl_steps} after {ctx.a.xl_warmup} "
+        f"(windows of {ctx.a.xl_log_every}); "
+        f"accum: k={ctx.a.accum_k}, {ctx.a.accum_steps} after {ctx.a.accum_warmup} "
+        f"(windows of {ctx.a.accum_log_every}); "
         f"varlen: micro-batch {ctx.a.varlen_batch_size}, max length {ctx.a.varlen_max_length}"
     )
     md.append(
@@ -1229,7 +1232,8 @@ def main(argv=None) -> int:
             )
         if cls:
             print(
-                f"# data: {shown([str(ctx.varlen_file)], ctx)} = {n_varlen} synthetic variable-length examples (text,label)"
+                f"# data: {shown([str(ctx.varlen_file)], ctx)} = {n_varlen} "
+                "synthetic variable-length examples (text,label)"
             )
         seen = set()
         for name, runs in suites.items():

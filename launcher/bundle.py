@@ -205,19 +205,21 @@ def build_bundle(repo_root: Path, *, allow_large: Sequence[str] = ()) -> Bundle:
 
     raw = io.BytesIO()
     sizes: dict[str, int] = {}
-    with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="", compresslevel=9) as gz:
-        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for name in sorted(dirs | set(sources)):
-                info = tarfile.TarInfo(name)
-                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-                if name in dirs:
-                    info.type, info.mode = tarfile.DIRTYPE, 0o755
-                    tar.addfile(info)
-                else:
-                    content = sources[name].read_bytes()  # through a symlink: the target's bytes
-                    info.size, info.mode = len(content), 0o755 if os.stat(sources[name]).st_mode & 0o111 else 0o644
-                    tar.addfile(info, io.BytesIO(content))
-                    sizes[name] = len(content)
+    with (
+        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="", compresslevel=9) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for name in sorted(dirs | set(sources)):
+            info = tarfile.TarInfo(name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            if name in dirs:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                content = sources[name].read_bytes()  # through a symlink: the target's bytes
+                info.size, info.mode = len(content), 0o755 if os.stat(sources[name]).st_mode & 0o111 else 0o644
+                tar.addfile(info, io.BytesIO(content))
+                sizes[name] = len(content)
     data = raw.getvalue()
     files = tuple(sorted(sources))
     return Bundle(

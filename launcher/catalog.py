@@ -55,7 +55,10 @@ class InstanceType:
 
     @property
     def compute_capability_str(self) -> str | None:
-        return None if self.compute_capability is None else "%d.%d" % self.compute_capability
+        if self.compute_capability is None:
+            return None
+        major, minor = self.compute_capability
+        return f"{major}.{minor}"
 
     @property
     def total_gpu_memory_gib(self) -> int:
@@ -105,7 +108,7 @@ def _build() -> dict[str, InstanceType]:
                 compute_capability=GPU_COMPUTE_CAPABILITY[gpu] if gpu else None,
                 gpu_memory_gib=gpu_gib,
                 efa=efa,
-                hourly_usd=dict(zip(PRICE_REGIONS, prices)),
+                hourly_usd=dict(zip(PRICE_REGIONS, prices, strict=True)),
             )
     return table
 

@@ -208,7 +208,7 @@ def _load_default_config() -> dict[str, Any]:
 def _training_scope(config: Mapping[str, Any] | None) -> Mapping[str, Any]:
     if config is None:
         config = _load_default_config()
-    return config["training"] if "training" in config else config
+    return config.get("training", config)
 
 
 def _version_key(version: str) -> tuple:
@@ -250,7 +250,7 @@ def training_images(config: Mapping[str, Any] | None = None) -> tuple[TrainingIm
                         py_version=py,
                         processor=processor,
                         container_version=container,
-                        cuda_version=None if processor == "cpu" else "%d.%d" % cuda,
+                        cuda_version=None if processor == "cpu" or cuda is None else f"{cuda[0]}.{cuda[1]}",
                         repository=entry["repository"],
                         registries=dict(entry.get("registries") or {}),
                     )
@@ -452,7 +452,7 @@ def _check_explicit(
     )
     if cuda is None:
         return ImageChoice(**described, cuda_version=None, reason="explicit image, CUDA version unknown")
-    cuda_str = "%d.%d" % cuda
+    cuda_str = f"{cuda[0]}.{cuda[1]}"
     if not instance.is_gpu:
         return ImageChoice(
             **described, cuda_version=cuda_str, reason=f"explicit image (CUDA {cuda_str} build on a CPU instance)"

@@ -121,7 +121,7 @@ def verify(path: Path) -> str | None:
         digests = _sha256_all([path / rel for rel in expected])
     except OSError as e:
         return f"a file could not be read ({e})"
-    for (rel, (_, sha256)), digest in zip(expected.items(), digests):
+    for (rel, (_, sha256)), digest in zip(expected.items(), digests, strict=True):
         if digest != sha256:
             return f"{rel} does not match its sha256 in {MANIFEST}"
     return None
@@ -139,7 +139,10 @@ def write_manifest(path: Path) -> None:
     """
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.name not in (MANIFEST, MARKER))
     digests = _sha256_all(files, fsync=True)
-    entries = {p.relative_to(path).as_posix(): {"size": p.stat().st_size, "sha256": d} for p, d in zip(files, digests)}
+    entries = {
+        p.relative_to(path).as_posix(): {"size": p.stat().st_size, "sha256": d}
+        for p, d in zip(files, digests, strict=True)
+    }
     _write_atomic(path / MANIFEST, json.dumps({"algorithm": "sha256", "files": entries}, indent=1))
 
 
@@ -277,12 +280,11 @@ def _disk_space(folder: Path) -> tuple[int | None, int | None, Path]:
 def _size(n: int) -> str:
     if n < 1024:
         return f"{n} B"
-    value, unit = float(n), "B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
+    value, units = n / 1024, ["KiB", "MiB", "GiB", "TiB"]
+    while value >= 1024 and len(units) > 1:
         value /= 1024
-        if value < 1024:
-            break
-    return f"{value:.1f} {unit}"
+        units.pop(0)
+    return f"{value:.1f} {units[0]}"
 
 
 def _write_atomic(path: Path, text: str) -> None:

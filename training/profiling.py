@@ -120,7 +120,7 @@ class Profiler:
         except OSError as err:  # a diagnostic: a full disk must not end the training run
             print(f"profile_trace_error={type(err).__name__}", flush=True)
         print(
-            "profile (steps %d-%d), top kernels:\n%s" % (self.start, self.end, "\n".join(table.splitlines()[:16])),
+            f"profile (steps {self.start}-{self.end}), top kernels:\n" + "\n".join(table.splitlines()[:16]),
             flush=True,
         )
         print(line, flush=True)

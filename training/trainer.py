@@ -340,6 +340,7 @@ class Trainer:
                 for key, v in zip(
                     ("loss", "pred", "label") if task == "classification" else ("sum", "count"),
                     acc.gather_for_metrics(values),
+                    strict=True,
                 ):
                     parts.setdefault(key, []).append(v.cpu())
         self.model.train()

@@ -74,7 +74,8 @@ def quotas_server():
 def env(moto_server, quotas_server, tmp_path_factory):
     home = tmp_path_factory.mktemp("home")  # no ~/.aws
     base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    # AWS_DEFAULT_REGION as a configured profile would give it; test_submit_with_only_region_flag_and_no_configured_region covers the case without it
+    # AWS_DEFAULT_REGION as a configured profile would give it;
+    # test_submit_with_only_region_flag_and_no_configured_region covers the case without it
     return {
         **base,
         "HOME": str(home),

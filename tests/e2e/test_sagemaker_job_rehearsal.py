@@ -59,7 +59,7 @@ def test_the_planned_entrypoint_trains_from_the_bundle(tmp_path, no_aws_config):
     assert f"code={root / 'code' / 'distrain_cloud' / 'training'}" in r.stdout
     # SageMaker's folders: the model, metrics under output/data, checkpoints where S3 syncs.
     assert (root / "model" / "model.safetensors").is_file()
-    metrics = [json.loads(l) for l in (root / "output" / "data" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (root / "output" / "data" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "train_loss" in m] == [2, 4, 6]
     assert any("eval_accuracy" in m for m in metrics)
     # The metric regexes of the request match what the job printed.

@@ -19,7 +19,7 @@ print("MODULES=" + json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))
 def heavy_modules_after(action: str, cwd) -> list[str]:
     code = PROBE.format(action=action, heavy=HEAVY)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=120)
-    line = [l for l in r.stdout.splitlines() if l.startswith("MODULES=")]
+    line = [x for x in r.stdout.splitlines() if x.startswith("MODULES=")]
     assert line, r.stdout + r.stderr
     return json.loads(line[0].removeprefix("MODULES="))
 

@@ -78,8 +78,8 @@ def test_bad_flag_value_is_one_line_and_creates_nothing(tmp_path):
     r = cli("submit", "--instance", "local", "--strategy", "zero9", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        "error: the command line: strategy (--strategy): unknown strategy 'zero9'; choose one of: single, ddp, zero1, zero2, "
-        "zero3, zero2-offload, zero3-offload"
+        "error: the command line: strategy (--strategy): unknown strategy 'zero9'; choose one of: single, ddp, "
+        "zero1, zero2, zero3, zero2-offload, zero3-offload"
     ]
     assert not (tmp_path / "runs").exists()
 
@@ -105,9 +105,9 @@ def test_submit_local_runs_the_offline_default_end_to_end(tmp_path):
     assert json.loads((root / "status.json").read_text())["status"] == "Completed"
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (root / "model").iterdir()}
     losses = [
-        json.loads(l)["train_loss"]
-        for l in (root / "output" / "metrics.jsonl").read_text().splitlines()
-        if "train_loss" in l
+        json.loads(line)["train_loss"]
+        for line in (root / "output" / "metrics.jsonl").read_text().splitlines()
+        if "train_loss" in line
     ]
     assert losses[-1] < losses[0]
     assert "eval_accuracy=" in r.stdout

@@ -290,8 +290,9 @@ def test_over_budget_submit_refuses_and_creates_nothing(role, capsys):
         (
             "ResourceLimitExceeded",
             "The account-level service limit 'ml.p3.8xlarge for training job usage' is 0 Instances",
-            "error: AWS quota exceeded for CreateTrainingJob: The account-level service limit 'ml.p3.8xlarge for training "
-            "job usage' is 0 Instances -- request an increase in the Service Quotas console",
+            "error: AWS quota exceeded for CreateTrainingJob: The account-level service limit "
+            "'ml.p3.8xlarge for training job usage' is 0 Instances -- "
+            "request an increase in the Service Quotas console",
         ),
         (
             "ThrottlingException",

@@ -110,7 +110,7 @@ def bad_runs(module_train, data_files):
         {"flags": ["--report-to", "none", "--max-steps", "5", *fill(flags, data_files)], "name": case}
         for case, (flags, _) in CASES.items()
     ]
-    return dict(zip(CASES, module_train.many(jobs)))
+    return dict(zip(CASES, module_train.many(jobs), strict=True))
 
 
 def assert_one_error_line(run, must_name: list[str], quiet_stdout: bool = True) -> str:

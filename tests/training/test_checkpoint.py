@@ -125,8 +125,9 @@ def test_latest_skips_damaged_checkpoints_with_one_line_each(tmp_path):
     assert checkpoint.latest(tmp_path, warn=lines.append) == (older, {**STATE, "step": 2})
     assert lines == [
         (
-            f"warning: skipping checkpoint-00000006 in {tmp_path}: pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt"
-            " has 3995 bytes, its manifest says 3996; resuming from checkpoint-00000002 instead"
+            f"warning: skipping checkpoint-00000006 in {tmp_path}: "
+            "pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt has 3995 bytes, its manifest says 3996; "
+            "resuming from checkpoint-00000002 instead"
         ),
         (
             f"warning: skipping checkpoint-00000004 in {tmp_path}: trainer_state.json does not match its sha256 in "

@@ -83,7 +83,7 @@ def test_two_processes_really_run(ddp_pair):
 def test_two_processes_give_the_numbers_of_one(ddp_pair):
     one, two = ddp_pair
     assert [e["step"] for e in one.evals] == [e["step"] for e in two.evals] == [20, 40]
-    for a, b in zip(one.evals, two.evals):
+    for a, b in zip(one.evals, two.evals, strict=True):
         assert a["eval_accuracy"] == b["eval_accuracy"], (a, b)
         assert a["eval_f1_macro"] == b["eval_f1_macro"], (a, b)
         assert a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-3), (a, b)

@@ -66,7 +66,7 @@ def kill_and_resume(module_train, baseline):
     # The same contract folders are reused by the rerun: note what the kill left behind.
     left = [[p.name for p in k.contract.complete_checkpoints()] for k in killed]
     resumed = module_train.many([{"flags": job["flags"], "name": job["name"]} for job in jobs])
-    return {job["name"]: (k, ckpts, r) for job, k, ckpts, r in zip(jobs, killed, left, resumed)}
+    return {job["name"]: (k, ckpts, r) for job, k, ckpts, r in zip(jobs, killed, left, resumed, strict=True)}
 
 
 # kill-7-workers: worker processes change where batches are built, not what they hold.

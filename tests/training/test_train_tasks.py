@@ -40,7 +40,7 @@ def task_runs(module_train):
         {"flags": [*flags, "--lr", "2e-3", "--log-every", str(log_every(flags)), "--report-to", "none"], "name": case}
         for case, (flags, _) in TASKS.items()
     ]
-    return dict(zip(TASKS, module_train.many(jobs)))
+    return dict(zip(TASKS, module_train.many(jobs), strict=True))
 
 
 @pytest.mark.parametrize("case", list(TASKS))
