@@ -107,7 +107,7 @@ def region(explicit: str | None) -> str:
 def account_id(region_name: str | None = None) -> str:
     """The AWS account id of the current credentials (STS GetCallerIdentity)."""
     with translate_errors():
-        return client("sts", region_name).get_caller_identity()["Account"]
+        return str(client("sts", region_name).get_caller_identity()["Account"])
 
 
 def _one_line(text: str, limit: int = 400) -> str:
@@ -120,7 +120,7 @@ def error_code(exc: Any) -> str:
     return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
 
 
-def _client_error(exc: Any) -> UserError | None:
+def _client_error(exc: Any) -> UserError:
     err = exc.response.get("Error", {})
     code, op = error_code(exc), exc.operation_name
     message = _one_line(re.split(r"\s*Encoded authorization failure message:", err.get("Message", ""))[0])

@@ -16,7 +16,7 @@ from .errors import UserError
 
 def _bucket_region(s3: Any, name: str) -> str:
     location = s3.get_bucket_location(Bucket=name).get("LocationConstraint")
-    return {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(location, location)
+    return {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(location, str(location))
 
 
 def default_bucket(account: str, region: str) -> str:
@@ -122,7 +122,7 @@ def check_role(
             f"IAM role {name!r} does not trust {service_principal}: add it as a Service principal "
             "allowed to sts:AssumeRole in the role's trust policy"
         )
-    return role["Arn"]
+    return str(role["Arn"])
 
 
 def upload_if_absent(bucket: str, key: str, data: bytes, region: str | None = None) -> bool:

@@ -46,8 +46,8 @@ def resolve(ref: str, env_name: str, client_factory: Callable | None = None) -> 
     service, ident, region = parse_reference(ref)
     try:
         if service == "ssm":
-            return factory("ssm", region).get_parameter(Name=ident, WithDecryption=True)["Parameter"]["Value"]
-        value = factory("secretsmanager", region).get_secret_value(SecretId=ident)["SecretString"]
+            return str(factory("ssm", region).get_parameter(Name=ident, WithDecryption=True)["Parameter"]["Value"])
+        value = str(factory("secretsmanager", region).get_secret_value(SecretId=ident)["SecretString"])
     except UserError:
         raise
     except Exception as e:  # one line naming the variable and reference, never a value

@@ -35,7 +35,8 @@ def _operation(service: str, operation: str) -> Any:
 def _pattern(pattern: str) -> Callable[[str], Any]:
     import regex
 
-    return regex.compile(pattern).fullmatch
+    matcher: Callable[[str], Any] = regex.compile(pattern).fullmatch
+    return matcher
 
 
 def problems(service: str, operation: str, params: dict[str, Any]) -> list[tuple[str, str]]:

@@ -202,13 +202,15 @@ def _load_default_config() -> dict[str, Any]:
             "installed; pip install 'distrain-cloud[sagemaker]', or pass --image-uri"
         )
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        config: dict[str, Any] = json.load(f)
+    return config
 
 
 def _training_scope(config: Mapping[str, Any] | None) -> Mapping[str, Any]:
     if config is None:
         config = _load_default_config()
-    return config.get("training", config)
+    scope: Mapping[str, Any] = config.get("training", config)
+    return scope
 
 
 def _version_key(version: str) -> tuple:
@@ -444,24 +446,25 @@ def _check_explicit(
             raise UserError(f"--image-uri is a {what} {found} image but {flag} asks for {asked}; drop one of them")
     py = _PY_IN_TAG.search(tag)
     cuda = parse_cuda_version(tag)
-    described = dict(
-        uri=image_uri,
-        transformers_version=tag_tv or transformers_version,
-        pytorch_version=tag_pt or pytorch_version,
-        py_version=py.group(1) if py else None,
-    )
+
+    def described(cuda_version: str | None, reason: str) -> ImageChoice:
+        return ImageChoice(
+            uri=image_uri,
+            transformers_version=tag_tv or transformers_version,
+            pytorch_version=tag_pt or pytorch_version,
+            py_version=py.group(1) if py else None,
+            cuda_version=cuda_version,
+            reason=reason,
+        )
+
     if cuda is None:
-        return ImageChoice(**described, cuda_version=None, reason="explicit image, CUDA version unknown")
+        return described(None, "explicit image, CUDA version unknown")
     cuda_str = f"{cuda[0]}.{cuda[1]}"
     if not instance.is_gpu:
-        return ImageChoice(
-            **described, cuda_version=cuda_str, reason=f"explicit image (CUDA {cuda_str} build on a CPU instance)"
-        )
+        return described(cuda_str, f"explicit image (CUDA {cuda_str} build on a CPU instance)")
     why = cuda_incompatibility(cuda, instance)
     if why is None:
-        return ImageChoice(
-            **described, cuda_version=cuda_str, reason=f"explicit image, CUDA {cuda_str} runs on {instance.gpu_model}"
-        )
+        return described(cuda_str, f"explicit image, CUDA {cuda_str} runs on {instance.gpu_model}")
     fix = _cuda_advice(instance)
     try:
         default = choose_training_image(

@@ -1,13 +1,14 @@
 """The job spec: one typed model, loaded from YAML and overridden by CLI flags.
 
 Every backend receives the same JobSpec. Backend-specific settings live only under a
-section named after the backend (`sagemaker:`, `local:`). Unknown keys are errors that
+section named after the backend (`sagemaker:`, `ec2:`, `local:`). Unknown keys are errors that
 name the key.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +30,8 @@ _BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 _KEY_PREFIX = re.compile(r"[A-Za-z0-9!_.*'()/-]{0,200}")
 _SUBNET = re.compile(r"subnet-[0-9a-f]{8,17}")
 _SECURITY_GROUP = re.compile(r"sg-[0-9a-f]{8,17}")
+_AMI = re.compile(r"ami-[0-9a-f]{8}(?:[0-9a-f]{9})?")
+_SSM_NAME = re.compile(r"/[A-Za-z0-9_.\-/]{1,2047}")
 _ROLE = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}|[\w+=,.@-]{1,64}")
 # The CLI flag that sets each key, so a refusal names what the user typed as well as the key.
 FLAGS = {
@@ -84,6 +87,13 @@ def s3_uri_problem(uri: str) -> str | None:
     if any(ord(c) < 32 for c in key):
         return f"{uri!r} holds control characters"
     return bucket_problem(bucket)
+
+
+def key_prefix(value: str) -> str:
+    """`value` if it can be a key prefix inside a bucket, else ValueError saying why."""
+    if not _KEY_PREFIX.fullmatch(value) or ".." in value.split("/"):
+        raise ValueError(f"{value!r}: a key prefix is at most 200 letters, digits and !_.*'()/- with no '..' part")
+    return value
 
 
 def parse_duration(value: str | int | float) -> int:
@@ -157,9 +167,7 @@ class SageMakerSpec(_Section):
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:
-        if not _KEY_PREFIX.fullmatch(v) or ".." in v.split("/"):
-            raise ValueError(f"{v!r}: a key prefix is at most 200 letters, digits and !_.*'()/- with no '..' part")
-        return v
+        return key_prefix(v)
 
     @field_validator("image_uri")
     @classmethod
@@ -214,6 +222,57 @@ class SageMakerSpec(_Section):
         return self
 
 
+class Ec2Spec(_Section):
+    """EC2 jobs: the code, checkpoints and logs live in the stack's bucket and log group."""
+
+    ami_id: str | None = Field(None, description="explicit AMI; default: the newest of ami_family, from SSM")
+    ami_parameter: str | None = Field(
+        None, description="SSM parameter holding the AMI id; default: the AMI family's public DLAMI parameter"
+    )
+    ami_family: str | None = Field(
+        None, description="oss-pytorch or proprietary-base; default: the one whose NVIDIA driver runs the GPU"
+    )
+    prefix: str = Field("distrain-cloud", description="key prefix inside the stack's bucket (its Prefix parameter)")
+    volume_size_gb: int = Field(200, ge=8, le=16384, description="encrypted gp3 root volume of each node")
+    subnet_id: str | None = Field(
+        None, description="launch here; default: a default subnet of the stack's VPC, another zone if one is full"
+    )
+    placement: bool = Field(True, description="multi-node jobs use the stack's cluster placement group, if it has one")
+    efa: bool = Field(True, description="multi-node jobs get an EFA interface where the instance type supports it")
+
+    @field_validator("ami_id")
+    @classmethod
+    def _ami(cls, v: str | None) -> str | None:
+        if v is not None and not _AMI.fullmatch(v):
+            raise ValueError(f"{v!r} is not an AMI id (ami- and 8 or 17 hex digits)")
+        return v
+
+    @field_validator("ami_parameter")
+    @classmethod
+    def _parameter(cls, v: str | None) -> str | None:
+        if v is not None and not _SSM_NAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not an SSM parameter name (/path/to/name: letters, digits and _.-/)")
+        return v
+
+    @field_validator("subnet_id")
+    @classmethod
+    def _subnet(cls, v: str | None) -> str | None:
+        if v is not None and not _SUBNET.fullmatch(v):
+            raise ValueError(f"{v!r} is not a subnet id (subnet-0123abcd...)")
+        return v
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        return key_prefix(v)
+
+    @model_validator(mode="after")
+    def _one_ami(self) -> Ec2Spec:
+        if self.ami_id and self.ami_parameter:
+            raise ValueError("ami_id and ami_parameter both name the AMI: keep one")
+        return self
+
+
 class JobSpec(BaseModel):
     """What to run and where. Every field can be set in YAML; common ones also by CLI flags."""
 
@@ -253,10 +312,11 @@ class JobSpec(BaseModel):
     bundle: BundleSpec = Field(default_factory=BundleSpec)
     sagemaker: SageMakerSpec = Field(default_factory=SageMakerSpec)
     local: LocalSpec = Field(default_factory=LocalSpec)
+    ec2: Ec2Spec = Field(default_factory=Ec2Spec)
 
     @field_validator("max_run", "max_wait", mode="before")
     @classmethod
-    def _duration(cls, v):
+    def _duration(cls, v: str | int | float | None) -> int | None:
         return None if v is None else parse_duration(v)
 
     @field_validator("instance")
@@ -372,7 +432,7 @@ class JobSpec(BaseModel):
         return argv
 
 
-def _close(word: str, options) -> str:
+def _close(word: str, options: Iterable[str]) -> str:
     import difflib
 
     match = difflib.get_close_matches(word, sorted(options), n=1)

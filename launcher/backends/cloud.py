@@ -14,7 +14,7 @@ from distrain_cloud.infra.errors import UserError
 from ..plan import Check, Plan
 
 if TYPE_CHECKING:
-    from ..catalog import Instance
+    from ..catalog import InstanceType
 
 SPOT_PRICE_RANGE = (0.3, 0.7)  # typical spot price as a fraction of on-demand; never above 1.0
 ASSUMED_REGION = "us-east-1"
@@ -33,7 +33,7 @@ def plan_region(explicit: str | None) -> tuple[str, Check]:
         return ASSUMED_REGION, Check("region", None, f"none configured; assumed {ASSUMED_REGION} (pass --region)")
 
 
-def estimate_cost(instance: Instance, region: str, nodes: int, max_run: int, spot: bool) -> dict[str, Any]:
+def estimate_cost(instance: InstanceType, region: str, nodes: int, max_run: int, spot: bool) -> dict[str, Any]:
     """The worst case (every node for the whole of max_run at the list price), and the spot range."""
     from ..catalog import hourly_price
 

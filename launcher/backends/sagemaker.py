@@ -282,7 +282,7 @@ class SageMakerBackend:
         if spec.secrets:
             environment["DISTRAIN_SECRETS"] = json.dumps(spec.secrets, sort_keys=True)  # references only
         stopping = {"MaxRuntimeInSeconds": spec.max_run}
-        if spec.spot:
+        if spec.spot and parts.max_wait is not None:  # a spot job's plan always sets it
             stopping["MaxWaitTimeInSeconds"] = parts.max_wait
         tags = [
             {"Key": f"{TAG_PREFIX}code-sha256", "Value": parts.code_sha256},
@@ -320,7 +320,7 @@ class SageMakerBackend:
             }
         return request
 
-    def _quota_check(self, spec, region) -> Check:
+    def _quota_check(self, spec: JobSpec, region: str) -> Check:
         from distrain_cloud.infra import aws
 
         name = f"{spec.instance} for {'spot ' if spec.spot else ''}training job usage"
@@ -554,7 +554,7 @@ def _host(stream: str) -> str:
     return stream.split("/", 1)[-1].rsplit("-", 1)[0]
 
 
-def _log_streams(client, group: str, job_name: str) -> list[str]:
+def _log_streams(client: Any, group: str, job_name: str) -> list[str]:
     from botocore.exceptions import ClientError
 
     try:
@@ -568,15 +568,15 @@ def _log_streams(client, group: str, job_name: str) -> list[str]:
     return [s["logStreamName"] for s in out.get("logStreams", [])]
 
 
-def _print_events(client, group: str, stream: str, token: str | None, host: str) -> str | None:
+def _print_events(client: Any, group: str, stream: str, token: str | None, host: str) -> str | None:
     while True:
-        kwargs = {"logGroupName": group, "logStreamName": stream, "startFromHead": True}
+        kwargs: dict[str, Any] = {"logGroupName": group, "logStreamName": stream, "startFromHead": True}
         if token:
             kwargs["nextToken"] = token
         out = client.get_log_events(**kwargs)
         for event in out.get("events", []):
             print(f"[{host}] {event['message']}", flush=True)
-        new = out.get("nextForwardToken")
+        new: str | None = out.get("nextForwardToken")
         if not out.get("events") or new == token:
             return new
         token = new
