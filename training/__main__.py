@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from .contract import Contract
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -39,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _fail(e, contract, code=e.exit_code, every_process=e.every_process)
 
 
-def _fail(error: Exception, contract, code: int = 2, every_process: bool = False) -> None:
+def _fail(error: Exception, contract: Contract | None, code: int = 2, every_process: bool = False) -> NoReturn:
     """One `error:` line on stderr and in the failure file, then exit `code`; the traceback
     only with DISTRAIN_DEBUG=1. Printed by the main process, or by whichever process hit it
     (`every_process`: a failed write on one process that the others may never see)."""

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .args import TrainArgs
 from .contract import Contract
@@ -28,8 +29,8 @@ class DataError(ValueError):
 
 @dataclass
 class PreparedData:
-    train: object  # datasets.Dataset, tokenized
-    validation: object
+    train: Any  # datasets.Dataset, tokenized
+    validation: Any
     label_names: list[str] | None
     lengths: list[int] | None  # train example lengths, for length-grouped batches
     padded: bool  # True when batches need dynamic padding
@@ -297,7 +298,8 @@ def label_names(args: TrainArgs, raw) -> list[str]:
 
 def prepare(args: TrainArgs, contract: Contract, tokenizer, main_process_first) -> PreparedData:
     raw = load_raw(args, contract)
-    names = label_names(args, raw) if args.task == "classification" else None
+    # Outside main_process_first: a bad label stops every process at once, none waits for the others.
+    names = label_names(args, raw) if args.task == "classification" else []
     with main_process_first():
         if args.task == "classification":
             train, val = (_tokenize_classification(args, raw[s], tokenizer, names) for s in ("train", "validation"))
@@ -380,11 +382,10 @@ class EpochBatchSampler:
         else:
             g = torch.Generator().manual_seed(self.seed * 1000003 + self.epoch)
             order = torch.randperm(self.n, generator=g).tolist()
-        if self.lengths is not None:
+        lengths = self.lengths
+        if lengths is not None:
             pool = self.batch_size * self.pool_batches
-            order = [
-                i for s in range(0, self.n, pool) for i in sorted(order[s : s + pool], key=lambda j: -self.lengths[j])
-            ]
+            order = [i for s in range(0, self.n, pool) for i in sorted(order[s : s + pool], key=lambda j: -lengths[j])]
         batches = [order[i : i + self.batch_size] for i in range(0, self.n, self.batch_size)]
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
@@ -425,7 +426,7 @@ def make_loaders(args: TrainArgs, data: PreparedData, tokenizer, world_size: int
     # Their own generator: starting an iterator (e.g. on resume) must not draw from the
     # global RNG that dropout uses, or resume is not exact.
     workers = args.num_workers if args.num_workers is not None else (2 if use_cuda else 0)
-    common = dict(
+    common: dict[str, Any] = dict(
         num_workers=workers,
         pin_memory=use_cuda,
         collate_fn=collate,

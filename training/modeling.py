@@ -84,6 +84,7 @@ def build_config(args: TrainArgs, tokenizer, num_labels: int | None, id2label: d
 
     extra: dict[str, Any] = {}
     if num_labels is not None:
+        id2label = id2label or {i: f"LABEL_{i}" for i in range(num_labels)}  # transformers' default names
         extra.update(num_labels=num_labels, id2label=id2label, label2id={v: k for k, v in id2label.items()})
     if args.model:
         return AutoConfig.from_pretrained(args.model, **extra)
@@ -155,7 +156,7 @@ def training_forward(model) -> None:
 
     # The class's signature (with self), which generate() inspects. A method, not a closure:
     # accelerate rebinds what it unwraps to the model.
-    forward.__signature__ = signature
+    forward.__signature__ = signature  # type: ignore[attr-defined]  # inspect.signature reads it
     model.forward = types.MethodType(forward, model)
 
 

@@ -138,7 +138,8 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
     import threading
 
     proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
-    stopping, held = [], []
+    stopping: list[int] = []
+    held: list[str] = []
 
     def forward(signum, frame):
         stopping.append(signum)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 Interval = tuple[float, float]
 
@@ -75,8 +76,9 @@ class Profiler:
     """Profiles optimizer steps [start, end) when the training loop calls step(n) after each."""
 
     def __init__(self, spec: str | None, accelerator, output_dir: Path):
-        self.prof = None
-        self.start = self.end = None
+        self.prof: Any = None  # a torch.profiler.profile while recording
+        self.start: int | None = None
+        self.end: int | None = None
         if spec and accelerator.is_main_process:
             self.start, self.end = (int(x) for x in spec.split(":"))
         self.output_dir = output_dir
@@ -98,6 +100,7 @@ class Profiler:
     def close(self) -> None:
         if self.prof is None:
             return
+        assert self.start is not None and self.end is not None  # recording starts only with both set
         import torch
         from torch.autograd import DeviceType
 
