@@ -57,7 +57,7 @@ class TrainArgs:
     epochs: float = 3.0
     max_steps: int | None = None
     seed: int = 42
-    compile: bool = False
+    compile: bool | None = None  # None: decided at run time (strategies.compile_decision)
     compile_mode: str = "default"
     compile_tuning: bool = False
     num_workers: int | None = None  # 2 on GPUs (batches prepared ahead), 0 on CPU
@@ -149,7 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=float, default=d.epochs)
     g.add_argument("--max-steps", type=int, help="optimizer steps; overrides --epochs")
     g.add_argument("--seed", type=int, default=d.seed)
-    g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile)
+    g.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=d.compile,
+        help="torch.compile the model (default: on for CUDA GPUs with ddp or one process and runs of "
+        "200+ steps; a compile error falls back to eager with a warning)",
+    )
     g.add_argument(
         "--compile-mode",
         choices=COMPILE_MODES,
@@ -285,10 +291,10 @@ def validate(a: TrainArgs) -> None:
         )
     if a.ddp_bucket_mb is not None and a.ddp_bucket_mb < 1:
         raise ArgumentError(f"--ddp-bucket-mb must be at least 1, got {a.ddp_bucket_mb}")
-    if a.compile_mode != "default" and not a.compile:
-        raise ArgumentError(f"--compile-mode {a.compile_mode} needs --compile")
-    if a.compile_tuning and not a.compile:
-        raise ArgumentError("--compile-tuning needs --compile")
+    if a.compile_mode != "default" and a.compile is False:
+        raise ArgumentError(f"--compile-mode {a.compile_mode} contradicts --no-compile")
+    if a.compile_tuning and a.compile is False:
+        raise ArgumentError("--compile-tuning contradicts --no-compile")
     if a.push_to_hub and not a.save_model:
         raise ArgumentError("--push-to-hub needs the saved model; drop --no-save-model")
     if a.profile_steps is not None:

@@ -155,6 +155,28 @@ def deepspeed_config_for(args, world_size: int) -> dict[str, Any]:
 DDP_BUCKET_MB_EAGER, DDP_BUCKET_MB_COMPILED = 25, 1000
 
 
+# Compiling GPT-2 small costs 40-100 s on an H100 and then runs 2.5x the eager step (bench/README.md):
+# a few hundred steps repay it. Below this many optimizer steps the default stays eager.
+COMPILE_MIN_STEPS = 200
+
+
+def compile_decision(requested: bool | None, *, cuda: bool, strategy: Strategy, max_steps: int) -> tuple[bool, str]:
+    """Whether to torch.compile the model, and the reason the log line gives.
+
+    --compile / --no-compile decide; the default compiles where it is safe and pays: CUDA GPUs
+    (Inductor's CPU code is slower to build than it saves on small runs), DDP or one process
+    (DeepSpeed's engine wraps the model its own way), and a run long enough to repay compiling."""
+    if requested is not None:
+        return requested, "--compile" if requested else "--no-compile"
+    if not cuda:
+        return False, "default: no CUDA GPU"
+    if strategy.uses_deepspeed:
+        return False, f"default: {strategy.value} runs eager under DeepSpeed (--compile to try it)"
+    if max_steps < COMPILE_MIN_STEPS:
+        return False, f"default: {max_steps} steps are too few to repay compiling (--compile to force)"
+    return True, "default on CUDA GPUs; --no-compile to opt out"
+
+
 def ddp_bucket_mb(requested: int | None, compiled: bool) -> int:
     """DDP's gradient bucket size in MB: --ddp-bucket-mb, else the default for eager or compiled."""
     if requested is not None:

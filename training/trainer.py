@@ -19,7 +19,7 @@ from typing import Any
 from .args import TrainArgs
 from .contract import Contract, free_port
 from .profiling import Profiler
-from .strategies import ddp_bucket_mb, deepspeed_config_for, parse_strategy
+from .strategies import compile_decision, ddp_bucket_mb, deepspeed_config_for, parse_strategy
 
 STOP_EXIT_CODE = 143  # 128 + SIGTERM: stopped on request, state saved
 
@@ -42,7 +42,6 @@ class Trainer:
             DeepSpeedPlugin,
             DistributedDataParallelKwargs,
             InitProcessGroupKwargs,
-            TorchDynamoPlugin,
             set_seed,
         )
 
@@ -74,18 +73,13 @@ class Trainer:
             "bf16": DDPCommunicationHookType.BF16,
             "fp16": DDPCommunicationHookType.FP16,
         }[a.ddp_reduce_dtype]
-        bucket_mb = ddp_bucket_mb(a.ddp_bucket_mb, a.compile)
+        # Buckets are fixed before the run length (and so the compile decision) is known: size
+        # them for a compiled step wherever the default may compile (CUDA).
+        bucket_mb = ddp_bucket_mb(a.ddp_bucket_mb, a.compile if a.compile is not None else torch.cuda.is_available())
         ds_plugin, handlers = (
             None,
             [DistributedDataParallelKwargs(gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb, comm_hook=hook)],
         )
-        if a.compile_tuning:
-            # Inductor then tries block sizes and warp counts around its heuristic pick for
-            # each generated kernel (the norms, dropouts, adds and the loss: about 40% of
-            # GPT-2 small's GPU time on an H100, the rest being cuBLAS and cuDNN).
-            import torch._inductor.config as inductor_config
-
-            inductor_config.coordinate_descent_tuning = True
         # TF32 for any fp32 matmul left (bf16/fp16 autocast covers the rest).
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -107,7 +101,6 @@ class Trainer:
             # The data order is ours (seed, epoch), so nothing needs syncing or drawing
             # from the global RNG.
             rng_types=[],
-            dynamo_plugin=TorchDynamoPlugin(backend="inductor", mode=a.compile_mode) if a.compile else None,
             log_with="wandb" if a.report_to == "wandb" else None,
             kwargs_handlers=handlers,
         )
@@ -134,6 +127,26 @@ class Trainer:
         self.max_steps = a.max_steps if a.max_steps is not None else math.ceil(a.epochs * self.steps_per_epoch)
         optimizer = self._optimizer(model, torch)
         self.model, self.optimizer, self.train_dl, self.eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
+        self._compile(torch)
+
+    def _compile(self, torch) -> None:
+        """torch.compile the prepared model where it pays (strategies.compile_decision), as accelerate's
+        dynamo plugin would, but with a backend that runs a graph Inductor fails on eagerly, with a
+        warning, instead of ending the job."""
+        a = self.args
+        on_cuda = self.accelerator.device.type == "cuda"
+        self.compiled, why = compile_decision(a.compile, cuda=on_cuda, strategy=self.strategy, max_steps=self.max_steps)
+        self._print(f"compile={'on' if self.compiled else 'off'} ({why})")
+        if not self.compiled:
+            return
+        if a.compile_tuning:
+            # Inductor then tries block sizes and warp counts around its heuristic pick for
+            # each generated kernel (the norms, dropouts, adds and the loss: about 40% of
+            # GPT-2 small's GPU time on an H100, the rest being cuBLAS and cuDNN).
+            import torch._inductor.config as inductor_config
+
+            inductor_config.coordinate_descent_tuning = True
+        self.model = torch.compile(self.model, backend=_inductor_or_eager(a.compile_mode, self._print))
 
     def _fetch_blocks_whole(self, model) -> None:
         """ZeRO-3 gathers parameters per module through Python hooks; for GPT-2's dozen small
@@ -289,7 +302,7 @@ class Trainer:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.args.precision, torch.float32)
         if self.args.ce_kernel == "liger":
             return liger_causal_lm_loss(out.hidden_states[-1], head, input_ids, dtype=dtype)
-        return fused_causal_lm_loss(out.hidden_states[-1], head, input_ids, dtype=dtype, compile_=self.args.compile)
+        return fused_causal_lm_loss(out.hidden_states[-1], head, input_ids, dtype=dtype, compile_=self.compiled)
 
     def _mask(self, batch, seed: tuple[int, ...]):
         """MLM masking from a generator keyed on (seed, step, ...): deterministic, so resume
@@ -598,3 +611,29 @@ def _maybe_die_for_test(step: int) -> None:
     # Test hook: a `kill -9` right after this optimizer step, to prove exact resume.
     if os.environ.get("DISTRAIN_TEST_KILL_AT_STEP") == str(step):
         os.kill(os.getpid(), 9)
+
+
+def _inductor_or_eager(mode: str, say):
+    """Inductor's torch.compile backend for `mode`; a graph it fails to compile runs eagerly, once
+    said, so a compiler bug costs speed, not the job. (A backward graph is compiled at its first
+    backward, outside this guard: a failure there still ends the step.)"""
+    import os
+
+    import torch
+
+    inductor = torch._TorchCompileInductorWrapper(mode, None, False)
+    warned = []
+
+    def backend(graph, example_inputs):
+        try:
+            if os.environ.get("DISTRAIN_TEST_COMPILE_FAIL"):  # test hook: an Inductor failure
+                raise RuntimeError("injected compile failure")
+            return inductor(graph, example_inputs)
+        except Exception as e:
+            if not warned:
+                reason = " ".join(str(e).split())[:200] or type(e).__name__
+                say(f"warning: torch.compile failed ({reason}); running that part eagerly (--no-compile avoids it)")
+                warned.append(True)
+            return graph.forward
+
+    return backend

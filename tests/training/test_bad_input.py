@@ -90,8 +90,11 @@ CASES = {
         ["--strategy", "zero2", "--ddp-reduce-dtype", "bf16"],
         ["--ddp-reduce-dtype", "--strategy ddp", "zero2"],
     ),
-    "compile-mode-without-compile": (["--compile-mode", "max-autotune"], ["--compile-mode", "--compile"]),
-    "compile-tuning-without-compile": (["--compile-tuning"], ["--compile-tuning", "--compile"]),
+    "compile-mode-with-no-compile": (
+        ["--no-compile", "--compile-mode", "max-autotune"],
+        ["--compile-mode", "contradicts --no-compile"],
+    ),
+    "compile-tuning-with-no-compile": (["--no-compile", "--compile-tuning"], ["--compile-tuning", "--no-compile"]),
     "zero-pad-multiple": (["--pad-to-multiple-of", "0"], ["--pad-to-multiple-of"]),
     "ce-kernel-without-fused-ce": (["--task", "causal-lm", "--ce-kernel", "liger"], ["--ce-kernel", "--fused-ce"]),
     "bf16-reduce-on-cpu": (["--ddp-reduce-dtype", "bf16"], ["--ddp-reduce-dtype bf16", "GPUs"]),

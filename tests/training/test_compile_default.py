@@ -1,0 +1,56 @@
+"""Compile by default where it pays, and a compiler failure costs speed, not the job."""
+
+from __future__ import annotations
+
+import pytest
+
+from distrain_cloud.training.strategies import COMPILE_MIN_STEPS, Strategy, compile_decision
+
+
+@pytest.mark.parametrize(
+    "requested, cuda, strategy, steps, expected, says",
+    [
+        (None, True, Strategy.ddp, 1000, True, "default on CUDA GPUs; --no-compile to opt out"),
+        (None, True, Strategy.single, COMPILE_MIN_STEPS, True, "--no-compile to opt out"),
+        (None, False, Strategy.ddp, 1000, False, "no CUDA GPU"),
+        (None, True, Strategy.zero3, 1000, False, "zero3 runs eager under DeepSpeed"),
+        (None, True, Strategy.ddp, COMPILE_MIN_STEPS - 1, False, "too few to repay compiling"),
+        (True, False, Strategy.ddp, 5, True, "--compile"),
+        (False, True, Strategy.ddp, 10**6, False, "--no-compile"),
+    ],
+)
+def test_the_default_compiles_on_cuda_for_ddp_and_long_runs(requested, cuda, strategy, steps, expected, says):
+    compiled, why = compile_decision(requested, cuda=cuda, strategy=strategy, max_steps=steps)
+    assert compiled is expected and says in why
+
+
+FLAGS = (
+    "--task",
+    "causal-lm",
+    "--preset",
+    "tiny-gpt2",
+    "--max-steps",
+    "6",
+    "--log-every",
+    "2",
+    "--report-to",
+    "none",
+    "--no-save-model",
+    "--generate-tokens",
+    "0",
+    "--max-eval-samples",
+    "16",
+)
+
+
+@pytest.mark.slow
+def test_a_compile_failure_falls_back_to_eager_with_one_warning(train):
+    eager = train(*FLAGS, name="eager")
+    failing = train(*FLAGS, "--compile", name="failing", env={"DISTRAIN_TEST_COMPILE_FAIL": "1"})
+    assert eager.returncode == 0, eager.describe()
+    assert failing.returncode == 0, failing.describe()
+    assert eager.lines("compile=") == ["compile=off (default: no CUDA GPU)"]
+    assert failing.lines("compile=") == ["compile=on (--compile)"]
+    (warning,) = [line for line in failing.stdout.splitlines() if "torch.compile failed" in line]
+    assert "injected compile failure" in warning and "running that part eagerly" in warning
+    assert failing.train_losses == pytest.approx(eager.train_losses, rel=1e-5)
