@@ -50,6 +50,9 @@ MIN_CUDA_BY_COMPUTE_CAPABILITY: dict[tuple[int, int], tuple[int, int]] = {
 }
 
 _CONFIG_RELPATH = ("sagemaker", "core", "image_uri_config", "huggingface.json")
+# The job-spec keys that pin an image (no CLI flag sets them); refusals name them.
+TRANSFORMERS_KEY = "sagemaker.transformers_version"
+PYTORCH_KEY = "sagemaker.pytorch_version"
 _CUDA_IN_TAG = re.compile(r"(?:^|[-_.])cu(\d{2,3})(?=$|[-_.])")
 _HF_TAG = re.compile(r"^(?P<pytorch>\d+(?:\.\d+)*)-transformers(?P<transformers>\d+(?:\.\d+)*)")
 _PY_IN_TAG = re.compile(r"(?:^|-)(py\d+)(?=$|-)")
@@ -309,7 +312,7 @@ def choose_training_image(
     if not images:
         raise UserError(
             f"{instance.name} has no GPU and {image_config_source()} lists only GPU builds of the "
-            "Hugging Face training image; choose a GPU instance type (--instance-type, e.g. ml.g5.xlarge), "
+            "Hugging Face training image; choose a GPU instance type (--instance, e.g. ml.g5.xlarge), "
             "or pass --image-uri with a CPU image"
         )
 
@@ -320,11 +323,8 @@ def choose_training_image(
     ]
     if not pinned:
         asked = " and ".join(
-            f"{flag} {value}"
-            for flag, value in (
-                ("--transformers-version", transformers_version),
-                ("--pytorch-version", pytorch_version),
-            )
+            f"{flag}: {value}"
+            for flag, value in ((TRANSFORMERS_KEY, transformers_version), (PYTORCH_KEY, pytorch_version))
             if value
         )
         pairs = ", ".join(f"{i.transformers_version}/{i.pytorch_version}" for i in images)
@@ -354,8 +354,9 @@ def choose_training_image(
             )
             raise UserError(
                 f"the newest Hugging Face training image for {instance.name} ({best.label}) is not published in "
-                f"{region}, where the newest is {pick.label}; pin that with --transformers-version "
-                f"{pick.transformers_version} --pytorch-version {pick.pytorch_version}, or use --region {elsewhere}"
+                f"{region}, where the newest is {pick.label}; pin that with {TRANSFORMERS_KEY}: "
+                f"{pick.transformers_version!r} and {PYTORCH_KEY}: {pick.pytorch_version!r} in the job spec, "
+                f"or use --region {elsewhere}"
             )
     return ImageChoice(
         uri=pick.uri(region),
@@ -398,9 +399,7 @@ def _pinned_incompatible(
 ) -> str:
     why = cuda_incompatibility(image.cuda, instance)
     flags = " and ".join(
-        flag
-        for flag, value in (("--transformers-version", transformers_version), ("--pytorch-version", pytorch_version))
-        if value
+        flag for flag, value in ((TRANSFORMERS_KEY, transformers_version), (PYTORCH_KEY, pytorch_version)) if value
     )
     msg = f"{image.label} is a CUDA {image.cuda_version} build, which cannot run on {instance.name} ({why})"
     if not flags:  # nothing pinned, and still nothing runs: only an explicit image can help
@@ -439,8 +438,8 @@ def _check_explicit(
     m = _HF_TAG.match(tag)
     tag_tv, tag_pt = (m.group("transformers"), m.group("pytorch")) if m else (None, None)
     for flag, what, asked, found in (
-        ("--transformers-version", "transformers", transformers_version, tag_tv),
-        ("--pytorch-version", "PyTorch", pytorch_version, tag_pt),
+        (TRANSFORMERS_KEY, "transformers", transformers_version, tag_tv),
+        (PYTORCH_KEY, "PyTorch", pytorch_version, tag_pt),
     ):
         if asked and found and not _matches(asked, found):
             raise UserError(f"--image-uri is a {what} {found} image but {flag} asks for {asked}; drop one of them")

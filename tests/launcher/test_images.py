@@ -112,7 +112,7 @@ def test_v100_with_any_pin_never_gets_a_cuda13_image(shipped):
                 p3, "us-east-1", transformers_version=image.transformers_version, pytorch_version=image.pytorch_version
             )
         except UserError as err:
-            assert image.cuda[0] >= 13 and "--transformers-version" in str(err)
+            assert image.cuda[0] >= 13 and "sagemaker.transformers_version" in str(err)
         else:
             assert int(choice.cuda_version.split(".")[0]) < 13
 
@@ -178,7 +178,7 @@ def test_pinned_cuda13_on_v100_is_refused_with_the_fix():
         choose_training_image(lookup("ml.p3.8xlarge"), "us-east-1", transformers_version="5.3", config=FAKE)
     msg = str(err.value)
     assert "CUDA 13.0 build, which cannot run on ml.p3.8xlarge (V100, compute capability 7.0, needs >= 7.5)" in msg
-    assert "drop --transformers-version" in msg and "-cu128-" in msg
+    assert "drop sagemaker.transformers_version" in msg and "-cu128-" in msg
 
 
 def test_pinned_old_cuda_on_hopper_is_refused():
@@ -187,7 +187,7 @@ def test_pinned_old_cuda_on_hopper_is_refused():
 
 
 def test_pin_matching_nothing_lists_the_pairs():
-    with pytest.raises(UserError, match=r"--transformers-version 9\.9.*5\.3\.0/2\.9\.0"):
+    with pytest.raises(UserError, match=r"sagemaker\.transformers_version: 9\.9.*5\.3\.0/2\.9\.0"):
         choose_training_image(lookup("ml.g5.xlarge"), "us-east-1", transformers_version="9.9", config=FAKE)
 
 
@@ -245,7 +245,9 @@ def test_explicit_image_with_unknown_cuda_is_accepted(uri):
 
 def test_explicit_image_contradicting_a_pin_is_refused():
     with pytest.raises(
-        UserError, match=r"--image-uri is a transformers 5\.3\.0 image but --transformers-version asks for 4\.56"
+        UserError,
+        match=r"--image-uri is a transformers 5\.3\.0 image but sagemaker\.transformers_version asks for "
+        r"4\.56",
     ):
         choose_training_image(lookup("ml.p4d.24xlarge"), "us-east-1", image_uri=CU130, transformers_version="4.56")
 
@@ -266,7 +268,7 @@ def test_unknown_region_with_the_shipped_config(shipped):
 
 
 def test_region_lagging_behind_is_not_a_silent_downgrade():
-    with pytest.raises(UserError, match=r"not published in eu-central-2.*--transformers-version 4\.26\.0"):
+    with pytest.raises(UserError, match=r"not published in eu-central-2.*sagemaker\.transformers_version: '4\.26\.0'"):
         choose_training_image(lookup("ml.g5.xlarge"), "eu-central-2", config=FAKE)
     pinned = choose_training_image(lookup("ml.g5.xlarge"), "eu-central-2", transformers_version="4.26", config=FAKE)
     assert pinned.uri.startswith(f"{ACCOUNT}.dkr.ecr.eu-central-2.amazonaws.com/")
@@ -278,7 +280,7 @@ def test_partition_hostnames(shipped):
 
 
 def test_cpu_instance_without_cpu_images_is_a_clear_error():
-    with pytest.raises(UserError, match=r"ml\.m5\.xlarge has no GPU.*--instance-type.*--image-uri"):
+    with pytest.raises(UserError, match=r"ml\.m5\.xlarge has no GPU.*--instance, e\.g\..*--image-uri"):
         choose_training_image(lookup("ml.m5.xlarge"), "us-east-1", config=FAKE)
 
 
