@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PREFIX = "DISTRAIN_"
+# The exit code of a job stopped on request (128 + SIGTERM) after saving its state: the trainer
+# exits with it, the node launcher reports it, backends read it as "stopped", not "failed".
+STOP_EXIT_CODE = 143
 # SageMaker syncs this folder to checkpoint_config.S3Uri; it has no SM_* variable.
 SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
 

@@ -2,8 +2,9 @@
 
 Every backend runs this same command on every node (SageMaker, each EC2 instance, the
 local machine). It reads the container contract, renders this node's Accelerate config
-from the strategy, and replaces itself with `accelerate launch`, one process per GPU
-(or `--processes N` CPU processes). Torch-free unless it has to count GPUs itself.
+from the strategy, and runs `accelerate launch` as a child, one process per GPU (or
+`--processes N` CPU processes), forwarding SIGTERM/SIGINT to it and exiting with its code.
+Torch-free unless it has to count GPUs itself.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .args import parse_args
-from .contract import Contract
+from .contract import STOP_EXIT_CODE, Contract
 from .strategies import ClusterShape, accelerate_config, parse_strategy
 
 
@@ -127,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_file: Path) -> int:
     """Run accelerate's launcher as a child; SIGTERM/SIGINT (spot interruption, stop) go to
-    it, and through it to every training process, which save a checkpoint and exit 143.
+    it, and through it to every training process, which save a checkpoint and exit
+    STOP_EXIT_CODE.
 
     Its stderr passes through as it comes, except the launcher's own failure report (the
     agent's log line and ChildFailedError traceback), which is held back and dropped when
@@ -167,9 +169,6 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
     if held and not (code != 0 and failure_file.is_file()):
         sys.stderr.write("".join(held))
     return STOP_EXIT_CODE if stopping and code != 0 else code
-
-
-STOP_EXIT_CODE = 143
 
 
 def _exit_code(code: int, contract: Contract) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError
-from distrain_cloud.training.contract import Contract, free_port
+from distrain_cloud.training.contract import STOP_EXIT_CODE, Contract, free_port
 from distrain_cloud.training.node_launch import plan_node
 from distrain_cloud.training.strategies import choose_precision, deepspeed_config_for, parse_strategy
 
@@ -152,7 +152,7 @@ class LocalBackend:
                 code = proc.wait()
             finally:
                 signal.signal(signal.SIGTERM, previous)
-        _write_status(root, "Completed" if code == 0 else ("Stopped" if code == 143 else "Failed"), code)
+        _write_status(root, "Completed" if code == 0 else ("Stopped" if code == STOP_EXIT_CODE else "Failed"), code)
         print(
             f"job {plan.job_name}: {'completed' if code == 0 else f'exited with code {code}'}; "
             f"model in {root / 'model'}, logs in {root / 'job.log'}",
