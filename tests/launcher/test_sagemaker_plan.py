@@ -25,6 +25,7 @@ from distrain_cloud.launcher.backends import sagemaker as sm
 from distrain_cloud.launcher.images import parse_cuda_version
 from distrain_cloud.launcher.spec import load_spec
 from distrain_cloud.training.args import hyperparameters_to_argv, parse_args
+from distrain_cloud.training.contract import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "sagemaker-gpt2-emotion.yaml"
@@ -37,12 +38,6 @@ CU130_IMAGE = (
 )
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _no_aws_env(home: Path) -> dict[str, str]:
     """The process environment without a single AWS_* variable, and a HOME with no ~/.aws."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -53,7 +48,7 @@ def _no_aws_env(home: Path) -> dict[str, str]:
 @pytest.fixture
 def offline(no_aws_config, monkeypatch):
     """No credentials, no config, every endpoint a closed port, and any API call recorded and refused."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     import botocore.client
 
     calls: list[str] = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from distrain_cloud.training.contract import free_port
 
 # Per-run wall-clock cap: the slowest run here takes well under a minute on 2 cores.
 RUN_TIMEOUT_S = 240
@@ -127,12 +128,6 @@ def read_metrics(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
