@@ -48,6 +48,12 @@ class Trainer:
         from . import data, modeling
 
         a = self.args
+        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # a cache the user chose wins
+            # Inductor's caches (FX graphs, AOT autograd graphs, Triton kernels) live beside the
+            # checkpoints, which every backend keeps for a lineage (S3 for cloud jobs), so a resumed
+            # job (a spot restart on another machine) loads its kernels instead of compiling them
+            # again. Set before anything asks torch for its cache folder (it then fixes the default).
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.contract.checkpoint_dir / "compile-cache")
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if self.strategy.uses_deepspeed and "LOCAL_RANK" not in os.environ:
             # Started without a launcher: describe the one-process group torchrun would.
@@ -139,6 +145,7 @@ class Trainer:
         self._print(f"compile={'on' if self.compiled else 'off'} ({why})")
         if not self.compiled:
             return
+        self._print(f"compile_cache={os.environ['TORCHINDUCTOR_CACHE_DIR']}")
         if a.compile_tuning:
             # Inductor then tries block sizes and warp counts around its heuristic pick for
             # each generated kernel (the norms, dropouts, adds and the loss: about 40% of
@@ -147,6 +154,14 @@ class Trainer:
 
             inductor_config.coordinate_descent_tuning = True
         self.model = torch.compile(self.model, backend=_inductor_or_eager(a.compile_mode, self._print))
+
+    def _print_first_step(self, seconds: float) -> None:
+        line = f"first_step_s={seconds:.1f}"
+        if self.compiled:
+            from torch._dynamo.utils import counters
+
+            line += f" compile_cache_hits={counters['inductor']['fxgraph_cache_hit']}"
+        self._print(line)
 
     def _fetch_blocks_whole(self, model) -> None:
         """ZeRO-3 gathers parameters per module through Python hooks; for GPT-2's dozen small
@@ -206,6 +221,7 @@ class Trainer:
         progress = self._progress(initial=state["step"])
         window = _Window()
         self.model.train()
+        started, first_step_done = time.perf_counter(), False
         while state["step"] < self.max_steps and not self.stop_requested:
             self.train_sampler.set_epoch(state["epoch"])
             self.train_dl.set_epoch(state["epoch"])
@@ -239,6 +255,9 @@ class Trainer:
                     continue
                 state["step"] += 1
                 step = state["step"]
+                if not first_step_done:  # compilation happens here: what a resumed job pays again
+                    self._print_first_step(time.perf_counter() - started)
+                    first_step_done = True
                 window.losses.append(micro_loss / micro)
                 micro, micro_loss = 0, 0.0
                 progress.update(1)

@@ -54,3 +54,25 @@ def test_a_compile_failure_falls_back_to_eager_with_one_warning(train):
     (warning,) = [line for line in failing.stdout.splitlines() if "torch.compile failed" in line]
     assert "injected compile failure" in warning and "running that part eagerly" in warning
     assert failing.train_losses == pytest.approx(eager.train_losses, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_resumed_compiled_job_loads_its_kernels_from_beside_the_checkpoints(train, tmp_path):
+    """The compiler's cache lives in the checkpoint folder, which a lineage keeps (S3 for cloud
+    jobs): a resume on another machine (here: a fresh process with its own temp dirs) hits it."""
+    flags = (*FLAGS[:4], *FLAGS[6:], "--save-every", "2", "--compile")
+    # Without the suite's TORCHINDUCTOR_CACHE_DIR, as in a job: the trainer picks the checkpoint folder.
+    train.shared_env = {k: v for k, v in train.shared_env.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    shared = {"DISTRAIN_CHECKPOINT_DIR": str(tmp_path / "lineage-checkpoints")}
+    first = train(*flags, "--max-steps", "2", name="first", env=shared)
+    assert first.returncode == 0, first.describe()
+    cache = tmp_path / "lineage-checkpoints" / "compile-cache"
+    assert first.lines("compile_cache=") == [f"compile_cache={cache}"], first.describe()
+    assert any(cache.rglob("*")), "the compiler wrote nothing beside the checkpoints"
+    (line,) = first.lines("first_step_s=")
+    assert line.endswith("compile_cache_hits=0")
+    resumed = train(*flags, "--max-steps", "4", name="resumed", env=shared)
+    assert resumed.returncode == 0, resumed.describe()
+    assert resumed.lines("resumed_from=")
+    (line,) = resumed.lines("first_step_s=")
+    assert int(line.rsplit("=", 1)[1]) > 0, line
