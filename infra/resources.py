@@ -6,6 +6,7 @@ Each is a plain function with explicit arguments; each creates its clients throu
 
 from __future__ import annotations
 
+import enum
 import json
 import urllib.parse
 from typing import Any
@@ -17,6 +18,30 @@ from .errors import UserError
 def _bucket_region(s3: Any, name: str) -> str:
     location = s3.get_bucket_location(Bucket=name).get("LocationConstraint")
     return {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(location, str(location))
+
+
+class BucketAccess(str, enum.Enum):
+    """What HeadBucket says about a bucket name."""
+
+    OURS = "ours"  # it exists and we may use it
+    MISSING = "missing"  # no bucket of that name: it can be created
+    DENIED = "denied"  # S3's 403: another account's bucket, or one whose policy denies us
+
+
+def bucket_access(s3: Any, name: str) -> BucketAccess:
+    """HeadBucket on `name`, interpreted; any other AWS error is raised as it came."""
+    from botocore.exceptions import ClientError
+
+    try:
+        s3.head_bucket(Bucket=name)
+    except ClientError as exc:
+        code = aws.error_code(exc)
+        if code in ("403", "AccessDenied"):
+            return BucketAccess.DENIED
+        if code in ("404", "NoSuchBucket"):
+            return BucketAccess.MISSING
+        raise
+    return BucketAccess.OURS
 
 
 def default_bucket(account: str, region: str) -> str:
@@ -34,17 +59,13 @@ def ensure_bucket(name: str, region: str) -> str:
 
     s3 = aws.client("s3", region)
     with aws.translate_errors():
-        try:
-            s3.head_bucket(Bucket=name)
-        except ClientError as exc:
-            if aws.error_code(exc) in ("403", "AccessDenied"):
-                raise UserError(
-                    f"S3 bucket {name!r} exists but belongs to another account (or denies you access): "
-                    "choose another bucket name"
-                ) from exc
-            if aws.error_code(exc) not in ("404", "NoSuchBucket"):
-                raise
-        else:
+        access = bucket_access(s3, name)
+        if access is BucketAccess.DENIED:
+            raise UserError(
+                f"S3 bucket {name!r} exists but belongs to another account (or denies you access): "
+                "choose another bucket name"
+            )
+        if access is BucketAccess.OURS:
             actual = _bucket_region(s3, name)
             if actual != region:
                 raise UserError(f"S3 bucket {name!r} is in {actual}, not {region}: use a bucket in the job's region")
