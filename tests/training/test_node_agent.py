@@ -1,0 +1,563 @@
+"""The EC2 node agent (training/node_agent.py) against moto in-process and fake metadata servers.
+
+Agents run on threads here with a stand-in for the node launcher (a small script that prints
+steps, writes checkpoint files like the trainer and exits 143 on SIGTERM), so rendezvous, stops,
+checkpoint sync and records are tested in seconds; tests/e2e/test_ec2_two_nodes.py runs the real
+launcher and trainer across two simulated instances.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ is not a package
+from imds import FakeImds  # noqa: E402
+
+from distrain_cloud.training import node_agent  # noqa: E402
+from distrain_cloud.training.node_agent import (  # noqa: E402
+    Agent,
+    CheckpointSync,
+    Imds,
+    Job,
+    LogSink,
+    NodeFailure,
+    NodeIdentity,
+    Settings,
+    Stop,
+    Store,
+    log_batches,
+    log_event,
+    outcome,
+    rendezvous,
+    restore_checkpoint,
+)
+
+REGION = "us-east-1"
+BUCKET = "distrain-test-bucket"
+CKPT = "distrain/checkpoints/lin/"
+LOG_GROUP = "/distrain/test"
+
+
+def make_job(**overrides) -> Job:
+    base = dict(
+        job="job-a1",
+        lineage="lin",
+        attempt=1,
+        nodes=2,
+        processes_per_node=1,
+        train_argv=["--max-steps", "10"],
+        region=REGION,
+        bucket=BUCKET,
+        prefix="distrain",
+        code_sha256="0" * 64,
+        deadline=time.time() + 3600,
+        log_group=LOG_GROUP,
+        checkpoint_uri=f"s3://{BUCKET}/{CKPT}",
+        model_uri=f"s3://{BUCKET}/distrain/jobs/job-a1/model/",
+        output_uri=f"s3://{BUCKET}/distrain/jobs/job-a1/output/",
+        rendezvous_timeout_s=20,
+    )
+    return Job.from_dict({**base, **overrides})
+
+
+def node(index: int) -> NodeIdentity:
+    return NodeIdentity(f"i-{index:017x}", index, "r-0123456789abcdef0", f"10.0.0.{10 + index}")
+
+
+@pytest.fixture
+def s3(mocked_aws):
+    import boto3
+
+    client = boto3.client("s3", region_name=REGION)
+    client.create_bucket(Bucket=BUCKET)
+    return client
+
+
+@pytest.fixture
+def store(s3) -> Store:
+    return Store(BUCKET, REGION, s3)
+
+
+def keys(s3, prefix: str = "") -> list[str]:
+    return sorted(o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", []))
+
+
+# ----------------------------------------------------------------------------- job.json and IMDS
+
+
+def test_job_description_names_what_it_lacks():
+    with pytest.raises(NodeFailure, match="job.json lacks nodes, checkpoint_uri"):
+        Job.from_dict({k: v for k, v in make_job().__dict__.items() if k not in ("nodes", "checkpoint_uri")})
+    # Keys a newer launcher adds are ignored, not fatal.
+    assert Job.from_dict({**make_job().__dict__, "something_new": 1}).nodes == 2
+    assert make_job().key("nodes", "1.json") == "distrain/jobs/job-a1/nodes/1.json"
+    assert make_job(prefix="").key("stop") == "jobs/job-a1/stop"
+
+
+def test_imds_v2_identity_and_spot_notice():
+    with FakeImds(instance_id="i-0aaa", launch_index=1, reservation_id="r-0bbb", local_ipv4="10.1.2.3") as fake:
+        # IMDSv2 only: a request without a token is refused, as on an instance that requires them.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(fake.endpoint + "latest/meta-data/instance-id", timeout=2)
+        assert refused.value.code == 401
+        imds = Imds(fake.endpoint)
+        assert imds.identity() == NodeIdentity("i-0aaa", 1, "r-0bbb", "10.1.2.3", REGION)
+        assert imds.spot_notice() is None  # 404 until AWS sets it
+        fake.set_spot_notice()
+        assert (imds.spot_notice() or {}).get("action") == "terminate"
+        assert fake.identity.requests[1] == "PUT /latest/api/token"  # after the refused GET
+
+
+def test_botocore_takes_role_credentials_from_the_fake_imds(monkeypatch, no_aws_config):
+    monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+    with FakeImds() as fake:
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", fake.endpoint)
+        import boto3
+
+        creds = boto3.session.Session(region_name=REGION).get_credentials()
+        assert creds is not None and creds.method == "iam-role"
+        assert creds.get_frozen_credentials().access_key.startswith("ASIAFAKE")
+
+
+# ----------------------------------------------------------------------------- rendezvous
+
+
+def test_rendezvous_ranks_by_launch_index_whatever_the_arrival_order(store):
+    job = make_job(nodes=3)
+    results: dict[int, list] = {}
+
+    def join(i: int) -> None:
+        results[i] = rendezvous(store, job, node(i), poll_s=0.05)
+
+    # The last node boots first, the main node last.
+    threads = []
+    for i in (2, 1, 0):
+        threads.append(threading.Thread(target=join, args=(i,)))
+        threads[-1].start()
+        time.sleep(0.2)
+    for t in threads:
+        t.join(10)
+    assert sorted(results) == [0, 1, 2]
+    for records in results.values():
+        assert [r["launch_index"] for r in records] == [0, 1, 2]
+        assert records[0]["ip"] == "10.0.0.10"  # the main node is launch index 0
+    # Keyed by the reservation: a relaunch (new reservation id) never reads these.
+    assert keys(store.s3, "distrain/jobs/job-a1/rendezvous/")[0].startswith(
+        "distrain/jobs/job-a1/rendezvous/r-0123456789abcdef0/"
+    )
+
+
+def test_rendezvous_timeout_names_the_missing_node(store):
+    ticks = iter(range(0, 10_000, 5))
+    with pytest.raises(NodeFailure) as failed:
+        job = make_job(rendezvous_timeout_s=30)
+        rendezvous(store, job, node(0), poll_s=5, clock=lambda: next(ticks), sleep=lambda s: None)
+    assert str(failed.value).startswith("node 1 of 2 never joined the rendezvous within 30 s")
+
+
+def test_rendezvous_gives_up_when_told_to_stop(store):
+    def stop_check() -> None:
+        raise node_agent.StopRequested("cancel", "cancelled")
+
+    with pytest.raises(node_agent.StopRequested):
+        rendezvous(store, make_job(), node(0), poll_s=0.01, stop_check=stop_check)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def write_checkpoint(root: Path, step: int, rank: int, complete: bool = True, content: str = "a") -> Path:
+    """What the trainer leaves on one node: rank 0 the model state and the marker, others their RNG."""
+    folder = root / f"checkpoint-{step:08d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"random_states_{rank}.pkl").write_text(f"rng {rank} {content}")
+    if rank == 0:
+        (folder / "model.safetensors").write_text(f"weights {step} {content}")
+        (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
+        (folder / "MANIFEST.json").write_text("{}")
+        if complete:
+            (folder / "COMPLETE").write_text(str(step))
+    return folder
+
+
+class RecordingStore(Store):
+    """A Store that notes every key it writes, in order."""
+
+    def __init__(self, store: Store, written: list[str]) -> None:
+        super().__init__(store.bucket, REGION, store.s3)
+        self.written = written
+
+    def upload(self, path: Path, key: str) -> None:
+        self.written.append(key)
+        super().upload(path, key)
+
+    def put_json(self, key: str, value) -> None:
+        self.written.append(key)
+        super().put_json(key, value)
+
+
+def syncs(store: Store, tmp_path: Path, written: list[str], job: str = "job-a1", keep: int = 2):
+    roots = [tmp_path / f"node{r}" for r in range(2)]
+    logged: list[str] = []
+    make = [
+        CheckpointSync(
+            RecordingStore(store, written), CKPT, roots[r], rank=r, nodes=2, job=job, keep=keep, log=logged.append
+        )
+        for r in range(2)
+    ]
+    return roots, make
+
+
+def test_checkpoint_union_reaches_s3_with_complete_uploaded_last(store, tmp_path):
+    written: list[str] = []
+    roots, (rank0, rank1) = syncs(store, tmp_path, written)
+    write_checkpoint(roots[0], 2, 0)
+    write_checkpoint(roots[1], 2, 1)
+    name = "checkpoint-00000002"
+
+    assert rank1.tick() == [name]  # rank 0's part is not there yet: rank 1 waits
+    assert rank0.tick() == [name]  # rank 0 uploaded its part, waits for rank 1's
+    assert f"{CKPT}{name}/COMPLETE" not in keys(store.s3)
+    assert rank1.tick() == []
+    assert rank0.tick() == []
+    remote = keys(store.s3, CKPT + name)
+    assert [k.rsplit("/", 1)[1] for k in remote] == [
+        "COMPLETE", "MANIFEST.json", "model.safetensors", "random_states_0.pkl", "random_states_1.pkl",
+        "trainer_state.json", "uploaded-0", "uploaded-1",
+    ]  # fmt: skip
+    assert written[-1] == f"{CKPT}{name}/COMPLETE"
+    assert written.index(f"{CKPT}{name}/uploaded-1") < written.index(f"{CKPT}{name}/COMPLETE")
+
+
+def test_restore_takes_the_newest_complete_checkpoint_and_ignores_incomplete_ones(store, tmp_path):
+    roots, (rank0, rank1) = syncs(store, tmp_path, [])
+    for step in (2, 4):
+        write_checkpoint(roots[0], step, 0)
+        write_checkpoint(roots[1], step, 1)
+    for sync in (rank0, rank1, rank0):
+        sync.tick()
+    # Step 6: rank 0's part only (rank 1's never came): no COMPLETE in S3.
+    write_checkpoint(roots[0], 6, 0)
+    rank0.tick()
+    assert f"{CKPT}checkpoint-00000006/model.safetensors" in keys(store.s3)
+
+    fresh = tmp_path / "fresh"
+    assert restore_checkpoint(store, CKPT, fresh) == "checkpoint-00000004"
+    got = sorted(p.name for p in (fresh / "checkpoint-00000004").iterdir())
+    # every node's files (the union), not the per-node upload markers
+    assert got == [
+        "COMPLETE", "MANIFEST.json", "model.safetensors", "random_states_0.pkl", "random_states_1.pkl",
+        "trainer_state.json",
+    ]  # fmt: skip
+    assert [p.name for p in fresh.iterdir()] == ["checkpoint-00000004"]
+    assert restore_checkpoint(store, "distrain/checkpoints/other-lineage/", tmp_path / "none") is None
+
+
+def test_markers_of_an_earlier_attempt_are_not_trusted(store, tmp_path):
+    # Attempt 1 got as far as uploading both parts of step 2 but never its COMPLETE.
+    roots, (old0, old1) = syncs(store, tmp_path / "a1", [], job="job-a1")
+    write_checkpoint(roots[0], 2, 0, complete=True, content="old")
+    write_checkpoint(roots[1], 2, 1, content="old")
+    old0.tick()
+    old1.tick()
+    store.s3.delete_object(Bucket=BUCKET, Key=f"{CKPT}checkpoint-00000002/COMPLETE")  # (not there anyway)
+
+    roots, (new0, new1) = syncs(store, tmp_path / "a2", [], job="job-a2")
+    write_checkpoint(roots[0], 2, 0, content="new")
+    write_checkpoint(roots[1], 2, 1, content="new")
+    assert new1.tick() == ["checkpoint-00000002"]  # attempt 1's uploaded-0 does not count
+    assert new0.tick() == ["checkpoint-00000002"]  # nor its uploaded-1: the stale files were cleared
+    assert "checkpoint-00000002/random_states_1.pkl" not in " ".join(keys(store.s3, CKPT))
+    new1.tick()
+    new0.tick()
+    body = store.s3.get_object(Bucket=BUCKET, Key=f"{CKPT}checkpoint-00000002/random_states_1.pkl")["Body"].read()
+    assert body == b"rng 1 new"
+
+
+def test_old_checkpoints_are_pruned_in_s3_and_on_other_nodes(store, tmp_path):
+    roots, (rank0, rank1) = syncs(store, tmp_path, [], keep=2)
+    for step in (2, 4, 6, 8):
+        write_checkpoint(roots[0], step, 0)
+        write_checkpoint(roots[1], step, 1)
+        for sync in (rank0, rank1, rank0):
+            sync.tick()
+    names = {k[len(CKPT) :].split("/")[0] for k in keys(store.s3, CKPT)}
+    assert names == {"checkpoint-00000006", "checkpoint-00000008"}
+    # Rank 1's trainer never prunes (no marker there): the agent keeps keep+1 folders.
+    assert sorted(p.name for p in roots[1].iterdir()) == [f"checkpoint-{s:08d}" for s in (4, 6, 8)]
+
+
+# ----------------------------------------------------------------------------- logs and outcomes
+
+
+def test_log_batches_respect_cloudwatch_limits_and_time_order():
+    events = [{"timestamp": 1000 - i, "message": "x" * 100} for i in range(25)]
+    batches = list(log_batches(events, max_bytes=3 * 126, max_events=10))
+    assert [len(b) for b in batches] == [3] * 8 + [1]
+    flat = [e["timestamp"] for b in batches for e in b]
+    assert flat == sorted(flat)
+    assert [len(b) for b in log_batches(events, max_events=10)] == [10, 10, 5]
+    assert log_event("")["message"] == " "  # CloudWatch refuses empty messages
+    huge = log_event("é" * 300_000)["message"]
+    assert len(huge.encode()) <= node_agent.MAX_MESSAGE_BYTES and huge.endswith("[line truncated]")
+
+
+@pytest.mark.parametrize(
+    "code, stop, failure, status, exit_code, reason",
+    [
+        (0, None, None, "Completed", 0, ""),
+        (0, Stop("spot-interruption", "notice", True), None, "Completed", 0, ""),  # finished first
+        (143, Stop("spot-interruption", "notice on node 1", False), None, "Interrupted", 143, "notice on node 1"),
+        # torchrun reports a worker's 143 as 1 when its launcher was not signalled in time
+        (1, Stop("deadline", "max-run reached", False), None, "Stopped", 143, "max-run reached"),
+        (1, Stop("peer-failed", "node 1 failed: x", False), "disk full", "Failed", 1, "disk full"),
+        (2, None, "unknown model", "Failed", 2, "unknown model"),
+        (1, None, None, "Failed", 1, "training exited with code 1: boom"),
+    ],
+)
+def test_outcome_of_a_launcher_exit(code, stop, failure, status, exit_code, reason):
+    got = outcome(code, stop, failure, "boom")
+    assert (got.status, got.exit_code, got.reason) == (status, exit_code, reason)
+
+
+# ----------------------------------------------------------------------------- agents on threads
+
+# Stands in for node_launch: a step every 50 ms. On SIGTERM it stops like the real trainers do, all
+# at one step (they agree collectively; here through a file in FAKE_SHARED), writes its part of that
+# step's checkpoint and exits 143, or 1 where its own launcher was not signalled (torchrun's report).
+# FAKE_FAIL_AT=<step> fails like bad input instead.
+FAKE_TRAINER = r"""
+import json, os, signal, sys, time
+from pathlib import Path
+rank = int(os.environ["DISTRAIN_NODE_RANK"])
+agreed = Path(os.environ["FAKE_SHARED"]) / "stop-step"
+signalled = []
+signal.signal(signal.SIGTERM, lambda *a: signalled.append(1))
+def save(step):
+    folder = Path(os.environ["DISTRAIN_CHECKPOINT_DIR"]) / f"checkpoint-{step:08d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"random_states_{rank}.pkl").write_text(str(step))
+    if rank == 0:
+        (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
+        (folder / "COMPLETE").write_text(str(step))
+root = Path(os.environ["DISTRAIN_CHECKPOINT_DIR"])
+start = max([int(p.name.split("-")[1]) for p in root.glob("checkpoint-*")] or [0])
+secrets = os.environ["DISTRAIN_SECRETS"]
+print(f"main_addr={os.environ['DISTRAIN_MAIN_ADDR']} resumed={start} secrets={secrets}", flush=True)
+for step in range(start + 1, int(os.environ.get("FAKE_STEPS", "1000")) + 1):
+    time.sleep(0.05)
+    print(f"step={step} train_loss=1.0", flush=True)
+    if os.environ.get("FAKE_FAIL_AT") == str(step):
+        out = Path(os.environ["DISTRAIN_OUTPUT_DIR"]); out.mkdir(parents=True, exist_ok=True)
+        (out / "failure").write_text("error: fake trainer failed on purpose\n")
+        sys.exit(2)
+    if signalled and not agreed.exists():
+        agreed.write_text(str(step + 2))
+    if agreed.exists() and step >= int(agreed.read_text()):
+        save(step)
+        print(f"stopped=SIGTERM step={step}", flush=True)
+        sys.exit(143 if signalled else 1)
+if rank == 0:
+    model = Path(os.environ["DISTRAIN_MODEL_DIR"]); model.mkdir(parents=True, exist_ok=True)
+    (model / "model.safetensors").write_text("weights")
+    out = Path(os.environ["DISTRAIN_OUTPUT_DIR"]); out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+"""
+
+
+class Cluster:
+    """N agents of one job, each with its own instance in moto, fake IMDS, work folder and thread."""
+
+    def __init__(self, tmp_path: Path, store: Store, job: Job, steps: int) -> None:
+        import boto3
+
+        self.ec2 = boto3.client("ec2", region_name=REGION)
+        self.logs = boto3.client("logs", region_name=REGION)
+        if not self.logs.describe_log_groups(logGroupNamePrefix=LOG_GROUP)["logGroups"]:
+            self.logs.create_log_group(logGroupName=LOG_GROUP)  # the stack's, in real life
+        ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        reservation = self.ec2.run_instances(ImageId=ami, MinCount=job.nodes, MaxCount=job.nodes)
+        self.instances = sorted(reservation["Instances"], key=lambda i: i["AmiLaunchIndex"])
+        self.imds = [
+            FakeImds(
+                instance_id=i["InstanceId"],
+                launch_index=i["AmiLaunchIndex"],
+                reservation_id=reservation["ReservationId"],
+                local_ipv4="127.0.0.1",
+            ).start()
+            for i in self.instances
+        ]
+        self.tmp_path, self.store, self.job = tmp_path, store, job
+        self.settings = Settings(poll_s=0.1, heartbeat_s=0.2, stop_grace_s=10, final_sync_s=10, log_flush_s=0.2)
+        self.results: dict[int, node_agent.Outcome] = {}
+        self.sinks: dict[int, LogSink] = {}
+        shared = tmp_path / "shared"
+        shared.mkdir(parents=True)
+        self.env = {i: {"FAKE_STEPS": str(steps), "FAKE_SHARED": str(shared)} for i in range(job.nodes)}
+
+    def agent(self, rank: int) -> Agent:
+        import boto3
+
+        settings = dataclasses.replace(self.settings, work=self.tmp_path / f"node{rank}")
+        sink = LogSink(settings.work / "node-agent.log")
+        sink.to_cloudwatch(self.logs, LOG_GROUP, self.job.stream(rank), settings.log_flush_s)
+        self.sinks[rank] = sink
+        imds = Imds(self.imds[rank].endpoint)
+        command = ["env", *(f"{k}={v}" for k, v in self.env[rank].items()), sys.executable, "-c", FAKE_TRAINER]
+        agent = Agent(
+            self.job,
+            imds.identity(),
+            settings,
+            store=self.store,
+            imds=imds,
+            sink=sink,
+            ec2=boto3.client("ec2", region_name=REGION),
+            command=command,
+        )
+        return agent
+
+    def run(self, ranks: list[int] | None = None, timeout: float = 60) -> dict[int, node_agent.Outcome]:
+        agents = {r: self.agent(r) for r in (ranks if ranks is not None else range(self.job.nodes))}
+
+        def go(rank: int) -> None:
+            result = agents[rank].run()
+            agents[rank].finish(result)
+            self.sinks[rank].close()
+            self.results[rank] = result
+
+        threads = [threading.Thread(target=go, args=(r,), daemon=True) for r in agents]
+        for t in threads:
+            t.start()
+        return_by = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.1, return_by - time.monotonic()))
+        assert not any(t.is_alive() for t in threads), "an agent did not finish"
+        return self.results
+
+    def record(self, rank: int) -> dict:
+        return self.store.get_json(self.job.key("nodes", f"{rank}.json"))
+
+    def tags(self, rank: int) -> dict[str, str]:
+        described = self.ec2.describe_instances(InstanceIds=[self.instances[rank]["InstanceId"]])
+        tags = described["Reservations"][0]["Instances"][0].get("Tags", [])
+        return {t["Key"]: t["Value"] for t in tags}
+
+    def close(self) -> None:
+        for fake in self.imds:
+            fake.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path, store):
+    made: list[Cluster] = []
+
+    def make(steps: int = 1000, **job_overrides) -> Cluster:
+        made.append(Cluster(tmp_path / f"cluster{len(made)}", store, make_job(**job_overrides), steps))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def test_a_job_that_completes_records_uploads_and_tags_every_node(cluster, s3):
+    c = cluster(steps=6, secrets={"HF_TOKEN": "ssm:/team/hf"})
+    results = c.run()
+    assert {r: o.status for r, o in results.items()} == {0: "Completed", 1: "Completed"}
+    for rank in (0, 1):
+        rec = c.record(rank)
+        assert rec["status"] == "Completed" and rec["exit_code"] == 0
+        assert rec["instance_id"] == c.instances[rank]["InstanceId"]
+        assert c.tags(rank)["distrain-cloud:status"] == "Completed"
+        assert f"distrain/jobs/job-a1/output/logs/node-{rank}.log" in keys(s3)
+    assert c.record(0)["step"] == 6  # the last step=N line rank 0's trainer printed
+    assert "distrain/jobs/job-a1/model/model.safetensors" in keys(s3)
+    assert "distrain/jobs/job-a1/output/metrics.jsonl" in keys(s3)
+    assert keys(s3, "distrain/jobs/job-a1/stop") == []  # nothing asked anyone to stop
+    # Both nodes found the main node's address; only references reached the environment.
+    lines = (c.tmp_path / "node1" / "node-agent.log").read_text()
+    assert 'main_addr=127.0.0.1 resumed=0 secrets={"HF_TOKEN": "ssm:/team/hf"}' in lines
+    # One CloudWatch stream per node, with the training output in it.
+    for rank in (0, 1):
+        events = c.logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=f"job-a1/node-{rank}")["events"]
+        messages = [e["message"] for e in events]
+        assert any(m.startswith("step=6 ") for m in messages), messages[-5:]
+        assert any("final status Completed" in m for m in messages)
+
+
+def test_a_spot_notice_on_one_node_stops_every_node_with_a_complete_checkpoint(cluster, s3):
+    c = cluster()
+    threading.Timer(1.5, c.imds[1].set_spot_notice).start()
+    results = c.run()
+    assert {r: o.status for r, o in results.items()} == {0: "Interrupted", 1: "Interrupted"}
+    marker = json.loads(s3.get_object(Bucket=BUCKET, Key="distrain/jobs/job-a1/stop")["Body"].read())
+    assert marker["reason"] == "spot-interruption" and marker["by"] == c.instances[1]["InstanceId"]
+    for rank in (0, 1):
+        rec = c.record(rank)
+        assert (rec["status"], rec["exit_code"]) == ("Interrupted", 143)
+        assert rec["reason"].startswith("spot interruption notice on node 1")
+    # Every node's part of the checkpoint it stopped at reached S3, then COMPLETE.
+    restored = restore_checkpoint(c.store, CKPT, c.tmp_path / "restore")
+    assert restored is not None
+    assert {p.name for p in (c.tmp_path / "restore" / restored).iterdir()} == {
+        "COMPLETE", "trainer_state.json", "random_states_0.pkl", "random_states_1.pkl",
+    }  # fmt: skip
+    assert "distrain/jobs/job-a1/model/model.safetensors" not in keys(s3)  # no model from a stopped run
+
+
+def test_a_resumed_attempt_starts_every_node_from_the_checkpoint(cluster, s3):
+    c = cluster()
+    threading.Timer(1.0, lambda: c.store.put_json(c.job.key("stop"), {"reason": "cancel", "by": "cli"})).start()
+    first = c.run()
+    assert {o.status for o in first.values()} == {"Stopped"}
+    assert first[0].reason == "cancelled"
+    restored = restore_checkpoint(c.store, CKPT, c.tmp_path / "peek")
+    assert restored is not None
+    stopped_at = int(restored.split("-")[1])
+
+    again = cluster(steps=stopped_at + 3, job="job-a2", attempt=2)  # same lineage, same checkpoint_uri
+    results = again.run()
+    assert {o.status for o in results.values()} == {"Completed"}
+    for rank in (0, 1):
+        log = (again.tmp_path / f"node{rank}" / "node-agent.log").read_text()
+        assert f"restored checkpoint-{stopped_at:08d}" in log
+        assert f"resumed={stopped_at} " in log
+
+
+def test_a_node_that_fails_stops_the_others(cluster):
+    c = cluster()
+    c.env[1]["FAKE_FAIL_AT"] = "8"
+    results = c.run()
+    assert (results[1].status, results[1].reason) == ("Failed", "fake trainer failed on purpose")
+    assert (results[0].status, results[0].reason) == ("Stopped", "node 1 failed: fake trainer failed on purpose")
+    assert c.tags(0)["distrain-cloud:status"] == "Stopped"
+    assert c.tags(1)["distrain-cloud:status"] == "Failed"
+
+
+def test_a_node_that_never_joins_fails_the_rendezvous_and_leaves_a_stop_marker(cluster, s3):
+    c = cluster(rendezvous_timeout_s=1)
+    results = c.run(ranks=[0])
+    assert results[0].status == "Failed"
+    assert results[0].reason.startswith("node 1 of 2 never joined the rendezvous within 1 s")
+    assert c.record(0)["reason"] == results[0].reason
+    # A late node reads the marker and stops before it trains.
+    marker = json.loads(s3.get_object(Bucket=BUCKET, Key="distrain/jobs/job-a1/stop")["Body"].read())
+    assert marker["reason"] == "peer-failed"
+    late = c.run(ranks=[1])
+    assert late[1].status == "Stopped" and "node 0 failed: node 1 of 2 never joined" in late[1].reason
+
+
+def test_the_deadline_stops_every_node(cluster):
+    c = cluster(deadline=time.time() + 2)
+    results = c.run()
+    assert {o.status for o in results.values()} == {"Stopped"}
+    assert results[1].reason == "max-run reached: the job ran until its deadline"
