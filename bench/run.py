@@ -430,15 +430,25 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
 # ---------------------------------------------------------------- environment
 
 
+def contract_env(dirs: dict[str, Path], port: int, shim: Path | None) -> dict[str, str]:
+    """The DISTRAIN_* variables of a one-node job whose folders are `dirs`, as training/contract.py
+    writes them for every backend (imported through the shim when distrain_cloud is not installed)."""
+    if shim is not None and str(shim) not in sys.path:
+        sys.path.insert(0, str(shim))
+    from distrain_cloud.training.contract import Contract
+
+    contract = Contract(
+        model_dir=dirs["model"], output_dir=dirs["output"], checkpoint_dir=dirs["checkpoints"], main_port=port
+    )
+    return contract.to_env()
+
+
 def child_env(ctx: Ctx, run: Run, dirs: dict[str, Path], port: int, shim: Path | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTRAIN_", "SM_"))}
     env.update(lib.REQUIRED_ENV)  # required on the GPU machines; never remove
+    env.update(contract_env(dirs, port, shim))
     env.update(
         {
-            "DISTRAIN_MODEL_DIR": str(dirs["model"]),
-            "DISTRAIN_OUTPUT_DIR": str(dirs["output"]),
-            "DISTRAIN_CHECKPOINT_DIR": str(dirs["checkpoints"]),
-            "DISTRAIN_MAIN_PORT": str(port),
             "HF_DATASETS_CACHE": str(ctx.work / "hf-datasets-cache"),
             "HF_HUB_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1",
