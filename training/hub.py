@@ -6,11 +6,8 @@ reference into the job's environment, so it never appears in a job spec or a pla
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
-
-logger = logging.getLogger(__name__)
 
 NO_TOKEN_MESSAGE = (
     "--push-to-hub REPO needs a Hugging Face token in HF_TOKEN at run time "
@@ -65,6 +62,5 @@ def push_to_hub(
         # its response object still holds the request and its Authorization header.
         raise HubPushError(f"Pushing {folder} to the Hub repo {repo_id} failed: {failure}")
 
-    commit_url = str(info.commit_url)
-    logger.info("Pushed %s to %s", folder, commit_url)
-    return commit_url
+    # The caller says it (the trainer prints pushed_to_hub=REPO commit=URL with its other lines).
+    return str(info.commit_url)

@@ -139,10 +139,12 @@ def test_push_to_hub_through_the_entry_point(train):
         )
         assert run.returncode == 0, run.describe()
         files = hub.files("me/tiny")
+        commit_url = f"{hub.url}/me/tiny/commit/{hub.repo('me/tiny').head}"
     model_dir = run.contract.model_dir
     for name in ("config.json", "model.safetensors", "tokenizer.json", "training_args.json"):
         assert files[name] == (model_dir / name).read_bytes(), name
-    assert run.lines("pushed_to_hub=me/tiny")
+    # The one line that says where the model went (nothing else prints it).
+    assert run.lines("pushed_to_hub=") == [f"pushed_to_hub=me/tiny commit={commit_url}"], run.describe()
     assert token not in run.stdout + run.stderr
     assert token not in (model_dir / "training_args.json").read_text()
 
