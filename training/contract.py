@@ -2,17 +2,22 @@
 
 Folders (data channels, model, output, checkpoints) and the cluster shape (nodes, this
 node's rank, main node address and port, GPUs per node). SageMaker describes them with
-`SM_*` variables; the EC2 bootstrap and the local backend write the `DISTRAIN_*`
-variables below. SageMaker's win when both are present. Torch-free.
+`SM_*` variables; the EC2 node agent and the local backend write the `DISTRAIN_*`
+variables below. SageMaker's win when both are present. Where no `DISTRAIN_*` variable names
+the shape, those of SkyPilot, AWS Batch multi-node jobs and torchrun-style launchers
+(Kubernetes PyTorchJob, ...) do, so the same entry point runs under those engines
+(docs/portability.md). Torch-free.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PREFIX = "DISTRAIN_"
 # The exit code of a job stopped on request (128 + SIGTERM) after saving its state: the trainer
@@ -33,7 +38,8 @@ class Contract:
     main_addr: str = "127.0.0.1"
     main_port: int = 29500
     gpus_per_node: int = 0
-    source: str = "default"  # "sagemaker", "distrain" or "default": who described it
+    # who described the shape: "sagemaker", "distrain", "skypilot", "aws-batch", "torchrun" or "default"
+    source: str = "default"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Contract:
@@ -43,13 +49,18 @@ class Contract:
         sm_root = Path(env.get(f"{PREFIX}SAGEMAKER_ROOT", "/opt/ml"))
         if (sm_root / "input/config/resourceconfig.json").is_file():
             return cls._from_sagemaker(sagemaker_env_from_files(sm_root, env))
+        names_shape = any(f"{PREFIX}{k}" in env for k in ("NUM_NODES", "NODE_RANK", "MAIN_ADDR"))
+        shape = None if names_shape else engine_shape(env)
         if f"{PREFIX}MODEL_DIR" in env:
-            return cls._from_distrain(env)
+            contract = cls._from_distrain(env)
+            # Folders of ours with an engine's cluster (a SkyPilot task that sets DISTRAIN_MODEL_DIR).
+            return contract if shape is None else dataclasses.replace(contract, **shape)
         here = Path.cwd()
         return cls(
             model_dir=here / "model",
             output_dir=here / "output",
             checkpoint_dir=here / "checkpoints",
+            **(shape or {}),
         )
 
     @classmethod
@@ -139,6 +150,105 @@ def sagemaker_env_from_files(root: Path, env: Mapping[str, str]) -> dict[str, st
         **{f"SM_CHANNEL_{c.upper()}": str(root / "input" / "data" / c) for c in channels},
     }
     return {**derived, **env}
+
+
+def engine_shape(env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The cluster shape another engine describes (SkyPilot, then AWS Batch, then torchrun-style
+    variables), as Contract fields, or None when none of them does."""
+    for read in (_skypilot_shape, _aws_batch_shape, _torchrun_shape):
+        shape = read(env)
+        if shape is not None:
+            return shape
+    return None
+
+
+def _skypilot_shape(env: Mapping[str, str]) -> dict[str, Any] | None:
+    # SkyPilot runs the task's `run` once per node with these; SKYPILOT_NODE_IPS lists the
+    # nodes one per line, rank 0's first.
+    if "SKYPILOT_NODE_RANK" not in env:
+        return None
+    ips = [ip.strip() for ip in env.get("SKYPILOT_NODE_IPS", "").splitlines() if ip.strip()]
+    nodes = _env_int(env, "SKYPILOT_NUM_NODES", len(ips) or 1)
+    return _shape(
+        "skypilot",
+        nodes,
+        _env_int(env, "SKYPILOT_NODE_RANK", 0),
+        "SKYPILOT_NODE_RANK",
+        ips[0] if ips else "127.0.0.1",
+        _port(env),
+        _env_int(env, "SKYPILOT_NUM_GPUS_PER_NODE", 0),
+    )
+
+
+def _aws_batch_shape(env: Mapping[str, str]) -> dict[str, Any] | None:
+    # A multi-node parallel job: the main node (not always index 0) must be rank 0, where torchrun
+    # keeps its rendezvous store. Batch gives the main node's address to the other nodes only;
+    # the main node serves the store itself, so its own loopback address reaches it.
+    if "AWS_BATCH_JOB_NUM_NODES" not in env:
+        return None
+    nodes = _env_int(env, "AWS_BATCH_JOB_NUM_NODES", 1)
+    index = _env_int(env, "AWS_BATCH_JOB_NODE_INDEX", 0)
+    main = _env_int(env, "AWS_BATCH_JOB_MAIN_NODE_INDEX", 0)
+    if not 0 <= index < nodes:
+        raise ValueError(f"AWS_BATCH_JOB_NODE_INDEX={index} is not a node index of {nodes} nodes")
+    rank = (index - main) % nodes
+    addr = env.get("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS") or "127.0.0.1"
+    return _shape("aws-batch", nodes, rank, "AWS_BATCH_JOB_NODE_INDEX", addr, _port(env), 0)
+
+
+def _torchrun_shape(env: Mapping[str, str]) -> dict[str, Any] | None:
+    # torchrun-style variables, as a per-node launcher (a PyTorchJob pod, a Slurm script) or torchrun
+    # itself sets them. Per-node launchers count nodes in WORLD_SIZE and give the node's index in
+    # RANK; inside torchrun's workers (LOCAL_RANK set) those count processes instead.
+    if "MASTER_ADDR" not in env:
+        return None
+    in_worker = "LOCAL_RANK" in env
+    rank_var = next((v for v in ("NODE_RANK", "GROUP_RANK", "PET_NODE_RANK") if v in env), None)
+    if rank_var is None and not in_worker and "RANK" in env:
+        rank_var = "RANK"
+    nodes_var = next((v for v in ("NNODES", "PET_NNODES", "GROUP_WORLD_SIZE") if v in env), None)
+    if nodes_var is not None:
+        # torchrun's elastic form MIN:MAX: a static job's count is its MAX
+        nodes = _parse_int(nodes_var, env[nodes_var].rpartition(":")[2])
+    elif in_worker and "WORLD_SIZE" in env:
+        nodes = _env_int(env, "WORLD_SIZE", 1) // max(1, _env_int(env, "LOCAL_WORLD_SIZE", 1))
+    else:
+        nodes = _env_int(env, "WORLD_SIZE", 1)
+    rank = _env_int(env, rank_var, 0) if rank_var else 0
+    return _shape("torchrun", nodes, rank, rank_var or "NODE_RANK", env["MASTER_ADDR"], _port(env), 0)
+
+
+def _shape(source: str, nodes: int, rank: int, rank_var: str, addr: str, port: int, gpus: int) -> dict[str, Any]:
+    if nodes < 1:
+        raise ValueError(f"{source} describes {nodes} nodes: the cluster needs at least one")
+    if not 0 <= rank < nodes:
+        raise ValueError(f"{rank_var}={rank} is not a node rank of a {nodes}-node cluster (ranks count from 0)")
+    return {
+        "num_nodes": nodes,
+        "node_rank": rank,
+        "main_addr": addr,
+        "main_port": port,
+        "gpus_per_node": gpus,
+        "source": source,
+    }
+
+
+def _port(env: Mapping[str, str]) -> int:
+    if "MASTER_PORT" in env:
+        return _env_int(env, "MASTER_PORT", 29500)
+    return _int(env, "MAIN_PORT", 29500)
+
+
+def _env_int(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    return default if raw is None or raw.strip() == "" else _parse_int(key, raw)
+
+
+def _parse_int(key: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{key} must be an integer, got {raw!r}") from None
 
 
 def _int(env: Mapping[str, str], key: str, default: int) -> int:
