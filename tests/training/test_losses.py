@@ -1,19 +1,73 @@
-"""Causal LMs are loaded with the loss transformers would fall back to named
-(modeling.load_model sets loss_type), so a compiled model is one graph up to and including it."""
+"""training/losses.py: the chunked LM loss gives torch's cross-entropy and its gradients (CPU)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.nn.functional as F
 
-from distrain_cloud.training import modeling
-from distrain_cloud.training.args import TrainArgs
+from distrain_cloud.training.losses import IGNORE, fused_causal_lm_loss
+
+BATCH, SEQ, DIM, VOCAB = 3, 7, 16, 50
 
 
-def test_loaded_causal_lms_compile_into_one_graph_with_transformers_loss(dynamo_graphs):
-    args = TrainArgs(task="causal-lm", preset="tiny-gpt2")
-    tokenizer = modeling.load_tokenizer(args)
-    model = modeling.load_model(args, tokenizer)
-    assert model.loss_type == "ForCausalLM"
-    ids = torch.randint(0, len(tokenizer), (2, 16))
-    graphs = dynamo_graphs(lambda x: model(input_ids=x, labels=x, use_cache=False).loss, ids)
-    assert len(graphs) == 1  # transformers' default lookup split it in two
+def inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(BATCH, SEQ, DIM, generator=g, requires_grad=True)
+    weight = (0.3 * torch.randn(VOCAB, DIM, generator=g)).requires_grad_()
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    return hidden, weight, input_ids
+
+
+def reference(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """What a causal LM computes: full logits, shifted by one, mean over the labels that count."""
+    logits = hidden @ weight.t()
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, VOCAB), input_ids[:, 1:].reshape(-1), ignore_index=IGNORE, reduction="mean"
+    )
+
+
+def loss_and_grads(loss_fn, hidden, weight, input_ids, scale: float = 1.0):
+    loss = loss_fn(hidden, weight, input_ids)
+    grad_hidden, grad_weight = torch.autograd.grad(scale * loss, (hidden, weight))
+    return loss, grad_hidden, grad_weight
+
+
+# 4 rows per chunk: the 18 label rows split into 4 + 4 + 4 + 4 + 2, so a partial last chunk is covered.
+@pytest.mark.parametrize("chunk_rows", [4, 4096], ids=["chunked", "one-chunk"])
+def test_loss_and_gradients_equal_cross_entropy(chunk_rows):
+    hidden, weight, input_ids = inputs()
+    input_ids[0, 3] = input_ids[2, 6] = IGNORE  # labels that must not count, in the mean or the gradients
+
+    def fused(h, w, ids):
+        return fused_causal_lm_loss(h, w, ids, dtype=torch.float32, chunk_rows=chunk_rows)
+
+    # A scaled loss (as under gradient accumulation) checks that backward applies grad_output.
+    got = loss_and_grads(fused, hidden, weight, input_ids, scale=0.25)
+    want = loss_and_grads(reference, hidden, weight, input_ids, scale=0.25)
+    for g, w, what in zip(got, want, ("loss", "d loss / d hidden", "d loss / d weight"), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=what)
+    assert got[1][0, 2].abs().sum() == 0  # hidden state 2 predicts label 3, which is ignored
+
+
+def test_bf16_compute_stays_close_and_gradients_keep_the_inputs_dtypes():
+    hidden, weight, input_ids = inputs(seed=1)
+    loss, grad_hidden, grad_weight = loss_and_grads(
+        lambda h, w, ids: fused_causal_lm_loss(h, w, ids, dtype=torch.bfloat16, chunk_rows=5), hidden, weight, input_ids
+    )
+    assert loss.dtype == torch.float32  # accumulated in fp32 whatever the compute dtype
+    assert grad_hidden.dtype == hidden.dtype and grad_weight.dtype == weight.dtype
+    want_loss, want_hidden, want_weight = loss_and_grads(reference, hidden, weight, input_ids)
+    torch.testing.assert_close(loss, want_loss, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(grad_hidden, want_hidden, rtol=5e-2, atol=5e-3)
+    torch.testing.assert_close(grad_weight, want_weight, rtol=5e-2, atol=5e-3)
+
+
+def test_a_batch_with_no_label_that_counts_gives_zero_not_nan():
+    hidden, weight, input_ids = inputs(seed=2)
+    input_ids[:, 1:] = IGNORE
+    loss, grad_hidden, grad_weight = loss_and_grads(
+        lambda h, w, ids: fused_causal_lm_loss(h, w, ids, dtype=torch.float32), hidden, weight, input_ids
+    )
+    assert loss.item() == 0.0  # torch's mean over no labels is nan
+    assert grad_hidden.abs().sum() == 0 and grad_weight.abs().sum() == 0
