@@ -1,12 +1,15 @@
-"""What every cloud backend shares: region, cost and budget, the bucket check, and the upload.
+"""What every cloud backend shares: region, cost and budget, the API-model refusal, the bucket
+check, the upload, and printing a job's CloudWatch logs.
 
 A cloud backend plans without AWS (`plan`), checks what only AWS can tell (`preflight`), then
 acts: refuse failed checks, make sure the bucket is there, upload the code bundle, send the
-request. The pieces here are those steps, so a second cloud backend reuses them.
+request. The pieces here are those steps, so SageMaker and EC2 use the same ones.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError
@@ -61,8 +64,30 @@ def budget_check(max_cost: float, cost: dict[str, Any], nodes: int) -> Check:
     return Check(name, worst <= max_cost, f"worst case ${worst} ({nodes} node(s) x max_run)")
 
 
-def bucket_check(bucket: str, region: str, *, named_by_user: bool) -> Check:
-    """Whether the job's bucket is there and ours (read-only: HeadBucket)."""
+def refuse_api_problems(
+    service: str, operation: str, request: dict[str, Any], sources: Sequence[tuple[str, str]], label: str
+) -> None:
+    """Raise one UserError naming the flag or key behind each part of `request` that breaks the
+    API model of `service`.`operation`. `sources` maps a request path prefix to what sets it
+    (("ResourceConfig.InstanceCount", "--nodes")); `label` names the service for people."""
+    from ..apimodel import problems
+
+    found = problems(service, operation, request)
+    if not found:
+        return
+    parts = []
+    for path, problem in found[:3]:
+        source = next((src for prefix, src in sources if path.startswith(prefix)), "the planned request")
+        parts.append(f"{source}: {path} {problem}")
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    raise UserError(f"{label} would refuse this job, nothing was sent: " + "; ".join(parts) + more)
+
+
+def bucket_check(
+    bucket: str, region: str, *, named_by_user: bool, fix: str = "create it or drop sagemaker.bucket"
+) -> Check:
+    """Whether the job's bucket is there and ours (read-only: HeadBucket). `fix` says what to do
+    when a bucket the user (or their stack) named is missing."""
     from distrain_cloud.infra import aws
 
     try:
@@ -72,7 +97,7 @@ def bucket_check(bucket: str, region: str, *, named_by_user: bool) -> Check:
         if aws.error_code(e) in ("403", "AccessDenied"):  # another account's, or not ours to use
             return Check("bucket usable", False, f"{bucket}: access denied; name another bucket")
         if named_by_user:
-            return Check("bucket exists", False, f"{bucket}: create it or drop sagemaker.bucket")
+            return Check("bucket exists", False, f"{bucket}: {fix}")
         return Check("bucket exists", True, f"{bucket} will be created")
 
 
@@ -85,3 +110,61 @@ def upload_code(plan: Plan) -> bool:
     with aws.translate_errors():
         resources.ensure_bucket(bucket, region)
         return resources.upload_if_absent(bucket, plan.payload["code_key"], plan.payload["bundle"], region)
+
+
+def print_logs(
+    region: str, group: str, job_name: str, host: Callable[[str], str], done: Callable[[], bool], poll: float = 5.0
+) -> int:
+    """Print the events of every stream `<job_name>/...` of log group `group`, each line prefixed
+    with its host; until `done()` says the job ended (called once per round: pass
+    `lambda: True` to print what is there and return)."""
+    from distrain_cloud.infra import aws
+
+    tokens: dict[str, str | None] = {}
+    with aws.translate_errors():
+        client = aws.client("logs", region)
+        while True:
+            for stream in _log_streams(client, group, job_name):
+                tokens.setdefault(stream, None)
+            for stream in sorted(tokens):
+                tokens[stream] = _print_events(client, group, stream, tokens[stream], host(stream))
+            if done():
+                # one last read so nothing written just before the end is lost
+                for stream in sorted(tokens):
+                    _print_events(client, group, stream, tokens[stream], host(stream))
+                return 0
+            time.sleep(poll)
+
+
+def _log_streams(client: Any, group: str, job_name: str) -> list[str]:
+    from botocore.exceptions import ClientError
+
+    from distrain_cloud.infra.aws import error_code
+
+    streams: list[str] = []
+    kwargs: dict[str, Any] = {"logGroupName": group, "logStreamNamePrefix": f"{job_name}/"}
+    while True:
+        try:
+            out = client.describe_log_streams(**kwargs)
+        except ClientError as e:
+            if error_code(e) == "ResourceNotFoundException":
+                return streams  # no logs yet (the job is still starting)
+            raise
+        streams += [s["logStreamName"] for s in out.get("logStreams", [])]
+        if not out.get("nextToken"):
+            return streams
+        kwargs["nextToken"] = out["nextToken"]
+
+
+def _print_events(client: Any, group: str, stream: str, token: str | None, host: str) -> str | None:
+    while True:
+        kwargs: dict[str, Any] = {"logGroupName": group, "logStreamName": stream, "startFromHead": True}
+        if token:
+            kwargs["nextToken"] = token
+        out = client.get_log_events(**kwargs)
+        for event in out.get("events", []):
+            print(f"[{host}] {event['message']}", flush=True)
+        new: str | None = out.get("nextForwardToken")
+        if not out.get("events") or new == token:
+            return new
+        token = new

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import time
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -382,24 +381,9 @@ class SageMakerBackend:
     def logs(self, job: JobRef, *, follow: bool = False) -> int:
         from distrain_cloud.infra import aws
 
-        region, job_name = aws.region(job.region), job.name
         group = "/aws/sagemaker/TrainingJobs"
-        tokens: dict[str, str | None] = {}
-        with aws.translate_errors():
-            logs_client = aws.client("logs", region)
-            while True:
-                streams = _log_streams(logs_client, group, job_name)
-                for stream in streams:
-                    tokens.setdefault(stream, None)
-                for stream in sorted(tokens):
-                    tokens[stream] = _print_events(logs_client, group, stream, tokens[stream], _host(stream))
-                done = self.status(job)["terminal"] if follow else True
-                if done:
-                    # one last read so nothing written just before the end is lost
-                    for stream in sorted(tokens):
-                        _print_events(logs_client, group, stream, tokens[stream], _host(stream))
-                    return 0
-                time.sleep(5)
+        done = (lambda: bool(self.status(job)["terminal"])) if follow else (lambda: True)
+        return cloud.print_logs(aws.region(job.region), group, job.name, _host, done)
 
     def cancel(self, job: JobRef) -> str:
         from distrain_cloud.infra import aws
@@ -536,50 +520,12 @@ REQUEST_SOURCES = (
 def refuse_api_problems(request: dict[str, Any]) -> None:
     """Raise one UserError naming the flag or key behind each part of `request` that breaks
     SageMaker's API model."""
-    from ..apimodel import problems
-
-    found = problems("sagemaker", "CreateTrainingJob", request)
-    if not found:
-        return
-    parts = []
-    for path, problem in found[:3]:
-        source = next((src for prefix, src in REQUEST_SOURCES if path.startswith(prefix)), "the planned request")
-        parts.append(f"{source}: {path} {problem}")
-    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
-    raise UserError("SageMaker would refuse this job, nothing was sent: " + "; ".join(parts) + more)
+    cloud.refuse_api_problems("sagemaker", "CreateTrainingJob", request, REQUEST_SOURCES, "SageMaker")
 
 
 def _host(stream: str) -> str:
     # "<job>/algo-2-1732600000" -> "algo-2"
     return stream.split("/", 1)[-1].rsplit("-", 1)[0]
-
-
-def _log_streams(client: Any, group: str, job_name: str) -> list[str]:
-    from botocore.exceptions import ClientError
-
-    try:
-        out = client.describe_log_streams(logGroupName=group, logStreamNamePrefix=f"{job_name}/")
-    except ClientError as e:
-        from distrain_cloud.infra.aws import error_code
-
-        if error_code(e) == "ResourceNotFoundException":
-            return []  # no logs yet (the job is still starting)
-        raise
-    return [s["logStreamName"] for s in out.get("logStreams", [])]
-
-
-def _print_events(client: Any, group: str, stream: str, token: str | None, host: str) -> str | None:
-    while True:
-        kwargs: dict[str, Any] = {"logGroupName": group, "logStreamName": stream, "startFromHead": True}
-        if token:
-            kwargs["nextToken"] = token
-        out = client.get_log_events(**kwargs)
-        for event in out.get("events", []):
-            print(f"[{host}] {event['message']}", flush=True)
-        new: str | None = out.get("nextForwardToken")
-        if not out.get("events") or new == token:
-            return new
-        token = new
 
 
 BACKEND = SageMakerBackend()

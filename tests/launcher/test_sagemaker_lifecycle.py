@@ -504,7 +504,7 @@ def test_status_of_an_unknown_job_is_one_line(mocked_aws):
 @pytest.fixture
 def no_sleep(monkeypatch):
     sleeps: list[float] = []
-    monkeypatch.setattr(sm.time, "sleep", sleeps.append)
+    monkeypatch.setattr("time.sleep", sleeps.append)
     return sleeps
 
 
@@ -698,7 +698,7 @@ def test_logs_follow_prints_new_lines_once_until_the_job_ends(mocked_aws, monkey
             lambda: put_logs("run-1", "algo-1", ["step=30 train_loss=1.0", "model_saved=/opt/ml/model"], start=2000),
         ]
     )
-    monkeypatch.setattr(sm.time, "sleep", lambda s: next(more)())
+    monkeypatch.setattr("time.sleep", lambda s: next(more)())
     assert sm.BACKEND.logs(ref("run-1"), follow=True) == 0
     assert capsys.readouterr().out.splitlines() == [
         "[algo-1] step=10 train_loss=2.0",
