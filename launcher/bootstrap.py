@@ -2,10 +2,14 @@
 
 The script itself (`training/job_entry.sh`: requirements, PYTHONPATH, secrets, node launcher)
 travels in the bundle, so what a backend puts in its request is one short line. Every cloud
-backend renders its start from here.
+backend renders its start from here: SageMaker's ContainerEntrypoint, and EC2's user data,
+which fetches the bundle and hands over to the node agent inside it (docs/ec2.md).
 """
 
 from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
 
 from .bundle import ARCHIVE_ROOT
 
@@ -30,3 +34,130 @@ def sagemaker_entrypoint(code_channel: str) -> list[str]:
         '--hyperparameters "$R/input/config/hyperparameters.json"',
     )
     return ["/bin/bash", "-c", f"R={SAGEMAKER_ROOT}; {line}"]
+
+
+# Switches that let a test run the very same user data on one machine (docs/ec2.md); on EC2
+# none is set and the defaults are the real behaviour.
+EC2_REHEARSAL_SWITCHES = {
+    "DISTRAIN_EC2_HARD_STOP": "shutdown -h",  # gets "+<minutes>"
+    "DISTRAIN_EC2_PYTHON": "the AMI family's python",
+    "DISTRAIN_EC2_WORK": "/opt/distrain",
+    "DISTRAIN_EC2_POWEROFF": "shutdown -h now",
+}
+NODE_AGENT = "distrain_cloud.training.node_agent"
+BOOTSTRAP_FAILED_EXIT = 3  # boot.py's exit when the bundle is not the planned one
+
+# Runs on the node with the AMI's python and boto3, before the bundle (and so the node agent)
+# is there: fetch and verify the bundle, and write the node's Failed record if it cannot start.
+_BOOT_PY = '''import hashlib, json, os, sys, tarfile, time, urllib.request
+import boto3
+
+BUCKET, CODE_KEY, CODE_SHA256, JOB_PREFIX = {bucket!r}, {code_key!r}, {code_sha256!r}, {job_prefix!r}
+WORK = os.environ["WORK"]
+
+
+def imds(path):
+    base = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://169.254.169.254").rstrip("/")
+    put = urllib.request.Request(
+        base + "/latest/api/token", method="PUT", headers={{"X-aws-ec2-metadata-token-ttl-seconds": "600"}}
+    )
+    token = urllib.request.urlopen(put, timeout=5).read().decode()
+    get = urllib.request.Request(base + "/latest/meta-data/" + path, headers={{"X-aws-ec2-metadata-token": token}})
+    return urllib.request.urlopen(get, timeout=5).read().decode()
+
+
+def fail(reason):
+    """This node's final record, unless it has one already (the first, specific reason stays)."""
+    s3, key = boto3.client("s3"), JOB_PREFIX + "/nodes/" + imds("ami-launch-index") + ".json"
+    try:
+        s3.head_object(Bucket=BUCKET, Key=key)
+        return
+    except Exception:
+        pass
+    record = {{"status": "Failed", "exit_code": 1, "reason": reason, "step": None,
+              "instance_id": imds("instance-id"), "time": time.time()}}
+    s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(record).encode(), ContentType="application/json")
+
+
+def fetch():
+    path = os.path.join(WORK, "code.tar.gz")
+    boto3.client("s3").download_file(BUCKET, CODE_KEY, path)
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    if digest != CODE_SHA256:
+        fail("bundle hash mismatch: s3://%s/%s has sha256 %s..., the plan hashed %s..." % (
+            BUCKET, CODE_KEY, digest[:12], CODE_SHA256[:12]))
+        sys.exit({exit_code})
+    safe = {{"filter": "data"}} if hasattr(tarfile, "data_filter") else {{}}  # no links or paths out of the folder
+    with tarfile.open(path) as tar:
+        tar.extractall(os.path.join(WORK, "code"), **safe)
+
+
+if sys.argv[1] == "fail":
+    fail(sys.argv[2])
+else:
+    fetch()
+'''
+
+
+def ec2_user_data(
+    *,
+    job: str,
+    attempt: int,
+    region: str,
+    bucket: str,
+    job_prefix: str,
+    code_key: str,
+    code_sha256: str,
+    hard_stop_minutes: int,
+    python: str,
+    torch: str | None,
+    requirements: Sequence[str],
+) -> str:
+    """The user data of every node of an EC2 job (bash, small, references only), in order: the
+    hard stop (with shutdown behaviour terminate it ends the instance whatever else happens),
+    the bundle fetched and its sha256 checked, the training requirements installed against the
+    AMI's torch, then the node agent from the bundle. A failure before the agent writes the
+    node's Failed record and powers off. `job_prefix` is `<prefix>/jobs/<job>` in `bucket`."""
+    q = shlex.quote
+    boot = _BOOT_PY.format(
+        bucket=bucket,
+        code_key=code_key,
+        code_sha256=code_sha256,
+        job_prefix=job_prefix,
+        exit_code=BOOTSTRAP_FAILED_EXIT,
+    )
+    pip = '"$PY" -m pip install --quiet --disable-pip-version-check'
+    venv = (
+        f"# This AMI has no torch: a virtualenv gets one that runs on its GPUs.\n"
+        f'"$PY" -m venv "$WORK/venv"\nPY="$WORK/venv/bin/python"\n{pip} {q(torch)}\n'
+        if torch
+        else ""
+    )
+    extra = " ".join(q(r) for r in requirements)
+    job_uri = f"s3://{bucket}/{job_prefix}/job.json"
+    return f"""#!/bin/bash
+# distrain-cloud job {job}, attempt {attempt}: one node's start, rendered by the launcher.
+# User data is readable by whoever may describe the instance: it holds references only.
+# Rehearsal switches (unset on EC2; docs/ec2.md): {", ".join(EC2_REHEARSAL_SWITCHES)}.
+${{DISTRAIN_EC2_HARD_STOP:-shutdown -h}} +{hard_stop_minutes} || true
+set -euo pipefail
+export AWS_DEFAULT_REGION={q(region)} AWS_REGION={q(region)} HOME="${{HOME:-/root}}"
+PY="${{DISTRAIN_EC2_PYTHON:-{python}}}"
+export WORK="${{DISTRAIN_EC2_WORK:-/opt/distrain}}"
+POWEROFF="${{DISTRAIN_EC2_POWEROFF:-shutdown -h now}}"
+mkdir -p "$WORK"
+cat > "$WORK/boot.py" <<'DISTRAIN_BOOT_PY'
+{boot}DISTRAIN_BOOT_PY
+fail() {{ "$PY" "$WORK/boot.py" fail "$1" || true; $POWEROFF; exit 1; }}
+trap 'fail "node bootstrap failed at line $LINENO of its user data (see its cloud-init output log)"' ERR
+{venv}"$PY" -c 'import boto3' 2>/dev/null || {pip} boto3
+rc=0; "$PY" "$WORK/boot.py" fetch || rc=$?
+if [ "$rc" -ne 0 ]; then fail "could not fetch the code bundle (exit $rc)"; fi
+cd "$WORK/code"
+"$PY" -c 'import torch; print("torch==" + torch.__version__)' > "$WORK/constraints.txt"
+{pip} -c "$WORK/constraints.txt" -r requirements.txt {extra}
+export PYTHONPATH="$WORK/code"
+trap - ERR
+exec "$PY" -m {NODE_AGENT} --job {q(job_uri)}
+"""

@@ -95,6 +95,86 @@ _ROWS = (
 )
 
 
+# AWS Deep Learning AMI families for EC2 jobs, resolved at submit from public SSM parameters
+# (/aws/service/deeplearning/ami/x86_64/<type>/latest/ami-id). Which family can drive which GPU
+# follows the AMIs' release notes: the OSS-driver AMIs support G4dn, G5, G6, G6e, P4d/P4de and P5
+# but not P3, whose V100s need the proprietary-driver base AMI (Amazon Linux 2). docs/ec2.md
+# says which names were seen where; none was resolved on real AWS from here.
+DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/{}/latest/ami-id"
+
+
+@dataclass(frozen=True)
+class AmiFamily:
+    name: str
+    ssm_parameter: str  # the public SSM parameter holding the newest AMI id of the family
+    gpu_models: frozenset[str]  # the GPUs its NVIDIA driver can run
+    python: str  # the interpreter jobs run with
+    root_device: str  # the root volume's device name (the block device mapping resizes it)
+    # A pip requirement for torch when the AMI has none (a base AMI), else None: use the AMI's.
+    torch: str | None
+    description: str
+
+
+AMI_FAMILIES: dict[str, AmiFamily] = {
+    family.name: family
+    for family in (
+        AmiFamily(
+            name="oss-pytorch",
+            ssm_parameter=DLAMI_PARAMETER.format("oss-nvidia-driver-gpu-pytorch-2.7-ubuntu-22.04"),
+            gpu_models=frozenset({"T4", "A10G", "L4", "L40S", "A100", "H100", "H200"}),
+            python="/opt/pytorch/bin/python",
+            root_device="/dev/sda1",
+            torch=None,
+            description="Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.7 (Ubuntu 22.04)",
+        ),
+        AmiFamily(
+            name="proprietary-base",
+            ssm_parameter=DLAMI_PARAMETER.format("base-proprietary-nvidia-driver-amazon-linux-2"),
+            gpu_models=frozenset({"V100"}),
+            python="/usr/bin/python3.10",
+            root_device="/dev/xvda",
+            # PyPI's torch 2.7 wheels are CUDA 12.6 builds, which still run on V100 (compute 7.0).
+            torch="torch==2.7.1",
+            description="Deep Learning Base Proprietary Nvidia Driver AMI (Amazon Linux 2)",
+        ),
+    )
+}
+
+
+def ami_family(instance: InstanceType, name: str | None = None, parameter: str | None = None) -> AmiFamily:
+    """The AMI family of an EC2 job: the one named (ec2.ami_family), else the one whose SSM
+    parameter is given, else the first that drives the instance's GPU (a CPU instance gets the
+    first). UserError when the family is unknown or its driver cannot run the GPU; a parameter
+    of no known family is judged by its name (an OSS-driver AMI never runs V100s)."""
+    gpu = instance.gpu_model
+    if name is None and parameter is not None:
+        name = next((f.name for f in AMI_FAMILIES.values() if f.ssm_parameter == parameter), None)
+        oss = AMI_FAMILIES["oss-pytorch"].gpu_models
+        if name is None and "oss-nvidia-driver" in parameter and gpu is not None and gpu not in oss:
+            raise UserError(
+                f"ec2.ami_parameter {parameter}: an OSS-driver AMI cannot run {instance.name}'s {gpu} GPUs; "
+                f"drop ec2.ami_parameter (the default for {instance.name} is the {_fits(gpu)} family)"
+            )
+    if name is not None:
+        family = AMI_FAMILIES.get(name)
+        if family is None:
+            raise UserError(f"ec2.ami_family {name!r} is unknown; choose one of: {', '.join(AMI_FAMILIES)}")
+        if gpu is not None and gpu not in family.gpu_models:
+            raise UserError(
+                f"ec2.ami_family {name}: its NVIDIA driver cannot run {instance.name}'s {gpu} GPUs; "
+                f"use ec2.ami_family {_fits(gpu)}"
+            )
+        return family
+    for family in AMI_FAMILIES.values():
+        if gpu is None or gpu in family.gpu_models:
+            return family
+    raise UserError(f"no known AMI family drives {instance.name}'s {gpu} GPUs; set ec2.ami_id and ec2.ami_family")
+
+
+def _fits(gpu: str) -> str:
+    return " or ".join(f.name for f in AMI_FAMILIES.values() if gpu in f.gpu_models) or "(none known)"
+
+
 def _build() -> dict[str, InstanceType]:
     table: dict[str, InstanceType] = {}
     for name, vcpus, mem, gpus, gpu, gpu_gib, efa, sm_prices, ec2_prices in _ROWS:

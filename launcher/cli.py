@@ -39,7 +39,7 @@ _TRAIN_ARGS: list[str] = []
 Backend = Annotated[
     str | None,
     typer.Option(
-        "--backend", help="sagemaker or local (default: from the job's record, its local folder, else sagemaker)"
+        "--backend", help="sagemaker, ec2 or local (default: from the job's record, its local folder, else sagemaker)"
     ),
 ]
 Region = Annotated[str | None, typer.Option("--region", help="AWS region (default: AWS_REGION / profile)")]
@@ -50,7 +50,9 @@ Workdir = Annotated[Path, typer.Option("--workdir", help="local backend: folder 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def submit(
     spec: Annotated[Path | None, typer.Argument(help="job spec YAML (optional); flags override it")] = None,
-    instance: Annotated[str | None, typer.Option("--instance", "-i", help="local, ml.p3.8xlarge, ...")] = None,
+    instance: Annotated[
+        str | None, typer.Option("--instance", "-i", help="local, ml.p3.8xlarge (SageMaker), g4dn.12xlarge (EC2), ...")
+    ] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="instances (each: one process per GPU)")] = None,
     processes: Annotated[int | None, typer.Option("--processes", help="local: processes to start")] = None,
     strategy: Annotated[
@@ -81,7 +83,8 @@ def submit(
     stack: Annotated[
         str | None,
         typer.Option(
-            "--stack", help="the `infra up` stack whose role and bucket cloud jobs use (default distrain-cloud)"
+            "--stack",
+            help="the `infra up` stack whose roles, bucket and security group cloud jobs use (default distrain-cloud)",
         ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan; send nothing")] = False,
@@ -225,13 +228,52 @@ def wait(
 
 
 @app.command()
-def cancel(job: str, backend: Backend = None, region: Region = None, workdir: Workdir = Path("runs")) -> None:
-    """Stop a running job (it saves a checkpoint on the way out)."""
+def cancel(
+    job: str,
+    now: Annotated[
+        bool, typer.Option("--now", help="EC2: terminate the instances at once, without a checkpoint")
+    ] = False,
+    backend: Backend = None,
+    region: Region = None,
+    workdir: Workdir = Path("runs"),
+) -> None:
+    """Stop a running job (it saves a checkpoint on the way out; --now does not wait for that)."""
     from .backends import get_backend
     from .jobs import find_job
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
-    typer.echo(get_backend(ref.backend).cancel(ref))
+    if not now:
+        typer.echo(get_backend(ref.backend).cancel(ref))
+        return
+    if ref.backend != "ec2":
+        raise UserError(f"--now applies to EC2 jobs; {job} is a {ref.backend} job: drop --now")
+    from .backends.ec2 import BACKEND as ec2
+
+    typer.echo(ec2.cancel_now(ref))
+
+
+@app.command()
+def resume(
+    job: str,
+    backend: Backend = None,
+    region: Region = None,
+    workdir: Workdir = Path("runs"),
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the new attempt's plan; send nothing")] = False,
+    as_json: Json = False,
+    wait: Annotated[bool, typer.Option("--wait", help="follow the new job until it ends")] = False,
+) -> None:
+    """Continue a stopped, interrupted or failed job from its checkpoints: a new job of the same
+    lineage, with the spec JOB was submitted with (SageMaker: the same as `submit --resume-from JOB`)."""
+    from .api import plan_job, resume_spec, submit_job
+    from .jobs import find_job
+
+    ref = find_job(job, backend=backend, region=region, workdir=workdir)
+    plan = plan_job(resume_spec(ref), dry_run=dry_run)
+    if dry_run or as_json:
+        typer.echo(plan.to_json() if as_json else plan.render())
+    if dry_run:
+        raise typer.Exit(1 if plan.failed_checks else 0)
+    raise typer.Exit(submit_job(plan, wait=wait))
 
 
 @app.command()

@@ -54,8 +54,21 @@ def write_record(plan: Plan, *, region: str | None, workdir: Path | None) -> Non
         "workdir": str(workdir.resolve()) if workdir else None,
         "instance": plan.summary.get("instance"),
         "created": time.time(),
+        **plan.payload.get("record", {}),  # a backend's own whereabouts (EC2: stack, bucket, prefix)
     }
+    spec = plan.payload.get("spec")
+    if spec is not None:  # what `resume` plans again: references only, like the spec itself
+        record["spec"] = spec.model_dump(mode="json", exclude_defaults=True)
     (folder / f"{check_name(plan.job_name)}.json").write_text(json.dumps(record, indent=2))
+
+
+def read_record(name: str) -> dict[str, Any] | None:
+    """The record written when job `name` was submitted from this machine, or None."""
+    path = records_dir() / f"{check_name(name)}.json"
+    if not path.is_file():
+        return None
+    record: dict[str, Any] = json.loads(path.read_text())
+    return record
 
 
 def find_job(
@@ -65,9 +78,8 @@ def find_job(
     check_name(name)
     if backend:
         return JobRef(name, backend, region, workdir)
-    path = records_dir() / f"{name}.json"
-    if path.is_file():
-        record = json.loads(path.read_text())
+    record = read_record(name)
+    if record is not None:
         return JobRef(
             name,
             record["backend"],

@@ -42,13 +42,14 @@ class Backend(Protocol):
     def cancel(self, job: JobRef) -> str: ...
 
 
-BACKENDS = {"local": "local", "sagemaker": "sagemaker"}
+BACKENDS = {"local": "local", "sagemaker": "sagemaker", "ec2": "ec2"}
 
 
 def get_backend(name: str) -> Backend:
     if name not in BACKENDS:
         raise UserError(
-            f"the {name} backend is not available yet; use --instance local or a SageMaker type such as ml.g5.12xlarge"
+            f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)} "
+            "(--instance picks it: local, ml.g5.12xlarge for SageMaker, g5.12xlarge for EC2)"
         )
     module = importlib.import_module(f"{__name__}.{BACKENDS[name]}")
     return module.BACKEND  # type: ignore[no-any-return]

@@ -1,0 +1,592 @@
+"""EC2 submit, status, ls, logs, cancel and resume against moto.
+
+Most tests build the stack's resources by hand (a bucket, a security group in the default VPC,
+an instance profile, a log group) and hand them to the backend in place of `infra.stack`'s
+lookup; one runs the real `infra up` and the CLI against a moto server in another process,
+which is the path the two-node rehearsal takes. moto cannot serve the public DLAMI parameters:
+tests set ec2.ami_id (a Deep Learning AMI of moto's own list) or replace `ec2.resolve_ami`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distrain_cloud.infra.errors import UserError
+from distrain_cloud.infra.stack import StackResources
+from distrain_cloud.launcher import cli
+from distrain_cloud.launcher.api import plan_job, submit_job
+from distrain_cloud.launcher.backends import ec2
+from distrain_cloud.launcher.jobs import JobRef
+from distrain_cloud.launcher.spec import load_spec
+
+REGION = "us-east-1"
+AMI = "ami-dca37ea5"  # "Deep Learning AMI Ubuntu Linux - 2.4_Oct2017" in moto's image list
+LOG_GROUP = "/distrain-cloud/distrain-cloud/jobs"
+REPO = Path(__file__).resolve().parents[2]
+_real_resolve = ec2.resolve_ami  # the stack fixture replaces it
+
+pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS::")
+
+
+@pytest.fixture
+def stack(mocked_aws, monkeypatch) -> StackResources:
+    """The resources `infra up` makes, made by hand (a real stack takes seconds under moto)."""
+    import boto3
+
+    ec2_client = boto3.client("ec2", region_name=REGION)
+    vpc = ec2_client.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    group = ec2_client.create_security_group(GroupName="nodes", Description="nodes", VpcId=vpc)["GroupId"]
+    iam = boto3.client("iam")
+    iam.create_role(RoleName="node", AssumeRolePolicyDocument="{}")
+    iam.create_instance_profile(InstanceProfileName="node-profile")
+    iam.add_role_to_instance_profile(InstanceProfileName="node-profile", RoleName="node")
+    boto3.client("s3", region_name=REGION).create_bucket(Bucket="stack-bucket")
+    boto3.client("logs", region_name=REGION).create_log_group(logGroupName=LOG_GROUP)
+    resources = StackResources(
+        stack="distrain-cloud",
+        region=REGION,
+        bucket="stack-bucket",
+        sagemaker_role_arn="arn:aws:iam::123456789012:role/sm",
+        node_role_arn="arn:aws:iam::123456789012:role/node",
+        node_instance_profile="node-profile",
+        security_group_id=group,
+        log_group=LOG_GROUP,
+        launcher_policy_arn="arn:aws:iam::123456789012:policy/launcher",
+        placement_group="stack-placement",
+    )
+    monkeypatch.setattr(ec2, "stack_resources", lambda name, region: resources)
+    monkeypatch.setattr(ec2, "resolve_ami", lambda parameter, region: AMI)
+    return resources
+
+
+def spec(**overrides):
+    base = {"instance": "g4dn.12xlarge", "region": REGION, "max_run": "2h"}
+    return load_spec(None, {**base, **overrides})
+
+
+def submitted(**overrides) -> tuple[str, dict]:
+    plan = plan_job(spec(**overrides))
+    assert submit_job(plan) == 0
+    return plan.job_name, plan
+
+
+def ref(name: str) -> JobRef:
+    return JobRef(name, "ec2", REGION)
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    cli._TRAIN_ARGS.clear()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return e.value.code or 0, out, err
+
+
+def s3_json(key: str):
+    import boto3
+
+    return json.loads(boto3.client("s3").get_object(Bucket="stack-bucket", Key=key)["Body"].read())
+
+
+def put_node(job: str, rank: int, **record) -> None:
+    import boto3
+
+    body = json.dumps({"time": time.time(), **record}).encode()
+    boto3.client("s3").put_object(Bucket="stack-bucket", Key=f"distrain-cloud/jobs/{job}/nodes/{rank}.json", Body=body)
+
+
+def instances(job: str) -> list[dict]:
+    import boto3
+
+    pages = boto3.client("ec2", region_name=REGION).describe_instances(
+        Filters=[{"Name": "tag:distrain-cloud:job", "Values": [job]}]
+    )
+    return [i for r in pages["Reservations"] for i in r["Instances"]]
+
+
+class Calls:
+    """The operations every botocore client sends, in order ("ec2.RunInstances")."""
+
+    def __init__(self) -> None:
+        self.ops: list[str] = []
+        self.params: list[dict] = []
+
+    def __call__(self, model, params, **_) -> None:
+        self.ops.append(f"{model.service_model.service_name}.{model.name}")
+        self.params.append(params)
+
+
+@pytest.fixture
+def calls(monkeypatch) -> Calls:
+    import botocore.session
+
+    seen = Calls()
+    real = botocore.session.Session.create_client
+
+    def create_client(self, *args, **kwargs):
+        client = real(self, *args, **kwargs)
+        client.meta.events.register("provide-client-params", seen)
+        return client
+
+    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+    return seen
+
+
+# ====================================================================== submit
+
+
+def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once(stack, calls, capsys):
+    import boto3
+
+    job, plan = submitted(nodes=2, spot=True)
+    writes = [op for op in calls.ops if op in ("s3.PutObject", "ec2.RunInstances")]
+    assert writes == ["s3.PutObject", "s3.PutObject", "ec2.RunInstances"]  # bundle, job.json, then one launch
+    assert "launched" not in capsys.readouterr().out
+    description = s3_json(f"distrain-cloud/jobs/{job}/job.json")
+    assert description == json.loads(json.dumps(plan.payload["description"]))
+    assert description["bucket"] == "stack-bucket" and description["log_group"] == LOG_GROUP
+    assert description["checkpoint_uri"] == f"s3://stack-bucket/distrain-cloud/checkpoints/{job}/"
+    code = boto3.client("s3").head_object(Bucket="stack-bucket", Key=plan.payload["code_key"])
+    assert code["ContentLength"] == plan.bundle["size"]
+
+    nodes = instances(job)
+    assert len(nodes) == 2 and {n["InstanceType"] for n in nodes} == {"g4dn.12xlarge"}
+    assert {n["ImageId"] for n in nodes} == {AMI}
+    assert sorted(n["AmiLaunchIndex"] for n in nodes) == [0, 1]
+    assert len({n["ClientToken"] for n in nodes}) == 1 and nodes[0]["ClientToken"] == f"{job}-a1"
+    tags = {t["Key"]: t["Value"] for t in nodes[0]["Tags"]}
+    assert tags["distrain-cloud:stack"] == "distrain-cloud" and tags["distrain-cloud:lineage"] == job
+    assert nodes[0]["IamInstanceProfile"]["Arn"].endswith("/node-profile")
+    assert nodes[0]["MetadataOptions"]["HttpTokens"] == "required"
+    assert nodes[0]["InstanceLifecycle"] == "spot"
+    user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
+        InstanceId=nodes[0]["InstanceId"], Attribute="userData"
+    )["UserData"]["Value"]
+    import base64
+
+    assert base64.b64decode(user_data).decode() == plan.request["UserData"]  # byte for byte
+    (sent,) = [p for op, p in zip(calls.ops, calls.params, strict=True) if op == "ec2.RunInstances"]
+    assert sent["NetworkInterfaces"][0]["InterfaceType"] == "efa"  # two g4dn.12xlarge: EFA
+    assert sent["NetworkInterfaces"][0]["Groups"] == [stack.security_group_id]
+    assert sent["Placement"] == {"GroupName": "stack-placement"}
+    assert sent["InstanceInitiatedShutdownBehavior"] == "terminate"
+
+
+def test_preflight_fills_in_what_only_aws_knows(stack):
+    plan = plan_job(spec(nodes=2))
+    where = plan.payload["where"]
+    assert where.resolved and where.ami_id == AMI and where.bucket == "stack-bucket"
+    assert where.subnets[0].startswith("subnet-") and len(where.subnets) > 1  # the default VPC's zones
+    placeholder = re.compile(r"<(stack|newest|a default|lineage)")
+    assert not placeholder.search(json.dumps(plan.request)) and not placeholder.search(json.dumps(plan.configs))
+    names = {c.name: c for c in plan.checks}
+    assert names["AMI exists"].ok and "Deep Learning AMI" in names["AMI exists"].detail
+    assert names["subnet"].ok and names["bucket exists"].ok
+    assert names["vCPU quota: on-demand G and VT instances"].ok is None  # moto has no EC2 quotas
+
+
+def test_a_dry_run_with_check_asks_aws_and_sends_nothing(stack, calls, capsys):
+    code, out, _ = run_cli(capsys, "submit", "--instance", "g5.xlarge", "--region", REGION, "--dry-run", "--check")
+    assert code == 0 and "[ok  ] AMI exists" in out and "[skip] vCPU quota" in out
+    assert not [op for op in calls.ops if op in ("s3.PutObject", "ec2.RunInstances", "s3.CreateBucket")]
+
+
+def test_an_oss_driver_ami_id_on_a_v100_fails_the_check_and_launches_nothing(stack, calls):
+    import boto3
+
+    image = boto3.client("ec2", region_name=REGION).register_image(
+        Name="Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.7 (Ubuntu 22.04)", RootDeviceName="/dev/sda1"
+    )["ImageId"]
+    plan = plan_job(spec(instance="p3.8xlarge", ec2={"ami_id": image}))
+    (failed,) = plan.failed_checks
+    assert failed.name == "AMI drives the GPU" and "cannot run p3.8xlarge's V100" in failed.detail
+    with pytest.raises(UserError, match="plan check failed, nothing was created: AMI drives the GPU"):
+        submit_job(plan)
+    assert "ec2.RunInstances" not in calls.ops
+
+
+def test_a_missing_stack_is_one_line_saying_to_run_infra_up(mocked_aws, calls, capsys):
+    code, out, err = run_cli(capsys, "submit", "--instance", "g4dn.12xlarge", "--region", REGION)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        "error: no distrain-cloud stack 'distrain-cloud' in us-east-1: run `distrain-cloud infra up`"
+    ]
+    assert not [op for op in calls.ops if not op.startswith("cloudformation.Describe")]
+
+
+def test_a_missing_ami_parameter_names_the_keys_to_set(stack, monkeypatch):
+    monkeypatch.setattr(ec2, "resolve_ami", _real_resolve)  # moto has none of the public DLAMI parameters
+    with pytest.raises(UserError, match=r"SSM parameter /aws/service/deeplearning/.* does not exist in us-east-1"):
+        plan_job(spec())
+
+
+def test_an_ami_parameter_of_the_users_is_resolved_from_ssm(stack, monkeypatch):
+    import boto3
+
+    monkeypatch.setattr(ec2, "resolve_ami", _real_resolve)
+    boto3.client("ssm", region_name=REGION).put_parameter(Name="/team/ami", Value=AMI, Type="String")
+    plan = plan_job(spec(ec2={"ami_parameter": "/team/ami"}))
+    assert plan.request["ImageId"] == AMI
+
+
+def test_the_secret_value_is_in_no_request_and_no_object(stack, calls, capsys):
+    import boto3
+
+    value = "fake-token-value-0123456789"
+    arn = boto3.client("secretsmanager", region_name=REGION).create_secret(Name="hf-token", SecretString=value)["ARN"]
+    job, plan = submitted(secrets={"HF_TOKEN": arn}, **{"hub.repo_id": "me/model"})
+    sent = json.dumps(
+        [p for op, p in zip(calls.ops, calls.params, strict=True) if op != "secretsmanager.CreateSecret"], default=str
+    )
+    assert value not in sent and value not in plan.to_json()
+    assert not [op for op in calls.ops if "GetSecretValue" in op]
+    assert s3_json(f"distrain-cloud/jobs/{job}/job.json")["secrets"] == {"HF_TOKEN": arn}  # the reference travels
+    assert arn not in plan.request["UserData"]
+    out, err = capsys.readouterr()
+    assert value not in out + err
+
+
+def _capacity_error(zones_without: int):
+    """A before-call hook: the first `zones_without` RunInstances calls meet no capacity."""
+    from botocore.awsrequest import AWSResponse
+
+    seen: list[dict] = []
+
+    def answer(params, **_):
+        seen.append(params["body"])  # the query-protocol form: "NetworkInterface.1.SubnetId", ...
+        if len(seen) > zones_without:
+            return None
+        error = {"Error": {"Code": "InsufficientInstanceCapacity", "Message": "no g4dn.12xlarge capacity"}}
+        return AWSResponse("https://ec2", 400, {}, None), error
+
+    return answer, seen
+
+
+def test_no_capacity_in_one_zone_tries_the_next_with_a_new_token(stack, monkeypatch, capsys):
+    from distrain_cloud.infra import aws
+
+    answer, seen = _capacity_error(1)
+    real = aws.client
+
+    def client(service, region=None, **kw):
+        c = real(service, region, **kw)
+        if service == "ec2":
+            c.meta.events.register_first("before-call.ec2.RunInstances", answer)
+        return c
+
+    monkeypatch.setattr(aws, "client", client)
+    job, _ = submitted(nodes=2)
+    assert [p["ClientToken"] for p in seen] == [f"{job}-a1", f"{job}-a1-z1"]
+    first, second = (p["NetworkInterface.1.SubnetId"] for p in seen)
+    assert first != second
+    assert f"note: no capacity for 2 x g4dn.12xlarge in subnet {first}; trying {second} (another zone)" in (
+        capsys.readouterr().err
+    )
+    assert len(instances(job)) == 2
+
+
+def test_no_capacity_anywhere_is_one_line_and_the_job_says_so(stack, monkeypatch, capsys):
+    from distrain_cloud.infra import aws
+
+    answer, seen = _capacity_error(100)
+    real = aws.client
+
+    def client(service, region=None, **kw):
+        c = real(service, region, **kw)
+        if service == "ec2":
+            c.meta.events.register_first("before-call.ec2.RunInstances", answer)
+        return c
+
+    monkeypatch.setattr(aws, "client", client)
+    plan = plan_job(spec(ec2={"subnet_id": stack_subnet()}))
+    with pytest.raises(UserError) as e:
+        submit_job(plan)
+    assert len(seen) == 1  # a subnet the user named: no other zone is tried
+    assert str(e.value).startswith("AWS has no capacity for 1 x g4dn.12xlarge right now (tried subnet(s) subnet-")
+    assert str(e.value).endswith("nothing was launched: retry later, with fewer nodes, another region or --spot")
+    info = ec2.BACKEND.status(ref(plan.job_name))
+    assert (info["status"], info["detail"]) == ("Failed", "not launched: no capacity")
+
+
+def stack_subnet() -> str:
+    import boto3
+
+    subnets = boto3.client("ec2", region_name=REGION).describe_subnets()["Subnets"]
+    return sorted(s["SubnetId"] for s in subnets if s.get("DefaultForAz"))[0]
+
+
+# ====================================================================== status and ls
+
+
+def test_status_follows_the_nodes_from_launch_to_completion(stack, capsys):
+    job, _ = submitted(nodes=2)
+    info = ec2.BACKEND.status(ref(job))
+    assert (info["status"], info["detail"], info["terminal"]) == (
+        "InProgress",
+        "starting: 2/2 instance(s) running",
+        False,
+    )
+    put_node(job, 0, status="InProgress", phase="rendezvous 1/2", step=None)
+    assert ec2.BACKEND.status(ref(job))["detail"] == "rendezvous 1/2"
+    put_node(job, 0, status="InProgress", phase="training", step=40)
+    put_node(job, 1, status="InProgress", phase="training", step=38)
+    assert ec2.BACKEND.status(ref(job))["detail"] == "training, step 40"
+    put_node(job, 0, status="Completed", exit_code=0, reason="", step=100, instance_id="i-1")
+    assert ec2.BACKEND.status(ref(job))["status"] == "InProgress"  # one node still running
+    put_node(job, 1, status="Completed", exit_code=0, reason="", step=100, instance_id="i-2")
+    info = ec2.BACKEND.status(ref(job))
+    assert (info["status"], info["terminal"]) == ("Completed", True)
+    assert info["model_artifacts"] == f"s3://stack-bucket/distrain-cloud/jobs/{job}/model/"
+    code, out, _ = run_cli(capsys, "status", job, "--json")
+    assert code == 0 and json.loads(out)["status"] == "Completed" and json.loads(out)["backend"] == "ec2"
+
+
+def test_ls_lists_ec2_jobs_newest_first(stack, capsys):
+    first, _ = submitted()
+    time.sleep(1.01)  # job names carry the second they were made
+    second, _ = submitted(nodes=2)
+    rows = ec2.BACKEND.list_jobs(region=REGION, workdir=Path("runs"), limit=10)
+    assert [r["job_name"] for r in rows] == [second, first]
+    assert rows[0]["instance"] == "2 x g4dn.12xlarge" and rows[0]["status"] == "InProgress"
+    code, out, _ = run_cli(capsys, "ls", "--backend", "ec2", "--json", "--region", REGION)
+    assert code == 0 and [r["job_name"] for r in json.loads(out)] == [second, first]
+
+
+def test_ls_of_an_account_without_a_stack_is_empty(mocked_aws):
+    assert ec2.BACKEND.list_jobs(region=REGION, workdir=Path("runs"), limit=10) == []
+
+
+# ====================================================================== logs
+
+
+def test_logs_print_every_node_prefixed(stack, capsys):
+    import boto3
+
+    job, _ = submitted(nodes=2)
+    logs = boto3.client("logs", region_name=REGION)
+    now = int(time.time() * 1000)
+    for rank, lines in ((0, ["node_launch node_rank=0", "step=10 train_loss=1.2"]), (1, ["node_launch node_rank=1"])):
+        logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=f"{job}/node-{rank}")
+        logs.put_log_events(
+            logGroupName=LOG_GROUP,
+            logStreamName=f"{job}/node-{rank}",
+            logEvents=[{"timestamp": now + i, "message": m} for i, m in enumerate(lines)],
+        )
+    code, out, _ = run_cli(capsys, "logs", job)
+    assert code == 0
+    assert out.splitlines() == [
+        "[node-0] node_launch node_rank=0",
+        "[node-0] step=10 train_loss=1.2",
+        "[node-1] node_launch node_rank=1",
+    ]
+
+
+# ====================================================================== cancel and resume
+
+
+def test_cancel_writes_the_stop_marker_and_now_terminates(stack, capsys):
+    job, _ = submitted(nodes=2)
+    code, out, _ = run_cli(capsys, "cancel", job)
+    assert code == 0 and out.startswith(f"stopping {job}: every node saves a checkpoint")
+    stop = s3_json(f"distrain-cloud/jobs/{job}/stop")
+    assert (stop["reason"], stop["by"]) == ("cancel", "launcher")
+    assert ec2.BACKEND.status(ref(job))["detail"].startswith("stopping (cancel)")
+    code, out, _ = run_cli(capsys, "cancel", job, "--now")
+    assert code == 0 and out.startswith(f"terminating 2 instance(s) of {job}")
+    assert {n["State"]["Name"] for n in instances(job)} <= {"shutting-down", "terminated"}
+    info = ec2.BACKEND.status(ref(job))
+    assert (info["status"], info["terminal"]) == ("Stopped", True)
+    code, out, _ = run_cli(capsys, "cancel", job)
+    assert out.strip() == f"{job} already ended: Stopped"
+
+
+def test_cancel_now_is_refused_for_other_backends(mocked_aws, capsys):
+    code, _, err = run_cli(capsys, "cancel", "job-1", "--now", "--backend", "sagemaker")
+    assert code == 2 and "--now applies to EC2 jobs; job-1 is a sagemaker job: drop --now" in err
+
+
+def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, capsys, job_records):
+    job, plan = submitted(nodes=2, spot=True, secrets={"HF_TOKEN": "ssm:/team/hf"})
+    for rank in (0, 1):
+        put_node(job, rank, status="Interrupted", exit_code=143, reason="spot-interruption", step=60)
+    assert ec2.BACKEND.status(ref(job))["status"] == "Interrupted"
+    code, _, err = run_cli(capsys, "resume", job)
+    assert code == 0, err
+    new = next(line.split()[1].rstrip(":") for line in err.splitlines() if line.startswith("submitted "))
+    assert new != job
+    description = s3_json(f"distrain-cloud/jobs/{new}/job.json")
+    assert (description["lineage"], description["attempt"]) == (job, 2)
+    assert description["checkpoint_uri"] == plan.payload["description"]["checkpoint_uri"]
+    assert description["secrets"] == {"HF_TOKEN": "ssm:/team/hf"} and description["nodes"] == 2
+    (node, *_) = instances(new)
+    assert node["ClientToken"] == f"{new}-a2" and node["InstanceLifecycle"] == "spot"
+    assert {t["Key"]: t["Value"] for t in node["Tags"]}["distrain-cloud:lineage"] == job
+
+    # From a machine with no record of it, the spec comes from the job description in S3.
+    for record in job_records.glob("*.json"):
+        record.unlink()
+    code, out, err = run_cli(capsys, "resume", new, "--backend", "ec2", "--region", REGION, "--dry-run")
+    assert code == 0 and f"lineage: <lineage of {new}>, attempt <next>" in out, err  # known only to AWS
+    code, _, err = run_cli(capsys, "resume", new, "--backend", "ec2", "--region", REGION)
+    assert code == 0, err
+    third = next(line.split()[1].rstrip(":") for line in err.splitlines() if line.startswith("submitted "))
+    description = s3_json(f"distrain-cloud/jobs/{third}/job.json")
+    assert (description["lineage"], description["attempt"], description["nodes"]) == (job, 3, 2)
+
+
+def test_resume_from_an_unknown_job_is_one_line(stack):
+    with pytest.raises(UserError, match="--resume-from nope-1: no EC2 job of that name in s3://stack-bucket/"):
+        plan_job(spec(resume_from="nope-1"))
+
+
+# ====================================================================== status without moto
+
+
+def description(nodes=2, submitted_ago=60.0, max_run=3600) -> dict:
+    now = time.time()
+    return {
+        "job": "job-1",
+        "nodes": nodes,
+        "lineage": "job-1",
+        "attempt": 1,
+        "deadline": now - submitted_ago + max_run,
+        "submitted": now - submitted_ago,
+        "instance_type": "g4dn.12xlarge",
+        "checkpoint_uri": "s3://b/p/checkpoints/job-1/",
+        "model_uri": "s3://b/p/jobs/job-1/model/",
+    }
+
+
+RUNNING = [{"id": "i-1", "state": "running", "reason": ""}, {"id": "i-2", "state": "running", "reason": ""}]
+ENDED = [{"id": "i-1", "state": "terminated", "reason": ""}, {"id": "i-2", "state": "terminated", "reason": ""}]
+RESUME = "`distrain-cloud resume job-1` continues it"
+STOPPING = ("InProgress", "stopping (cancel): every node saves a checkpoint, then ends")
+SPOT_ENDED = [{"id": "i-1", "state": "terminated", "reason": ec2.SPOT_TERMINATION}]
+
+
+def final(status: str, reason: str = "") -> dict:
+    return {"status": status, "exit_code": 0 if status == "Completed" else 1, "reason": reason, "step": 5}
+
+
+@pytest.mark.parametrize(
+    "nodes, stop, instances, expected",
+    [
+        ({0: final("Completed"), 1: final("Completed")}, None, ENDED, ("Completed", "model in s3://b/p/jobs/job-1/model/")),
+        (
+            {0: final("Completed"), 1: final("Failed", "CUDA error: out of memory")},
+            None,
+            ENDED,
+            ("Failed", "node 1: CUDA error: out of memory"),
+        ),
+        (
+            {1: final("Failed", "bundle hash mismatch")},
+            None,
+            RUNNING,
+            ("InProgress", "node 1 failed (bundle hash mismatch); the others are stopping"),
+        ),
+        (
+            {0: final("Interrupted", "spot-interruption"), 1: final("Interrupted", "spot-interruption")},
+            None,
+            ENDED,
+            ("Interrupted", "spot capacity was reclaimed; checkpoints saved: " + RESUME),
+        ),
+        (
+            {0: final("Stopped", "deadline"), 1: final("Stopped", "deadline")},
+            None,
+            ENDED,
+            ("Stopped", "stopped (deadline); checkpoints saved: " + RESUME),
+        ),
+        (
+            {0: final("Completed")},
+            None,
+            ENDED,
+            ("Lost", "node(s) 1 ended without a record: see `distrain-cloud logs job-1`"),
+        ),
+        ({}, None, ENDED, ("Lost", "its instances ended without a record: see `distrain-cloud logs job-1`")),
+        (
+            {},
+            None,
+            SPOT_ENDED,
+            (
+                "Interrupted",
+                "spot capacity was reclaimed before the nodes reported; `distrain-cloud resume job-1` continues it",
+            ),
+        ),
+        ({}, {"reason": "cancel"}, RUNNING, STOPPING),
+        ({}, None, [], ("InProgress", "launching")),
+    ],
+    ids=[
+        "completed", "failed", "failed-while-others-run", "interrupted", "deadline", "one-node-lost", "lost",
+        "spot-before-records", "stopping", "launching",
+    ],
+)  # fmt: skip
+def test_job_status_from_records_and_instances(nodes, stop, instances, expected):
+    info = ec2.job_status(description(), {"nodes": nodes, "stop": stop}, instances, now=time.time())
+    assert (info["status"], info["detail"]) == expected
+    assert info["terminal"] == (expected[0] != "InProgress")
+
+
+def test_a_job_with_no_instance_long_after_submit_is_lost():
+    info = ec2.job_status(description(submitted_ago=3600), {"nodes": {}}, [], now=time.time())
+    assert info["status"] == "Lost"
+
+
+def test_instances_past_the_deadline_are_flagged():
+    info = ec2.job_status(description(submitted_ago=7200, max_run=3600), {"nodes": {}}, RUNNING, now=time.time())
+    assert info["status"] == "InProgress"
+    assert info["detail"].endswith("instances past the job's deadline: `distrain-cloud cancel job-1 --now`")
+
+
+# ====================================================================== the real CLI, a moto server, a real stack
+
+
+def test_the_cli_submits_to_a_moto_server_with_a_stack_from_infra_up(tmp_path):
+    """The rehearsal's path: `infra up`, then `submit --instance g4dn.12xlarge` with an AMI override,
+    each a separate process talking to a moto server over HTTP."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(
+            HOME=str(tmp_path),
+            DISTRAIN_HOME=str(tmp_path / "home"),
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_REGION=REGION,
+            AWS_ENDPOINT_URL=f"http://{host}:{port}",
+        )
+        job_file = tmp_path / "job.yaml"
+        job_file.write_text(f"instance: g4dn.12xlarge\nnodes: 2\nmax_run: 30m\nec2:\n  ami_id: {AMI}\n")
+
+        def distrain(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "distrain_cloud.launcher.cli", *args],
+                env=env,
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+
+        up = distrain("infra", "up", "--yes")
+        assert up.returncode == 0, up.stderr
+        sub = distrain("submit", str(job_file), "--", "--max-steps", "3")
+        assert sub.returncode == 0, sub.stderr
+        job = next(line.split()[1].rstrip(":") for line in sub.stderr.splitlines() if line.startswith("submitted "))
+        status = distrain("status", job, "--json")
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["status"] == "InProgress" and len(json.loads(status.stdout)["instances"]) == 2
+    finally:
+        server.stop()
