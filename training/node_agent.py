@@ -38,9 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import MARKER
-from .contract import Contract
+from .contract import STOP_EXIT_CODE, Contract
 
-STOP_EXIT_CODE = 143  # the trainer's "stopped on request, state saved" (trainer.STOP_EXIT_CODE; no torch here)
 IMDS_DEFAULT = "http://169.254.169.254"
 STATUS_TAG = "distrain-cloud:status"
 UPLOADED = "uploaded-"  # per-node marker inside an S3 checkpoint folder: "this node's files are there"
