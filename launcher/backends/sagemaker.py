@@ -83,6 +83,7 @@ class SageMakerBackend:
         from ..bundle import build_bundle
         from ..catalog import lookup
         from ..images import choose_training_image
+        from ..memory import fit_check
 
         instance = lookup(spec.instance)
         if not instance.sagemaker:
@@ -154,6 +155,7 @@ class SageMakerBackend:
         cost = cloud.estimate_cost(instance, region, spec.nodes, spec.max_run, spec.spot)
         if spec.max_cost is not None:
             checks.append(cloud.budget_check(spec.max_cost, cost, spec.nodes))
+        checks.append(fit_check(train, instance, nodes=spec.nodes))
         plan = Plan(
             backend=self.name,
             job_name=job_name,

@@ -1,0 +1,561 @@
+"""Peak GPU memory per device of a training job, estimated before anything is paid for.
+
+Torch-free and quick: every GPU plan calls it. The estimate is a sum of terms, each a count of
+bytes with its reason, and a few constants fitted to measured peaks. The runs they were fitted
+to, and how far off the estimate is for each, are in memory_calibration.py; the test checks
+every one against +-15% of its measured peak.
+
+Names: P parameters, W processes (one per GPU) in all, B micro-batch, T sequence length,
+L layers, d hidden size, V vocabulary. Bytes are per device.
+
+Not modelled (the estimate says so where it matters): shapes other than GPT-2 and BERT-like
+transformers (other --model ids are "not checked"); attention without a fused kernel (every
+model here uses SDPA, which never keeps the T x T scores); CUDA graphs (--compile-mode
+reduce-overhead, 25% more in the one run measured). The trainer has no gradient-checkpointing flag,
+so there is no term for it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distrain_cloud.training.args import TrainArgs
+
+    from .catalog import InstanceType
+    from .plan import Check
+    from .spec import JobSpec
+
+GIB = 2**30
+CHECK_NAME = "fits in GPU memory"
+
+# ---------------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs to know about a model."""
+
+    name: str
+    family: str  # "gpt2" or "bert": which parameter formula applies
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    positions: int
+    intermediate: int  # the MLP's inner width (4 d for GPT-2)
+
+    @property
+    def params(self) -> int:
+        """Parameters, embeddings included and a tied LM head counted once, as torch counts them.
+
+        Per layer: q, k, v and the output projection (4 d^2 + 4 d), the MLP (2 d I + I + d) and
+        two LayerNorms (4 d). GPT-2 adds a final LayerNorm; BERT token types, an embedding
+        LayerNorm and its pooler. Task heads are left out: under 1% of any model here.
+        """
+        d, inner = self.hidden, self.intermediate
+        per_layer = 4 * d * d + 4 * d + 2 * d * inner + inner + d + 4 * d
+        embeddings = (self.vocab + self.positions) * d
+        extra = 2 * d if self.family == "gpt2" else 2 * d + 2 * d + d * d + d
+        return embeddings + self.layers * per_layer + extra
+
+
+# The shipped tokenizer's size: presets without a vocab_size take it (training/modeling.py).
+SHIPPED_VOCAB = 746
+
+
+def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape | None:
+    """A ModelShape from a transformers config (GPT-2, BERT or DistilBERT key names), or None."""
+
+    def first(*keys: str, default: int | None = None) -> int:
+        value = next((config[k] for k in keys if config.get(k) is not None), default)
+        if value is None:
+            raise ValueError(f"none of {keys}")
+        return int(value)
+
+    family = "gpt2" if config.get("model_type") == "gpt2" or "n_embd" in config else "bert"
+    try:
+        hidden = first("n_embd", "hidden_size", "dim")
+        return ModelShape(
+            name=name,
+            family=family,
+            layers=first("n_layer", "num_hidden_layers", "n_layers"),
+            hidden=hidden,
+            heads=first("n_head", "num_attention_heads", "n_heads"),
+            vocab=first("vocab_size", default=SHIPPED_VOCAB),
+            # transformers' defaults: GPT2Config 1024, BertConfig 512
+            positions=first("n_positions", "max_position_embeddings", default=1024 if family == "gpt2" else 512),
+            intermediate=first("n_inner", "intermediate_size", "hidden_dim", default=4 * hidden),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+# Hub models people fine-tune, from their config.json; any other --model is "not checked".
+HUB_MODELS: dict[str, dict[str, Any]] = {
+    "gpt2": {"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257},
+    "distilgpt2": {"model_type": "gpt2", "n_layer": 6, "n_head": 12, "n_embd": 768, "vocab_size": 50257},
+    "gpt2-medium": {"model_type": "gpt2", "n_layer": 24, "n_head": 16, "n_embd": 1024, "vocab_size": 50257},
+    "gpt2-large": {"model_type": "gpt2", "n_layer": 36, "n_head": 20, "n_embd": 1280, "vocab_size": 50257},
+    "gpt2-xl": {"model_type": "gpt2", "n_layer": 48, "n_head": 25, "n_embd": 1600, "vocab_size": 50257},
+    "bert-base-uncased": {"num_hidden_layers": 12, "num_attention_heads": 12, "hidden_size": 768,
+                          "intermediate_size": 3072, "vocab_size": 30522},
+    "bert-base-cased": {"num_hidden_layers": 12, "num_attention_heads": 12, "hidden_size": 768,
+                        "intermediate_size": 3072, "vocab_size": 28996},
+    "bert-large-uncased": {"num_hidden_layers": 24, "num_attention_heads": 16, "hidden_size": 1024,
+                           "intermediate_size": 4096, "vocab_size": 30522},
+    "distilbert-base-uncased": {"n_layers": 6, "n_heads": 12, "dim": 768, "hidden_dim": 3072, "vocab_size": 30522},
+    "roberta-base": {"num_hidden_layers": 12, "num_attention_heads": 12, "hidden_size": 768,
+                     "intermediate_size": 3072, "vocab_size": 50265, "max_position_embeddings": 514},
+    "roberta-large": {"num_hidden_layers": 24, "num_attention_heads": 16, "hidden_size": 1024,
+                      "intermediate_size": 4096, "vocab_size": 50265, "max_position_embeddings": 514},
+}  # fmt: skip
+_HUB_ORGS = ("openai-community/", "google-bert/", "distilbert/", "FacebookAI/")
+
+
+def model_shape(args: TrainArgs) -> ModelShape | None:
+    """The shape of the model a job trains, or None when the launcher cannot know it (a Hub id
+    outside HUB_MODELS, a --model-config that is neither a local file nor in HUB_MODELS)."""
+    from distrain_cloud.training.modeling import PRESETS
+
+    if args.model or args.model_config:
+        source = str(args.model or args.model_config)
+        name = next((source.removeprefix(org) for org in _HUB_ORGS if source.startswith(org)), source)
+        path = Path(source) / "config.json" if args.model else Path(source)
+        config = HUB_MODELS.get(name) or (_read_json(path) if path.is_file() else None)
+        return shape_from_config(source, config) if config else None
+    preset = args.preset or "tiny-gpt2"
+    return shape_from_config(preset, PRESETS[preset])
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ---------------------------------------------------------------------------------- constants
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The fitted part of the estimate, per mode (see mode()).
+
+    activation: bytes saved for the backward per token, per layer, per unit of hidden size.
+      Theory for a 16-bit transformer with fused attention says 34 (Korthikanti et al. 2022,
+      "Reducing Activation Recomputation in Large Transformer Models", less their score term).
+    logits: bytes per token per vocabulary entry at the peak, language-model tasks only.
+    zero3_fixed_gib: ZeRO-3's working set besides its gathered parameters.
+    """
+
+    activation: Mapping[str, float]
+    logits: Mapping[str, float]
+    zero3_fixed_gib: float
+
+
+# Fitted by memory_calibration.fit() to the measured runs (least squares on relative error,
+# one point per configuration) and rounded; the test fails when a new run moves the fit.
+# - autocast (ddp/single, bf16/fp16): activation 91.9. Eager GPT-2 keeps far more than 34: its
+#   gelu_new is seven elementwise ops, each saving a 4 d tensor, and under autocast the
+#   residual stream and LayerNorm outputs are fp32. logits 11.4: the peak is where the backward
+#   starts, with the loss's saved fp32 log-softmax (4), its gradient (4) and the gradient it
+#   hands back (4): 12 by count.
+# - compiled (torch.compile): activation 41.5; Inductor fuses those chains. Its logits term is
+#   not fitted: with two model shapes the fit cannot tell it from the activations (it gave 0.2),
+#   so it is set to 2, the bf16 gradient of the logits that must exist when the backward starts.
+# - native (DeepSpeed: the model itself is bf16/fp16, no autocast): activation 49.9, logits 10.8,
+#   ZeRO-3 working set 2.2 GiB.
+# - fp32 (--precision no): not measured. Every saved tensor at 4 bytes, twice native's
+#   activations; the loss's tensors are fp32 already, as under autocast.
+CONSTANTS = Constants(
+    activation={"autocast": 91.9, "compiled": 41.5, "native": 49.9, "fp32": 99.8},
+    logits={"autocast": 11.4, "compiled": 2.0, "native": 10.8, "fp32": 11.4},
+    zero3_fixed_gib=2.2,
+)
+# Trainer versions before training_forward (calibration rows only): under bf16, the compiled
+# graph output the logits in fp32 (accelerate's conversion), and the backward zero-filled a
+# gradient for them. Measured: 11.81 -> 8.74 GiB when dropped = 4.0 bytes x B T V.
+LOGITS_OUTPUT_BYTES = 4.0
+# Evaluation (no grad) returns the logits: their fp32 copy (4) and the loss's log-softmax (4)
+# of one eval batch are alive at once. Derived: no measurement logs the evaluation's peak.
+EVAL_LOGITS_BYTES = 8.0
+
+# DeepSpeed's gradient buckets (deepspeed 0.19.8, the version measured): ZeRO-1/2 allocate two
+# of reduce_bucket_size elements (double-buffered for overlap_comm), ZeRO-3 one; fp32 for
+# ZeRO-1 (it stages the fp32 accumulator), the training dtype otherwise. strategies.py sets
+# reduce_bucket_size to 5e8 elements, so ZeRO-2 holds 1.9 GiB of buckets whatever the model.
+DS_BUCKET_ELEMENTS = 500_000_000
+# ZeRO-3 keeps gathered 16-bit parameters live up to stage3_max_live_parameters (default 1e9):
+# a model under that stays gathered whole after the first step.
+ZERO3_MAX_LIVE = 1_000_000_000
+
+# What the device needs beyond the tensors torch counts: the CUDA context, cuBLAS/cuDNN
+# workspaces and NCCL's buffers (about 1 GiB) and the caching allocator's fragmentation (5%).
+# nvidia-smi shows more for compiled and DeepSpeed runs (up to 2x torch's peak), but that is
+# cache the allocator gives back and retries with before it reports out of memory.
+DEVICE_OVERHEAD_GIB = 1.0
+FRAGMENTATION = 0.05
+# A card's usable memory is below its nominal size: GDDR cards with ECC on (T4, A10G, L4, L40S)
+# reserve 1/16 of it (a T4 shows 15,360 MiB); HBM cards show nearly all (an H100 80GB reports
+# 81,559 MiB, the H200s of bench/measurements 143,771).
+USABLE_FRACTION = {"V100": 0.98, "A100": 0.98, "H100": 0.98, "H200": 0.98}
+USABLE_FRACTION_GDDR = 15 / 16
+
+
+def usable_gib(instance: InstanceType) -> float:
+    return instance.gpu_memory_gib * USABLE_FRACTION.get(instance.gpu_model or "", USABLE_FRACTION_GDDR)
+
+
+def mode(strategy: str, precision: str, compiled: bool) -> str:
+    """Which constants apply: how the model's tensors are kept decides what stays on the GPU."""
+    if compiled:
+        return "compiled"
+    if precision not in ("bf16", "fp16"):
+        return "fp32"
+    return "native" if _zero_stage(strategy) is not None else "autocast"
+
+
+# ---------------------------------------------------------------------------------- estimate
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """GiB per device. `terms` add up to `train_gib`, the peak of a training step (what torch's
+    max_memory_allocated shows); `device_gib` is what the GPU must hold."""
+
+    terms: dict[str, float]
+    eval_gib: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def train_gib(self) -> float:
+        return sum(self.terms.values())
+
+    @property
+    def device_gib(self) -> float:
+        return max(self.train_gib, self.eval_gib) * (1 + FRAGMENTATION) + DEVICE_OVERHEAD_GIB
+
+
+def estimate(
+    shape: ModelShape,
+    *,
+    strategy: str,
+    precision: str,
+    batch_size: int,
+    seq_len: int,
+    world_size: int,
+    task: str = "causal-lm",
+    compiled: bool = False,
+    grad_accum: int = 1,
+    eval_batch_size: int | None = None,
+    fused_ce: bool = False,
+    kv_cache: bool = False,
+    logits_output: bool = False,
+    constants: Constants = CONSTANTS,
+) -> Estimate:
+    """Peak memory per device of a training step, and of the evaluation.
+
+    `kv_cache` and `logits_output` describe the trainer before training_forward, for the
+    calibration rows measured then; the trainer today does neither.
+    """
+    P, W, tokens = shape.params, world_size, batch_size * seq_len
+    L, d, V = shape.layers, shape.hidden, shape.vocab
+    mixed = precision in ("bf16", "fp16")
+    stage = _zero_stage(strategy)
+    offload = strategy.endswith("-offload")
+    how = mode(strategy, precision, compiled)
+    notes: list[str] = []
+
+    terms: dict[str, float] = {}
+    if strategy == "fsdp":
+        # Sharded like ZeRO-3: fp32 weights, AdamW moments and gradients over W, plus two
+        # blocks' 16-bit weights gathered (the one computing and the one prefetched).
+        block = (P - (V + shape.positions) * d) / max(L, 1)
+        terms.update(weights=4 * P / W, optimizer=8 * P / W, grads=4 * P / W, buffers=2 * 2 * block)
+        notes.append("fsdp is not in the calibration")
+    elif stage is None:
+        # fp32 weights (autocast casts them op by op) and AdamW's two fp32 moments.
+        terms.update(weights=4 * P, optimizer=8 * P)
+        # Gradients are set to None after each step, so with one micro-step the peak (where the
+        # backward starts) comes before any exists; accumulation keeps them between micro-steps.
+        terms["grads"] = 4 * P if grad_accum > 1 else 0
+        # DDP's reducer keeps a flat copy of every gradient (gradient_as_bucket_view is off);
+        # with one process accelerate does not wrap the model in DDP.
+        terms["buffers"] = 4 * P if W > 1 else 0
+    else:
+        low = 2 if mixed else 4  # bytes of the model's own copy of a weight
+        # The 16-bit model (ZeRO-3: its shard); the fp32 master weights, AdamW moments and fp32
+        # gradients are partitioned over W, and live on the CPU with -offload.
+        terms["weights"] = 0 if (stage == 3 and offload) else (low * P / W if stage == 3 else low * P)
+        terms["optimizer"] = 0 if offload else ((4 if mixed else 0) + 8) * P / W
+        terms["grads"] = 0 if offload else 4 * P / W
+        bucket_bytes = 4 if stage == 1 else low
+        terms["buffers"] = (1 if stage == 3 else 2) * DS_BUCKET_ELEMENTS * bucket_bytes
+        if stage == 3:
+            terms["buffers"] += low * min(P, ZERO3_MAX_LIVE) + constants.zero3_fixed_gib * GIB
+        if compiled:
+            notes.append("compiled DeepSpeed is not in the calibration")
+
+    terms["activations"] = constants.activation[how] * tokens * L * d
+    if kv_cache:  # each layer's keys and values, in the compute dtype
+        terms["kv_cache"] = 2 * L * tokens * d * (2 if mixed else 4)
+    lm = task in ("causal-lm", "masked-lm")  # classification logits are a few numbers per sample
+    if lm and fused_ce:
+        # The chunked loss never holds the full logits; one liger run measured 15% above this.
+        notes.append("--fused-ce: the logits term is left out")
+    elif lm:
+        output = LOGITS_OUTPUT_BYTES if logits_output and how == "compiled" else 0
+        terms["logits"] = (constants.logits[how] + output) * tokens * V
+
+    # Evaluation keeps the weights, optimizer state and buffers, but no gradients or activations.
+    resident = terms["weights"] + terms["optimizer"] + terms["buffers"]
+    eval_logits = EVAL_LOGITS_BYTES * (eval_batch_size or batch_size) * seq_len * V if lm else 0
+    return Estimate(
+        terms={k: v / GIB for k, v in terms.items()},
+        eval_gib=(resident + eval_logits) / GIB,
+        notes=tuple(notes),
+    )
+
+
+def _zero_stage(strategy: str) -> int | None:
+    from distrain_cloud.training.strategies import Strategy
+
+    try:
+        return Strategy(strategy).zero_stage
+    except ValueError:
+        return None  # fsdp, where strategies.py has it, is sharded but not DeepSpeed
+
+
+def seq_len(args: TrainArgs) -> int:
+    """Tokens per sample at most: language models pack --block-size, classification pads to the
+    batch's longest, at most --max-length."""
+    return args.max_length if args.task == "classification" else args.block_size
+
+
+def processes(strategy: str, instance: InstanceType, nodes: int) -> int:
+    return 1 if strategy == "single" else nodes * max(instance.gpus, 1)
+
+
+def compiled(args: TrainArgs) -> bool:
+    """Whether the job will run compiled on a GPU, as the trainer decides it (compile_decision).
+    With neither --max-steps nor --compile the run's length is not known here: it is taken as
+    long enough to compile (a short run stays eager and needs more memory than estimated)."""
+    from distrain_cloud.training.strategies import COMPILE_MIN_STEPS, Strategy, compile_decision
+
+    try:
+        strategy = Strategy(args.strategy)
+    except ValueError:
+        return bool(args.compile)
+    steps = COMPILE_MIN_STEPS if args.max_steps is None else args.max_steps
+    return compile_decision(args.compile, cuda=True, strategy=strategy, max_steps=steps)[0]
+
+
+def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimate:
+    """estimate() for parsed training arguments, on GPUs."""
+    return estimate(
+        shape,
+        strategy=args.strategy,
+        precision=args.precision,
+        batch_size=args.batch_size,
+        seq_len=seq_len(args),
+        world_size=world_size,
+        task=args.task,
+        compiled=compiled(args),
+        grad_accum=args.grad_accum,
+        eval_batch_size=args.eval_batch_size,
+        fused_ce=args.fused_ce,
+    )
+
+
+# ---------------------------------------------------------------------------------- the check
+
+
+def fit_check(args: TrainArgs, instance: InstanceType, *, nodes: int = 1) -> Check:
+    """Whether the job's estimated peak fits each GPU of `instance`; when not, the detail names
+    fixes that fit: another strategy, a smaller --batch-size, a bigger instance. Pure."""
+    from .plan import Check
+
+    if not instance.is_gpu:
+        return Check(CHECK_NAME, None, f"{instance.name} has no GPU: not checked")
+    shape = model_shape(args)
+    if shape is None:
+        return Check(CHECK_NAME, None, f"model {args.model or args.model_config} is not in the size table: not checked")
+    need = estimate_job(args, shape, processes(args.strategy, instance, nodes)).device_gib
+    have = usable_gib(instance)
+    what = (
+        f"{args.strategy}{', compiled' if compiled(args) else ''}, micro-batch {args.batch_size} x "
+        f"{seq_len(args)} tokens, {shape.params / 1e6:,.0f}M params"
+    )
+    if need <= have:
+        return Check(CHECK_NAME, True, f"about {need:.1f} of {have:.1f} GiB per {instance.gpu_model} ({what})")
+    fixes = suggest_fixes(args, shape, instance, nodes)
+    detail = f"needs about {need:.1f} GiB per GPU, more than the {have:.1f} GiB of one {instance.gpu_model} ({what})"
+    return Check(CHECK_NAME, False, detail + "; " + ("fits with " + ", or ".join(fixes) if fixes else _NO_FIX))
+
+
+_NO_FIX = "no strategy, micro-batch or instance type in the catalog fits: use a smaller model or --block-size"
+# Fastest first (bench/README.md: ZeRO-2 ran at 1.2x DDP, ZeRO-3 and the offloads slower).
+_STRATEGY_ORDER = ("ddp", "zero1", "zero2", "zero3", "fsdp", "zero2-offload", "zero3-offload")
+
+
+def suggest_fixes(args: TrainArgs, shape: ModelShape, instance: InstanceType, nodes: int) -> list[str]:
+    """Fixes the estimate says fit, each with its estimate: the fastest other strategy (with a
+    smaller micro-batch only if none fits as it is), a smaller micro-batch, the cheapest
+    instance type of the same platform. A smaller micro-batch keeps the global batch through
+    --grad-accum."""
+    from distrain_cloud.training.strategies import STRATEGIES
+
+    from .catalog import all_instances
+
+    def need(a: TrainArgs, on: InstanceType = instance) -> float:
+        return estimate_job(a, shape, processes(a.strategy, on, nodes)).device_gib
+
+    def largest_batch(a: TrainArgs) -> tuple[TrainArgs, float] | None:
+        batch = a.batch_size
+        while batch >= 1:
+            smaller = replace(a, batch_size=batch, grad_accum=a.grad_accum * a.batch_size // batch)
+            if need(smaller) <= usable_gib(instance):
+                return smaller, need(smaller)
+            batch //= 2
+        return None
+
+    def flags(a: TrainArgs) -> str:
+        out = [f"--strategy {a.strategy}"] if a.strategy != args.strategy else []
+        out += [f"--batch-size {a.batch_size} --grad-accum {a.grad_accum}"] if a.batch_size != args.batch_size else []
+        return " ".join(out)
+
+    # --fused-ce is refused with ZeRO-3 (args.validate), so it rules those out.
+    options = [s for s in _STRATEGY_ORDER if s in STRATEGIES and not (args.fused_ce and s.startswith("zero3"))]
+    others = options[options.index(args.strategy) + 1 :] if args.strategy in options else options
+    found = [f for f in (largest_batch(replace(args, strategy=s)) for s in others) if f]
+    # The fastest that keeps the micro-batch, else the one that keeps the largest.
+    best = next((f for f in found if f[0].batch_size == args.batch_size), None)
+    best = best or max(found, key=lambda f: f[0].batch_size, default=None)
+    smaller = largest_batch(args)
+    if best and smaller and best[0].batch_size <= smaller[0].batch_size:
+        best = None  # another strategy helps only if it keeps a larger micro-batch than this one can
+    fixes = [f"{flags(a)} (about {gib:.1f} GiB)" for a, gib in filter(None, (best, smaller))]
+    bigger = [
+        i for i in all_instances() if i.is_gpu and i.sagemaker == instance.sagemaker and need(args, i) <= usable_gib(i)
+    ]
+    if bigger:
+        cheapest = min(bigger, key=lambda i: min(i.hourly_usd.values()))
+        gib = need(args, cheapest)
+        fixes.append(
+            f"--instance {cheapest.name} ({cheapest.gpu_model}, about {gib:.1f} of {usable_gib(cheapest):.1f} GiB)"
+        )
+    return fixes
+
+
+# ---------------------------------------------------------------------------------- instances --fit
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One instance type for one job: `instances --fit`."""
+
+    instance: str
+    gpus: str  # "8 x H100"
+    need_gib: float | None  # None: the job's precision cannot run on this GPU
+    have_gib: float
+    hourly_usd: float | None  # every node, on demand
+    usd_per_million_tokens: float | None  # from measured throughput only
+    note: str  # why need or cost is missing, or where the throughput was measured
+
+    @property
+    def fits(self) -> bool:
+        return self.need_gib is not None and self.need_gib <= self.have_gib
+
+
+def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]:
+    """For a JobSpec: a line describing the job, and every GPU instance type of its platform
+    (SageMaker, EC2; both for local jobs) with the memory it needs there and its cost."""
+    from distrain_cloud.infra.errors import UserError
+    from distrain_cloud.training.args import parse_args
+    from distrain_cloud.training.strategies import choose_precision
+
+    from .catalog import PRICE_REGIONS, all_instances
+
+    region = region or (spec.region if spec.region in PRICE_REGIONS else PRICE_REGIONS[0])
+    args = parse_args(spec.check_training_args(spec.precision or "bf16", "fit"))
+    shape = model_shape(args)
+    if shape is None:
+        raise UserError(
+            f"model {args.model or args.model_config}: its size is not known here (launcher/memory.py HUB_MODELS, "
+            "or a local config.json), so which instances fit cannot be told"
+        )
+    rows = []
+    for instance in all_instances():
+        if not instance.is_gpu or (spec.backend != "local" and instance.sagemaker != (spec.backend == "sagemaker")):
+            continue
+        price = instance.hourly_usd.get(region)
+        hourly = price * spec.nodes if price is not None else None
+        gpus, have = f"{instance.gpus} x {instance.gpu_model}", usable_gib(instance)
+        try:
+            where = f"{instance.name} has {instance.gpu_model}"
+            precision = choose_precision(spec.precision, instance.gpus, instance.compute_capability, where)
+        except ValueError as e:
+            rows.append(Fit(instance.name, gpus, None, have, hourly, None, str(e)))
+            continue
+        job = replace(args, precision=precision)
+        world = processes(job.strategy, instance, spec.nodes)
+        need = estimate_job(job, shape, world).device_gib
+        cost, note = None, "no measurement"
+        measured = measured_tokens_per_sec(job, shape, instance.gpu_model or "")
+        if measured and hourly is not None:
+            tokens_per_hour = measured[0] * world * 3600
+            scaled = f"; x {world} GPUs, multi-GPU scaling not measured here" if world > 1 else ""
+            cost, note = hourly / tokens_per_hour * 1e6, measured[1] + scaled
+        rows.append(Fit(instance.name, gpus, need, have, hourly, cost, note))
+    what = (
+        f"{shape.name} ({shape.params / 1e6:,.0f}M params), {args.task}, {args.strategy}"
+        f"{', compiled' if compiled(args) else ''}, micro-batch {args.batch_size} x {seq_len(args)} tokens, "
+        f"{spec.nodes} node(s), prices in {region}"
+    )
+    return what, sorted(rows, key=lambda r: (not r.fits, r.usd_per_million_tokens is None, r.hourly_usd or 0))
+
+
+def measured_tokens_per_sec(args: TrainArgs, shape: ModelShape, gpu_model: str) -> tuple[float, str] | None:
+    """Tokens/s per GPU measured for this very configuration on this GPU, and where; else None.
+    Nothing is scaled from another model, card or micro-batch."""
+    from distrain_cloud.training.modeling import PRESETS
+
+    from .memory_calibration import THROUGHPUT
+
+    for t in THROUGHPUT:
+        same = (
+            t.card == gpu_model
+            and shape_from_config(shape.name, PRESETS[t.model]) == shape
+            and (t.task, t.seq_len, t.batch_size, t.compiled)
+            == (args.task, seq_len(args), args.batch_size, compiled(args))
+            and args.strategy in ("ddp", "single")
+        )
+        if same:
+            per_gpu = sum(t.tokens_per_sec) / len(t.tokens_per_sec)
+            sources = ", ".join(dict.fromkeys(source for source, _ in t.runs))
+            return per_gpu, f"{per_gpu:,.0f} tokens/s measured on 1 {t.card}: {sources}"
+    return None
+
+
+def render_fit_table(what: str, rows: list[Fit]) -> str:
+    lines = [
+        f"job: {what}",
+        f"{'fits':4}  {'instance':18} {'GPUs':10} {'need/GPU':>9} {'has/GPU':>8} {'$/h':>8}  $/M tokens",
+    ]
+    for r in rows:
+        need = f"{r.need_gib:.1f} GiB" if r.need_gib is not None else "-"
+        price = f"{r.hourly_usd:.2f}" if r.hourly_usd is not None else "?"
+        cost = f"{r.usd_per_million_tokens:.4f} ({r.note})" if r.usd_per_million_tokens is not None else r.note
+        fits = "yes" if r.fits else "no"
+        lines.append(f"{fits:4}  {r.instance:18} {r.gpus:10} {need:>9} {r.have_gib:5.1f} GiB {price:>8}  {cost}")
+    lines.append(
+        "need/GPU: estimated peak per GPU (launcher/memory.py, within 15% of measured H100/H200 peaks); "
+        "$/M tokens: list price over measured throughput, where this exact configuration was measured"
+    )
+    return "\n".join(lines)

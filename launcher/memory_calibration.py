@@ -1,0 +1,357 @@
+"""The measured runs behind memory.py's constants, and the fit that gives them.
+
+Every run below is in bench/measurements/ (the file, without its extension, and the run's id
+there; in a Markdown table or a log, its label). `peak` is the table's "peak GiB (torch)":
+torch.cuda.max_memory_allocated over the training steps, max over ranks. `smi` is nvidia-smi's
+memory.used, sampled while the run was alive (evaluation included). All runs: bf16, seq 1024
+unless a config says otherwise, the gpt2-small (124.5M) or gpt2-xl (1.56B) preset, torch 2.11,
+deepspeed 0.19.8, on H100 or H200 cards.
+
+Runs are grouped by configuration, as the estimator sees it. Three facts about the trainer's
+version matter: before commit 66acf34 the training forward built a key/value cache
+(`kv_cache`), and until the training_forward change (d5aec54) it returned the logits
+(`logits_output`, which costs memory under torch.compile). The bench's transformers.Trainer
+baseline ("trainer") does both, always. `flags` are training flags the estimator does not
+read: those rows test that ignoring them is right. `not_modelled` rows are expected misses.
+
+    python -m distrain_cloud.launcher.memory_calibration    # every run: measured, estimated, error
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from .memory import CONSTANTS, Constants, Estimate, estimate, mode, shape_from_config
+
+TOLERANCE = 0.15  # the issue's target: within +-15% of the measured peak
+
+
+@dataclass(frozen=True)
+class Run:
+    source: str  # bench/measurements/<source>.json, .md or .log
+    run: str  # its id (JSON) or label (Markdown table, log line)
+    card: str
+    peak: float  # GiB, torch's peak
+    smi: float | None  # GiB, nvidia-smi's peak; None where not recorded
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str  # a training preset
+    gpus: int
+    strategy: str
+    runs: tuple[Run, ...]
+    batch_size: int = 16
+    seq_len: int = 1024
+    task: str = "causal-lm"
+    compiled: bool = False
+    grad_accum: int = 1
+    kv_cache: bool = True
+    logits_output: bool = True
+    impl: str = "ours"  # or "trainer": the bench's transformers.Trainer baseline
+    flags: str = ""  # the run's extra training flags, without their dashes (no-logits-upcast is gone since)
+    not_modelled: str | None = None
+
+    @property
+    def label(self) -> str:
+        parts = [self.impl, self.model, f"{self.gpus}x", self.strategy, f"b{self.batch_size}x{self.seq_len}"]
+        parts += [p for p, on in (("compiled", self.compiled), ("kv-cache", self.kv_cache)) if on]
+        parts += ["logits-out"] if self.logits_output else []
+        parts += [f"accum{self.grad_accum}"] if self.grad_accum > 1 else []
+        parts += [self.task] if self.task != "causal-lm" else []
+        return " ".join(parts + ([self.flags] if self.flags else []))
+
+    @property
+    def plain(self) -> bool:
+        """A configuration the constants are fitted to: no unread flags, nothing unmodelled."""
+        return not self.flags and self.not_modelled is None
+
+    def estimate(self, constants: Constants = CONSTANTS) -> Estimate:
+        from distrain_cloud.training.modeling import PRESETS
+
+        shape = shape_from_config(self.model, PRESETS[self.model])
+        assert shape is not None  # the presets are complete configs
+        return estimate(
+            shape,
+            strategy=self.strategy,
+            precision="bf16",
+            batch_size=self.batch_size,
+            seq_len=self.seq_len,
+            world_size=self.gpus,
+            task=self.task,
+            compiled=self.compiled,
+            grad_accum=self.grad_accum,
+            fused_ce="fused-ce" in self.flags.split(),
+            kv_cache=self.kv_cache,
+            logits_output=self.logits_output,
+            constants=constants,
+        )
+
+
+def _runs(card: str, *rows: tuple[str, str, float, float | None]) -> tuple[Run, ...]:
+    return tuple(Run(source, run, card, peak, smi) for source, run, peak, smi in rows)
+
+
+H1, H2, H4 = "2026-11-26-h100x1", "2026-11-26-h200x2", "2026-11-26-h200x4"
+OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
+OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
+HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
+CLS, HF_CLS = "ours-cls-gpt2-small-g1-b32", "hf-cls-gpt2-small-g1-b32"
+
+CONFIGS: tuple[Config, ...] = (
+    # -- single: 1 GPU, eager
+    Config("gpt2-small", 1, "ddp", _runs("H100",
+        (f"{H1}-session2-single-liger-varlen", OURS_1, 23.6559, 25.21),
+        (f"{H1}-session2-single-varlen-sdpa", OURS_1, 23.65, 28.27),
+        (f"{H1}-single-accum-varlen", OURS_1, 23.6559, 25.21),
+        (f"{H1}-single-run2", "ours (ddp, 1 process)", 23.66, 25.21))),
+    Config("gpt2-small", 1, "single", impl="trainer", runs=_runs("H100",
+        (f"{H1}-session2-single-liger-varlen", HF_EAGER, 23.1003, 24.64),
+        (f"{H1}-session2-single-varlen-sdpa", HF_EAGER, 23.1003, 24.64),
+        (f"{H1}-single-accum-varlen", HF_EAGER, 23.1003, 24.64),
+        (f"{H1}-single-run2", "HF Trainer defaults", 23.10, 24.64)) + _runs("H200",
+        (f"{H4}-single-scaling-compile", "HF Trainer defaults", 23.10, 24.64))),
+    # -- single: 1 GPU, compiled
+    Config("gpt2-small", 1, "ddp", compiled=True, runs=_runs("H100",
+        (f"{H1}-session2-single-autotune", OURS_C1, 12.3019, 20.33),
+        (f"{H1}-session2-single-liger-varlen", OURS_C1, 12.3019, 20.33),
+        (f"{H1}-session2-single-varlen-sdpa", OURS_C1, 13.8389, 17.78),
+        (f"{H1}-session3-single-tuning", OURS_C1, 12.3019, 20.33),
+        (f"{H1}-single-accum-varlen", OURS_C1, 12.3349, 20.36),
+        (f"{H1}-single-run2", "ours +compile", 12.33, 20.36)) + _runs("H200",
+        (f"{H4}-single-scaling-compile", "ours (ddp, 1 process)", 12.30, 20.33),
+        (f"{H4}-session2-scaling-bf16", OURS_1, 12.3047, 20.27),
+        (f"{H4}-session2-scaling-run1", OURS_1, 12.3027, 20.33),
+        (f"{H4}-session3-scaling-b1000", OURS_C1, 12.3047, 20.27),
+        (f"{H4}-session3-scaling-bf16-b250", OURS_C1, 12.3047, 20.27),
+        (f"{H4}-session3-scaling-prof", OURS_C1, 12.3027, 20.33))),
+    Config("gpt2-small", 1, "ddp", compiled=True, flags="profile-steps 35:40", runs=_runs("H100",
+        (f"{H1}-session2-single-liger-varlen", f"{OURS_C1}-profile", 12.3047, 20.28),
+        (f"{H1}-session3-single-tuning", f"{OURS_C1}-prof", 12.3047, 20.28))),
+    Config("gpt2-small", 1, "ddp", compiled=True, flags="compile-tuning", runs=_runs("H100",
+        (f"{H1}-session3-single-tuning", f"{OURS_C1}-cdt", 12.3022, 20.38))),
+    Config("gpt2-small", 1, "ddp", compiled=True, flags="fused-ce ce-kernel liger", runs=_runs("H100",
+        (f"{H1}-session2-single-liger-varlen", f"{OURS_C1}-liger", 9.0526, 18.84))),
+    Config("gpt2-small", 1, "single", compiled=True, impl="trainer", runs=_runs("H100",
+        (f"{H1}-session2-single-autotune", HF_COMPILED, 11.7724, 14.75),
+        (f"{H1}-session2-single-liger-varlen", HF_COMPILED, 11.7724, 14.75),
+        (f"{H1}-session2-single-varlen-sdpa", HF_COMPILED, 11.771, 14.80),
+        (f"{H1}-session3-single-tuning", HF_COMPILED, 11.7724, 14.75),
+        (f"{H1}-session4-loss-only-run1", HF_COMPILED, 11.7706, 14.81),
+        (f"{H1}-session4-loss-only-run2", HF_COMPILED, 11.7736, 14.75),
+        (f"{H1}-session4-single-both-flash", HF_COMPILED, 11.7736, 14.75),
+        (f"{H1}-session4-single-flags", HF_COMPILED, 11.7706, 14.81),
+        (f"{H1}-single-accum-varlen", HF_COMPILED, 11.7706, 14.81),
+        (f"{H1}-single-run2", "HF Trainer compile", 11.77, 14.81)) + _runs("H200",
+        (f"{H4}-single-scaling-compile", "HF Trainer compile", 11.77, 14.75))),
+    # session 4 before the loss-only change: no KV cache, logits still returned
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, runs=_runs("H100",
+        (f"{H1}-session4-single-flags", OURS_C1, 11.8098, 17.30),
+        (f"{H1}-session4-single-flags", f"{OURS_C1}-again", 11.8104, 17.27),
+        (f"{H1}-session4-single-both-flash", OURS_C1, 11.8104, 17.27)) + _runs("H200",
+        (f"{H2}-session4-scaling", OURS_C1, 11.8110, 17.30))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, flags="no-logits-upcast", runs=_runs("H100",
+        (f"{H1}-session4-single-flags", f"{OURS_C1}-noupcast", 11.8111, 17.29),
+        (f"{H1}-session4-single-both-flash", f"{OURS_C1}-noupcastprof", 11.8104, 17.28))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, flags="no-logits-upcast compile-tuning",
+           runs=_runs("H100", (f"{H1}-session4-single-both-flash", f"{OURS_C1}-both", 11.8124, 17.76))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, flags="sdpa-backend flash", runs=_runs("H100",
+        (f"{H1}-session4-single-both-flash", f"{OURS_C1}-flash", 11.8104, 17.27))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, flags="compile-mode reduce-overhead",
+           not_modelled="CUDA graphs keep their own memory pool", runs=_runs("H100",
+        (f"{H1}-session4-single-flags", f"{OURS_C1}-cudagraphs", 14.7439, 20.33))),
+    # session 4, loss-only training forwards: the trainer as it is today
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H100",
+        (f"{H1}-session4-loss-only-run1", OURS_C1, 8.7395, 17.68),
+        (f"{H1}-session4-loss-only-run2", OURS_C1, 8.7401, 17.65))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="no-logits-upcast",
+           runs=_runs("H100",
+        (f"{H1}-session4-loss-only-run1", f"{OURS_C1}-noupcast", 8.7408, 17.67),
+        (f"{H1}-session4-loss-only-run2", f"{OURS_C1}-noupcast", 8.7401, 17.65))),
+    # -- accum: 8 micro-steps per optimizer step
+    Config("gpt2-small", 1, "ddp", grad_accum=8, runs=_runs("H100",
+        (f"{H1}-single-accum-varlen", "ours-gpt2-small-ddp-g1-b16-k8", 24.1239, 25.21))),
+    # -- varlen: classification, micro-batch 32, padded to the batch's longest (at most 512)
+    Config("gpt2-small", 1, "ddp", batch_size=32, seq_len=512, task="classification", runs=_runs("H100",
+        (f"{H1}-session2-single-liger-varlen", CLS, 14.9162, 18.18),
+        (f"{H1}-session2-single-varlen-sdpa", CLS, 14.9162, 18.18),
+        (f"{H1}-session2-varlen-default", CLS, 15.109, 23.91),
+        (f"{H1}-single-accum-varlen", CLS, 15.1042, 22.81))),
+    Config("gpt2-small", 1, "ddp", batch_size=32, seq_len=512, task="classification",
+           flags="sdpa-backend efficient", runs=_runs("H100",
+        (f"{H1}-session2-single-varlen-sdpa", f"{CLS}-efficient", 14.9162, 18.16))),
+    Config("gpt2-small", 1, "ddp", batch_size=32, seq_len=512, task="classification",
+           flags="pad-to-multiple-of 1", runs=_runs("H100",
+        (f"{H1}-session2-varlen-default", f"{CLS}-pad1", 15.1046, 23.64))),
+    Config("gpt2-small", 1, "single", batch_size=32, seq_len=512, task="classification", impl="trainer",
+           runs=_runs("H100",
+        (f"{H1}-session2-single-varlen-sdpa", HF_CLS, 14.538, 15.46),
+        (f"{H1}-session2-varlen-default", HF_CLS, 14.538, 15.46),
+        (f"{H1}-single-accum-varlen", HF_CLS, 14.538, 15.46))),
+    # -- scaling: compiled DDP on 2 and 4 GPUs
+    Config("gpt2-small", 2, "ddp", compiled=True, runs=_runs("H200",
+        (f"{H4}-session2-scaling-bf16", "ours-gpt2-small-ddp-g2-b16-k1", 12.7719, 19.68),
+        (f"{H4}-session2-scaling-run1", "ours-gpt2-small-ddp-g2-b16-k1", 13.2308, 19.76),
+        (f"{H4}-session3-scaling-prof", "ours-gpt2-small-ddp-compile-g2-b16-k1", 12.7679, 19.76),
+        (f"{H4}-single-scaling-compile", "ours ddp x2", 13.23, 19.76))),
+    Config("gpt2-small", 4, "ddp", compiled=True, runs=_runs("H200",
+        (f"{H4}-session2-scaling-bf16", "ours-gpt2-small-ddp-g4-b16-k1", 12.7719, 19.69),
+        (f"{H4}-session2-scaling-run1", "ours-gpt2-small-ddp-g4-b16-k1", 12.7719, 19.76),
+        (f"{H4}-session3-scaling-prof", "ours-gpt2-small-ddp-compile-g4-b16-k1", 12.7719, 19.76),
+        (f"{H4}-single-scaling-compile", "ours ddp x4", 12.77, 19.76))),
+    Config("gpt2-small", 4, "ddp", compiled=True, flags="profile-steps 25:30", runs=_runs("H200",
+        (f"{H4}-session3-scaling-prof", "ours-gpt2-small-ddp-compile-g4-b16-k1-prof", 12.7719, 19.70))),
+    Config("gpt2-small", 2, "ddp", compiled=True, flags="ddp-bucket-mb 1000", runs=_runs("H200",
+        (f"{H4}-session3-scaling-b1000", "ours-gpt2-small-ddp-compile-g2-b16-k1-b1000", 12.7751, 19.61))),
+    Config("gpt2-small", 4, "ddp", compiled=True, flags="ddp-bucket-mb 1000", runs=_runs("H200",
+        (f"{H4}-session3-scaling-b1000", "ours-gpt2-small-ddp-compile-g4-b16-k1-b1000", 12.7751, 19.61))),
+    Config("gpt2-small", 2, "ddp", compiled=True, flags="ddp-bucket-mb 250", runs=_runs("H200",
+        (f"{H4}-session3-scaling-bf16-b250", "ours-gpt2-small-ddp-compile-g2-b16-k1-b250", 13.2356, 19.73))),
+    Config("gpt2-small", 2, "ddp", compiled=True, flags="ddp-reduce-dtype bf16", runs=_runs("H200",
+        (f"{H4}-session2-scaling-bf16", "ours-gpt2-small-ddp-g2-b16-k1-bf16", 13.4697, 19.68))),
+    Config("gpt2-small", 4, "ddp", compiled=True, flags="ddp-reduce-dtype bf16", runs=_runs("H200",
+        (f"{H4}-session2-scaling-bf16", "ours-gpt2-small-ddp-g4-b16-k1-bf16", 13.5789, 19.69))),
+    Config("gpt2-small", 2, "ddp", compiled=True, flags="ddp-bucket-mb 1000 ddp-reduce-dtype bf16",
+           runs=_runs("H200",
+        (f"{H4}-session3-scaling-bf16-b250", "ours-gpt2-small-ddp-compile-g2-b16-k1-b1000-bf16", 13.7029, 19.60))),
+    Config("gpt2-small", 4, "ddp", compiled=True, flags="ddp-bucket-mb 1000 ddp-reduce-dtype bf16",
+           runs=_runs("H200",
+        (f"{H4}-session3-scaling-bf16-b250", "ours-gpt2-small-ddp-compile-g4-b16-k1-b1000-bf16", 13.7029, 19.61))),
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, runs=_runs("H200",
+        (f"{H2}-session4-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1", 12.7498, 19.17),
+        (f"{H2}-session4-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1-again", 12.2862, 19.11))),
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, flags="ddp-bucket-mb 250", runs=_runs("H200",
+        (f"{H2}-session4-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1-b250", 12.2829, 19.16))),
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, flags="ddp-reduce-dtype bf16", runs=_runs("H200",
+        (f"{H2}-session4-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1-bf16", 13.2113, 18.64))),
+    # -- zero: 124M, eager, DDP against ZeRO on 2 and 4 GPUs
+    Config("gpt2-small", 2, "ddp", runs=_runs("H200", (f"{H4}-issue2-2gpu-run", "ours ddp x2", 24.58, 26.56))),
+    Config("gpt2-small", 2, "zero2", runs=_runs("H200", (f"{H4}-issue2-2gpu-run", "ours zero2 x2", 18.99, 25.44))),
+    Config("gpt2-small", 2, "zero3", runs=_runs("H200", (f"{H4}-issue2-zero3-2gpu", "step=30", 20.1593, None))),
+    Config("gpt2-small", 4, "ddp", runs=_runs("H200",
+        (f"{H4}-session2-zero-blockfetch", "ours-gpt2-small-ddp-g4-b16-k1", 24.1169, 26.56),
+        (f"{H4}-zero-124m", "ours ddp x4", 24.12, 26.56))),
+    Config("gpt2-small", 4, "zero2", runs=_runs("H200",
+        (f"{H4}-session2-zero-blockfetch", "ours-gpt2-small-zero2-g4-b16-k1", 18.6442, 25.33),
+        (f"{H4}-zero-124m", "ours zero2 x4", 18.64, 25.33))),
+    Config("gpt2-small", 4, "zero3", runs=_runs("H200",
+        (f"{H4}-session2-zero-blockfetch", "ours-gpt2-small-zero3-g4-b16-k1", 19.6946, 26.33),
+        (f"{H4}-zero-124m", "ours zero3 x4", 19.69, 26.33))),
+    # -- xl: gpt2-xl (1.56B) on 4 GPUs, micro-batch 4
+    Config("gpt2-xl", 4, "ddp", batch_size=4, runs=_runs("H200", (f"{H4}-xl", "ours gpt2-xl ddp x4", 55.12, 59.02))),
+    Config("gpt2-xl", 4, "zero2", batch_size=4, runs=_runs("H200",
+        (f"{H4}-xl", "ours gpt2-xl zero2 x4", 27.86, 36.80))),
+    Config("gpt2-xl", 4, "zero3", batch_size=4, runs=_runs("H200",
+        (f"{H4}-xl", "ours gpt2-xl zero3 x4", 29.22, 36.45))),
+    Config("gpt2-xl", 4, "zero3-offload", batch_size=4, runs=_runs("H200",
+        (f"{H4}-xl", "ours gpt2-xl zero3-offload x4", 23.43, 30.05))),
+    Config("gpt2-xl", 4, "ddp", batch_size=4, compiled=True, runs=_runs("H200",
+        (f"{H4}-session3-scaling-b1000", "ours-gpt2-xl-ddp-compile-g4-b4-k1", 39.9605, 42.65))),
+)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- throughput
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Measured tokens/s per GPU of one configuration on one card, for `instances --fit`."""
+
+    card: str  # the catalog's GPU model
+    model: str  # a training preset
+    compiled: bool
+    tokens_per_sec: tuple[float, ...]  # per GPU, one per run
+    runs: tuple[tuple[str, str], ...]  # (source, run id) of each
+    note: str = ""
+    batch_size: int = 16
+    seq_len: int = 1024
+    task: str = "causal-lm"
+
+
+# Only cards the catalog has (the H200 figures in bench/ have no instance type here yet).
+THROUGHPUT: tuple[Throughput, ...] = (
+    Throughput("H100", "gpt2-small", True, (422663.9, 423765.4),
+               ((f"{H1}-session4-loss-only-run1", OURS_C1), (f"{H1}-session4-loss-only-run2", OURS_C1))),
+    Throughput("H100", "gpt2-small", False, (157376.7,), ((f"{H1}-session2-single-liger-varlen", OURS_1),),
+               note="before the loss-only training forwards"),
+)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- the fit
+
+# What fit() solves for, per mode. The compiled logits term stays at its prior (see memory.py).
+FITTED = {
+    "autocast": ("activation", "logits"),
+    "compiled": ("activation",),
+    "native": ("activation", "logits", "zero3"),
+}
+
+
+def _with(constants: Constants, how: str, name: str, value: float) -> Constants:
+    if name == "zero3":
+        return replace(constants, zero3_fixed_gib=value)
+    if name == "activation":
+        return replace(constants, activation={**constants.activation, how: value})
+    return replace(constants, logits={**constants.logits, how: value})
+
+
+def fit(configs: tuple[Config, ...] = CONFIGS, start: Constants = CONSTANTS) -> Constants:
+    """The constants that minimise the squared relative error over the plain configurations,
+    each weighted once (its runs averaged). The estimate is linear in each constant, so every
+    mode is a small least-squares problem: solved by its normal equations."""
+    fitted = start
+    for how, names in FITTED.items():
+        rows = [c for c in configs if c.plain and mode(c.strategy, "bf16", c.compiled) == how]
+        zero = start
+        for name in names:
+            zero = _with(zero, how, name, 0.0)
+        normal = [[0.0] * (len(names) + 1) for _ in names]
+        for c in rows:
+            measured = sum(r.peak for r in c.runs) / len(c.runs)
+            base = c.estimate(zero).train_gib
+            columns = [c.estimate(_with(zero, how, n, 1.0)).train_gib - base for n in names]
+            for i, ci in enumerate(columns):
+                for j, cj in enumerate(columns):
+                    normal[i][j] += ci * cj / measured**2
+                normal[i][-1] += ci * (measured - base) / measured**2
+        for name, value in zip(names, _solve(normal), strict=True):
+            fitted = _with(fitted, how, name, value)
+    return fitted
+
+
+def _solve(augmented: list[list[float]]) -> list[float]:
+    """Gauss-Jordan elimination of a small, well-conditioned system [A | b]."""
+    n = len(augmented)
+    m = [row[:] for row in augmented]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                factor = m[r][col] / m[col][col]
+                m[r] = [a - factor * b for a, b in zip(m[r], m[col], strict=True)]
+    return [m[i][-1] / m[i][i] for i in range(n)]
+
+
+def errors(constants: Constants = CONSTANTS) -> list[tuple[Config, Run, float, float]]:
+    """(config, run, estimate GiB, relative error) for every run."""
+    out = []
+    for c in CONFIGS:
+        gib = c.estimate(constants).train_gib
+        out += [(c, r, gib, gib / r.peak - 1) for r in c.runs]
+    return out
+
+
+def report(constants: Constants = CONSTANTS) -> str:
+    lines = [f"{'measured':>8} {'estimate':>8} {'error':>7}  configuration / source run"]
+    for c, r, gib, err in errors(constants):
+        mark = "" if abs(err) <= TOLERANCE else ("  (expected: " + c.not_modelled + ")" if c.not_modelled else "  MISS")
+        lines.append(f"{r.peak:8.2f} {gib:8.2f} {err:+7.1%}  {c.label} / {r.source} {r.run}{mark}")
+    worst = max((abs(e) for c, _, _, e in errors(constants) if not c.not_modelled), default=math.nan)
+    lines.append(f"largest error outside the expected misses: {worst:.1%}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(report())
