@@ -277,10 +277,27 @@ def resume(
 
 
 @app.command()
-def instances(as_json: Json = False) -> None:
-    """The instance catalog: GPUs, memory, price."""
+def instances(
+    fit: Annotated[
+        Path | None, typer.Option("--fit", help="job spec YAML: which GPU types fit it, and cost per million tokens")
+    ] = None,
+    as_json: Json = False,
+) -> None:
+    """The instance catalog: GPUs, memory, price (--fit JOB.yaml: which types fit that job)."""
     from .catalog import all_instances
 
+    if fit is not None:
+        from .memory import fit_table, render_fit_table
+        from .spec import load_spec
+
+        what, fits = fit_table(load_spec(fit))
+        if as_json:
+            import json
+
+            typer.echo(json.dumps({"job": what, "instances": [{**vars(f), "fits": f.fits} for f in fits]}, indent=2))
+        else:
+            typer.echo(render_fit_table(what, fits))
+        return
     rows = [i for i in all_instances() if i.gpus]
     if as_json:
         import dataclasses

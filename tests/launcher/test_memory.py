@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from distrain_cloud.launcher import memory
-from distrain_cloud.launcher.catalog import lookup
+from distrain_cloud.launcher.catalog import all_instances, lookup
 from distrain_cloud.launcher.memory_calibration import CONFIGS, FITTED, TOLERANCE, errors, fit, report
 from distrain_cloud.training.args import parse_args
 
@@ -195,7 +195,45 @@ def test_the_sagemaker_plan_carries_the_check_and_a_dry_run_fails_on_it(capsys, 
     assert line.startswith("  [FAIL] fits in GPU memory: needs about") and "fits with --strategy" in line, line
 
 
-def test_the_check_imports_nothing_heavy(tmp_path):
+# ---------------------------------------------------------------------------------- instances --fit
+
+
+def test_instances_fit_lists_the_types_that_fit_and_measured_costs_only(tmp_path, capsys):
+    from distrain_cloud.launcher import cli
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "instance: ml.p3.8xlarge\nhyperparameters:\n  task: causal-lm\n  preset: gpt2-small\n  block_size: 1024\n"
+    )
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["instances", "--fit", str(spec)])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0, out
+    rows = {line.split()[1]: line for line in out.splitlines()[2:-1]}
+    assert set(rows) == {i.name for i in all_instances() if i.is_gpu and i.sagemaker}
+    assert rows["ml.p5.48xlarge"].startswith("yes") and "tokens/s measured on 1 H100" in rows["ml.p5.48xlarge"]
+    assert all(line.endswith("no measurement") for name, line in rows.items() if "H100" not in line), out
+    with pytest.raises(SystemExit):
+        cli.main(["instances", "--fit", str(spec), "--json"])
+    listed = json.loads(capsys.readouterr().out)
+    p5 = next(r for r in listed["instances"] if r["instance"] == "ml.p5.48xlarge")
+    # 8 GPUs at the measured 1-GPU rate: list price / tokens per hour, per million.
+    assert p5["usd_per_million_tokens"] == pytest.approx(113.068 / ((422663.9 + 423765.4) / 2 * 8 * 3600) * 1e6)
+
+
+def test_instances_fit_refuses_a_model_it_cannot_size_in_one_line(tmp_path, capsys):
+    from distrain_cloud.launcher import cli
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text("instance: ml.p3.8xlarge\nhyperparameters:\n  model: some-org/some-model\n")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["instances", "--fit", str(spec)])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code != 0 and len(err.splitlines()) == 1
+    assert err.startswith("error: model some-org/some-model: its size is not known here"), err
+
+
+def test_the_check_and_the_fit_table_import_nothing_heavy(tmp_path):
     code = (
         "import sys\n"
         "from distrain_cloud.launcher import memory\n"

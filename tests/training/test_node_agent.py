@@ -561,3 +561,15 @@ def test_the_deadline_stops_every_node(cluster):
     results = c.run()
     assert {o.status for o in results.values()} == {"Stopped"}
     assert results[1].reason == "max-run reached: the job ran until its deadline"
+
+
+def test_a_peer_that_failed_to_boot_ends_the_rendezvous_at_once(cluster):
+    # What the user data leaves when the bundle's sha256 is not the planned one.
+    c = cluster(rendezvous_timeout_s=600)
+    failed = {"status": "Failed", "exit_code": 1, "reason": "bundle hash mismatch", "step": None}
+    c.store.put_json(c.job.key("nodes", "1.json"), failed)
+    started = time.monotonic()
+    results = c.run(ranks=[0])
+    assert time.monotonic() - started < 10  # not the 600 s rendezvous timeout
+    assert (results[0].status, results[0].reason) == ("Stopped", "node 1 failed: bundle hash mismatch")
+    assert c.tags(0)["distrain-cloud:status"] == "Stopped"
