@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     trainer = Trainer(args, contract)
     try:
         trainer.setup()
-    except DataError as e:
+    except (ArgumentError, DataError) as e:  # a flag this machine cannot serve, or bad data
         _fail(e, contract)
     try:
         metrics = trainer.train()

@@ -256,9 +256,14 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
     return args
 
 
+def default_lr(a: TrainArgs) -> float:
+    """The learning rate without --lr: 5e-5 fine-tuning a pretrained --model, 1e-3 training from a config."""
+    return 5e-5 if a.model else 1e-3
+
+
 def validate(a: TrainArgs) -> None:
     if a.lr is None:
-        a.lr = 5e-5 if a.model else 1e-3
+        a.lr = default_lr(a)
     sources = [n for n, v in (("--model", a.model), ("--model-config", a.model_config), ("--preset", a.preset)) if v]
     if len(sources) > 1:
         raise ArgumentError(f"give one of --model, --model-config, --preset, not {' and '.join(sources)}")
