@@ -307,7 +307,7 @@ def estimate(
         terms["kv_cache"] = 2 * L * tokens * d * (2 if mixed else 4)
     lm = task in ("causal-lm", "masked-lm")  # classification logits are a few numbers per sample
     if lm and fused_ce:
-        # The chunked loss never holds the full logits; one liger run measured 15% above this.
+        # The chunked loss never holds the full logits; one liger run measured 16% more than this.
         notes.append("--fused-ce: the logits term is left out")
     elif lm:
         output = LOGITS_OUTPUT_BYTES if logits_output and how == "compiled" else 0

@@ -93,7 +93,7 @@ def _runs(card: str, *rows: tuple[str, str, float, float | None]) -> tuple[Run, 
     return tuple(Run(source, run, card, peak, smi) for source, run, peak, smi in rows)
 
 
-H1, H2, H4 = "2026-11-26-h100x1", "2026-11-26-h200x2", "2026-11-26-h200x4"
+H1, H1x200, H2, H4 = "2026-11-26-h100x1", "2026-11-26-h200x1", "2026-11-26-h200x2", "2026-11-26-h200x4"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -111,7 +111,8 @@ CONFIGS: tuple[Config, ...] = (
         (f"{H1}-session2-single-varlen-sdpa", HF_EAGER, 23.1003, 24.64),
         (f"{H1}-single-accum-varlen", HF_EAGER, 23.1003, 24.64),
         (f"{H1}-single-run2", "HF Trainer defaults", 23.10, 24.64)) + _runs("H200",
-        (f"{H4}-single-scaling-compile", "HF Trainer defaults", 23.10, 24.64))),
+        (f"{H4}-single-scaling-compile", "HF Trainer defaults", 23.10, 24.64),
+        (f"{H1x200}-session5-default-compiles", HF_EAGER, 23.1003, 24.64))),
     # -- single: 1 GPU, compiled
     Config("gpt2-small", 1, "ddp", compiled=True, runs=_runs("H100",
         (f"{H1}-session2-single-autotune", OURS_C1, 12.3019, 20.33),
@@ -144,7 +145,8 @@ CONFIGS: tuple[Config, ...] = (
         (f"{H1}-session4-single-flags", HF_COMPILED, 11.7706, 14.81),
         (f"{H1}-single-accum-varlen", HF_COMPILED, 11.7706, 14.81),
         (f"{H1}-single-run2", "HF Trainer compile", 11.77, 14.81)) + _runs("H200",
-        (f"{H4}-single-scaling-compile", "HF Trainer compile", 11.77, 14.75))),
+        (f"{H4}-single-scaling-compile", "HF Trainer compile", 11.77, 14.75),
+        (f"{H1x200}-session5-default-compiles", HF_COMPILED, 11.7717, 14.81))),
     # session 4 before the loss-only change: no KV cache, logits still returned
     Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, runs=_runs("H100",
         (f"{H1}-session4-single-flags", OURS_C1, 11.8098, 17.30),
@@ -164,7 +166,9 @@ CONFIGS: tuple[Config, ...] = (
     # session 4, loss-only training forwards: the trainer as it is today
     Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H100",
         (f"{H1}-session4-loss-only-run1", OURS_C1, 8.7395, 17.68),
-        (f"{H1}-session4-loss-only-run2", OURS_C1, 8.7401, 17.65))),
+        (f"{H1}-session4-loss-only-run2", OURS_C1, 8.7401, 17.65)) + _runs("H200",
+        # 2ec1054: no speed flags, compiled by default (strategies.compile_decision)
+        (f"{H1x200}-session5-default-compiles", OURS_1, 8.7407, 18.26))),
     Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="no-logits-upcast",
            runs=_runs("H100",
         (f"{H1}-session4-loss-only-run1", f"{OURS_C1}-noupcast", 8.7408, 17.67),
