@@ -66,17 +66,29 @@ def imds(path):
     return urllib.request.urlopen(get, timeout=5).read().decode()
 
 
-def fail(reason):
-    """This node's final record, unless it has one already (the first, specific reason stays)."""
-    s3, key = boto3.client("s3"), JOB_PREFIX + "/nodes/" + imds("ami-launch-index") + ".json"
+def put_once(s3, key, body):
+    """Write `body` at `key` unless something is there already (the first, specific word stays)."""
     try:
         s3.head_object(Bucket=BUCKET, Key=key)
         return
     except Exception:
         pass
-    record = {{"status": "Failed", "exit_code": 1, "reason": reason, "step": None,
-              "instance_id": imds("instance-id"), "time": time.time()}}
-    s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(record).encode(), ContentType="application/json")
+    s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(body).encode(), ContentType="application/json")
+
+
+def fail(reason):
+    """This node's Failed record, the stop marker its peers watch, then its instance terminated."""
+    s3, rank, me = boto3.client("s3"), imds("ami-launch-index"), imds("instance-id")
+    now = time.time()
+    record = {{"status": "Failed", "exit_code": 1, "reason": reason, "step": None, "instance_id": me, "time": now}}
+    put_once(s3, JOB_PREFIX + "/nodes/" + rank + ".json", record)
+    stop = {{"reason": "peer-failed", "by": me, "rank": int(rank), "detail": "node %s failed: %s" % (rank, reason),
+            "time": now}}
+    put_once(s3, JOB_PREFIX + "/stop", stop)
+    try:  # power-off terminates it too; this is at once, and the role may do it for stack instances
+        boto3.client("ec2").terminate_instances(InstanceIds=[me])
+    except Exception as e:
+        print("could not terminate %s: %s" % (me, e), file=sys.stderr)
 
 
 def fetch():
@@ -117,8 +129,9 @@ def ec2_user_data(
     """The user data of every node of an EC2 job (bash, small, references only), in order: the
     hard stop (with shutdown behaviour terminate it ends the instance whatever else happens),
     the bundle fetched and its sha256 checked, the training requirements installed against the
-    AMI's torch, then the node agent from the bundle. A failure before the agent writes the
-    node's Failed record and powers off. `job_prefix` is `<prefix>/jobs/<job>` in `bucket`."""
+    AMI's torch, then the node agent from the bundle. A node that cannot get that far writes its
+    Failed record and the stop marker its peers watch, terminates itself and powers off.
+    `job_prefix` is `<prefix>/jobs/<job>` in `bucket`."""
     q = shlex.quote
     boot = _BOOT_PY.format(
         bucket=bucket,
@@ -159,5 +172,7 @@ cd "$WORK/code"
 {pip} -c "$WORK/constraints.txt" -r requirements.txt {extra}
 export PYTHONPATH="$WORK/code"
 trap - ERR
-exec "$PY" -m {NODE_AGENT} --job {q(job_uri)}
+# The agent powers off on every path it controls; these cover one that could not even start.
+"$PY" -m {NODE_AGENT} --job {q(job_uri)} || fail "the node agent exited with code $?"
+$POWEROFF
 """

@@ -39,6 +39,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS::")
 @pytest.fixture
 def stack(mocked_aws, monkeypatch) -> StackResources:
     """The resources `infra up` makes, made by hand (a real stack takes seconds under moto)."""
+    return hand_made_stack(monkeypatch)
+
+
+def hand_made_stack(monkeypatch) -> StackResources:
     import boto3
 
     ec2_client = boto3.client("ec2", region_name=REGION)
@@ -65,6 +69,27 @@ def stack(mocked_aws, monkeypatch) -> StackResources:
     monkeypatch.setattr(ec2, "stack_resources", lambda name, region: resources)
     monkeypatch.setattr(ec2, "resolve_ami", lambda parameter, region: AMI)
     return resources
+
+
+@pytest.fixture
+def moto_server():
+    """A moto server in this process (its state is moto's global one: reset before and after)."""
+    import urllib.request
+
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+
+    def reset() -> None:
+        urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10).read()
+
+    reset()
+    yield url
+    reset()
+    server.stop()
 
 
 def spec(**overrides):
@@ -549,44 +574,128 @@ def test_instances_past_the_deadline_are_flagged():
 # ====================================================================== the real CLI, a moto server, a real stack
 
 
-def test_the_cli_submits_to_a_moto_server_with_a_stack_from_infra_up(tmp_path):
+def test_the_cli_submits_to_a_moto_server_with_a_stack_from_infra_up(tmp_path, moto_server):
     """The rehearsal's path: `infra up`, then `submit --instance g4dn.12xlarge` with an AMI override,
     each a separate process talking to a moto server over HTTP."""
-    from moto.server import ThreadedMotoServer
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        HOME=str(tmp_path),
+        DISTRAIN_HOME=str(tmp_path / "home"),
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_REGION=REGION,
+        AWS_ENDPOINT_URL=moto_server,
+    )
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(f"instance: g4dn.12xlarge\nnodes: 2\nmax_run: 30m\nec2:\n  ami_id: {AMI}\n")
 
-    server = ThreadedMotoServer(port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-        env.update(
-            HOME=str(tmp_path),
-            DISTRAIN_HOME=str(tmp_path / "home"),
-            AWS_ACCESS_KEY_ID="testing",
-            AWS_SECRET_ACCESS_KEY="testing",
-            AWS_REGION=REGION,
-            AWS_ENDPOINT_URL=f"http://{host}:{port}",
+    def distrain(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "distrain_cloud.launcher.cli", *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
-        job_file = tmp_path / "job.yaml"
-        job_file.write_text(f"instance: g4dn.12xlarge\nnodes: 2\nmax_run: 30m\nec2:\n  ami_id: {AMI}\n")
 
-        def distrain(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                [sys.executable, "-m", "distrain_cloud.launcher.cli", *args],
-                env=env,
-                cwd=tmp_path,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+    up = distrain("infra", "up", "--yes")
+    assert up.returncode == 0, up.stderr
+    sub = distrain("submit", str(job_file), "--", "--max-steps", "3")
+    assert sub.returncode == 0, sub.stderr
+    job = next(line.split()[1].rstrip(":") for line in sub.stderr.splitlines() if line.startswith("submitted "))
+    status = distrain("status", job, "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["status"] == "InProgress" and len(json.loads(status.stdout)["instances"]) == 2
 
-        up = distrain("infra", "up", "--yes")
-        assert up.returncode == 0, up.stderr
-        sub = distrain("submit", str(job_file), "--", "--max-steps", "3")
-        assert sub.returncode == 0, sub.stderr
-        job = next(line.split()[1].rstrip(":") for line in sub.stderr.splitlines() if line.startswith("submitted "))
-        status = distrain("status", job, "--json")
-        assert status.returncode == 0, status.stderr
-        assert json.loads(status.stdout)["status"] == "InProgress" and len(json.loads(status.stdout)["instances"]) == 2
-    finally:
-        server.stop()
+
+# ====================================================================== the user data, run here
+
+
+WRAPPER = """#!/bin/bash
+# The AMI's python, except that pip and the node agent only say how they were called, and
+# torch (slow to import here) gives a version of its own.
+case "$2" in *"import torch"*) echo "torch==2.7.0+cu128"; exit 0 ;; esac
+for arg in "$@"; do
+  case "$arg" in
+    pip) echo "pip $*" >> "$REHEARSAL_LOG"; exit 0 ;;
+    distrain_cloud.training.node_agent)
+      echo "agent $* cwd=$(pwd) PYTHONPATH=$PYTHONPATH" >> "$REHEARSAL_LOG"; exit 0 ;;
+  esac
+done
+exec {python} "$@"
+"""
+
+
+def test_the_user_data_runs_here_up_to_the_agent_and_a_swapped_bundle_stops_the_job(tmp_path, monkeypatch, moto_server):
+    """Each node's user data, run by bash against a moto server and a fake metadata service (no
+    keys in its environment): node 1 fetches and checks the bundle, installs and hands over to
+    the agent; node 0, whose bundle was swapped after the plan, reports it, stops the job and
+    terminates itself."""
+    import base64
+
+    import boto3
+
+    sys.path.insert(0, str(REPO / "tests"))  # tests/ is not a package
+    from imds import FakeImds
+
+    url = moto_server
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+    hand_made_stack(monkeypatch)
+    job, plan = submitted(instance="c5.2xlarge", nodes=2, max_run="30m")
+    nodes = sorted(instances(job), key=lambda i: i["AmiLaunchIndex"])
+    ec2_client = boto3.client("ec2", region_name=REGION)
+    python = tmp_path / "python"
+    python.write_text(WRAPPER.format(python=sys.executable))
+    python.chmod(0o755)
+    log = tmp_path / "calls.log"
+
+    def run_node(rank: int) -> subprocess.CompletedProcess[str]:
+        node = nodes[rank]
+        user_data = ec2_client.describe_instance_attribute(InstanceId=node["InstanceId"], Attribute="userData")
+        script = base64.b64decode(user_data["UserData"]["Value"]).decode()
+        with FakeImds(instance_id=node["InstanceId"], launch_index=rank, region=REGION) as imds:
+            env = {
+                "PATH": os.environ["PATH"],
+                "HOME": str(tmp_path),
+                "AWS_ENDPOINT_URL": url,
+                "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint,
+                "DISTRAIN_EC2_HARD_STOP": "echo hard-stop",
+                "DISTRAIN_EC2_PYTHON": str(python),
+                "DISTRAIN_EC2_WORK": str(tmp_path / f"node-{rank}"),
+                "DISTRAIN_EC2_POWEROFF": "echo power-off",
+                "REHEARSAL_LOG": str(log),
+            }
+            return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+
+    good = run_node(1)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stdout.splitlines()[0] == "hard-stop +40" and good.stdout.splitlines()[-1] == "power-off"
+    pip, agent = log.read_text().splitlines()
+    assert "-c " + str(tmp_path / "node-1" / "constraints.txt") in pip and "-r requirements.txt" in pip
+    assert "transformers>=4.46" in pip
+    code = tmp_path / "node-1" / "code"
+    assert agent.startswith(
+        f"agent -m distrain_cloud.training.node_agent --job s3://stack-bucket/distrain-cloud/jobs/{job}/job.json"
+    )
+    assert agent.endswith(f"cwd={code} PYTHONPATH={code}")
+    assert (code / "distrain_cloud" / "training" / "node_agent.py").is_file()
+    assert (tmp_path / "node-1" / "constraints.txt").read_text() == "torch==2.7.0+cu128\n"  # the AMI's stays
+
+    boto3.client("s3").put_object(Bucket="stack-bucket", Key=plan.payload["code_key"], Body=b"other bytes")
+    bad = run_node(0)
+    assert bad.returncode == 1 and bad.stdout.splitlines()[-1] == "power-off", bad.stdout + bad.stderr
+    record = s3_json(f"distrain-cloud/jobs/{job}/nodes/0.json")
+    assert record["status"] == "Failed" and record["reason"].startswith("bundle hash mismatch: s3://stack-bucket/")
+    stop = s3_json(f"distrain-cloud/jobs/{job}/stop")
+    assert (stop["reason"], stop["rank"]) == ("peer-failed", 0) and "bundle hash mismatch" in stop["detail"]
+    states = {i["InstanceId"]: i["State"]["Name"] for i in instances(job)}
+    assert states[nodes[0]["InstanceId"]] in ("shutting-down", "terminated")
+    info = ec2.BACKEND.status(ref(job))
+    assert info["status"] == "InProgress" and info["detail"].startswith("node 0 failed (bundle hash mismatch")

@@ -170,8 +170,10 @@ def test_user_data_stops_hard_first_verifies_the_bundle_and_hands_over_to_the_ag
     assert first_command == "${DISTRAIN_EC2_HARD_STOP:-shutdown -h} +130 || true"  # max_run + 10 minutes
     text = plan.request["UserData"]
     assert plan.bundle["sha256"] in text and "bundle hash mismatch" in text
-    assert lines[-1].startswith('exec "$PY" -m distrain_cloud.training.node_agent --job ')
-    assert lines[-1].endswith(f"/distrain-cloud/jobs/{plan.job_name}/job.json'")
+    agent = lines[-2]
+    assert agent.startswith('"$PY" -m distrain_cloud.training.node_agent --job ')
+    assert f"/distrain-cloud/jobs/{plan.job_name}/job.json' || fail " in agent
+    assert lines[-1] == "$POWEROFF"  # whatever the agent did, the node ends
     assert text.index("shutdown -h") < text.index("boot.py") < text.index("pip install") < text.index("node_agent")
     for switch in ("DISTRAIN_EC2_PYTHON", "DISTRAIN_EC2_WORK", "DISTRAIN_EC2_POWEROFF", "DISTRAIN_EC2_HARD_STOP"):
         assert "${" + switch + ":-" in text
@@ -366,7 +368,7 @@ _specs = st.fixed_dictionaries(
     {
         "name": _name,
         "instance": st.sampled_from(_ec2_types),
-        "nodes": st.integers(1, 64),
+        "nodes": st.one_of(st.integers(1, 4), st.integers(1, 64)),
         "strategy": st.sampled_from(["ddp", "zero1", "zero2", "zero3", "zero2-offload", "zero3-offload", "single"]),
         "spot": st.booleans(),
         "max_run": st.integers(1, 40 * 86400),
