@@ -89,16 +89,19 @@ def bucket_check(
     """Whether the job's bucket is there and ours (read-only: HeadBucket). `fix` says what to do
     when a bucket the user (or their stack) named is missing."""
     from distrain_cloud.infra import aws
+    from distrain_cloud.infra.resources import BucketAccess, bucket_access
 
     try:
-        aws.client("s3", region).head_bucket(Bucket=bucket)
+        access = bucket_access(aws.client("s3", region), bucket)
+    except Exception as e:  # not answered (no permission to ask, throttled): say so, don't block
+        return Check("bucket exists", None, f"{bucket}: not checked ({aws.error_code(e) or type(e).__name__})")
+    if access is BucketAccess.OURS:
         return Check("bucket exists", True, bucket)
-    except Exception as e:
-        if aws.error_code(e) in ("403", "AccessDenied"):  # another account's, or not ours to use
-            return Check("bucket usable", False, f"{bucket}: access denied; name another bucket")
-        if named_by_user:
-            return Check("bucket exists", False, f"{bucket}: {fix}")
-        return Check("bucket exists", True, f"{bucket} will be created")
+    if access is BucketAccess.DENIED:  # another account's, or not ours to use
+        return Check("bucket usable", False, f"{bucket}: access denied; name another bucket")
+    if named_by_user:
+        return Check("bucket exists", False, f"{bucket}: {fix}")
+    return Check("bucket exists", True, f"{bucket} will be created")
 
 
 def upload_code(plan: Plan) -> bool:

@@ -25,7 +25,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distrain_cloud.infra.errors import UserError
+from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 from distrain_cloud.infra.stack import ALIVE_STATES, STACK_TAG
 from distrain_cloud.training.args import parse_args
 from distrain_cloud.training.strategies import (
@@ -182,12 +182,10 @@ class Ec2Backend:
             )
         region, region_check = cloud.plan_region(spec.region)
         hardware = f"{instance.name} has {instance.gpu_model} ({instance.compute_capability_str})"
-        try:
+        with value_errors_as_user_errors():
             precision = choose_precision(
                 spec.precision, instance.gpus, instance.compute_capability, hardware if instance.gpus else instance.name
             )
-        except ValueError as e:
-            raise UserError(str(e)) from None
         job_name = unique_job_name(spec.name)
         argv = spec.check_training_args(precision, job_name)
         processes = max(instance.gpus, 1)
@@ -198,12 +196,10 @@ class Ec2Backend:
             main_port=MAIN_PORT,
             use_cpu=not instance.gpus,
         )
-        try:
+        with value_errors_as_user_errors():  # e.g. --strategy single on a multi-GPU instance
             configs: dict[str, Any] = {
                 "accelerate_config (node 0)": accelerate_config(strategy, cluster, precision=precision)
             }
-        except ValueError as e:  # e.g. --strategy single on a multi-GPU instance
-            raise UserError(str(e)) from None
         if strategy.uses_deepspeed:
             configs["deepspeed_config"] = deepspeed_config_for(parse_args(argv), cluster.world_size)
 

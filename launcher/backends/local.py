@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distrain_cloud.infra.errors import UserError
+from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 from distrain_cloud.training.contract import STOP_EXIT_CODE, Contract, free_port
 from distrain_cloud.training.node_launch import plan_node
 from distrain_cloud.training.strategies import choose_precision, deepspeed_config_for, parse_strategy
@@ -57,10 +57,8 @@ class LocalBackend:
         if spec.spot:
             raise UserError("--spot applies to cloud instances, not --instance local")
         gpus, capability = local_gpus()
-        try:
+        with value_errors_as_user_errors():
             precision = choose_precision(spec.precision, gpus, capability, "this machine")
-        except ValueError as e:
-            raise UserError(str(e)) from None
         job_name = unique_job_name(spec.name)
         argv = spec.check_training_args(precision, job_name)
         root = (spec.local.workdir / job_name).resolve()
@@ -78,10 +76,8 @@ class LocalBackend:
             gpus_per_node=gpus,
             main_port=free_port(),
         )
-        try:
+        with value_errors_as_user_errors():
             node = plan_node(argv, contract, processes=spec.local.processes)
-        except ValueError as e:
-            raise UserError(str(e)) from None
         processes = node.config["num_processes"]
         command = [sys.executable, "-m", "distrain_cloud.training.node_launch"]
         if spec.local.processes:

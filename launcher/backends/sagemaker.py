@@ -16,7 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distrain_cloud.infra.errors import UserError
+from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 from distrain_cloud.infra.resources import default_bucket
 from distrain_cloud.training.args import argv_to_hyperparameters, parse_args
 from distrain_cloud.training.contract import SAGEMAKER_CHECKPOINT_DIR
@@ -97,10 +97,8 @@ class SageMakerBackend:
             pytorch_version=spec.sagemaker.pytorch_version,
         )
         where = f"{instance.name} has {instance.gpu_model} ({instance.compute_capability_str})"
-        try:
+        with value_errors_as_user_errors():
             precision = choose_precision(spec.precision, instance.gpus, instance.compute_capability, where)
-        except ValueError as e:
-            raise UserError(str(e)) from None
         job_name = unique_job_name(spec.name)
         argv = spec.check_training_args(precision, job_name)
         train = parse_args(argv)
@@ -110,12 +108,10 @@ class SageMakerBackend:
         cluster = ClusterShape(
             num_nodes=spec.nodes, processes_per_node=processes, main_addr="algo-1", use_cpu=not instance.gpus
         )
-        try:
+        with value_errors_as_user_errors():  # e.g. --strategy single on a multi-GPU instance
             configs: dict[str, Any] = {
                 "accelerate_config (node 0)": accelerate_config(strategy, cluster, precision=precision)
             }
-        except ValueError as e:  # e.g. --strategy single on a multi-GPU instance
-            raise UserError(str(e)) from None
         if strategy.uses_deepspeed:
             configs["deepspeed_config"] = deepspeed_config_for(train, cluster.world_size)
 
