@@ -468,6 +468,32 @@ def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, caps
     assert (description["lineage"], description["attempt"], description["nodes"]) == (job, 3, 2)
 
 
+def test_submit_spot_wait_resumes_an_interrupted_lineage_until_it_completes(stack, monkeypatch, capsys):
+    """What the nodes would write, written whenever the launcher sleeps between polls: the first
+    attempt is interrupted, the next completes."""
+    import boto3
+
+    s3 = boto3.client("s3")
+
+    def nodes_report(seconds: float) -> None:
+        listed = s3.list_objects_v2(Bucket="stack-bucket", Prefix="distrain-cloud/jobs/")["Contents"]
+        for key in [o["Key"] for o in listed if o["Key"].endswith("/job.json")]:
+            job = json.loads(s3.get_object(Bucket="stack-bucket", Key=key)["Body"].read())
+            outcome = "Interrupted" if job["attempt"] == 1 else "Completed"
+            for rank in range(job["nodes"]):
+                put_node(job["job"], rank, status=outcome, exit_code=0 if outcome == "Completed" else 143, reason="")
+
+    monkeypatch.setattr("time.sleep", nodes_report)
+    plan = plan_job(spec(nodes=2, spot=True))
+    assert submit_job(plan, wait=True) == 0
+    err = capsys.readouterr().err
+    assert f"{plan.job_name}: spot capacity was reclaimed; resuming from its checkpoints" in err
+    jobs = [line.split()[1].rstrip(":") for line in err.splitlines() if line.startswith("submitted ")]
+    assert len(jobs) == 2 and jobs[0] == plan.job_name
+    assert ec2.BACKEND.status(ref(jobs[1]))["status"] == "Completed"
+    assert s3_json(f"distrain-cloud/jobs/{jobs[1]}/job.json")["lineage"] == plan.job_name
+
+
 def test_resume_from_an_unknown_job_is_one_line(stack):
     with pytest.raises(UserError, match="--resume-from nope-1: no EC2 job of that name in s3://stack-bucket/"):
         plan_job(spec(resume_from="nope-1"))
