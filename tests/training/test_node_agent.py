@@ -334,7 +334,7 @@ def test_outcome_of_a_launcher_exit(code, stop, failure, status, exit_code, reas
 # Stands in for node_launch: a step every 50 ms. On SIGTERM it stops like the real trainers do, all
 # at one step (they agree collectively; here through a file in FAKE_SHARED), writes its part of that
 # step's checkpoint and exits 143, or 1 where its own launcher was not signalled (torchrun's report).
-# FAKE_FAIL_AT=<step> fails like bad input instead.
+# FAKE_FAIL_AT=<step> fails like bad input instead; FAKE_PEER_LOST_AT=<step> dies of a lost peer.
 FAKE_TRAINER = r"""
 import json, os, signal, sys, time
 from pathlib import Path
@@ -356,6 +356,9 @@ print(f"main_addr={os.environ['DISTRAIN_MAIN_ADDR']} resumed={start} secrets={se
 for step in range(start + 1, int(os.environ.get("FAKE_STEPS", "1000")) + 1):
     time.sleep(0.05)
     print(f"step={step} train_loss=1.0", flush=True)
+    if os.environ.get("FAKE_PEER_LOST_AT") == str(step):  # what gloo says when the other node's process died
+        print("RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1", flush=True)
+        sys.exit(1)
     if os.environ.get("FAKE_FAIL_AT") == str(step):
         out = Path(os.environ["DISTRAIN_OUTPUT_DIR"]); out.mkdir(parents=True, exist_ok=True)
         (out / "failure").write_text("error: fake trainer failed on purpose\n")
@@ -573,3 +576,13 @@ def test_a_peer_that_failed_to_boot_ends_the_rendezvous_at_once(cluster):
     assert time.monotonic() - started < 10  # not the 600 s rendezvous timeout
     assert (results[0].status, results[0].reason) == ("Stopped", "node 1 failed: bundle hash mismatch")
     assert c.tags(0)["distrain-cloud:status"] == "Stopped"
+
+
+def test_a_node_that_lost_its_peer_lets_the_peer_that_failed_take_the_blame(cluster):
+    # Node 0's training dies of the broken connection a moment before node 1 reports its real failure.
+    c = cluster()
+    c.env[0]["FAKE_PEER_LOST_AT"] = "5"
+    c.env[1]["FAKE_FAIL_AT"] = "7"
+    results = c.run()
+    assert (results[1].status, results[1].reason) == ("Failed", "fake trainer failed on purpose")
+    assert (results[0].status, results[0].reason) == ("Stopped", "node 1 failed: fake trainer failed on purpose")
