@@ -757,6 +757,7 @@ def _check_image(ami_id: str, region: str, plan: Plan, checks: list[Check]) -> s
     checks.append(Check("AMI exists", True, f"{ami_id} ({name})"))
     model = lookup(parts.instance_type).gpu_model
     if model and "OSS Nvidia Driver" in name and model not in AMI_FAMILIES["oss-pytorch"].gpu_models:
+        checks[:] = [c for c in checks if c.name != "AMI drives the GPU"]  # the plan's verdict was the family's
         checks.append(
             Check(
                 "AMI drives the GPU",

@@ -234,6 +234,7 @@ def test_an_oss_driver_ami_id_on_a_v100_fails_the_check_and_launches_nothing(sta
     plan = plan_job(spec(instance="p3.8xlarge", ec2={"ami_id": image}))
     (failed,) = plan.failed_checks
     assert failed.name == "AMI drives the GPU" and "cannot run p3.8xlarge's V100" in failed.detail
+    assert [c.name for c in plan.checks].count("AMI drives the GPU") == 1  # the family's verdict is replaced
     with pytest.raises(UserError, match="plan check failed, nothing was created: AMI drives the GPU"):
         submit_job(plan)
     assert "ec2.RunInstances" not in calls.ops
