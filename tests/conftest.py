@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,3 +67,52 @@ def job_records(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("distrain-home")
     monkeypatch.setenv("DISTRAIN_HOME", str(home))
     return home / "jobs"
+
+
+@pytest.fixture
+def stub_client(aws_credentials, monkeypatch) -> Iterator[Callable[..., Any]]:
+    """`stub_client(service, region="us-east-1")` -> an active botocore Stubber on the one client
+    that infra.aws.client hands out for `service` from then on; other services get real clients.
+    Responses queued and never asked for fail the test."""
+    from botocore.stub import Stubber
+
+    from distrain_cloud.infra import aws
+
+    real = aws.client
+    stubbed: dict[str, Any] = {}
+    stubbers: list[Stubber] = []
+
+    def client(service: str, region: str | None = None, **kwargs: Any) -> Any:
+        return stubbed[service] if service in stubbed else real(service, region, **kwargs)
+
+    def stub(service: str, region: str = "us-east-1") -> Stubber:
+        stubbed[service] = real(service, region)
+        stubber = Stubber(stubbed[service])
+        stubber.activate()
+        stubbers.append(stubber)
+        monkeypatch.setattr(aws, "client", client)
+        return stubber
+
+    yield stub
+    for stubber in stubbers:
+        stubber.assert_no_pending_responses()
+
+
+@pytest.fixture
+def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`cli(*args, cwd, env=None, timeout=120)`: `distrain-cloud ARGS` as a user runs it, in a process
+    of its own. `env` is its whole environment (default: this one, with one OpenMP thread)."""
+
+    def run(
+        *args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "distrain_cloud.launcher.cli", *args],
+            cwd=cwd,
+            env=dict(env) if env is not None else {**os.environ, "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run

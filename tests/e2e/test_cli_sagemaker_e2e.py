@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -115,20 +113,9 @@ def role(moto_server):
     )["Role"]["Arn"]
 
 
-def cli(env, *args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "distrain_cloud.launcher.cli", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def test_submit_the_example_then_status_ls_logs_and_cancel(moto_server, env, role, tmp_path):
+def test_submit_the_example_then_status_ls_logs_and_cancel(cli, moto_server, env, role, tmp_path):
     r = cli(
-        env, "submit", str(EXAMPLE), "--region", REGION, "--role", role, "--max-cost", "100", "--json", cwd=tmp_path
+        "submit", str(EXAMPLE), "--region", REGION, "--role", role, "--max-cost", "100", "--json", env=env, cwd=tmp_path
     )
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
@@ -193,66 +180,66 @@ def test_submit_the_example_then_status_ls_logs_and_cancel(moto_server, env, rol
 
     # status, ls, logs, cancel: each its own process, against the same server; the job's record
     # (written at submit) says where it runs, so neither --backend nor --region is needed
-    r = cli(env, "status", job_name, "--json", cwd=tmp_path)
+    r = cli("status", job_name, "--json", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert info["backend"] == "sagemaker"
     assert (info["status"], info["terminal"], info["instance"]) == ("Completed", True, "1 x ml.p3.8xlarge")
     assert info["checkpoints"] == job["CheckpointConfig"]["S3Uri"]
 
-    r = cli(env, "ls", "--json", "--region", REGION, cwd=tmp_path)
+    r = cli("ls", "--json", "--region", REGION, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert job_name in {j["job_name"] for j in json.loads(r.stdout)}
 
-    r = cli(env, "logs", job_name, cwd=tmp_path)
+    r = cli("logs", job_name, env=env, cwd=tmp_path)
     assert (r.returncode, r.stdout) == (0, "")  # moto writes no logs for its jobs
 
-    r = cli(env, "cancel", job_name, cwd=tmp_path)
+    r = cli("cancel", job_name, env=env, cwd=tmp_path)
     assert (r.returncode, r.stdout.strip()) == (0, f"{job_name} already ended: Completed")
 
-    r = cli(env, "wait", job_name, "--poll", "0", cwd=tmp_path)
+    r = cli("wait", job_name, "--poll", "0", env=env, cwd=tmp_path)
     assert r.returncode == 0 and r.stderr.rstrip().endswith(f"{job_name}: Completed / Completed"), r.stderr
 
     # the same code again: the bundle is already there
-    r = cli(env, "submit", str(EXAMPLE), "--region", REGION, "--role", role, cwd=tmp_path)
+    r = cli("submit", str(EXAMPLE), "--region", REGION, "--role", role, env=env, cwd=tmp_path)
     assert r.returncode == 0 and "(code bundle already in S3)" in r.stderr, r.stderr
     assert len(s3.list_objects_v2(Bucket=bucket)["Contents"]) == 1
 
 
-def test_submit_over_budget_exits_non_zero_and_creates_no_job(moto_server, env, role, tmp_path):
+def test_submit_over_budget_exits_non_zero_and_creates_no_job(cli, moto_server, env, role, tmp_path):
     sm = aws_client("sagemaker", moto_server)
     before = {j["TrainingJobName"] for j in sm.list_training_jobs()["TrainingJobSummaries"]}
-    r = cli(env, "submit", str(EXAMPLE), "--region", REGION, "--role", role, "--max-cost", "20", cwd=tmp_path)
+    r = cli("submit", str(EXAMPLE), "--region", REGION, "--role", role, "--max-cost", "20", env=env, cwd=tmp_path)
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("error: plan check failed, nothing was created: cost <= --max-cost 20.0")
     assert {j["TrainingJobName"] for j in sm.list_training_jobs()["TrainingJobSummaries"]} == before
 
 
-def test_status_of_an_unknown_job_is_one_line(env, tmp_path):
-    r = cli(env, "status", "no-such-job", "--region", REGION, cwd=tmp_path)
+def test_status_of_an_unknown_job_is_one_line(cli, env, tmp_path):
+    r = cli("status", "no-such-job", "--region", REGION, env=env, cwd=tmp_path)
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("error: AWS rejected DescribeTrainingJob:")
 
 
-def test_submit_with_only_region_flag_and_no_configured_region(moto_server, env, role, tmp_path):
+def test_submit_with_only_region_flag_and_no_configured_region(cli, moto_server, env, role, tmp_path):
     bare = {k: v for k, v in env.items() if k not in ("AWS_DEFAULT_REGION", "AWS_REGION")}
-    r = cli(bare, "submit", str(EXAMPLE), "--region", REGION, "--role", role, cwd=tmp_path)
+    r = cli("submit", str(EXAMPLE), "--region", REGION, "--role", role, env=bare, cwd=tmp_path)
     assert "no AWS region" not in r.stderr
     assert r.returncode == 0, r.stderr
 
 
-def test_after_infra_up_a_submit_needs_no_role(moto_server, env, tmp_path):
+def test_after_infra_up_a_submit_needs_no_role(cli, moto_server, env, tmp_path):
     """No role and no stack: one line saying to run `infra up`; after it, the stack's role and bucket."""
-    r = cli(env, "submit", "--instance", "ml.g5.xlarge", "--stack", "e2e-stack", cwd=tmp_path)
+    r = cli("submit", "--instance", "ml.g5.xlarge", "--stack", "e2e-stack", env=env, cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     (line,) = r.stderr.strip().splitlines()
     assert "distrain-cloud infra up" in line and "--role" in line, line
 
-    r = cli(env, "infra", "up", "--stack", "e2e-stack", "--yes", cwd=tmp_path)
+    r = cli("infra", "up", "--stack", "e2e-stack", "--yes", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    r = cli(env, "submit", "--instance", "ml.g5.xlarge", "--stack", "e2e-stack", "--json", cwd=tmp_path)
+    r = cli("submit", "--instance", "ml.g5.xlarge", "--stack", "e2e-stack", "--json", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     cf = aws_client("cloudformation", moto_server)

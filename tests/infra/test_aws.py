@@ -227,25 +227,18 @@ def test_ensure_bucket_in_wrong_region(mocked_aws):
         resources.ensure_bucket("distrain-cloud-elsewhere", "us-west-2")
 
 
-def _stubbed_s3(monkeypatch):
-    s3 = aws.client("s3", "us-east-1")
-    monkeypatch.setattr(resources.aws, "client", lambda service, region=None: s3)
-    return Stubber(s3)
+def test_ensure_bucket_owned_by_someone_else(stub_client):
+    stub_client("s3").add_client_error("head_bucket", "403", "Forbidden", 403)
+    with pytest.raises(UserError, match="'taken-bucket' exists but belongs to another account"):
+        resources.ensure_bucket("taken-bucket", "us-east-1")
 
 
-def test_ensure_bucket_owned_by_someone_else(aws_credentials, monkeypatch):
-    with _stubbed_s3(monkeypatch) as stub:
-        stub.add_client_error("head_bucket", "403", "Forbidden", 403)
-        with pytest.raises(UserError, match="'taken-bucket' exists but belongs to another account"):
-            resources.ensure_bucket("taken-bucket", "us-east-1")
-
-
-def test_ensure_bucket_name_taken_on_create(aws_credentials, monkeypatch):
-    with _stubbed_s3(monkeypatch) as stub:
-        stub.add_client_error("head_bucket", "404", "Not Found", 404)
-        stub.add_client_error("create_bucket", "BucketAlreadyExists", "The bucket name is not available", 409)
-        with pytest.raises(UserError, match="'taken-bucket' is taken by another account"):
-            resources.ensure_bucket("taken-bucket", "us-east-1")
+def test_ensure_bucket_name_taken_on_create(stub_client):
+    stub = stub_client("s3")
+    stub.add_client_error("head_bucket", "404", "Not Found", 404)
+    stub.add_client_error("create_bucket", "BucketAlreadyExists", "The bucket name is not available", 409)
+    with pytest.raises(UserError, match="'taken-bucket' is taken by another account"):
+        resources.ensure_bucket("taken-bucket", "us-east-1")
 
 
 def test_check_role(mocked_aws):

@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -55,18 +53,7 @@ def test_local_refuses_what_it_cannot_do(tmp_path):
         plan_job(local_spec(tmp_path, strategy="single", **{"local.processes": 2}))
 
 
-def cli(*args, cwd, env=None, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "distrain_cloud.launcher.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-    )
-
-
-def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
+def test_dry_run_prints_the_plan_and_runs_nothing(cli, tmp_path):
     r = cli("submit", "--instance", "local", "--dry-run", "--json", "--", "--max-steps", "3", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
@@ -74,7 +61,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_bad_flag_value_is_one_line_and_creates_nothing(tmp_path):
+def test_bad_flag_value_is_one_line_and_creates_nothing(cli, tmp_path):
     r = cli("submit", "--instance", "local", "--strategy", "zero9", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
@@ -85,7 +72,7 @@ def test_bad_flag_value_is_one_line_and_creates_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_submit_local_runs_the_offline_default_end_to_end(tmp_path):
+def test_submit_local_runs_the_offline_default_end_to_end(cli, tmp_path):
     r = cli(
         "submit",
         "--instance",
@@ -98,7 +85,8 @@ def test_submit_local_runs_the_offline_default_end_to_end(tmp_path):
         "--eval-every",
         "20",
         cwd=tmp_path,
-        env={"WANDB_MODE": "", "WANDB_API_KEY": ""},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "", "WANDB_API_KEY": ""},
+        timeout=300,
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     (root,) = (tmp_path / "runs").iterdir()
@@ -114,7 +102,9 @@ def test_submit_local_runs_the_offline_default_end_to_end(tmp_path):
     assert list((root / "output" / "wandb").glob("offline-run-*"))
     # ls and status read the job back with no --backend: ls lists every backend (SageMaker, with no
     # credentials here, is noted and skipped); status follows the job's record, from any folder
-    ls = cli("ls", "--json", cwd=tmp_path, env={"AWS_ACCESS_KEY_ID": "", "AWS_EC2_METADATA_DISABLED": "true"})
+    ls = cli(
+        "ls", "--json", cwd=tmp_path, env={**os.environ, "AWS_ACCESS_KEY_ID": "", "AWS_EC2_METADATA_DISABLED": "true"}
+    )
     assert [(j["job_name"], j["backend"]) for j in json.loads(ls.stdout)] == [(root.name, "local")]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

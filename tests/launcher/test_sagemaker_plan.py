@@ -11,8 +11,6 @@ import json
 import os
 import re
 import socket
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -437,18 +435,7 @@ def test_with_no_role_the_plan_names_the_stack_it_will_use(offline):
 # ---------------------------------------------------------------- the real CLI, no credentials at all
 
 
-def cli(*args, env, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "distrain_cloud.launcher.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def test_cli_dry_run_needs_no_credentials(tmp_path):
+def test_cli_dry_run_needs_no_credentials(cli, tmp_path):
     r = cli("submit", str(EXAMPLE), "--dry-run", "--json", env=_no_aws_env(tmp_path), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
@@ -461,7 +448,7 @@ def test_cli_dry_run_needs_no_credentials(tmp_path):
     assert human.returncode == 0 and "4 per node" in human.stdout and "[FAIL]" not in human.stdout
 
 
-def test_cli_dry_run_opens_no_connection(tmp_path):
+def test_cli_dry_run_opens_no_connection(cli, tmp_path):
     """With credentials present and every endpoint pointed at a listening socket, nothing connects."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -481,20 +468,20 @@ def test_cli_dry_run_opens_no_connection(tmp_path):
             listener.accept()
 
 
-def test_cli_dry_run_over_budget_exits_non_zero(tmp_path):
+def test_cli_dry_run_over_budget_exits_non_zero(cli, tmp_path):
     r = cli("submit", str(EXAMPLE), "--max-cost", "10", "--dry-run", env=_no_aws_env(tmp_path), cwd=tmp_path)
     assert r.returncode == 1
     assert "[FAIL] cost <= --max-cost 10.0" in r.stdout
 
 
-def test_cli_incompatible_image_is_one_line(tmp_path):
+def test_cli_incompatible_image_is_one_line(cli, tmp_path):
     r = cli("submit", str(EXAMPLE), "--image-uri", CU130_IMAGE, "--dry-run", env=_no_aws_env(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("error: image ") and "ml.p3.8xlarge" in line and "drop --image-uri" in line
 
 
-def test_a_malformed_secret_flag_never_echoes_what_was_pasted(tmp_path):
+def test_a_malformed_secret_flag_never_echoes_what_was_pasted(cli, tmp_path):
     r = cli(
         "submit", str(EXAMPLE), "--secret", "hf_pastedtokenvalue", "--dry-run", env=_no_aws_env(tmp_path), cwd=tmp_path
     )
