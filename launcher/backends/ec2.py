@@ -451,15 +451,10 @@ class Ec2Backend:
     def status(self, job: JobRef) -> dict[str, Any]:
         from distrain_cloud.infra import aws
 
-        region = aws.region(job.region)
-        bucket, prefix = job_location(job.name, region)
+        region, bucket, prefix, description = described(job)
         with aws.translate_errors():
-            s3 = aws.client("s3", region)
-            description = _read_json(s3, bucket, f"{_job_prefix(prefix, job.name)}/job.json")
-            if description is None:
-                raise UserError(f"no EC2 job {job.name} in s3://{bucket}/{prefix}/jobs/ ({region})")
-            found = job_files(s3, bucket, prefix, job.name)
-            instances = tagged_instances(region, job.name).get(job.name, [])
+            found = job_files(aws.client("s3", region), bucket, prefix, job.name)
+        instances = tagged_instances(region, job.name).get(job.name, [])
         return job_status(description, found, instances, now=time.time())
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
@@ -484,14 +479,7 @@ class Ec2Backend:
         return rows
 
     def logs(self, job: JobRef, *, follow: bool = False) -> int:
-        from distrain_cloud.infra import aws
-
-        region = aws.region(job.region)
-        bucket, prefix = job_location(job.name, region)
-        with aws.translate_errors():
-            description = _read_json(aws.client("s3", region), bucket, f"{_job_prefix(prefix, job.name)}/job.json")
-        if description is None:
-            raise UserError(f"no EC2 job {job.name} in s3://{bucket}/{prefix}/jobs/ ({region})")
+        region, _, _, description = described(job)
         done: Callable[[], bool] = (lambda: bool(self.status(job)["terminal"])) if follow else (lambda: True)
         return cloud.print_logs(region, description["log_group"], job.name, lambda s: s.split("/", 1)[-1], done)
 
@@ -523,17 +511,10 @@ class Ec2Backend:
     def job_spec(self, job: JobRef) -> JobSpec | None:
         """The spec job `job` was submitted with, from its job description in S3 (for `resume`
         from a machine that has no record of it)."""
-        from distrain_cloud.infra import aws
-
         from ..spec import JobSpec
 
-        region = aws.region(job.region)
-        bucket, prefix = job_location(job.name, region)
-        with aws.translate_errors():
-            description = _read_json(aws.client("s3", region), bucket, f"{_job_prefix(prefix, job.name)}/job.json")
-        if not description or "spec" not in description:
-            return None
-        return JobSpec.model_validate(description["spec"])
+        description = described(job)[3]
+        return JobSpec.model_validate(description["spec"]) if "spec" in description else None
 
 
 # ---------------------------------------------------------------------- the request
@@ -891,6 +872,21 @@ def job_location(job_name: str, region: str) -> tuple[str, str]:
     return stack_resources(str(record.get("stack") or DEFAULT_STACK), region).bucket, str(
         record.get("prefix", "distrain-cloud")
     )
+
+
+def described(job: JobRef) -> tuple[str, str, str, dict[str, Any]]:
+    """(region, bucket, prefix, job.json) of EC2 job `job`; one-line UserError when there is none."""
+    from distrain_cloud.infra import aws
+
+    region = aws.region(job.region)
+    bucket, prefix = job_location(job.name, region)
+    with aws.translate_errors():
+        description = _read_json(aws.client("s3", region), bucket, f"{_job_prefix(prefix, job.name)}/job.json")
+    if description is None:
+        raise UserError(
+            f"no EC2 job {job.name} in s3://{bucket}/{prefix}/jobs/ ({region}); `distrain-cloud ls` lists the jobs"
+        )
+    return region, bucket, prefix, description
 
 
 def _places(region: str) -> list[tuple[str, str]]:

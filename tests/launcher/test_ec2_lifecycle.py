@@ -376,6 +376,15 @@ def test_status_follows_the_nodes_from_launch_to_completion(stack, capsys):
     assert code == 0 and json.loads(out)["status"] == "Completed" and json.loads(out)["backend"] == "ec2"
 
 
+def test_status_of_an_unknown_job_is_one_line(stack, capsys):
+    code, out, err = run_cli(capsys, "status", "nope-1", "--backend", "ec2", "--region", REGION)
+    assert code == 2 and out == ""
+    assert err.strip() == (
+        "error: no EC2 job nope-1 in s3://stack-bucket/distrain-cloud/jobs/ (us-east-1); "
+        "`distrain-cloud ls` lists the jobs"
+    )
+
+
 def test_ls_lists_ec2_jobs_newest_first(stack, capsys):
     first, _ = submitted()
     time.sleep(1.01)  # job names carry the second they were made
