@@ -981,9 +981,11 @@ class Agent:
         except Exception as e:  # the records in S3 are what status reads; a tag is a convenience
             self.sink.agent(f"could not tag {self.me.instance_id} ({_short(e)})")
 
-    def finish(self, result: Outcome) -> None:
-        """The final record, the tag and the log copy; each failure here is logged, never raised."""
+    def finish(self, result: Outcome) -> bool:
+        """The final record, the tag and the log copy; each failure here is logged, never raised.
+        -> whether the final record was written."""
         self.sink.agent(f"final status {result.status} (exit {result.exit_code}) {result.reason}".rstrip())
+        written = []
         for what, action in (
             ("final record", lambda: self.write_final(result)),
             ("status tag", lambda: self.tag(result.status)),
@@ -991,8 +993,10 @@ class Agent:
         ):
             try:
                 action()
+                written.append(what)
             except Exception as e:
                 self.sink.agent(f"{what} not written ({_short(e)})")
+        return "final record" in written
 
 
 # What a training process prints when another node's process went away in a collective.
@@ -1050,8 +1054,10 @@ def power_off(command: str) -> None:
 
 
 def run_node(job_uri: str, settings: Settings, sink: LogSink, signalled: threading.Event) -> int:
-    """This node's whole job; -> the agent's exit code. Failures before the job description is read
-    are recorded beside job.json when the bucket can be reached at all."""
+    """This node's whole job; -> the agent's exit code: 0 once this node's final record is written,
+    whatever its status (the record says how the job went; the user data's fallback, which records
+    "the node agent exited with code N", is for an agent that could not say it). Failures before the
+    job description is read are recorded beside job.json when the bucket can be reached at all."""
     from distrain_cloud.infra.aws import client
 
     try:
@@ -1073,13 +1079,12 @@ def run_node(job_uri: str, settings: Settings, sink: LogSink, signalled: threadi
         sink.agent(f"failed: {reason}")
         record = {"status": "Failed", "exit_code": 1, "reason": reason, "step": None, "instance_id": me.instance_id}
         store.put_json(f"{key.rpartition('/')[0]}/nodes/{me.launch_index}.json", {**record, "time": time.time()})
-        return 1
+        return 0
     sink.to_cloudwatch(client("logs", job.region), job.log_group, job.stream(me.launch_index), settings.log_flush_s)
     agent = Agent(job, me, settings, store=store, imds=imds, sink=sink, ec2=client("ec2", job.region))
     agent.signalled = signalled
     result = agent.run()
-    agent.finish(result)
-    return {"Completed": 0, "Failed": 1}.get(result.status, STOP_EXIT_CODE)
+    return 0 if agent.finish(result) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> None:

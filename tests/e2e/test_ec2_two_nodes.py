@@ -28,16 +28,24 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ is not a package
 from imds import FakeImds  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.multiprocess,
+    pytest.mark.filterwarnings("ignore:Tried to parse AWS::.*not supported by moto:UserWarning"),  # infra up
+]
 
 REPO = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
-BUCKET = "distrain-e2e-bucket"
-PREFIX = "distrain"
-LOG_GROUP = "/distrain-cloud/e2e"
+PREFIX = "distrain-cloud"  # the spec's default ec2.prefix
+AMI = "ami-dca37ea5"  # a Deep Learning AMI in moto's image list (moto cannot serve the DLAMI SSM parameters)
 NODE_TIMEOUT_S = 300
 # Long enough for a spot notice to land mid-run; a checkpoint every 3 steps and at the stop.
 FLAGS = ["--max-steps", "24", "--save-every", "3", "--log-every", "1", "--report-to", "none"]
+# A CPU instance type: the launcher renders one process per node, --precision no and gloo, which is
+# what this machine can run (a GPU type such as g4dn.12xlarge renders 4 fp16 processes per node; its
+# plans are tested in tests/launcher/test_ec2_plan.py).
+JOB_YAML = f"instance: c5.2xlarge\nnodes: 2\nmax_run: 30m\nregion: {REGION}\nec2:\n  ami_id: {AMI}\n"
+SUBMIT = ["submit", "job.yaml"]
 # Variables of this process that would change what a node does.
 _STRIPPED_PREFIXES = ("AWS_", "DISTRAIN_", "SM_", "WANDB_", "ACCELERATE_", "DS_", "TORCHELASTIC_", "SKYPILOT_")
 _STRIPPED = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"}
@@ -45,8 +53,11 @@ _STRIPPED = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADD
 
 @pytest.fixture(scope="module")
 def moto_url():
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -81,52 +92,53 @@ class Rehearsal:
     def __init__(self, url: str, root: Path) -> None:
         self.url, self.root = url, root
         self.s3, self.ec2, self.logs = aws("s3", url), aws("ec2", url), aws("logs", url)
-        self.s3.create_bucket(Bucket=BUCKET)
-        self.logs.create_log_group(logGroupName=LOG_GROUP)  # the infra stack's, in real life
         self.caches = root / "caches"
+        self.stack_up = False
+        (root / "job.yaml").write_text(JOB_YAML)
 
-    # -- what the launcher does (until `distrain-cloud submit` renders EC2 jobs)
+    # -- what the user does: the real CLI, in its own process, against the moto server
 
-    def launch(self, job: str, lineage: str, attempt: int, flags: list[str]) -> list[dict]:
-        from distrain_cloud.launcher.bundle import build_bundle, bundle_key
-
-        bundle = build_bundle(REPO)
-        code_key = bundle_key(PREFIX, bundle.sha256)
-        self.s3.put_object(Bucket=BUCKET, Key=code_key, Body=bundle.data)
-        job_prefix = f"{PREFIX}/jobs/{job}"
-        description = {
-            "job": job,
-            "lineage": lineage,
-            "attempt": attempt,
-            "nodes": 2,
-            "processes_per_node": 1,
-            "train_argv": flags,
-            "secrets": {},
-            "region": REGION,
-            "bucket": BUCKET,
-            "prefix": PREFIX,
-            "code_sha256": bundle.sha256,
-            "deadline": time.time() + 3600,
-            "log_group": LOG_GROUP,
-            "stack_tag": {"Key": "distrain-cloud:stack", "Value": "e2e"},
-            "rendezvous_timeout_s": 120,
-            "checkpoint_uri": f"s3://{BUCKET}/{PREFIX}/checkpoints/{lineage}/",
-            "model_uri": f"s3://{BUCKET}/{job_prefix}/model/",
-            "output_uri": f"s3://{BUCKET}/{job_prefix}/output/",
-            "main_port": _free_port(),
-        }
-        self.s3.put_object(Bucket=BUCKET, Key=f"{job_prefix}/job.json", Body=json.dumps(description).encode())
-        user_data = _user_data(f"s3://{BUCKET}/{job_prefix}/job.json", code_key, bundle.sha256)
-        ami = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-        reservation = self.ec2.run_instances(
-            ImageId=ami,
-            MinCount=2,
-            MaxCount=2,
-            InstanceType="g4dn.12xlarge",
-            UserData=user_data,
-            TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "distrain-cloud:job", "Value": job}]}],
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        home = self.root / "cli-home"
+        home.mkdir(exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DISTRAIN_"))}
+        env.update(
+            HOME=str(home),
+            DISTRAIN_HOME=str(home / "distrain"),
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_REGION=REGION,
+            AWS_ENDPOINT_URL=self.url,
+            AWS_EC2_METADATA_DISABLED="true",
         )
-        return sorted(reservation["Instances"], key=lambda i: i["AmiLaunchIndex"])
+        return subprocess.run(
+            [sys.executable, "-m", "distrain_cloud.launcher.cli", *args],
+            env=env,
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+    def submit(self, *args: str) -> tuple[str, list[dict]]:
+        """`distrain-cloud ARGS` (submit or resume) -> the new job's name and its instances."""
+        if not self.stack_up:
+            up = self.cli("infra", "up", "--yes")
+            assert up.returncode == 0, up.stderr
+            self.stack_up = True
+        r = self.cli(*args)
+        assert r.returncode == 0, r.stderr
+        job = next(line.split()[1].rstrip(":") for line in r.stderr.splitlines() if line.startswith("submitted "))
+        return job, self.instances(job)
+
+    def instances(self, job: str) -> list[dict]:
+        found = self.ec2.describe_instances(Filters=[{"Name": "tag:distrain-cloud:job", "Values": [job]}])
+        return sorted((i for r in found["Reservations"] for i in r["Instances"]), key=lambda i: i["AmiLaunchIndex"])
+
+    def status(self, job: str) -> dict:
+        r = self.cli("status", job, "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
 
     # -- what EC2 does
 
@@ -244,19 +256,39 @@ class Rehearsal:
 
     # -- what the user sees
 
+    @property
+    def bucket(self) -> str:
+        """The stack's bucket (the only one in this moto server)."""
+        return self.s3.list_buckets()["Buckets"][0]["Name"]
+
+    def description(self, job: str) -> dict:
+        """The job.json the launcher wrote for `job`."""
+        key = f"{PREFIX}/jobs/{job}/job.json"
+        return json.loads(self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+
     def record(self, job: str, rank: int) -> dict:
         key = f"{PREFIX}/jobs/{job}/nodes/{rank}.json"
-        return json.loads(self.s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+        return json.loads(self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read())
 
-    def keys(self, prefix: str) -> list[str]:
-        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
-        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+    def keys(self, uri: str) -> list[str]:
+        """Every key under s3 `uri`, relative to it."""
+        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(o["Key"][len(prefix) :] for page in pages for o in page.get("Contents", []))
 
     def losses(self, job: str) -> dict[int, float]:
         """step -> train_loss from the job's metrics.jsonl in S3 (rank 0 uploads it)."""
-        body = self.s3.get_object(Bucket=BUCKET, Key=f"{PREFIX}/jobs/{job}/output/metrics.jsonl")["Body"].read()
+        key = f"{PREFIX}/jobs/{job}/output/metrics.jsonl"
+        body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
         records = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
         return {r["step"]: r["train_loss"] for r in records if "train_loss" in r}
+
+    def log_lines(self, job: str, rank: int) -> list[str]:
+        group = self.description(job)["log_group"]
+        pages = self.logs.get_paginator("filter_log_events").paginate(
+            logGroupName=group, logStreamNames=[f"{job}/node-{rank}"]
+        )
+        return [e["message"] for page in pages for e in page["events"]]
 
     def states(self, instances: list[dict]) -> list[str]:
         ids = [i["InstanceId"] for i in instances]
@@ -274,36 +306,6 @@ def _collect(proc: subprocess.Popen, lines: list[str], watch, fakes: list[FakeIm
             watch[2](fakes)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _user_data(job_uri: str, code_key: str, sha256: str) -> str:
-    """A stand-in for the launcher's user data, following the contract (docs/ec2.md)."""
-    return f"""#!/bin/bash
-${{DISTRAIN_EC2_HARD_STOP:-shutdown -h}} +70 || true
-set -euo pipefail
-export AWS_DEFAULT_REGION={REGION} AWS_REGION={REGION}
-PY="${{DISTRAIN_EC2_PYTHON:-/opt/pytorch/bin/python}}"
-export WORK="${{DISTRAIN_EC2_WORK:-/opt/distrain}}"
-POWEROFF="${{DISTRAIN_EC2_POWEROFF:-shutdown -h now}}"
-mkdir -p "$WORK/code"
-"$PY" - <<'DISTRAIN_FETCH' || {{ $POWEROFF; exit 1; }}
-import boto3, hashlib, io, os, sys, tarfile
-data = boto3.client("s3").get_object(Bucket={BUCKET!r}, Key={code_key!r})["Body"].read()
-if hashlib.sha256(data).hexdigest() != {sha256!r}:
-    sys.exit("bundle hash mismatch")
-tarfile.open(fileobj=io.BytesIO(data)).extractall(os.path.join(os.environ["WORK"], "code"))
-DISTRAIN_FETCH
-export PYTHONPATH="$WORK/code"
-exec "$PY" -m distrain_cloud.training.node_agent --job {job_uri}
-"""
-
-
 @pytest.fixture(scope="module")
 def rehearsal(moto_url, tmp_path_factory) -> Rehearsal:
     return Rehearsal(moto_url, tmp_path_factory.mktemp("ec2"))
@@ -312,9 +314,8 @@ def rehearsal(moto_url, tmp_path_factory) -> Rehearsal:
 @pytest.fixture(scope="module")
 def completed(rehearsal):
     """An uninterrupted two-node job: the baseline of the interruption test too."""
-    instances = rehearsal.launch("e2e-full-a1", "e2e-full", 1, FLAGS)
-    nodes = rehearsal.run_nodes(instances)
-    return instances, nodes
+    job, instances = rehearsal.submit(*SUBMIT, "--", *FLAGS)
+    return job, instances, rehearsal.run_nodes(instances)
 
 
 def describe(nodes: list[NodeRun]) -> str:
@@ -322,9 +323,11 @@ def describe(nodes: list[NodeRun]) -> str:
 
 
 def test_two_nodes_train_from_the_user_data_and_leave_everything_in_s3(rehearsal, completed):
-    instances, nodes = completed
+    job, instances, nodes = completed
     assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
-    job = "e2e-full-a1"
+    assert rehearsal.status(job)["status"] == "Completed"
+    description = rehearsal.description(job)
+    assert description["processes_per_node"] == 1
     for rank in (0, 1):
         record = rehearsal.record(job, rank)
         assert (record["status"], record["exit_code"]) == ("Completed", 0), record
@@ -335,54 +338,48 @@ def test_two_nodes_train_from_the_user_data_and_leave_everything_in_s3(rehearsal
     assert "node_launch node_rank=1 nodes=2 processes=2" in nodes[1].output
     assert sorted(rehearsal.losses(job)) == list(range(1, 25))
     # The model, and complete checkpoints holding every node's files.
-    assert f"{PREFIX}/jobs/{job}/model/model.safetensors" in rehearsal.keys(f"{PREFIX}/jobs/{job}/model/")
-    ckpt = rehearsal.keys(f"{PREFIX}/checkpoints/e2e-full/")
-    complete = sorted({k.split("/")[3] for k in ckpt if k.endswith("/COMPLETE")})
+    assert "model.safetensors" in rehearsal.keys(description["model_uri"])
+    ckpt = rehearsal.keys(description["checkpoint_uri"])
+    complete = sorted(k.split("/")[0] for k in ckpt if k.endswith("/COMPLETE"))
     assert complete == ["checkpoint-00000021", "checkpoint-00000024"]  # --keep-checkpoints 2
     for name in complete:
-        files = {k.rsplit("/", 1)[1] for k in ckpt if f"/{name}/" in k}
+        files = {k.split("/", 1)[1] for k in ckpt if k.startswith(name + "/")}
         assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl"} <= files
     # One CloudWatch stream per node, with the training output in it.
     for rank in (0, 1):
-        events = rehearsal.logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=f"{job}/node-{rank}")
-        messages = [e["message"] for e in events["events"]]
-        assert any("final status Completed" in m for m in messages), messages[-5:]
-    assert any(m.startswith("step=24 ") for m in messages_of(rehearsal, job, 0))
+        lines = rehearsal.log_lines(job, rank)
+        assert any("final status Completed" in m for m in lines), lines[-5:]
+    assert any(m.startswith("step=24 ") for m in rehearsal.log_lines(job, 0))
     # Every instance powered itself off and is terminated.
     assert all((n.work / "powered-off").is_file() for n in nodes)
     assert rehearsal.states(instances) == ["terminated", "terminated"]
 
 
-def messages_of(rehearsal: Rehearsal, job: str, rank: int) -> list[str]:
-    pages = rehearsal.logs.get_paginator("filter_log_events").paginate(
-        logGroupName=LOG_GROUP, logStreamNames=[f"{job}/node-{rank}"]
-    )
-    return [e["message"] for page in pages for e in page["events"]]
-
-
 def test_a_spot_notice_on_one_node_checkpoints_both_and_resume_matches_the_uninterrupted_run(rehearsal, completed):
-    baseline = rehearsal.losses("e2e-full-a1")
-    first = rehearsal.launch("e2e-spot-a1", "e2e-spot", 1, FLAGS)
+    baseline = rehearsal.losses(completed[0])
+    job, first = rehearsal.submit(*SUBMIT, "--spot", "--", *FLAGS)
     # The notice comes to node 1 once node 0 has trained a few steps.
     nodes = rehearsal.run_nodes(first, when_line=(0, "step=4 ", lambda fakes: fakes[1].set_spot_notice()))
     for rank in (0, 1):
-        record = rehearsal.record("e2e-spot-a1", rank)
+        record = rehearsal.record(job, rank)
         assert (record["status"], record["exit_code"]) == ("Interrupted", 143), describe(nodes)
         assert record["reason"].startswith("spot interruption notice on node 1")
+    assert rehearsal.status(job)["status"] == "Interrupted"
     assert rehearsal.states(first) == ["terminated", "terminated"]
-    interrupted = rehearsal.losses("e2e-spot-a1")
+    interrupted = rehearsal.losses(job)
     stopped_at = max(interrupted)
     assert 4 <= stopped_at < 24
-    assert f"{PREFIX}/checkpoints/e2e-spot/checkpoint-{stopped_at:08d}/COMPLETE" in rehearsal.keys(
-        f"{PREFIX}/checkpoints/e2e-spot/"
-    )
+    checkpoints = rehearsal.description(job)["checkpoint_uri"]
+    assert f"checkpoint-{stopped_at:08d}/COMPLETE" in rehearsal.keys(checkpoints)
 
     # A new attempt of the same lineage, on new instances: both nodes restore, training goes on.
-    second = rehearsal.launch("e2e-spot-a2", "e2e-spot", 2, FLAGS)
+    again, second = rehearsal.submit("resume", job)
+    assert rehearsal.description(again)["checkpoint_uri"] == checkpoints
     nodes = rehearsal.run_nodes(second)
     assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
     for n in nodes:
         assert f"restored checkpoint-{stopped_at:08d}" in n.output
-    resumed = rehearsal.losses("e2e-spot-a2")
+    resumed = rehearsal.losses(again)
     assert min(resumed) == stopped_at + 1
     assert {**interrupted, **resumed} == baseline  # exact, step by step
+    assert rehearsal.status(again)["status"] == "Completed"
