@@ -613,8 +613,9 @@ class Outcome:
     step: int | None = None
 
 
-def outcome(code: int, stop: Stop | None, failure_line: str | None, last_line: str) -> Outcome:
-    """What this node's launcher exit means.
+def outcome(code: int, stop: Stop | None, failure_line: str | None, unexplained: str) -> Outcome:
+    """What this node's launcher exit means. `failure_line` is the job's own one-line explanation
+    (the contract's failure file); `unexplained` the reason to give when there is none.
 
     Once a stop was asked for, a non-zero exit that explained no failure is a clean stop: a node
     whose trainer stopped because a peer's did (they agree collectively) may exit before its own
@@ -624,10 +625,25 @@ def outcome(code: int, stop: Stop | None, failure_line: str | None, last_line: s
         return Outcome("Completed", 0, "")
     if stop is not None and (code == STOP_EXIT_CODE or not failure_line):
         return Outcome(STOP_STATUS.get(stop.reason, "Stopped"), STOP_EXIT_CODE, stop.detail)
-    if failure_line:
-        return Outcome("Failed", code, failure_line)
-    tail = f": {last_line.strip()[:200]}" if last_line.strip() else ""
-    return Outcome("Failed", code, f"training exited with code {code}{tail}")
+    return Outcome("Failed", code, failure_line or unexplained)
+
+
+# A worker's exception line ("RuntimeError: CUDA out of memory ..."), not torchrun's own report of it.
+_EXCEPTION = re.compile(r"^[\w.]*(Error|Exception)\b[^:]*: ")
+_LAUNCHER_REPORTS = ("ChildFailedError", "SignalException")
+
+
+def unexplained_failure(code: int, lines: Sequence[str]) -> str:
+    """One line for a launcher that failed without a failure file: the worker's exception, else the
+    signal torchrun saw kill it, else the last line with words in it."""
+    text = [line.strip() for line in lines if line.strip()]
+    exception = next(
+        (t for t in reversed(text) if _EXCEPTION.match(t) and not any(r in t for r in _LAUNCHER_REPORTS)), None
+    )
+    killed = next((t.split(":", 1)[1].strip() for t in reversed(text) if re.match(r"^traceback\s*: Signal", t)), None)
+    last = next((t for t in reversed(text) if re.search(r"[A-Za-z]{3}", t)), None)
+    detail = exception or killed or last
+    return f"training exited with code {code}" + (f": {detail[:200]}" if detail else "")
 
 
 class Agent:
@@ -662,7 +678,6 @@ class Agent:
         )
         self.stop: Stop | None = None
         self.step: int | None = None
-        self.last_line = ""
         self._last_heartbeat = 0.0
         self._peer_etags: dict[str, str] = {}
         self._peer_records: dict[str, dict[str, Any]] = {}
@@ -826,7 +841,7 @@ class Agent:
             return Outcome(STOP_STATUS.get(self.stop.reason, "Stopped"), STOP_EXIT_CODE, self.stop.detail)
         code = self.supervise(sync)
         self.final_sync(sync)
-        result = outcome(code, self.stop, self._failure_line(), self.last_line)
+        result = outcome(code, self.stop, self._failure_line(), unexplained_failure(code, self.tail))
         result.step = self.step
         if self.rank == 0:
             self.upload_results(model=result.status == "Completed")
@@ -902,7 +917,7 @@ class Agent:
                 break
             time.sleep(min(self.settings.poll_s, 1.0))
         if self.stop is None:
-            self._stop_others_after_failure(self._failure_line() or f"training exited with code {code}")
+            self._stop_others_after_failure(self._failure_line() or unexplained_failure(code, self.tail))
 
     def _read_output(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
@@ -910,8 +925,6 @@ class Agent:
             line = raw.decode(errors="replace").rstrip("\n")
             self.sink.write(line)
             self.tail.append(line)
-            if line.strip():
-                self.last_line = line
             m = re.match(r"^step=(\d+) ", line)
             if m:
                 self.step = int(m.group(1))

@@ -1,7 +1,8 @@
 """Rehearse a two-node EC2 job on this machine: the user data that was sent to (mocked) EC2 is read
 back and run with bash once per node, and the tiny job trains across both nodes on CPU.
 
-Stand-ins: a moto server for S3, EC2 and CloudWatch Logs; one fake IMDSv2 server per node
+The job goes through the real CLI (`infra up`, `submit`, `status`, `resume`), each a process of
+its own. Stand-ins: a moto server for S3, EC2 and CloudWatch Logs; one fake IMDSv2 server per node
 (tests/imds.py) giving each its instance id, launch index, reservation id and role credentials,
 exactly as an instance's metadata service does (the node processes hold no keys). The rehearsal
 switches (docs/ec2.md) point the user data at this venv's python, a work folder per node, and a
@@ -31,7 +32,7 @@ from imds import FakeImds  # noqa: E402
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.multiprocess,
-    pytest.mark.filterwarnings("ignore:Tried to parse AWS::.*not supported by moto:UserWarning"),  # infra up
+    pytest.mark.filterwarnings("ignore:Tried to parse AWS:UserWarning"),  # infra up
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -383,3 +384,30 @@ def test_a_spot_notice_on_one_node_checkpoints_both_and_resume_matches_the_unint
     assert min(resumed) == stopped_at + 1
     assert {**interrupted, **resumed} == baseline  # exact, step by step
     assert rehearsal.status(again)["status"] == "Completed"
+
+
+def test_a_node_whose_training_dies_fails_the_job_and_the_other_node_stops(rehearsal):
+    job, instances = rehearsal.submit(*SUBMIT, "--", *FLAGS)
+    # Node 1's training process is killed (kill -9) after step 5; node 0's loses its peer.
+    nodes = rehearsal.run_nodes(instances, env={1: {"DISTRAIN_TEST_KILL_AT_STEP": "5"}})
+    failed, stopped = rehearsal.record(job, 1), rehearsal.record(job, 0)
+    assert failed["status"] == "Failed", describe(nodes)
+    assert failed["reason"].startswith("training exited with code 1: Signal 9 (SIGKILL) received by PID"), failed
+    assert (stopped["status"], stopped["reason"]) == ("Stopped", f"node 1 failed: {failed['reason']}"), describe(nodes)
+    status = rehearsal.status(job)
+    assert status["status"] == "Failed", status
+    assert rehearsal.states(instances) == ["terminated", "terminated"]
+
+
+def test_a_swapped_bundle_fails_every_node_before_anything_runs(rehearsal):
+    job, instances = rehearsal.submit(*SUBMIT, "--", *FLAGS)
+    description = rehearsal.description(job)
+    key = f"{PREFIX}/code/{description['code_sha256']}.tar.gz"
+    rehearsal.s3.put_object(Bucket=rehearsal.bucket, Key=key, Body=b"not the planned bundle")
+    nodes = rehearsal.run_nodes(instances)
+    for rank in (0, 1):
+        record = rehearsal.record(job, rank)
+        assert record["status"] == "Failed" and record["reason"].startswith("bundle hash mismatch"), describe(nodes)
+        assert "node_agent" not in nodes[rank].output  # nothing from the bundle ran
+    assert rehearsal.status(job)["status"] == "Failed"
+    assert rehearsal.states(instances) == ["terminated", "terminated"]

@@ -39,6 +39,7 @@ from distrain_cloud.training.node_agent import (  # noqa: E402
     outcome,
     rendezvous,
     restore_checkpoint,
+    unexplained_failure,
 )
 
 REGION = "us-east-1"
@@ -325,8 +326,34 @@ def test_log_batches_respect_cloudwatch_limits_and_time_order():
     ],
 )
 def test_outcome_of_a_launcher_exit(code, stop, failure, status, exit_code, reason):
-    got = outcome(code, stop, failure, "boom")
+    got = outcome(code, stop, failure, f"training exited with code {code}: boom")
     assert (got.status, got.exit_code, got.reason) == (status, exit_code, reason)
+
+
+# The end of what node_launch prints when torchrun reports a worker that died (as seen in the rehearsal).
+TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+======================================================
+distrain_cloud.training FAILED
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 0)
+  exitcode  : -9 (pid: 23508)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 23508
+======================================================
+"""
+
+
+def test_an_unexplained_failure_is_told_by_the_workers_exception_or_signal():
+    assert unexplained_failure(1, TORCHRUN_REPORT.splitlines()) == (
+        "training exited with code 1: Signal 9 (SIGKILL) received by PID 23508"
+    )
+    oom = ["Traceback (most recent call last):", '  File "x.py", line 1', "torch.OutOfMemoryError: CUDA out of memory."]
+    assert unexplained_failure(1, oom + TORCHRUN_REPORT.replace("Signal 9", "To enable").splitlines()) == (
+        "training exited with code 1: torch.OutOfMemoryError: CUDA out of memory."
+    )
+    assert unexplained_failure(3, ["", "====="]) == "training exited with code 3"
 
 
 # ----------------------------------------------------------------------------- agents on threads
