@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -613,3 +614,88 @@ def test_a_node_that_lost_its_peer_lets_the_peer_that_failed_take_the_blame(clus
     results = c.run()
     assert (results[1].status, results[1].reason) == ("Failed", "fake trainer failed on purpose")
     assert (results[0].status, results[0].reason) == ("Stopped", "node 1 failed: fake trainer failed on purpose")
+
+
+def test_sigterm_to_the_agent_stops_every_node(cluster):
+    # What the hard stop (shutdown -h) or an operator's kill sends the agent itself.
+    c = cluster()
+    agents = {r: c.agent(r) for r in (0, 1)}
+    threading.Timer(1.5, agents[0].signalled.set).start()
+    results = {}
+
+    def go(rank: int) -> None:
+        results[rank] = agents[rank].run()
+        c.sinks[rank].close()
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert {r: (o.status, o.reason) for r, o in results.items()} == {
+        0: ("Stopped", "node 0's instance is shutting down"),
+        1: ("Stopped", "node 0's instance is shutting down"),
+    }
+
+
+def agent_process(env: dict[str, str], job_uri: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DISTRAIN_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "distrain_cloud.training.node_agent", "--job", job_uri],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_agent_powers_off_on_every_path_even_before_it_knows_the_job(tmp_path):
+    from moto.server import ThreadedMotoServer
+
+    poweroff = f"echo powered-off >> {tmp_path}/poweroff.log"
+    # No metadata service at all: nothing can be recorded, the instance still goes.
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    r = agent_process(
+        {"DISTRAIN_EC2_WORK": str(tmp_path / "a"), "DISTRAIN_EC2_POWEROFF": poweroff,
+         "AWS_EC2_METADATA_SERVICE_ENDPOINT": closed},
+        "s3://bucket/p/jobs/j/job.json",
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert "failed: the instance metadata is unreadable" in r.stdout
+    assert (tmp_path / "poweroff.log").read_text() == "powered-off\n"
+
+    # A job.json that is not there: the node records why beside it, then powers off.
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        import boto3
+
+        s3 = boto3.client(
+            "s3", region_name=REGION, endpoint_url=f"http://{host}:{port}",
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+        )  # fmt: skip
+        s3.create_bucket(Bucket=BUCKET)
+        with FakeImds(instance_id="i-0abc", launch_index=1) as fake:
+            r = agent_process(
+                {"DISTRAIN_EC2_WORK": str(tmp_path / "b"), "DISTRAIN_EC2_POWEROFF": poweroff,
+                 "AWS_EC2_METADATA_SERVICE_ENDPOINT": fake.endpoint, "AWS_ENDPOINT_URL": f"http://{host}:{port}"},
+                f"s3://{BUCKET}/p/jobs/j/job.json",
+            )  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr  # its record says what happened
+        record = json.loads(s3.get_object(Bucket=BUCKET, Key="p/jobs/j/nodes/1.json")["Body"].read())
+        assert (record["status"], record["reason"]) == ("Failed", f"s3://{BUCKET}/p/jobs/j/job.json does not exist")
+        assert record["instance_id"] == "i-0abc"
+    finally:
+        server.stop()
+    assert (tmp_path / "poweroff.log").read_text() == "powered-off\n" * 2
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
