@@ -84,7 +84,7 @@ def main() -> None:
             "--log-every",
             "10",
             "--max-eval-samples",
-            "16",
+            "16" if a.tiny else "400",  # raw lines: 400 make ~20 blocks of 1024
             "--generate-tokens",
             "0",
             "--no-save-model",

@@ -320,7 +320,7 @@ def hyperparameters_to_argv(hyperparameters: dict[str, Any]) -> list[str]:
     SageMaker hands hyperparameters back as strings, so "true"/"false" count as booleans
     for the boolean flags.
     """
-    booleans = {f.name for f in fields(TrainArgs) if f.type == "bool"}
+    booleans = {f.name for f in fields(TrainArgs) if f.type in ("bool", "bool | None")}
     argv: list[str] = []
     for key, value in hyperparameters.items():
         flag = "--" + key.replace("_", "-")
