@@ -94,8 +94,10 @@ class Settings:
         d = cls()
 
         def number(name: str, default: float) -> float:
-            raw = env.get(name, "")
-            return float(raw) if raw.strip() else default
+            try:  # test knobs: a value that is no number must not keep the node from powering off
+                return float(env.get(name) or default)
+            except ValueError:
+                return default
 
         return cls(
             work=Path(env.get("DISTRAIN_EC2_WORK") or d.work),
@@ -257,17 +259,6 @@ class Store:
             return None
         return json.loads(body)
 
-    def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
-
-        try:
-            self.s3.head_object(Bucket=self.bucket, Key=key)
-            return True
-        except ClientError as e:
-            if str(e.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise
-
     def list(self, prefix: str) -> dict[str, dict[str, Any]]:
         """key -> its listing entry (Size, LastModified, ETag), for every key under `prefix`."""
         found: dict[str, dict[str, Any]] = {}
@@ -397,19 +388,18 @@ class CheckpointSync:
         self.rank, self.nodes, self.job, self.keep, self.log = rank, nodes, job, keep, log
         self.uploaded: set[str] = set()  # this node's files are in S3
         self.completed: set[str] = set()  # rank 0: COMPLETE is in S3
-        self.newest_complete: int | None = None
 
     def adopt(self, name: str) -> None:
         """A checkpoint restored from S3: already there, nothing to upload."""
         self.uploaded.add(name)
         self.completed.add(name)
-        self.newest_complete = int(name.split("-")[1])
 
     def _marker(self, name: str, rank: int) -> str:
         return f"{self.prefix}{name}/{UPLOADED}{rank}"
 
     def _ours(self, name: str, rank: int) -> bool:
-        body = self.store.get_json(self._marker(name, rank)) if self.store.exists(self._marker(name, rank)) else None
+        """Whether node `rank` uploaded its part of `name` for this job."""
+        body = self.store.get_json(self._marker(name, rank))
         return isinstance(body, dict) and body.get("job") == self.job
 
     def _upload_own(self, name: str, folder: Path) -> bool:
@@ -439,7 +429,6 @@ class CheckpointSync:
                     if all(self._ours(name, r) for r in range(1, self.nodes)):
                         self.store.upload(folder / MARKER, f"{self.prefix}{name}/{MARKER}")
                         self.completed.add(name)
-                        self.newest_complete = step
                         self.log(f"checkpoint {name} complete in S3 ({self.nodes} node(s))")
                         self._prune_remote()
                     else:
@@ -523,13 +512,14 @@ class LogSink:
     permission), the local file and its copy in S3 at the end still hold everything.
     """
 
-    def __init__(self, path: Path, *, group: str | None = None, stream: str | None = None, logs: Any = None) -> None:
+    def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 (open for the sink's life; close() ends it)
         self._lock = threading.Lock()
         self._pending: list[dict[str, Any]] = []
-        self.group, self.stream, self.logs = group, stream, logs
+        self.logs: Any = None  # a CloudWatch Logs client, once to_cloudwatch() found the stream
+        self.group = self.stream = ""
         self._warned = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -602,7 +592,6 @@ def _short(e: BaseException) -> str:
 class Stop:
     reason: str  # a STOP_STATUS key
     detail: str  # one line for the record
-    origin: bool  # this node decided it (and writes the marker)
 
 
 @dataclass
@@ -717,10 +706,10 @@ class Agent:
             return
         existing = self.store.get_json(self.job.key("stop"))
         if existing:
-            self.stop = Stop(existing.get("reason", "cancel"), _marker_detail(existing), origin=False)
+            self.stop = Stop(existing.get("reason", "cancel"), _marker_detail(existing))
         else:
             self.write_stop_marker(reason, detail)
-            self.stop = Stop(reason, detail, origin=True)
+            self.stop = Stop(reason, detail)
         self.sink.agent(f"stopping every node: {self.stop.reason} ({self.stop.detail})")
 
     def write_stop_marker(self, reason: str, detail: str) -> None:

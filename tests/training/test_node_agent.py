@@ -317,11 +317,11 @@ def test_log_batches_respect_cloudwatch_limits_and_time_order():
     "code, stop, failure, status, exit_code, reason",
     [
         (0, None, None, "Completed", 0, ""),
-        (0, Stop("spot-interruption", "notice", True), None, "Completed", 0, ""),  # finished first
-        (143, Stop("spot-interruption", "notice on node 1", False), None, "Interrupted", 143, "notice on node 1"),
+        (0, Stop("spot-interruption", "notice"), None, "Completed", 0, ""),  # finished first
+        (143, Stop("spot-interruption", "notice on node 1"), None, "Interrupted", 143, "notice on node 1"),
         # torchrun reports a worker's 143 as 1 when its launcher was not signalled in time
-        (1, Stop("deadline", "max-run reached", False), None, "Stopped", 143, "max-run reached"),
-        (1, Stop("peer-failed", "node 1 failed: x", False), "disk full", "Failed", 1, "disk full"),
+        (1, Stop("deadline", "max-run reached"), None, "Stopped", 143, "max-run reached"),
+        (1, Stop("peer-failed", "node 1 failed: x"), "disk full", "Failed", 1, "disk full"),
         (2, None, "unknown model", "Failed", 2, "unknown model"),
         (1, None, None, "Failed", 1, "training exited with code 1: boom"),
     ],
