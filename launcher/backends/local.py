@@ -63,9 +63,9 @@ class LocalBackend:
         argv = spec.check_training_args(precision, job_name)
         root = (spec.local.workdir / job_name).resolve()
         # A lineage shares one checkpoint folder: the first job's.
-        checkpoints = root / "checkpoints"
+        checkpoints, lineage = root / "checkpoints", job_name
         if spec.resume_from:
-            checkpoints = (spec.local.workdir / spec.resume_from / "checkpoints").resolve()
+            checkpoints, lineage = _lineage(spec.local.workdir, spec.resume_from)
             if not checkpoints.is_dir():
                 raise UserError(f"--resume-from {spec.resume_from}: no checkpoints at {checkpoints}")
         contract = Contract(
@@ -114,10 +114,12 @@ class LocalBackend:
                 "strategy": spec.strategy,
                 "precision": precision,
                 "workdir": str(root),
+                **({"resumes": f"{spec.resume_from} (lineage {lineage}: {checkpoints})"} if spec.resume_from else {}),
             },
             request={"command": command, "env": env, "cwd": str(root)},
             configs=configs,
             checks=checks,
+            payload={"spec": spec, "record": {"lineage": lineage, "resumed_from": spec.resume_from}},
         )
 
     def preflight(self, plan: Plan) -> Plan:
@@ -196,6 +198,18 @@ class LocalBackend:
 
     def cancel(self, job: JobRef) -> str:
         raise UserError("a local job runs in the foreground: stop it with Ctrl-C (it saves a checkpoint first)")
+
+
+def _lineage(workdir: Path, job: str) -> tuple[Path, str]:
+    """(checkpoint folder, lineage) that job `job` used: its plan names them, so a resumed job's
+    resume keeps the first job's folder; a folder with no plan falls back to its own."""
+    plan_file = workdir / job / "job.json"
+    if plan_file.is_file():
+        plan = json.loads(plan_file.read_text())
+        folder = plan.get("request", {}).get("env", {}).get("DISTRAIN_CHECKPOINT_DIR")
+        if folder:
+            return Path(folder), str(plan.get("summary", {}).get("lineage") or Path(folder).parent.name)
+    return (workdir / job / "checkpoints").resolve(), job
 
 
 def _has_training_stack() -> bool:

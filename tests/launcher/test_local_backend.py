@@ -121,3 +121,58 @@ def test_resume_from_shares_the_earlier_jobs_checkpoints(tmp_path):
     plan = plan_job(local_spec(tmp_path, resume_from="first-job"), dry_run=True)
     assert plan.request["env"]["DISTRAIN_CHECKPOINT_DIR"] == str(earlier.resolve())
     assert plan.request["env"]["DISTRAIN_MODEL_DIR"] != str(earlier.parent.resolve() / "model")
+
+
+def test_resume_from_refuses_another_strategy_task_or_model_in_one_line(cli, tmp_path, job_records):
+    first = cli("submit", "--instance", "local", "--dry-run", "--json", "--", "--task", "causal-lm", cwd=tmp_path)
+    name = json.loads(first.stdout)["job_name"]
+    # A recorded earlier job, as submit leaves it: its spec, its folder with checkpoints
+    job_records.mkdir(parents=True, exist_ok=True)
+    spec = {"train_args": ["--task", "causal-lm"], "local": {"workdir": "runs"}}
+    (job_records / f"{name}.json").write_text(
+        json.dumps({"name": name, "backend": "local", "workdir": str(tmp_path / "runs"), "spec": spec})
+    )
+    (tmp_path / "runs" / name / "checkpoints").mkdir(parents=True)
+    new_task = ("--", "--task", "masked-lm", "--preset", "tiny-bert")
+    cases = {
+        ("--strategy", "zero2"): "that job trained strategy ddp, this one asks for strategy zero2",
+        new_task: "trained task causal-lm, this one asks for task masked-lm",
+        ("--", "--preset", "tiny-bert"): "trained model preset tiny-gpt2, this one asks for model preset tiny-bert",
+    }
+    for extra, message in cases.items():
+        r = cli("submit", "--instance", "local", "--resume-from", name, "--dry-run", *extra, cwd=tmp_path)
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert r.stderr.startswith(f"error: --resume-from {name}: ") and message in r.stderr
+    # The earlier job's training flags come along; flags given again are added and shown
+    r = cli("submit", "--instance", "local", "--resume-from", name, "--dry-run", "--", "--max-steps", "9", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "changed: training flags: + --max-steps 9" in r.stdout
+    assert f"resumes: {name} (lineage {name}: " in r.stdout
+
+
+@pytest.mark.slow
+def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, tmp_path):
+    flags = ["--", "--task", "causal-lm", "--max-steps", "6", "--save-every", "2", "--log-every", "1"]
+    flags += ["--eval-every", "100", "--report-to", "none"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def submit(*args: str, **extra_env: str) -> tuple[str, dict[int, float]]:
+        before = set((tmp_path / "runs").iterdir()) if (tmp_path / "runs").exists() else set()
+        r = cli("submit", "--instance", "local", *args, cwd=tmp_path, env={**env, **extra_env}, timeout=300)
+        (root,) = set((tmp_path / "runs").iterdir()) - before
+        assert (r.returncode == 0) == (not extra_env), r.stdout[-2000:] + r.stderr[-2000:]
+        records = [json.loads(line) for line in (root / "output" / "metrics.jsonl").read_text().splitlines()]
+        return root.name, {m["step"]: m["train_loss"] for m in records if "train_loss" in m}
+
+    _, uninterrupted = submit(*flags)
+    killed, first = submit(*flags, DISTRAIN_TEST_KILL_AT_STEP="3")
+    assert max(first) == 3
+    resumed, rest = submit("--resume-from", killed)  # no training flags retyped
+    assert min(rest) == 3 and {**first, **rest} == uninterrupted
+    plan = json.loads((tmp_path / "runs" / resumed / "job.json").read_text())
+    shared = str((tmp_path / "runs" / killed / "checkpoints").resolve())
+    assert plan["request"]["env"]["DISTRAIN_CHECKPOINT_DIR"] == shared
+    # `resume` of the resumed job stays in the lineage: the first job's checkpoint folder
+    again = cli("resume", resumed, "--dry-run", "--json", cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["request"]["env"]["DISTRAIN_CHECKPOINT_DIR"] == shared

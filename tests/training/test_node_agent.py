@@ -40,6 +40,7 @@ from distrain_cloud.training.node_agent import (  # noqa: E402
     outcome,
     rendezvous,
     restore_checkpoint,
+    restore_compile_cache,
     unexplained_failure,
 )
 
@@ -238,6 +239,22 @@ def test_checkpoint_union_reaches_s3_with_complete_uploaded_last(store, tmp_path
     ]  # fmt: skip
     assert written[-1] == f"{CKPT}{name}/COMPLETE"
     assert written.index(f"{CKPT}{name}/uploaded-1") < written.index(f"{CKPT}{name}/COMPLETE")
+
+
+def test_the_compiler_cache_travels_with_the_checkpoints(store, tmp_path):
+    """Rank 0 uploads the cache kept beside the checkpoints once one is complete; a restore brings it back."""
+    roots, (rank0, rank1) = syncs(store, tmp_path, [])
+    cache = roots[0] / "compile-cache" / "fxgraph" / "ab" / "entry"
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(b"kernel")
+    write_checkpoint(roots[0], 2, 0)
+    write_checkpoint(roots[1], 2, 1)
+    for sync in (rank0, rank1, rank0):
+        sync.tick()
+    assert f"{CKPT}compile-cache/fxgraph/ab/entry" in keys(store.s3)
+    fresh = tmp_path / "fresh"
+    assert restore_compile_cache(store, CKPT, fresh) == 1
+    assert (fresh / "compile-cache" / "fxgraph" / "ab" / "entry").read_bytes() == b"kernel"
 
 
 def test_restore_takes_the_newest_complete_checkpoint_and_ignores_incomplete_ones(store, tmp_path):
