@@ -5,6 +5,10 @@ No printing of plans here.
 
 from __future__ import annotations
 
+from typing import Any
+
+from distrain_cloud.infra.errors import UserError
+
 from .backends import get_backend
 from .jobs import JobRef
 from .plan import Plan
@@ -33,8 +37,6 @@ def submit_job(plan: Plan, *, wait: bool = False) -> int:
 def resume_spec(job: JobRef) -> JobSpec:
     """The spec of a new attempt of `job`'s lineage: the spec it was submitted with (from this
     machine's record, else from what its backend kept), resuming from its checkpoints."""
-    from distrain_cloud.infra.errors import UserError
-
     from .jobs import read_record
 
     record = read_record(job.name) or {}
@@ -46,4 +48,62 @@ def resume_spec(job: JobRef) -> JobSpec:
         raise UserError(
             f"no record of {job.name}'s job spec on this machine: submit the spec again with --resume-from {job.name}"
         )
-    return spec.model_copy(update={"resume_from": job.name, "region": spec.region or job.region})
+    update: dict[str, Any] = {"resume_from": job.name, "region": spec.region or job.region}
+    if job.backend == "local":  # the folder the job was recorded in, wherever this runs from
+        update["local"] = spec.local.model_copy(update={"workdir": job.workdir})
+    return spec.model_copy(update=update)
+
+
+def previous_spec(name: str, *, region: str | None = None) -> JobSpec | None:
+    """The spec job `name` was submitted with, from this machine's record (None: no record)."""
+    from .jobs import find_job, read_record
+    from .spec import JOB_NAME
+
+    if not JOB_NAME.fullmatch(name):
+        return None  # not a job: the spec refuses it, naming --resume-from
+    record = read_record(name)
+    if not record or not record.get("spec"):
+        return None
+    return resume_spec(find_job(name, region=region))
+
+
+def check_same_training(previous: JobSpec, spec: JobSpec) -> None:
+    """A resumed job loads the earlier job's checkpoints: refuse, in one line, a job that trains
+    another model, task or strategy (its weights or optimizer state would not fit)."""
+    before, after = _what_trains(previous), _what_trains(spec)
+    for key, old in before.items():
+        new = after.get(key, old)
+        if new != old:
+            raise UserError(
+                f"--resume-from {spec.resume_from}: that job trained {key} {old}, this one asks for {key} {new}; "
+                f"a resumed job keeps its model, task and strategy (drop the change, or start afresh without "
+                "--resume-from)"
+            )
+
+
+def spec_changes(previous: JobSpec, spec: JobSpec) -> list[str]:
+    """What a resumed job changes from the job it resumes, as the plan shows it."""
+    old, new = previous.model_dump(mode="json"), spec.model_dump(mode="json")
+    changes = [
+        f"{key}: {old[key]} -> {new[key]}"
+        for key in new
+        if key not in ("resume_from", "train_args", "region", "local") and old.get(key) != new[key]
+    ]
+    added = new["train_args"][len(old["train_args"]) :]
+    if new["train_args"][: len(old["train_args"])] != old["train_args"]:
+        added = new["train_args"]
+    if added:
+        changes.append("training flags: + " + " ".join(added))
+    return changes
+
+
+def _what_trains(spec: JobSpec) -> dict[str, str]:
+    from distrain_cloud.training.args import ArgumentError, parse_args
+
+    try:
+        # The precision is the launcher's to choose per machine; what trains is the same at any.
+        a = parse_args(spec.training_argv("no", "resume-check"))
+    except ArgumentError:
+        return {"strategy": spec.strategy}  # the plan names the bad flag itself
+    model = a.model or a.model_config or f"preset {a.preset or 'tiny-gpt2'}"
+    return {"task": a.task, "model": model, "strategy": spec.strategy}

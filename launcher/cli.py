@@ -102,7 +102,7 @@ def submit(
     SPEC is an optional job YAML (see examples/); flags override it. Training flags go
     after `--`, e.g. `submit --instance local -- --task causal-lm --max-steps 50`.
     """
-    from .api import plan_job, submit_job
+    from .api import check_same_training, plan_job, previous_spec, spec_changes, submit_job
     from .spec import load_spec
 
     overrides = {
@@ -125,8 +125,15 @@ def submit(
         "sagemaker.role": role,
         "train_args": list(_TRAIN_ARGS) or None,
     }
-    job = load_spec(spec, overrides)
+    previous = previous_spec(resume_from, region=region) if resume_from else None
+    base = previous.model_dump(mode="json", exclude_defaults=True) if previous else None
+    job = load_spec(spec, overrides, base=base)
+    if previous is not None:
+        check_same_training(previous, job)
     plan = plan_job(job, dry_run=dry_run, check=check or not dry_run)
+    if previous is not None:
+        plan.summary["resumes"] = f"{plan.summary.get('resumes') or resume_from}, with its spec and training flags"
+        plan.summary["changed"] = "; ".join(spec_changes(previous, job)) or "nothing"
     if dry_run or as_json:
         typer.echo(plan.to_json() if as_json else plan.render())
     if bundle_files:

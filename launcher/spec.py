@@ -439,12 +439,23 @@ def _close(word: str, options: Iterable[str]) -> str:
     return f" (did you mean {match[0].replace('-', '_')!r}?)" if match else ""
 
 
-def load_spec(path: Path | None, overrides: dict[str, Any] | None = None) -> JobSpec:
-    """Read a YAML spec (optional) and apply CLI overrides (dotted keys, None = not given)."""
-    data: dict[str, Any] = {}
+def load_spec(
+    path: Path | None, overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None
+) -> JobSpec:
+    """Read a YAML spec (optional) and apply CLI overrides (dotted keys, None = not given).
+
+    `base` (a resumed job's spec) lies under both: the file's keys replace its keys (sections key
+    by key), and its training flags come first, so flags given again win."""
+    data: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in (base or {}).items()}
     where = str(path) if path else "the command line"
     if path is not None:
-        data = read_spec_file(Path(path))
+        for key, value in read_spec_file(Path(path)).items():
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            elif key == "train_args" and isinstance(value, list):
+                data[key] = list(data.get(key) or []) + value
+            else:
+                data[key] = value
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
