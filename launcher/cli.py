@@ -67,6 +67,12 @@ def submit(
     max_wait: Annotated[str | None, typer.Option("--max-wait", help="spot: limit including waiting")] = None,
     max_cost: Annotated[float | None, typer.Option("--max-cost", help="refuse if worst-case USD exceeds this")] = None,
     name: Annotated[str | None, typer.Option("--name", help="job name prefix")] = None,
+    push_to_hub: Annotated[
+        str | None, typer.Option("--push-to-hub", metavar="REPO", help="push the final model to this Hub repo")
+    ] = None,
+    wandb_project: Annotated[str | None, typer.Option("--wandb-project", help="W&B project")] = None,
+    wandb_entity: Annotated[str | None, typer.Option("--wandb-entity", help="W&B team or user")] = None,
+    run_name: Annotated[str | None, typer.Option("--run-name", help="W&B run name (default: the job name)")] = None,
     resume_from: Annotated[
         str | None, typer.Option("--resume-from", help="continue from this earlier job's checkpoints")
     ] = None,
@@ -121,6 +127,10 @@ def submit(
         "secrets": _pairs(secret, "--secret"),
         "inputs": _pairs(input_, "--input"),
         "local.processes": processes,
+        "hub.repo_id": push_to_hub,
+        "wandb.project": wandb_project,
+        "wandb.entity": wandb_entity,
+        "wandb.run_name": run_name,
         "sagemaker.image_uri": image_uri,
         "sagemaker.role": role,
         "train_args": list(_TRAIN_ARGS) or None,

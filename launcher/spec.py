@@ -51,6 +51,10 @@ FLAGS = {
     "sagemaker.role": "--role",
     "sagemaker.image_uri": "--image-uri",
     "local.processes": "--processes",
+    "hub.repo_id": "--push-to-hub",
+    "wandb.project": "--wandb-project",
+    "wandb.entity": "--wandb-entity",
+    "wandb.run_name": "--run-name",
 }
 MAX_SPEC_BYTES = 1 << 20  # a job spec is a page of YAML; anything near this is a mistake
 MAX_SPEC_NODES = 100_000  # YAML aliases may not expand a spec past this ("billion laughs")
@@ -469,10 +473,24 @@ def load_spec(
             node[leaf] = list(node.get(leaf) or []) + value
         else:
             node[leaf] = value
+    _refuse_owned_training_flags(data.get("train_args") or [])
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:
         raise UserError(f"{where}: {format_validation_error(e)}") from None
+
+
+def _refuse_owned_training_flags(train_args: list[Any]) -> None:
+    """A setting has one source: the spec's. Given again after `--` it would train with one value
+    while the plan shows the other."""
+    for arg in train_args:
+        flag = str(arg).split("=", 1)[0]
+        if flag.startswith("--") and flag[2:] in _OWNED_FLAGS:
+            key = _OWNED_FLAGS[flag[2:]]
+            raise UserError(
+                f"give {flag} before `--`, not after it (in a spec file: {key}): the launcher sets it, "
+                "so the plan shows what every node trains with"
+            )
 
 
 def read_spec_file(path: Path) -> dict[str, Any]:

@@ -47,7 +47,13 @@ FLAG_CASES = {
     "input local path on SageMaker": (["--input", "train=/data/train"], "--input train=/data/train"),
     "resume-from a path": (["--resume-from", "../../victim"], "resume_from"),
     "name with a dot": (["--name", "my.job"], "name"),
-    "hyperparameter value over 2500": (["--", "--run-name", "x" * 2600], "HyperParameters"),
+    # One source for each setting: given after `--` too, the plan and the training would disagree.
+    "strategy after --": (["--strategy", "ddp", "--", "--strategy", "zero3"], "give --strategy before `--`"),
+    "precision after --": (["--", "--precision=bf16"], "give --precision before `--`, not after it"),
+    "push-to-hub after --": (["--", "--push-to-hub", "me/model"], "give --push-to-hub before `--`"),
+    "run-name after --": (["--", "--run-name", "x"], "before `--`, not after it (in a spec file: wandb.run_name)"),
+    "wandb entity after --": (["--", "--wandb-entity", "team"], "give --wandb-entity before `--`"),
+    "hyperparameter value over 2500": (["--", "--generate-prompt", "x" * 2600], "HyperParameters"),
 }
 SPEC_CASES = {
     "bucket name": ("sagemaker:\n  bucket: My_Bucket\n", "sagemaker.bucket"),

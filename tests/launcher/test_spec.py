@@ -1,5 +1,6 @@
 """The job spec: YAML + overrides, unknown keys named, every shipped example loads."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,12 @@ def test_hub_push_needs_a_token_reference():
 def test_instance_is_spelled_one_way():
     assert load_spec(None, {"instance": " ml.G5.xlarge "}).instance == "ml.g5.xlarge"
     assert load_spec(None, {"instance": "LOCAL"}).backend == "local"
+
+
+def test_settings_the_spec_owns_have_launcher_flags_that_reach_the_training(cli, tmp_path):
+    args = ["--run-name", "first", "--wandb-project", "proj", "--wandb-entity", "team", "--precision", "no"]
+    r = cli("submit", "--instance", "local", "--dry-run", "--json", *args, "--", "--max-steps", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    command = json.loads(r.stdout)["request"]["command"]
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        assert command.count(flag) == 1 and command[command.index(flag) + 1] == value
