@@ -9,11 +9,15 @@ Runs that share a `name` share a contract (that is how a rerun resumes).
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +149,35 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def uses_deepspeed(flags: Sequence[str]) -> bool:
+    return any(flag == "--strategy" and value.startswith("zero") for flag, value in itertools.pairwise(flags))
+
+
+@functools.cache
+def build_deepspeed_cpu_op() -> float:
+    """DeepSpeed on CPU compiles a shared-memory op with gcc the first time a process starts its
+    communication (over a minute on 2 cores), then loads it from torch's extension cache. Built
+    here once per session, outside every run's time limit; returns the seconds it took."""
+    start = time.monotonic()
+    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+    env = base_env({"DS_ACCELERATOR": "cpu"})
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:  # the runs will then fail with DeepSpeed's own message
+        warnings.warn(f"building DeepSpeed's CPU op failed:\n{r.stderr[-2000:]}", stacklevel=1)
+    return time.monotonic() - start
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Before the first test that trains with DeepSpeed (marked `deepspeed`) starts its clock."""
+    if session.config.option.collectonly:
+        return
+    if any(item.get_closest_marker("deepspeed") for item in session.items):
+        seconds = build_deepspeed_cpu_op()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"DeepSpeed's CPU op ready in {seconds:.0f} s (built once per session)")
+
+
 def command(flags: Sequence[str], processes: int | None) -> list[str]:
     if processes is None:
         return [sys.executable, "-m", "distrain_cloud.training", *flags]
@@ -165,6 +198,8 @@ class Runner:
     def popen(
         self, *flags: str, name: str = "run", processes: int | None = None, env: dict[str, str] | None = None
     ) -> tuple[subprocess.Popen, Contract, list[str]]:
+        if uses_deepspeed(flags):
+            build_deepspeed_cpu_op()  # a test not marked deepspeed: still outside the run's time limit
         c = self.contract(name)
         run_env = base_env({**self.shared_env, **c.env(), "DISTRAIN_MAIN_PORT": str(free_port()), **(env or {})})
         argv = command(flags, processes)

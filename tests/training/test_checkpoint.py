@@ -337,6 +337,7 @@ def zero2_of_two(module_train):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.deepspeed
 def test_zero2_checkpoint_of_2_processes_is_refused_by_1(module_train, zero2_of_two):
     # Started as every backend starts it (node_launch), before DeepSpeed would fail on it.
     run = module_train(
@@ -365,6 +366,7 @@ def test_zero2_checkpoint_of_2_processes_is_refused_by_1(module_train, zero2_of_
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.deepspeed
 def test_zero2_checkpoint_is_refused_by_ddp(module_train, zero2_of_two):
     run = module_train("--max-steps", "4", "--report-to", "none", name="zero2-of-two")
     assert_one_error_line(

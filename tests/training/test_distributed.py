@@ -156,6 +156,7 @@ def check_saved_classifier(run, world: int) -> None:
     assert logits.shape == (1, 3) and torch.isfinite(logits).all()
 
 
+@pytest.mark.deepspeed
 @pytest.mark.parametrize("strategy,processes", [("zero2", 2), ("zero3", 2), ("zero2", 1)])
 def test_deepspeed_trains_and_saves_a_loadable_model(train, strategy, processes):
     run = train(
@@ -185,6 +186,7 @@ def test_deepspeed_trains_and_saves_a_loadable_model(train, strategy, processes)
     check_saved_classifier(run, processes)
 
 
+@pytest.mark.deepspeed
 def test_zero3_causal_lm_generates_a_sample(train):
     # Generation under ZeRO-3 runs on every process (synced_gpus); only the main one prints.
     run = train(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from distrain_cloud.training import modeling
 from distrain_cloud.training.args import TrainArgs
 
 
+@pytest.mark.slow  # Dynamo traces the model
 def test_loaded_causal_lms_compile_into_one_graph_with_transformers_loss(dynamo_graphs):
     """Causal LMs are loaded with the loss transformers would fall back to named (load_model sets
     loss_type), so a compiled model is one graph up to and including it."""

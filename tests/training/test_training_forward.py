@@ -78,6 +78,7 @@ def graph_outputs(model, fn, dynamo_graphs) -> list[tuple[int, ...]]:
     return [tuple(o.meta["example_value"].shape) for o in outputs]
 
 
+@pytest.mark.slow  # Dynamo traces three models
 def test_compiled_graphs_have_no_cache_and_in_training_only_the_loss(dynamo_graphs):
     default, ours = gpt2(False), gpt2(True)
     assert graph_outputs(ours, lambda x: ours(input_ids=x, labels=x), dynamo_graphs) == [()]
@@ -99,6 +100,7 @@ def fresh_accelerate():
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
+@pytest.mark.slow  # Inductor compiles a forward and a backward
 @pytest.mark.parametrize("ours", [False, True])
 def test_no_logits_sized_gradient_in_the_compiled_bf16_backward(ours, fresh_accelerate):
     """Through accelerate's bf16 preparation and torch.compile, as the trainer runs it."""
