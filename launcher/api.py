@@ -18,8 +18,11 @@ from .spec import JobSpec
 def plan_job(spec: JobSpec, *, dry_run: bool = False, check: bool | None = None) -> Plan:
     """The plan of `spec`, made without any AWS call; then, when `check` (default: unless a dry
     run), its preflight: the read-only checks only AWS can answer, and the parts only AWS knows."""
+    from .checks import offline_checks
+
     backend = get_backend(spec.backend)
     plan = backend.plan(spec)
+    plan.checks += offline_checks(spec, plan)
     return backend.preflight(plan) if (not dry_run if check is None else check) else plan
 
 

@@ -7,6 +7,7 @@ name the key.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -431,8 +432,13 @@ class JobSpec(BaseModel):
             parse_args(argv)
         except ArgumentError as e:
             raise UserError(f"training arguments: {e}") from None
-        if self.hub.repo_id and "HF_TOKEN" not in self.secrets:
-            raise UserError("hub.repo_id needs a token: add --secret HF_TOKEN=<Secrets Manager ARN or ssm:/name>")
+        # Known before training, not after it: a push without a token would lose the run.
+        local_token = self.backend == "local" and os.environ.get("HF_TOKEN")
+        if self.hub.repo_id and "HF_TOKEN" not in self.secrets and not local_token:
+            raise UserError(
+                f"--push-to-hub {self.hub.repo_id} needs a Hub token: add --secret HF_TOKEN=<Secrets Manager ARN or "
+                "ssm:/name>" + (" or set HF_TOKEN in this environment" if self.backend == "local" else "")
+            )
         return argv
 
 

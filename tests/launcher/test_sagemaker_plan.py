@@ -260,7 +260,7 @@ def test_a_pasted_secret_value_is_refused_without_echoing_it(offline):
 
 
 def test_a_hub_push_without_a_token_reference_is_refused(offline):
-    with pytest.raises(UserError, match="hub.repo_id needs a token: add --secret HF_TOKEN="):
+    with pytest.raises(UserError, match="--push-to-hub me/model needs a Hub token: add --secret HF_TOKEN=<"):
         dry(**{"hub.repo_id": "me/model"})
 
 

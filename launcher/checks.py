@@ -1,0 +1,79 @@
+"""Plan checks every backend shares: what can be known offline, before anything is paid for.
+
+Each is a Check in the plan, so `--dry-run` shows it and submit refuses a failed one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .plan import Check
+
+if TYPE_CHECKING:
+    from distrain_cloud.training.args import TrainArgs
+
+    from .plan import Plan
+    from .spec import JobSpec
+
+# Presets whose model has no masked-LM head (GPT-2 is causal); no preset or model means tiny-gpt2.
+_CAUSAL_PRESETS = ("tiny-gpt2", "gpt2-small", "gpt2-xl")
+_DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt")
+
+
+def offline_checks(spec: JobSpec, plan: Plan) -> list[Check]:
+    from distrain_cloud.training.args import ArgumentError, parse_args
+
+    try:
+        args = parse_args(spec.training_argv("no", plan.job_name))
+    except ArgumentError:
+        return []  # the backend's plan names the bad flag itself
+    checks = [_learning_rate(args), _task_fits_preset(args)]
+    if plan.backend == "local":
+        checks += _local_data_files(args, Path(plan.request["cwd"]))
+        checks.append(_processes_fit_cores(plan))
+    return [c for c in checks if c is not None]
+
+
+def _learning_rate(args: TrainArgs) -> Check:
+    ok = args.lr is not None and args.lr > 0
+    return Check("learning rate is positive", ok, "" if ok else f"--lr {args.lr}: give a positive rate, e.g. 3e-4")
+
+
+def _task_fits_preset(args: TrainArgs) -> Check | None:
+    if args.task != "masked-lm" or args.model or args.model_config:
+        return None  # a Hub model's head is known only where it is downloaded
+    preset = args.preset or "tiny-gpt2"
+    ok = preset not in _CAUSAL_PRESETS
+    detail = "" if ok else f"preset {preset} is GPT-2, which has no masked-LM head: add --preset tiny-bert"
+    return Check("task masked-lm fits the model", ok, detail)
+
+
+def _local_data_files(args: TrainArgs, job_folder: Path) -> list[Check]:
+    files = {"--train-file": args.train_file, "--validation-file": args.validation_file}
+    dataset = args.dataset
+    if dataset and (dataset.startswith(("/", ".", "~")) or dataset.endswith(_DATA_SUFFIXES)):
+        files["--dataset"] = dataset  # a path, not a Hub id
+    checks = []
+    for flag, value in files.items():
+        if not value:
+            continue
+        path = Path(value).expanduser()
+        # The job runs in its own folder: a relative path is read from there.
+        where = path if path.is_absolute() else job_folder / path
+        ok = where.exists()
+        detail = str(where)
+        if not ok and not path.is_absolute() and path.exists():
+            detail = f"{value} is relative and the job runs in {job_folder}: give {path.resolve()}"
+        checks.append(Check(f"{flag} {value} exists", ok, detail if not ok else ""))
+    return checks
+
+
+def _processes_fit_cores(plan: Plan) -> Check | None:
+    processes, cores = plan.summary.get("processes"), os.cpu_count() or 1
+    if plan.summary.get("gpus") or not isinstance(processes, int):
+        return None
+    ok = processes <= cores
+    detail = f"{processes} processes on {cores} CPU cores" + ("" if ok else f": give --processes {cores} or fewer")
+    return Check("processes fit the CPU cores", ok, detail)
