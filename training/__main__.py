@@ -9,15 +9,31 @@ the same way; a save that fails on the disk (full, read-only) exits 1, also with
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
+
+from .contract import INTERRUPT_EXIT_CODE
 
 if TYPE_CHECKING:
     from .contract import Contract
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    # node_launch starts accelerate's launcher with SIGINT/SIGTERM ignored (it signals the
+    # training processes itself); a process that ignores them inherits that: take the defaults
+    # back until the trainer installs its own stop handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        _run(argv)
+    except KeyboardInterrupt:  # Ctrl-C before training started: nothing to save
+        print("stopped: interrupted before training started (nothing to save)", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPT_EXIT_CODE)
+
+
+def _run(argv: Sequence[str] | None) -> None:
     from .args import ArgumentError, parse_args
     from .contract import Contract
 

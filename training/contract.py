@@ -23,6 +23,12 @@ PREFIX = "DISTRAIN_"
 # The exit code of a job stopped on request (128 + SIGTERM) after saving its state: the trainer
 # exits with it, the node launcher reports it, backends read it as "stopped", not "failed".
 STOP_EXIT_CODE = 143
+# The same stop asked for with Ctrl-C (128 + SIGINT): also "stopped", with a checkpoint.
+INTERRUPT_EXIT_CODE = 130
+STOP_EXIT_CODES = frozenset({STOP_EXIT_CODE, INTERRUPT_EXIT_CODE})
+# A SIGINT this long after the first stop signal is the user's second Ctrl-C (which ends the job
+# at once), not a copy of the first relayed by a launcher in between or sent to the whole group.
+SECOND_INTERRUPT_S = 1.0
 # SageMaker syncs this folder to checkpoint_config.S3Uri; it has no SM_* variable.
 SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
 

@@ -3,7 +3,7 @@
 Every backend runs this same command on every node (SageMaker, each EC2 instance, the
 local machine). It reads the container contract, renders this node's Accelerate config
 from the strategy, and runs `accelerate launch` as a child, one process per GPU (or
-`--processes N` CPU processes), forwarding SIGTERM/SIGINT to it and exiting with its code.
+`--processes N` CPU processes), forwarding SIGTERM/SIGINT to its processes and exiting with its code.
 Torch-free unless it has to count GPUs itself.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .args import parse_args
-from .contract import STOP_EXIT_CODE, Contract
+from .contract import STOP_EXIT_CODES, Contract
 from .strategies import ClusterShape, accelerate_config, parse_strategy
 
 
@@ -127,25 +127,47 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_file: Path) -> int:
-    """Run accelerate's launcher as a child; SIGTERM/SIGINT (spot interruption, stop) go to
-    it, and through it to every training process, which save a checkpoint and exit
-    STOP_EXIT_CODE.
+    """Run accelerate's launcher as a child; SIGTERM/SIGINT (spot interruption, stop, Ctrl-C) go to
+    every training process, which save a checkpoint and exit 143 (SIGTERM) or 130 (SIGINT). A
+    second signal ends them at once (SIGKILL).
+
+    The signal goes to the training processes themselves (found under the launcher), and the
+    launcher's own process ignores both signals (the training processes take the defaults
+    back): accelerate's simple launcher forwards nothing and would otherwise die or print a
+    KeyboardInterrupt traceback; torchrun's agent relays it again, and the trainer counts
+    copies a few milliseconds apart as one (as it does those a terminal's Ctrl-C sends to the
+    whole process group).
 
     Its stderr passes through as it comes, except the launcher's own failure report (the
-    agent's log line and ChildFailedError traceback), which is held back and dropped when
-    the job already explained itself in the failure file: bad input stays one line.
+    agent's log line and ChildFailedError traceback, accelerate's CalledProcessError), which is
+    held back and dropped when the job already explained itself (the failure file) or stopped
+    on request: bad input and stops stay one line.
     """
     import signal
     import subprocess
     import threading
+    import time
 
-    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
-    stopping: list[int] = []
+    from .contract import SECOND_INTERRUPT_S
+
+    def ignore_stops() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, preexec_fn=ignore_stops)
+    stopping: list[tuple[int, float]] = []  # (signal, when)
     held: list[str] = []
 
     def forward(signum, frame):
-        stopping.append(signum)
-        proc.send_signal(signum)
+        # A second Ctrl-C (not a copy of the first: see SECOND_INTERRUPT_S) kills.
+        now = time.monotonic()
+        second = bool(stopping) and signum == signal.SIGINT and now - stopping[0][1] >= SECOND_INTERRUPT_S
+        stopping.append((signum, now))
+        for pid in [proc.pid, *_training_processes(proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL if second else signum)
+            except ProcessLookupError:  # already gone
+                pass
 
     def relay():
         assert proc.stderr is not None
@@ -166,14 +188,37 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if held and not (code != 0 and failure_file.is_file()):
+    if held and not (code != 0 and (failure_file.is_file() or stopping)):
         sys.stderr.write("".join(held))
-    return STOP_EXIT_CODE if stopping and code != 0 else code
+    return 128 + stopping[0][0] if stopping and code != 0 else code
+
+
+def _training_processes(root: int) -> list[int]:
+    """The training entry points (`-m distrain_cloud.training`) among the descendants of `root`,
+    from /proc; none where there is no /proc (the signal then reaches the launcher only)."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, list[str]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # ended meanwhile
+            continue
+        parent = int(stat[stat.rindex(")") + 2 :].split()[1])  # the name in (...) may hold spaces
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        argv = commands.get(pid, [])
+        if "distrain_cloud.training" in argv and "accelerate.commands.launch" not in argv:
+            found.append(pid)
+    return found
 
 
 def _exit_code(code: int, contract: Contract) -> int:
     # torchrun reports any worker failure as 1; the contract's failure file says it was bad input.
-    if code not in (0, STOP_EXIT_CODE) and contract.failure_file.is_file():
+    if code != 0 and code not in STOP_EXIT_CODES and contract.failure_file.is_file():
         return 2
     return code
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .args import ArgumentError, TrainArgs, default_lr
-from .contract import STOP_EXIT_CODE, Contract, free_port
+from .contract import INTERRUPT_EXIT_CODE, SECOND_INTERRUPT_S, STOP_EXIT_CODE, Contract, free_port
 from .profiling import Profiler
 from .strategies import compile_decision, ddp_bucket_mb, deepspeed_config_for, parse_strategy
 
@@ -49,7 +49,9 @@ class Trainer:
         self.args, self.contract = args, contract
         self.lr = args.lr if args.lr is not None else default_lr(args)  # parse_args has filled it in
         self.strategy = parse_strategy(args.strategy)
-        self.signal_received = False  # set by the SIGTERM handler, at any moment
+        self.signal_received = False  # set by the SIGTERM/SIGINT handler, at any moment
+        self.stop_signal: signal.Signals | None = None  # the first of them, which names the stop
+        self._stop_signal_at = 0.0
         self.stop_requested = False  # acted on at step boundaries, by every process at once
 
     # ------------------------------------------------------------------ setup
@@ -318,9 +320,11 @@ class Trainer:
         progress.close()
         profiler.close()
         if self.stop_requested:  # the loop saved a checkpoint at the step it stopped
-            self._print(f"stopped=SIGTERM step={state.step} checkpoint_saved=1")
+            # A process told by the others (it saw no signal itself) stops as SIGTERM would.
+            sig = self.stop_signal or signal.SIGTERM
+            self._print(f"stopped={sig.name} step={state.step} checkpoint_saved=1")
             acc.end_training()
-            sys.exit(STOP_EXIT_CODE)
+            sys.exit(INTERRUPT_EXIT_CODE if sig == signal.SIGINT else STOP_EXIT_CODE)
         return self.evaluate(state.step)
 
     def _resume_point(self):
@@ -525,10 +529,24 @@ class Trainer:
         )
 
     def _install_signal_handler(self) -> None:
+        """SIGTERM (a backend's stop, a spot notice) and SIGINT (Ctrl-C) both stop at the next step
+        with a checkpoint. A second Ctrl-C ends the process at once. The same signal relayed by
+        each launcher in between (accelerate's, torchrun's agent) arrives within milliseconds of
+        the first: only one a second or more later counts as the user's second Ctrl-C."""
+
         def request_stop(signum, frame):
+            now = time.monotonic()
+            if self.stop_signal is None:
+                self.stop_signal, self._stop_signal_at = signal.Signals(signum), now
+                if signum == signal.SIGINT:
+                    self._print("stopping: saving a checkpoint at the end of this step (Ctrl-C again ends at once)")
+            elif signum == signal.SIGINT and now - self._stop_signal_at >= SECOND_INTERRUPT_S:
+                print("stopped at once (second interrupt): this step is not saved", file=sys.stderr, flush=True)
+                os._exit(INTERRUPT_EXIT_CODE)
             self.signal_received = True
 
         signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
 
     def _check_stop(self, step: int) -> None:
         acc = self.accelerator

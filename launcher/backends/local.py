@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
-from distrain_cloud.training.contract import STOP_EXIT_CODE, Contract, free_port
+from distrain_cloud.training.contract import STOP_EXIT_CODES, Contract, free_port
 from distrain_cloud.training.node_launch import plan_node
 from distrain_cloud.training.strategies import choose_precision, deepspeed_config_for, parse_strategy
 
@@ -131,13 +132,22 @@ class LocalBackend:
         root.parent.mkdir(parents=True, exist_ok=True)
         root.mkdir()  # exclusive: never reuse another job's folder
         (root / "job.json").write_text(plan.to_json())
-        _write_status(root, "InProgress")
         env = {**os.environ, **plan.request["env"]}
         with open(root / "job.log", "wb") as log:
+            # A process group of its own: a terminal's Ctrl-C reaches this process only, which
+            # passes it on once (the node launcher signals each training process).
             proc = subprocess.Popen(
-                plan.request["command"], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+                plan.request["command"],
+                cwd=root,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                process_group=0,
             )
-            previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+            # Who runs it, so that `status` can tell a job still running from one killed with us.
+            _write_status(root, "InProgress", pid=proc.pid, host=socket.gethostname())
+            forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
+            previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
             try:
                 assert proc.stdout is not None
                 for line in iter(proc.stdout.readline, b""):
@@ -145,15 +155,22 @@ class LocalBackend:
                     sys.stdout.flush()
                     log.write(line)
                 code = proc.wait()
-            except KeyboardInterrupt:
-                proc.send_signal(signal.SIGTERM)  # let it checkpoint
-                code = proc.wait()
             finally:
-                signal.signal(signal.SIGTERM, previous)
-        _write_status(root, "Completed" if code == 0 else ("Stopped" if code == STOP_EXIT_CODE else "Failed"), code)
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+        failure = root / "output" / "failure"
+        detail = failure.read_text().strip().removeprefix("error: ") if code and failure.is_file() else ""
+        status = "Completed" if code == 0 else ("Stopped" if code in STOP_EXIT_CODES else "Failed")
+        if status == "Stopped":
+            detail = "stopped on request (Ctrl-C or SIGTERM); resume with --resume-from " + plan.job_name
+        elif status == "Failed" and not detail:
+            detail = f"training exited with code {code} (see {root / 'job.log'})"
+        _write_status(root, status, code, detail=detail)
+        model = root / "model"
+        saved = f"model in {model}, " if (model / "config.json").is_file() else ""
         print(
-            f"job {plan.job_name}: {'completed' if code == 0 else f'exited with code {code}'}; "
-            f"model in {root / 'model'}, logs in {root / 'job.log'}",
+            f"job {plan.job_name}: {status.lower()}{f' ({detail})' if status == 'Failed' else ''}; "
+            f"{saved}logs in {root / 'job.log'}",
             file=sys.stderr,
         )
         return code
@@ -167,7 +184,14 @@ class LocalBackend:
         return root
 
     def status(self, job: JobRef) -> dict[str, Any]:
-        info = json.loads((self._root(job) / "status.json").read_text())
+        root = self._root(job)
+        info = json.loads((root / "status.json").read_text())
+        if info["status"] == "InProgress" and _gone(info):
+            # Killed with the command that ran it (kill -9, a closed terminal, a reboot): nobody
+            # is left to record how it ended. Recorded now, so a reused pid cannot revive it.
+            detail = f"its processes (pid {info['pid']}) ended without recording an exit status; see job.log"
+            _write_status(root, "Lost", detail=detail)
+            info = json.loads((root / "status.json").read_text())
         return {
             "job_name": job.name,
             **info,
@@ -218,8 +242,27 @@ def _has_training_stack() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "accelerate"))
 
 
-def _write_status(root: Path, status: str, exit_code: int | None = None) -> None:
-    (root / "status.json").write_text(json.dumps({"status": status, "exit_code": exit_code, "updated": time.time()}))
+def _write_status(root: Path, status: str, exit_code: int | None = None, **extra: Any) -> None:
+    record = {"status": status, "exit_code": exit_code, "updated": time.time(), **extra}
+    (root / "status.json").write_text(json.dumps(record))
+
+
+def _gone(info: dict[str, Any]) -> bool:
+    """Whether the job's recorded process no longer runs (on this host: a work folder shared
+    with another machine may hold that machine's running jobs)."""
+    if "pid" not in info or info.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(info["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # someone else's process: alive
+        return False
+    try:  # a zombie (ended, not yet reaped: a container's init may never reap it) is gone too
+        stat = Path(f"/proc/{info['pid']}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].startswith("Z")
 
 
 BACKEND = LocalBackend()

@@ -2,6 +2,10 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -176,3 +180,101 @@ def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, 
     again = cli("resume", resumed, "--dry-run", "--json", cwd=tmp_path, env=env)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["request"]["env"]["DISTRAIN_CHECKPOINT_DIR"] == shared
+
+
+def _start_cli(tmp_path, *train_flags: str) -> subprocess.Popen:
+    """`distrain-cloud submit --instance local` in a session of its own, as in a terminal: the
+    CLI's process group is the terminal's foreground group, which a Ctrl-C signals."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "distrain_cloud.launcher.cli", "submit", "--instance", "local", "--", *train_flags],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "", "WANDB_API_KEY": "", "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_for(condition, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, "the job ended before it was stopped:\n" + proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "timed out waiting for the job"
+        time.sleep(0.1)
+
+
+def _job_root(tmp_path) -> Path | None:
+    roots = list((tmp_path / "runs").glob("*/status.json")) if (tmp_path / "runs").is_dir() else []
+    return roots[0].parent if roots else None
+
+
+def _kill_everything(proc: subprocess.Popen, root: Path | None) -> None:
+    """After a failed assertion: the CLI's group and the job's (it runs in a group of its own)."""
+    groups = [proc.pid]
+    if root is not None and "pid" in (info := json.loads((root / "status.json").read_text())):
+        groups.append(info["pid"])
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.communicate()
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_terminal_checkpoints_and_the_job_is_stopped(cli, tmp_path):
+    proc = _start_cli(tmp_path, "--max-steps", "100000", "--save-every", "1000", "--log-every", "1")
+    root = None
+    try:
+
+        def three_steps_logged() -> bool:
+            nonlocal root
+            root = _job_root(tmp_path)
+            metrics = root / "output" / "metrics.jsonl" if root else None
+            return metrics is not None and metrics.is_file() and metrics.read_text().count("\n") >= 3
+
+        _wait_for(three_steps_logged, proc)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            _kill_everything(proc, root)
+    assert root is not None
+    assert proc.returncode == 130, out[-2000:] + err[-3000:]
+    (stopped,) = [line for line in out.splitlines() if line.startswith("stopped=")]
+    step = int(stopped.split()[1].removeprefix("step="))
+    assert stopped == f"stopped=SIGINT step={step} checkpoint_saved=1"
+    (ckpt,) = (root / "checkpoints").glob("checkpoint-*")
+    assert ckpt.name == f"checkpoint-{step:08d}" and (ckpt / "COMPLETE").is_file()
+    assert "Traceback" not in out + err, err[-3000:]
+    status = json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)
+    assert (status["status"], status["exit_code"]) == ("Stopped", 130)
+    assert f"--resume-from {root.name}" in status["detail"]
+    assert "model in" not in err  # stopped: no model was saved
+
+
+def test_a_local_job_killed_hard_is_lost_not_in_progress(cli, tmp_path):
+    # The whole job killed at once, the CLI that would record its end included (kill -9, a
+    # closed terminal): status and ls must not say InProgress forever.
+    proc = _start_cli(tmp_path, "--max-steps", "100000")
+    root = None
+    try:
+
+        def started() -> bool:
+            nonlocal root
+            root = _job_root(tmp_path)
+            return root is not None and "pid" in json.loads((root / "status.json").read_text() or "{}")
+
+        _wait_for(started, proc, timeout=60)
+        assert root is not None
+        assert json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)["status"] == "InProgress"
+    finally:
+        _kill_everything(proc, root)
+    status = json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)
+    assert status["status"] == "Lost" and status["terminal"]
+    assert "ended without recording an exit status" in status["detail"]
+    ls = cli(
+        "ls", "--json", cwd=tmp_path, env={**os.environ, "AWS_ACCESS_KEY_ID": "", "AWS_EC2_METADATA_DISABLED": "true"}
+    )
+    assert [j["status"] for j in json.loads(ls.stdout)] == ["Lost"]

@@ -185,9 +185,10 @@ def test_checkpoint_without_manifest_still_resumes(train, baseline):
     assert_same_result(rerun, baseline)
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_143(train):
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])  # a stop; Ctrl-C
+def test_sigterm_saves_a_checkpoint_and_exits_143(train, sig, code):
     flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", "1", "--report-to", "none"]
-    proc, c, argv = train.popen(*flags, name="sigterm")
+    proc, c, argv = train.popen(*flags, name=f"stop-{sig.name}")
     metrics = c.output_dir / "metrics.jsonl"
 
     def steps_logged() -> int:
@@ -200,15 +201,16 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(train):
         while steps_logged() < 5 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None, "the run ended before it was signalled"
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         run = train.finish(proc, c, argv, timeout=120)
     finally:
         train.kill(proc)  # only if a failed assertion left it running
 
-    assert run.returncode == 143, run.describe()
+    assert run.returncode == code, run.describe()
     step = max(run.train_losses)
     assert step >= 5
-    assert run.lines("stopped=") == [f"stopped=SIGTERM step={step} checkpoint_saved=1"], run.describe()
+    assert run.lines("stopped=") == [f"stopped={sig.name} step={step} checkpoint_saved=1"], run.describe()
+    assert "Traceback" not in run.stderr, run.describe()
     (ckpt,) = c.complete_checkpoints()
     assert ckpt.name == f"checkpoint-{step:08d}"
     assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == step
@@ -216,11 +218,33 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(train):
     assert run.evals == [] and not c.model_dir.exists()
 
     # The same command again resumes from it (and is killed two steps later to end the test).
-    again = train(*flags, name="sigterm", env={"DISTRAIN_TEST_KILL_AT_STEP": str(step + 2)})
+    again = train(*flags, name=f"stop-{sig.name}", env={"DISTRAIN_TEST_KILL_AT_STEP": str(step + 2)})
     assert again.returncode in KILLED, again.describe()
     assert again.lines("resumed_from=") == [resumed_line(step)], again.describe()
     assert max(again.train_losses) == step + 2
     assert [m["step"] for m in again.metrics if "train_loss" in m][-2:] == [step + 1, step + 2]
+
+
+def test_sigterm_to_node_launch_reaches_a_single_process(train):
+    # accelerate's launcher for one process forwards no signal (and died of SIGTERM, leaving the
+    # trainer running to the end); node_launch signals the training process itself.
+    flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", "1", "--report-to", "none"]
+    proc, c, argv = train.popen(*flags, name="sigterm-1", processes=1)
+    metrics = c.output_dir / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while (not metrics.is_file() or metrics.read_text().count("\n") < 3) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the run ended before it was signalled"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGTERM)
+        run = train.finish(proc, c, argv, timeout=120)
+    finally:
+        train.kill(proc)
+    step = max(run.train_losses)
+    assert run.lines("stopped=") == [f"stopped=SIGTERM step={step} checkpoint_saved=1"], run.describe()
+    assert [p.name for p in c.complete_checkpoints()] == [f"checkpoint-{step:08d}"]
+    assert run.returncode == 143, run.describe()
+    assert "Traceback" not in run.stderr, run.describe()
 
 
 @pytest.mark.multiprocess
