@@ -10,11 +10,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from distrain_cloud.infra.errors import UserError
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 app = typer.Typer(
     help="Run Hugging Face training jobs (Accelerate + DeepSpeed ZeRO) on SageMaker, EC2 or locally.",
@@ -108,7 +111,7 @@ def submit(
     SPEC is an optional job YAML (see examples/); flags override it. Training flags go
     after `--`, e.g. `submit --instance local -- --task causal-lm --max-steps 50`.
     """
-    from .api import check_same_training, plan_job, previous_spec, spec_changes, submit_job
+    from .api import check_same_training, plan_job, previous_spec, spec_changes
     from .spec import load_spec
 
     overrides = {
@@ -153,10 +156,7 @@ def submit(
             if listing
             else f"code bundle files: none ({plan.backend} jobs run the installed code, not a bundle)"
         )
-    if dry_run:
-        failed = plan.failed_checks
-        raise typer.Exit(1 if failed else 0)
-    raise typer.Exit(submit_job(plan, wait=wait))
+    _act(plan, dry_run=dry_run, as_json=as_json, wait=wait)
 
 
 @app.command()
@@ -281,16 +281,14 @@ def resume(
 ) -> None:
     """Continue a stopped, interrupted or failed job from its checkpoints: a new job of the same
     lineage, with the spec JOB was submitted with (SageMaker: the same as `submit --resume-from JOB`)."""
-    from .api import plan_job, resume_spec, submit_job
+    from .api import plan_job, resume_spec
     from .jobs import find_job
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
     plan = plan_job(resume_spec(ref), dry_run=dry_run)
     if dry_run or as_json:
         typer.echo(plan.to_json() if as_json else plan.render())
-    if dry_run:
-        raise typer.Exit(1 if plan.failed_checks else 0)
-    raise typer.Exit(submit_job(plan, wait=wait))
+    _act(plan, dry_run=dry_run, as_json=as_json, wait=wait)
 
 
 @app.command()
@@ -328,6 +326,54 @@ def instances(
             f"{i.name:22} {i.gpus} x {i.gpu_model:5} {i.gpu_memory_gib:4} GiB  "
             f"cc {i.compute_capability_str}  ${price if price else '?'}/h (us-east-1)"
         )
+
+
+def _act(plan: Plan, *, dry_run: bool, as_json: bool, wait: bool) -> NoReturn:
+    """A dry run ends after the plan (a failed check as its last line); a submit runs it. With
+    --json, stdout holds the plan and one result object: the job's own output goes to stderr."""
+    import contextlib
+    import json
+
+    from .api import submit_job
+    from .plan import refuse_failed_checks
+
+    if dry_run:
+        refuse_failed_checks(plan, exit_code=1)
+        raise typer.Exit(0)
+    if not as_json:
+        raise typer.Exit(submit_job(plan, wait=wait))
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            code = submit_job(plan, wait=wait)
+    except UserError as e:
+        refused = {"job": plan.job_name, "status": "NotSubmitted", "exit_code": e.exit_code, "error": str(e)}
+        typer.echo(json.dumps(refused))
+        raise
+    typer.echo(json.dumps(_result(plan, code), default=str))
+    raise typer.Exit(code)
+
+
+def _result(plan: Plan, code: int) -> dict[str, Any]:
+    """What a script wants once submit returns: the job, its state, where the model is."""
+    from .backends import get_backend
+    from .jobs import find_job
+
+    try:
+        info = get_backend(plan.backend).status(find_job(plan.job_name))
+    except UserError as e:  # a cloud job just submitted may not be visible yet
+        info = {"status": "Submitted", "detail": str(e)}
+    model = info.get("model_artifacts")
+    if plan.backend == "local":
+        folder = Path(plan.request["cwd"]) / "model"
+        model = str(folder) if (folder / "config.json").is_file() else None
+    return {
+        "job": plan.job_name,
+        "backend": plan.backend,
+        "status": info.get("status"),
+        "exit_code": code,
+        "model": model,
+        "detail": info.get("detail") or None,
+    }
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:

@@ -66,13 +66,16 @@ class Plan:
         return "\n".join(lines)
 
 
-def refuse_failed_checks(plan: Plan) -> None:
-    """The one refusal for a plan with failed checks: before anything is created."""
+def refuse_failed_checks(plan: Plan, *, exit_code: int = 2) -> None:
+    """The one refusal for a plan with failed checks: before anything is created (exit_code 1:
+    the dry run's, whose plan was printed)."""
     failed = plan.failed_checks
     if failed:
-        raise UserError(
+        error = UserError(
             "plan check failed, nothing was created: " + "; ".join(f"{c.name} ({c.detail})" for c in failed)
         )
+        error.exit_code = exit_code
+        raise error
 
 
 def unique_job_name(prefix: str, max_len: int = 63) -> str:
