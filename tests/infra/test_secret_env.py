@@ -52,6 +52,9 @@ def test_main_puts_values_in_the_environment_and_runs_the_command(mocked_aws, mo
     arn = boto3.client("secretsmanager", region_name=REGION).create_secret(Name="hf", SecretString="fake-hf-value-1")[
         "ARN"
     ]
+    # Recorded as absent first, so that the value main() puts in os.environ is removed afterwards
+    # (a delenv at the end would restore it instead, for every later test to see).
+    monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("DISTRAIN_SECRETS", json.dumps({"HF_TOKEN": arn}))
     ran = {}
     monkeypatch.setattr(os, "execvp", lambda file, args: ran.update(args=args, token=os.environ.get("HF_TOKEN")))
@@ -61,7 +64,6 @@ def test_main_puts_values_in_the_environment_and_runs_the_command(mocked_aws, mo
     out = capsys.readouterr()
     assert "fake-hf-value-1" not in out.out + out.err
     assert "secrets resolved into: HF_TOKEN" in out.out
-    monkeypatch.delenv("HF_TOKEN")
 
 
 def test_main_fails_in_one_line(mocked_aws, monkeypatch, capsys):
