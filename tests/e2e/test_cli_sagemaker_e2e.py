@@ -113,6 +113,7 @@ def role(moto_server):
     )["Role"]["Arn"]
 
 
+@pytest.mark.slow  # seven CLI processes against a moto server
 def test_submit_the_example_then_status_ls_logs_and_cancel(cli, moto_server, env, role, tmp_path):
     r = cli(
         "submit", str(EXAMPLE), "--region", REGION, "--role", role, "--max-cost", "100", "--json", env=env, cwd=tmp_path
@@ -230,6 +231,7 @@ def test_submit_with_only_region_flag_and_no_configured_region(cli, moto_server,
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow  # CLI processes and a CloudFormation stack on a moto server
 def test_after_infra_up_a_submit_needs_no_role(cli, moto_server, env, tmp_path):
     """No role and no stack: one line saying to run `infra up`; after it, the stack's role and bucket."""
     r = cli("submit", "--instance", "ml.g5.xlarge", "--stack", "e2e-stack", env=env, cwd=tmp_path)

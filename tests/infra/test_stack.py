@@ -72,6 +72,7 @@ def _launch_tagged(name: str, count: int = 2) -> list[str]:
 # --- the template ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # cfn-lint loads its whole rule and schema set
 def test_template_passes_cfn_lint():
     from cfnlint.api import ManualArgs, lint_file
 
@@ -163,6 +164,7 @@ def test_importing_the_library_and_cli_loads_no_boto3():
 # --- up, up again, down, up ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # three stack operations on moto
 def test_up_twice_is_a_no_op_then_down_and_up_again(mocked_aws):
     cf = boto3.client("cloudformation", REGION)
     first = stack.plan_up(region=REGION)
@@ -313,6 +315,7 @@ def test_node_role_policy_under_enforced_iam(mocked_aws):
 # --- down -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_down_refuses_while_stack_instances_run_and_force_terminates_them(mocked_aws):
     made = _up()
     ids = _launch_tagged(stack.DEFAULT_STACK)
@@ -352,6 +355,7 @@ def test_no_stack_says_to_run_infra_up(mocked_aws):
         stack.status("team-a", REGION)
 
 
+@pytest.mark.slow
 def test_a_failed_stack_is_one_line_and_nothing_changes(mocked_aws):
     from moto.cloudformation.models import Event
 
@@ -462,6 +466,7 @@ def test_cli_up_shows_the_change_set_and_asks(mocked_aws, monkeypatch):
     assert again.output == "stack 'distrain-cloud' in us-east-1 is up to date: nothing to change\n"
 
 
+@pytest.mark.slow
 def test_cli_status_and_down(mocked_aws):
     made = _up()
     ids = _launch_tagged(stack.DEFAULT_STACK, 1)

@@ -517,6 +517,7 @@ def cluster(tmp_path, store):
         c.close()
 
 
+@pytest.mark.slow
 def test_a_job_that_completes_records_uploads_and_tags_every_node(cluster, s3):
     c = cluster(steps=6, secrets={"HF_TOKEN": "ssm:/team/hf"})
     results = c.run()
@@ -542,6 +543,7 @@ def test_a_job_that_completes_records_uploads_and_tags_every_node(cluster, s3):
         assert any("final status Completed" in m for m in messages)
 
 
+@pytest.mark.slow
 def test_a_spot_notice_on_one_node_stops_every_node_with_a_complete_checkpoint(cluster, s3):
     c = cluster()
     threading.Timer(1.5, c.imds[1].set_spot_notice).start()
@@ -562,6 +564,7 @@ def test_a_spot_notice_on_one_node_stops_every_node_with_a_complete_checkpoint(c
     assert "distrain/jobs/job-a1/model/model.safetensors" not in keys(s3)  # no model from a stopped run
 
 
+@pytest.mark.slow
 def test_a_resumed_attempt_starts_every_node_from_the_checkpoint(cluster, s3):
     c = cluster()
     threading.Timer(1.0, lambda: c.store.put_json(c.job.key("stop"), {"reason": "cancel", "by": "cli"})).start()
@@ -581,6 +584,7 @@ def test_a_resumed_attempt_starts_every_node_from_the_checkpoint(cluster, s3):
         assert f"resumed={stopped_at} " in log
 
 
+@pytest.mark.slow
 def test_a_node_that_fails_stops_the_others(cluster):
     c = cluster()
     c.env[1]["FAKE_FAIL_AT"] = "8"
@@ -591,6 +595,7 @@ def test_a_node_that_fails_stops_the_others(cluster):
     assert c.tags(1)["distrain-cloud:status"] == "Failed"
 
 
+@pytest.mark.slow
 def test_a_node_that_never_joins_fails_the_rendezvous_and_leaves_a_stop_marker(cluster, s3):
     c = cluster(rendezvous_timeout_s=1)
     results = c.run(ranks=[0])
@@ -604,6 +609,7 @@ def test_a_node_that_never_joins_fails_the_rendezvous_and_leaves_a_stop_marker(c
     assert late[1].status == "Stopped" and "node 0 failed: node 1 of 2 never joined" in late[1].reason
 
 
+@pytest.mark.slow
 def test_the_deadline_stops_every_node(cluster):
     c = cluster(deadline=time.time() + 2)
     results = c.run()
@@ -623,6 +629,7 @@ def test_a_peer_that_failed_to_boot_ends_the_rendezvous_at_once(cluster):
     assert c.tags(0)["distrain-cloud:status"] == "Stopped"
 
 
+@pytest.mark.slow
 def test_a_node_that_lost_its_peer_lets_the_peer_that_failed_take_the_blame(cluster):
     # Node 0's training dies of the broken connection a moment before node 1 reports its real failure.
     c = cluster()
@@ -633,6 +640,7 @@ def test_a_node_that_lost_its_peer_lets_the_peer_that_failed_take_the_blame(clus
     assert (results[0].status, results[0].reason) == ("Stopped", "node 1 failed: fake trainer failed on purpose")
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_agent_stops_every_node(cluster):
     # What the hard stop (shutdown -h) or an operator's kill sends the agent itself.
     c = cluster()
