@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
+from . import quiet
 from .contract import INTERRUPT_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -26,11 +27,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     # back until the trainer installs its own stop handler.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    quiet.install()
     try:
         _run(argv)
     except KeyboardInterrupt:  # Ctrl-C before training started: nothing to save
         print("stopped: interrupted before training started (nothing to save)", file=sys.stderr, flush=True)
         sys.exit(INTERRUPT_EXIT_CODE)
+    except Exception as e:  # noqa: BLE001 - anything else is still one line; its traceback goes to a file
+        _fail_unexpected(e)
 
 
 def _run(argv: Sequence[str] | None) -> None:
@@ -57,6 +61,30 @@ def _run(argv: Sequence[str] | None) -> None:
         trainer.save(metrics)
     except CheckpointError as e:  # a checkpoint that cannot be resumed, or a full disk
         _fail(e, contract, code=e.exit_code, every_process=e.every_process)
+
+
+def _fail_unexpected(error: Exception) -> NoReturn:
+    """A failure no check foresaw (a library's error, a bug): one line naming it, on every
+    process (it may be this one's alone), exit 1. The traceback goes to output/traceback.txt
+    (printed instead with DISTRAIN_DEBUG=1)."""
+    import traceback
+
+    from .contract import Contract
+
+    if os.environ.get("DISTRAIN_DEBUG"):
+        raise error
+    contract, where = None, ""
+    try:
+        contract = Contract.from_env()
+        rank = os.environ.get("RANK", "0")
+        path = contract.output_dir / ("traceback.txt" if rank == "0" else f"traceback-rank{rank}.txt")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(traceback.format_exception(error)))
+        where = f" (traceback in {path}; DISTRAIN_DEBUG=1 prints it)"
+    except (OSError, ValueError):
+        where = " (DISTRAIN_DEBUG=1 prints the traceback)"
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else "(no message)"
+    _fail(RuntimeError(f"{type(error).__name__}: {reason}{where}"), contract, code=1, every_process=True)
 
 
 def _fail(error: Exception, contract: Contract | None, code: int = 2, every_process: bool = False) -> NoReturn:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import quiet
 from .args import parse_args
 from .contract import STOP_EXIT_CODES, Contract
 from .strategies import ClusterShape, accelerate_config, parse_strategy
@@ -173,6 +174,8 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
         assert proc.stderr is not None
         for raw in iter(proc.stderr.readline, b""):
             line = raw.decode(errors="replace")
+            if quiet.is_noise(line):
+                continue
             if held or "torch/distributed/elastic" in line or line.startswith("Traceback (most recent call"):
                 held.append(line)
             else:

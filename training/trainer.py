@@ -7,6 +7,7 @@ gather of ZeRO-3 weights) runs on all processes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -15,7 +16,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .args import ArgumentError, TrainArgs, default_lr
@@ -153,7 +154,8 @@ class Trainer:
         """The tokenizer and the tokenized splits (the main process first: it fills the caches)."""
         from . import data, modeling
 
-        self.tokenizer = modeling.load_tokenizer(self.args)
+        with _loading(self.args, "its tokenizer"):
+            self.tokenizer = modeling.load_tokenizer(self.args)
         self.data = data.prepare(self.args, self.contract, self.tokenizer, self.accelerator.main_process_first)
 
     def _load_model(self) -> Any:
@@ -164,9 +166,10 @@ class Trainer:
         a = self.args
         _select_sdpa_backend(a.sdpa_backend, padded=self.data.padded)
         names = self.data.label_names
-        model = modeling.load_model(
-            a, self.tokenizer, len(names) if names else None, dict(enumerate(names)) if names else None
-        )
+        with _loading(a, "it"):
+            model = modeling.load_model(
+                a, self.tokenizer, len(names) if names else None, dict(enumerate(names)) if names else None
+            )
         self.num_parameters = modeling.count_parameters(model)
         modeling.training_forward(model)
         if self.strategy.zero_stage == 3 and a.zero3_block_fetch:
@@ -626,6 +629,30 @@ class _Window:
         else:
             self.tokens = self.tokens + mask.sum()
             self.positions += mask.numel()
+
+
+@contextlib.contextmanager
+def _loading(args: TrainArgs, what: str) -> Iterator[None]:
+    """A model or tokenizer that cannot be loaded (not on the Hub, no network, gated, no such
+    folder) is a bad --model: one line naming it, not the Hub client's chained tracebacks."""
+    try:
+        yield
+    except OSError as e:
+        flag, name = next((f, n) for f, n in _model_flags(args, what) if n)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        hint = ""
+        if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0"):
+            hint = " (HF_HUB_OFFLINE is set: only models already in the local cache load)"
+        raise ArgumentError(f"{flag} {name}: cannot load {what}: {reason}{hint}") from e
+    except ValueError as e:  # transformers' word for a model with no head for this task
+        flag, name = next((f, n) for f, n in _model_flags(args, what) if n)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ArgumentError(f"--task {args.task} with {flag} {name}: {reason}") from e
+
+
+def _model_flags(args: TrainArgs, what: str) -> list[tuple[str, str | None]]:
+    tokenizer = [("--tokenizer", args.tokenizer)] if what == "its tokenizer" else []
+    return [*tokenizer, ("--model", args.model), ("--model-config", args.model_config), ("--model", "(default)")]
 
 
 def _allow_tf32(torch: Any) -> None:

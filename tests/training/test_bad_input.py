@@ -98,6 +98,9 @@ CASES = {
     "zero-pad-multiple": (["--pad-to-multiple-of", "0"], ["--pad-to-multiple-of"]),
     "ce-kernel-without-fused-ce": (["--task", "causal-lm", "--ce-kernel", "liger"], ["--ce-kernel", "--fused-ce"]),
     "bf16-reduce-on-cpu": (["--ddp-reduce-dtype", "bf16"], ["--ddp-reduce-dtype bf16", "GPUs"]),
+    # the Hub client's chained tracebacks, and transformers' for a model with no head for the task
+    "hub-model-offline": (["--model", "gpt2"], ["--model gpt2: cannot load", "HF_HUB_OFFLINE is set"]),
+    "task-without-a-head": (["--task", "masked-lm"], ["--task masked-lm with --model", "AutoModelForMaskedLM"]),
 }
 
 
