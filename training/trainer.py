@@ -15,14 +15,18 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .args import ArgumentError, TrainArgs, default_lr
 from .contract import INTERRUPT_EXIT_CODE, SECOND_INTERRUPT_S, STOP_EXIT_CODE, Contract, free_port
 from .profiling import Profiler
 from .strategies import compile_decision, ddp_bucket_mb, deepspeed_config_for, parse_strategy
+
+# A setup step silent for this long gets a line saying what it is doing.
+SLOW_PHASE_S = 10.0
 
 
 @dataclasses.dataclass
@@ -73,15 +77,23 @@ class Trainer:
         self.accelerator = self._make_accelerator(world, cuda=torch.cuda.is_available())
         acc = self.accelerator
         set_seed(a.seed)
-        self._load_data()
-        model = self._load_model()
+        with _slow_phase("loading the tokenizer and data (tokenized once, then cached)", self._print):
+            self._load_data()
+        with _slow_phase(f"loading the model {a.model or a.model_config or ''} (downloaded on first use)", self._print):
+            model = self._load_model()
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
             a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda"
         )
         self.steps_per_epoch = max(1, len(self.train_sampler) // a.grad_accum)
         self.max_steps = a.max_steps if a.max_steps is not None else math.ceil(a.epochs * self.steps_per_epoch)
-        optimizer = self._optimizer(model, torch)
-        self.model, self.optimizer, self.train_dl, self.eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
+        builds = (
+            " (DeepSpeed builds its ops on first use: minutes on a fresh machine)"
+            if self.strategy.uses_deepspeed
+            else ""
+        )
+        with _slow_phase(f"preparing the model and optimizer for {self.strategy.value}{builds}", self._print):
+            optimizer = self._optimizer(model, torch)
+            self.model, self.optimizer, self.train_dl, self.eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
         self._compile(torch)
 
     def _check_environment(self, world: int, *, cuda: bool) -> None:
@@ -260,10 +272,11 @@ class Trainer:
         self.metrics_file = self.contract.output_dir / "metrics.jsonl"
 
         profiler = Profiler(a.profile_steps, acc, self.contract.output_dir)
-        progress = self._progress(initial=state.step)
+        progress = self._bar = self._progress(initial=state.step)
         window = _Window()
         self.model.train()
         started, first_step_done = time.perf_counter(), False
+        self._clock = (started, state.step)  # for elapsed and remaining time in the step lines
         while state.step < self.max_steps and not self.stop_requested:
             self.train_sampler.set_epoch(state.epoch)
             self.train_dl.set_epoch(state.epoch)
@@ -584,20 +597,35 @@ class Trainer:
         if acc.device.type == "cuda":  # the most loaded process is the one that runs out
             peak = torch.tensor(torch.cuda.max_memory_allocated(acc.device) / 2**30, device=acc.device)
             metrics["peak_mem_gb"] = acc.gather(peak[None]).max().item()
+        self._bar.set_postfix(loss=f"{loss:.4g}", tokens_per_sec=f"{metrics['tokens_per_sec']:.0f}", refresh=False)
         self._emit(step, metrics)
 
     def _emit(self, step: int, metrics: dict[str, float]) -> None:
         acc = self.accelerator
         acc.log(metrics, step=step)
         if acc.is_main_process:
-            # key=value lines: stable for SageMaker metric regexes and for grep.
-            self._print(" ".join([f"step={step}"] + [f"{k}={_fmt(v)}" for k, v in metrics.items()]))
+            # key=value lines: stable for SageMaker metric regexes, the bench and grep (fields are
+            # only ever added, at the end). Then, for people reading a log: where the run stands.
+            now = time.time()
+            extra: dict[str, str] = {}
+            started, first = getattr(self, "_clock", (time.perf_counter(), step))
+            if "train_loss" in metrics:
+                elapsed = time.perf_counter() - started
+                left = (self.max_steps - step) * elapsed / max(step - first, 1)
+                extra = {"progress": f"{step}/{self.max_steps}", "elapsed": _hms(elapsed), "eta": _hms(left)}
+            extra["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+            fields: dict[str, float | str] = {**metrics, **extra}
+            self._print(" ".join([f"step={step}"] + [f"{k}={_fmt(v)}" for k, v in fields.items()]))
             with open(self.metrics_file, "a") as f:
-                f.write(json.dumps({"step": step, **metrics}) + "\n")
+                f.write(json.dumps({"step": step, **metrics, "time": round(now, 3)}) + "\n")
 
     def _print(self, line: str) -> None:
         if self.accelerator.is_main_process:
-            print(line, flush=True)
+            bar = getattr(self, "_bar", None)
+            if bar is not None and not bar.disable:
+                bar.write(line)  # above the progress bar, which redraws below
+            else:
+                print(line, flush=True)
 
     def _progress(self, initial: int):
         from tqdm.auto import tqdm
@@ -606,6 +634,7 @@ class Trainer:
             total=self.max_steps,
             initial=initial,
             desc="train",
+            unit="step",
             dynamic_ncols=True,
             disable=not self.accelerator.is_main_process or not sys.stderr.isatty(),
         )
@@ -629,6 +658,28 @@ class _Window:
         else:
             self.tokens = self.tokens + mask.sum()
             self.positions += mask.numel()
+
+
+@contextlib.contextmanager
+def _slow_phase(what: str, say: Callable[[str], None], after_s: float | None = None) -> Iterator[None]:
+    """A line when a setup step has run for SLOW_PHASE_S with nothing to show (a download, an op
+    build), and one when it ends: a quiet minute then reads as work, not a hang. Quick ones say
+    nothing."""
+    started, said = time.perf_counter(), []
+
+    def say_once() -> None:
+        said.append(True)
+        say(f"setup: {what}...")
+
+    timer = threading.Timer(SLOW_PHASE_S if after_s is None else after_s, say_once)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if said:
+            say(f"setup: {what.split(' (')[0]}: done in {_hms(time.perf_counter() - started)}")
 
 
 @contextlib.contextmanager
@@ -724,7 +775,17 @@ def macro_f1(pred, label, num_classes: int) -> float:
     return sum(scores) / len(scores) if scores else 0.0
 
 
-def _fmt(v: float) -> str:
+def _hms(seconds: float) -> str:
+    """7.2 -> '7s', 62 -> '1m02s', 3725 -> '1h02m05s': readable in a log line, one token for key=value
+    parsers."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    h, m = divmod(s // 60, 60)
+    return f"{h}h{m:02d}m{s % 60:02d}s" if h else f"{m}m{s % 60:02d}s"
+
+
+def _fmt(v: float | str) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
