@@ -208,6 +208,8 @@ def lookup(name: str) -> InstanceType:
         return _CATALOG[key]
     except KeyError:
         pass
+    if difflib.get_close_matches(key, ["local"], n=1, cutoff=0.75):
+        raise UserError(f"unknown instance type {name!r}; did you mean local? (this machine)")
     # Suggest from the same platform first: a typo in "ml.p3.8xlrge" means a SageMaker type.
     same_platform = [n for n in _CATALOG if n.startswith("ml.") == key.startswith("ml.")]
     close = difflib.get_close_matches(key, same_platform, n=1, cutoff=0.6) or difflib.get_close_matches(

@@ -18,14 +18,33 @@ from distrain_cloud.infra.errors import UserError
 
 if TYPE_CHECKING:
     from .plan import Plan
+    from .spec import JobSpec
 
 app = typer.Typer(
     help="Run Hugging Face training jobs (Accelerate + DeepSpeed ZeRO) on SageMaker, EC2 or locally.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},  # subcommands inherit it
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"distrain-cloud {version('distrain-cloud')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Run Hugging Face training jobs (Accelerate + DeepSpeed ZeRO) on SageMaker, EC2 or locally."""
 
 
 def _add_infra_commands() -> None:
@@ -47,6 +66,9 @@ Backend = Annotated[
 ]
 Region = Annotated[str | None, typer.Option("--region", help="AWS region (default: AWS_REGION / profile)")]
 Json = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+Yes = Annotated[
+    bool, typer.Option("--yes", "-y", help="cloud jobs: submit without asking (needed where no terminal can ask)")
+]
 Workdir = Annotated[Path, typer.Option("--workdir", help="local backend: folder holding local jobs")]
 
 
@@ -105,6 +127,7 @@ def submit(
     ] = False,
     as_json: Json = False,
     wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends")] = False,
+    yes: Yes = False,
 ) -> None:
     """Plan a training job and run it (or only print the plan with --dry-run).
 
@@ -156,7 +179,7 @@ def submit(
             if listing
             else f"code bundle files: none ({plan.backend} jobs run the installed code, not a bundle)"
         )
-    _act(plan, dry_run=dry_run, as_json=as_json, wait=wait)
+    _act(plan, job, dry_run=dry_run, as_json=as_json, wait=wait, yes=yes)
 
 
 @app.command()
@@ -278,6 +301,7 @@ def resume(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the new attempt's plan; send nothing")] = False,
     as_json: Json = False,
     wait: Annotated[bool, typer.Option("--wait", help="follow the new job until it ends")] = False,
+    yes: Yes = False,
 ) -> None:
     """Continue a stopped, interrupted or failed job from its checkpoints: a new job of the same
     lineage, with the spec JOB was submitted with (SageMaker: the same as `submit --resume-from JOB`)."""
@@ -285,10 +309,11 @@ def resume(
     from .jobs import find_job
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
-    plan = plan_job(resume_spec(ref), dry_run=dry_run)
+    spec = resume_spec(ref)
+    plan = plan_job(spec, dry_run=dry_run)
     if dry_run or as_json:
         typer.echo(plan.to_json() if as_json else plan.render())
-    _act(plan, dry_run=dry_run, as_json=as_json, wait=wait)
+    _act(plan, spec, dry_run=dry_run, as_json=as_json, wait=wait, yes=yes)
 
 
 @app.command()
@@ -328,7 +353,27 @@ def instances(
         )
 
 
-def _act(plan: Plan, *, dry_run: bool, as_json: bool, wait: bool) -> NoReturn:
+def _notice_default_limit(spec: JobSpec, plan: Plan) -> None:
+    """A cloud job bills until it ends: say so when its limit is the default, not a choice."""
+    if plan.backend == "local" or "max_run" in spec.model_fields_set:
+        return
+    worst = (plan.cost or {}).get("worst_case_usd")
+    cost = f" (worst case ${worst:.2f})" if worst is not None else ""
+    hours = spec.max_run / 3600
+    print(f"note: no --max-run given: the job may run {hours:g} h{cost}; set --max-run, e.g. 2h", file=sys.stderr)
+
+
+def _confirm(plan: Plan) -> None:
+    """Paid work starts only on a yes: --yes, or an answer at the terminal."""
+    worst = (plan.cost or {}).get("worst_case_usd")
+    what = f"{plan.job_name} on {plan.summary.get('instance')}" + (f", worst case ${worst:.2f}" if worst else "")
+    if not sys.stdin.isatty():
+        raise UserError(f"submitting {what} costs money: add --yes to submit without a terminal to confirm")
+    if not typer.confirm(f"Submit {what}?", default=False, err=True):
+        raise UserError("not submitted (answered no); add --yes to skip the question")
+
+
+def _act(plan: Plan, spec: JobSpec, *, dry_run: bool, as_json: bool, wait: bool, yes: bool) -> NoReturn:
     """A dry run ends after the plan (a failed check as its last line); a submit runs it. With
     --json, stdout holds the plan and one result object: the job's own output goes to stderr."""
     import contextlib
@@ -337,15 +382,20 @@ def _act(plan: Plan, *, dry_run: bool, as_json: bool, wait: bool) -> NoReturn:
     from .api import submit_job
     from .plan import refuse_failed_checks
 
-    if dry_run:
-        refuse_failed_checks(plan, exit_code=1)
-        raise typer.Exit(0)
-    if not as_json:
-        raise typer.Exit(submit_job(plan, wait=wait))
     try:
+        refuse_failed_checks(plan, exit_code=1 if dry_run else 2)
+        _notice_default_limit(spec, plan)
+        if dry_run:
+            raise typer.Exit(0)
+        if plan.backend != "local" and not yes:
+            _confirm(plan)
+        if not as_json:
+            raise typer.Exit(submit_job(plan, wait=wait))
         with contextlib.redirect_stdout(sys.stderr):
             code = submit_job(plan, wait=wait)
     except UserError as e:
+        if dry_run or not as_json:
+            raise
         refused = {"job": plan.job_name, "status": "NotSubmitted", "exit_code": e.exit_code, "error": str(e)}
         typer.echo(json.dumps(refused))
         raise

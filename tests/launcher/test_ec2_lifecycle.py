@@ -241,7 +241,7 @@ def test_an_oss_driver_ami_id_on_a_v100_fails_the_check_and_launches_nothing(sta
 
 
 def test_a_missing_stack_is_one_line_saying_to_run_infra_up(mocked_aws, calls, capsys):
-    code, out, err = run_cli(capsys, "submit", "--instance", "g4dn.12xlarge", "--region", REGION)
+    code, out, err = run_cli(capsys, "submit", "--yes", "--instance", "g4dn.12xlarge", "--region", REGION)
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [
         "error: no distrain-cloud stack 'distrain-cloud' in us-east-1: run `distrain-cloud infra up`"
@@ -454,7 +454,7 @@ def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, caps
     for rank in (0, 1):
         put_node(job, rank, status="Interrupted", exit_code=143, reason="spot-interruption", step=60)
     assert ec2.BACKEND.status(ref(job))["status"] == "Interrupted"
-    code, _, err = run_cli(capsys, "resume", job)
+    code, _, err = run_cli(capsys, "resume", job, "--yes")
     assert code == 0, err
     new = next(line.split()[1].rstrip(":") for line in err.splitlines() if line.startswith("submitted "))
     assert new != job
@@ -471,7 +471,7 @@ def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, caps
         record.unlink()
     code, out, err = run_cli(capsys, "resume", new, "--backend", "ec2", "--region", REGION, "--dry-run")
     assert code == 0 and f"lineage: <lineage of {new}>, attempt <next>" in out, err  # known only to AWS
-    code, _, err = run_cli(capsys, "resume", new, "--backend", "ec2", "--region", REGION)
+    code, _, err = run_cli(capsys, "resume", new, "--backend", "ec2", "--region", REGION, "--yes")
     assert code == 0, err
     third = next(line.split()[1].rstrip(":") for line in err.splitlines() if line.startswith("submitted "))
     description = s3_json(f"distrain-cloud/jobs/{third}/job.json")
@@ -637,7 +637,7 @@ def test_the_cli_submits_to_a_moto_server_with_a_stack_from_infra_up(tmp_path, m
 
     up = distrain("infra", "up", "--yes")
     assert up.returncode == 0, up.stderr
-    sub = distrain("submit", str(job_file), "--", "--max-steps", "3")
+    sub = distrain("submit", str(job_file), "--yes", "--", "--max-steps", "3")
     assert sub.returncode == 0, sub.stderr
     job = next(line.split()[1].rstrip(":") for line in sub.stderr.splitlines() if line.startswith("submitted "))
     status = distrain("status", job, "--json")

@@ -18,7 +18,7 @@ from distrain_cloud.launcher.cli import main
 from distrain_cloud.launcher.spec import load_spec
 
 ROLE = "arn:aws:iam::123456789012:role/distrain-sm"
-SAGEMAKER = ["submit", "--instance", "ml.g5.xlarge", "--region", "us-east-1", "--role", ROLE]
+SAGEMAKER = ["submit", "--yes", "--instance", "ml.g5.xlarge", "--region", "us-east-1", "--role", ROLE]
 BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
 )

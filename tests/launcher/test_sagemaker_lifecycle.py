@@ -238,7 +238,9 @@ def test_a_role_that_only_trusts_ec2_is_refused_and_nothing_is_created(mocked_aw
     ]["Arn"]
     with pytest.raises(UserError, match=r"IAM role 'ec2-only' does not trust sagemaker.amazonaws.com: add it"):
         plan_job(spec(arn))
-    code, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.8xlarge", "--role", arn, "--region", REGION)
+    code, out, err = run_cli(
+        capsys, "submit", "--yes", "--instance", "ml.p3.8xlarge", "--role", arn, "--region", REGION
+    )
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [
         "error: IAM role 'ec2-only' does not trust sagemaker.amazonaws.com: add it "
@@ -255,6 +257,18 @@ def test_a_role_that_only_trusts_ec2_is_refused_and_nothing_is_created(mocked_aw
     assert writes == set()
 
 
+def test_a_paid_submit_without_a_terminal_needs_yes_and_says_what_it_would_cost(role, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    code, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.8xlarge", "--role", role, "--region", REGION)
+    assert code == 2 and out == ""
+    note, error = err.strip().splitlines()
+    assert note == "note: no --max-run given: the job may run 24 h (worst case $352.51); set --max-run, e.g. 2h"
+    assert error.startswith("error: submitting distrain-") and error.endswith(
+        "worst case $352.51 costs money: add --yes to submit without a terminal to confirm"
+    )
+    nothing_created()
+
+
 def test_a_missing_role_or_one_of_another_account_is_refused(role):
     with pytest.raises(UserError, match="IAM role 'nope' not found in this account"):
         plan_job(spec("nope"))
@@ -267,6 +281,7 @@ def test_over_budget_submit_refuses_and_creates_nothing(role, capsys):
     code, out, err = run_cli(
         capsys,
         "submit",
+        "--yes",
         "--instance",
         "ml.p3.8xlarge",
         "--role",
@@ -303,7 +318,8 @@ def test_over_budget_submit_refuses_and_creates_nothing(role, capsys):
 )
 def test_create_training_job_errors_are_one_line_with_advice(role, monkeypatch, capsys, code, message, expected):
     sent = inject_error(monkeypatch, "CreateTrainingJob", code, message)
-    rc, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.8xlarge", "--role", role, "--region", REGION)
+    submit = ["submit", "--yes", "--instance", "ml.p3.8xlarge", "--max-run", "2h"]
+    rc, out, err = run_cli(capsys, *submit, "--role", role, "--region", REGION)
     assert rc == 2 and out == ""
     (line,) = err.strip().splitlines()
     assert line.startswith(expected), line
@@ -715,7 +731,8 @@ def sagemaker_refuses_taken_names(monkeypatch, *, lose_first_answer: bool = Fals
 
 def test_a_create_whose_answer_was_lost_is_still_a_success(role, monkeypatch, capsys):
     sent = sagemaker_refuses_taken_names(monkeypatch, lose_first_answer=True)
-    rc, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.8xlarge", "--role", role, "--region", REGION)
+    submit = ["submit", "--yes", "--instance", "ml.p3.8xlarge", "--max-run", "2h"]
+    rc, out, err = run_cli(capsys, *submit, "--role", role, "--region", REGION)
     assert sent == ["created", "ResourceInUse"]  # delivered, answer dropped; the retry met its own job
     assert rc == 0, err
     assert err.startswith("submitted ")
