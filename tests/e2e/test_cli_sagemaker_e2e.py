@@ -114,12 +114,21 @@ def role(moto_server):
 
 
 @pytest.mark.slow  # seven CLI processes against a moto server
+def json_objects(text: str) -> list[dict]:
+    """`submit --json`'s stdout: the plan, then the result; nothing else."""
+    decoder, objects, at = json.JSONDecoder(), [], 0
+    while text[at:].strip():
+        value, at = decoder.raw_decode(text, len(text) - len(text[at:].lstrip()))
+        objects.append(value)
+    return objects
+
+
 def test_submit_the_example_then_status_ls_logs_and_cancel(cli, moto_server, env, role, tmp_path):
-    r = cli(
-        "submit", str(EXAMPLE), "--region", REGION, "--role", role, "--max-cost", "100", "--json", env=env, cwd=tmp_path
-    )
+    args = ["submit", str(EXAMPLE), "--region", REGION, "--role", role, "--max-cost", "100", "--json", "--yes"]
+    r = cli(*args, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    plan = json.loads(r.stdout)
+    plan, result = json_objects(r.stdout)
+    assert (result["job"], result["exit_code"]) == (plan["job_name"], 0)
     job_name = plan["job_name"]
     assert f"submitted {job_name} (code bundle uploaded)" in r.stderr
     assert not [c for c in plan["checks"] if c["ok"] is False]
@@ -202,7 +211,7 @@ def test_submit_the_example_then_status_ls_logs_and_cancel(cli, moto_server, env
     assert r.returncode == 0 and r.stderr.rstrip().endswith(f"{job_name}: Completed / Completed"), r.stderr
 
     # the same code again: the bundle is already there
-    r = cli("submit", str(EXAMPLE), "--region", REGION, "--role", role, env=env, cwd=tmp_path)
+    r = cli("submit", str(EXAMPLE), "--region", REGION, "--role", role, "--yes", env=env, cwd=tmp_path)
     assert r.returncode == 0 and "(code bundle already in S3)" in r.stderr, r.stderr
     assert len(s3.list_objects_v2(Bucket=bucket)["Contents"]) == 1
 
@@ -226,7 +235,7 @@ def test_status_of_an_unknown_job_is_one_line(cli, env, tmp_path):
 
 def test_submit_with_only_region_flag_and_no_configured_region(cli, moto_server, env, role, tmp_path):
     bare = {k: v for k, v in env.items() if k not in ("AWS_DEFAULT_REGION", "AWS_REGION")}
-    r = cli("submit", str(EXAMPLE), "--region", REGION, "--role", role, env=bare, cwd=tmp_path)
+    r = cli("submit", str(EXAMPLE), "--region", REGION, "--role", role, "--yes", env=bare, cwd=tmp_path)
     assert "no AWS region" not in r.stderr
     assert r.returncode == 0, r.stderr
 
@@ -241,9 +250,9 @@ def test_after_infra_up_a_submit_needs_no_role(cli, moto_server, env, tmp_path):
 
     r = cli("infra", "up", "--stack", "e2e-stack", "--yes", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    r = cli("submit", "--instance", "ml.g5.xlarge", "--stack", "e2e-stack", "--json", env=env, cwd=tmp_path)
+    r = cli("submit", "--instance", "ml.g5.xlarge", "--stack", "e2e-stack", "--json", "--yes", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    plan = json.loads(r.stdout)
+    plan, _ = json_objects(r.stdout)
     cf = aws_client("cloudformation", moto_server)
     physical = {
         res["LogicalResourceId"]: res["PhysicalResourceId"]

@@ -46,7 +46,7 @@ FLAGS = ["--max-steps", "24", "--save-every", "3", "--log-every", "1", "--report
 # what this machine can run (a GPU type such as g4dn.12xlarge renders 4 fp16 processes per node; its
 # plans are tested in tests/launcher/test_ec2_plan.py).
 JOB_YAML = f"instance: c5.2xlarge\nnodes: 2\nmax_run: 30m\nregion: {REGION}\nec2:\n  ami_id: {AMI}\n"
-SUBMIT = ["submit", "job.yaml"]
+SUBMIT = ["submit", "job.yaml", "--yes"]
 # Variables of this process that would change what a node does.
 _STRIPPED_PREFIXES = ("AWS_", "DISTRAIN_", "SM_", "WANDB_", "ACCELERATE_", "DS_", "TORCHELASTIC_", "SKYPILOT_")
 _STRIPPED = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"}
@@ -374,7 +374,7 @@ def test_a_spot_notice_on_one_node_checkpoints_both_and_resume_matches_the_unint
     assert f"checkpoint-{stopped_at:08d}/COMPLETE" in rehearsal.keys(checkpoints)
 
     # A new attempt of the same lineage, on new instances: both nodes restore, training goes on.
-    again, second = rehearsal.submit("resume", job)
+    again, second = rehearsal.submit("resume", job, "--yes")
     assert rehearsal.description(again)["checkpoint_uri"] == checkpoints
     nodes = rehearsal.run_nodes(second)
     assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
