@@ -252,6 +252,33 @@ def logs(
 
 
 @app.command()
+def report(
+    job: Annotated[str, typer.Argument(help="job name, or a job folder holding output/metrics.jsonl")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="folder for report.html and plots/ (default: JOB/report)")
+    ] = None,
+    backend: Backend = None,
+    region: Region = None,
+    workdir: Workdir = Path("runs"),
+) -> None:
+    """Write one HTML page with plots (loss, learning rate, eval metrics, tokens/s, GPU memory), the final
+    metrics, the generated sample and the run's settings, from the job's metrics: no W&B needed."""
+    from .jobs import find_job
+    from .report import write_report
+
+    folder = Path(job)
+    if not (folder / "output").is_dir():
+        ref = find_job(job, backend=backend, region=region, workdir=workdir)
+        if ref.backend != "local":
+            raise UserError(
+                f"{job}: no local job folder under {workdir}/ (report reads one); for a cloud job, download its "
+                "output (metrics.jsonl, sample.txt) into FOLDER/output and run `distrain-cloud report FOLDER`"
+            )
+        folder = ref.workdir / ref.name
+    typer.echo(str(write_report(folder, out)))
+
+
+@app.command()
 def wait(
     job: str,
     backend: Backend = None,

@@ -58,6 +58,7 @@ class Trainer:
         self.stop_signal: signal.Signals | None = None  # the first of them, which names the stop
         self._stop_signal_at = 0.0
         self.stop_requested = False  # acted on at step boundaries, by every process at once
+        self._born = time.perf_counter()
 
     # ------------------------------------------------------------------ setup
 
@@ -458,6 +459,7 @@ class Trainer:
         acc, a = self.accelerator, self.args
         acc.wait_for_everyone()
         if not a.save_model:
+            self._print(self._summary(eval_metrics, saved=False))
             acc.end_training()
             return
         unwrapped = acc.unwrap_model(self.model)
@@ -492,8 +494,25 @@ class Trainer:
 
             url = push_to_hub(model_dir, a.push_to_hub)
             self._print(f"pushed_to_hub={a.push_to_hub} commit={url}")
+        self._print(self._summary(eval_metrics, saved=True))
         acc.wait_for_everyone()
         acc.end_training()
+
+    def _summary(self, eval_metrics: dict[str, float], *, saved: bool) -> str:
+        """The run in one line, for the end of every log: what it did, where it ended, where it is.
+        Words, not key=value: metric parsers already have every value from the step lines."""
+        losses = []
+        if getattr(self, "metrics_file", None) and self.metrics_file.is_file():
+            rows = [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
+            losses = [r["train_loss"] for r in rows if "train_loss" in r]
+        parts = [f"done: {self.max_steps} steps in {_hms(time.perf_counter() - self._born)}"]
+        if losses:
+            parts.append(f"train_loss {losses[0]:.4g} -> {losses[-1]:.4g}")
+        shown = {k: v for k, v in eval_metrics.items() if k != "eval_samples"}
+        if shown:
+            parts.append(", ".join(f"{k} {v:.4g}" for k, v in shown.items()))
+        parts.append(f"model in {self.contract.model_dir}" if saved else "no model saved (--no-save-model)")
+        return "; ".join(parts)
 
     def _sample(self, unwrapped) -> None:
         import torch
@@ -513,6 +532,8 @@ class Trainer:
             )
         text = self.tokenizer.decode(out[0], skip_special_tokens=True)
         self._print("sample=" + json.dumps(text))
+        if acc.is_main_process:  # beside the metrics, for the report
+            (self.contract.output_dir / "sample.txt").write_text(text + "\n")  # the prompt and what followed
 
     # ------------------------------------------------------------------ plumbing
 

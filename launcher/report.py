@@ -1,0 +1,201 @@
+"""`distrain-cloud report JOB`: one self-contained HTML page about a finished (or stopped) run, no W&B.
+
+Reads what every job leaves in its folder: `output/metrics.jsonl` (the trainer's step and eval
+rows), `output/sample.txt`, `model/training_args.json` (resolved settings, final metrics), and for
+local jobs `job.json` (the plan) and `status.json`. Charts are inline SVG drawn here (no plotting
+library: the launcher stays lean), also written as `plots/<name>.svg` beside the page.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from distrain_cloud.infra.errors import UserError
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def read_rows(job_dir: Path) -> list[dict[str, Any]]:
+    path = job_dir / "output" / "metrics.jsonl"
+    if not path.is_file():
+        raise UserError(f"{job_dir}: no output/metrics.jsonl (the job logged no step yet, or this is not a job folder)")
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a kill: the rest still reports
+            continue
+    return rows
+
+
+def charts(rows: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, list[tuple[float, float]]]]]:
+    """name -> (title, {series: [(step, value)]}) for every metric the run logged."""
+
+    def series(key: str) -> list[tuple[float, float]]:
+        # A resumed lineage repeats steps: the last value of each step wins, as in W&B.
+        last = {r["step"]: r[key] for r in rows if isinstance(r.get(key), (int, float))}
+        return sorted((float(s), float(v)) for s, v in last.items() if math.isfinite(v))
+
+    wanted = {
+        "loss": ("Loss", {"train_loss": series("train_loss"), "eval_loss": series("eval_loss")}),
+        "lr": ("Learning rate", {"lr": series("lr")}),
+        "tokens_per_sec": ("Tokens per second", {"tokens_per_sec": series("tokens_per_sec")}),
+        "peak_mem_gb": ("Peak GPU memory (GiB)", {"peak_mem_gb": series("peak_mem_gb")}),
+    }
+    evals = sorted({k for r in rows for k in r if k.startswith("eval_") and k not in ("eval_loss", "eval_samples")})
+    for key in evals:
+        wanted[key] = (key.removeprefix("eval_").replace("_", " ").capitalize() + " (eval)", {key: series(key)})
+    return {
+        name: (title, {k: v for k, v in lines.items() if v})
+        for name, (title, lines) in wanted.items()
+        if any(lines.values())
+    }
+
+
+def svg_chart(title: str, lines: dict[str, list[tuple[float, float]]], width: int = 560, height: int = 260) -> str:
+    """A line chart: axes with ~5 ticks each, one polyline (and dots, when few) per series, a legend."""
+    left, right, top, bottom = 64, 16, 28, 40
+    xs = [x for pts in lines.values() for x, _ in pts]
+    ys = [y for pts in lines.values() for _, y in pts]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = _nice_range(min(ys), max(ys))
+    if x1 == x0:
+        x0, x1 = x0 - 1, x1 + 1
+
+    def px(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * (width - left - right)
+
+    def py(y: float) -> float:
+        return height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="16" font-size="13" font-weight="bold">{html.escape(title)}</text>',
+    ]
+    for y in _ticks(y0, y1):
+        out.append(f'<line x1="{left}" x2="{width - right}" y1="{py(y):.1f}" y2="{py(y):.1f}" stroke="#e5e5e5"/>')
+        out.append(f'<text x="{left - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{_fmt(y)}</text>')
+    for x in _ticks(x0, x1):
+        out.append(f'<text x="{px(x):.1f}" y="{height - bottom + 16}" text-anchor="middle">{_fmt(x)}</text>')
+    out.append(f'<text x="{(left + width - right) / 2}" y="{height - 6}" text-anchor="middle">step</text>')
+    out.append(
+        f'<polyline points="{left},{top} {left},{height - bottom} {width - right},{height - bottom}" '
+        'fill="none" stroke="#333"/>'
+    )
+    for i, (name, pts) in enumerate(lines.items()):
+        color = COLORS[i % len(COLORS)]
+        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.8"/>')
+        if len(pts) <= 40:
+            out += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{color}"/>' for x, y in pts]
+        lx = width - right - 110 * (len(lines) - i)  # legends in the title row, clear of the data
+        out.append(f'<rect x="{lx}" y="7" width="10" height="10" fill="{color}"/>')
+        out.append(f'<text x="{lx + 14}" y="16">{html.escape(name)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _nice_range(lo: float, hi: float) -> tuple[float, float]:
+    if hi == lo:
+        pad = abs(lo) * 0.1 or 1.0
+        return lo - pad, hi + pad
+    pad = (hi - lo) * 0.05
+    return lo - pad, hi + pad
+
+
+def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    raw = (hi - lo) / count
+    step = 10 ** math.floor(math.log10(raw))
+    step *= next(m for m in (1, 2, 5, 10) if step * m >= raw)
+    first = math.ceil(lo / step) * step
+    return [first + i * step for i in range(int((hi - first) / step) + 1)]
+
+
+def _fmt(v: float) -> str:
+    if isinstance(v, float) and 1e3 <= abs(v) < 1e9:
+        return f"{v:,.0f}"  # 15,620 tokens/s, not 1.562e+04
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_report(job_dir: Path, out_dir: Path | None = None) -> Path:
+    """Write `<out_dir>/report.html` (default `<job_dir>/report/`) and its plots; return the page."""
+    rows = read_rows(job_dir)
+    out_dir = out_dir or job_dir / "report"
+    (out_dir / "plots").mkdir(parents=True, exist_ok=True)
+    plan, status = _read_json(job_dir / "job.json"), _read_json(job_dir / "status.json")
+    resolved = _read_json(job_dir / "model" / "training_args.json")
+    sample = job_dir / "output" / "sample.txt"
+
+    figures = []
+    for name, (title, lines) in charts(rows).items():
+        svg = svg_chart(title, lines)
+        (out_dir / "plots" / f"{name}.svg").write_text(svg)
+        figures.append(f'<figure id="plot-{name}">{svg}</figure>')
+
+    trains = [r for r in rows if "train_loss" in r]
+    evals = [r for r in rows if "eval_loss" in r]
+    final = {**(trains[-1] if trains else {}), **(evals[-1] if evals else {})}
+    final.pop("time", None)
+    settings = {**plan.get("summary", {})}
+    command = plan.get("request", {}).get("command", [])
+    if "--" in command:
+        settings["training flags"] = " ".join(command[command.index("--") + 1 :])
+    for key in ("task", "model", "model_config", "dataset", "max_steps_resolved", "num_parameters", "world_size"):
+        if resolved.get(key) is not None:
+            settings[key] = resolved[key]
+    name = job_dir.name
+    state = status.get("status", "unknown")
+    detail = status.get("detail", "")
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(name)}: report</title>
+<style>
+body {{ font-family: sans-serif; margin: 24px; color: #222; max-width: 1200px; }}
+h1 {{ font-size: 20px; margin-bottom: 4px; }} h2 {{ font-size: 16px; margin-top: 28px; }}
+.status {{ color: #555; margin-top: 0; }}
+table {{ border-collapse: collapse; font-size: 13px; }}
+td, th {{ border: 1px solid #ddd; padding: 4px 10px; text-align: left; vertical-align: top; }}
+th {{ background: #f6f6f6; font-weight: 600; }}
+.plots {{ display: flex; flex-wrap: wrap; gap: 12px; }}
+figure {{ margin: 0; border: 1px solid #ddd; }}
+pre {{ background: #f6f6f6; padding: 10px; white-space: pre-wrap; max-width: 900px; }}
+</style></head><body>
+<h1>{html.escape(name)}</h1>
+<p class="status">status: <b>{html.escape(state)}</b>{" (" + html.escape(detail) + ")" if detail else ""};
+{len(trains)} training log rows, {len(evals)} evaluations</p>
+<h2>Final metrics</h2>
+{_table(final) if final else "<p>none logged</p>"}
+<h2>Plots</h2>
+<div class="plots">
+{"".join(figures) or "<p>nothing to plot</p>"}
+</div>
+<h2>Generated sample</h2>
+{f"<pre>{html.escape(sample.read_text())}</pre>" if sample.is_file() else "<p>none (causal-lm runs save one)</p>"}
+<h2>Run configuration</h2>
+{_table(settings) if settings else "<p>no plan or resolved settings found</p>"}
+</body></html>
+"""
+    path = out_dir / "report.html"
+    path.write_text(page)
+    return path
+
+
+def _table(values: dict[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v) if isinstance(v, float) else str(v))}</td></tr>"
+        for k, v in values.items()
+    )
+    return f"<table>{rows}</table>"
