@@ -148,14 +148,15 @@ class LocalBackend:
             _write_status(root, "InProgress", pid=proc.pid, host=socket.gethostname())
             forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
             previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+            shown = TerminalProgress(sys.stdout)
             try:
                 assert proc.stdout is not None
                 for line in iter(proc.stdout.readline, b""):
-                    sys.stdout.buffer.write(line)
-                    sys.stdout.flush()
+                    shown.write(line)
                     log.write(line)
                 code = proc.wait()
             finally:
+                shown.close()
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
         failure = root / "output" / "failure"
@@ -168,9 +169,12 @@ class LocalBackend:
         _write_status(root, status, code, detail=detail)
         model = root / "model"
         saved = f"model in {model}, " if (model / "config.json").is_file() else ""
+        report = (
+            f"; plots: distrain-cloud report {plan.job_name}" if (root / "output" / "metrics.jsonl").is_file() else ""
+        )
         print(
             f"job {plan.job_name}: {status.lower()}{f' ({detail})' if status == 'Failed' else ''}; "
-            f"{saved}logs in {root / 'job.log'}",
+            f"{saved}logs in {root / 'job.log'}{report}",
             file=sys.stderr,
         )
         return code
@@ -234,6 +238,45 @@ def _lineage(workdir: Path, job: str) -> tuple[Path, str]:
         if folder:
             return Path(folder), str(plan.get("summary", {}).get("lineage") or Path(folder).parent.name)
     return (workdir / job / "checkpoints").resolve(), job
+
+
+class TerminalProgress:
+    """The job's output as it comes; on a terminal, its step lines (`step=N ... progress=N/T ...`)
+    redraw one status line in place (a bar, loss, tokens/s, elapsed, ETA) instead of scrolling.
+    The log file always gets every line in full."""
+
+    def __init__(self, stream: Any):
+        self.stream, self.showing = stream, False
+        self.live = hasattr(stream, "isatty") and stream.isatty()
+
+    def write(self, line: bytes) -> None:
+        text = line.decode(errors="replace")
+        if self.live and text.startswith("step=") and " progress=" in text and "train_loss=" in text:
+            self.stream.write("\r\x1b[K" + self.render(text))
+            self.showing = True
+        else:
+            if self.showing:  # a log line goes above the status line, which the next step redraws
+                self.stream.write("\r\x1b[K")
+                self.showing = False
+            self.stream.write(text)
+        self.stream.flush()
+
+    @staticmethod
+    def render(text: str) -> str:
+        kv = dict(token.split("=", 1) for token in text.split() if "=" in token)
+        done, _, total = kv["progress"].partition("/")
+        filled = int(20 * int(done) / max(int(total), 1))
+        tokens = float(kv.get("tokens_per_sec", "0"))
+        return (
+            f"[{'#' * filled}{'.' * (20 - filled)}] step {kv['progress']} | loss {kv['train_loss']} | "
+            f"{tokens:,.0f} tokens/s | elapsed {kv.get('elapsed', '?')} | ETA {kv.get('eta', '?')}"
+        )
+
+    def close(self) -> None:
+        if self.showing:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.showing = False
 
 
 def _has_training_stack() -> bool:

@@ -1,5 +1,6 @@
 """The local backend's plan, and the CLI end to end on the offline default."""
 
+import io
 import json
 import os
 import signal
@@ -299,3 +300,36 @@ def test_a_failure_inside_training_is_one_error_line_and_the_status_says_why(cli
     status = json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)
     assert (status["status"], status["exit_code"]) == ("Failed", 2)
     assert status["detail"] == errors[0].removeprefix("error: ")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_step_lines_redraw_one_status_line_and_logs_scroll_above_it():
+    from distrain_cloud.launcher.backends.local import TerminalProgress
+
+    step = (
+        "step={n} train_loss=1.5 lr=0.001 tokens_per_sec=15620.4 step_time=0.01 data_wait_pct=1 "
+        "progress={n}/40 elapsed=3s eta=9s time=2026-11-26T14:00:00Z\n"
+    )
+    term = _Terminal()
+    shown = TerminalProgress(term)
+    for line in ["compile=off\n", step.format(n=10), step.format(n=20), "step=20 eval_loss=1.4\n", step.format(n=30)]:
+        shown.write(line.encode())
+    shown.close()
+    status = "step {n}/40 | loss 1.5 | 15,620 tokens/s | elapsed 3s | ETA 9s"
+    assert term.getvalue() == (
+        "compile=off\n"
+        f"\r\x1b[K[#####...............] {status.format(n=10)}"
+        f"\r\x1b[K[##########..........] {status.format(n=20)}"
+        "\r\x1b[Kstep=20 eval_loss=1.4\n"
+        f"\r\x1b[K[###############.....] {status.format(n=30)}\n"
+    )
+    # Not a terminal (a pipe, a CI log): every line as it came.
+    piped = io.StringIO()
+    plain = TerminalProgress(piped)
+    plain.write(step.format(n=10).encode())
+    plain.close()
+    assert piped.getvalue() == step.format(n=10)
