@@ -135,7 +135,7 @@ def submit(
     after `--`, e.g. `submit --instance local -- --task causal-lm --max-steps 50`.
     """
     from .api import check_same_training, plan_job, previous_spec, spec_changes
-    from .spec import load_spec
+    from .spec import load_spec, user_defaults
 
     overrides = {
         "instance": instance,
@@ -162,7 +162,8 @@ def submit(
         "train_args": list(_TRAIN_ARGS) or None,
     }
     previous = previous_spec(resume_from, region=region) if resume_from else None
-    base = previous.model_dump(mode="json", exclude_defaults=True) if previous else None
+    # A resumed job keeps its own settings; a new one starts from this user's defaults.
+    base = previous.model_dump(mode="json", exclude_defaults=True) if previous else user_defaults()
     job = load_spec(spec, overrides, base=base)
     if previous is not None:
         check_same_training(previous, job)

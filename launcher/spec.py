@@ -486,6 +486,40 @@ def load_spec(
         raise UserError(f"{where}: {format_validation_error(e)}") from None
 
 
+# Per-user defaults, under every spec: ~/.config/distrain-cloud/config.yaml, then DISTRAIN_* variables.
+USER_DEFAULTS = {
+    "region": "region",
+    "stack": "stack",
+    "bucket": "sagemaker.bucket",
+    "role": "sagemaker.role",
+    "wandb_project": "wandb.project",
+    "wandb_entity": "wandb.entity",
+}
+
+
+def user_config_path() -> Path:
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "distrain-cloud" / "config.yaml"
+
+
+def user_defaults() -> dict[str, Any]:
+    """The spec keys this user set once for every job: the config file's, then DISTRAIN_<KEY>
+    variables over them. A job's spec file and flags override both."""
+    path = user_config_path()
+    values = read_spec_file(path) if path.is_file() else {}
+    unknown = sorted(set(values) - set(USER_DEFAULTS))
+    if unknown:
+        raise UserError(f"{path}: unknown key {unknown[0]!r}; known keys: {', '.join(USER_DEFAULTS)}")
+    for key in USER_DEFAULTS:
+        env = os.environ.get(f"DISTRAIN_{key.upper()}")
+        if env:
+            values[key] = env
+    data: dict[str, Any] = {}
+    for key, value in values.items():
+        section, _, leaf = USER_DEFAULTS[key].rpartition(".")
+        (data.setdefault(section, {}) if section else data)[leaf] = str(value)
+    return data
+
+
 def _refuse_owned_training_flags(train_args: list[Any]) -> None:
     """A setting has one source: the spec's. Given again after `--` it would train with one value
     while the plan shows the other."""

@@ -62,6 +62,14 @@ def aws_calls(aws_credentials, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def no_user_defaults(tmp_path_factory, monkeypatch):
+    """No ~/.config/distrain-cloud/config.yaml and no DISTRAIN_<KEY> defaults of the developer's."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config-home")))
+    for key in ("REGION", "STACK", "BUCKET", "ROLE", "WANDB_PROJECT", "WANDB_ENTITY"):
+        monkeypatch.delenv(f"DISTRAIN_{key}", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def job_records(tmp_path_factory, monkeypatch):
     """Each test keeps its job records (written at submit) in a folder of its own, not in ~."""
     home = tmp_path_factory.mktemp("distrain-home")

@@ -1,6 +1,7 @@
 """The job spec: YAML + overrides, unknown keys named, every shipped example loads."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,29 @@ def test_settings_the_spec_owns_have_launcher_flags_that_reach_the_training(cli,
     command = json.loads(r.stdout)["request"]["command"]
     for flag, value in zip(args[::2], args[1::2], strict=True):
         assert command.count(flag) == 1 and command[command.index(flag) + 1] == value
+
+
+def test_user_defaults_come_from_the_config_file_then_distrain_variables_then_flags(cli, tmp_path):
+    config = tmp_path / "xdg" / "distrain-cloud" / "config.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("wandb_project: from-file\nwandb_entity: file-team\nrole: file-role\n")
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg"), "DISTRAIN_WANDB_ENTITY": "env-team"}
+
+    def command(*flags: str) -> list[str]:
+        r = cli("submit", "--instance", "local", "--dry-run", "--json", *flags, cwd=tmp_path, env=env)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["request"]["command"]
+
+    def value(command: list[str], flag: str) -> str:
+        return command[command.index(flag) + 1]
+
+    default = command()
+    assert (value(default, "--wandb-project"), value(default, "--wandb-entity")) == ("from-file", "env-team")
+    assert value(command("--wandb-project", "flag"), "--wandb-project") == "flag"
+    plan = cli("submit", "--instance", "ml.g5.xlarge", "--region", "us-east-1", "--dry-run", cwd=tmp_path, env=env)
+    assert "role/file-role" in plan.stdout, plan.stderr
+    config.write_text("regon: us-east-1\n")
+    r = cli("submit", "--instance", "local", "--dry-run", cwd=tmp_path, env=env)
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"error: {config}: unknown key 'regon'; known keys: region, stack, bucket, role, wandb_project, wandb_entity"
+    ]
