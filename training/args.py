@@ -81,6 +81,7 @@ class TrainArgs:
     wandb_entity: str | None = None
     run_name: str | None = None
     push_to_hub: str | None = None
+    hub_private: bool = False  # a repo --push-to-hub creates is private
     save_model: bool = True
     generate_prompt: str = "The"
     generate_tokens: int = 24
@@ -239,6 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the final model to the model folder (--no-save-model for benchmarks)",
     )
     g.add_argument("--push-to-hub", metavar="REPO", help="push the final model to this Hub repo (token from HF_TOKEN)")
+    g.add_argument(
+        "--hub-private",
+        action=argparse.BooleanOptionalAction,
+        default=d.hub_private,
+        help="create the --push-to-hub repo private (a repo that exists keeps its visibility)",
+    )
     g.add_argument("--generate-prompt", default=d.generate_prompt)
     g.add_argument("--generate-tokens", type=int, default=d.generate_tokens)
     return p
@@ -302,6 +309,8 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError("--compile-tuning contradicts --no-compile")
     if a.push_to_hub and not a.save_model:
         raise ArgumentError("--push-to-hub needs the saved model; drop --no-save-model")
+    if a.hub_private and not a.push_to_hub:
+        raise ArgumentError("--hub-private applies to the repo --push-to-hub REPO creates; add --push-to-hub REPO")
     if a.profile_steps is not None:
         start, sep, end = a.profile_steps.partition(":")
         if not (sep and start.isdigit() and end.isdigit() and int(start) < int(end)):

@@ -481,6 +481,9 @@ class Trainer:
                     "final_metrics": eval_metrics,
                 }
                 (model_dir / "training_args.json").write_text(json.dumps(resolved, indent=2, default=str))
+                (model_dir / "README.md").write_text(
+                    model_card(a, eval_metrics, self.num_parameters, acc.num_processes)
+                )
             except Exception as e:
                 line = disk_failure(e, model_dir, "the model", "the model there is incomplete")
                 if line is None:
@@ -492,7 +495,7 @@ class Trainer:
         if a.push_to_hub and acc.is_main_process:
             from .hub import push_to_hub
 
-            url = push_to_hub(model_dir, a.push_to_hub)
+            url = push_to_hub(model_dir, a.push_to_hub, private=a.hub_private or None)
             self._print(f"pushed_to_hub={a.push_to_hub} commit={url}")
         self._print(self._summary(eval_metrics, saved=True))
         acc.wait_for_everyone()
@@ -551,9 +554,10 @@ class Trainer:
         wandb_dir = self.contract.output_dir
         if acc.is_main_process:
             wandb_dir.mkdir(parents=True, exist_ok=True)
+        extra = wandb_settings(a, self.contract, os.environ)
         acc.init_trackers(
             a.wandb_project,
-            config=a.to_dict(),
+            config={**a.to_dict(), **extra.pop("config"), "world_size": acc.num_processes},
             init_kwargs={
                 "wandb": {
                     "id": state.wandb_run_id,
@@ -561,6 +565,7 @@ class Trainer:
                     "name": a.run_name,
                     "entity": a.wandb_entity,
                     "dir": str(wandb_dir),
+                    **extra,
                 }
             },
         )
@@ -794,6 +799,67 @@ def macro_f1(pred, label, num_classes: int) -> float:
         if tp + fp + fn:
             scores.append(2 * tp / (2 * tp + fp + fn))
     return sum(scores) / len(scores) if scores else 0.0
+
+
+def wandb_settings(args: TrainArgs, contract: Contract, env: Mapping[str, str]) -> dict[str, Any]:
+    """W&B group, tags and the config beyond the flags: the runs of one lineage (a job and the jobs
+    that resumed it) side by side, and where and with what code each ran."""
+    # A lineage shares the first job's checkpoint folder: for our contracts, <first job>/checkpoints.
+    lineage = env.get("DISTRAIN_LINEAGE") or (
+        contract.checkpoint_dir.parent.name if contract.source == "distrain" else None
+    )
+    instance = env.get("SM_CURRENT_INSTANCE_TYPE") or env.get("DISTRAIN_INSTANCE_TYPE")
+    config = {
+        "job": args.run_name,
+        "lineage": lineage or args.run_name,
+        "instance": instance,  # as the backend names it; None where it does not
+        "image": env.get("DISTRAIN_IMAGE_URI") or env.get("SAGEMAKER_TRAINING_IMAGE"),
+        "backend": contract.source,
+        "code_hash": code_hash(),
+    }
+    tags = [t for t in (args.task, args.strategy, args.precision, contract.source) if t]
+    return {"group": lineage or args.run_name, "tags": tags, "config": config}
+
+
+def code_hash() -> str:
+    """The training code that ran, as 12 hex digits of sha256 over this package's .py files."""
+    import hashlib
+    from pathlib import Path
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def model_card(args: TrainArgs, metrics: Mapping[str, float], num_parameters: int, world_size: int) -> str:
+    """The model folder's README.md (the Hub shows it): what was trained, on what, how, and how well."""
+    base = args.model or args.model_config or "the built-in tiny GPT-2 configuration"
+    data = args.dataset or args.train_file or "the job's train channel"
+    rows = "".join(f"| {k} | {_fmt(v)} |\n" for k, v in metrics.items())
+    settings = {
+        "task": args.task,
+        "strategy": args.strategy,
+        "precision": args.precision,
+        "processes": world_size,
+        "batch size": args.batch_size,
+        "gradient accumulation": args.grad_accum,
+        "learning rate": args.lr,
+        "max steps": args.max_steps,
+        "epochs": args.epochs,
+        "seed": args.seed,
+    }
+    shown = "".join(f"| {k} | {v} |\n" for k, v in settings.items() if v is not None)
+    return (
+        "---\n"
+        f"tags: [distrain-cloud, {args.task}]\n"
+        + (f"base_model: {args.model}\n" if args.model else "")
+        + "library_name: transformers\n---\n\n"
+        f"# {args.run_name or 'distrain-cloud model'}\n\n"
+        f"A {args.task} model ({num_parameters:,} parameters) trained from {base} on {data} with distrain-cloud.\n\n"
+        f"## Final evaluation\n\n| metric | value |\n| --- | --- |\n{rows}\n"
+        f"## Training settings\n\n| setting | value |\n| --- | --- |\n{shown}"
+    )
 
 
 def _hms(seconds: float) -> str:

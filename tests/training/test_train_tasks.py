@@ -134,15 +134,21 @@ def test_push_to_hub_through_the_entry_point(train):
             "none",
             "--push-to-hub",
             "me/tiny",
+            "--hub-private",
             name="push",
             env={"HF_ENDPOINT": hub.url, "HF_TOKEN": token, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"},
         )
         assert run.returncode == 0, run.describe()
         files = hub.files("me/tiny")
         commit_url = f"{hub.url}/me/tiny/commit/{hub.repo('me/tiny').head}"
+        assert hub.repo("me/tiny").private  # --hub-private
     model_dir = run.contract.model_dir
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "training_args.json"):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "training_args.json", "README.md"):
         assert files[name] == (model_dir / name).read_bytes(), name
+    # The model card the Hub shows: metadata, the final evaluation and the settings.
+    card = files["README.md"].decode()
+    assert card.startswith("---\ntags: [distrain-cloud, classification]\n")
+    assert f"| eval_accuracy | {run.final_eval['eval_accuracy']:.6g} |" in card and "| max steps | 4 |" in card
     # The one line that says where the model went (nothing else prints it).
     assert run.lines("pushed_to_hub=") == [f"pushed_to_hub=me/tiny commit={commit_url}"], run.describe()
     assert token not in run.stdout + run.stderr
