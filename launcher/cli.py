@@ -230,7 +230,7 @@ def list_jobs(
             j.get("backend", ""),
             j.get("status", ""),
             str(j.get("instance", "")),
-            str(j.get("created", "")),
+            _when(j.get("created") or j.get("updated") or ""),
             str(j.get("detail", "") or ""),
         )
     Console().print(table)
@@ -474,7 +474,16 @@ def _show(info: dict, as_json: bool) -> None:
         typer.echo(json.dumps(info, indent=2, default=str))
     else:
         for k, v in info.items():
-            typer.echo(f"{k}: {v}")
+            typer.echo(f"{k}: {_when(v) if k in ('created', 'updated') else v}")
+
+
+def _when(value: object) -> str:
+    """A time as people read it: seconds since the epoch (local records) become local time."""
+    import time
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+    return str(value)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from importlib.metadata import version
 
 import pytest
@@ -40,3 +42,15 @@ def test_a_cloud_job_on_the_default_limit_gets_a_cost_notice(cli, tmp_path):
     assert chosen.returncode == 0 and chosen.stderr == ""
     local = cli("submit", "--instance", "local", "--dry-run", cwd=tmp_path)
     assert local.returncode == 0 and local.stderr == ""
+
+
+def test_status_and_ls_show_local_times_not_epoch_seconds(cli, tmp_path):
+    root = tmp_path / "runs" / "job-1"
+    root.mkdir(parents=True)
+    (root / "job.json").write_text("{}")
+    (root / "status.json").write_text('{"status": "Completed", "exit_code": 0, "updated": 1795703390.5}')
+    shown = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1795703390.5))
+    status = cli("status", "job-1", "--backend", "local", cwd=tmp_path)
+    assert f"updated: {shown}\n" in status.stdout, status.stderr
+    listing = cli("ls", "--backend", "local", cwd=tmp_path, env={**os.environ, "COLUMNS": "200"})
+    assert shown in listing.stdout, listing.stderr
