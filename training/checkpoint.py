@@ -175,11 +175,12 @@ def check_resumable(path: Path, saved: dict[str, Any], world_size: int, strategy
             f"{where} was saved with --strategy {old.value}, which stores its state differently from "
             f"--strategy {new.value}: resume with --strategy {old.value}, or move the checkpoints away to start over"
         )
-    if old.uses_deepspeed and n != world_size:
+    if old.shards_state and n != world_size:
+        not_yet = " (this trainer does not load DeepSpeed's universal checkpoints yet)" if old.uses_deepspeed else ""
         raise CheckpointError(
             f"{where} was saved by {_processes(n)} with --strategy {old.value}, which splits its state across "
-            f"processes, but this run has {world_size}: run it with {_processes(n)} to resume (this trainer does not "
-            "load DeepSpeed's universal checkpoints yet), or move the checkpoints away to start over"
+            f"processes, but this run has {world_size}: run it with {_processes(n)} to resume{not_yet}, "
+            "or move the checkpoints away to start over"
         )
 
 
@@ -188,7 +189,9 @@ def _processes(n: int) -> str:
 
 
 def _layout(strategy: Strategy) -> str:
-    # single and ddp save the same files at any world size; ZeRO-1/2 and ZeRO-3 save their own.
+    # single and ddp save the same files at any world size; ZeRO-1/2, ZeRO-3 and FSDP save their own.
+    if strategy is Strategy.fsdp:
+        return "fsdp"
     if not strategy.uses_deepspeed:
         return "accelerate"
     return "zero3" if strategy.zero_stage == 3 else "zero1-2"

@@ -19,6 +19,7 @@ class Strategy(str, Enum):
     zero3 = "zero3"
     zero2_offload = "zero2-offload"
     zero3_offload = "zero3-offload"
+    fsdp = "fsdp"
 
     @property
     def zero_stage(self) -> int | None:
@@ -37,6 +38,16 @@ class Strategy(str, Enum):
     @property
     def offload(self) -> bool:
         return self.value.endswith("-offload")
+
+    @property
+    def shards_state(self) -> bool:
+        """Whether each process saves its own part of the model and optimizer state."""
+        return self.uses_deepspeed or self is Strategy.fsdp
+
+    @property
+    def needs_process_group(self) -> bool:
+        """DeepSpeed and FSDP run under a process group even with one process (torchrun's)."""
+        return self.shards_state
 
 
 PRECISIONS = ("no", "fp16", "bf16")
@@ -135,6 +146,23 @@ def deepspeed_config(
     return config
 
 
+def fsdp_plugin_settings() -> dict[str, Any]:
+    """Accelerate's FullyShardedDataParallelPlugin arguments for `fsdp`: PyTorch FSDP2, one shard
+    group per transformer block (the classes the model names in _no_split_modules, which
+    accelerate reads when no class names are given), each block's weights gathered for its
+    forward and freed after it, so memory per process is like ZeRO-3's. Checkpoints are sharded,
+    one file per process (torch.distributed.checkpoint). Mixed precision comes from
+    --precision: weights are gathered and gradients reduced in the 16-bit type, as with
+    DeepSpeed; the fp32 weights and AdamW state stay sharded."""
+    return {
+        "fsdp_version": 2,
+        "auto_wrap_policy": "transformer_based_wrap",
+        "reshard_after_forward": True,
+        "state_dict_type": "SHARDED_STATE_DICT",
+        "cpu_ram_efficient_loading": False,
+    }
+
+
 def deepspeed_config_for(args, world_size: int) -> dict[str, Any]:
     """deepspeed_config for parsed training arguments (a TrainArgs) on `world_size` processes."""
     return deepspeed_config(
@@ -145,6 +173,16 @@ def deepspeed_config_for(args, world_size: int) -> dict[str, Any]:
         precision=args.precision,
         max_grad_norm=args.max_grad_norm,
     )
+
+
+def plan_configs(strategy: Strategy, args, world_size: int) -> dict[str, Any]:
+    """What a plan shows beside the Accelerate launch config: the settings the training process
+    builds for `strategy` from parsed training arguments (a TrainArgs) on `world_size` processes."""
+    if strategy.uses_deepspeed:
+        return {"deepspeed_config": deepspeed_config_for(args, world_size)}
+    if strategy is Strategy.fsdp:
+        return {"fsdp_plugin": fsdp_plugin_settings()}
+    return {}
 
 
 # Eager DDP all-reduces each 25 MB bucket (PyTorch's default) as soon as backward fills it.
@@ -164,8 +202,9 @@ def compile_decision(requested: bool | None, *, cuda: bool, strategy: Strategy, 
     """Whether to torch.compile the model, and the reason the log line gives.
 
     --compile / --no-compile decide; the default compiles where it is safe and pays: CUDA GPUs
-    (Inductor's CPU code is slower to build than it saves on small runs), DDP or one process
-    (DeepSpeed's engine wraps the model its own way), and a run long enough to repay compiling."""
+    (Inductor's CPU code is slower to build than it saves on small runs), DDP, FSDP (each block
+    compiled, its sharding hooks left outside) or one process (DeepSpeed's engine wraps the model
+    its own way), and a run long enough to repay compiling."""
     if requested is not None:
         return requested, "--compile" if requested else "--no-compile"
     if not cuda:
@@ -196,14 +235,15 @@ def accelerate_config(
     process builds its DeepSpeedPlugin from `deepspeed_config`, with real batch sizes. A
     DEEPSPEED launch config would also export accelerate's DeepSpeed variables, which then
     clash with that explicit config. `use_cpu` stays off for them because accelerate skips
-    DeepSpeed under it; DeepSpeed picks the CPU itself (DS_ACCELERATOR=cpu).
+    DeepSpeed under it; DeepSpeed picks the CPU itself (DS_ACCELERATOR=cpu). `fsdp` launches
+    the same way for the same reason: its process builds the plugin from `fsdp_plugin_settings`.
     """
     if strategy is Strategy.single and cluster.world_size > 1:
         raise ValueError(
             f"strategy 'single' runs one process, but the cluster has {cluster.world_size}; "
             "use --strategy ddp (or a zero* strategy) for several processes"
         )
-    if cluster.world_size == 1 and not strategy.uses_deepspeed:  # DeepSpeed needs torchrun's process group
+    if cluster.world_size == 1 and not strategy.needs_process_group:
         distributed_type = "NO"
     else:  # torchrun; accelerate's MULTI_CPU launcher starts one process without mpirun
         distributed_type = "MULTI_GPU"

@@ -23,7 +23,14 @@ from typing import Any
 from .args import ArgumentError, TrainArgs, default_lr
 from .contract import INTERRUPT_EXIT_CODE, SECOND_INTERRUPT_S, STOP_EXIT_CODE, Contract, free_port
 from .profiling import Profiler
-from .strategies import compile_decision, ddp_bucket_mb, deepspeed_config_for, parse_strategy
+from .strategies import (
+    Strategy,
+    compile_decision,
+    ddp_bucket_mb,
+    deepspeed_config_for,
+    fsdp_plugin_settings,
+    parse_strategy,
+)
 
 # A setup step silent for this long gets a line saying what it is doing.
 SLOW_PHASE_S = 10.0
@@ -73,7 +80,7 @@ class Trainer:
         a = self.args
         world = int(os.environ.get("WORLD_SIZE", "1"))  # processes the launcher started
         self._check_environment(world, cuda=torch.cuda.is_available())
-        self._patch_environment()
+        self._patch_environment(cuda=torch.cuda.is_available())
         _allow_tf32(torch)
         self.accelerator = self._make_accelerator(world, cuda=torch.cuda.is_available())
         acc = self.accelerator
@@ -95,6 +102,9 @@ class Trainer:
         with _slow_phase(f"preparing the model and optimizer for {self.strategy.value}{builds}", self._print):
             optimizer = self._optimizer(model, torch)
             self.model, self.optimizer, self.train_dl, self.eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
+        if self.strategy is Strategy.fsdp:
+            blocks = _transformer_blocks(self.model)
+            self._print(f"fsdp_shard_unit={type(blocks[0]).__name__ if blocks else 'model'} blocks={len(blocks)}")
         self._compile(torch)
 
     def _check_environment(self, world: int, *, cuda: bool) -> None:
@@ -107,7 +117,7 @@ class Trainer:
         if self.strategy.value == "single" and world > 1:
             raise ArgumentError(f"--strategy single runs one process, but {world} were started; use --strategy ddp")
 
-    def _patch_environment(self) -> None:
+    def _patch_environment(self, *, cuda: bool) -> None:
         """Variables torch and DeepSpeed read later, set before they read them."""
         if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # a cache the user chose wins
             # Inductor's caches (FX graphs, AOT autograd graphs, Triton kernels) live beside the
@@ -115,7 +125,7 @@ class Trainer:
             # job (a spot restart on another machine) loads its kernels instead of compiling them
             # again. Set before anything asks torch for its cache folder (it then fixes the default).
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.contract.checkpoint_dir / "compile-cache")
-        if self.strategy.uses_deepspeed and "LOCAL_RANK" not in os.environ:
+        if self.strategy.needs_process_group and "LOCAL_RANK" not in os.environ:
             # Started without a launcher: describe the one-process group torchrun would.
             os.environ.update(
                 {
@@ -126,11 +136,19 @@ class Trainer:
                     "MASTER_PORT": str(free_port()),
                 }
             )
+            if self.strategy is Strategy.fsdp and not cuda:  # gloo, as node_launch asks on CPU
+                os.environ["ACCELERATE_USE_CPU"] = "true"
 
     def _make_accelerator(self, world: int, *, cuda: bool) -> Any:
-        """The Accelerator, with our DDP settings and, for ZeRO strategies, the DeepSpeed plugin."""
+        """The Accelerator, with our DDP settings and, for ZeRO strategies, the DeepSpeed plugin, for
+        fsdp the FSDP2 one."""
         from accelerate import Accelerator
-        from accelerate.utils import DataLoaderConfiguration, DeepSpeedPlugin, InitProcessGroupKwargs
+        from accelerate.utils import (
+            DataLoaderConfiguration,
+            DeepSpeedPlugin,
+            FullyShardedDataParallelPlugin,
+            InitProcessGroupKwargs,
+        )
 
         a = self.args
         # Buckets are fixed before the run length (and so the compile decision) is known: size
@@ -144,10 +162,14 @@ class Trainer:
                 # Without a named backend accelerate counts one process under DeepSpeed on
                 # CPU while DeepSpeed sees them all; gloo makes both agree.
                 handlers.append(InitProcessGroupKwargs(backend="gloo"))
+        fsdp_plugin = None
+        if self.strategy is Strategy.fsdp:
+            fsdp_plugin = FullyShardedDataParallelPlugin(**fsdp_plugin_settings())
         accelerator = Accelerator(
             mixed_precision=a.precision,
             gradient_accumulation_steps=a.grad_accum,
             deepspeed_plugin=ds_plugin,
+            fsdp_plugin=fsdp_plugin,
             # Global batches split across processes: the same data per optimizer step
             # whatever the world size.
             # non_blocking (with pinned memory): the host queues the copy and moves on
@@ -159,6 +181,8 @@ class Trainer:
             log_with="wandb" if a.report_to == "wandb" else None,
             kwargs_handlers=handlers,
         )
+        if fsdp_plugin is not None:
+            _select_fsdp(accelerator, fsdp_plugin)
         if self.strategy.value == "ddp" and accelerator.num_processes > 1 and accelerator.is_main_process:
             print(f"ddp_bucket_mb={bucket_mb}", flush=True)
         return accelerator
@@ -200,6 +224,7 @@ class Trainer:
         if not self.compiled:
             return
         self._print(f"compile_cache={os.environ['TORCHINDUCTOR_CACHE_DIR']}")
+        backend = _inductor_or_eager(a.compile_mode, self._print)
         if a.compile_tuning:
             # Inductor then tries block sizes and warp counts around its heuristic pick for
             # each generated kernel (the norms, dropouts, adds and the loss: about 40% of
@@ -207,7 +232,16 @@ class Trainer:
             import torch._inductor.config as inductor_config
 
             inductor_config.coordinate_descent_tuning = True
-        self.model = torch.compile(self.model, backend=_inductor_or_eager(a.compile_mode, self._print))
+        if self.strategy is Strategy.fsdp:
+            # Each transformer block's forward, not the model: FSDP2's hooks around a block (gather
+            # its weights, free them, reduce its gradients) then run eagerly between compiled
+            # blocks, as in torchtitan, instead of breaking one compiled graph at every block.
+            blocks = _transformer_blocks(self.model)
+            for block in blocks:
+                block.forward = torch.compile(block.forward, backend=backend)
+            self._print(f"compile_unit=block blocks={len(blocks)}")
+            return
+        self.model = torch.compile(self.model, backend=backend)
 
     def _print_first_step(self, seconds: float) -> None:
         line = f"first_step_s={seconds:.1f}"
@@ -225,8 +259,7 @@ class Trainer:
         which prefetching brings about anyway."""
         from deepspeed.utils import set_z3_leaf_modules
 
-        names = set(getattr(model, "_no_split_modules", None) or ())
-        classes = sorted({type(m) for m in model.modules() if type(m).__name__ in names}, key=lambda c: c.__name__)
+        classes = sorted({type(m) for m in _transformer_blocks(model)}, key=lambda c: c.__name__)
         if classes:
             set_z3_leaf_modules(model, classes)
             self._print("zero3_fetch_unit=" + ",".join(c.__name__ for c in classes))
@@ -521,8 +554,9 @@ class Trainer:
         import torch
 
         acc = self.accelerator
-        zero3 = self.strategy.zero_stage == 3
-        if not (acc.is_main_process or zero3):
+        # Weights sharded across processes: every process runs each forward (its gathers) in step.
+        sharded = self.strategy.zero_stage == 3 or self.strategy is Strategy.fsdp
+        if not (acc.is_main_process or sharded):
             return
         inputs = self.tokenizer(self.args.generate_prompt, return_tensors="pt").to(acc.device)
         with torch.no_grad():
@@ -531,7 +565,7 @@ class Trainer:
                 max_new_tokens=self.args.generate_tokens,
                 do_sample=False,
                 pad_token_id=self.tokenizer.pad_token_id,
-                synced_gpus=zero3,
+                synced_gpus=sharded,
             )
         text = self.tokenizer.decode(out[0], skip_special_tokens=True)
         self._print("sample=" + json.dumps(text))
@@ -906,3 +940,33 @@ def _inductor_or_eager(mode: str, say):
             return graph.forward
 
     return backend
+
+
+def _transformer_blocks(model) -> list[Any]:
+    """The model's transformer blocks: modules of the classes it names in _no_split_modules (GPT2Block,
+    BertLayer), the unit FSDP shards and ZeRO-3 fetches whole. FSDP2 renames a sharded block's class
+    (FSDPGPT2Block, a subclass), so base classes count too."""
+    model = getattr(model, "_orig_mod", model)
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
+
+
+def _select_fsdp(accelerator, plugin) -> None:
+    """Make sure accelerate runs `fsdp` as FSDP. Accelerate 1.x turns its plugin on only for GPU-like
+    devices (its state lists MULTI_GPU, MULTI_XPU, ... but not MULTI_CPU) and otherwise quietly
+    runs plain DDP, while FSDP2 itself shards over gloo on CPU: on CPU the state is set to FSDP
+    here, in both of accelerate's shared states (AcceleratorState copies PartialState's on every
+    construction), so CPU jobs and tests run the sharding, checkpoints and saves of GPU jobs."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    state = accelerator.state
+    if state.distributed_type == DistributedType.FSDP:
+        return
+    if state.distributed_type != DistributedType.MULTI_CPU:
+        raise ArgumentError(
+            f"--strategy fsdp needs a process group, but accelerate runs {state.distributed_type.value}: "
+            "start it with distrain-cloud submit or node_launch"
+        )
+    state.fsdp_plugin = plugin
+    state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 from distrain_cloud.training.contract import STOP_EXIT_CODES, Contract, free_port
 from distrain_cloud.training.node_launch import plan_node
-from distrain_cloud.training.strategies import choose_precision, deepspeed_config_for, parse_strategy
+from distrain_cloud.training.strategies import choose_precision, parse_strategy, plan_configs
 
 from ..jobs import JobRef
 from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
@@ -91,10 +91,10 @@ class LocalBackend:
             command = [sys.executable, "-m", "distrain_cloud.infra.secret_env", "--", *command]
         configs: dict[str, Any] = {"accelerate_config": node.config}
         strategy = parse_strategy(spec.strategy)
-        if strategy.uses_deepspeed:
+        if strategy.shards_state:
             from distrain_cloud.training.args import parse_args
 
-            configs["deepspeed_config"] = deepspeed_config_for(parse_args(argv), processes)
+            configs.update(plan_configs(strategy, parse_args(argv), processes))
         stack = _has_training_stack()
         checks = [
             Check("training arguments parse", True),

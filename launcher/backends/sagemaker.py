@@ -24,8 +24,8 @@ from distrain_cloud.training.strategies import (
     ClusterShape,
     accelerate_config,
     choose_precision,
-    deepspeed_config_for,
     parse_strategy,
+    plan_configs,
 )
 
 from ..bootstrap import sagemaker_entrypoint
@@ -112,8 +112,7 @@ class SageMakerBackend:
             configs: dict[str, Any] = {
                 "accelerate_config (node 0)": accelerate_config(strategy, cluster, precision=precision)
             }
-        if strategy.uses_deepspeed:
-            configs["deepspeed_config"] = deepspeed_config_for(train, cluster.world_size)
+        configs.update(plan_configs(strategy, train, cluster.world_size))
 
         bundle = build_bundle(repo_root(), allow_large=spec.bundle.allow_large)
         parts = _Parts(

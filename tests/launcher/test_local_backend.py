@@ -71,7 +71,7 @@ def test_bad_flag_value_is_one_line_and_creates_nothing(cli, tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "error: the command line: strategy (--strategy): unknown strategy 'zero9'; choose one of: single, ddp, "
-        "zero1, zero2, zero3, zero2-offload, zero3-offload"
+        "zero1, zero2, zero3, zero2-offload, zero3-offload, fsdp"
     ]
     assert not (tmp_path / "runs").exists()
 

@@ -1,0 +1,179 @@
+"""--strategy fsdp (PyTorch FSDP2 through Accelerate, one shard group per transformer block) on
+CPU processes over gloo: it trains like eager DDP, saves a loadable model, resumes exactly after
+kill -9, and its sharded checkpoints refuse another world size in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from distrain_cloud.training import checkpoint
+from distrain_cloud.training.args import parse_args
+from distrain_cloud.training.strategies import (
+    ClusterShape,
+    Strategy,
+    accelerate_config,
+    fsdp_plugin_settings,
+    plan_configs,
+)
+
+# Checkpoints every 2 steps, a loss per step, evaluations at steps 5, 10 and 12 (the end): as test_resume.
+RESUME_FLAGS = [
+    "--strategy",
+    "fsdp",
+    "--max-steps",
+    "12",
+    "--save-every",
+    "2",
+    "--log-every",
+    "1",
+    "--eval-every",
+    "5",
+    "--batch-size",
+    "8",
+    "--report-to",
+    "none",
+]
+
+
+def lm_flags(no_dropout_config) -> list[str]:
+    return [
+        "--task",
+        "causal-lm",
+        "--model-config",
+        str(no_dropout_config),
+        "--block-size",
+        "64",
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "8",
+        "--log-every",
+        "2",
+        "--lr",
+        "2e-3",
+        "--max-grad-norm",
+        "1.0",
+        "--report-to",
+        "none",
+        "--generate-tokens",
+        "4",
+        "--max-eval-samples",
+        "32",
+    ]
+
+
+def test_fsdp_plugin_is_accelerates_fsdp2_per_block():
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(**fsdp_plugin_settings())
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+    # No class names: accelerate wraps the classes the model names in _no_split_modules (GPT2Block).
+    assert plugin.transformer_cls_names_to_wrap is None
+    assert getattr(plugin.auto_wrap_policy, "func", plugin.auto_wrap_policy).__name__ == "transformer_auto_wrap_policy"
+    assert plugin.state_dict_type.name == "SHARDED_STATE_DICT"
+
+
+def test_fsdp_launches_under_torchrun_even_with_one_process():
+    # Like DeepSpeed: FSDP needs a process group, which accelerate's plain one-process launch lacks.
+    one = accelerate_config(Strategy.fsdp, ClusterShape(use_cpu=True), precision="no")
+    assert one["distributed_type"] == "MULTI_GPU" and one["use_cpu"] is True
+    assert accelerate_config(Strategy.ddp, ClusterShape(), precision="no")["distributed_type"] == "NO"
+
+
+def test_plans_show_the_plugin_the_training_process_builds(cli, tmp_path):
+    args = parse_args(["--strategy", "fsdp"])
+    assert plan_configs(Strategy.fsdp, args, 2) == {"fsdp_plugin": fsdp_plugin_settings()}
+    assert plan_configs(Strategy.ddp, args, 2) == {}
+    r = cli(
+        "submit", "--instance", "local", "--processes", "2", "--strategy", "fsdp", "--dry-run", "--json", cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    configs = json.loads(r.stdout)["configs"]
+    assert configs["fsdp_plugin"] == fsdp_plugin_settings()
+    assert configs["accelerate_config"]["distributed_type"] == "MULTI_GPU"
+
+
+def test_fsdp_checkpoints_refuse_another_world_size_and_other_layouts(tmp_path):
+    path = tmp_path / "checkpoint-00000004"
+    saved = {"strategy": "fsdp", "world_size": 2}
+    checkpoint.check_resumable(path, saved, 2, "fsdp")
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.check_resumable(path, saved, 1, "fsdp")
+    assert str(e.value) == (
+        f"checkpoint-00000004 in {tmp_path} was saved by 2 processes with --strategy fsdp, which splits its state "
+        "across processes, but this run has 1: run it with 2 processes to resume, or move the checkpoints away "
+        "to start over"
+    )
+    for other in ("ddp", "zero3"):
+        with pytest.raises(checkpoint.CheckpointError, match="stores its state differently"):
+            checkpoint.check_resumable(path, saved, 2, other)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout_config):
+    """The same causal-LM job (gradient clipping, a generated sample at the end) under eager DDP
+    and under compiled FSDP (each block compiled, as the default does on GPUs) on 2 processes:
+    the same losses and evaluation within rounding, and a full model saved from the shards.
+    (The resume test below runs FSDP eagerly.)"""
+    flags = lm_flags(no_dropout_config)
+    ddp, fsdp = train.many(
+        [
+            {"flags": [*flags, "--strategy", "ddp"], "name": "lm-ddp", "processes": 2},
+            {"flags": [*flags, "--strategy", "fsdp", "--compile"], "name": "lm-fsdp", "processes": 2},
+        ],
+        parallel=1,
+    )
+    assert ddp.returncode == 0, ddp.describe()
+    assert fsdp.returncode == 0, fsdp.describe()
+    assert fsdp.lines("fsdp_shard_unit=") == ["fsdp_shard_unit=FSDPGPT2Block blocks=2"], fsdp.describe()
+    assert fsdp.lines("compile_unit=") == ["compile_unit=block blocks=2"], fsdp.describe()
+    assert "torch.compile failed" not in fsdp.stdout + fsdp.stderr, fsdp.describe()
+    assert ddp.train_losses.keys() == fsdp.train_losses.keys() == {2, 4, 6, 8}
+    for step, loss in ddp.train_losses.items():
+        assert fsdp.train_losses[step] == pytest.approx(loss, rel=1e-3), (step, ddp.train_losses, fsdp.train_losses)
+    assert fsdp.final_eval["eval_loss"] == pytest.approx(ddp.final_eval["eval_loss"], rel=1e-3)
+    # Generation runs on both processes (each forward gathers shards); only the main one prints.
+    (sample,) = fsdp.lines("sample=")
+    assert json.loads(sample[len("sample=") :]) == json.loads(ddp.lines("sample=")[0][len("sample=") :])
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(fsdp.contract.model_dir)
+    reference = AutoModelForCausalLM.from_pretrained(ddp.contract.model_dir)
+    for (name, p), (_, q) in zip(saved.named_parameters(), reference.named_parameters(), strict=True):
+        assert torch.allclose(p, q, rtol=1e-3, atol=1e-4), name
+    assert math.isfinite(fsdp.final_eval["eval_perplexity"])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train):
+    """kill -9 after step 5; the rerun resumes from the sharded checkpoint of step 4 (one
+    torch.distributed.checkpoint file per process for the model and for the optimizer) and
+    ends bit for bit where the uninterrupted run does. Resuming with one process is refused."""
+    whole = train(*RESUME_FLAGS, name="fsdp-whole", processes=2)
+    assert whole.returncode == 0, whole.describe()
+    killed = train(*RESUME_FLAGS, name="fsdp-killed", processes=2, env={"DISTRAIN_TEST_KILL_AT_STEP": "5"})
+    assert killed.returncode != 0 and max(killed.train_losses) == 5, killed.describe()
+    (ckpt,) = [p for p in killed.contract.complete_checkpoints() if p.name == "checkpoint-00000004"]
+    for part in ("pytorch_model_fsdp_0", "optimizer_0"):
+        assert sorted(p.name for p in (ckpt / part).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"], part
+
+    alone = train(*RESUME_FLAGS, name="fsdp-killed")
+    assert alone.returncode == 2, alone.describe()
+    assert "which splits its state across processes, but this run has 1: run it with 2 processes" in alone.stderr
+
+    again = train(*RESUME_FLAGS, name="fsdp-killed", processes=2)
+    assert again.returncode == 0, again.describe()
+    assert again.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"], again.describe()
+    assert again.train_losses == whole.train_losses  # exact, not approximate
+    assert sorted(again.train_losses) == list(range(1, 13))
+    evals = lambda run: {e["step"]: e["eval_loss"] for e in run.evals}  # noqa: E731
+    assert evals(again) == evals(whole)
+    weights = "model.safetensors"
+    assert (again.contract.model_dir / weights).read_bytes() == (whole.contract.model_dir / weights).read_bytes()
