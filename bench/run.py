@@ -390,7 +390,11 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
             # against the same 1-GPU run
             runs += [ours_lm(ctx, gpus=n, label=f"ours ddp x{n}", variant=v) for v in variants for n in counts if n > 1]
         elif s == "zero":
-            runs = [ours_lm(ctx, gpus=G, strategy=st, label=f"ours {st} x{G}") for st in ("ddp", "zero2", "zero3")]
+            runs = [ours_lm(ctx, gpus=G, strategy=st, label=f"ours {st} x{G}") for st in a.zero_strategies]
+            runs += [
+                ours_lm(ctx, gpus=G, strategy=st, compile_=True, label=f"ours {st} +compile x{G}")
+                for st in a.zero_compiled
+            ]
             # variants tune ZeRO-3 (e.g. --no-zero3-block-fetch): one more zero3 run each
             runs += [ours_lm(ctx, gpus=G, strategy="zero3", label=f"ours zero3 x{G}", variant=v) for v in variants]
         elif s == "xl":
@@ -912,16 +916,23 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
                 f"**{fmt(eff, '.1%') if eff is not None else '–'}**"
             )
     elif suite == "zero":
-        ddp = next((r for r in runs if r.strategy == "ddp" and not r.variant), None)
-        base = ddp.result.get("tokens_per_sec") if ddp else None
+        # Each run against DDP run the same way (eager or compiled; eager DDP if no compiled one ran).
+        compiled = lambda r: "--compile" in r.cmd  # noqa: E731
+        ddps = {
+            c: next((r for r in runs if r.strategy == "ddp" and not r.variant and compiled(r) == c), None)
+            for c in (False, True)
+        }
         for r, t in zip(runs, tps, strict=True):
+            ddp = ddps[compiled(r)] or ddps[False]
             if r is ddp:
                 continue
-            q = ratio(t, base)
-            name = r.strategy + (f" [{r.variant}]" if r.variant else "")
-            out[f"{r.strategy}{'_' + r.variant if r.variant else ''}_over_ddp"] = q
+            q = ratio(t, ddp.result.get("tokens_per_sec") if ddp else None)
+            ddp_name = "ddp +compile" if ddp is not None and compiled(ddp) else "ddp"
+            name = r.strategy + (" +compile" if compiled(r) else "") + (f" [{r.variant}]" if r.variant else "")
+            key = r.strategy + ("_compiled" if compiled(r) else "") + (f"_{r.variant}" if r.variant else "")
+            out[f"{key}_over_{ddp_name.replace(' +compile', '_compiled')}"] = q
             lines.append(
-                f"- {name} ÷ ddp tokens/s: **{xfmt(q)}**; peak GiB (torch) "
+                f"- {name} ÷ {ddp_name} tokens/s: **{xfmt(q)}**; peak GiB (torch) "
                 f"{fmt(r.result.get('peak_mem_gb'), '.2f')} vs "
                 f"{fmt(ddp.result.get('peak_mem_gb') if ddp else None, '.2f')}"
             )
@@ -976,7 +987,7 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
 SUITE_TITLES = {
     "single": "single — 1 GPU: ours vs transformers.Trainer (defaults, +torch_compile)",
     "scaling": "scaling — ours DDP on 1..N GPUs (weak scaling: fixed micro-batch per GPU)",
-    "zero": "zero — ours DDP vs ZeRO-2 vs ZeRO-3 on N GPUs, 124M",
+    "zero": "zero — ours DDP vs ZeRO-2 vs ZeRO-3 vs FSDP on N GPUs, 124M",
     "xl": "xl — gpt2-xl (~1.56B) on N GPUs: DDP, ZeRO-2, ZeRO-3, ZeRO-3 + CPU offload",
     "accum": "accum — gradient accumulation cost (ours)",
     "varlen": "varlen — variable-length classification: dynamic padding + length grouping vs padding=max_length",
@@ -1106,6 +1117,19 @@ def parse_args(argv=None):
         "--dataset builtin:corpus (43 blocks of 1024: too few for bs 16 on several GPUs)",
     )
     g.add_argument("--eval-samples", type=int, default=256, help="ours --max-eval-samples (untimed tail)")
+    g = p.add_argument_group("zero suite")
+    g.add_argument(
+        "--zero-strategies",
+        type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+        default=["ddp", "zero2", "zero3", "fsdp"],
+        help="comma list, run eager (default: ddp,zero2,zero3,fsdp)",
+    )
+    g.add_argument(
+        "--zero-compiled",
+        type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+        default=[],
+        help="comma list: these strategies also run with --compile, each against compiled ddp (e.g. ddp,fsdp)",
+    )
     g = p.add_argument_group("xl suite")
     g.add_argument("--xl-batch-size", type=int, default=4)
     g.add_argument("--xl-steps", type=int, default=15)
