@@ -220,9 +220,10 @@ def _training_processes(root: int) -> list[int]:
 
 
 def _exit_code(code: int, contract: Contract) -> int:
-    # torchrun reports any worker failure as 1; the contract's failure file says it was bad input.
+    # torchrun reports any worker failure as 1; the contract's failure file says it was bad input,
+    # unless a traceback lies beside it (a failure no check foresaw: exit 1, see __main__).
     if code != 0 and code not in STOP_EXIT_CODES and contract.failure_file.is_file():
-        return 2
+        return 1 if (contract.output_dir / "traceback.txt").is_file() else 2
     return code
 
 

@@ -52,9 +52,10 @@ def test_main_puts_values_in_the_environment_and_runs_the_command(mocked_aws, mo
     arn = boto3.client("secretsmanager", region_name=REGION).create_secret(Name="hf", SecretString="fake-hf-value-1")[
         "ARN"
     ]
-    # Recorded as absent first, so that the value main() puts in os.environ is removed afterwards
-    # (a delenv at the end would restore it instead, for every later test to see).
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    # Through monkeypatch first, so that the value main() puts in os.environ is removed afterwards
+    # (a delenv at the end would restore it instead, for every later test to see; a delenv of an
+    # absent variable records nothing).
+    monkeypatch.setenv("HF_TOKEN", "")
     monkeypatch.setenv("DISTRAIN_SECRETS", json.dumps({"HF_TOKEN": arn}))
     ran = {}
     monkeypatch.setattr(os, "execvp", lambda file, args: ran.update(args=args, token=os.environ.get("HF_TOKEN")))

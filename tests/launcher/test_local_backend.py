@@ -333,3 +333,20 @@ def test_on_a_terminal_step_lines_redraw_one_status_line_and_logs_scroll_above_i
     plain.write(step.format(n=10).encode())
     plain.close()
     assert piped.getvalue() == step.format(n=10)
+
+
+def test_an_unforeseen_failure_is_one_line_with_its_traceback_in_a_file(cli, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "DISTRAIN_TEST_RAISE_AT_STEP": "2"}
+    r = cli("submit", "--instance", "local", "--", "--max-steps", "5", "--report-to", "none", cwd=tmp_path, env=env)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    (root,) = (tmp_path / "runs").iterdir()
+    traceback_file = root / "output" / "traceback.txt"
+    output = (r.stdout + r.stderr).splitlines()
+    assert [line for line in output if line.startswith("error:")] == [
+        f"error: RuntimeError: injected failure at step 2 (traceback in {traceback_file}; DISTRAIN_DEBUG=1 prints it)"
+    ]
+    assert not any("Traceback" in line for line in output)
+    assert "_maybe_die_for_test" in traceback_file.read_text()  # nothing lost: the whole traceback
+    status = json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)
+    assert (status["status"], status["exit_code"]) == ("Failed", 1)
+    assert status["detail"].startswith("RuntimeError: injected failure at step 2")
