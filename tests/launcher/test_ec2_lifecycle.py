@@ -385,6 +385,7 @@ def test_status_of_an_unknown_job_is_one_line(stack, capsys):
     )
 
 
+@pytest.mark.slow
 def test_ls_lists_ec2_jobs_newest_first(stack, capsys):
     first, _ = submitted()
     time.sleep(1.01)  # job names carry the second they were made
@@ -428,6 +429,7 @@ def test_logs_print_every_node_prefixed(stack, capsys):
 # ====================================================================== cancel and resume
 
 
+@pytest.mark.slow
 def test_cancel_writes_the_stop_marker_and_now_terminates(stack, capsys):
     job, _ = submitted(nodes=2)
     code, out, _ = run_cli(capsys, "cancel", job)
@@ -449,6 +451,7 @@ def test_cancel_now_is_refused_for_other_backends(mocked_aws, capsys):
     assert code == 2 and "--now applies to EC2 jobs; job-1 is a sagemaker job: drop --now" in err
 
 
+@pytest.mark.slow
 def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, capsys, job_records):
     job, plan = submitted(nodes=2, spot=True, secrets={"HF_TOKEN": "ssm:/team/hf"})
     for rank in (0, 1):
@@ -478,6 +481,7 @@ def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, caps
     assert (description["lineage"], description["attempt"], description["nodes"]) == (job, 3, 2)
 
 
+@pytest.mark.slow
 def test_submit_spot_wait_resumes_an_interrupted_lineage_until_it_completes(stack, monkeypatch, capsys):
     """What the nodes would write, written whenever the launcher sleeps between polls: the first
     attempt is interrupted, the next completes."""
@@ -610,6 +614,7 @@ def test_instances_past_the_deadline_are_flagged():
 # ====================================================================== the real CLI, a moto server, a real stack
 
 
+@pytest.mark.slow  # CLI processes and a stack on a moto server
 def test_the_cli_submits_to_a_moto_server_with_a_stack_from_infra_up(tmp_path, moto_server):
     """The rehearsal's path: `infra up`, then `submit --instance g4dn.12xlarge` with an AMI override,
     each a separate process talking to a moto server over HTTP."""
@@ -663,6 +668,7 @@ exec {python} "$@"
 """
 
 
+@pytest.mark.slow  # runs the user data with bash
 def test_the_user_data_runs_here_up_to_the_agent_and_a_swapped_bundle_stops_the_job(tmp_path, monkeypatch, moto_server):
     """Each node's user data, run by bash against a moto server and a fake metadata service (no
     keys in its environment): node 1 fetches and checks the bundle, installs and hands over to
