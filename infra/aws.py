@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import UserError
+from .errors import EXIT_CAPACITY, EXIT_CREDENTIALS, EXIT_PERMISSION, UserError
 
 USER_AGENT = "distrain-cloud/0.1"
 # botocore's `max_attempts` counts *retries*: 8 means up to 9 calls (total_max_attempts 9).
@@ -127,30 +127,39 @@ def _client_error(exc: Any) -> UserError:
     if code in _ACCESS_DENIED:
         perm = re.search(r"perform:\s*([\w-]+:[\w*-]+)", message)
         missing = f"; missing permission {perm.group(1)}" if perm else ""
-        return UserError(f"AWS denied {op}{missing}: grant it to your IAM user/role and retry")
+        return UserError(
+            f"AWS denied {op}{missing}: grant it to your IAM user/role and retry", exit_code=EXIT_PERMISSION
+        )
     if code in _QUOTA:
         return UserError(
             f"AWS quota exceeded for {op}: {message} -- request an increase in the Service Quotas console "
             "(or `aws service-quotas request-service-quota-increase`) for this region, "
-            "or use a smaller instance type/count"
+            "or use a smaller instance type/count",
+            exit_code=EXIT_CAPACITY,
         )
     if code in _THROTTLED:
         tries = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) + 1
-        return UserError(f"AWS is throttling {op} (gave up after {tries} attempts); retry later")
+        return UserError(
+            f"AWS is throttling {op} (gave up after {tries} attempts); retry later", exit_code=EXIT_CAPACITY
+        )
     if code in _VALIDATION:
         return UserError(f"AWS rejected {op}: {message}")
     if code in _EXPIRED:
         return UserError(
-            "AWS credentials have expired: refresh them (e.g. `aws sso login` or new session credentials) and retry"
+            "AWS credentials have expired: refresh them (e.g. `aws sso login` or new session credentials) and retry",
+            exit_code=EXIT_CREDENTIALS,
         )
     if code in _BAD_CREDENTIALS:
         return UserError(
             f"AWS rejected the credentials ({code}): check AWS_PROFILE / AWS_ACCESS_KEY_ID "
-            "and run `aws sts get-caller-identity`"
+            "and run `aws sts get-caller-identity`",
+            exit_code=EXIT_CREDENTIALS,
         )
     if code == "InsufficientInstanceCapacity":
         return UserError(
-            f"AWS has no spare capacity for {op} right now: {message} -- try another availability zone, region or later"
+            f"AWS has no spare capacity for {op} right now: {message} -- try another availability zone, "
+            "region or later",
+            exit_code=EXIT_CAPACITY,
         )
     return UserError(f"AWS {op} failed ({code}): {message}")
 
@@ -168,10 +177,13 @@ def translate_errors() -> Iterator[None]:
     except (bx.NoCredentialsError, bx.PartialCredentialsError) as exc:
         raise UserError(
             "no AWS credentials found: run `aws configure` or set AWS_PROFILE / "
-            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+            exit_code=EXIT_CREDENTIALS,
         ) from exc
     except (bx.SSOTokenLoadError, bx.UnauthorizedSSOTokenError, bx.TokenRetrievalError) as exc:
-        raise UserError("AWS SSO session is missing or expired: run `aws sso login` and retry") from exc
+        raise UserError(
+            "AWS SSO session is missing or expired: run `aws sso login` and retry", exit_code=EXIT_CREDENTIALS
+        ) from exc
     except bx.ProfileNotFound as exc:
         profile = exc.kwargs.get("profile")
         raise UserError(f"AWS profile {profile!r} not found: check AWS_PROFILE / ~/.aws/config") from exc

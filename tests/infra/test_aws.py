@@ -269,3 +269,31 @@ def test_upload_if_absent_uploads_once(mocked_aws):
     assert resources.upload_if_absent("distrain-cloud-code", key, b"second") is False
     body = aws.client("s3").get_object(Bucket="distrain-cloud-code", Key=key)["Body"].read()
     assert body == b"first"
+
+
+@pytest.mark.parametrize(
+    "code, exit_code",
+    [
+        ("AccessDenied", 4),
+        ("UnauthorizedOperation", 4),
+        ("ExpiredToken", 3),
+        ("InvalidClientTokenId", 3),
+        ("VcpuLimitExceeded", 5),
+        ("InsufficientInstanceCapacity", 5),
+        ("Throttling", 5),
+        ("ValidationError", 2),
+    ],
+)
+def test_errors_exit_with_their_class_code(aws_credentials, code, exit_code):
+    sts = aws.client("sts", "us-east-1")
+    with Stubber(sts) as stub:
+        stub.add_client_error("get_caller_identity", code, "x", 400)
+        with pytest.raises(UserError) as info, aws.translate_errors():
+            sts.get_caller_identity()
+    assert info.value.exit_code == exit_code
+
+
+def test_no_credentials_exits_3(no_aws_config):
+    with pytest.raises(UserError, match="no AWS credentials found") as info, aws.translate_errors():
+        aws.client("sts", "us-east-1").get_caller_identity()
+    assert info.value.exit_code == 3

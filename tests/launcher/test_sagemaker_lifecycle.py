@@ -320,7 +320,7 @@ def test_create_training_job_errors_are_one_line_with_advice(role, monkeypatch, 
     sent = inject_error(monkeypatch, "CreateTrainingJob", code, message)
     submit = ["submit", "--yes", "--instance", "ml.p3.8xlarge", "--max-run", "2h"]
     rc, out, err = run_cli(capsys, *submit, "--role", role, "--region", REGION)
-    assert rc == 2 and out == ""
+    assert rc == 5 and out == ""  # quota, capacity, throttling: their own exit code
     (line,) = err.strip().splitlines()
     assert line.startswith(expected), line
     assert len(sent) == (9 if code == "ThrottlingException" else 1)  # throttling is retried, quota is not
@@ -586,7 +586,7 @@ def test_cancel_of_a_stopping_job_sends_nothing_more(stub):
 def test_throttled_status_is_one_line(mocked_aws, monkeypatch, capsys):
     inject_error(monkeypatch, "DescribeTrainingJob", "ThrottlingException", "Rate exceeded")
     code, out, err = run_cli(capsys, "status", "job-1", "--region", REGION)
-    assert code == 2
+    assert code == 5  # retry later: the capacity class
     assert err.strip() == "error: AWS is throttling DescribeTrainingJob (gave up after 9 attempts); retry later"
 
 
