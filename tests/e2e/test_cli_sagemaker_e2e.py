@@ -113,7 +113,6 @@ def role(moto_server):
     )["Role"]["Arn"]
 
 
-@pytest.mark.slow  # seven CLI processes against a moto server
 def json_objects(text: str) -> list[dict]:
     """`submit --json`'s stdout: the plan, then the result; nothing else."""
     decoder, objects, at = json.JSONDecoder(), [], 0
@@ -123,6 +122,7 @@ def json_objects(text: str) -> list[dict]:
     return objects
 
 
+@pytest.mark.slow  # seven CLI processes against a moto server
 def test_submit_the_example_then_status_ls_logs_and_cancel(cli, moto_server, env, role, tmp_path):
     args = ["submit", str(EXAMPLE), "--region", REGION, "--role", role, "--max-cost", "100", "--json", "--yes"]
     r = cli(*args, env=env, cwd=tmp_path)
