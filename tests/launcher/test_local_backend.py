@@ -281,6 +281,7 @@ def test_a_local_job_killed_hard_is_lost_not_in_progress(cli, tmp_path):
     assert [j["status"] for j in json.loads(ls.stdout)] == ["Lost"]
 
 
+@pytest.mark.slow  # starts a training job
 def test_a_failure_inside_training_is_one_error_line_and_the_status_says_why(cli, tmp_path):
     # A Hub model with the Hub out of reach: the Hub client raises chained errors, and accelerate
     # launch and node_launch used to add theirs (and the CLI claimed a model that was never saved).
@@ -335,6 +336,7 @@ def test_on_a_terminal_step_lines_redraw_one_status_line_and_logs_scroll_above_i
     assert piped.getvalue() == step.format(n=10)
 
 
+@pytest.mark.slow  # starts a training job
 def test_an_unforeseen_failure_is_one_line_with_its_traceback_in_a_file(cli, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "DISTRAIN_TEST_RAISE_AT_STEP": "2"}
     r = cli("submit", "--instance", "local", "--", "--max-steps", "5", "--report-to", "none", cwd=tmp_path, env=env)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
 from distrain_cloud.launcher.backends.sagemaker import METRIC_REGEX
 from distrain_cloud.training.trainer import _hms, _slow_phase
 
@@ -27,6 +29,7 @@ def test_a_slow_setup_step_says_what_it_is_doing_and_a_quick_one_says_nothing():
     assert quick == []
 
 
+@pytest.mark.slow  # trains a tiny model
 def test_step_lines_say_where_the_run_stands_and_still_parse(train):
     from bench._benchlib import parse_kv
 
