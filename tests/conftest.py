@@ -124,3 +124,20 @@ def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
+
+
+# The fast lane (`-m "not slow"`) stays fast only if slow tests are marked: name the ones that are not.
+FAST_TEST_LIMIT_S = 3.0
+_unmarked_slow: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.duration > FAST_TEST_LIMIT_S and "slow" not in report.keywords:
+        _unmarked_slow.append((report.duration, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _unmarked_slow:
+        terminalreporter.write_sep("=", f"not marked slow, yet over {FAST_TEST_LIMIT_S:.0f} s (mark them slow)")
+        for seconds, nodeid in sorted(_unmarked_slow, reverse=True):
+            terminalreporter.write_line(f"{seconds:5.1f} s  {nodeid}")
