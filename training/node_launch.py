@@ -155,7 +155,9 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, preexec_fn=ignore_stops)
+    # Without /proc the training processes cannot be found: the launcher then keeps the defaults.
+    reachable = Path("/proc/self").is_dir()
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, preexec_fn=ignore_stops if reachable else None)
     stopping: list[tuple[int, float]] = []  # (signal, when)
     held: list[str] = []
 

@@ -677,7 +677,7 @@ class Trainer:
             fields: dict[str, float | str] = {**metrics, **extra}
             self._print(" ".join([f"step={step}"] + [f"{k}={_fmt(v)}" for k, v in fields.items()]))
             with open(self.metrics_file, "a") as f:
-                f.write(json.dumps({"step": step, **metrics, "time": round(now, 3)}) + "\n")
+                f.write(json.dumps({"step": step, **metrics}) + "\n")
 
     def _print(self, line: str) -> None:
         if self.accelerator.is_main_process:
