@@ -109,7 +109,8 @@ def stub_client(aws_credentials, monkeypatch) -> Iterator[Callable[..., Any]]:
 @pytest.fixture
 def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     """`cli(*args, cwd, env=None, timeout=120)`: `distrain-cloud ARGS` as a user runs it, in a process
-    of its own. `env` is its whole environment (default: this one, with one OpenMP thread)."""
+    of its own. `env` is its whole environment (default: this one, with one OpenMP thread).
+    Tests that use it are marked slow (below): each process pays the CLI's imports again."""
 
     def run(
         *args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout: float = 120
@@ -124,6 +125,13 @@ def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "cli" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 # The fast lane (`-m "not slow"`) stays fast only if slow tests are marked: name the ones that are not.

@@ -199,6 +199,7 @@ def test_up_twice_is_a_no_op_then_down_and_up_again(mocked_aws):
     assert remade.bucket != made.bucket and remade.sagemaker_role_arn != made.sagemaker_role_arn
 
 
+@pytest.mark.slow
 def test_resources_are_found_by_logical_id(mocked_aws):
     made = _up()
     # Stacks made through change sets have no Outputs under moto: resources() must not need them.
@@ -243,6 +244,7 @@ def test_security_properties_that_moto_applies(mocked_aws):
     assert log_group["retentionInDays"] == 14
 
 
+@pytest.mark.slow
 def test_node_role_policy_under_enforced_iam(mocked_aws):
     """The node role's own policy, read back from IAM, evaluated by moto's IAM enforcement.
 
@@ -405,6 +407,7 @@ def test_a_busy_stack_is_one_line(mocked_aws):
     assert stack.resources(region=REGION).bucket  # resources still exist during an update
 
 
+@pytest.mark.slow
 def test_no_default_vpc_and_bad_inputs(mocked_aws):
     ec2 = boto3.client("ec2", REGION)
     vpc = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]

@@ -169,6 +169,7 @@ def calls(monkeypatch) -> Calls:
 # ====================================================================== submit
 
 
+@pytest.mark.slow
 def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once(stack, calls, capsys):
     import boto3
 
@@ -297,6 +298,7 @@ def _capacity_error(zones_without: int):
     return answer, seen
 
 
+@pytest.mark.slow
 def test_no_capacity_in_one_zone_tries_the_next_with_a_new_token(stack, monkeypatch, capsys):
     from distrain_cloud.infra import aws
 
@@ -320,6 +322,7 @@ def test_no_capacity_in_one_zone_tries_the_next_with_a_new_token(stack, monkeypa
     assert len(instances(job)) == 2
 
 
+@pytest.mark.slow
 def test_no_capacity_anywhere_is_one_line_and_the_job_says_so(stack, monkeypatch, capsys):
     from distrain_cloud.infra import aws
 
@@ -353,6 +356,7 @@ def stack_subnet() -> str:
 # ====================================================================== status and ls
 
 
+@pytest.mark.slow
 def test_status_follows_the_nodes_from_launch_to_completion(stack, capsys):
     job, _ = submitted(nodes=2)
     info = ec2.BACKEND.status(ref(job))

@@ -617,6 +617,7 @@ def test_the_deadline_stops_every_node(cluster):
     assert results[1].reason == "max-run reached: the job ran until its deadline"
 
 
+@pytest.mark.slow
 def test_a_peer_that_failed_to_boot_ends_the_rendezvous_at_once(cluster):
     # What the user data leaves when the bundle's sha256 is not the planned one.
     c = cluster(rendezvous_timeout_s=600)
@@ -676,6 +677,7 @@ def agent_process(env: dict[str, str], job_uri: str) -> subprocess.CompletedProc
     )
 
 
+@pytest.mark.slow
 def test_the_agent_powers_off_on_every_path_even_before_it_knows_the_job(tmp_path):
     from moto.server import ThreadedMotoServer
 

@@ -1,4 +1,5 @@
-"""Trainer.setup refuses flags this machine or launch cannot serve, before building anything."""
+"""Trainer.setup refuses flags this machine or launch cannot serve, before building anything
+(through the entry point, one line and exit 2: test_bad_input.py)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,3 @@ def test_flags_the_environment_cannot_serve_are_argument_errors(tmp_path, flags,
     with pytest.raises(ArgumentError) as e:
         trainer(tmp_path, *flags)._check_environment(world, cuda=False)
     assert str(e.value) == message
-
-
-def test_the_entry_point_reports_it_in_one_line(train):
-    run = train("--ddp-reduce-dtype", "bf16", "--report-to", "none")
-    assert run.returncode == 2, run.describe()
-    line = "error: --ddp-reduce-dtype bf16 needs GPUs (NCCL); gloo on CPU reduces fp32 or fp16"
-    assert run.stderr.strip().splitlines() == [line]
-    assert (run.contract.output_dir / "failure").read_text() == line + "\n"
