@@ -83,8 +83,9 @@ def test_task_trains_and_saves_a_complete_model(task_runs, case):
     assert saved["task"] == flags[1] and saved["world_size"] == 1 and saved["max_steps_resolved"] == steps
     assert saved["final_metrics"] == {k: v for k, v in final.items() if k != "step"}
     assert run.lines("model_saved=") == [f"model_saved={model_dir}"]
-    # Nothing but metrics.jsonl in the output folder (W&B is off), nothing in the cwd.
-    assert sorted(p.name for p in run.contract.output_dir.iterdir()) == ["metrics.jsonl"]
+    # Nothing but metrics.jsonl (and a causal LM's sample) in the output folder (W&B is off), nothing in the cwd.
+    sample = ["sample.txt"] if case == "causal-lm" else []
+    assert sorted(p.name for p in run.contract.output_dir.iterdir()) == ["metrics.jsonl", *sample]
     assert list(run.contract.workdir.iterdir()) == []
 
     samples = run.lines("sample=")
@@ -92,6 +93,7 @@ def test_task_trains_and_saves_a_complete_model(task_runs, case):
         assert len(samples) == 1, run.stdout
         text = json.loads(samples[0][len("sample=") :])
         assert text.startswith("The") and len(text) > len("The"), text
+        assert (run.contract.output_dir / "sample.txt").read_text() == text + "\n"  # for the report
     else:
         assert samples == []
 
