@@ -319,6 +319,7 @@ def _emitted_line(tmp_path, step, metrics, capsys) -> str:
 
     trainer = object.__new__(Trainer)
     trainer.accelerator, trainer.metrics_file = Acc(), tmp_path / "metrics.jsonl"
+    trainer.max_steps = 1000  # train lines end with progress=STEP/1000
     capsys.readouterr()
     trainer._emit(step, metrics)
     (line,) = capsys.readouterr().out.splitlines()
