@@ -110,7 +110,8 @@ CONFIGS: tuple[Config, ...] = (
         (f"{H1}-session2-single-liger-varlen", HF_EAGER, 23.1003, 24.64),
         (f"{H1}-session2-single-varlen-sdpa", HF_EAGER, 23.1003, 24.64),
         (f"{H1}-single-accum-varlen", HF_EAGER, 23.1003, 24.64),
-        (f"{H1}-single-run2", "HF Trainer defaults", 23.10, 24.64)) + _runs("H200",
+        (f"{H1}-single-run2", "HF Trainer defaults", 23.10, 24.64),
+        (f"{H1}-session5-default-compiles", HF_EAGER, 23.1003, 24.64)) + _runs("H200",
         (f"{H4}-single-scaling-compile", "HF Trainer defaults", 23.10, 24.64),
         (f"{H1x200}-session5-default-compiles", HF_EAGER, 23.1003, 24.64))),
     # -- single: 1 GPU, compiled
@@ -144,7 +145,8 @@ CONFIGS: tuple[Config, ...] = (
         (f"{H1}-session4-single-both-flash", HF_COMPILED, 11.7736, 14.75),
         (f"{H1}-session4-single-flags", HF_COMPILED, 11.7706, 14.81),
         (f"{H1}-single-accum-varlen", HF_COMPILED, 11.7706, 14.81),
-        (f"{H1}-single-run2", "HF Trainer compile", 11.77, 14.81)) + _runs("H200",
+        (f"{H1}-single-run2", "HF Trainer compile", 11.77, 14.81),
+        (f"{H1}-session5-default-compiles", HF_COMPILED, 11.7736, 14.75)) + _runs("H200",
         (f"{H4}-single-scaling-compile", "HF Trainer compile", 11.77, 14.75),
         (f"{H1x200}-session5-default-compiles", HF_COMPILED, 11.7717, 14.81))),
     # session 4 before the loss-only change: no KV cache, logits still returned
@@ -166,7 +168,9 @@ CONFIGS: tuple[Config, ...] = (
     # session 4, loss-only training forwards: the trainer as it is today
     Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H100",
         (f"{H1}-session4-loss-only-run1", OURS_C1, 8.7395, 17.68),
-        (f"{H1}-session4-loss-only-run2", OURS_C1, 8.7401, 17.65)) + _runs("H200",
+        (f"{H1}-session4-loss-only-run2", OURS_C1, 8.7401, 17.65),
+        # no speed flags, compiled by default (strategies.compile_decision)
+        (f"{H1}-session5-default-compiles", OURS_1, 8.7395, 18.25)) + _runs("H200",
         # 2ec1054: no speed flags, compiled by default (strategies.compile_decision)
         (f"{H1x200}-session5-default-compiles", OURS_1, 8.7407, 18.26))),
     Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="no-logits-upcast",
