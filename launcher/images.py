@@ -3,8 +3,12 @@
 The images and their tags come from sagemaker-core's image config
 (sagemaker/core/image_uri_config/huggingface.json), read here as plain JSON: importing
 sagemaker.core.image_uris costs a second or more and the launcher stays SDK-free.
-The URI is built the way `sagemaker.core.image_uris.retrieve(framework="huggingface",
-image_scope="training", ...)` builds it; tests/launcher/test_images.py checks they agree.
+Where sagemaker-core is installed its file is read (it is the newest truth); elsewhere a
+snapshot of the training images' entries shipped in launcher/data/ stands in, so a plan
+needs no SDK. Refresh the snapshot with `python -m distrain_cloud.launcher.images
+--refresh-snapshot`. The URI is built the way `sagemaker.core.image_uris.retrieve(
+framework="huggingface", image_scope="training", ...)` builds it;
+tests/launcher/test_images.py checks they agree, and that the snapshot matches the SDK.
 
 The one rule this module exists for: never hand out an image whose CUDA build cannot
 run on the instance's GPU. Each image's CUDA version is in its tag (cu121, cu124,
@@ -50,6 +54,9 @@ MIN_CUDA_BY_COMPUTE_CAPABILITY: dict[tuple[int, int], tuple[int, int]] = {
 }
 
 _CONFIG_RELPATH = ("sagemaker", "core", "image_uri_config", "huggingface.json")
+# The training images' entries of that file, for installs without sagemaker-core.
+SNAPSHOT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "huggingface_images.json")
+_SNAPSHOT_KEYS = ("processors", "py_versions", "repository", "container_version", "registries")
 # The job-spec keys that pin an image (no CLI flag sets them); refusals name them.
 TRANSFORMERS_KEY = "sagemaker.transformers_version"
 PYTORCH_KEY = "sagemaker.pytorch_version"
@@ -186,32 +193,78 @@ def image_config_path() -> str | None:
     return None
 
 
-def image_config_source() -> str:
-    """ "sagemaker-core 2.27.0" (the package whose image config is used), for docs and plans."""
+def _sagemaker_core_version() -> str:
     from importlib import metadata
 
     try:
-        return f"sagemaker-core {metadata.version('sagemaker-core')}"
+        return metadata.version("sagemaker-core")
     except metadata.PackageNotFoundError:
-        return "sagemaker-core (not installed)"
+        return "(version unknown)"
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """The parsed huggingface.json (or the snapshot of its training images) and where it came from."""
+
+    config: Mapping[str, Any] = field(repr=False)
+    source: str  # "sagemaker-core 2.27.0 (installed)"
 
 
 @functools.lru_cache(maxsize=1)
-def _load_default_config() -> dict[str, Any]:
+def default_image_config() -> ImageConfig:
+    """The installed sagemaker-core's image config when there is one, else the shipped snapshot."""
     path = image_config_path()
-    if path is None:
-        raise UserError(
-            "picking a Hugging Face training image needs sagemaker-core's image config, which is not "
-            "installed; pip install 'distrain-cloud[sagemaker]', or pass --image-uri"
-        )
-    with open(path, encoding="utf-8") as f:
-        config: dict[str, Any] = json.load(f)
-    return config
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            return ImageConfig(json.load(f), f"sagemaker-core {_sagemaker_core_version()} (installed)")
+    with open(SNAPSHOT_PATH, encoding="utf-8") as f:
+        snapshot: dict[str, Any] = json.load(f)
+    return ImageConfig(snapshot, f"{snapshot['source']} (snapshot shipped with distrain-cloud)")
+
+
+def image_config_source() -> str:
+    """ "sagemaker-core 2.27.0 (installed)": whose image config is used, for docs and plans."""
+    return default_image_config().source
+
+
+def snapshot_of(config: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """What the launcher keeps of a huggingface.json: each training image's entry, only the keys
+    training_images() reads, under a header naming the sagemaker-core it came from."""
+    scope = _training_scope(config)
+    used = {(i.transformers_version, f"pytorch{i.pytorch_version}") for i in training_images(config)}
+    versions: dict[str, dict[str, Any]] = {}
+    for tv, by_framework in scope["versions"].items():  # in the file's order, so refreshes diff small
+        for framework, entry in by_framework.items():
+            if (tv, framework) in used:
+                versions.setdefault(tv, {})[framework] = {key: entry[key] for key in _SNAPSHOT_KEYS if key in entry}
+    training: dict[str, Any] = {"versions": versions}
+    if "processors" in scope:
+        training = {"processors": scope["processors"], **training}
+    return {
+        "source": source,
+        "file": "/".join(_CONFIG_RELPATH),
+        "refresh": "python -m distrain_cloud.launcher.images --refresh-snapshot",
+        "training": training,
+    }
+
+
+def refresh_snapshot(path: str = SNAPSHOT_PATH) -> str:
+    """Rewrite the snapshot from the installed sagemaker-core; returns what it was taken from."""
+    config_path = image_config_path()
+    if config_path is None:
+        raise UserError("refreshing the image snapshot needs sagemaker-core: pip install 'distrain-cloud[sagemaker]'")
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    source = f"sagemaker-core {_sagemaker_core_version()}"
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(snapshot_of(config, source), f, indent=2)
+        f.write("\n")
+    return source
 
 
 def _training_scope(config: Mapping[str, Any] | None) -> Mapping[str, Any]:
     if config is None:
-        config = _load_default_config()
+        config = default_image_config().config
     scope: Mapping[str, Any] = config.get("training", config)
     return scope
 
@@ -224,7 +277,7 @@ def training_images(config: Mapping[str, Any] | None = None) -> tuple[TrainingIm
     """Every Hugging Face PyTorch training image in the config, newest first.
 
     `config` is the parsed huggingface.json (or its "training" part); by default
-    sagemaker-core's. Entries without a container_version for a processor are left out:
+    sagemaker-core's, or the shipped snapshot of it. Entries without a container_version for a processor are left out:
     their tag names no CUDA version, so nothing could vouch for them (transformers 4.4/4.5).
     """
     scope = _training_scope(config)
@@ -295,7 +348,8 @@ def choose_training_image(
     Default: the newest transformers/PyTorch pair whose CUDA build runs on the instance's
     GPU. `transformers_version` / `pytorch_version` ("4.56" or "4.56.2") narrow the choice;
     `image_uri` is taken as given unless its tag names a CUDA version the GPU cannot run.
-    `config` replaces sagemaker-core's huggingface.json (tests, pinned snapshots).
+    `config` replaces sagemaker-core's huggingface.json (tests); without it the reason names
+    the image config used (installed sagemaker-core or the shipped snapshot).
     Raises UserError naming the flag to change.
     """
     if image_uri:
@@ -364,7 +418,8 @@ def choose_training_image(
         pytorch_version=pick.pytorch_version,
         py_version=pick.py_version,
         cuda_version=pick.cuda_version,
-        reason=_reason(instance, region, pick, newest, pinned[0], pinning),
+        reason=_reason(instance, region, pick, newest, pinned[0], pinning)
+        + ("" if config is not None else f"; image list: {image_config_source()}"),
     )
 
 
@@ -474,3 +529,29 @@ def _check_explicit(
         pass
     name = image_uri.rsplit("/", 1)[-1]
     raise UserError(f"image {name} is a CUDA {cuda_str} build, which cannot run on {instance.name} ({why}); {fix}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m distrain_cloud.launcher.images`: the images in use and their source;
+    `--refresh-snapshot` rewrites the shipped snapshot from the installed sagemaker-core."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m distrain_cloud.launcher.images", description=main.__doc__)
+    parser.add_argument("--refresh-snapshot", action="store_true", help="rewrite the snapshot from sagemaker-core")
+    args = parser.parse_args(argv)
+    if args.refresh_snapshot:
+        try:
+            source = refresh_snapshot()
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return err.exit_code
+        default_image_config.cache_clear()
+        print(f"snapshot {os.path.relpath(SNAPSHOT_PATH)} written from {source}")
+    print(f"image list: {image_config_source()}")
+    for image in training_images():
+        print(f"  {image.label} ({image.py_version}, {image.processor}, {image.container_version})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,7 @@
 import functools
+import json
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +16,7 @@ from distrain_cloud.launcher.images import (
 )
 
 ACCOUNT = "111122223333"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def fake_config(*entries, processors=("gpu",)):
@@ -39,10 +43,27 @@ FAKE = fake_config(
 
 @pytest.fixture(scope="module")
 def shipped():
-    """sagemaker-core's own huggingface.json (skips where sagemaker-core is not installed)."""
-    if images.image_config_path() is None:
-        pytest.skip("sagemaker-core is not installed")
+    """The images of the default config: sagemaker-core's huggingface.json, or the shipped snapshot."""
     return training_images()
+
+
+@pytest.fixture
+def sdk_config():
+    """sagemaker-core's own huggingface.json (skips where sagemaker-core is not installed)."""
+    path = images.image_config_path()
+    if path is None:
+        pytest.skip("sagemaker-core is not installed")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture
+def no_sdk(monkeypatch):
+    """As after the quick-start install: sagemaker-core's image config is nowhere to be found."""
+    monkeypatch.setattr(images, "image_config_path", lambda: None)
+    images.default_image_config.cache_clear()
+    yield
+    images.default_image_config.cache_clear()
 
 
 # --- the CUDA rule ------------------------------------------------------------------------
@@ -330,3 +351,83 @@ def test_uris_equal_sagemaker_core_retrieve(shipped, monkeypatch):
             instance_type=name,
             image_scope="training",
         )
+
+
+# --- the shipped snapshot ------------------------------------------------------------------
+
+
+def snapshot():
+    with open(images.SNAPSHOT_PATH, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_the_snapshot_agrees_with_sagemaker_core_for_every_entry_it_keeps(sdk_config):
+    snap = snapshot()
+    assert snap["source"].startswith("sagemaker-core ") and snap["file"].endswith("image_uri_config/huggingface.json")
+    sdk = sdk_config["training"]
+    stale = [
+        f"{tv}/{framework}"
+        for tv, by_framework in snap["training"]["versions"].items()
+        for framework, entry in by_framework.items()
+        if entry != {key: sdk["versions"].get(tv, {}).get(framework, {}).get(key) for key in entry}
+    ]
+    assert stale == [], f"refresh the snapshot: {snap['refresh']}"
+    assert snap["training"]["processors"] == sdk["processors"]
+    assert set(training_images(snap)) <= set(training_images(sdk_config))
+
+
+def test_the_snapshot_keeps_only_entries_that_make_images():
+    snap = snapshot()
+    kept = {(tv, fw) for tv, by_framework in snap["training"]["versions"].items() for fw in by_framework}
+    assert kept == {(i.transformers_version, f"pytorch{i.pytorch_version}") for i in training_images(snap)}
+    assert len(kept) >= 10
+
+
+def test_the_installed_sdk_is_preferred_over_the_snapshot(sdk_config):
+    images.default_image_config.cache_clear()
+    assert images.default_image_config().config == sdk_config
+    assert images.image_config_source().endswith("(installed)")
+
+
+def test_without_the_sdk_the_snapshot_is_used_and_named(no_sdk):
+    assert images.image_config_source() == f"{snapshot()['source']} (snapshot shipped with distrain-cloud)"
+    choice = choose_training_image(lookup("ml.p4d.24xlarge"), "us-east-1")
+    assert choice.cuda_version is not None and choice.reason.endswith(
+        f"; image list: {snapshot()['source']} (snapshot shipped with distrain-cloud)"
+    )
+
+
+def test_refresh_rewrites_the_snapshot_from_the_sdk(sdk_config, tmp_path):
+    out = tmp_path / "huggingface_images.json"
+    source = images.refresh_snapshot(str(out))
+    written = json.loads(out.read_text())
+    assert written["source"] == source and training_images(written) == training_images(sdk_config)
+
+
+def test_refresh_without_the_sdk_names_the_extra(no_sdk, tmp_path):
+    with pytest.raises(UserError, match=r"distrain-cloud\[sagemaker\]"):
+        images.refresh_snapshot(str(tmp_path / "x.json"))
+
+
+def test_the_readme_sagemaker_dry_run_works_without_the_sdk(no_sdk, no_aws_config, monkeypatch, capsys):
+    """README's SageMaker dry-run, after the quick-start install (no [sagemaker] extra)."""
+    import botocore.client
+
+    from distrain_cloud.launcher import cli
+
+    def refuse(self, operation_name, api_params):
+        raise AssertionError(f"a dry run called AWS: {operation_name}")
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", refuse)
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    line = next(x for x in readme.splitlines() if x.startswith("distrain-cloud submit examples/sagemaker-"))
+    argv = shlex.split(line, comments=True)
+    assert argv[0] == "distrain-cloud" and "--dry-run" in argv
+    monkeypatch.chdir(REPO)
+    cli._TRAIN_ARGS.clear()
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv[1:])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0, out
+    uri = choose_training_image(lookup("ml.p3.8xlarge"), "us-east-1").uri
+    assert f"image: {uri}\n" in out and "snapshot shipped with distrain-cloud" in out
