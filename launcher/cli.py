@@ -260,23 +260,24 @@ def report(
     ] = None,
     backend: Backend = None,
     region: Region = None,
-    workdir: Workdir = Path("runs"),
+    workdir: Annotated[
+        Path, typer.Option("--workdir", help="folder holding local jobs; a cloud job's metrics are fetched to it")
+    ] = Path("runs"),
 ) -> None:
     """Write one HTML page with plots (loss, learning rate, eval metrics, tokens/s, GPU memory), the final
-    metrics, the generated sample and the run's settings, from the job's metrics: no W&B needed."""
+    metrics, the generated sample and the run's settings, from the job's metrics: no W&B needed.
+    A cloud job's metrics are fetched from S3 into WORKDIR/JOB first (they get there when it ends)."""
+    from .backends import get_backend
     from .jobs import find_job
     from .report import write_report
 
-    folder = Path(job)
+    folder, status = Path(job), None
     if not (folder / "output").is_dir():
         ref = find_job(job, backend=backend, region=region, workdir=workdir)
-        if ref.backend != "local":
-            raise UserError(
-                f"{job}: no local job folder under {workdir}/ (report reads one); for a cloud job, download its "
-                "output (metrics.jsonl, sample.txt) into FOLDER/output and run `distrain-cloud report FOLDER`"
-            )
         folder = ref.workdir / ref.name
-    typer.echo(str(write_report(folder, out)))
+        if ref.backend != "local":
+            status = {**get_backend(ref.backend).fetch_outputs(ref, folder), "backend": ref.backend}
+    typer.echo(str(write_report(folder, out, status=status)))
 
 
 @app.command()

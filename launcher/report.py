@@ -2,7 +2,8 @@
 
 Reads what every job leaves in its folder: `output/metrics.jsonl` (the trainer's step and eval
 rows), `output/sample.txt`, `model/training_args.json` (resolved settings, final metrics), and for
-local jobs `job.json` (the plan) and `status.json`. Charts are inline SVG drawn here (no plotting
+local jobs `job.json` (the plan) and `status.json`; a cloud job's backend fetches the first three
+from S3 (`fetch_outputs`) and hands over its status. Charts are inline SVG drawn here (no plotting
 library: the launcher stays lean), also written as `plots/<name>.svg` beside the page.
 """
 
@@ -131,12 +132,14 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def write_report(job_dir: Path, out_dir: Path | None = None) -> Path:
-    """Write `<out_dir>/report.html` (default `<job_dir>/report/`) and its plots; return the page."""
+def write_report(job_dir: Path, out_dir: Path | None = None, *, status: dict[str, Any] | None = None) -> Path:
+    """Write `<out_dir>/report.html` (default `<job_dir>/report/`) and its plots; return the page.
+    `status` (a backend's status of the job) stands in for a local job's status.json."""
     rows = read_rows(job_dir)
     out_dir = out_dir or job_dir / "report"
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
-    plan, status = _read_json(job_dir / "job.json"), _read_json(job_dir / "status.json")
+    plan = _read_json(job_dir / "job.json")
+    status = status if status is not None else _read_json(job_dir / "status.json")
     resolved = _read_json(job_dir / "model" / "training_args.json")
     sample = job_dir / "output" / "sample.txt"
 
@@ -150,7 +153,7 @@ def write_report(job_dir: Path, out_dir: Path | None = None) -> Path:
     evals = [r for r in rows if "eval_loss" in r]
     final = {**(trains[-1] if trains else {}), **(evals[-1] if evals else {})}
     final.pop("time", None)
-    settings = {**plan.get("summary", {})}
+    settings = {**plan.get("summary", {})} or {k: status[k] for k in ("backend", "instance") if status.get(k)}
     command = plan.get("request", {}).get("command", [])
     if "--" in command:
         settings["training flags"] = " ".join(command[command.index("--") + 1 :])

@@ -41,6 +41,11 @@ class Backend(Protocol):
 
     def cancel(self, job: JobRef) -> str: ...
 
+    def fetch_outputs(self, job: JobRef, dest: Path) -> dict[str, Any]:
+        """Cloud backends: bring what `report` reads (output/metrics.jsonl, output/sample.txt,
+        model/training_args.json) from S3 into `dest`; returns the job's status. A local job's
+        folder already holds them."""
+
 
 BACKENDS = {"local": "local", "sagemaker": "sagemaker", "ec2": "ec2"}
 

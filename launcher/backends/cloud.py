@@ -1,5 +1,5 @@
 """What every cloud backend shares: region, cost and budget, the API-model refusal, the bucket
-check, the upload, and printing a job's CloudWatch logs.
+check, the upload, printing a job's CloudWatch logs, and fetching what `report` reads from S3.
 
 A cloud backend plans without AWS (`plan`), checks what only AWS can tell (`preflight`), then
 acts: refuse failed checks, make sure the bucket is there, upload the code bundle, send the
@@ -17,6 +17,8 @@ from distrain_cloud.infra.errors import UserError
 from ..plan import Check, Plan
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..catalog import InstanceType
 
 SPOT_PRICE_RANGE = (0.3, 0.7)  # typical spot price as a fraction of on-demand; never above 1.0
@@ -171,3 +173,106 @@ def _print_events(client: Any, group: str, stream: str, token: str | None, host:
         if not out.get("events") or new == token:
             return new
         token = new
+
+
+# What `report` reads of a job's output folder (metrics.jsonl is the one it cannot do without),
+# and of its model folder.
+REPORT_OUTPUTS = ("metrics.jsonl", "sample.txt")
+REPORT_MODEL_FILES = ("training_args.json",)
+
+
+def fetch_outputs(
+    job_name: str, info: dict[str, Any], region: str, dest: Path, *, output: str, model: str | None = None
+) -> dict[str, Any]:
+    """Bring what `distrain-cloud report` reads of a cloud job into `dest`, as a local job leaves
+    it: `dest/output/metrics.jsonl` and `sample.txt` from `output`, an S3 folder (ending in "/")
+    that holds them or the URI of a .tar.gz that does (SageMaker's output.tar.gz: read as a
+    stream, only those members, each written under a name of ours, never a path from the
+    archive); `dest/model/training_args.json` from the S3 folder `model`, when there. `info` is
+    the job's status (what `status` shows): it words the error when there are no metrics yet,
+    and it is returned for the report's header."""
+    from distrain_cloud.infra import aws
+
+    for stale in [dest / "output" / n for n in REPORT_OUTPUTS] + [dest / "model" / n for n in REPORT_MODEL_FILES]:
+        stale.unlink(missing_ok=True)  # an earlier fetch's copies must not pass for this one's
+    (dest / "output").mkdir(parents=True, exist_ok=True)
+    with aws.translate_errors():
+        s3 = aws.client("s3", region)
+        if output.endswith("/"):
+            for name in REPORT_OUTPUTS:
+                body = _get_object(s3, f"{output}{name}")
+                if body is not None:
+                    (dest / "output" / name).write_bytes(body.read())
+        else:
+            _extract_members(s3, output, REPORT_OUTPUTS, dest / "output")
+        if not (dest / "output" / REPORT_OUTPUTS[0]).is_file():
+            where = f"{output}{REPORT_OUTPUTS[0]}" if output.endswith("/") else output
+            raise UserError(_no_metrics(job_name, info, where))
+        if model is not None:
+            (dest / "model").mkdir(exist_ok=True)
+            for name in REPORT_MODEL_FILES:
+                body = _get_object(s3, f"{model}{name}")
+                if body is not None:
+                    (dest / "model" / name).write_bytes(body.read())
+    return info
+
+
+def _no_metrics(job_name: str, info: dict[str, Any], where: str) -> str:
+    status = info.get("status", "unknown")
+    if not info.get("terminal"):
+        # Both backends upload the output folder when the job ends, not while it runs.
+        return (
+            f"{job_name} is {status}: its metrics reach S3 when it ends ({where} is not there yet); "
+            f"`distrain-cloud logs {job_name} --follow` shows its steps meanwhile"
+        )
+    detail = f" ({info['detail']})" if info.get("detail") else ""
+    return (
+        f"{job_name} ended {status}{detail} and left no metrics at {where} (it logged no step); "
+        f"`distrain-cloud logs {job_name}` says why"
+    )
+
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+def _get_object(s3: Any, uri: str) -> Any:
+    """The body of the object at `uri`, or None when there is no such object."""
+    from botocore.exceptions import ClientError
+
+    from distrain_cloud.infra.aws import error_code
+
+    bucket, key = _split_s3(uri)
+    try:
+        return s3.get_object(Bucket=bucket, Key=key)["Body"]
+    except ClientError as e:
+        if error_code(e) in ("NoSuchKey", "404"):
+            return None
+        raise
+
+
+def _extract_members(s3: Any, uri: str, names: Sequence[str], folder: Path) -> None:
+    """Write the regular files of the .tar.gz at `uri` named `names` (at its top, "./" or not)
+    to `folder`; nothing else is read out, and a missing archive writes nothing."""
+    import tarfile
+
+    body = _get_object(s3, uri)
+    if body is None:
+        return
+    wanted = set(names)
+    try:
+        with tarfile.open(fileobj=body, mode="r|gz") as archive:
+            for member in archive:
+                name = member.name.removeprefix("./")
+                if name in wanted and member.isfile():
+                    data = archive.extractfile(member)
+                    if data is not None:
+                        (folder / name).write_bytes(data.read())
+                        wanted.discard(name)
+                if not wanted:
+                    break  # the rest of the archive (a W&B run, profiles) is never downloaded
+    except (tarfile.TarError, EOFError) as e:
+        raise UserError(f"{uri} is not a readable .tar.gz ({e}); download it and look inside") from e
+    finally:
+        body.close()

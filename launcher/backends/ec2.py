@@ -507,6 +507,15 @@ class Ec2Backend:
             aws.client("ec2", region).terminate_instances(InstanceIds=alive)
         return f"terminating {len(alive)} instance(s) of {job.name} ({', '.join(alive)}): no checkpoint is saved"
 
+    def fetch_outputs(self, job: JobRef, dest: Path) -> dict[str, Any]:
+        """Rank 0's node agent uploads the output folder (and, when training completed, the model
+        folder) as plain files when the job ends: output_uri and model_uri of its description."""
+        region, _, _, description = described(job)
+        info = self.status(job)
+        return cloud.fetch_outputs(
+            job.name, info, region, dest, output=description["output_uri"], model=description["model_uri"]
+        )
+
     def job_spec(self, job: JobRef) -> JobSpec | None:
         """The spec job `job` was submitted with, from its job description in S3 (for `resume`
         from a machine that has no record of it)."""

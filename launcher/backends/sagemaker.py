@@ -394,6 +394,19 @@ class SageMakerBackend:
             aws.client("sagemaker", aws.region(job.region)).stop_training_job(TrainingJobName=job_name)
         return f"stopping {job_name}: it saves a checkpoint first (distrain-cloud status {job_name})"
 
+    def fetch_outputs(self, job: JobRef, dest: Path) -> dict[str, Any]:
+        """The job's output folder reaches S3 as one archive when the job ends:
+        <S3OutputPath>/<job>/output/output.tar.gz (the model is model.tar.gz beside it: too big
+        to fetch for a report)."""
+        from distrain_cloud.infra import aws
+
+        region = aws.region(job.region)
+        with aws.translate_errors():
+            described = aws.client("sagemaker", region).describe_training_job(TrainingJobName=job.name)
+        root = described["OutputDataConfig"]["S3OutputPath"].rstrip("/")
+        output = f"{root}/{job.name}/output/output.tar.gz"
+        return cloud.fetch_outputs(job.name, _status(job.name, described), region, dest, output=output)
+
 
 def _status(job_name: str, job: dict[str, Any]) -> dict[str, Any]:
     status = job["TrainingJobStatus"]

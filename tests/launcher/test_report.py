@@ -61,11 +61,18 @@ def test_cli_report_finds_a_local_job_and_refuses_an_unknown_one_in_one_line(cli
     assert r.returncode == 0, r.stderr
     # The page's path (relative to where the CLI ran, when the work folder is).
     assert (tmp_path / r.stdout.strip()).resolve() == (tmp_path / "runs" / "job-2" / "report" / "report.html").resolve()
-    r = cli("report", "no-such-job", cwd=tmp_path, env={**os.environ, "AWS_ACCESS_KEY_ID": ""})
-    assert r.returncode != 0
+    # A job with no record and no folder is looked for on SageMaker, as `status` does: here, with no
+    # credentials, that is one line (tests/launcher/test_cloud_report.py fetches cloud jobs' metrics).
+    empty = tmp_path / "aws-empty"
+    empty.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {"AWS_CONFIG_FILE": str(empty), "AWS_SHARED_CREDENTIALS_FILE": str(empty)}
+    env |= {"AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}
+    r = cli("report", "no-such-job", cwd=tmp_path, env=env)
+    assert r.returncode == 3
     assert r.stderr.strip().splitlines() == [
-        "error: no-such-job: no local job folder under runs/ (report reads one); for a cloud job, download its "
-        "output (metrics.jsonl, sample.txt) into FOLDER/output and run `distrain-cloud report FOLDER`"
+        "error: no AWS credentials found: run `aws configure` or set AWS_PROFILE / "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
     ]
 
 
