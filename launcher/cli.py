@@ -95,6 +95,15 @@ def submit(
     push_to_hub: Annotated[
         str | None, typer.Option("--push-to-hub", metavar="REPO", help="push the final model to this Hub repo")
     ] = None,
+    hub_revision: Annotated[
+        str | None,
+        typer.Option(
+            "--hub-revision", metavar="BRANCH", help="the Hub repo's branch to push to, created from main if missing"
+        ),
+    ] = None,
+    hub_private: Annotated[
+        bool | None, typer.Option("--hub-private/--no-hub-private", help="create the Hub repo private")
+    ] = None,
     wandb_project: Annotated[str | None, typer.Option("--wandb-project", help="W&B project")] = None,
     wandb_entity: Annotated[str | None, typer.Option("--wandb-entity", help="W&B team or user")] = None,
     run_name: Annotated[str | None, typer.Option("--run-name", help="W&B run name (default: the job name)")] = None,
@@ -154,6 +163,8 @@ def submit(
         "inputs": _pairs(input_, "--input"),
         "local.processes": processes,
         "hub.repo_id": push_to_hub,
+        "hub.revision": hub_revision,
+        "hub.private": hub_private,
         "wandb.project": wandb_project,
         "wandb.entity": wandb_entity,
         "wandb.run_name": run_name,

@@ -17,7 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.secret_env import REFERENCE
-from distrain_cloud.training.args import ArgumentError, hyperparameters_to_argv, known_flags, parse_args
+from distrain_cloud.training.args import (
+    ArgumentError,
+    branch_problem,
+    hyperparameters_to_argv,
+    known_flags,
+    parse_args,
+)
 from distrain_cloud.training.strategies import STRATEGIES
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -53,6 +59,8 @@ FLAGS = {
     "sagemaker.image_uri": "--image-uri",
     "local.processes": "--processes",
     "hub.repo_id": "--push-to-hub",
+    "hub.revision": "--hub-revision",
+    "hub.private": "--hub-private",
     "wandb.project": "--wandb-project",
     "wandb.entity": "--wandb-entity",
     "wandb.run_name": "--run-name",
@@ -64,6 +72,9 @@ _OWNED_FLAGS = {
     "strategy": "strategy",
     "precision": "precision",
     "push-to-hub": "hub.repo_id",
+    "hub-revision": "hub.revision",
+    "hub-private": "hub.private",
+    "no-hub-private": "hub.private",
     "wandb-project": "wandb.project",
     "wandb-entity": "wandb.entity",
     "run-name": "wandb.run_name",
@@ -123,6 +134,26 @@ class WandbSpec(_Section):
 
 class HubSpec(_Section):
     repo_id: str | None = Field(None, description="push the final model to this Hub repo (needs secrets.HF_TOKEN)")
+    revision: str | None = Field(
+        None, description="the repo's branch to push to, created from main if missing; default main"
+    )
+    private: bool = Field(False, description="create the repo private (a repo that exists keeps its visibility)")
+
+    @field_validator("revision")
+    @classmethod
+    def _branch(cls, v: str | None) -> str | None:
+        problem = v is not None and branch_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @model_validator(mode="after")
+    def _needs_repo(self) -> HubSpec:
+        # Without a repo nothing is pushed: a branch or visibility for no push is a mistake.
+        for key, value in (("revision", self.revision), ("private", self.private)):
+            if value and not self.repo_id:
+                raise ValueError(f"{key} (--hub-{key}) needs the repo the model is pushed to: add --push-to-hub REPO")
+        return self
 
 
 class BundleSpec(_Section):
@@ -424,6 +455,10 @@ class JobSpec(BaseModel):
             argv += ["--wandb-entity", self.wandb.entity]
         if self.hub.repo_id:
             argv += ["--push-to-hub", self.hub.repo_id]
+        if self.hub.revision:
+            argv += ["--hub-revision", self.hub.revision]
+        if self.hub.private:
+            argv += ["--hub-private"]
         return argv + list(self.train_args)
 
     def check_training_args(self, precision: str, run_name: str) -> list[str]:

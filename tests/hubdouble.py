@@ -1,5 +1,6 @@
 """A local stand-in for the Hugging Face Hub HTTP API, enough for `HfApi.create_repo` and
-`HfApi.upload_folder` (huggingface_hub 2.4) to push small files.
+`HfApi.upload_folder` (huggingface_hub 2.4) to push small files, to main or to a branch
+`HfApi.create_branch` made.
 
     with HubDouble() as hub:
         HfApi(endpoint=hub.url, token="hf_fake").upload_folder(...)
@@ -13,8 +14,9 @@ implement it and refuses `lfsFile` commit entries). Requests are recorded as the
 Endpoints:
     POST /api/repos/create                          create_repo (409 when it exists)
     POST /api/validate-yaml                         README.md metadata check before upload
+    POST /api/{type}s/{repo_id}/branch/{branch}     create_branch (from main's head; 409 when it exists)
     POST /api/{type}s/{repo_id}/preupload/{rev}     upload mode of each file
-    POST /api/{type}s/{repo_id}/commit/{rev}        NDJSON commit with base64 files
+    POST /api/{type}s/{repo_id}/commit/{rev}        NDJSON commit with base64 files, to branch rev
     GET  /api/{type}s/{repo_id}[/revision/{rev}]    repo_info (after an unchanged upload)
 Anything else is answered 404 and listed in `unhandled`.
 """
@@ -33,7 +35,7 @@ from urllib.parse import unquote, urlsplit
 REPO_TYPES = ("model", "dataset", "space")
 _REPO_API = re.compile(
     r"^/api/(?P<type>models|datasets|spaces)/(?P<repo>[^/]+(?:/[^/]+)?)"
-    r"(?:/(?P<action>preupload|commit|revision)/(?P<rev>[^/]+))?$"
+    r"(?:/(?P<action>preupload|commit|revision|branch)/(?P<rev>[^/]+))?$"
 )
 
 
@@ -60,16 +62,35 @@ class Commit:
 
 
 @dataclass
-class Repo:
-    repo_id: str
-    repo_type: str
-    private: bool
+class Branch:
     files: dict[str, bytes] = field(default_factory=dict)
     commits: list[Commit] = field(default_factory=list)
 
     @property
     def head(self) -> str:
         return self.commits[-1].oid if self.commits else "0" * 40
+
+
+@dataclass
+class Repo:
+    """A repo's branches; `files`, `commits` and `head` are main's."""
+
+    repo_id: str
+    repo_type: str
+    private: bool
+    branches: dict[str, Branch] = field(default_factory=lambda: {"main": Branch()})
+
+    @property
+    def files(self) -> dict[str, bytes]:
+        return self.branches["main"].files
+
+    @property
+    def commits(self) -> list[Commit]:
+        return self.branches["main"].commits
+
+    @property
+    def head(self) -> str:
+        return self.branches["main"].head
 
 
 def git_blob_oid(content: bytes) -> str:
@@ -87,7 +108,7 @@ class HubDouble:
         self.requests: list[RecordedRequest] = []
         self.unhandled: list[RecordedRequest] = []
         self.repos: dict[tuple[str, str], Repo] = {}
-        # Endpoint name ("create", "validate-yaml", "preupload", "commit", "info") ->
+        # Endpoint name ("create", "validate-yaml", "branch", "preupload", "commit", "info") ->
         # (status, message): answer that error instead, to test failure handling.
         self.fail: dict[str, tuple[int, str]] = {}
         self._lock = threading.Lock()
@@ -129,8 +150,8 @@ class HubDouble:
     def repo(self, repo_id: str, repo_type: str = "model") -> Repo:
         return self.repos[(repo_type, repo_id)]
 
-    def files(self, repo_id: str, repo_type: str = "model") -> dict[str, bytes]:
-        return dict(self.repo(repo_id, repo_type).files)
+    def files(self, repo_id: str, repo_type: str = "model", branch: str = "main") -> dict[str, bytes]:
+        return dict(self.repo(repo_id, repo_type).branches[branch].files)
 
     # ------------------------------------------------------------ endpoints
 
@@ -149,10 +170,15 @@ class HubDouble:
             action, rev = match["action"], unquote(match["rev"] or "main")
             if request.method == "GET" and action in (None, "revision"):
                 return self._info(repo, rev)
+            if request.method == "POST" and action == "branch":
+                return self._create_branch(repo, rev, request)
             if request.method == "POST" and action in ("preupload", "commit"):
-                if rev != "main":
+                branch = repo.branches.get(rev)
+                if branch is None:
                     raise HubError(404, f"Invalid rev id: {rev}", "RevisionNotFound")
-                return self._preupload(repo, request) if action == "preupload" else self._commit(repo, request)
+                if action == "preupload":
+                    return self._preupload(branch, request)
+                return self._commit(repo, branch, request)
         self.unhandled.append(request)
         raise HubError(404, f"HubDouble does not implement {request.method} {path}")
 
@@ -182,7 +208,20 @@ class HubDouble:
         self.repos[(repo_type, repo_id)] = Repo(repo_id, repo_type, private)
         return 200, {"url": url, "name": repo_id, "id": repo_id}
 
-    def _preupload(self, repo: Repo, request: RecordedRequest):
+    def _create_branch(self, repo: Repo, name: str, request: RecordedRequest):
+        self._maybe_fail("branch")
+        if name in repo.branches:
+            raise HubError(409, f"Reference already exists: refs/heads/{name}")
+        if name.startswith("refs/"):
+            raise HubError(400, f"Invalid reference for a branch: {name}")
+        start = (request.json() if request.body else {}).get("startingPoint") or "main"
+        if start not in repo.branches:
+            raise HubError(404, f"Invalid rev id: {start}", "RevisionNotFound")
+        source = repo.branches[start]
+        repo.branches[name] = Branch(dict(source.files), list(source.commits))
+        return 200, {}
+
+    def _preupload(self, branch: Branch, request: RecordedRequest):
         self._maybe_fail("preupload")
         files = [
             {
@@ -190,13 +229,13 @@ class HubDouble:
                 "uploadMode": "regular",
                 "shouldIgnore": False,
                 # Like the Hub: the current oid lets the client skip unchanged files.
-                "oid": git_blob_oid(repo.files[f["path"]]) if f["path"] in repo.files else None,
+                "oid": git_blob_oid(branch.files[f["path"]]) if f["path"] in branch.files else None,
             }
             for f in request.json()["files"]
         ]
         return 200, {"files": files}
 
-    def _commit(self, repo: Repo, request: RecordedRequest):
+    def _commit(self, repo: Repo, branch: Branch, request: RecordedRequest):
         self._maybe_fail("commit")
         if (request.header("Content-Type") or "").split(";")[0] != "application/x-ndjson":
             raise HubError(400, "Expected an application/x-ndjson body")
@@ -204,9 +243,9 @@ class HubDouble:
         if not lines or lines[0].get("key") != "header":
             raise HubError(400, "The first NDJSON line must be the commit header")
         header = lines[0]["value"]
-        if header.get("parentCommit") and not repo.head.startswith(header["parentCommit"]):
+        if header.get("parentCommit") and not branch.head.startswith(header["parentCommit"]):
             raise HubError(412, "A commit has happened since. Please refresh and try again.")
-        files = dict(repo.files)
+        files = dict(branch.files)
         for line in lines[1:]:
             key, value = line["key"], line["value"]
             if key == "file":
@@ -221,19 +260,20 @@ class HubDouble:
                 files = {p: c for p, c in files.items() if not p.startswith(prefix)}
             else:
                 raise HubError(400, f"HubDouble does not implement commit entries of kind {key!r} (LFS/Xet)")
-        oid = hashlib.sha1(repo.head.encode() + request.body).hexdigest()
-        repo.files = files
-        repo.commits.append(Commit(oid, header["summary"], header.get("description", ""), repo.head))
+        oid = hashlib.sha1(branch.head.encode() + request.body).hexdigest()
+        branch.files = files
+        branch.commits.append(Commit(oid, header["summary"], header.get("description", ""), branch.head))
         prefix = "" if repo.repo_type == "model" else f"{repo.repo_type}s/"
         commit_url = f"{self.url}/{prefix}{repo.repo_id}/commit/{oid}"
         return 200, {"success": True, "commitUrl": commit_url, "commitOid": oid, "pullRequestUrl": None}
 
     def _info(self, repo: Repo, rev: str):
         self._maybe_fail("info")
-        if rev not in ("main", repo.head):
+        branch = repo.branches.get(rev) or next((b for b in repo.branches.values() if b.head == rev), None)
+        if branch is None:
             raise HubError(404, f"Invalid rev id: {rev}", "RevisionNotFound")
-        siblings = [{"rfilename": path} for path in sorted(repo.files)]
-        return 200, {"id": repo.repo_id, "sha": repo.head, "private": repo.private, "siblings": siblings}
+        siblings = [{"rfilename": path} for path in sorted(branch.files)]
+        return 200, {"id": repo.repo_id, "sha": branch.head, "private": repo.private, "siblings": siblings}
 
 
 def _handler_for(hub: HubDouble) -> type[BaseHTTPRequestHandler]:

@@ -6,6 +6,7 @@ Torch-free, so the launcher can validate a job's hyperparameters while planning.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -16,6 +17,7 @@ from .strategies import PRECISIONS, STRATEGIES
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
 PRESETS = ("tiny-gpt2", "tiny-bert", "gpt2-small", "gpt2-xl")
+_BRANCH = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_./-]{0,199}")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 
 
@@ -82,6 +84,7 @@ class TrainArgs:
     run_name: str | None = None
     push_to_hub: str | None = None
     hub_private: bool = False  # a repo --push-to-hub creates is private
+    hub_revision: str | None = None  # the branch --push-to-hub commits to (None: main)
     save_model: bool = True
     generate_prompt: str = "The"
     generate_tokens: int = 24
@@ -246,6 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.hub_private,
         help="create the --push-to-hub repo private (a repo that exists keeps its visibility)",
     )
+    g.add_argument(
+        "--hub-revision",
+        metavar="BRANCH",
+        help="the --push-to-hub branch to commit to, created from main if missing (default: main)",
+    )
     g.add_argument("--generate-prompt", default=d.generate_prompt)
     g.add_argument("--generate-tokens", type=int, default=d.generate_tokens)
     return p
@@ -311,6 +319,12 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError("--push-to-hub needs the saved model; drop --no-save-model")
     if a.hub_private and not a.push_to_hub:
         raise ArgumentError("--hub-private applies to the repo --push-to-hub REPO creates; add --push-to-hub REPO")
+    if a.hub_revision is not None:
+        if not a.push_to_hub:
+            raise ArgumentError("--hub-revision names a branch of the --push-to-hub REPO; add --push-to-hub REPO")
+        problem = branch_problem(a.hub_revision)
+        if problem:
+            raise ArgumentError(f"--hub-revision {a.hub_revision!r}: {problem}")
     if a.profile_steps is not None:
         start, sep, end = a.profile_steps.partition(":")
         if not (sep and start.isdigit() and end.isdigit() and int(start) < int(end)):
@@ -321,6 +335,16 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(f"--epochs must be positive, got {a.epochs}")
     if a.task == "masked-lm" and not 0.0 < a.mlm_probability < 1.0:
         raise ArgumentError(f"--mlm-probability must be between 0 and 1, got {a.mlm_probability}")
+
+
+def branch_problem(name: str) -> str | None:
+    """Why `name` cannot be a branch to push to (git's ref rules, and the Hub's: no pull-request
+    refs), or None."""
+    if not _BRANCH.fullmatch(name) or ".." in name or "//" in name or name.endswith((".lock", "/", ".")):
+        return "a branch is letters, digits and . _ - / (no '..', not starting with - or /), e.g. v2 or exp/lr-3e-4"
+    if name.startswith("refs/"):
+        return "give the branch name itself (v2), not a refs/ path; pull-request refs cannot be pushed to"
+    return None
 
 
 def hyperparameters_to_argv(hyperparameters: dict[str, Any]) -> list[str]:

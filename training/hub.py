@@ -1,4 +1,4 @@
-"""Push a trained model folder to the Hugging Face Hub (`--push-to-hub REPO`).
+"""Push a trained model folder to the Hugging Face Hub (`--push-to-hub REPO`, on `--hub-revision BRANCH`).
 
 The token comes from HF_TOKEN at run time: the launcher resolves it from a secret
 reference into the job's environment, so it never appears in a job spec or a plan.
@@ -26,9 +26,13 @@ def push_to_hub(
     token: str | None = None,
     commit_message: str = "Upload model trained with distrain-cloud",
     private: bool | None = None,
+    revision: str | None = None,
     endpoint: str | None = None,
 ) -> str:
     """Create the model repo `repo_id` if needed, then upload every file of `folder`.
+
+    `revision` names the branch to commit to (None: main); a branch that is not there yet is
+    created from main's head first, so a push to a new branch starts from the published model.
 
     Returns the commit URL, which ends with the commit oid (the last commit's: huggingface_hub
     splits folders of more than a few hundred files or 100 MB of small files into several).
@@ -47,10 +51,13 @@ def push_to_hub(
     failure = None
     try:
         api.create_repo(repo_id, exist_ok=True, repo_type="model", private=private)
+        if revision not in (None, "main"):
+            api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
         info = api.upload_folder(
             repo_id=repo_id,
             folder_path=folder,
             repo_type="model",
+            revision=revision,
             commit_message=commit_message,
         )
     except Exception as err:
@@ -60,7 +67,8 @@ def push_to_hub(
     if failure is not None:
         # Raised outside the except block so that the original error is not chained:
         # its response object still holds the request and its Authorization header.
-        raise HubPushError(f"Pushing {folder} to the Hub repo {repo_id} failed: {failure}")
+        where = f"{repo_id} (branch {revision})" if revision not in (None, "main") else repo_id
+        raise HubPushError(f"Pushing {folder} to the Hub repo {where} failed: {failure}")
 
     # The caller says it (the trainer prints pushed_to_hub=REPO commit=URL with its other lines).
     return str(info.commit_url)

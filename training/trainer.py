@@ -528,8 +528,9 @@ class Trainer:
         if a.push_to_hub and acc.is_main_process:
             from .hub import push_to_hub
 
-            url = push_to_hub(model_dir, a.push_to_hub, private=a.hub_private or None)
-            self._print(f"pushed_to_hub={a.push_to_hub} commit={url}")
+            url = push_to_hub(model_dir, a.push_to_hub, private=a.hub_private or None, revision=a.hub_revision)
+            branch = f" branch={a.hub_revision}" if a.hub_revision else ""
+            self._print(f"pushed_to_hub={a.push_to_hub}{branch} commit={url}")
         self._print(self._summary(eval_metrics, saved=True))
         acc.wait_for_everyone()
         acc.end_training()

@@ -53,6 +53,8 @@ FLAG_CASES = {
     "push-to-hub after --": (["--", "--push-to-hub", "me/model"], "give --push-to-hub before `--`"),
     "run-name after --": (["--", "--run-name", "x"], "before `--`, not after it (in a spec file: wandb.run_name)"),
     "wandb entity after --": (["--", "--wandb-entity", "team"], "give --wandb-entity before `--`"),
+    "hub-revision after --": (["--", "--hub-revision", "x"], "give --hub-revision before `--`"),
+    "hub-private after --": (["--", "--hub-private"], "before `--`, not after it (in a spec file: hub.private)"),
     "hyperparameter value over 2500": (["--", "--generate-prompt", "x" * 2600], "HyperParameters"),
 }
 SPEC_CASES = {

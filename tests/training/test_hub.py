@@ -151,3 +151,53 @@ def test_no_token_fails_before_any_request(hub, model_folder, monkeypatch, value
 
     assert hub.requests == []
     assert hub.repos == {}
+
+
+def test_a_revision_is_pushed_to_its_branch_created_from_main(hub, model_folder, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    push_to_hub(model_folder, REPO_ID, commit_message="First model")
+    published = hub.files(REPO_ID)
+    (model_folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 4}))
+
+    commit_url = push_to_hub(model_folder, REPO_ID, revision="exp/lr-3e-4", commit_message="Experiment")
+
+    repo = hub.repo(REPO_ID)
+    assert hub.files(REPO_ID) == published  # main keeps the published model
+    assert hub.files(REPO_ID, branch="exp/lr-3e-4") == local_files(model_folder)
+    branch = repo.branches["exp/lr-3e-4"]
+    # Created from main's head: the branch's history starts with main's commit.
+    assert [c.summary for c in branch.commits] == ["First model", "Experiment"]
+    assert commit_url == f"{hub.url}/{REPO_ID}/commit/{branch.head}"
+    created = [r for r in hub.requests if r.path == f"/api/models/{REPO_ID}/branch/exp%2Flr-3e-4"]
+    assert len(created) == 1 and created[0].json() == {}  # no startingPoint: main's head
+    commits = [r.path for r in hub.requests if "/commit/" in r.path]
+    assert commits == [f"/api/models/{REPO_ID}/commit/main", f"/api/models/{REPO_ID}/commit/exp%2Flr-3e-4"]
+    assert hub.unhandled == []
+
+
+def test_a_push_to_a_branch_that_exists_adds_a_commit_to_it(hub, model_folder, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    push_to_hub(model_folder, REPO_ID, revision="v2", commit_message="One")
+    (model_folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 4}))
+
+    push_to_hub(model_folder, REPO_ID, revision="v2", commit_message="Two")
+
+    repo = hub.repo(REPO_ID)
+    assert [c.summary for c in repo.branches["v2"].commits] == ["One", "Two"]
+    assert repo.files == {}  # nothing went to main
+    assert hub.files(REPO_ID, branch="v2") == local_files(model_folder)
+
+
+def test_main_as_the_revision_creates_no_branch(hub, model_folder, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    push_to_hub(model_folder, REPO_ID, revision="main")
+    assert not [r for r in hub.requests if "/branch/" in r.path]
+    assert set(hub.repo(REPO_ID).branches) == {"main"} and hub.files(REPO_ID) == local_files(model_folder)
+
+
+def test_a_branch_failure_names_the_branch_without_the_token(hub, model_folder, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    hub.fail["branch"] = (403, f"Bearer {FAKE_TOKEN} may not create branches")
+    with pytest.raises(HubPushError, match=r"tiny-model \(branch v2\) failed: .*Bearer \*\*\* may not"):
+        push_to_hub(model_folder, REPO_ID, revision="v2")
+    assert not [r for r in hub.requests if "/commit/" in r.path]  # nothing was committed anywhere

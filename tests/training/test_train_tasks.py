@@ -137,12 +137,15 @@ def test_push_to_hub_through_the_entry_point(train):
             "--push-to-hub",
             "me/tiny",
             "--hub-private",
+            "--hub-revision",
+            "exp",
             name="push",
             env={"HF_ENDPOINT": hub.url, "HF_TOKEN": token, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"},
         )
         assert run.returncode == 0, run.describe()
-        files = hub.files("me/tiny")
-        commit_url = f"{hub.url}/me/tiny/commit/{hub.repo('me/tiny').head}"
+        files = hub.files("me/tiny", branch="exp")  # --hub-revision: the branch, made from main
+        assert hub.files("me/tiny") == {}
+        commit_url = f"{hub.url}/me/tiny/commit/{hub.repo('me/tiny').branches['exp'].head}"
         assert hub.repo("me/tiny").private  # --hub-private
     model_dir = run.contract.model_dir
     for name in ("config.json", "model.safetensors", "tokenizer.json", "training_args.json", "README.md"):
@@ -152,7 +155,7 @@ def test_push_to_hub_through_the_entry_point(train):
     assert card.startswith("---\ntags: [distrain-cloud, classification]\n")
     assert f"| eval_accuracy | {run.final_eval['eval_accuracy']:.6g} |" in card and "| max steps | 4 |" in card
     # The one line that says where the model went (nothing else prints it).
-    assert run.lines("pushed_to_hub=") == [f"pushed_to_hub=me/tiny commit={commit_url}"], run.describe()
+    assert run.lines("pushed_to_hub=") == [f"pushed_to_hub=me/tiny branch=exp commit={commit_url}"], run.describe()
     assert token not in run.stdout + run.stderr
     assert token not in (model_dir / "training_args.json").read_text()
 
