@@ -429,6 +429,8 @@ def _act(plan: Plan, spec: JobSpec, *, dry_run: bool, as_json: bool, wait: bool,
             raise typer.Exit(0)
         if plan.backend != "local" and not yes:
             _confirm(plan)
+        if plan.summary.get("wandb"):  # before the job starts: a local job runs in the foreground
+            print(f"W&B run: {plan.summary['wandb']}", file=sys.stderr)
         if not as_json:
             raise typer.Exit(submit_job(plan, wait=wait))
         with contextlib.redirect_stdout(sys.stderr):

@@ -142,6 +142,7 @@ class Job:
     main_port: int = 29500
     rendezvous_timeout_s: int = 600
     stack_tag: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # for training: its W&B lineage, instance, run id
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Job:
@@ -877,7 +878,7 @@ class Agent:
         ]  # fmt: skip
 
     def launch_env(self) -> dict[str, str]:
-        env = {**os.environ, **self.contract.to_env(), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.job.env, **self.contract.to_env(), "PYTHONUNBUFFERED": "1"}
         env["DISTRAIN_SECRETS"] = json.dumps(self.job.secrets)  # references: secret_env resolves them in the job
         return env
 

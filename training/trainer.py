@@ -34,6 +34,7 @@ from .strategies import (
 
 # A setup step silent for this long gets a line saying what it is doing.
 SLOW_PHASE_S = 10.0
+WANDB_RESERVED = ":;,#?/'"  # characters W&B refuses in a run id
 
 
 @dataclasses.dataclass
@@ -582,10 +583,7 @@ class Trainer:
         if not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE"):
             # No key: write the run offline (sync it later with `wandb sync`) instead of failing.
             os.environ["WANDB_MODE"] = "offline"
-        if state.wandb_run_id is None:
-            import secrets
-
-            state.wandb_run_id = secrets.token_hex(4)
+        state.wandb_run_id = choose_wandb_run_id(state.wandb_run_id, os.environ)
         wandb_dir = self.contract.output_dir
         if acc.is_main_process:
             wandb_dir.mkdir(parents=True, exist_ok=True)
@@ -604,6 +602,10 @@ class Trainer:
                 }
             },
         )
+        run = acc.get_tracker("wandb", unwrap=True) if acc.is_main_process else None
+        url = getattr(run, "url", None) if os.environ.get("WANDB_MODE") != "offline" else None
+        if url:  # once, where the job's log shows it: the launcher may not know the entity
+            self._print(f"wandb_run={url}")
 
     def _install_signal_handler(self) -> None:
         """SIGTERM (a backend's stop, a spot notice) and SIGINT (Ctrl-C) both stop at the next step
@@ -836,6 +838,20 @@ def macro_f1(pred, label, num_classes: int) -> float:
         if tp + fp + fn:
             scores.append(2 * tp / (2 * tp + fp + fn))
     return sum(scores) / len(scores) if scores else 0.0
+
+
+def choose_wandb_run_id(saved: str | None, env: Mapping[str, str]) -> str:
+    """The W&B run this job logs to: the one its checkpoint names (a resumed job appends to it),
+    else the one the launcher chose (DISTRAIN_WANDB_RUN_ID, so it could print the run's URL at
+    submit), else a new one."""
+    if saved:
+        return saved
+    chosen = env.get("DISTRAIN_WANDB_RUN_ID", "").strip()
+    if chosen and not any(c in chosen for c in WANDB_RESERVED):
+        return chosen
+    import secrets
+
+    return secrets.token_hex(4)
 
 
 def wandb_settings(args: TrainArgs, contract: Contract, env: Mapping[str, str]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from distrain_cloud.training.strategies import (
 from ..bootstrap import ec2_user_data
 from ..jobs import JobRef
 from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
+from ..tracking import tracking_env, wandb_run
 from . import cloud, wait_for
 
 if TYPE_CHECKING:
@@ -313,11 +314,13 @@ class Ec2Backend:
         checks.append(_user_data_size_check(user_data))
         checks.append(_secret_free_check(user_data, description, dict(parts.secrets)))
         checks.append(Check("request fits the EC2 API model", True, "required fields, types and enums of RunInstances"))
+        wandb = wandb_run(plan.payload["spec"], list(parts.argv), description["env"])
         summary = {
             **plan.summary,
             "output": description["output_uri"],
             "checkpoints": where.checkpoint_uri,
             "lineage": f"{where.lineage}, attempt {where.attempt or '<next>'}",
+            **({"wandb": wandb} if wandb else {}),
         }
         return dataclasses.replace(
             plan,
@@ -621,6 +624,8 @@ def job_description(parts: _Parts, where: _Where, spec: JobSpec) -> dict[str, An
         "model_uri": f"{root}/model/",
         "output_uri": f"{root}/output/",
         "main_port": MAIN_PORT,
+        # The training processes' W&B variables (values, never secrets).
+        "env": tracking_env(lineage=where.lineage, instance=parts.instance_type),
         # Beyond the contract, for `status`, `ls` and `resume` (the node agent ignores them).
         "instance_type": parts.instance_type,
         "spot": parts.spot,

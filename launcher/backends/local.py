@@ -25,6 +25,7 @@ from distrain_cloud.training.strategies import choose_precision, parse_strategy,
 
 from ..jobs import JobRef
 from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
+from ..tracking import tracking_env, wandb_run
 
 if TYPE_CHECKING:
     from ..spec import JobSpec
@@ -84,7 +85,8 @@ class LocalBackend:
         if spec.local.processes:
             command += ["--processes", str(spec.local.processes)]
         command += ["--", *argv]
-        env = {**contract.to_env(), **node.env}
+        tracking = tracking_env(lineage=lineage, instance="local")
+        env = {**contract.to_env(), **node.env, **tracking}
         if spec.secrets:
             # References only: the wrapper resolves them inside the job's own process.
             env["DISTRAIN_SECRETS"] = json.dumps(dict(spec.secrets))
@@ -95,6 +97,7 @@ class LocalBackend:
             from distrain_cloud.training.args import parse_args
 
             configs.update(plan_configs(strategy, parse_args(argv), processes))
+        wandb = wandb_run(spec, argv, tracking)
         stack = _has_training_stack()
         checks = [
             Check("training arguments parse", True),
@@ -116,6 +119,7 @@ class LocalBackend:
                 "precision": precision,
                 "workdir": str(root),
                 **({"resumes": f"{spec.resume_from} (lineage {lineage}: {checkpoints})"} if spec.resume_from else {}),
+                **({"wandb": wandb} if wandb else {}),
             },
             request={"command": command, "env": env, "cwd": str(root)},
             configs=configs,
@@ -234,9 +238,11 @@ def _lineage(workdir: Path, job: str) -> tuple[Path, str]:
     plan_file = workdir / job / "job.json"
     if plan_file.is_file():
         plan = json.loads(plan_file.read_text())
-        folder = plan.get("request", {}).get("env", {}).get("DISTRAIN_CHECKPOINT_DIR")
+        env = plan.get("request", {}).get("env", {})
+        folder = env.get("DISTRAIN_CHECKPOINT_DIR")
         if folder:
-            return Path(folder), str(plan.get("summary", {}).get("lineage") or Path(folder).parent.name)
+            lineage = env.get("DISTRAIN_LINEAGE") or plan.get("summary", {}).get("lineage")
+            return Path(folder), str(lineage or Path(folder).parent.name)
     return (workdir / job / "checkpoints").resolve(), job
 
 

@@ -31,6 +31,7 @@ from distrain_cloud.training.strategies import (
 from ..bootstrap import sagemaker_entrypoint
 from ..jobs import JobRef
 from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
+from ..tracking import tracking_env, wandb_run
 from . import cloud, wait_for
 
 if TYPE_CHECKING:
@@ -187,10 +188,13 @@ class SageMakerBackend:
         code_key = bundle_key(parts.prefix, parts.code_sha256)
         checkpoint_uri = checkpoint_uri or _checkpoint_uri(bucket, parts)
         request = self._request(spec, parts, account, role_arn, bucket, checkpoint_uri)
+        wandb = wandb_run(spec, list(parts.argv), request["Environment"])
         summary = {
             **plan.summary,
             "output": f"s3://{bucket}/{parts.prefix}/jobs/{parts.job_name}/",
             "checkpoints": checkpoint_uri,
+            "lineage": parts.lineage,
+            **({"wandb": wandb} if wandb else {}),
         }
         return dataclasses.replace(
             plan,
@@ -222,7 +226,10 @@ class SageMakerBackend:
                 checks.append(Check("role exists and trusts SageMaker", True, f"{role_arn} (stack {spec.stack})"))
         checkpoint_uri = None
         if spec.resume_from:
-            checkpoint_uri = _previous_checkpoints(spec.resume_from, region, checks)
+            checkpoint_uri, lineage = _previous_checkpoints(spec.resume_from, region, checks)
+            # The plan guessed the job it resumes; a resumed job's lineage is that job's own.
+            parts = dataclasses.replace(parts, lineage=lineage)
+            plan = dataclasses.replace(plan, payload={**plan.payload, "parts": parts})
         placed = self._place(plan, account, role_arn, bucket, checkpoint_uri)
         refuse_api_problems(placed.request)  # the looked-up parts too (a previous job's checkpoint URI)
         checks.append(cloud.bucket_check(placed.payload["bucket"], region, named_by_user=bool(spec.sagemaker.bucket)))
@@ -274,7 +281,10 @@ class SageMakerBackend:
                     },
                 }
             )
-        environment = {"HF_HUB_DISABLE_TELEMETRY": "1"}
+        environment = {
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            **tracking_env(lineage=parts.lineage, instance=spec.instance, image=parts.image_uri),
+        }
         if spec.secrets:
             environment["DISTRAIN_SECRETS"] = json.dumps(spec.secrets, sort_keys=True)  # references only
         stopping = {"MaxRuntimeInSeconds": spec.max_run}
@@ -446,14 +456,16 @@ def _checkpoint_uri(bucket: str, parts: _Parts) -> str:
     return f"s3://{bucket}/{parts.prefix}/checkpoints/{parts.lineage}/"
 
 
-def _previous_checkpoints(job_name: str, region: str, checks: list[Check]) -> str | None:
+def _previous_checkpoints(job_name: str, region: str, checks: list[Check]) -> tuple[str | None, str]:
+    """(checkpoint URI, lineage) of the job a new one resumes: its lineage is the first job of
+    the chain, which its environment names (a job submitted before it did is its own lineage's first)."""
     from distrain_cloud.infra import aws
 
     with aws.translate_errors():
         job = aws.client("sagemaker", region).describe_training_job(TrainingJobName=job_name)
     previous = (job.get("CheckpointConfig") or {}).get("S3Uri")
     checks.append(Check(f"resume from {job_name}", bool(previous), previous or "it had no checkpoints"))
-    return previous
+    return previous, (job.get("Environment") or {}).get("DISTRAIN_LINEAGE") or job_name
 
 
 def _stack_resources(stack: str, region: str) -> Any:
@@ -522,7 +534,7 @@ REQUEST_SOURCES = (
     ("StoppingCondition.MaxRuntimeInSeconds", "--max-run"),
     ("StoppingCondition.MaxWaitTimeInSeconds", "--max-wait"),
     ("VpcConfig", "sagemaker.subnets / sagemaker.security_group_ids"),
-    ("Environment", "--secret"),
+    ("Environment", "--secret / the job's lineage, instance and image"),
     ("Tags", "sagemaker.tags"),
 )
 

@@ -245,7 +245,8 @@ def test_secrets_travel_only_as_references(offline):
     plan = dry(secrets=refs, **{"hub.repo_id": "me/model"})
     env = plan.request["Environment"]
     assert json.loads(env["DISTRAIN_SECRETS"]) == refs
-    assert set(env) == {"DISTRAIN_SECRETS", "HF_HUB_DISABLE_TELEMETRY"}
+    tracking = {"DISTRAIN_LINEAGE", "DISTRAIN_INSTANCE_TYPE", "DISTRAIN_IMAGE_URI", "DISTRAIN_WANDB_RUN_ID"}
+    assert set(env) == {"DISTRAIN_SECRETS", "HF_HUB_DISABLE_TELEMETRY", *tracking}
     text = json.dumps(plan.request)
     assert text.count(HF_REF) == 1 and text.count("ssm:/team/wandb-key") == 1  # only in DISTRAIN_SECRETS
     assert not any(k.lower() in ("hf_token", "wandb_api_key") for k in plan.request["HyperParameters"])

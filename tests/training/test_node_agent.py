@@ -106,6 +106,17 @@ def test_job_description_names_what_it_lacks():
     assert make_job(prefix="").key("stop") == "jobs/job-a1/stop"
 
 
+def test_the_trainer_gets_the_job_descriptions_variables_under_the_contracts(tmp_path):
+    env = {"DISTRAIN_LINEAGE": "lin", "DISTRAIN_INSTANCE_TYPE": "g5.xlarge", "DISTRAIN_WANDB_RUN_ID": "lin"}
+    # A description may not move the contract's folders: those are the agent's to say.
+    job = make_job(env={**env, "DISTRAIN_MODEL_DIR": "/elsewhere"})
+    agent = Agent(job, node(0), Settings(work=tmp_path), store=None, imds=None, sink=None)  # type: ignore[arg-type]
+    launched = agent.launch_env()
+    assert {k: launched[k] for k in env} == env
+    assert launched["DISTRAIN_MODEL_DIR"] == str(tmp_path / "model")
+    assert make_job().env == {}  # a description from before the key: nothing added
+
+
 def test_imds_v2_identity_and_spot_notice():
     with FakeImds(instance_id="i-0aaa", launch_index=1, reservation_id="r-0bbb", local_ipv4="10.1.2.3") as fake:
         # IMDSv2 only: a request without a token is refused, as on an instance that requires them.

@@ -9,7 +9,7 @@ import pytest
 
 from distrain_cloud.training.args import ArgumentError, parse_args
 from distrain_cloud.training.contract import Contract
-from distrain_cloud.training.trainer import code_hash, wandb_settings
+from distrain_cloud.training.trainer import choose_wandb_run_id, code_hash, wandb_settings
 
 
 def contract(root: Path, source: str) -> Contract:
@@ -44,3 +44,22 @@ def test_hub_private_needs_a_repo():
     with pytest.raises(ArgumentError, match="--hub-private applies to the repo --push-to-hub REPO creates"):
         parse_args(["--hub-private"])
     assert parse_args(["--hub-private", "--push-to-hub", "me/tiny"]).hub_private
+
+
+def test_hub_revision_needs_a_repo_and_a_branch_name():
+    with pytest.raises(ArgumentError, match="--hub-revision names a branch of the --push-to-hub REPO"):
+        parse_args(["--hub-revision", "v2"])
+    assert parse_args(["--push-to-hub", "me/tiny", "--hub-revision", "exp/lr-3e-4"]).hub_revision == "exp/lr-3e-4"
+    for bad in ("a..b", "-x", "v2/", "refs/pr/1", "has space"):
+        with pytest.raises(ArgumentError, match=f"--hub-revision '{bad}': "):
+            parse_args(["--push-to-hub", "me/tiny", f"--hub-revision={bad}"])
+
+
+def test_the_run_id_is_the_checkpoints_then_the_launchers_then_a_new_one():
+    chosen = {"DISTRAIN_WANDB_RUN_ID": "job-20250101-000000-abcdef"}
+    assert choose_wandb_run_id("a1b2c3d4", chosen) == "a1b2c3d4"  # a resumed job appends to its run
+    assert choose_wandb_run_id(None, chosen) == "job-20250101-000000-abcdef"  # the URL the launcher printed
+    fresh = choose_wandb_run_id(None, {})
+    assert len(fresh) == 8 and int(fresh, 16) >= 0 and fresh != choose_wandb_run_id(None, {})
+    # One W&B would refuse: a run still starts, under an id of its own.
+    assert "/" not in choose_wandb_run_id(None, {"DISTRAIN_WANDB_RUN_ID": "a/b"})

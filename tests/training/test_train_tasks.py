@@ -100,7 +100,8 @@ def test_task_trains_and_saves_a_complete_model(task_runs, case):
 
 def test_wandb_without_api_key_writes_an_offline_run_under_the_output_dir(train):
     # The default --report-to wandb; base_env strips WANDB_API_KEY, WANDB_MODE and WANDB_DIR.
-    run = train("--max-steps", "4", "--log-every", "2", "--save-every", "4")
+    chosen = "offline-job-20250101-000000-abcdef"  # the run id a launcher chose (launcher/tracking.py)
+    run = train("--max-steps", "4", "--log-every", "2", "--save-every", "4", env={"DISTRAIN_WANDB_RUN_ID": chosen})
     assert run.returncode == 0, run.describe()
     wandb_dir = run.contract.output_dir / "wandb"
     runs = sorted(wandb_dir.glob("offline-run-*"))
@@ -109,7 +110,8 @@ def test_wandb_without_api_key_writes_an_offline_run_under_the_output_dir(train)
     # The run id is kept in the checkpoint state, so a resumed job appends to the same run.
     (ckpt,) = run.contract.complete_checkpoints()
     run_id = json.loads((ckpt / "trainer_state.json").read_text())["wandb_run_id"]
-    assert run_id and runs[0].name.endswith("-" + run_id), (runs[0].name, run_id)
+    assert run_id == chosen and runs[0].name.endswith("-" + run_id), (runs[0].name, run_id)
+    assert run.lines("wandb_run=") == []  # an offline run has no URL to print
     # W&B wrote nothing to the current folder or the model folder.
     assert list(run.contract.workdir.iterdir()) == []
     assert not (run.contract.model_dir / "wandb").exists()

@@ -1,0 +1,67 @@
+"""What every job tells W&B about itself, and where its run will be.
+
+Each backend puts `tracking_env` in its job's environment: training's W&B run takes the lineage
+as its group and records where it ran (training/trainer.py `wandb_settings`). The launcher also
+chooses the run id, so that it can say where the run is at submit instead of only in the job's
+log (`wandb_run`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .spec import JobSpec
+
+WANDB_APP = "https://wandb.ai"
+_OFFLINE_MODES = ("offline", "disabled", "dryrun")
+
+
+def wandb_run_id(lineage: str) -> str:
+    """One W&B run per lineage: a job resumed from another appends to the run its first job
+    started (which its checkpoint names too). A job name is a valid run id as it is."""
+    return lineage
+
+
+def tracking_env(*, lineage: str, instance: str, image: str | None = None) -> dict[str, str]:
+    """The job's variables for its W&B run: the lineage (the first job of a resume chain), the
+    instance type (or "local"), the image it ran in where there is one, and the run id."""
+    env = {
+        "DISTRAIN_LINEAGE": lineage,
+        "DISTRAIN_INSTANCE_TYPE": instance,
+        "DISTRAIN_WANDB_RUN_ID": wandb_run_id(lineage),
+    }
+    if image:
+        env["DISTRAIN_IMAGE_URI"] = image
+    return env
+
+
+def wandb_run(
+    spec: JobSpec, argv: list[str], env: Mapping[str, str], here: Mapping[str, str] | None = None
+) -> str | None:
+    """Where the job's W&B run will be, for the plan's summary and the submit: its URL, or its
+    project and id where the entity is the key's default (the job's log prints the URL); None
+    when the run is not online. `env` is the job's tracking_env; `here` this process's
+    environment, which a local job inherits."""
+    from distrain_cloud.training.args import parse_args
+
+    args = parse_args(argv)
+    if args.report_to != "wandb" or not _online(spec, os.environ if here is None else here):
+        return None
+    run_id = env["DISTRAIN_WANDB_RUN_ID"]
+    if args.wandb_entity:
+        return f"{WANDB_APP}/{args.wandb_entity}/{args.wandb_project}/runs/{run_id}"
+    return f"project {args.wandb_project}, run id {run_id} (the job's log prints its URL)"
+
+
+def _online(spec: JobSpec, here: Mapping[str, str]) -> bool:
+    """Whether the job's W&B run goes online: with a key (training writes a run offline without
+    one). A local job also inherits this process's key and WANDB_MODE (set: W&B's own login)."""
+    if spec.backend != "local":
+        return "WANDB_API_KEY" in spec.secrets
+    mode = here.get("WANDB_MODE", "").lower()
+    if mode in _OFFLINE_MODES:
+        return False
+    return bool("WANDB_API_KEY" in spec.secrets or here.get("WANDB_API_KEY") or mode)
