@@ -254,13 +254,17 @@ def logs(
     backend: Backend = None,
     region: Region = None,
     workdir: Workdir = Path("runs"),
+    as_json: Annotated[
+        bool, typer.Option("--json", help="JSON Lines: one {time, host, message} object per log line")
+    ] = False,
 ) -> None:
     """Print a job's logs (all hosts); --follow until it ends."""
     from .backends import get_backend
     from .jobs import find_job
+    from .logs import print_log_lines
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
-    raise typer.Exit(get_backend(ref.backend).logs(ref, follow=follow))
+    raise typer.Exit(print_log_lines(get_backend(ref.backend).log_lines(ref, follow=follow), as_json=as_json))
 
 
 @app.command()

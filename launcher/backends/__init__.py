@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from distrain_cloud.infra.errors import UserError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from ..jobs import JobRef
+    from ..logs import LogLine
     from ..plan import Plan
     from ..spec import JobSpec
 
@@ -37,7 +40,8 @@ class Backend(Protocol):
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]: ...
 
-    def logs(self, job: JobRef, *, follow: bool = False) -> int: ...
+    def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
+        """The job's log, line by line, every host; with `follow`, until the job ends."""
 
     def cancel(self, job: JobRef) -> str: ...
 

@@ -1,5 +1,5 @@
 """What every cloud backend shares: region, cost and budget, the API-model refusal, the bucket
-check, the upload, printing a job's CloudWatch logs, and fetching what `report` reads from S3.
+check, the upload, reading a job's CloudWatch logs, and fetching what `report` reads from S3.
 
 A cloud backend plans without AWS (`plan`), checks what only AWS can tell (`preflight`), then
 acts: refuse failed checks, make sure the bucket is there, upload the code bundle, send the
@@ -9,7 +9,7 @@ request. The pieces here are those steps, so SageMaker and EC2 use the same ones
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from ..catalog import InstanceType
+    from ..logs import LogLine
 
 SPOT_PRICE_RANGE = (0.3, 0.7)  # typical spot price as a fraction of on-demand; never above 1.0
 ASSUMED_REGION = "us-east-1"
@@ -117,27 +118,26 @@ def upload_code(plan: Plan) -> bool:
         return resources.upload_if_absent(bucket, plan.payload["code_key"], plan.payload["bundle"], region)
 
 
-def print_logs(
+def log_lines(
     region: str, group: str, job_name: str, host: Callable[[str], str], done: Callable[[], bool], poll: float = 5.0
-) -> int:
-    """Print the events of every stream `<job_name>/...` of log group `group`, each line prefixed
-    with its host; until `done()` says the job ended (called once per round: pass
-    `lambda: True` to print what is there and return)."""
+) -> Iterator[LogLine]:
+    """The lines of every stream `<job_name>/...` of log group `group`, stream by stream, each
+    with its host and time; until `done()` says the job ended (called once per round: pass
+    `lambda: True` for what is there now)."""
     from distrain_cloud.infra import aws
 
     tokens: dict[str, str | None] = {}
     with aws.translate_errors():
         client = aws.client("logs", region)
         while True:
+            # asked before listing and reading: whatever was written before the end is read this round
+            ended = done()
             for stream in _log_streams(client, group, job_name):
                 tokens.setdefault(stream, None)
             for stream in sorted(tokens):
-                tokens[stream] = _print_events(client, group, stream, tokens[stream], host(stream))
-            if done():
-                # one last read so nothing written just before the end is lost
-                for stream in sorted(tokens):
-                    _print_events(client, group, stream, tokens[stream], host(stream))
-                return 0
+                tokens[stream] = yield from _events(client, group, stream, tokens[stream], host(stream))
+            if ended:
+                return
             time.sleep(poll)
 
 
@@ -161,14 +161,18 @@ def _log_streams(client: Any, group: str, job_name: str) -> list[str]:
         kwargs["nextToken"] = out["nextToken"]
 
 
-def _print_events(client: Any, group: str, stream: str, token: str | None, host: str) -> str | None:
+def _events(client: Any, group: str, stream: str, token: str | None, host: str) -> Generator[LogLine, None, str | None]:
+    """The stream's lines after `token`; returns the token to read on from."""
+    from ..logs import iso_utc, split_lines
+
     while True:
         kwargs: dict[str, Any] = {"logGroupName": group, "logStreamName": stream, "startFromHead": True}
         if token:
             kwargs["nextToken"] = token
         out = client.get_log_events(**kwargs)
         for event in out.get("events", []):
-            print(f"[{host}] {event['message']}", flush=True)
+            stamp = event.get("timestamp")
+            yield from split_lines(event["message"], host, iso_utc(stamp) if stamp is not None else None)
         new: str | None = out.get("nextForwardToken")
         if not out.get("events") or new == token:
             return new

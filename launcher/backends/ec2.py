@@ -20,7 +20,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from distrain_cloud.infra.stack import StackResources
 
     from ..catalog import AmiFamily, InstanceType
+    from ..logs import LogLine
     from ..spec import JobSpec
 
 TAG_PREFIX = "distrain-cloud:"
@@ -480,10 +481,10 @@ class Ec2Backend:
                 rows.append({**info, "backend": self.name})
         return rows
 
-    def logs(self, job: JobRef, *, follow: bool = False) -> int:
+    def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
         region, _, _, description = described(job)
         done: Callable[[], bool] = (lambda: bool(self.status(job)["terminal"])) if follow else (lambda: True)
-        return cloud.print_logs(region, description["log_group"], job.name, lambda s: s.split("/", 1)[-1], done)
+        return cloud.log_lines(region, description["log_group"], job.name, lambda s: s.split("/", 1)[-1], done)
 
     def cancel(self, job: JobRef) -> str:
         """Graceful: the stop marker every node agent watches; each node checkpoints, uploads and ends."""

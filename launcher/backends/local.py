@@ -28,6 +28,9 @@ from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
 from ..tracking import tracking_env, wandb_run
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from ..logs import LogLine
     from ..spec import JobSpec
 
 
@@ -217,16 +220,26 @@ class LocalBackend:
         ]
         return sorted(jobs, key=lambda j: j.get("updated", 0), reverse=True)[:limit]
 
-    def logs(self, job: JobRef, *, follow: bool = False) -> int:
-        with open(self._root(job) / "job.log", "rb") as f:
-            while True:
-                chunk = f.read()
-                if chunk:
-                    sys.stdout.buffer.write(chunk)
-                    sys.stdout.flush()
-                if not follow or self.status(job)["terminal"]:
-                    return 0
-                time.sleep(1)
+    def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
+        from ..logs import LOCAL_HOST, split_lines
+
+        path = self._root(job) / "job.log"  # here, not in the loop: an unknown job fails before any line
+
+        def lines() -> Iterator[LogLine]:
+            partial = b""  # a line still being written: it goes out once whole, or at the end
+            with open(path, "rb") as f:
+                while True:
+                    ended = not follow or self.status(job)["terminal"]  # before reading: nothing is missed
+                    *whole, partial = (partial + f.read()).split(b"\n")
+                    for line in whole:
+                        yield from split_lines(line.decode(errors="replace"), LOCAL_HOST)
+                    if ended:
+                        if partial:
+                            yield from split_lines(partial.decode(errors="replace"), LOCAL_HOST)
+                        return
+                    time.sleep(1)
+
+        return lines()
 
     def cancel(self, job: JobRef) -> str:
         raise UserError("a local job runs in the foreground: stop it with Ctrl-C (it saves a checkpoint first)")

@@ -35,6 +35,9 @@ from ..tracking import tracking_env, wandb_run
 from . import cloud, wait_for
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from ..logs import LogLine
     from ..spec import JobSpec
 
 CODE_CHANNEL = "code"
@@ -385,12 +388,12 @@ class SageMakerBackend:
             for j in page.get("TrainingJobSummaries", [])
         ]
 
-    def logs(self, job: JobRef, *, follow: bool = False) -> int:
+    def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
         from distrain_cloud.infra import aws
 
         group = "/aws/sagemaker/TrainingJobs"
         done = (lambda: bool(self.status(job)["terminal"])) if follow else (lambda: True)
-        return cloud.print_logs(aws.region(job.region), group, job.name, _host, done)
+        return cloud.log_lines(aws.region(job.region), group, job.name, _host, done)
 
     def cancel(self, job: JobRef) -> str:
         from distrain_cloud.infra import aws

@@ -428,6 +428,15 @@ def test_logs_print_every_node_prefixed(stack, capsys):
         "[node-0] step=10 train_loss=1.2",
         "[node-1] node_launch node_rank=1",
     ]
+    code, out, err = run_cli(capsys, "logs", job, "--json")
+    records = [json.loads(line) for line in out.splitlines()]  # every stdout line is JSON
+    assert (code, err) == (0, "")
+    assert [(r["host"], r["message"]) for r in records] == [
+        ("node-0", "node_launch node_rank=0"),
+        ("node-0", "step=10 train_loss=1.2"),
+        ("node-1", "node_launch node_rank=1"),
+    ]
+    assert records[0]["time"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now // 1000)) + f".{now % 1000:03d}Z"
 
 
 # ====================================================================== cancel and resume

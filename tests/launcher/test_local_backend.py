@@ -116,6 +116,12 @@ def test_submit_local_runs_the_offline_default_end_to_end(cli, tmp_path):
     st = cli("status", root.name, "--json", cwd=elsewhere)
     assert (json.loads(st.stdout)["status"], json.loads(st.stdout)["backend"]) == ("Completed", "local")
     assert cli("wait", root.name, cwd=elsewhere).returncode == 0
+    logs = cli("logs", root.name, "--json", cwd=elsewhere)
+    records = [json.loads(line) for line in logs.stdout.splitlines()]  # every stdout line is JSON
+    # one record per line of job.log (a progress bar's "\r" stays inside its line, as it was written)
+    assert logs.returncode == 0 and len(records) == (root / "job.log").read_bytes().count(b"\n")
+    assert {(r["time"], r["host"]) for r in records} == {(None, "local")}
+    assert any(r["message"].startswith("step=") and "eval_accuracy=" in r["message"] for r in records)
 
 
 def test_resume_from_shares_the_earlier_jobs_checkpoints(tmp_path):

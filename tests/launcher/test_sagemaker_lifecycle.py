@@ -651,9 +651,7 @@ def test_logs_print_every_host_prefixed(role, capsys):
     put_logs(job, "algo-1", ["node_launch node_rank=0 nodes=2 processes=8", "step=10 train_loss=1.2345 lr=5e-05"])
     put_logs(job, "algo-2", ["node_launch node_rank=1 nodes=2 processes=8"])
     put_logs(job + "-other", "algo-1", ["not this job"])  # a name sharing the prefix
-    capsys.readouterr()
-    assert sm.BACKEND.logs(ref(job)) == 0
-    assert capsys.readouterr().out.splitlines() == [
+    assert [line.text() for line in sm.BACKEND.log_lines(ref(job))] == [
         "[algo-1] node_launch node_rank=0 nodes=2 processes=8",
         "[algo-1] step=10 train_loss=1.2345 lr=5e-05",
         "[algo-2] node_launch node_rank=1 nodes=2 processes=8",
@@ -663,17 +661,27 @@ def test_logs_print_every_host_prefixed(role, capsys):
     # --follow on an ended job prints it all once and returns without sleeping
     code, out, _ = run_cli(capsys, "logs", job, "--follow", "--region", REGION)
     assert code == 0 and len(out.splitlines()) == 3
+    code, out, err = run_cli(capsys, "logs", job, "--json", "--region", REGION)
+    records = [json.loads(line) for line in out.splitlines()]  # every stdout line is JSON
+    assert (code, err) == (0, "")
+    assert [(r["host"], r["message"]) for r in records] == [
+        ("algo-1", "node_launch node_rank=0 nodes=2 processes=8"),
+        ("algo-1", "step=10 train_loss=1.2345 lr=5e-05"),
+        ("algo-2", "node_launch node_rank=1 nodes=2 processes=8"),
+    ]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["time"]) for r in records)
 
 
 def test_logs_of_a_job_with_no_log_group_yet_print_nothing(mocked_aws, capsys):
-    assert sm.BACKEND.logs(ref("starting-job")) == 0
-    assert capsys.readouterr().out == ""
+    assert list(sm.BACKEND.log_lines(ref("starting-job"))) == []
     put_logs("another-job", "algo-1", ["x"])  # a group, but no stream of this job
-    assert sm.BACKEND.logs(ref("starting-job")) == 0
-    assert capsys.readouterr().out == ""
+    assert list(sm.BACKEND.log_lines(ref("starting-job"))) == []
+    code, out, err = run_cli(capsys, "logs", "starting-job", "--json", "--backend", "sagemaker", "--region", REGION)
+    assert (code, out, err) == (0, "", "")
 
 
-def test_logs_follow_prints_new_lines_once_until_the_job_ends(mocked_aws, stub_client, monkeypatch, capsys):
+@pytest.mark.parametrize("as_json", [False, True])
+def test_logs_follow_prints_new_lines_once_until_the_job_ends(mocked_aws, stub_client, monkeypatch, capsys, as_json):
     stub = stub_client("sagemaker", REGION)
     expect_describe(
         stub,
@@ -692,15 +700,46 @@ def test_logs_follow_prints_new_lines_once_until_the_job_ends(mocked_aws, stub_c
         ]
     )
     monkeypatch.setattr("time.sleep", lambda s: next(more)())
-    assert sm.BACKEND.logs(ref("run-1"), follow=True) == 0
-    assert capsys.readouterr().out.splitlines() == [
-        "[algo-1] step=10 train_loss=2.0",
-        "[algo-1] step=20 train_loss=1.5",
-        "[algo-2] late host line",
-        "[algo-1] step=30 train_loss=1.0",
-        "[algo-1] model_saved=/opt/ml/model",
+    argv = ["logs", "run-1", "--follow", "--backend", "sagemaker", "--region", REGION]
+    code, out, err = run_cli(capsys, *argv, *(["--json"] if as_json else []))
+    assert (code, err) == (0, "")
+    expected = [
+        ("algo-1", "step=10 train_loss=2.0"),
+        ("algo-1", "step=20 train_loss=1.5"),
+        ("algo-2", "late host line"),
+        ("algo-1", "step=30 train_loss=1.0"),
+        ("algo-1", "model_saved=/opt/ml/model"),
     ]
+    if as_json:
+        assert [(r["host"], r["message"]) for r in map(json.loads, out.splitlines())] == expected
+    else:
+        assert out.splitlines() == [f"[{host}] {message}" for host, message in expected]
     stub.assert_no_pending_responses()
+
+
+def test_logs_json_gives_each_line_of_an_event_its_host_and_the_events_time(stub_client, capsys):
+    logs = stub_client("logs", REGION)
+    stream = "run-1/algo-2-1732600000"
+    logs.add_response(
+        "describe_log_streams",
+        {"logStreams": [{"logStreamName": stream}]},
+        {"logGroupName": LOG_GROUP, "logStreamNamePrefix": "run-1/"},
+    )
+    events = [
+        {"timestamp": 1732600000123, "message": "Traceback (most recent call last):\n  File x\nValueError: boom\n"},
+        {"timestamp": 1732600001000, "message": 'a line with "quotes" and \\ and \t'},
+    ]
+    logs.add_response("get_log_events", {"events": events, "nextForwardToken": "f/1"})
+    logs.add_response("get_log_events", {"events": [], "nextForwardToken": "f/1"})
+    code, out, err = run_cli(capsys, "logs", "run-1", "--json", "--backend", "sagemaker", "--region", REGION)
+    assert (code, err) == (0, "")
+    first = {"time": "2024-11-26T05:46:40.123Z", "host": "algo-2"}
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {**first, "message": "Traceback (most recent call last):"},
+        {**first, "message": "  File x"},
+        {**first, "message": "ValueError: boom"},
+        {"time": "2024-11-26T05:46:41.000Z", "host": "algo-2", "message": 'a line with "quotes" and \\ and \t'},
+    ]
 
 
 def sagemaker_refuses_taken_names(monkeypatch, *, lose_first_answer: bool = False) -> list[str]:

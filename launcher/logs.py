@@ -1,0 +1,52 @@
+"""A job's log as records, and the one printer of `distrain-cloud logs`.
+
+Backends yield `LogLine`s (`Backend.log_lines`); `print_log_lines` writes them as text, as
+the job printed them (cloud lines prefixed `[host] `), or with `--json` as JSON Lines: one
+`{"time", "host", "message"}` object per line and nothing else on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+
+# The host of a local job's lines: this machine, one node. Its text lines go unprefixed.
+LOCAL_HOST = "local"
+
+
+@dataclass(frozen=True)
+class LogLine:
+    time: str | None  # ISO 8601 UTC when the log says (CloudWatch does), else None
+    host: str  # the node ("algo-2", "node-1", "local")
+    message: str  # one line, without its line ending
+
+    def text(self) -> str:
+        return self.message if self.host == LOCAL_HOST else f"[{self.host}] {self.message}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def split_lines(text: str, host: str, time: str | None = None) -> Iterator[LogLine]:
+    """`text` (a CloudWatch event, a line read from a file) as one LogLine per line: an event
+    holding several lines gives each its own record, with the event's time."""
+    parts = text.split("\n")
+    if len(parts) > 1 and parts[-1] == "":
+        parts.pop()  # the newline that ended the last line
+    for part in parts:
+        yield LogLine(time, host, part.removesuffix("\r"))
+
+
+def iso_utc(epoch_ms: int) -> str:
+    """CloudWatch's milliseconds since the epoch as `2024-11-26T05:20:00.123Z`."""
+    when = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def print_log_lines(lines: Iterable[LogLine], *, as_json: bool = False) -> int:
+    """Print each line as it comes (flushed: `--follow` output is read live); returns 0."""
+    for line in lines:
+        print(line.to_json() if as_json else line.text(), flush=True)
+    return 0
