@@ -14,6 +14,7 @@ That last figure is what a multi-GPU step pays for its communication.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,20 @@ def overlap(a: list[Interval], b: list[Interval]) -> float:
     return total
 
 
+PHASE_PREFIX = "distrain."
+
+
+def host_phases(averages: Iterable[Any], steps: int) -> dict[str, float]:
+    """Per-step host milliseconds of each labelled phase (Profiler.phase), from the profiler's
+    key averages (cpu_time_total in microseconds): profile_host_forward_ms=..., and so on."""
+    per_step_ms = 1.0 / (1000.0 * max(steps, 1))
+    return {
+        f"profile_host_{e.key[len(PHASE_PREFIX) :]}_ms": e.cpu_time_total * per_step_ms
+        for e in averages
+        if e.key.startswith(PHASE_PREFIX)
+    }
+
+
 def is_collective(kernel_name: str) -> bool:
     return "nccl" in kernel_name.lower()
 
@@ -83,6 +98,15 @@ class Profiler:
             self.start, self.end = (int(x) for x in spec.split(":"))
         self.output_dir = output_dir
 
+    def phase(self, name: str):
+        """A labelled range of the step (forward, backward, ...) while recording, else nothing: the
+        host-time table then says where a step's CPU time goes when the GPU waits for it."""
+        if self.prof is None:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.profiler.record_function(PHASE_PREFIX + name)
+
     def step(self, step: int) -> None:
         if self.start is None:
             return
@@ -115,9 +139,12 @@ class Profiler:
             for e in self.prof.events()
             if e.device_type == DeviceType.CUDA
         ]
+        averages = self.prof.key_averages()
         summary = timeline_summary(kernels, self.end - self.start)
+        summary.update(host_phases(averages, self.end - self.start))
         line = " ".join([f"profile_steps={self.start}-{self.end}"] + [f"{k}={v:.3f}" for k, v in summary.items()])
-        (self.output_dir / "profile.txt").write_text(table + "\n" + line + "\n")
+        host = averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=80)
+        (self.output_dir / "profile.txt").write_text(f"{table}\n{line}\n\nTop operators by host (CPU) time:\n{host}\n")
         try:
             self.prof.export_chrome_trace(str(self.output_dir / "trace.json.gz"))
         except OSError as err:  # a diagnostic: a full disk must not end the training run

@@ -330,12 +330,16 @@ class Trainer:
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 with acc.accumulate(self.model):
-                    loss = self._loss(batch, state.step, micro)
-                    acc.backward(loss)
+                    with profiler.phase("forward"):
+                        loss = self._loss(batch, state.step, micro)
+                    with profiler.phase("backward"):
+                        acc.backward(loss)
                     if acc.sync_gradients and a.max_grad_norm and not self.strategy.uses_deepspeed:
-                        acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
-                    self.optimizer.step()
-                    self.optimizer.zero_grad(set_to_none=True)
+                        with profiler.phase("clip"):
+                            acc.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
+                    with profiler.phase("optimizer"):
+                        self.optimizer.step()
+                        self.optimizer.zero_grad(set_to_none=True)
                 # A new tensor, never the loss itself: CUDA graphs (reduce-overhead) reuse the
                 # loss's memory on their next replay.
                 micro_loss, micro = micro_loss + loss.detach(), micro + 1

@@ -32,3 +32,35 @@ def test_exposed_communication_is_what_compute_does_not_cover():
 
 def test_no_kernels_no_figures():
     assert timeline_summary([], steps=5) == {}
+
+
+def test_host_time_per_step_of_each_labelled_phase():
+    """A real profile of two labelled 'steps' on CPU: each phase's host time per step, named by
+    its label; unlabelled operators do not appear."""
+    import contextlib
+    import time
+
+    import torch
+
+    from distrain_cloud.training.profiling import Profiler, host_phases
+
+    class Acc:
+        is_main_process = True
+
+    prof = Profiler("1:3", Acc(), output_dir=None)  # type: ignore[arg-type]
+    assert isinstance(prof.phase("forward"), contextlib.nullcontext)  # not recording yet
+    prof.step(1)
+    for _ in range(2):
+        with prof.phase("forward"):
+            time.sleep(0.01)
+        with prof.phase("optimizer"):
+            torch.ones(4).add_(1)
+    prof.prof.__exit__(None, None, None)
+    averages = prof.prof.key_averages()
+    figures = host_phases(averages, steps=2)
+    assert set(figures) == {"profile_host_forward_ms", "profile_host_optimizer_ms"}, figures
+    assert 9.0 <= figures["profile_host_forward_ms"] < 100.0
+    assert figures["profile_host_optimizer_ms"] < figures["profile_host_forward_ms"]
+    with torch.profiler.profile() as other:  # nothing labelled, no figures
+        torch.ones(4).add_(1)
+    assert host_phases(other.key_averages(), steps=2) == {}
