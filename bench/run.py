@@ -691,6 +691,9 @@ class Runner:
             if res.get("tokens_per_sec") is not None and res.get("complete"):
                 res["note"] = "all timed windows finished; the failure came after training (eval/save)"
         res["status"] = status
+        profile = dirs["output"] / "profile.txt"  # a --profile-steps run's tables, kept beside its log
+        if profile.is_file():
+            shutil.copy(profile, log.with_suffix(".profile.txt"))
         shutil.rmtree(rundir, ignore_errors=True)  # model files can be GBs
         return res
 
