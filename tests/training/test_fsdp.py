@@ -130,7 +130,7 @@ def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout
     assert ddp.returncode == 0, ddp.describe()
     assert fsdp.returncode == 0, fsdp.describe()
     assert fsdp.lines("fsdp_shard_unit=") == ["fsdp_shard_unit=FSDPGPT2Block blocks=2"], fsdp.describe()
-    assert fsdp.lines("compile_unit=") == ["compile_unit=block blocks=2"], fsdp.describe()
+    assert fsdp.lines("compile_unit=") == ["compile_unit=block blocks=2 loss=compiled"], fsdp.describe()
     assert "torch.compile failed" not in fsdp.stdout + fsdp.stderr, fsdp.describe()
     assert ddp.train_losses.keys() == fsdp.train_losses.keys() == {2, 4, 6, 8}
     for step, loss in ddp.train_losses.items():
