@@ -4,7 +4,7 @@ Every operator on a DTensor goes through its Python dispatcher (sharding propaga
 local operator): cheap once, costly a few hundred times a step. Once compiled, a 124M model's
 GPU work per step is short enough that this host time sets the pace; on 2 H100s the clipping of
 `torch.nn.utils.clip_grad_norm_` on DTensors (what Accelerate calls) took about 19 ms of host
-time per step (bench/README.md, session 6). Here the same arithmetic runs on the local shards
+time per step (bench/README.md, session 7). Here the same arithmetic runs on the local shards
 with one all-reduce.
 """
 

@@ -242,7 +242,7 @@ class Trainer:
                 block.forward = torch.compile(block.forward, backend=backend)
             # And the loss, which the blocks leave out: eager, it upcasts the logits (16x1024x50k
             # for GPT-2 small) to fp32 and reads and writes them several times each way; compiled,
-            # one fused pass (about 20 ms of an H100's step, bench/README.md, session 6).
+            # one fused pass (about 20 ms of an H100's step, bench/README.md, session 7).
             self.model.loss_function = torch.compile(self.model.loss_function, backend=backend)
             self._print(f"compile_unit=block blocks={len(blocks)} loss=compiled")
             return
