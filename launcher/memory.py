@@ -57,11 +57,19 @@ class ModelShape:
         two LayerNorms (4 d). GPT-2 adds a final LayerNorm; BERT token types, an embedding
         LayerNorm and its pooler. Task heads are left out: under 1% of any model here.
         """
-        d, inner = self.hidden, self.intermediate
-        per_layer = 4 * d * d + 4 * d + 2 * d * inner + inner + d + 4 * d
-        embeddings = (self.vocab + self.positions) * d
+        d = self.hidden
         extra = 2 * d if self.family == "gpt2" else 2 * d + 2 * d + d * d + d
-        return embeddings + self.layers * per_layer + extra
+        return self.embeddings + self.layers * self.per_layer + extra
+
+    @property
+    def per_layer(self) -> int:
+        """Parameters of one transformer block."""
+        d, inner = self.hidden, self.intermediate
+        return 4 * d * d + 4 * d + 2 * d * inner + inner + d + 4 * d
+
+    @property
+    def embeddings(self) -> int:
+        return (self.vocab + self.positions) * self.hidden
 
 
 # The shipped tokenizer's size: presets without a vocab_size take it (training/modeling.py).
@@ -166,17 +174,22 @@ class Constants:
 #   residual stream and LayerNorm outputs are fp32. logits 11.4: the peak is where the backward
 #   starts, with the loss's saved fp32 log-softmax (4), its gradient (4) and the gradient it
 #   hands back (4): 12 by count.
-# - compiled (torch.compile): activation 41.5; Inductor fuses those chains. Its logits term is
+# - compiled (torch.compile): activation 41.9; Inductor fuses those chains. Its logits term is
 #   not fitted: with two model shapes the fit cannot tell it from the activations (it gave 0.2),
 #   so it is set to 2, the bf16 gradient of the logits that must exist when the backward starts.
-# - native (DeepSpeed: the model itself is bf16/fp16, no autocast): activation 49.9, logits 10.8,
-#   ZeRO-3 working set 2.2 GiB.
+# - native (DeepSpeed, and eager fsdp: the model itself is bf16/fp16, no autocast): activation
+#   48.5, logits 11.8, ZeRO-3 working set 1.8 GiB.
+# - native-compiled (compiled fsdp, each block its own graph; compiled DeepSpeed, not measured,
+#   is taken as this): activation 35.1, near theory's 34: Inductor's fusion as for compiled,
+#   with the residual stream and norms in 16 bits instead of autocast's fp32. Logits as
+#   compiled, plus the loss graph's input under fsdp (see estimate()). The three compiled fsdp
+#   runs, two shapes, eager and compiled loss, agree with both within 1%.
 # - fp32 (--precision no): not measured. Every saved tensor at 4 bytes, twice native's
 #   activations; the loss's tensors are fp32 already, as under autocast.
 CONSTANTS = Constants(
-    activation={"autocast": 91.9, "compiled": 41.5, "native": 49.9, "fp32": 99.8},
-    logits={"autocast": 11.4, "compiled": 2.0, "native": 10.8, "fp32": 11.4},
-    zero3_fixed_gib=2.2,
+    activation={"autocast": 91.9, "compiled": 41.9, "native": 48.5, "native-compiled": 35.1, "fp32": 97.0},
+    logits={"autocast": 11.4, "compiled": 2.0, "native": 11.8, "native-compiled": 2.0, "fp32": 11.4},
+    zero3_fixed_gib=1.8,
 )
 # Trainer versions before training_forward (calibration rows only): under bf16, the compiled
 # graph output the logits in fp32 (accelerate's conversion), and the backward zero-filled a
@@ -214,11 +227,15 @@ def usable_gib(instance: InstanceType) -> float:
 
 def mode(strategy: str, precision: str, compiled: bool) -> str:
     """Which constants apply: how the model's tensors are kept decides what stays on the GPU."""
+    sixteen = precision in ("bf16", "fp16")
+    # DeepSpeed's model is 16-bit itself. So is fsdp's, in effect: its MixedPrecisionPolicy
+    # gathers the weights in 16 bits, and Accelerate's FSDP2 path wraps no autocast around it.
+    native = sixteen and (_zero_stage(strategy) is not None or strategy == "fsdp")
     if compiled:
-        return "compiled"
-    if precision not in ("bf16", "fp16"):
+        return "native-compiled" if native else "compiled"
+    if not sixteen:
         return "fp32"
-    return "native" if _zero_stage(strategy) is not None else "autocast"
+    return "native" if native else "autocast"
 
 
 # ---------------------------------------------------------------------------------- estimate
@@ -257,28 +274,34 @@ def estimate(
     fused_ce: bool = False,
     kv_cache: bool = False,
     logits_output: bool = False,
+    eager_loss: bool = False,
     constants: Constants = CONSTANTS,
 ) -> Estimate:
     """Peak memory per device of a training step, and of the evaluation.
 
-    `kv_cache` and `logits_output` describe the trainer before training_forward, for the
-    calibration rows measured then; the trainer today does neither.
+    `kv_cache` and `logits_output` describe the trainer before training_forward, `eager_loss`
+    compiled fsdp before b51d550 (the blocks compiled, the loss not), for the calibration rows
+    measured then; the trainer today does none of them.
     """
     P, W, tokens = shape.params, world_size, batch_size * seq_len
     L, d, V = shape.layers, shape.hidden, shape.vocab
     mixed = precision in ("bf16", "fp16")
     stage = _zero_stage(strategy)
     offload = strategy.endswith("-offload")
+    low = 2 if mixed else 4  # bytes of the model's own (or gathered) copy of a weight
     how = mode(strategy, precision, compiled)
     notes: list[str] = []
 
     terms: dict[str, float] = {}
     if strategy == "fsdp":
-        # Sharded like ZeRO-3: fp32 weights, AdamW moments and gradients over W, plus two
-        # blocks' 16-bit weights gathered (the one computing and the one prefetched).
-        block = (P - (V + shape.positions) * d) / max(L, 1)
-        terms.update(weights=4 * P / W, optimizer=8 * P / W, grads=4 * P / W, buffers=2 * 2 * block)
-        notes.append("fsdp is not in the calibration")
+        # FSDP2 (strategies.fsdp_plugin_settings): fp32 weights and AdamW moments sharded over W,
+        # and fp32 gradient shards, set to None after each step as DDP's are.
+        terms.update(weights=4 * P / W, optimizer=8 * P / W, grads=4 * P / W if grad_accum > 1 else 0)
+        # Gathered in the compute dtype: each block for its forward and again for its backward,
+        # freed after (reshard_after_forward), one prefetched beside the one computing; the
+        # embeddings, final norm and tied LM head for the whole step (Accelerate leaves them
+        # gathered after the forward, whose end and the backward's start both use them).
+        terms["buffers"] = low * (P - L * shape.per_layer + 2 * shape.per_layer)
     elif stage is None:
         # fp32 weights (autocast casts them op by op) and AdamW's two fp32 moments.
         terms.update(weights=4 * P, optimizer=8 * P)
@@ -289,7 +312,6 @@ def estimate(
         # with one process accelerate does not wrap the model in DDP.
         terms["buffers"] = 4 * P if W > 1 else 0
     else:
-        low = 2 if mixed else 4  # bytes of the model's own copy of a weight
         # The 16-bit model (ZeRO-3: its shard); the fp32 master weights, AdamW moments and fp32
         # gradients are partitioned over W, and live on the CPU with -offload.
         terms["weights"] = 0 if (stage == 3 and offload) else (low * P / W if stage == 3 else low * P)
@@ -311,7 +333,16 @@ def estimate(
         notes.append("--fused-ce: the logits term is left out")
     elif lm:
         output = LOGITS_OUTPUT_BYTES if logits_output and how == "compiled" else 0
-        terms["logits"] = (constants.logits[how] + output) * tokens * V
+        loss = how
+        if strategy == "fsdp" and compiled and eager_loss:
+            loss = mode(strategy, precision, compiled=False)
+        elif strategy == "fsdp" and compiled:
+            # The loss is its own graph after the eager LM head, so the logits are its input, saved
+            # for its backward; a backward may reuse the memory of saved intermediates but not of
+            # inputs (AOTAutograd's donated buffers). At the backward's start they sit beside their
+            # gradient: one copy more than in a whole-model graph. Derived, not fitted.
+            output = low
+        terms["logits"] = (constants.logits[loss] + output) * tokens * V
 
     # Evaluation keeps the weights, optimizer state and buffers, but no gradients or activations.
     resident = terms["weights"] + terms["optimizer"] + terms["buffers"]

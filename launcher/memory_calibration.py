@@ -9,9 +9,10 @@ deepspeed 0.19.8, on H100 or H200 cards.
 
 Runs are grouped by configuration, as the estimator sees it. Three facts about the trainer's
 version matter: before commit 66acf34 the training forward built a key/value cache
-(`kv_cache`), and until the training_forward change (d5aec54) it returned the logits
-(`logits_output`, which costs memory under torch.compile). The bench's transformers.Trainer
-baseline ("trainer") does both, always. `flags` are training flags the estimator does not
+(`kv_cache`), until the training_forward change (d5aec54) it returned the logits
+(`logits_output`, which costs memory under torch.compile), and before b51d550 compiled fsdp
+left the loss eager (`eager_loss`). The bench's transformers.Trainer baseline ("trainer")
+builds the cache and returns the logits, always. `flags` are training flags the estimator does not
 read: those rows test that ignoring them is right. `not_modelled` rows are expected misses.
 
     python -m distrain_cloud.launcher.memory_calibration    # every run: measured, estimated, error
@@ -49,6 +50,7 @@ class Config:
     grad_accum: int = 1
     kv_cache: bool = True
     logits_output: bool = True
+    eager_loss: bool = False  # compiled fsdp before b51d550: the blocks compiled, the loss eager
     impl: str = "ours"  # or "trainer": the bench's transformers.Trainer baseline
     flags: str = ""  # the run's extra training flags, without their dashes (no-logits-upcast is gone since)
     not_modelled: str | None = None
@@ -58,6 +60,7 @@ class Config:
         parts = [self.impl, self.model, f"{self.gpus}x", self.strategy, f"b{self.batch_size}x{self.seq_len}"]
         parts += [p for p, on in (("compiled", self.compiled), ("kv-cache", self.kv_cache)) if on]
         parts += ["logits-out"] if self.logits_output else []
+        parts += ["eager-loss"] if self.eager_loss else []
         parts += [f"accum{self.grad_accum}"] if self.grad_accum > 1 else []
         parts += [self.task] if self.task != "causal-lm" else []
         return " ".join(parts + ([self.flags] if self.flags else []))
@@ -85,6 +88,7 @@ class Config:
             fused_ce="fused-ce" in self.flags.split(),
             kv_cache=self.kv_cache,
             logits_output=self.logits_output,
+            eager_loss=self.eager_loss,
             constants=constants,
         )
 
@@ -94,6 +98,7 @@ def _runs(card: str, *rows: tuple[str, str, float, float | None]) -> tuple[Run, 
 
 
 H1, H1x200, H2, H4 = "2026-11-26-h100x1", "2026-11-26-h200x1", "2026-11-26-h200x2", "2026-11-26-h200x4"
+H100x2, H100x4 = "2026-11-26-h100x2", "2026-11-26-h100x4"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -256,6 +261,32 @@ CONFIGS: tuple[Config, ...] = (
         (f"{H4}-xl", "ours gpt2-xl zero3-offload x4", 23.43, 30.05))),
     Config("gpt2-xl", 4, "ddp", batch_size=4, compiled=True, runs=_runs("H200",
         (f"{H4}-session3-scaling-b1000", "ours-gpt2-xl-ddp-compile-g4-b4-k1", 39.9605, 42.65))),
+    # -- fsdp (FSDP2), against DDP and ZeRO run beside it; the trainer as it is today (2ec1054 on)
+    Config("gpt2-small", 4, "ddp", kv_cache=False, logits_output=False, runs=_runs("H100",
+        (f"{H100x4}-fsdp-zero", "ours ddp x4", 23.56, 26.00))),
+    Config("gpt2-small", 4, "zero3", kv_cache=False, logits_output=False, runs=_runs("H100",
+        (f"{H100x4}-fsdp-zero", "ours zero3 x4", 19.13, 25.78))),
+    Config("gpt2-small", 4, "fsdp", kv_cache=False, logits_output=False, runs=_runs("H100",
+        (f"{H100x4}-fsdp-zero", "ours fsdp x4", 17.93, 24.22))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H100",
+        (f"{H100x4}-fsdp-zero", "ours ddp +compile x4", 9.21, 20.71))),
+    Config("gpt2-small", 4, "fsdp", compiled=True, kv_cache=False, logits_output=False, eager_loss=True,
+           runs=_runs("H100", (f"{H100x4}-fsdp-zero", "ours fsdp +compile x4", 14.55, 20.83))),
+    # b51d550: the loss compiled beside the blocks
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 32:34",
+           runs=_runs("H100",
+        (f"{H100x2}-session7-fsdp", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2121, 20.24))),
+    Config("gpt2-small", 2, "fsdp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 32:34",
+           runs=_runs("H100",
+        (f"{H100x2}-session7-fsdp", "ours-gpt2-small-fsdp-compile-g2-b16-k1", 8.7773, 20.67))),
+    Config("gpt2-xl", 2, "ddp", batch_size=4, compiled=True, kv_cache=False, logits_output=False, runs=_runs("H100",
+        (f"{H100x2}-session7-xl", "ours-gpt2-xl-ddp-compile-g2-b4-k1", 38.3655, 57.13))),
+    Config("gpt2-xl", 2, "zero2", batch_size=4, kv_cache=False, logits_output=False, runs=_runs("H100",
+        (f"{H100x2}-session7-xl", "ours-gpt2-xl-zero2-g2-b4-k1", 31.0396, 54.90))),
+    Config("gpt2-xl", 2, "zero3", batch_size=4, kv_cache=False, logits_output=False, runs=_runs("H100",
+        (f"{H100x2}-session7-xl", "ours-gpt2-xl-zero3-g2-b4-k1", 33.8664, 57.64))),
+    Config("gpt2-xl", 2, "fsdp", batch_size=4, compiled=True, kv_cache=False, logits_output=False,
+           runs=_runs("H100", (f"{H100x2}-session7-xl", "ours-gpt2-xl-fsdp-compile-g2-b4-k1", 19.9106, 28.23))),
 )  # fmt: skip
 
 
@@ -288,11 +319,12 @@ THROUGHPUT: tuple[Throughput, ...] = (
 
 # ---------------------------------------------------------------------------------- the fit
 
-# What fit() solves for, per mode. The compiled logits term stays at its prior (see memory.py).
+# What fit() solves for, per mode. The compiled logits terms stay at their prior (see memory.py).
 FITTED = {
     "autocast": ("activation", "logits"),
     "compiled": ("activation",),
     "native": ("activation", "logits", "zero3"),
+    "native-compiled": ("activation",),
 }
 
 
