@@ -225,7 +225,14 @@ class Trainer:
         if not self.compiled:
             return
         self._print(f"compile_cache={os.environ['TORCHINDUCTOR_CACHE_DIR']}")
-        backend = _inductor_or_eager(a.compile_mode, self._print)
+        backend: Any = _inductor_or_eager(a.compile_mode, self._print)
+        if os.environ.get("DISTRAIN_COMPILE_BACKEND"):
+            # PyTorch's way to bisect a compile problem: "aot_eager" runs Dynamo and AOTAutograd
+            # (graph capture, DDP's bucketing, FSDP's hooks) without Inductor's code generation,
+            # "eager" Dynamo alone. The CPU tests of compile plumbing use it: Inductor's C++ build
+            # takes half a minute a process on CPU, and its numerics have tests of their own.
+            backend = os.environ["DISTRAIN_COMPILE_BACKEND"]
+            self._print(f"compile_backend={backend} (DISTRAIN_COMPILE_BACKEND)")
         if a.compile_tuning:
             # Inductor then tries block sizes and warp counts around its heuristic pick for
             # each generated kernel (the norms, dropouts, adds and the loss: about 40% of
@@ -580,7 +587,9 @@ class Trainer:
         if not (acc.is_main_process or sharded):
             return
         inputs = self.tokenizer(self.args.generate_prompt, return_tensors="pt").to(acc.device)
-        with torch.no_grad():
+        # Eagerly: a few tokens of one sample never repay compiling, and every new length would
+        # recompile what is still compiled in place (fsdp's blocks, the loss).
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
             out = unwrapped.generate(
                 **inputs,
                 max_new_tokens=self.args.generate_tokens,

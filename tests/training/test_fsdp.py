@@ -112,6 +112,12 @@ def test_fsdp_checkpoints_refuse_another_world_size_and_other_layouts(tmp_path):
             checkpoint.check_resumable(path, saved, 2, other)
 
 
+# Compile plumbing (graph capture, DDP's bucketing, FSDP's hooks) through Dynamo and AOTAutograd
+# without Inductor's C++ build, half a minute a process on CPU: trainer._compile. Inductor itself
+# runs in test_compile_default.py and test_training_forward.py.
+AOT_EAGER = {"DISTRAIN_COMPILE_BACKEND": "aot_eager"}
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout_config):
@@ -123,7 +129,7 @@ def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout
     ddp, fsdp = train.many(
         [
             {"flags": [*flags, "--strategy", "ddp"], "name": "lm-ddp", "processes": 2},
-            {"flags": [*flags, "--strategy", "fsdp", "--compile"], "name": "lm-fsdp", "processes": 2},
+            {"flags": [*flags, "--strategy", "fsdp", "--compile"], "name": "lm-fsdp", "processes": 2, "env": AOT_EAGER},
         ],
         parallel=1,
     )
