@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from distrain_cloud.launcher import cli
+from clirun import run_cli
 
 REGION = "us-east-1"
 BUCKET = "out-bucket"
@@ -24,16 +23,6 @@ ROWS = [
     {"step": 20, "eval_loss": 1.456, "eval_accuracy": 0.625, "time": 2.1},
 ]
 METRICS = "".join(json.dumps(r) + "\n" for r in ROWS).encode()
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    """The real CLI entry point, in process (so moto's in-process mock serves it)."""
-    cli._TRAIN_ARGS.clear()
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code or 0, out, err
 
 
 def record(job_records: Path, name: str, backend: str, **where) -> None:

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import run_cli
 
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.stack import StackResources
-from distrain_cloud.launcher import cli
 from distrain_cloud.launcher.api import plan_job, submit_job
 from distrain_cloud.launcher.backends import ec2
 from distrain_cloud.launcher.jobs import JobRef
@@ -105,15 +105,6 @@ def submitted(**overrides) -> tuple[str, dict]:
 
 def ref(name: str) -> JobRef:
     return JobRef(name, "ec2", REGION)
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    cli._TRAIN_ARGS.clear()
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code or 0, out, err
 
 
 def s3_json(key: str):

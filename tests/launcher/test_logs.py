@@ -10,19 +10,9 @@ import socket
 import time
 from pathlib import Path
 
-import pytest
+from clirun import run_cli
 
-from distrain_cloud.launcher import cli
 from distrain_cloud.launcher.logs import LogLine, iso_utc, split_lines
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    cli._TRAIN_ARGS.clear()
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code or 0, out, err
 
 
 def json_lines(out: str) -> list[dict]:

@@ -15,10 +15,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from clirun import run_cli
 
 from distrain_cloud.infra import aws
 from distrain_cloud.infra.errors import UserError
-from distrain_cloud.launcher import cli
 from distrain_cloud.launcher.api import plan_job, submit_job
 from distrain_cloud.launcher.backends import sagemaker as sm
 from distrain_cloud.launcher.backends import wait_for
@@ -136,16 +136,6 @@ def inject_error(monkeypatch, operation: str, code: str, message: str, status: i
     monkeypatch.setattr(aws, "client", client)
     monkeypatch.setattr("time.sleep", lambda s: None)  # botocore's retry back-off
     return sent
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    """The real CLI entry point, in process (so moto's in-process mock serves it)."""
-    cli._TRAIN_ARGS.clear()
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code or 0, out, err
 
 
 def nothing_created():

@@ -43,6 +43,9 @@ _STRIPPED = {
     "CUDA_VISIBLE_DEVICES",
     "HF_TOKEN",
     "OMP_NUM_THREADS",
+    # Inductor sets it in any process that compiled something (this worker, after an in-process
+    # compile test); the runs get the session's cache from shared_env, or the trainer's default.
+    "TORCHINDUCTOR_CACHE_DIR",
 }
 
 

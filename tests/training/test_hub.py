@@ -5,15 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 import traceback
 from pathlib import Path
 
 import pytest
-
-# tests/ is not a package: make hubdouble importable however this file is collected.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hubdouble import HubDouble  # noqa: E402
+from hubdouble import HubDouble  # tests/ is on pytest's pythonpath (pyproject.toml)
 
 from distrain_cloud.training.hub import HubPushError, push_to_hub  # noqa: E402
 
