@@ -156,29 +156,41 @@ def uses_deepspeed(flags: Sequence[str]) -> bool:
     return any(flag == "--strategy" and value.startswith("zero") for flag, value in itertools.pairwise(flags))
 
 
+_DEEPSPEED_BUILD: list[subprocess.Popen[str]] = []  # the session's build, once started
+
+
+def start_deepspeed_cpu_op_build() -> None:
+    """DeepSpeed on CPU compiles a shared-memory op with gcc the first time a process starts its
+    communication (over a minute on 2 cores), then loads it from torch's extension cache. The
+    session builds it in the background from the start, while the tests that need no DeepSpeed
+    run; under two xdist workers one builds and the other waits on torch's build lock."""
+    if not _DEEPSPEED_BUILD:
+        code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+        env = base_env({"DS_ACCELERATOR": "cpu"})
+        argv = [sys.executable, "-c", code]
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        _DEEPSPEED_BUILD.append(subprocess.Popen(argv, env=env, text=True, **pipes))
+
+
 @functools.cache
 def build_deepspeed_cpu_op() -> float:
-    """DeepSpeed on CPU compiles a shared-memory op with gcc the first time a process starts its
-    communication (over a minute on 2 cores), then loads it from torch's extension cache. Built
-    here once per session, outside every run's time limit; returns the seconds it took."""
+    """Wait for the build (started now if it was not), before a DeepSpeed run starts its clock:
+    outside every run's time limit. Returns the seconds waited."""
     start = time.monotonic()
-    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
-    env = base_env({"DS_ACCELERATOR": "cpu"})
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:  # the runs will then fail with DeepSpeed's own message
-        warnings.warn(f"building DeepSpeed's CPU op failed:\n{r.stderr[-2000:]}", stacklevel=1)
+    start_deepspeed_cpu_op_build()
+    build = _DEEPSPEED_BUILD[0]
+    _, err = build.communicate(timeout=900)
+    if build.returncode != 0:  # the runs will then fail with DeepSpeed's own message
+        warnings.warn(f"building DeepSpeed's CPU op failed:\n{err[-2000:]}", stacklevel=1)
     return time.monotonic() - start
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Before the first test that trains with DeepSpeed (marked `deepspeed`) starts its clock."""
+    """Start the build when a test that trains with DeepSpeed (marked `deepspeed`) is collected."""
     if session.config.option.collectonly:
         return
     if any(item.get_closest_marker("deepspeed") for item in session.items):
-        seconds = build_deepspeed_cpu_op()
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(f"DeepSpeed's CPU op ready in {seconds:.0f} s (built once per session)")
+        start_deepspeed_cpu_op_build()
 
 
 def command(flags: Sequence[str], processes: int | None) -> list[str]:

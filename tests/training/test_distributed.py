@@ -193,37 +193,6 @@ def test_deepspeed_trains_and_saves_a_loadable_model(train, strategy, processes)
     check_saved_classifier(run, processes)
 
 
-@pytest.mark.deepspeed
-def test_zero3_causal_lm_generates_a_sample(train):
-    # Generation under ZeRO-3 runs on every process (synced_gpus); only the main one prints.
-    run = train(
-        "--strategy",
-        "zero3",
-        "--task",
-        "causal-lm",
-        "--max-steps",
-        "10",
-        "--batch-size",
-        "4",
-        "--log-every",
-        "5",
-        "--lr",
-        "2e-3",
-        "--generate-tokens",
-        "8",
-        "--report-to",
-        "none",
-        processes=2,
-    )
-    assert run.returncode == 0, run.describe()
-    assert run.lines("zero3_fetch_unit=") == ["zero3_fetch_unit=GPT2Block"], run.describe()
-    samples = run.lines("sample=")
-    assert len(samples) == 1, run.describe()
-    text = json.loads(samples[0][len("sample=") :])
-    assert text.startswith("The"), text
-    assert math.isfinite(run.final_eval["eval_perplexity"])
-
-
 def test_zero2_follows_the_same_schedule_as_ddp(train):
     """The learning rate is set on the optimizer each step (trainer.lr_at); under DeepSpeed the
     optimizer is wrapped twice, so prove the schedule reaches it: in fp32 on one process,
@@ -243,9 +212,10 @@ def test_zero2_follows_the_same_schedule_as_ddp(train):
         assert zero2.train_losses[step] == pytest.approx(loss, rel=1e-5), step
 
 
-def test_zero3_block_fetch_changes_nothing_but_the_gathering(train, no_dropout_config):
-    """Gathering whole GPT-2 blocks (--zero3-block-fetch, the default) must train exactly
-    like ZeRO-3's per-layer gathering: same losses, step for step."""
+@pytest.fixture(scope="module")
+def zero3_runs(module_train, no_dropout_config):
+    """ZeRO-3 on 2 processes gathering whole GPT-2 blocks (--zero3-block-fetch, the default) and
+    then a sample generated, and the same run gathering layer by layer."""
     common = [
         "--task",
         "causal-lm",
@@ -263,12 +233,31 @@ def test_zero3_block_fetch_changes_nothing_but_the_gathering(train, no_dropout_c
         "2e-3",
         "--report-to",
         "none",
-        "--no-save-model",
-        "--generate-tokens",
-        "0",
     ]
-    block = train(*common, name="z3-block", processes=2)
-    layer = train(*common, "--no-zero3-block-fetch", name="z3-layer", processes=2)
+    # The sample is generated from the model as saved at the end (--no-save-model skips both).
+    block = module_train(*common, "--generate-tokens", "8", name="z3-block", processes=2)
+    layer = module_train(*common, "--no-save-model", "--no-zero3-block-fetch", name="z3-layer", processes=2)
+    return block, layer
+
+
+@pytest.mark.deepspeed
+def test_zero3_causal_lm_generates_a_sample(zero3_runs):
+    # Generation under ZeRO-3 runs on every process (synced_gpus); only the main one prints.
+    run, _ = zero3_runs
+    assert run.returncode == 0, run.describe()
+    assert run.lines("zero3_fetch_unit=") == ["zero3_fetch_unit=GPT2Block"], run.describe()
+    samples = run.lines("sample=")
+    assert len(samples) == 1, run.describe()
+    text = json.loads(samples[0][len("sample=") :])
+    assert text.startswith("The"), text
+    assert math.isfinite(run.final_eval["eval_perplexity"])
+
+
+@pytest.mark.deepspeed
+def test_zero3_block_fetch_changes_nothing_but_the_gathering(zero3_runs, no_dropout_config):
+    """Gathering whole GPT-2 blocks (--zero3-block-fetch, the default) must train exactly
+    like ZeRO-3's per-layer gathering: same losses, step for step."""
+    block, layer = zero3_runs
     assert block.returncode == 0 and layer.returncode == 0, block.describe() + layer.describe()
     assert block.lines("zero3_fetch_unit=") and not layer.lines("zero3_fetch_unit=")
     # Weight decay is split by the parameters' real shapes, not ZeRO-3's flat shards.
