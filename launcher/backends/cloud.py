@@ -10,20 +10,84 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from distrain_cloud.infra.errors import UserError
+from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 
-from ..plan import Check, Plan
+from ..plan import Check, Plan, unique_job_name
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from ..catalog import InstanceType
     from ..logs import LogLine
+    from ..spec import JobSpec
 
 SPOT_PRICE_RANGE = (0.3, 0.7)  # typical spot price as a fraction of on-demand; never above 1.0
 ASSUMED_REGION = "us-east-1"
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What every cloud backend derives alike from a spec and its instance type: the job's name,
+    its precision and training arguments, processes per node, the configs the plan shows (node
+    0's Accelerate config, the DeepSpeed or FSDP settings) and the memory-fit check."""
+
+    job_name: str
+    precision: str
+    argv: list[str]
+    processes: int  # per node
+    world_size: int
+    hardware: str  # "g5.12xlarge has A10G (8.6)", or the name of a CPU type
+    configs: dict[str, Any]
+    fit: Check
+
+
+def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main_port: int = 29500) -> TrainingPlan:
+    from distrain_cloud.training.args import parse_args
+    from distrain_cloud.training.strategies import (
+        ClusterShape,
+        accelerate_config,
+        choose_precision,
+        parse_strategy,
+        plan_configs,
+    )
+
+    from ..memory import fit_check
+
+    strategy = parse_strategy(spec.strategy)
+    hardware = instance.name
+    if instance.gpus:
+        hardware += f" has {instance.gpu_model} ({instance.compute_capability_str})"
+    with value_errors_as_user_errors():
+        precision = choose_precision(spec.precision, instance.gpus, instance.compute_capability, hardware)
+    job_name = unique_job_name(spec.name)
+    argv = spec.check_training_args(precision, job_name)
+    train = parse_args(argv)
+    processes = max(instance.gpus, 1)
+    cluster = ClusterShape(
+        num_nodes=spec.nodes,
+        processes_per_node=processes,
+        main_addr=main_addr,
+        main_port=main_port,
+        use_cpu=not instance.gpus,
+    )
+    with value_errors_as_user_errors():  # e.g. --strategy single on a multi-GPU instance
+        configs: dict[str, Any] = {
+            "accelerate_config (node 0)": accelerate_config(strategy, cluster, precision=precision)
+        }
+    configs.update(plan_configs(strategy, train, cluster.world_size))
+    return TrainingPlan(
+        job_name=job_name,
+        precision=precision,
+        argv=argv,
+        processes=processes,
+        world_size=cluster.world_size,
+        hardware=hardware,
+        configs=configs,
+        fit=fit_check(train, instance, nodes=spec.nodes),
+    )
 
 
 def plan_region(explicit: str | None) -> tuple[str, Check]:

@@ -25,20 +25,13 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
+from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.stack import ALIVE_STATES, STACK_TAG
-from distrain_cloud.training.args import parse_args
-from distrain_cloud.training.strategies import (
-    ClusterShape,
-    accelerate_config,
-    choose_precision,
-    parse_strategy,
-    plan_configs,
-)
+from distrain_cloud.training.strategies import parse_strategy
 
 from ..bootstrap import ec2_user_data
 from ..jobs import JobRef
-from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
+from ..plan import Check, Plan, refuse_failed_checks
 from ..tracking import tracking_env, wandb_run
 from . import cloud, wait_for
 
@@ -183,26 +176,11 @@ class Ec2Backend:
                 "nodes here (one zone, all or nothing); use fewer, larger instances, or set ec2.placement: false"
             )
         region, region_check = cloud.plan_region(spec.region)
-        hardware = f"{instance.name} has {instance.gpu_model} ({instance.compute_capability_str})"
-        with value_errors_as_user_errors():
-            precision = choose_precision(
-                spec.precision, instance.gpus, instance.compute_capability, hardware if instance.gpus else instance.name
-            )
-        job_name = unique_job_name(spec.name)
-        argv = spec.check_training_args(precision, job_name)
-        processes = max(instance.gpus, 1)
-        cluster = ClusterShape(
-            num_nodes=spec.nodes,
-            processes_per_node=processes,
-            main_addr="<node 0's private IP, from the rendezvous>",
-            main_port=MAIN_PORT,
-            use_cpu=not instance.gpus,
+        training = cloud.plan_training(
+            spec, instance, main_addr="<node 0's private IP, from the rendezvous>", main_port=MAIN_PORT
         )
-        with value_errors_as_user_errors():  # e.g. --strategy single on a multi-GPU instance
-            configs: dict[str, Any] = {
-                "accelerate_config (node 0)": accelerate_config(strategy, cluster, precision=precision)
-            }
-        configs.update(plan_configs(strategy, parse_args(argv), cluster.world_size))
+        job_name, precision, argv, processes = training.job_name, training.precision, training.argv, training.processes
+        configs = training.configs
 
         bundle = build_bundle(repo_root(), allow_large=spec.bundle.allow_large)
         parts = _Parts(
@@ -248,7 +226,9 @@ class Ec2Backend:
                 f"{family.description}" + (f": NVIDIA driver for {instance.gpu_model}" if instance.gpus else ""),
             )
         )
-        checks.append(Check("precision fits the GPU", True, f"{precision} ({hardware if instance.gpus else 'CPU'})"))
+        on = training.hardware if instance.gpus else "CPU"
+        checks.append(Check("precision fits the GPU", True, f"{precision} ({on})"))
+        checks.append(training.fit)
         checks.append(Check(f"stack {stack}", None, "its bucket, instance profile and security group, at submit"))
         if spec.ec2.ami_id:
             checks.append(Check("AMI", None, f"{spec.ec2.ami_id} is described at submit"))
@@ -268,7 +248,7 @@ class Ec2Backend:
             job_name=job_name,
             summary={
                 "instance": f"{spec.nodes} x {instance.name} ({_hardware(instance)})",
-                "processes": f"{processes} per node, {cluster.world_size} in all",
+                "processes": f"{processes} per node, {training.world_size} in all",
                 "strategy": spec.strategy,
                 "precision": precision,
                 "region": region,

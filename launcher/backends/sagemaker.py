@@ -16,21 +16,14 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
+from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.resources import default_bucket
-from distrain_cloud.training.args import argv_to_hyperparameters, parse_args
+from distrain_cloud.training.args import argv_to_hyperparameters
 from distrain_cloud.training.contract import SAGEMAKER_CHECKPOINT_DIR
-from distrain_cloud.training.strategies import (
-    ClusterShape,
-    accelerate_config,
-    choose_precision,
-    parse_strategy,
-    plan_configs,
-)
 
 from ..bootstrap import sagemaker_entrypoint
 from ..jobs import JobRef
-from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
+from ..plan import Check, Plan, refuse_failed_checks
 from ..tracking import tracking_env, wandb_run
 from . import cloud, wait_for
 
@@ -87,7 +80,6 @@ class SageMakerBackend:
         from ..bundle import build_bundle
         from ..catalog import lookup
         from ..images import choose_training_image
-        from ..memory import fit_check
 
         instance = lookup(spec.instance)
         if not instance.sagemaker:
@@ -100,23 +92,9 @@ class SageMakerBackend:
             transformers_version=spec.sagemaker.transformers_version,
             pytorch_version=spec.sagemaker.pytorch_version,
         )
-        where = f"{instance.name} has {instance.gpu_model} ({instance.compute_capability_str})"
-        with value_errors_as_user_errors():
-            precision = choose_precision(spec.precision, instance.gpus, instance.compute_capability, where)
-        job_name = unique_job_name(spec.name)
-        argv = spec.check_training_args(precision, job_name)
-        train = parse_args(argv)
-        strategy = parse_strategy(spec.strategy)
-
-        processes = max(instance.gpus, 1)
-        cluster = ClusterShape(
-            num_nodes=spec.nodes, processes_per_node=processes, main_addr="algo-1", use_cpu=not instance.gpus
-        )
-        with value_errors_as_user_errors():  # e.g. --strategy single on a multi-GPU instance
-            configs: dict[str, Any] = {
-                "accelerate_config (node 0)": accelerate_config(strategy, cluster, precision=precision)
-            }
-        configs.update(plan_configs(strategy, train, cluster.world_size))
+        training = cloud.plan_training(spec, instance, main_addr="algo-1")
+        job_name, precision, argv, processes = training.job_name, training.precision, training.argv, training.processes
+        configs = training.configs
 
         bundle = build_bundle(repo_root(), allow_large=spec.bundle.allow_large)
         parts = _Parts(
@@ -154,14 +132,14 @@ class SageMakerBackend:
         cost = cloud.estimate_cost(instance, region, spec.nodes, spec.max_run, spec.spot)
         if spec.max_cost is not None:
             checks.append(cloud.budget_check(spec.max_cost, cost, spec.nodes))
-        checks.append(fit_check(train, instance, nodes=spec.nodes))
+        checks.append(training.fit)
         plan = Plan(
             backend=self.name,
             job_name=job_name,
             summary={
                 "instance": f"{spec.nodes} x {instance.name} ({instance.gpus} x {instance.gpu_model}, "
                 f"cc {instance.compute_capability_str})",
-                "processes": f"{processes} per node, {cluster.world_size} in all",
+                "processes": f"{processes} per node, {training.world_size} in all",
                 "strategy": spec.strategy,
                 "precision": precision,
                 "region": region,

@@ -184,10 +184,16 @@ def test_the_estimate_follows_the_strategy_and_the_micro_batch():
     assert gib("zero2", 8) - gib("zero2", 4) == pytest.approx(2 * (gib("zero2", 4) - gib("zero2", 2)))
 
 
-def test_the_sagemaker_plan_carries_the_check_and_a_dry_run_fails_on_it(capsys, no_aws_config):
+@pytest.mark.parametrize(
+    "where",
+    [["--instance", "ml.p3.8xlarge", "--role", ROLE], ["--instance", "p3.8xlarge"]],
+    ids=["sagemaker", "ec2"],
+)
+def test_a_cloud_plan_carries_the_check_and_a_dry_run_fails_on_it(capsys, no_aws_config, where):
+    """Both cloud backends plan training alike (backends/cloud.plan_training), the check included."""
     from distrain_cloud.launcher import cli
 
-    argv = ["submit", "--instance", "ml.p3.8xlarge", "--region", "us-east-1", "--role", ROLE, "--dry-run", "--", *XL]
+    argv = ["submit", *where, "--region", "us-east-1", "--dry-run", "--", *XL]
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
     out = capsys.readouterr().out
