@@ -14,14 +14,10 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def clip_sharded_grads_(parameters: Iterable[Any], max_norm: float) -> Any | None:
-    """Clip gradients sharded along one mesh dimension (FSDP2's Shard(0)) to a total 2-norm of
-    `max_norm`, as torch.nn.utils.clip_grad_norm_ does (coefficient max_norm / (norm + 1e-6),
-    at most 1), and return the total norm. None, touching nothing, when any gradient is not such
-    a DTensor (a replicated or plain one would be counted once per process): the caller then
-    clips the general way."""
-    import torch
-    import torch.distributed as dist
+def sharded_grads(parameters: Iterable[Any]) -> list[Any] | None:
+    """The gradients, when every one is a DTensor sharded along one mesh dimension (FSDP2's
+    Shard(0)) of one mesh; else None (a replicated or plain one would be counted once per
+    process): the caller then clips the general way."""
     from torch.distributed.tensor import DTensor, Shard
 
     grads = [p.grad for p in parameters if p.grad is not None]
@@ -30,10 +26,19 @@ def clip_sharded_grads_(parameters: Iterable[Any], max_norm: float) -> Any | Non
     mesh = grads[0].device_mesh
     if mesh.ndim != 1 or any(g.device_mesh != mesh or tuple(g.placements) != (Shard(0),) for g in grads):
         return None
+    return grads
+
+
+def clip_sharded_grads_(grads: list[Any], max_norm: float) -> Any:
+    """Clip `sharded_grads` to a total 2-norm of `max_norm`, as torch.nn.utils.clip_grad_norm_
+    does (coefficient max_norm / (norm + 1e-6), at most 1), and return the total norm."""
+    import torch
+    import torch.distributed as dist
+
     local = [g.to_local() for g in grads]
     # Sum of squares of this process's shards, in fp32 whatever the gradients' type, then of all.
     squares = torch.stack([n.float() for n in torch._foreach_norm(local, 2.0)]).square().sum()
-    dist.all_reduce(squares, group=mesh.get_group())
+    dist.all_reduce(squares, group=grads[0].device_mesh.get_group())
     total = squares.sqrt()
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     torch._foreach_mul_(local, coef.to(local[0].dtype))

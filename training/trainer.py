@@ -225,14 +225,15 @@ class Trainer:
         if not self.compiled:
             return
         self._print(f"compile_cache={os.environ['TORCHINDUCTOR_CACHE_DIR']}")
-        backend: Any = _inductor_or_eager(a.compile_mode, self._print)
-        if os.environ.get("DISTRAIN_COMPILE_BACKEND"):
-            # PyTorch's way to bisect a compile problem: "aot_eager" runs Dynamo and AOTAutograd
-            # (graph capture, DDP's bucketing, FSDP's hooks) without Inductor's code generation,
-            # "eager" Dynamo alone. The CPU tests of compile plumbing use it: Inductor's C++ build
-            # takes half a minute a process on CPU, and its numerics have tests of their own.
-            backend = os.environ["DISTRAIN_COMPILE_BACKEND"]
+        # PyTorch's way to bisect a compile problem: "aot_eager" runs Dynamo and AOTAutograd
+        # (graph capture, DDP's bucketing, FSDP's hooks) without Inductor's code generation,
+        # "eager" Dynamo alone. The CPU tests of compile plumbing use it: Inductor's C++ build
+        # takes half a minute a process on CPU, and its numerics have tests of their own.
+        backend: Any = os.environ.get("DISTRAIN_COMPILE_BACKEND")
+        if backend:
             self._print(f"compile_backend={backend} (DISTRAIN_COMPILE_BACKEND)")
+        else:
+            backend = _inductor_or_eager(a.compile_mode, self._print)
         if a.compile_tuning:
             # Inductor then tries block sizes and warp counts around its heuristic pick for
             # each generated kernel (the norms, dropouts, adds and the loss: about 40% of
@@ -258,13 +259,18 @@ class Trainer:
     def _clip(self, max_norm: float) -> None:
         """Clip the gradients' total norm; under fsdp on the local shards (training/sharded.py)."""
         acc = self.accelerator
+        grads = None
         if self.strategy is Strategy.fsdp:
-            from .sharded import clip_sharded_grads_
+            from .sharded import sharded_grads
 
-            acc.unscale_gradients()  # fp16's loss scale, as Accelerate's own clipping does first
-            if clip_sharded_grads_(self.model.parameters(), max_norm) is not None:
-                return
-        acc.clip_grad_norm_(self.model.parameters(), max_norm)
+            grads = sharded_grads(self.model.parameters())
+        if grads is None:
+            acc.clip_grad_norm_(self.model.parameters(), max_norm)
+            return
+        from .sharded import clip_sharded_grads_
+
+        acc.unscale_gradients()  # fp16's loss scale first, once, as Accelerate's own clipping does
+        clip_sharded_grads_(grads, max_norm)
 
     def _print_first_step(self, seconds: float) -> None:
         line = f"first_step_s={seconds:.1f}"

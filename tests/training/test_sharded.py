@@ -32,7 +32,7 @@ def test_sharded_clip_matches_torch(one_process_group, max_norm):
     import torch
     from torch.distributed.fsdp import fully_shard
 
-    from distrain_cloud.training.sharded import clip_sharded_grads_
+    from distrain_cloud.training.sharded import clip_sharded_grads_, sharded_grads
 
     plain, batch = _model_with_grads(torch)
     sharded, _ = _model_with_grads(torch)
@@ -41,9 +41,10 @@ def test_sharded_clip_matches_torch(one_process_group, max_norm):
     _backward(sharded, batch)
 
     expected = torch.nn.utils.clip_grad_norm_(plain.parameters(), max_norm)
-    total = clip_sharded_grads_(sharded.parameters(), max_norm)
+    grads = sharded_grads(sharded.parameters())
+    assert grads is not None
+    total = clip_sharded_grads_(grads, max_norm)
 
-    assert total is not None
     assert float(total) == pytest.approx(float(expected), rel=1e-6)
     for p, q in zip(plain.parameters(), sharded.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad.full_tensor(), rtol=1e-6, atol=1e-7)
@@ -55,11 +56,11 @@ def test_sharded_clip_matches_torch(one_process_group, max_norm):
 def test_plain_gradients_are_left_to_the_general_clip():
     import torch
 
-    from distrain_cloud.training.sharded import clip_sharded_grads_
+    from distrain_cloud.training.sharded import sharded_grads
 
     model, batch = _model_with_grads(torch)
     _backward(model, batch)
     before = [p.grad.clone() for p in model.parameters()]
-    assert clip_sharded_grads_(model.parameters(), 0.1) is None
+    assert sharded_grads(model.parameters()) is None
     assert all(torch.equal(p.grad, b) for p, b in zip(model.parameters(), before, strict=True))
-    assert clip_sharded_grads_([torch.nn.Parameter(torch.ones(2))], 0.1) is None  # no gradients at all
+    assert sharded_grads([torch.nn.Parameter(torch.ones(2))]) is None  # no gradients at all
