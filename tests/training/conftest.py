@@ -312,6 +312,14 @@ def shared_env(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture
+def aot_eager() -> dict[str, str]:
+    """A run's environment for tests of compile plumbing (graph capture, DDP's bucketing, FSDP's
+    hooks): Dynamo and AOTAutograd without Inductor's C++ build, half a minute a process on CPU
+    (trainer._compile). Inductor itself runs in test_compile_default.py and test_training_forward.py."""
+    return {"DISTRAIN_COMPILE_BACKEND": "aot_eager"}
+
+
+@pytest.fixture
 def train(tmp_path, shared_env) -> Runner:
     """`train(*flags, name=..., processes=..., env=...)` -> TrainRun, contract under tmp_path/<name>."""
     return Runner(tmp_path, shared_env)

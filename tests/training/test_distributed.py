@@ -94,13 +94,7 @@ def test_two_processes_give_the_numbers_of_one(ddp_pair):
     assert one.evals[-1]["eval_loss"] < one.evals[0]["eval_loss"] or one.train_losses[40] < one.train_losses[10]
 
 
-# Compile plumbing (graph capture, DDP's bucketing, FSDP's hooks) through Dynamo and AOTAutograd
-# without Inductor's C++ build, half a minute a process on CPU: trainer._compile. Inductor itself
-# runs in test_compile_default.py and test_training_forward.py.
-AOT_EAGER = {"DISTRAIN_COMPILE_BACKEND": "aot_eager"}
-
-
-def test_compiled_ddp_runs_one_bucket_and_gives_the_numbers_of_one_eager_process(train, no_dropout_config):
+def test_compiled_ddp_runs_one_bucket_and_gives_the_numbers_of_one_eager_process(train, no_dropout_config, aot_eager):
     """--compile under DDP: Dynamo's DDP graph splitting, with the compiled default of one large
     bucket (training/strategies.ddp_bucket_mb), trains like one eager process on the same
     global batches."""
@@ -126,7 +120,7 @@ def test_compiled_ddp_runs_one_bucket_and_gives_the_numbers_of_one_eager_process
         "32",
     ]
     one = train(*flags, "--batch-size", "16", name="lm-one")
-    two = train(*flags, "--batch-size", "8", "--compile", name="lm-two-compiled", processes=2, env=AOT_EAGER)
+    two = train(*flags, "--batch-size", "8", "--compile", name="lm-two-compiled", processes=2, env=aot_eager)
     assert one.returncode == 0, one.describe()
     assert two.returncode == 0, two.describe()
     assert two.lines("ddp_bucket_mb=") == ["ddp_bucket_mb=1000"]

@@ -112,15 +112,9 @@ def test_fsdp_checkpoints_refuse_another_world_size_and_other_layouts(tmp_path):
             checkpoint.check_resumable(path, saved, 2, other)
 
 
-# Compile plumbing (graph capture, DDP's bucketing, FSDP's hooks) through Dynamo and AOTAutograd
-# without Inductor's C++ build, half a minute a process on CPU: trainer._compile. Inductor itself
-# runs in test_compile_default.py and test_training_forward.py.
-AOT_EAGER = {"DISTRAIN_COMPILE_BACKEND": "aot_eager"}
-
-
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout_config):
+def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout_config, aot_eager):
     """The same causal-LM job (gradient clipping, a generated sample at the end) under eager DDP
     and under compiled FSDP (each block compiled, as the default does on GPUs) on 2 processes:
     the same losses and evaluation within rounding, and a full model saved from the shards.
@@ -129,7 +123,7 @@ def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout
     ddp, fsdp = train.many(
         [
             {"flags": [*flags, "--strategy", "ddp"], "name": "lm-ddp", "processes": 2},
-            {"flags": [*flags, "--strategy", "fsdp", "--compile"], "name": "lm-fsdp", "processes": 2, "env": AOT_EAGER},
+            {"flags": [*flags, "--strategy", "fsdp", "--compile"], "name": "lm-fsdp", "processes": 2, "env": aot_eager},
         ],
         parallel=1,
     )
