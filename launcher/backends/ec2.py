@@ -432,9 +432,13 @@ class Ec2Backend:
     # ------------------------------------------------------------------ lifecycle
 
     def status(self, job: JobRef) -> dict[str, Any]:
+        return self._status(job, *described(job))
+
+    def _status(
+        self, job: JobRef, region: str, bucket: str, prefix: str, description: dict[str, Any]
+    ) -> dict[str, Any]:
         from distrain_cloud.infra import aws
 
-        region, bucket, prefix, description = described(job)
         with aws.translate_errors():
             found = job_files(aws.client("s3", region), bucket, prefix, job.name)
         instances = tagged_instances(region, job.name).get(job.name, [])
@@ -494,8 +498,9 @@ class Ec2Backend:
     def fetch_outputs(self, job: JobRef, dest: Path) -> dict[str, Any]:
         """Rank 0's node agent uploads the output folder (and, when training completed, the model
         folder) as plain files when the job ends: output_uri and model_uri of its description."""
-        region, _, _, description = described(job)
-        info = self.status(job)
+        where = described(job)  # read once: job.json says both the status and the output's place
+        region, description = where[0], where[3]
+        info = self._status(job, *where)
         return cloud.fetch_outputs(
             job.name, info, region, dest, output=description["output_uri"], model=description["model_uri"]
         )
