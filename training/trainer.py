@@ -594,8 +594,11 @@ class Trainer:
             return
         inputs = self.tokenizer(self.args.generate_prompt, return_tensors="pt").to(acc.device)
         # Eagerly: a few tokens of one sample never repay compiling, and every new length would
-        # recompile what is still compiled in place (fsdp's blocks, the loss).
-        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        # recompile what is still compiled in place (fsdp's blocks, the loss). set_stance is
+        # torch >= 2.6; the [train] extra allows 2.4, where Accelerate refuses FSDP2 (fsdp) anyway.
+        set_stance = getattr(torch.compiler, "set_stance", None)
+        eager = set_stance("force_eager") if set_stance else contextlib.nullcontext()
+        with torch.no_grad(), eager:
             out = unwrapped.generate(
                 **inputs,
                 max_new_tokens=self.args.generate_tokens,
