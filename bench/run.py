@@ -371,6 +371,16 @@ def varlen_runs(ctx: Ctx, variants: list[tuple[str, list[str]]] = ()) -> list[Ru
     ]
 
 
+def variant_strategy(flags: list[str], default: str) -> tuple[str, list[str]]:
+    """The strategy a variant of the zero or xl suite runs: the one its flags name with
+    --strategy (taken out of them), else `default`."""
+    if "--strategy" in flags:
+        i = flags.index("--strategy")
+        if i + 1 < len(flags):
+            return flags[i + 1], flags[:i] + flags[i + 2 :]
+    return default, flags
+
+
 def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
     a, G = ctx.a, ctx.gpus
     out: dict[str, list[Run]] = {}
@@ -395,8 +405,11 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
                 ours_lm(ctx, gpus=G, strategy=st, compile_=True, label=f"ours {st} +compile x{G}")
                 for st in a.zero_compiled
             ]
-            # variants tune ZeRO-3 (e.g. --no-zero3-block-fetch): one more zero3 run each
-            runs += [ours_lm(ctx, gpus=G, strategy="zero3", label=f"ours zero3 x{G}", variant=v) for v in variants]
+            # variants tune ZeRO-3 (e.g. --no-zero3-block-fetch), or the strategy their flags name:
+            # one more run each
+            for name, flags in variants:
+                st, rest = variant_strategy(flags, "zero3")
+                runs.append(ours_lm(ctx, gpus=G, strategy=st, label=f"ours {st} x{G}", variant=(name, rest)))
         elif s == "xl":
             xl = dict(
                 gpus=G,
@@ -409,7 +422,9 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
             )
             name = "tiny-gpt2" if ctx.cpu else "gpt2-xl"
             runs = [ours_lm(ctx, strategy=st, label=f"ours {name} {st} x{G}", **xl) for st in a.xl_strategies]
-            runs += [ours_lm(ctx, strategy="zero3", label=f"ours {name} zero3 x{G}", variant=v, **xl) for v in variants]
+            for vname, flags in variants:
+                st, rest = variant_strategy(flags, "zero3")
+                runs.append(ours_lm(ctx, strategy=st, label=f"ours {name} {st} x{G}", variant=(vname, rest), **xl))
         elif s == "accum":
             g = a.accum_gpus
             k1 = ours_lm(ctx, gpus=g, accum=1, label="ours k=1")
@@ -1110,7 +1125,8 @@ def parse_args(argv=None):
         metavar="SUITE:NAME=FLAGS",
         help="one more run of ours with these training flags, e.g. 'single:liger=--fused-ce --ce-kernel "
         "liger' (single: compiled, 1 GPU; scaling: every GPU count above 1, efficiency against the "
-        "plain 1-GPU run; zero and xl: zero3; varlen: ours). Repeatable",
+        "plain 1-GPU run; zero and xl: zero3, or the strategy FLAGS name with --strategy; varlen: ours). "
+        "Repeatable",
     )
     g.add_argument(
         "--lm-data",

@@ -275,6 +275,7 @@ def estimate(
     kv_cache: bool = False,
     logits_output: bool = False,
     eager_loss: bool = False,
+    fsdp_blocks_per_unit: int | None = None,
     constants: Constants = CONSTANTS,
 ) -> Estimate:
     """Peak memory per device of a training step, and of the evaluation.
@@ -297,11 +298,14 @@ def estimate(
         # FSDP2 (strategies.fsdp_plugin_settings): fp32 weights and AdamW moments sharded over W,
         # and fp32 gradient shards, set to None after each step as DDP's are.
         terms.update(weights=4 * P / W, optimizer=8 * P / W, grads=4 * P / W if grad_accum > 1 else 0)
-        # Gathered in the compute dtype: each block for its forward and again for its backward,
-        # freed after (reshard_after_forward), one prefetched beside the one computing; the
-        # embeddings, final norm and tied LM head for the whole step (Accelerate leaves them
+        # Gathered in the compute dtype: each unit of blocks for its forward and again for its
+        # backward, freed after (reshard_after_forward), one prefetched beside the one computing;
+        # the embeddings, final norm and tied LM head for the whole step (Accelerate leaves them
         # gathered after the forward, whose end and the backward's start both use them).
-        terms["buffers"] = low * (P - L * shape.per_layer + 2 * shape.per_layer)
+        from distrain_cloud.training.strategies import fsdp_blocks_per_unit as blocks_per_unit
+
+        unit = blocks_per_unit(fsdp_blocks_per_unit, L, shape.per_layer) * shape.per_layer
+        terms["buffers"] = low * (P - L * shape.per_layer + min(2 * unit, L * shape.per_layer))
     elif stage is None:
         # fp32 weights (autocast casts them op by op) and AdamW's two fp32 moments.
         terms.update(weights=4 * P, optimizer=8 * P)
@@ -401,6 +405,7 @@ def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimat
         grad_accum=args.grad_accum,
         eval_batch_size=args.eval_batch_size,
         fused_ce=args.fused_ce,
+        fsdp_blocks_per_unit=args.fsdp_blocks_per_unit,
     )
 
 

@@ -51,6 +51,7 @@ class Config:
     kv_cache: bool = True
     logits_output: bool = True
     eager_loss: bool = False  # compiled fsdp before b51d550: the blocks compiled, the loss eager
+    fsdp_blocks_per_unit: int | None = None  # fsdp before units of several blocks: 1
     impl: str = "ours"  # or "trainer": the bench's transformers.Trainer baseline
     flags: str = ""  # the run's extra training flags, without their dashes (no-logits-upcast is gone since)
     not_modelled: str | None = None
@@ -61,6 +62,7 @@ class Config:
         parts += [p for p, on in (("compiled", self.compiled), ("kv-cache", self.kv_cache)) if on]
         parts += ["logits-out"] if self.logits_output else []
         parts += ["eager-loss"] if self.eager_loss else []
+        parts += [f"unit{self.fsdp_blocks_per_unit}"] if self.fsdp_blocks_per_unit else []
         parts += [f"accum{self.grad_accum}"] if self.grad_accum > 1 else []
         parts += [self.task] if self.task != "causal-lm" else []
         return " ".join(parts + ([self.flags] if self.flags else []))
@@ -89,6 +91,7 @@ class Config:
             kv_cache=self.kv_cache,
             logits_output=self.logits_output,
             eager_loss=self.eager_loss,
+            fsdp_blocks_per_unit=self.fsdp_blocks_per_unit,
             constants=constants,
         )
 
@@ -266,17 +269,19 @@ CONFIGS: tuple[Config, ...] = (
         (f"{H100x4}-fsdp-zero", "ours ddp x4", 23.56, 26.00))),
     Config("gpt2-small", 4, "zero3", kv_cache=False, logits_output=False, runs=_runs("H100",
         (f"{H100x4}-fsdp-zero", "ours zero3 x4", 19.13, 25.78))),
-    Config("gpt2-small", 4, "fsdp", kv_cache=False, logits_output=False, runs=_runs("H100",
+    Config("gpt2-small", 4, "fsdp", kv_cache=False, logits_output=False, fsdp_blocks_per_unit=1, runs=_runs("H100",
         (f"{H100x4}-fsdp-zero", "ours fsdp x4", 17.93, 24.22))),
     Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H100",
         (f"{H100x4}-fsdp-zero", "ours ddp +compile x4", 9.21, 20.71))),
     Config("gpt2-small", 4, "fsdp", compiled=True, kv_cache=False, logits_output=False, eager_loss=True,
+           fsdp_blocks_per_unit=1,
            runs=_runs("H100", (f"{H100x4}-fsdp-zero", "ours fsdp +compile x4", 14.55, 20.83))),
     # b51d550: the loss compiled beside the blocks
     Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 32:34",
            runs=_runs("H100",
         (f"{H100x2}-session7-fsdp", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2121, 20.24))),
     Config("gpt2-small", 2, "fsdp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 32:34",
+           fsdp_blocks_per_unit=1,
            runs=_runs("H100",
         (f"{H100x2}-session7-fsdp", "ours-gpt2-small-fsdp-compile-g2-b16-k1", 8.7773, 20.67))),
     Config("gpt2-xl", 2, "ddp", batch_size=4, compiled=True, kv_cache=False, logits_output=False, runs=_runs("H100",
@@ -286,7 +291,8 @@ CONFIGS: tuple[Config, ...] = (
     Config("gpt2-xl", 2, "zero3", batch_size=4, kv_cache=False, logits_output=False, runs=_runs("H100",
         (f"{H100x2}-session7-xl", "ours-gpt2-xl-zero3-g2-b4-k1", 33.8664, 57.64))),
     Config("gpt2-xl", 2, "fsdp", batch_size=4, compiled=True, kv_cache=False, logits_output=False,
-           runs=_runs("H100", (f"{H100x2}-session7-xl", "ours-gpt2-xl-fsdp-compile-g2-b4-k1", 19.9106, 28.23))),
+           fsdp_blocks_per_unit=1, runs=_runs("H100",
+        (f"{H100x2}-session7-xl", "ours-gpt2-xl-fsdp-compile-g2-b4-k1", 19.9106, 28.23))),
 )  # fmt: skip
 
 

@@ -70,6 +70,7 @@ class TrainArgs:
     ddp_reduce_dtype: str = "fp32"
     ddp_bucket_mb: int | None = None  # 25 eager, 1000 with --compile (strategies.ddp_bucket_mb)
     zero3_block_fetch: bool = True
+    fsdp_blocks_per_unit: int | None = None  # None: units of ~100M parameters (strategies.fsdp_blocks_per_unit)
     mlm_probability: float = 0.15
     profile_steps: str | None = None
     # when
@@ -221,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="zero3: gather each transformer block's parameters at once (the model's "
         "_no_split_modules), not layer by layer",
     )
+    g.add_argument(
+        "--fsdp-blocks-per-unit",
+        type=int,
+        default=d.fsdp_blocks_per_unit,
+        metavar="N",
+        help="fsdp: consecutive transformer blocks sharded, gathered and reduced as one unit "
+        "(default: units of about 100M parameters; 1 for the least memory)",
+    )
     g.add_argument("--mlm-probability", type=float, default=d.mlm_probability)
     g.add_argument(
         "--profile-steps",
@@ -309,6 +318,10 @@ def validate(a: TrainArgs) -> None:
             f"--ddp-reduce-dtype applies to --strategy ddp, not {a.strategy} "
             "(DeepSpeed reduces in the training precision)"
         )
+    if a.fsdp_blocks_per_unit is not None and a.strategy != "fsdp":
+        raise ArgumentError(f"--fsdp-blocks-per-unit applies to --strategy fsdp, not {a.strategy}")
+    if a.fsdp_blocks_per_unit is not None and a.fsdp_blocks_per_unit < 1:
+        raise ArgumentError(f"--fsdp-blocks-per-unit must be at least 1, got {a.fsdp_blocks_per_unit}")
     if a.ddp_bucket_mb is not None and a.ddp_bucket_mb < 1:
         raise ArgumentError(f"--ddp-bucket-mb must be at least 1, got {a.ddp_bucket_mb}")
     if a.compile_mode != "default" and a.compile is False:

@@ -147,20 +147,43 @@ def deepspeed_config(
 
 
 def fsdp_plugin_settings() -> dict[str, Any]:
-    """Accelerate's FullyShardedDataParallelPlugin arguments for `fsdp`: PyTorch FSDP2, one shard
-    group per transformer block (the classes the model names in _no_split_modules, which
-    accelerate reads when no class names are given), each block's weights gathered for its
-    forward and freed after it, so memory per process is like ZeRO-3's. Checkpoints are sharded,
+    """Accelerate's FullyShardedDataParallelPlugin arguments for `fsdp`: PyTorch FSDP2. The trainer
+    shards the transformer blocks itself (the classes the model names in _no_split_modules), in
+    units of consecutive blocks (fsdp_blocks_per_unit), so Accelerate wraps nothing more than its
+    embeddings-and-head unit and the root. A unit's weights are gathered for its forward and freed
+    after it, so memory per process is like ZeRO-3's. Checkpoints are sharded,
     one file per process (torch.distributed.checkpoint). Mixed precision comes from
     --precision: weights are gathered and gradients reduced in the 16-bit type, as with
     DeepSpeed; the fp32 weights and AdamW state stay sharded."""
     return {
         "fsdp_version": 2,
-        "auto_wrap_policy": "transformer_based_wrap",
+        "auto_wrap_policy": "no_wrap",
         "reshard_after_forward": True,
         "state_dict_type": "SHARDED_STATE_DICT",
         "cpu_ram_efficient_loading": False,
     }
+
+
+# FSDP2 runs Python hooks around every shard unit: gather its weights before its forward and again
+# before its backward, free them after each, reduce-scatter its gradients. For GPT-2 small's
+# 7M-parameter blocks one block per unit left a compiled step bound by that host time (on 2 H100s
+# the GPU idled 22 of 72 ms, bench/README.md, session 7). Units of consecutive blocks with about
+# this many parameters each amortise the hooks; the cost is memory for the gathered 16-bit copy of
+# one or two units (about 200-400 MB at this size), small beside activations. Big models keep one
+# block per unit, where a block's compute already hides its hooks.
+FSDP_UNIT_PARAMS = 100_000_000
+
+
+def fsdp_blocks_per_unit(requested: int | None, n_blocks: int, block_params: int) -> int:
+    """How many consecutive transformer blocks make one FSDP2 shard unit: `requested`
+    (--fsdp-blocks-per-unit) when given, else units of about FSDP_UNIT_PARAMS parameters,
+    the blocks spread evenly over them."""
+    if n_blocks < 1:
+        return 1
+    if requested:
+        return min(requested, n_blocks)
+    units = max(1, min(n_blocks, round(n_blocks * block_params / FSDP_UNIT_PARAMS)))
+    return -(-n_blocks // units)  # ceil: the last unit may hold fewer
 
 
 def deepspeed_config_for(args, world_size: int) -> dict[str, Any]:
@@ -181,7 +204,8 @@ def plan_configs(strategy: Strategy, args, world_size: int) -> dict[str, Any]:
     if strategy.uses_deepspeed:
         return {"deepspeed_config": deepspeed_config_for(args, world_size)}
     if strategy is Strategy.fsdp:
-        return {"fsdp_plugin": fsdp_plugin_settings()}
+        per_unit = args.fsdp_blocks_per_unit or f"auto (units of about {FSDP_UNIT_PARAMS // 10**6}M parameters)"
+        return {"fsdp_plugin": fsdp_plugin_settings(), "fsdp_blocks_per_unit": per_unit}
     return {}
 
 

@@ -28,6 +28,7 @@ from .strategies import (
     compile_decision,
     ddp_bucket_mb,
     deepspeed_config_for,
+    fsdp_blocks_per_unit,
     fsdp_plugin_settings,
     parse_strategy,
 )
@@ -101,11 +102,10 @@ class Trainer:
             else ""
         )
         with _slow_phase(f"preparing the model and optimizer for {self.strategy.value}{builds}", self._print):
+            if self.strategy is Strategy.fsdp:
+                self._shard_block_units(model)
             optimizer = self._optimizer(model, torch)
             self.model, self.optimizer, self.train_dl, self.eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
-        if self.strategy is Strategy.fsdp:
-            blocks = _transformer_blocks(self.model)
-            self._print(f"fsdp_shard_unit={type(blocks[0]).__name__ if blocks else 'model'} blocks={len(blocks)}")
         self._compile(torch)
 
     def _check_environment(self, world: int, *, cuda: bool) -> None:
@@ -279,6 +279,21 @@ class Trainer:
 
             line += f" compile_cache_hits={counters['inductor']['fxgraph_cache_hit']}"
         self._print(line)
+
+    def _shard_block_units(self, model) -> None:
+        """fsdp: shard the transformer blocks in units of several consecutive blocks
+        (strategies.fsdp_blocks_per_unit), before Accelerate shards the rest of the model."""
+        from .modeling import count_parameters
+        from .sharded import shard_block_units
+
+        blocks = _transformer_blocks(model)
+        if not blocks:
+            self._print("fsdp_shard_unit=model blocks=0")
+            return
+        per_unit = fsdp_blocks_per_unit(self.args.fsdp_blocks_per_unit, len(blocks), count_parameters(blocks[0]))
+        acc, name = self.accelerator, type(blocks[0]).__name__  # before FSDP renames it FSDP<name>
+        units = shard_block_units(blocks, per_unit, acc.state.fsdp_plugin, mixed_precision=acc.mixed_precision != "no")
+        self._print(f"fsdp_shard_unit={name} blocks={len(blocks)} blocks_per_unit={per_unit} units={units}")
 
     def _fetch_blocks_whole(self, model) -> None:
         """ZeRO-3 gathers parameters per module through Python hooks; for GPT-2's dozen small

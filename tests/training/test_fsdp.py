@@ -1,6 +1,6 @@
-"""--strategy fsdp (PyTorch FSDP2 through Accelerate, one shard group per transformer block) on
-CPU processes over gloo: it trains like eager DDP, saves a loadable model, resumes exactly after
-kill -9, and its sharded checkpoints refuse another world size in one line."""
+"""--strategy fsdp (PyTorch FSDP2 through Accelerate, shard units of consecutive transformer blocks)
+on CPU processes over gloo: it trains like eager DDP, saves a loadable model, resumes exactly after
+kill -9 (one block per unit there), and its sharded checkpoints refuse another world size in one line."""
 
 from __future__ import annotations
 
@@ -10,19 +10,23 @@ import math
 import pytest
 
 from distrain_cloud.training import checkpoint
-from distrain_cloud.training.args import parse_args
+from distrain_cloud.training.args import ArgumentError, parse_args
 from distrain_cloud.training.strategies import (
     ClusterShape,
     Strategy,
     accelerate_config,
+    fsdp_blocks_per_unit,
     fsdp_plugin_settings,
     plan_configs,
 )
 
 # Checkpoints every 2 steps, a loss per step, evaluations at steps 5, 10 and 12 (the end): as test_resume.
+# One block per unit, the finest sharding (the default makes the tiny model's two blocks one unit).
 RESUME_FLAGS = [
     "--strategy",
     "fsdp",
+    "--fsdp-blocks-per-unit",
+    "1",
     "--max-steps",
     "12",
     "--save-every",
@@ -65,15 +69,41 @@ def lm_flags(no_dropout_config) -> list[str]:
     ]
 
 
-def test_fsdp_plugin_is_accelerates_fsdp2_per_block():
+def test_fsdp_plugin_is_accelerates_fsdp2_around_our_block_units():
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(**fsdp_plugin_settings())
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
-    # No class names: accelerate wraps the classes the model names in _no_split_modules (GPT2Block).
-    assert plugin.transformer_cls_names_to_wrap is None
-    assert getattr(plugin.auto_wrap_policy, "func", plugin.auto_wrap_policy).__name__ == "transformer_auto_wrap_policy"
+    # The trainer shards the blocks (shard_block_units); accelerate wraps no class of its own.
+    assert plugin.auto_wrap_policy is None
     assert plugin.state_dict_type.name == "SHARDED_STATE_DICT"
+
+
+@pytest.mark.parametrize(
+    ("requested", "n_blocks", "block_params", "expected"),
+    [
+        (None, 12, 7_087_872, 12),  # GPT-2 small: its 85M of blocks are one unit
+        (None, 48, 30_740_800, 4),  # GPT-2 XL: 1.48B in 15 units of ~100M, so 12 units of 4 blocks
+        (None, 32, 218_112_000, 1),  # a 7B Llama: a block is already a unit's worth
+        (None, 1, 7_087_872, 1),
+        (3, 12, 7_087_872, 3),
+        (50, 12, 7_087_872, 12),  # more than there are: all of them
+    ],
+)
+def test_blocks_per_unit_makes_units_of_about_100m_parameters(requested, n_blocks, block_params, expected):
+    assert fsdp_blocks_per_unit(requested, n_blocks, block_params) == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--strategy", "ddp", "--fsdp-blocks-per-unit", "2"], "--fsdp-blocks-per-unit applies to --strategy fsdp"),
+        (["--strategy", "fsdp", "--fsdp-blocks-per-unit", "0"], "--fsdp-blocks-per-unit must be at least 1, got 0"),
+    ],
+)
+def test_blocks_per_unit_refuses_other_strategies_and_zero(flags, message):
+    with pytest.raises(ArgumentError, match=message):
+        parse_args(flags)
 
 
 def test_fsdp_launches_under_torchrun_even_with_one_process():
@@ -85,7 +115,10 @@ def test_fsdp_launches_under_torchrun_even_with_one_process():
 
 def test_plans_show_the_plugin_the_training_process_builds(cli, tmp_path):
     args = parse_args(["--strategy", "fsdp"])
-    assert plan_configs(Strategy.fsdp, args, 2) == {"fsdp_plugin": fsdp_plugin_settings()}
+    auto = "auto (units of about 100M parameters)"
+    assert plan_configs(Strategy.fsdp, args, 2) == {"fsdp_plugin": fsdp_plugin_settings(), "fsdp_blocks_per_unit": auto}
+    two = parse_args(["--strategy", "fsdp", "--fsdp-blocks-per-unit", "2"])
+    assert plan_configs(Strategy.fsdp, two, 2)["fsdp_blocks_per_unit"] == 2
     assert plan_configs(Strategy.ddp, args, 2) == {}
     r = cli(
         "submit", "--instance", "local", "--processes", "2", "--strategy", "fsdp", "--dry-run", "--json", cwd=tmp_path
@@ -93,6 +126,7 @@ def test_plans_show_the_plugin_the_training_process_builds(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     configs = json.loads(r.stdout)["configs"]
     assert configs["fsdp_plugin"] == fsdp_plugin_settings()
+    assert configs["fsdp_blocks_per_unit"] == auto
     assert configs["accelerate_config"]["distributed_type"] == "MULTI_GPU"
 
 
@@ -129,7 +163,8 @@ def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout
     )
     assert ddp.returncode == 0, ddp.describe()
     assert fsdp.returncode == 0, fsdp.describe()
-    assert fsdp.lines("fsdp_shard_unit=") == ["fsdp_shard_unit=FSDPGPT2Block blocks=2"], fsdp.describe()
+    units = ["fsdp_shard_unit=GPT2Block blocks=2 blocks_per_unit=2 units=1"]  # the default: one unit
+    assert fsdp.lines("fsdp_shard_unit=") == units, fsdp.describe()
     assert fsdp.lines("compile_unit=") == ["compile_unit=block blocks=2 loss=compiled"], fsdp.describe()
     assert "torch.compile failed" not in fsdp.stdout + fsdp.stderr, fsdp.describe()
     assert ddp.train_losses.keys() == fsdp.train_losses.keys() == {2, 4, 6, 8}
@@ -158,6 +193,7 @@ def test_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train):
     ends bit for bit where the uninterrupted run does. Resuming with one process is refused."""
     whole = _finished(train, *RESUME_FLAGS, name="fsdp-whole", processes=2)
     assert whole.returncode == 0, whole.describe()
+    assert whole.lines("fsdp_shard_unit=") == ["fsdp_shard_unit=GPT2Block blocks=2 blocks_per_unit=1 units=2"]
     killed = train(*RESUME_FLAGS, name="fsdp-killed", processes=2, env={"DISTRAIN_TEST_KILL_AT_STEP": "5"})
     assert killed.returncode != 0 and max(killed.train_losses) == 5, killed.describe()
     (ckpt,) = [p for p in killed.contract.complete_checkpoints() if p.name == "checkpoint-00000004"]
