@@ -293,6 +293,32 @@ CONFIGS: tuple[Config, ...] = (
     Config("gpt2-xl", 2, "fsdp", batch_size=4, compiled=True, kv_cache=False, logits_output=False,
            fsdp_blocks_per_unit=1, runs=_runs("H100",
         (f"{H100x2}-session7-xl", "ours-gpt2-xl-fsdp-compile-g2-b4-k1", 19.9106, 28.23))),
+    # session 8: fsdp in units of several blocks (the default: GPT-2 small's 12 in one, XL's in fours)
+    Config("gpt2-small", 2, "fsdp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 32:34",
+           runs=_runs("H100",
+        (f"{H100x2}-session8-fsdp-units", "ours-gpt2-small-fsdp-compile-g2-b16-k1", 8.7829, 21.60))),
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 32:34",
+           runs=_runs("H100",
+        (f"{H100x2}-session8-fsdp-units", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2121, 20.72))),
+    *(Config("gpt2-small", 2, "fsdp", compiled=True, kv_cache=False, logits_output=False, fsdp_blocks_per_unit=k,
+             flags="profile-steps 32:34", runs=_runs("H100",
+        (f"{H100x2}-session8-fsdp-units", f"ours-gpt2-small-fsdp-compile-g2-b16-k1-unit{k}", peak, smi)))
+      for k, peak, smi in ((1, 8.7768, 20.61), (3, 8.7775, 21.16), (6, 8.7804, 21.33))),
+    Config("gpt2-xl", 2, "fsdp", batch_size=4, compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{H2}-session8-xl", "ours-gpt2-xl-fsdp-compile-g2-b4-k1", 19.9213, 28.41))),
+    Config("gpt2-xl", 2, "ddp", batch_size=4, compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{H2}-session8-xl", "ours-gpt2-xl-ddp-compile-g2-b4-k1", 38.3726, 40.90))),
+    Config("gpt2-xl", 2, "ddp", batch_size=8, compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{H2}-session8-xl", "ours-gpt2-xl-ddp-compile-g2-b8-k1", 49.8924, 57.30))),
+    Config("gpt2-xl", 2, "ddp", batch_size=4, grad_accum=4, compiled=True, kv_cache=False, logits_output=False,
+           runs=_runs("H200", (f"{H2}-session8-xl", "ours-gpt2-xl-ddp-compile-g2-b4-k1-accum4", 44.0790, 91.49))),
+    Config("gpt2-xl", 2, "ddp", batch_size=8, grad_accum=4, compiled=True, kv_cache=False, logits_output=False,
+           runs=_runs("H200", (f"{H2}-session8-xl", "ours-gpt2-xl-ddp-compile-g2-b8-k1-b8accum4", 55.6888, 59.85))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{H2}-session8-scaling", "ours-gpt2-small-ddp-compile-g1-b16-k1", 8.7407, 58.58))),
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{H2}-session8-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2158, 61.60),
+        (f"{H2}-session8-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1-again", 9.2159, 61.54))),
 )  # fmt: skip
 
 
