@@ -240,6 +240,21 @@ def compile_decision(requested: bool | None, *, cuda: bool, strategy: Strategy, 
     return True, "default on CUDA GPUs; --no-compile to opt out"
 
 
+def eval_compile_decision(*, evals: int, eval_samples: int, batch_size: int) -> tuple[bool, str]:
+    """Whether a compiled job also runs its evaluation compiled, and the reason the log line gives.
+
+    Evaluation is a graph of its own (no gradients, eval mode, its own batch shapes) with a compile
+    of its own: 19 s for GPT-2 small on one H200 and 41 s for GPT-2 XL on two, to evaluate 13 and
+    14 samples (bench/README.md, session 8). It pays as training's compile does: when the run's
+    evaluation forwards add up to COMPILE_MIN_STEPS training micro-steps, a forward being about a
+    third of a step's work. `eval_samples` is one evaluation's samples per process, `batch_size`
+    the training micro-batch per process."""
+    total, needed = evals * eval_samples, 3 * COMPILE_MIN_STEPS * batch_size
+    if total >= needed:
+        return True, f"{total} evaluation samples per process over the run repay it"
+    return False, f"{total} evaluation samples per process over the run are too few to repay compiling"
+
+
 def ddp_bucket_mb(requested: int | None, compiled: bool) -> int:
     """DDP's gradient bucket size in MB: --ddp-bucket-mb, else the default for eager or compiled."""
     if requested is not None:

@@ -28,6 +28,7 @@ from .strategies import (
     compile_decision,
     ddp_bucket_mb,
     deepspeed_config_for,
+    eval_compile_decision,
     fsdp_blocks_per_unit,
     fsdp_plugin_settings,
     parse_strategy,
@@ -222,8 +223,13 @@ class Trainer:
         on_cuda = self.accelerator.device.type == "cuda"
         self.compiled, why = compile_decision(a.compile, cuda=on_cuda, strategy=self.strategy, max_steps=self.max_steps)
         self._print(f"compile={'on' if self.compiled else 'off'} ({why})")
+        self.compiled_eval = False
         if not self.compiled:
             return
+        evals = (self.max_steps - 1) // a.eval_every + 1 if a.eval_every else 1  # the final one too
+        eval_samples = len(self.eval_dl) * (a.eval_batch_size or a.batch_size)
+        self.compiled_eval, why = eval_compile_decision(evals=evals, eval_samples=eval_samples, batch_size=a.batch_size)
+        self._print(f"compile_eval={'on' if self.compiled_eval else 'off'} ({why})")
         self._print(f"compile_cache={os.environ['TORCHINDUCTOR_CACHE_DIR']}")
         # PyTorch's way to bisect a compile problem: "aot_eager" runs Dynamo and AOTAutograd
         # (graph capture, DDP's bucketing, FSDP's hooks) without Inductor's code generation,
@@ -491,7 +497,8 @@ class Trainer:
         acc, task = self.accelerator, self.args.task
         self.model.eval()
         parts: dict[str, list] = {}
-        with torch.no_grad():
+        eager = self.compiled and not self.compiled_eval  # strategies.eval_compile_decision
+        with torch.no_grad(), _eager(torch) if eager else contextlib.nullcontext():
             for i, batch in enumerate(self.eval_dl):
                 if task == "masked-lm":
                     batch = self._mask(batch, seed=(self.args.seed, -1, i, acc.process_index))
@@ -609,11 +616,8 @@ class Trainer:
             return
         inputs = self.tokenizer(self.args.generate_prompt, return_tensors="pt").to(acc.device)
         # Eagerly: a few tokens of one sample never repay compiling, and every new length would
-        # recompile what is still compiled in place (fsdp's blocks, the loss). set_stance is
-        # torch >= 2.6; the [train] extra allows 2.4, where Accelerate refuses FSDP2 (fsdp) anyway.
-        set_stance = getattr(torch.compiler, "set_stance", None)
-        eager = set_stance("force_eager") if set_stance else contextlib.nullcontext()
-        with torch.no_grad(), eager:
+        # recompile what is still compiled in place (fsdp's blocks, the loss).
+        with torch.no_grad(), _eager(torch):
             out = unwrapped.generate(
                 **inputs,
                 max_new_tokens=self.args.generate_tokens,
@@ -1014,6 +1018,14 @@ def _inductor_or_eager(mode: str, say):
             return graph.forward
 
     return backend
+
+
+def _eager(torch) -> Any:
+    """A context in which what was compiled (the model, fsdp's blocks in place, the loss) runs
+    eagerly, compiling nothing new. set_stance is torch >= 2.6; the [train] extra allows 2.4,
+    where this does nothing (and Accelerate refuses FSDP2, so fsdp, anyway)."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance else contextlib.nullcontext()
 
 
 def _transformer_blocks(model) -> list[Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distrain_cloud.training.strategies import COMPILE_MIN_STEPS, Strategy, compile_decision
+from distrain_cloud.training.strategies import COMPILE_MIN_STEPS, Strategy, compile_decision, eval_compile_decision
 
 
 @pytest.mark.parametrize(
@@ -22,6 +22,22 @@ from distrain_cloud.training.strategies import COMPILE_MIN_STEPS, Strategy, comp
 def test_the_default_compiles_on_cuda_for_ddp_and_long_runs(requested, cuda, strategy, steps, expected, says):
     compiled, why = compile_decision(requested, cuda=cuda, strategy=strategy, max_steps=steps)
     assert compiled is expected and says in why
+
+
+@pytest.mark.parametrize(
+    "evals, eval_samples, batch_size, expected",
+    [
+        (1, 13, 4, False),  # the bench's final evaluation of a GPT-2 XL run: a 41 s compile for 13 samples
+        (11, 256, 16, False),  # an evaluation every 100 of 1000 steps over 256 samples
+        (11, 1024, 16, True),  # ... over 1024: 11,264 samples, past 3 x 200 x 16 = 9,600
+        (1, 3 * COMPILE_MIN_STEPS * 16, 16, True),
+        (1, 3 * COMPILE_MIN_STEPS * 16 - 1, 16, False),
+    ],
+)
+def test_evaluation_compiles_only_where_its_forwards_repay_it(evals, eval_samples, batch_size, expected):
+    compiled, why = eval_compile_decision(evals=evals, eval_samples=eval_samples, batch_size=batch_size)
+    assert compiled is expected
+    assert why.startswith(f"{evals * eval_samples} evaluation samples per process over the run")
 
 
 FLAGS = (
@@ -51,6 +67,10 @@ def test_a_compile_failure_falls_back_to_eager_with_one_warning(train):
     assert failing.returncode == 0, failing.describe()
     assert eager.lines("compile=") == ["compile=off (default: no CUDA GPU)"]
     assert failing.lines("compile=") == ["compile=on (--compile)"]
+    # 16 evaluation samples: the evaluation runs eagerly, compiling nothing of its own.
+    assert failing.lines("compile_eval=") == [
+        "compile_eval=off (16 evaluation samples per process over the run are too few to repay compiling)"
+    ]
     (warning,) = [line for line in failing.stdout.splitlines() if "torch.compile failed" in line]
     assert "injected compile failure" in warning and "running that part eagerly" in warning
     assert failing.train_losses == pytest.approx(eager.train_losses, rel=1e-5)
