@@ -21,12 +21,9 @@ from distrain_cloud.training.strategies import (
 )
 
 # Checkpoints every 2 steps, a loss per step, evaluations at steps 5, 10 and 12 (the end): as test_resume.
-# One block per unit, the finest sharding (the default makes the tiny model's two blocks one unit).
 RESUME_FLAGS = [
     "--strategy",
     "fsdp",
-    "--fsdp-blocks-per-unit",
-    "1",
     "--max-steps",
     "12",
     "--save-every",
@@ -190,11 +187,14 @@ def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout
 def test_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train):
     """kill -9 after step 5; the rerun resumes from the sharded checkpoint of step 4 (one
     torch.distributed.checkpoint file per process for the model and for the optimizer) and
-    ends bit for bit where the uninterrupted run does. Resuming with one process is refused."""
-    whole = _finished(train, *RESUME_FLAGS, name="fsdp-whole", processes=2)
+    ends bit for bit where the uninterrupted run does. The first runs shard one block per unit,
+    the rerun the default (both blocks in one unit): checkpoints are keyed by parameter name, so
+    a lineage may change its units. Resuming with one process is refused."""
+    per_block = [*RESUME_FLAGS, "--fsdp-blocks-per-unit", "1"]
+    whole = _finished(train, *per_block, name="fsdp-whole", processes=2)
     assert whole.returncode == 0, whole.describe()
     assert whole.lines("fsdp_shard_unit=") == ["fsdp_shard_unit=GPT2Block blocks=2 blocks_per_unit=1 units=2"]
-    killed = train(*RESUME_FLAGS, name="fsdp-killed", processes=2, env={"DISTRAIN_TEST_KILL_AT_STEP": "5"})
+    killed = train(*per_block, name="fsdp-killed", processes=2, env={"DISTRAIN_TEST_KILL_AT_STEP": "5"})
     assert killed.returncode != 0 and max(killed.train_losses) == 5, killed.describe()
     (ckpt,) = [p for p in killed.contract.complete_checkpoints() if p.name == "checkpoint-00000004"]
     for part in ("pytorch_model_fsdp_0", "optimizer_0"):
@@ -206,6 +206,7 @@ def test_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train):
 
     again = train(*RESUME_FLAGS, name="fsdp-killed", processes=2)
     assert again.returncode == 0, again.describe()
+    assert again.lines("fsdp_shard_unit=") == ["fsdp_shard_unit=GPT2Block blocks=2 blocks_per_unit=2 units=1"]
     assert again.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"], again.describe()
     assert again.train_losses == whole.train_losses  # exact, not approximate
     assert sorted(again.train_losses) == list(range(1, 13))
