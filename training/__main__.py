@@ -35,6 +35,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(INTERRUPT_EXIT_CODE)
     except Exception as e:  # noqa: BLE001 - anything else is still one line; its traceback goes to a file
         _fail_unexpected(e)
+    # Finished: the outputs are written, the tracker finished and the process group destroyed.
+    # Leave without the interpreter's teardown, where C++ threads of torch.distributed or
+    # DeepSpeed being destroyed now and then aborted a finished process ("terminate called without
+    # an active exception", SIGABRT), and torchrun then failed the whole job.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _run(argv: Sequence[str] | None) -> None:

@@ -643,7 +643,19 @@ def outcome(code: int, stop: Stop | None, failure_line: str | None, unexplained:
         return Outcome("Completed", 0, "")
     if stop is not None and (code == STOP_EXIT_CODE or not failure_line):
         return Outcome(STOP_STATUS.get(stop.reason, "Stopped"), STOP_EXIT_CODE, stop.detail)
+    if stop is not None and stop.reason == "peer-failed" and _LOST_PEER.search(failure_line or ""):
+        # This node's training died of the failed peer (its collective lost the connection) before
+        # its agent stopped it: the peer's failure is the one line worth reading.
+        return Outcome(STOP_STATUS[stop.reason], STOP_EXIT_CODE, stop.detail)
     return Outcome("Failed", code, failure_line or unexplained)
+
+
+# What a collective says when the process at the other end died (gloo, NCCL, the TCP store).
+_LOST_PEER = re.compile(
+    r"connection reset by peer|connection closed by peer|broken pipe|remote worker|"
+    r"NCCL communicator was aborted|ProcessGroup\w* .*(timed out|aborted)",
+    re.IGNORECASE,
+)
 
 
 # A worker's exception line ("RuntimeError: CUDA out of memory ..."), not torchrun's own report of it.

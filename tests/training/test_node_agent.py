@@ -350,6 +350,15 @@ def test_log_batches_respect_cloudwatch_limits_and_time_order():
         # torchrun reports a worker's 143 as 1 when its launcher was not signalled in time
         (1, Stop("deadline", "max-run reached"), None, "Stopped", 143, "max-run reached"),
         (1, Stop("peer-failed", "node 1 failed: x"), "disk full", "Failed", 1, "disk full"),
+        # this node's collective lost the failed peer before its agent stopped it (gloo's words)
+        (
+            -15,
+            Stop("peer-failed", "node 1 failed: x"),
+            "error: RuntimeError: [pair.cc:537] Read error [127.0.0.1]:9103: Connection reset by peer. ...",
+            "Stopped",
+            143,
+            "node 1 failed: x",
+        ),
         (2, None, "unknown model", "Failed", 2, "unknown model"),
         (1, None, None, "Failed", 1, "training exited with code 1: boom"),
     ],
