@@ -750,6 +750,12 @@ def last_error(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+def profiled_steps(text: str) -> tuple[int, int] | None:
+    """The steps a --profile-steps run recorded, from its `profile_steps=A-B` line."""
+    m = re.search(r"^profile_steps=(\d+)-(\d+)", text, re.MULTILINE)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def parse_ours(run: Run, metrics: Path, text: str) -> dict:
     rows = []
     if metrics.exists():
@@ -778,6 +784,15 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
     note = None
     if not post and windows:
         post, note = windows[-1:], "no post-warmup window; used the last"
+    # --profile-steps slows the steps it records: leave their windows out of the median when
+    # others remain (they are kept, apart, in profiled_windows).
+    profiled = profiled_steps(text)
+    left_out = []
+    if profiled:
+        clean = [w for w in post if w[1] < profiled[0] or w[0] >= profiled[1]]
+        if clean and len(clean) < len(post):
+            left_out = [w for w in post if w not in clean]
+            post = clean
     pick = [w[2] for w in post]
     tps = lib.median([r["tokens_per_sec"] for r in pick]) if pick else None
     res = {
@@ -789,6 +804,8 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
         "windows": [[w[0], w[1]] for w in post],
         "tokens_per_sec_windows": [round(r["tokens_per_sec"], 1) for r in pick],
     }
+    if left_out:
+        res["profiled_windows"] = [[w[0], w[1], round(w[2]["tokens_per_sec"], 1)] for w in left_out]
     if pick and "pad_pct" in pick[0]:  # measured by the trainer (padded positions it ran); wins over the replay
         res["pad_frac"] = lib.median([r["pad_pct"] for r in pick]) / 100.0
     peaks = [r["peak_mem_gb"] for r in rows if "peak_mem_gb" in r]

@@ -81,3 +81,46 @@ def test_recorded_commands_name_no_machine_paths(tmp_path):
     for path in (sys.executable, str(REPO), str(tmp_path)):
         assert path not in r.stdout
     assert "python bench/hf_trainer_baseline.py" in r.stdout and "$WORK/data/lm_corpus.txt" in r.stdout
+
+
+def test_zero_and_xl_variants_may_name_their_strategy():
+    r = dry_run(
+        "--suite",
+        "zero,xl",
+        "--gpus",
+        "2",
+        "--variant",
+        "zero:unit3=--strategy fsdp --compile --fsdp-blocks-per-unit 3",
+        "--variant",
+        "xl:accum4=--strategy ddp --grad-accum 4",
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    commands = {
+        lines[i].split("  [")[0][2:]: lines[i + 1] for i, line in enumerate(lines[:-1]) if line.startswith("# ours")
+    }
+    unit3 = commands["ours fsdp x2 [unit3]"]
+    assert "--strategy fsdp" in unit3 and "--strategy zero3" not in unit3
+    assert unit3.endswith("--compile --fsdp-blocks-per-unit 3")
+    accum4 = commands["ours gpt2-xl ddp x2 [accum4]"]
+    assert "--strategy ddp" in accum4 and accum4.endswith("--grad-accum 4")
+
+
+def _log(*steps: int) -> str:
+    """A trainer log: a step line per window (tokens/s 100 * step), a profile of steps 32-34."""
+    lines = [f"step={s} train_loss=1.0 tokens_per_sec={100 * s} step_time=0.04" for s in steps]
+    return "\n".join([*lines, "profile_steps=32-34 profile_gpu_busy_ms=50"])
+
+
+def test_the_median_leaves_out_the_windows_the_profiler_slowed(tmp_path):
+    sys.path.insert(0, str(REPO / "bench"))
+    import run as bench
+
+    run = bench.Run("r", "ours", "r", [], 2, "gpt2-small", "lm", "ddp", 1024, 16, 1, 30, 10, 10, 60)
+    res = bench.parse_ours(run, tmp_path / "missing.jsonl", _log(10, 20, 30, 40))
+    # windows (10,20], (20,30] and (30,40]; the last holds the profiled steps 32-34
+    assert res["windows"] == [[10, 20], [20, 30]] and res["tokens_per_sec"] == 2500
+    assert res["profiled_windows"] == [[30, 40, 4000.0]] and res["profile"]["profile_steps"] == "32-34"
+    # when every timed window was profiled, they are all that is left to report
+    only = bench.parse_ours(run, tmp_path / "missing.jsonl", _log(10, 40))
+    assert only["windows"] == [[10, 40]] and "profiled_windows" not in only
