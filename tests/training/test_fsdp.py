@@ -66,6 +66,7 @@ def lm_flags(no_dropout_config) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # about 4 s: the first import of torch's FSDP and Accelerate's plugin
 def test_fsdp_plugin_is_accelerates_fsdp2_around_our_block_units():
     from accelerate.utils import FullyShardedDataParallelPlugin
 
