@@ -498,9 +498,8 @@ class Ec2Backend:
     def fetch_outputs(self, job: JobRef, dest: Path) -> dict[str, Any]:
         """Rank 0's node agent uploads the output folder (and, when training completed, the model
         folder) as plain files when the job ends: output_uri and model_uri of its description."""
-        where = described(job)  # read once: job.json says both the status and the output's place
-        region, description = where[0], where[3]
-        info = self._status(job, *where)
+        region, bucket, prefix, description = described(job)  # once: the status and the output's place
+        info = self._status(job, region, bucket, prefix, description)
         return cloud.fetch_outputs(
             job.name, info, region, dest, output=description["output_uri"], model=description["model_uri"]
         )

@@ -20,6 +20,14 @@ def dry_run(*flags: str) -> subprocess.CompletedProcess:
     )
 
 
+def planned(r: subprocess.CompletedProcess, prefixes: tuple[str, ...] = ("# ours", "# HF")) -> dict[str, str]:
+    """A dry run's plan: each run's label and the command printed under it."""
+    lines = r.stdout.splitlines()
+    return {
+        lines[i].split("  [")[0][2:]: lines[i + 1] for i, line in enumerate(lines[:-1]) if line.startswith(prefixes)
+    }
+
+
 def test_variants_add_runs_with_their_flags():
     r = dry_run(
         "--suite",
@@ -36,12 +44,7 @@ def test_variants_add_runs_with_their_flags():
         "varlen:pad1=--pad-to-multiple-of 1",
     )
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
-    commands = {
-        lines[i].split("  [")[0][2:]: lines[i + 1]
-        for i, line in enumerate(lines[:-1])
-        if line.startswith("# ours") or line.startswith("# HF")
-    }
+    commands = planned(r)
     assert commands["ours +compile [liger]"].endswith("--compile --fused-ce --ce-kernel liger")
     # scaling variants: every count above 1, against the plain 1-GPU run
     assert "ours ddp x2 [bf16]" in commands and "ours ddp x4 [bf16]" in commands
@@ -95,10 +98,7 @@ def test_zero_and_xl_variants_may_name_their_strategy():
         "xl:accum4=--strategy ddp --grad-accum 4",
     )
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
-    commands = {
-        lines[i].split("  [")[0][2:]: lines[i + 1] for i, line in enumerate(lines[:-1]) if line.startswith("# ours")
-    }
+    commands = planned(r, ("# ours",))
     unit3 = commands["ours fsdp x2 [unit3]"]
     assert "--strategy fsdp" in unit3 and "--strategy zero3" not in unit3
     assert unit3.endswith("--compile --fsdp-blocks-per-unit 3")
