@@ -128,6 +128,16 @@ def test_plans_show_the_plugin_the_training_process_builds(cli, tmp_path):
     assert configs["accelerate_config"]["distributed_type"] == "MULTI_GPU"
 
 
+def test_the_cli_shows_the_units_asked_for_and_refuses_them_for_another_strategy(cli, tmp_path):
+    base = ("submit", "--instance", "local", "--processes", "2", "--dry-run", "--json")
+    r = cli(*base, "--strategy", "fsdp", "--", "--fsdp-blocks-per-unit", "3", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["configs"]["fsdp_blocks_per_unit"] == 3
+    wrong = cli(*base, "--strategy", "ddp", "--", "--fsdp-blocks-per-unit", "3", cwd=tmp_path)
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert "--fsdp-blocks-per-unit applies to --strategy fsdp, not ddp" in wrong.stderr
+
+
 def test_fsdp_checkpoints_refuse_another_world_size_and_other_layouts(tmp_path):
     path = tmp_path / "checkpoint-00000004"
     saved = {"strategy": "fsdp", "world_size": 2}
