@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from . import quiet
-from .contract import INTERRUPT_EXIT_CODE
+from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODES
 
 if TYPE_CHECKING:
     from .contract import Contract
@@ -30,18 +30,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     quiet.install()
     try:
         _run(argv)
+    except SystemExit as e:
+        if e.code in STOP_EXIT_CODES:  # a stop (SIGTERM, Ctrl-C): its checkpoint is saved
+            _leave(e.code)
+        raise
     except KeyboardInterrupt:  # Ctrl-C before training started: nothing to save
         print("stopped: interrupted before training started (nothing to save)", file=sys.stderr, flush=True)
         sys.exit(INTERRUPT_EXIT_CODE)
     except Exception as e:  # noqa: BLE001 - anything else is still one line; its traceback goes to a file
         _fail_unexpected(e)
-    # Finished: the outputs are written, the tracker finished and the process group destroyed.
-    # Leave without the interpreter's teardown, where C++ threads of torch.distributed or
-    # DeepSpeed being destroyed now and then aborted a finished process ("terminate called without
-    # an active exception", SIGABRT), and torchrun then failed the whole job.
+    _leave(0)
+
+
+def _leave(code: int) -> NoReturn:
+    """Exit `code` after a finished or stopped run, whose outputs or checkpoint are written, tracker
+    finished and process group destroyed, without the interpreter's teardown: C++ threads of
+    torch.distributed or DeepSpeed being destroyed there now and then aborted such a process
+    ("terminate called without an active exception", SIGABRT), and torchrun then failed the job."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _run(argv: Sequence[str] | None) -> None:
