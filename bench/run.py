@@ -190,6 +190,9 @@ def ours_lm(
     )
     needs = ("datasets", "accelerate", "yaml") + (("deepspeed",) if strategy.startswith("zero") else ())
     compiled = "--compile" in cmd  # also through --ours-extra or a variant
+    # What the run really uses where --ours-extra or a variant names it again (the last one wins):
+    # the table's columns and the data the run needs follow it.
+    batch, accum = int(last_value(cmd, "--batch-size", batch)), int(last_value(cmd, "--grad-accum", accum))
     tag = f"ours-{preset}-{strategy}{'-compile' if compiled else ''}-g{gpus}-b{batch}-k{accum}"
     if variant[0]:
         tag, label = f"{tag}-{variant[0]}", f"{label or 'ours ' + strategy} [{variant[0]}]"
@@ -369,6 +372,12 @@ def varlen_runs(ctx: Ctx, variants: list[tuple[str, list[str]]] = ()) -> list[Ru
         ),
         *extra,
     ]
+
+
+def last_value(cmd: list[str], flag: str, default: object) -> str:
+    """The value the last `flag VALUE` in `cmd` gives (argparse keeps the last), else `default`."""
+    found = [cmd[i + 1] for i, arg in enumerate(cmd[:-1]) if arg == flag]
+    return found[-1] if found else str(default)
 
 
 def variant_strategy(flags: list[str], default: str) -> tuple[str, list[str]]:

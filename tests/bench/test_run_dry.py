@@ -104,6 +104,10 @@ def test_zero_and_xl_variants_may_name_their_strategy():
     assert unit3.endswith("--compile --fsdp-blocks-per-unit 3")
     accum4 = commands["ours gpt2-xl ddp x2 [accum4]"]
     assert "--strategy ddp" in accum4 and accum4.endswith("--grad-accum 4")
+    # The run is named (and tabled) by the accumulation it really uses, not the suite's 1.
+    flags = ("--suite", "xl", "--gpus", "2", "--variant", "xl:accum4=--strategy ddp --grad-accum 4", "--only")
+    assert list(planned(dry_run(*flags, "ddp-g2-b4-k4-accum4$"), ("# ours",))) == ["ours gpt2-xl ddp x2 [accum4]"]
+    assert planned(dry_run(*flags, "k1-accum4$"), ("# ours",)) == {}
 
 
 def _log(*steps: int) -> str:
