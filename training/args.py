@@ -19,6 +19,7 @@ SCHEDULERS = ("linear", "cosine", "constant")
 PRESETS = ("tiny-gpt2", "tiny-bert", "gpt2-small", "gpt2-xl")
 _BRANCH = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_./-]{0,199}")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+COMPILE_UNITS = ("model", "block")
 
 
 class ArgumentError(ValueError):
@@ -62,6 +63,7 @@ class TrainArgs:
     compile: bool | None = None  # None: decided at run time (strategies.compile_decision)
     compile_mode: str = "default"
     compile_tuning: bool = False
+    compile_unit: str | None = None  # None: "model", or "block" under fsdp (trainer._compile)
     num_workers: int | None = None  # 2 on GPUs (batches prepared ahead), 0 on CPU
     pad_to_multiple_of: int | None = None  # padded batches: 8 on GPUs, 1 on CPU
     sdpa_backend: str = "auto"
@@ -173,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.compile_tuning,
         help="with --compile: Inductor also tunes the launch settings of the kernels it generates "
         "(coordinate descent); the first compile takes longer",
+    )
+    g.add_argument(
+        "--compile-unit",
+        choices=COMPILE_UNITS,
+        default=d.compile_unit,
+        help="what one torch.compile covers: the whole model (default; one graph per step) or each "
+        "transformer block plus the loss (regional: one block's compile serves every block, and DDP "
+        "all-reduces each finished block's gradients during the backward); fsdp always compiles blocks",
     )
     g.add_argument(
         "--pad-to-multiple-of",
@@ -328,6 +338,19 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(f"--compile-mode {a.compile_mode} contradicts --no-compile")
     if a.compile_tuning and a.compile is False:
         raise ArgumentError("--compile-tuning contradicts --no-compile")
+    if a.compile_unit is not None:
+        if a.compile is False:
+            raise ArgumentError(f"--compile-unit {a.compile_unit} contradicts --no-compile")
+        if a.compile_unit == "model" and a.strategy == "fsdp":
+            raise ArgumentError(
+                "--compile-unit model does not apply to --strategy fsdp, whose sharding hooks run between "
+                "blocks; fsdp compiles each block (--compile-unit block, its default)"
+            )
+        if a.compile_unit == "block" and a.strategy.startswith("zero"):
+            raise ArgumentError(
+                f"--compile-unit block applies to --strategy ddp, single or fsdp, not {a.strategy} "
+                "(DeepSpeed's engine wraps the model its own way)"
+            )
     if a.push_to_hub and not a.save_model:
         raise ArgumentError("--push-to-hub needs the saved model; drop --no-save-model")
     if a.hub_private and not a.push_to_hub:

@@ -255,11 +255,13 @@ def eval_compile_decision(*, evals: int, eval_samples: int, batch_size: int) -> 
     return False, f"{total} evaluation samples per process over the run are too few to repay compiling"
 
 
-def ddp_bucket_mb(requested: int | None, compiled: bool) -> int:
-    """DDP's gradient bucket size in MB: --ddp-bucket-mb, else the default for eager or compiled."""
+def ddp_bucket_mb(requested: int | None, compiled: bool, compile_unit: str | None = None) -> int:
+    """DDP's gradient bucket size in MB: --ddp-bucket-mb, else the default for eager or compiled.
+    Compiled block by block (--compile-unit block), the graphs are not split at buckets: gradients
+    reach DDP's reducer block by block, as in an eager backward, so the eager size serves."""
     if requested is not None:
         return requested
-    return DDP_BUCKET_MB_COMPILED if compiled else DDP_BUCKET_MB_EAGER
+    return DDP_BUCKET_MB_COMPILED if compiled and compile_unit != "block" else DDP_BUCKET_MB_EAGER
 
 
 def accelerate_config(

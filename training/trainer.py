@@ -155,7 +155,7 @@ class Trainer:
         a = self.args
         # Buckets are fixed before the run length (and so the compile decision) is known: size
         # them for a compiled step wherever the default may compile (CUDA).
-        bucket_mb = ddp_bucket_mb(a.ddp_bucket_mb, a.compile if a.compile is not None else cuda)
+        bucket_mb = ddp_bucket_mb(a.ddp_bucket_mb, a.compile if a.compile is not None else cuda, a.compile_unit)
         handlers: list[Any] = [_ddp_kwargs(a.ddp_reduce_dtype, bucket_mb)]
         ds_plugin = None
         if self.strategy.uses_deepspeed:
@@ -247,20 +247,40 @@ class Trainer:
             import torch._inductor.config as inductor_config
 
             inductor_config.coordinate_descent_tuning = True
-        if self.strategy is Strategy.fsdp:
-            # Each transformer block's forward, not the model: FSDP2's hooks around a block (gather
-            # its weights, free them, reduce its gradients) then run eagerly between compiled
-            # blocks, as in torchtitan, instead of breaking one compiled graph at every block.
-            blocks = _transformer_blocks(self.model)
-            for block in blocks:
-                block.forward = torch.compile(block.forward, backend=backend)
-            # And the loss, which the blocks leave out: eager, it upcasts the logits (16x1024x50k
-            # for GPT-2 small) to fp32 and reads and writes them several times each way; compiled,
-            # one fused pass (about 20 ms of an H100's step, bench/README.md, session 7).
-            self.model.loss_function = torch.compile(self.model.loss_function, backend=backend)
-            self._print(f"compile_unit=block blocks={len(blocks)} loss=compiled")
+        if self.strategy is Strategy.fsdp or a.compile_unit == "block":
+            self._compile_blocks(torch, backend)
             return
         self.model = torch.compile(self.model, backend=backend)
+        self._print("compile_unit=model")
+
+    def _compile_blocks(self, torch, backend: Any) -> None:
+        """Compile each transformer block's forward and the loss, not the model (--compile-unit block;
+        always under fsdp). Blocks of one class share one compiled graph (Dynamo lifts their weights
+        to inputs), so the compile takes about one block's time whatever the depth.
+
+        fsdp: FSDP2's hooks around a unit (gather its weights, free them, reduce its gradients) run
+        eagerly between compiled blocks, as in torchtitan, instead of breaking one compiled graph
+        at every unit. DDP: a block's gradients reach DDP's reducer when that block's backward
+        ends, so its buckets are all-reduced while earlier blocks' backward runs, as in an eager
+        step; one compiled model instead all-reduces its one bucket after the whole backward."""
+        model = self.accelerator.unwrap_model(self.model)
+        blocks = _transformer_blocks(model)
+        if not blocks:
+            raise ArgumentError(
+                f"--compile-unit block: {type(model).__name__} names no "
+                "transformer block class (_no_split_modules); use --compile-unit model"
+            )
+        if self.strategy is not Strategy.fsdp:
+            # Dynamo would otherwise split each block's graph at DDP's bucket boundaries (the
+            # splitting one compiled model needs); the reducer's own hooks give the overlap here.
+            torch._dynamo.config.optimize_ddp = False
+        for block in blocks:
+            block.forward = torch.compile(block.forward, backend=backend)
+        # And the loss, which the blocks leave out: eager, it upcasts the logits (16x1024x50k
+        # for GPT-2 small) to fp32 and reads and writes them several times each way; compiled,
+        # one fused pass (about 20 ms of an H100's step, bench/README.md, session 7).
+        model.loss_function = torch.compile(model.loss_function, backend=backend)
+        self._print(f"compile_unit=block blocks={len(blocks)} loss=compiled")
 
     def _clip(self, max_norm: float) -> None:
         """Clip the gradients' total norm; under fsdp on the local shards (training/sharded.py)."""
@@ -285,6 +305,9 @@ class Trainer:
 
             line += f" compile_cache_hits={counters['inductor']['fxgraph_cache_hit']}"
         self._print(line)
+        if self.compiled:
+            # Distinct graphs Dynamo captured: blocks compiled one by one share one (_compile_blocks).
+            self._print(f"compiled_graphs={counters['stats']['unique_graphs']}")
 
     def _shard_block_units(self, model) -> None:
         """fsdp: shard the transformer blocks in units of several consecutive blocks
@@ -616,7 +639,7 @@ class Trainer:
             return
         inputs = self.tokenizer(self.args.generate_prompt, return_tensors="pt").to(acc.device)
         # Eagerly: a few tokens of one sample never repay compiling, and every new length would
-        # recompile what is still compiled in place (fsdp's blocks, the loss).
+        # recompile what is still compiled in place (blocks compiled one by one, the loss).
         with torch.no_grad(), _eager(torch):
             out = unwrapped.generate(
                 **inputs,
@@ -1021,7 +1044,7 @@ def _inductor_or_eager(mode: str, say):
 
 
 def _eager(torch) -> Any:
-    """A context in which what was compiled (the model, fsdp's blocks in place, the loss) runs
+    """A context in which what was compiled (the model, or the blocks in place and the loss) runs
     eagerly, compiling nothing new. set_stance is torch >= 2.6; the [train] extra allows 2.4,
     where this does nothing (and Accelerate refuses FSDP2, so fsdp, anyway)."""
     set_stance = getattr(torch.compiler, "set_stance", None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from distrain_cloud.training.args import ArgumentError, parse_args
 from distrain_cloud.training.strategies import COMPILE_MIN_STEPS, Strategy, compile_decision, eval_compile_decision
 
 
@@ -38,6 +39,26 @@ def test_evaluation_compiles_only_where_its_forwards_repay_it(evals, eval_sample
     compiled, why = eval_compile_decision(evals=evals, eval_samples=eval_samples, batch_size=batch_size)
     assert compiled is expected
     assert why.startswith(f"{evals * eval_samples} evaluation samples per process over the run")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--no-compile", "--compile-unit", "block"], "--compile-unit block contradicts --no-compile"),
+        (["--strategy", "fsdp", "--compile-unit", "model"], "--compile-unit model does not apply to --strategy fsdp"),
+        (["--strategy", "zero2", "--compile-unit", "block"], "--compile-unit block applies to .* fsdp, not zero2"),
+        (["--compile-unit", "layer"], "argument --compile-unit: invalid choice: 'layer'"),
+    ],
+)
+def test_compile_unit_refuses_what_it_cannot_compile(flags, message):
+    with pytest.raises(ArgumentError, match=message):
+        parse_args(flags)
+
+
+def test_compile_unit_is_accepted_where_it_applies():
+    assert parse_args(["--compile-unit", "block"]).compile_unit == "block"
+    assert parse_args(["--strategy", "fsdp", "--compile-unit", "block"]).compile_unit == "block"
+    assert parse_args([]).compile_unit is None
 
 
 FLAGS = (

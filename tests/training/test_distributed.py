@@ -94,10 +94,21 @@ def test_two_processes_give_the_numbers_of_one(ddp_pair):
     assert one.evals[-1]["eval_loss"] < one.evals[0]["eval_loss"] or one.train_losses[40] < one.train_losses[10]
 
 
-def test_compiled_ddp_runs_one_bucket_and_gives_the_numbers_of_one_eager_process(train, no_dropout_config, aot_eager):
-    """--compile under DDP: Dynamo's DDP graph splitting, with the compiled default of one large
-    bucket (training/strategies.ddp_bucket_mb), trains like one eager process on the same
-    global batches."""
+@pytest.mark.parametrize(
+    "unit,bucket_mb,unit_line,graphs",
+    [
+        ("model", 1000, "compile_unit=model", 1),
+        # One graph serves both blocks (their weights are its inputs), one is the loss.
+        ("block", 25, "compile_unit=block blocks=2 loss=compiled", 2),
+    ],
+)
+def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
+    train, no_dropout_config, aot_eager, unit, bucket_mb, unit_line, graphs
+):
+    """--compile under DDP trains like one eager process on the same global batches, whichever
+    --compile-unit: the whole model (Dynamo's DDP graph splitting, with the compiled default of one
+    large bucket, training/strategies.ddp_bucket_mb) or each block and the loss (no splitting:
+    DDP's reducer takes each block's gradients as its backward ends, in eager-sized buckets)."""
     flags = [
         "--task",
         "causal-lm",
@@ -120,10 +131,13 @@ def test_compiled_ddp_runs_one_bucket_and_gives_the_numbers_of_one_eager_process
         "32",
     ]
     one = train(*flags, "--batch-size", "16", name="lm-one")
-    two = train(*flags, "--batch-size", "8", "--compile", name="lm-two-compiled", processes=2, env=aot_eager)
+    compiled = ["--compile", "--compile-unit", unit]
+    two = train(*flags, "--batch-size", "8", *compiled, name="lm-two-compiled", processes=2, env=aot_eager)
     assert one.returncode == 0, one.describe()
     assert two.returncode == 0, two.describe()
-    assert two.lines("ddp_bucket_mb=") == ["ddp_bucket_mb=1000"]
+    assert two.lines("ddp_bucket_mb=") == [f"ddp_bucket_mb={bucket_mb}"]
+    assert two.lines("compile_unit=") == [unit_line]
+    assert two.lines("compiled_graphs=") == [f"compiled_graphs={graphs}"]
     assert two.lines("compile_backend=") == ["compile_backend=aot_eager (DISTRAIN_COMPILE_BACKEND)"]
     assert one.train_losses.keys() == two.train_losses.keys() == {2, 4, 6, 8}
     for step, loss in one.train_losses.items():

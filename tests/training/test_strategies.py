@@ -36,7 +36,16 @@ def test_impossible_requests_name_the_flag_the_hardware_and_the_fix():
 
 
 @pytest.mark.parametrize(
-    "requested, compiled, mb", [(None, False, 25), (None, True, 1000), (100, True, 100), (100, False, 100)]
+    "requested, compiled, unit, mb",
+    [
+        (None, False, None, 25),
+        (None, True, None, 1000),
+        (None, True, "model", 1000),
+        (None, True, "block", 25),  # no graph to split: the eager size
+        (100, True, None, 100),
+        (100, False, None, 100),
+        (100, True, "block", 100),
+    ],
 )
-def test_ddp_buckets_are_large_under_compile_unless_the_flag_says_otherwise(requested, compiled, mb):
-    assert ddp_bucket_mb(requested, compiled) == mb
+def test_ddp_buckets_are_large_under_a_whole_model_compile_unless_asked_otherwise(requested, compiled, unit, mb):
+    assert ddp_bucket_mb(requested, compiled, unit) == mb
