@@ -319,6 +319,27 @@ CONFIGS: tuple[Config, ...] = (
     Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
         (f"{H2}-session8-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2158, 61.60),
         (f"{H2}-session8-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1-again", 9.2159, 61.54))),
+    # session 9: 4xH200 (hosts A and B)
+    Config("gpt2-xl", 4, "fsdp", batch_size=8, compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{H4}-session9-xl", "ours-gpt2-xl-fsdp-compile-g4-b8-k1", 26.4014, 35.85))),
+    Config("gpt2-xl", 4, "ddp", batch_size=8, grad_accum=4, compiled=True, kv_cache=False, logits_output=False,
+           runs=_runs("H200", (f"{H4}-session9-xl", "ours-gpt2-xl-ddp-compile-g4-b8-k1-b8accum4", 55.6888, 64.46))),
+    Config("gpt2-xl", 4, "zero2", batch_size=4, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{H4}-session9-xl-deepspeed", "ours-gpt2-xl-zero2-g4-b4-k1", 26.6869, 35.50))),
+    Config("gpt2-xl", 4, "zero3", batch_size=4, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{H4}-session9-xl-deepspeed", "ours-gpt2-xl-zero3-g4-b4-k1", 28.0538, 34.64))),
+    Config("gpt2-xl", 4, "zero3-offload", batch_size=4, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{H4}-session9-xl-deepspeed", "ours-gpt2-xl-zero3-offload-g4-b4-k1", 22.2558, 28.14))),
+    Config("gpt2-small", 4, "fsdp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{H4}-session9-fsdp", "ours-gpt2-small-fsdp-compile-g4-b16-k1", 8.4125, 20.96))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{H4}-session9-fsdp", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2117, 20.71),
+        (f"{H4}-session9-zero2-compiled", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2117, 61.15))),
+    # The one compiled DeepSpeed run, cut by its deadline after 10 steps; the native-compiled
+    # constants are fsdp's, whose weights are sharded, and this one job is too little to fit apart.
+    Config("gpt2-small", 4, "zero2", compiled=True, kv_cache=False, logits_output=False,
+           not_modelled="compiled under DeepSpeed: one run, cut after 10 steps", runs=_runs("H200",
+        (f"{H4}-session9-zero2-compiled", "ours-gpt2-small-zero2-compile-g4-b16-k1", 7.1714, 51.78))),
 )  # fmt: skip
 
 
