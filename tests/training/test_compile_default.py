@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from distrain_cloud.training.args import ArgumentError, parse_args
@@ -117,3 +119,16 @@ def test_a_resumed_compiled_job_loads_its_kernels_from_beside_the_checkpoints(tr
     assert resumed.lines("resumed_from=")
     (line,) = resumed.lines("first_step_s=")
     assert int(line.rsplit("=", 1)[1]) > 0, line
+
+
+def test_the_cli_passes_the_compile_unit_and_refuses_it_for_deepspeed(cli, tmp_path):
+    """What a user types: the unit reaches the job's training flags, and a DeepSpeed job that asks
+    for blocks is refused in one line at plan time, naming the flag, before anything is sent."""
+    base = ("submit", "--instance", "local", "--processes", "2", "--dry-run", "--json")
+    r = cli(*base, "--strategy", "ddp", "--", "--compile-unit", "block", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    command = json.loads(r.stdout)["request"]["command"]
+    assert command[command.index("--compile-unit") + 1] == "block"
+    wrong = cli(*base, "--strategy", "zero2", "--", "--compile-unit", "block", cwd=tmp_path)
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert "--compile-unit block applies to --strategy ddp, single or fsdp, not zero2" in wrong.stderr
