@@ -179,9 +179,10 @@ class Constants:
 #   so it is set to 2, the bf16 gradient of the logits that must exist when the backward starts.
 # - native (DeepSpeed, and eager fsdp: the model itself is bf16/fp16, no autocast): activation
 #   48.9, logits 11.6, ZeRO-3 working set 2.0 GiB.
-# - native-compiled (compiled fsdp, each block its own graph; compiled DeepSpeed, not measured,
-#   is taken as this; its one run, cut short, is an expected miss): activation 34.2, near theory's 34: Inductor's fusion as for compiled,
-#   with the residual stream and norms in 16 bits instead of autocast's fp32. Logits as
+# - native-compiled (compiled fsdp, each block its own graph; compiled DeepSpeed is taken as
+#   this, and its one run, cut short, is an expected miss): activation 34.2, near theory's 34:
+#   Inductor's fusion as for compiled, with the residual stream and norms in 16 bits instead of
+#   autocast's fp32. Logits as
 #   compiled, plus the loss graph's input under fsdp (see estimate()). The compiled fsdp runs
 #   (two shapes, eager and compiled loss, units of 1 to 12 blocks) agree within 3%.
 # - fp32 (--precision no): not measured. Every saved tensor at 4 bytes, twice native's
