@@ -37,7 +37,7 @@ def clip_sharded_grads_(grads: list[Any], max_norm: float) -> Any:
     import torch
     import torch.distributed as dist
 
-    local = [g.to_local() for g in grads]
+    local = [_local(g) for g in grads]
     # Sum of squares of this process's shards, in fp32 whatever the gradients' type, then of all.
     squares = torch.stack([n.float() for n in torch._foreach_norm(local, 2.0)]).square().sum()
     dist.all_reduce(squares, group=grads[0].device_mesh.get_group())
@@ -45,6 +45,76 @@ def clip_sharded_grads_(grads: list[Any], max_norm: float) -> Any:
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     torch._foreach_mul_(local, coef.to(local[0].dtype))
     return total
+
+
+def _local(t: Any) -> Any:
+    """A DTensor's local shard (its attribute: to_local() is an autograd call), else `t`."""
+    return getattr(t, "_local_tensor", t)
+
+
+def shard_local_adamw(groups: list[dict[str, Any]], lr: float) -> Any:
+    """torch's fused AdamW over FSDP2's DTensor parameters, stepping on their local shards.
+
+    torch.optim.AdamW(fused=True) hands its lists of DTensors (parameters, gradients, both
+    moments: about 600 for GPT-2 small) to one fused operator through DTensor's dispatcher, which
+    unwraps each and propagates their sharding on every step: 2.8 ms of host time a step against
+    0.7 ms for the same kernel on the local shards (2 gloo processes, GPT-2 small's 148 tensors,
+    bench/README.md, session 9). AdamW is elementwise, so each shard updates alone. The state is
+    AdamW's own (step, exp_avg, exp_avg_sq, created as it creates them), so checkpoints, resume and
+    Accelerate's sharded optimizer state are unchanged."""
+    import torch
+
+    class ShardLocalAdamW(torch.optim.AdamW):
+        @torch.no_grad()
+        def step(self, closure: Any = None) -> Any:
+            if any(g["amsgrad"] or g["maximize"] or g["capturable"] or g["differentiable"] for g in self.param_groups):
+                return super().step(closure)  # variants this step does not implement
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            # Set by a GradScaler (fp16) that sees _step_supports_amp_scaling, as for fused AdamW.
+            grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+            for group in self.param_groups:
+                by_kind: dict[tuple[Any, Any], list[list[Any]]] = {}
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    if not state:  # as AdamW(fused=True) makes it
+                        state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    local = _local(p)
+                    lists = by_kind.setdefault((local.device, local.dtype), [[], [], [], [], []])
+                    tensors = (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])
+                    for bucket, t in zip(lists, tensors, strict=True):
+                        bucket.append(_local(t))
+                beta1, beta2 = group["betas"]
+                for params, grads, exp_avgs, exp_avg_sqs, steps in by_kind.values():
+                    torch._foreach_add_(steps, 1)
+                    torch._fused_adamw_(
+                        params,
+                        grads,
+                        exp_avgs,
+                        exp_avg_sqs,
+                        [],
+                        steps,
+                        amsgrad=False,
+                        lr=group["lr"],
+                        beta1=beta1,
+                        beta2=beta2,
+                        weight_decay=group["weight_decay"],
+                        eps=group["eps"],
+                        maximize=False,
+                        grad_scale=grad_scale,
+                        found_inf=found_inf,
+                    )
+                    if found_inf is not None:  # a skipped step does not count
+                        torch._foreach_sub_(steps, [found_inf] * len(steps))
+            return loss
+
+    return ShardLocalAdamW(groups, lr=lr, fused=True)
 
 
 def shard_block_units(blocks: list[Any], per_unit: int, plugin: Any, *, mixed_precision: bool) -> int:

@@ -353,6 +353,10 @@ class Trainer:
             from deepspeed.ops.adam import DeepSpeedCPUAdam  # the optimizer runs where its state lives
 
             return DeepSpeedCPUAdam(groups, lr=self.lr)
+        if self.strategy is Strategy.fsdp:
+            from .sharded import shard_local_adamw
+
+            return shard_local_adamw(groups, lr=self.lr)
         # Fused AdamW is one kernel per step instead of several per parameter.
         fused = self.accelerator.device.type == "cuda"
         return torch.optim.AdamW(groups, lr=self.lr, fused=fused)

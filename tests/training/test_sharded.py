@@ -64,3 +64,73 @@ def test_plain_gradients_are_left_to_the_general_clip():
     assert sharded_grads(model.parameters()) is None
     assert all(torch.equal(p.grad, b) for p, b in zip(model.parameters(), before, strict=True))
     assert sharded_grads([torch.nn.Parameter(torch.ones(2))]) is None  # no gradients at all
+
+
+def _sharded_model(torch, fully_shard, seed: int):
+    model, batch = _model_with_grads(torch, seed)
+    fully_shard(model)
+    return model, batch
+
+
+def _groups(model) -> list[dict]:
+    """Two groups as the trainer makes them: decay on matrices, none on biases."""
+    params = list(model.parameters())
+    return [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+
+
+def test_shard_local_adamw_steps_and_saves_as_torchs_fused_adamw(one_process_group):
+    import torch
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from distrain_cloud.training.sharded import shard_local_adamw
+
+    ours_model, batch = _sharded_model(torch, fully_shard, seed=1)
+    torch_model, _ = _sharded_model(torch, fully_shard, seed=1)
+    ours = shard_local_adamw(_groups(ours_model), lr=1e-2)
+    theirs = torch.optim.AdamW(_groups(torch_model), lr=1e-2, fused=True)
+    for lr in (1e-2, 5e-3, 2e-3):  # as a schedule moves it between steps
+        for model, opt in ((ours_model, ours), (torch_model, theirs)):
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.zero_grad()
+            _backward(model, batch)
+            opt.step()
+    for p, q in zip(ours_model.parameters(), torch_model.parameters(), strict=True):
+        assert isinstance(p, DTensor)
+        assert torch.allclose(p.full_tensor(), q.full_tensor(), rtol=1e-6, atol=1e-7)
+    # The same state, the same types (DTensor moments, a float32 step on the parameter's device):
+    # a checkpoint of either loads into the other.
+    mine, torchs = ours.state_dict(), theirs.state_dict()
+    assert mine["param_groups"] == torchs["param_groups"]
+    for key, state in torchs["state"].items():
+        assert mine["state"][key].keys() == state.keys() == {"step", "exp_avg", "exp_avg_sq"}
+        for name, value in state.items():
+            other = mine["state"][key][name]
+            assert type(other) is type(value) and other.dtype == value.dtype and other.device == value.device
+            expected = value.full_tensor() if isinstance(value, DTensor) else value
+            got = other.full_tensor() if isinstance(other, DTensor) else other
+            assert torch.allclose(got, expected, rtol=1e-6, atol=1e-8), (key, name)
+    theirs.load_state_dict(mine)
+
+
+def test_shard_local_adamw_skips_a_step_a_grad_scaler_found_inf_in(one_process_group):
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    from distrain_cloud.training.sharded import shard_local_adamw
+
+    model, batch = _sharded_model(torch, fully_shard, seed=2)
+    opt = shard_local_adamw(_groups(model), lr=1e-2)
+    _backward(model, batch)
+    opt.step()
+    before = [p.full_tensor().clone() for p in model.parameters()]
+    opt.found_inf = torch.ones(())  # what GradScaler sets for an optimizer with _step_supports_amp_scaling
+    assert opt._step_supports_amp_scaling
+    opt.step()
+    for p, old in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p.full_tensor(), old)
+    assert all(float(s["step"]) == 1.0 for s in opt.state.values())
