@@ -134,3 +134,28 @@ def test_shard_local_adamw_skips_a_step_a_grad_scaler_found_inf_in(one_process_g
     for p, old in zip(model.parameters(), before, strict=True):
         assert torch.equal(p.full_tensor(), old)
     assert all(float(s["step"]) == 1.0 for s in opt.state.values())
+
+
+def test_block_units_free_their_weights_after_forward_except_the_last(one_process_group):
+    """The last unit's backward comes right after the head's: it keeps its gathered weights from its
+    forward on instead of gathering them twice; the others free theirs (ZeRO-3's memory)."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from distrain_cloud.training.sharded import shard_block_units
+
+    torch.manual_seed(0)
+    blocks = [torch.nn.Linear(8, 8) for _ in range(4)]
+    model = torch.nn.Sequential(*blocks, torch.nn.Linear(8, 2))
+    plugin = SimpleNamespace(reshard_after_forward=True, cpu_offload=None, mixed_precision_policy=None)
+    assert shard_block_units(blocks, 2, plugin, mixed_precision=False) == 2
+    fully_shard(model)
+    loss = model(torch.randn(4, 8)).sum()  # between forward and backward
+    first, last = blocks[0].weight, blocks[3].weight
+    assert isinstance(first, DTensor), "the first unit should have freed its gathered weights"
+    assert not isinstance(last, DTensor) and last.shape == (8, 8), "the last unit should keep them"
+    loss.backward()
+    assert all(isinstance(p.grad, DTensor) for p in model.parameters())
