@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -134,3 +136,27 @@ def test_the_median_leaves_out_the_windows_the_profiler_slowed(tmp_path):
     # when every timed window was profiled, they are all that is left to report
     only = bench.parse_ours(run, tmp_path / "missing.jsonl", _log(10, 40))
     assert only["windows"] == [[10, 40]] and "profiled_windows" not in only
+
+
+@pytest.mark.slow  # two short trainings of 2 processes each: about 20 s
+def test_host_overhead_runs_each_strategy_and_tables_its_host_phases(tmp_path):
+    """bench/host_overhead.py end to end on 2 CPU processes, short: one row per strategy with its
+    step time and the trainer's profiled host phases, and the same losses for ddp and fsdp."""
+    import json
+
+    r = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "host_overhead.py"), "--steps", "20", "--log-every", "5"]
+        + ["--profile-steps", "16:18", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads((tmp_path / "host_overhead.json").read_text())["rows"]
+    assert [row["strategy"] for row in rows] == ["ddp", "fsdp"]
+    for row in rows:
+        assert row["step_ms"] > 0 and set(row["host_ms"]) == {"forward", "backward", "clip", "optimizer"}
+        assert len(row["step_ms_windows"]) == 2  # (5,10] and (10,15]: the first warms up, (15,20] was profiled
+    assert rows[0]["final_train_loss"] == rows[1]["final_train_loss"]
+    assert "| fsdp |" in (tmp_path / "host_overhead.md").read_text()

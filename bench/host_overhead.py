@@ -1,0 +1,125 @@
+"""The host (CPU) time a training step costs per strategy, measured where no GPU hides it.
+
+A compiled GPT-2-small step on an H100 is short enough that the host's Python work (FSDP2's
+hooks, DTensor dispatch, the optimizer's loops) sets its pace: compiled fsdp left the GPU idle
+17 ms a step on 2 H100s (bench/README.md, session 8). That host work depends on how many tensors a
+step touches, not on their size. So this runs the real entry point on CPU processes over gloo,
+eagerly, with GPT-2 small's structure (12 blocks, 148 parameter tensors) at a width of 64, where
+the arithmetic is small and the step is mostly that host work, and reads the trainer's own
+profile of steps START:END (`profile_host_forward_ms=` ... `profile_host_optimizer_ms=`).
+
+Not a GPU measurement: the figures rank and size host costs (a baseline strategy in the same
+run); the GPU machines say what they are worth there.
+
+    python bench/host_overhead.py                         # ddp and fsdp, 2 processes (~1 min)
+    python bench/host_overhead.py --strategies ddp,fsdp,zero3 --processes 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = ("forward", "backward", "clip", "optimizer")
+
+
+def model_config(path: Path) -> Path:
+    """GPT-2 small's 12 blocks and parameter tensors at width 64, its vocabulary the shipped tokenizer's."""
+    from transformers import PreTrainedTokenizerFast
+
+    from distrain_cloud.training.modeling import PRESETS, SHIPPED_TOKENIZER
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(SHIPPED_TOKENIZER))
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    config = {**PRESETS["gpt2-small"], "n_embd": 64, "n_head": 2, "vocab_size": len(tok)}
+    config.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=tok.convert_tokens_to_ids("<pad>"))
+    path.write_text(json.dumps(config))
+    return path
+
+
+def run(strategy: str, processes: int, config: Path, work: Path, port: int, a: argparse.Namespace) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRAIN_")}
+    env.update(
+        {
+            "DISTRAIN_MODEL_DIR": str(work / strategy / "model"),
+            "DISTRAIN_OUTPUT_DIR": str(work / strategy / "output"),
+            "DISTRAIN_CHECKPOINT_DIR": str(work / strategy / "checkpoints"),
+            "DISTRAIN_MAIN_PORT": str(port),
+            "HF_HUB_OFFLINE": "1",
+            "WANDB_MODE": "disabled",
+            "OMP_NUM_THREADS": "1",  # one core a process: the host work, not intra-op threading
+        }
+    )
+    flags = [
+        *("--task", "causal-lm", "--model-config", str(config), "--block-size", "32", "--batch-size", "2"),
+        *("--max-steps", str(a.steps), "--log-every", str(a.log_every), "--max-grad-norm", "1.0"),
+        *("--strategy", strategy, "--no-compile", "--profile-steps", a.profile_steps, "--report-to", "none"),
+        *("--generate-tokens", "0", "--max-eval-samples", "4", "--no-save-model"),
+    ]
+    cmd = [sys.executable, "-m", "distrain_cloud.training.node_launch", "--processes", str(processes), "--", *flags]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO, timeout=900)
+    if out.returncode != 0:
+        sys.exit(f"{strategy} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    start, end = (int(x) for x in a.profile_steps.split(":"))
+    # Windows of log_every steps that hold no profiled step and come after the first (warm-up) one.
+    windows = [
+        (int(step), float(seconds) * 1e3)
+        for step, seconds in re.findall(r"^step=(\d+) train_loss=\S+ .*?step_time=([\d.e+-]+)", out.stdout, re.M)
+    ]
+    clean = [ms for step, ms in windows[1:] if not (step - a.log_every < end and step > start)]
+    profile = re.search(r"^profile_steps=\S+ (.*)$", out.stdout, re.M)
+    assert profile and clean, out.stdout[-2000:]
+    phases = dict(re.findall(r"profile_host_(\w+)_ms=([\d.]+)", profile.group(1)))
+    losses = re.findall(r"^step=(\d+) train_loss=(\S+)", out.stdout, re.M)
+    return {
+        "strategy": strategy,
+        "processes": processes,
+        "step_ms": statistics.median(clean),
+        "step_ms_windows": clean,
+        "host_ms": {k: float(phases[k]) for k in PHASES if k in phases},
+        "final_train_loss": float(losses[-1][1]),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--strategies", default="ddp,fsdp", help="comma list; the first is the baseline")
+    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--profile-steps", default="72:77", help="START:END, profiled (inside the last window)")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        config = model_config(work / "gpt2-small-structure.json")
+        rows = [run(s, a.processes, config, work, 29700 + i, a) for i, s in enumerate(a.strategies.split(","))]
+    base = rows[0]["step_ms"]
+    lines = [
+        f"| strategy | step ms (median) | vs {rows[0]['strategy']} | "
+        + " | ".join(f"host {k} ms" for k in PHASES)
+        + " | final loss |",
+        "|---" * (4 + len(PHASES)) + "|",
+    ]
+    for r in rows:
+        host = " | ".join(f"{r['host_ms'].get(k, float('nan')):.1f}" for k in PHASES)
+        lines.append(
+            f"| {r['strategy']} | {r['step_ms']:.1f} | {r['step_ms'] / base:.2f}x | {host} | {r['final_train_loss']} |"
+        )
+    table = "\n".join(lines)
+    print(f"{a.processes} CPU processes (gloo), eager, GPT-2 small's structure at width 64\n{table}")
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "host_overhead.md").write_text(table + "\n")
+    (a.out / "host_overhead.json").write_text(json.dumps({"processes": a.processes, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
