@@ -159,3 +159,32 @@ def test_block_units_free_their_weights_after_forward_except_the_last(one_proces
     assert not isinstance(last, DTensor) and last.shape == (8, 8), "the last unit should keep them"
     loss.backward()
     assert all(isinstance(p.grad, DTensor) for p in model.parameters())
+
+
+def test_shard_local_adamw_resumes_from_the_state_torchs_adamw_saved(one_process_group):
+    """A checkpoint written before this optimizer (torch's AdamW: foreach on CPU, fused on GPUs)
+    loads into it, and the run goes on as it would have with torch's."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    from distrain_cloud.training.sharded import shard_local_adamw
+
+    def resumed_with(make):
+        model, batch = _sharded_model(torch, fully_shard, seed=3)
+        saved = torch.optim.AdamW(_groups(model), lr=1e-2, foreach=True)
+        for _ in range(2):
+            saved.zero_grad()
+            _backward(model, batch)
+            saved.step()
+        opt = make(_groups(model))
+        opt.load_state_dict(saved.state_dict())
+        opt.zero_grad()
+        _backward(model, batch)
+        opt.step()
+        return [p.full_tensor() for p in model.parameters()], opt
+
+    ours, opt = resumed_with(lambda groups: shard_local_adamw(groups, lr=1e-2))
+    torchs, _ = resumed_with(lambda groups: torch.optim.AdamW(groups, lr=1e-2, foreach=True))
+    for p, q in zip(ours, torchs, strict=True):
+        assert torch.allclose(p, q, rtol=1e-6, atol=1e-7)
+    assert all(float(s["step"]) == 3.0 for s in opt.state.values())
