@@ -265,7 +265,7 @@ class Trainer:
         step; one compiled model instead all-reduces its one bucket after the whole backward."""
         model = self.accelerator.unwrap_model(self.model)
         blocks = _transformer_blocks(model)
-        if not blocks:
+        if not blocks and self.strategy is not Strategy.fsdp:  # fsdp then compiles the loss alone, as before
             raise ArgumentError(
                 f"--compile-unit block: {type(model).__name__} names no "
                 "transformer block class (_no_split_modules); use --compile-unit model"
