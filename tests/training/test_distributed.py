@@ -201,6 +201,27 @@ def test_deepspeed_trains_and_saves_a_loadable_model(train, strategy, processes)
     check_saved_classifier(run, processes)
 
 
+@pytest.mark.deepspeed
+@pytest.mark.slow  # Inductor's C++ build in each of 2 processes: about a minute
+def test_compiled_zero2_compiles_the_model_inside_the_engine_once(train, no_dropout_config):
+    """--compile under DeepSpeed compiles the model inside its engine (engine.compile). Compiling
+    the engine itself traced its forward's bookkeeping, whose flags change between steps: Inductor
+    compiled the model again at each of the first steps (4 times on CPU; on GPUs each costs tens of
+    seconds). Inductor, not aot_eager, because only its guards showed the recompiles."""
+    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64"]
+    flags += ["--batch-size", "8", "--max-steps", "6", "--log-every", "1", "--lr", "2e-3", "--report-to", "none"]
+    flags += ["--strategy", "zero2", "--no-save-model", "--generate-tokens", "0", "--max-eval-samples", "16"]
+    eager = train(*flags, "--no-compile", name="zero2-eager", processes=2)
+    compiled = train(*flags, "--compile", name="zero2-compiled", processes=2, env={"TORCH_LOGS": "recompiles"})
+    assert eager.returncode == 0, eager.describe()
+    assert compiled.returncode == 0, compiled.describe()
+    assert "Recompiling function" not in compiled.stderr, compiled.describe()
+    assert compiled.lines("compile_unit=") == ["compile_unit=model (inside DeepSpeed's engine)"]
+    assert eager.train_losses.keys() == compiled.train_losses.keys()
+    for step, loss in eager.train_losses.items():
+        assert compiled.train_losses[step] == pytest.approx(loss, rel=1e-3), step
+
+
 def test_zero2_follows_the_same_schedule_as_ddp(train):
     """The learning rate is set on the optimizer each step (trainer.lr_at); under DeepSpeed the
     optimizer is wrapped twice, so prove the schedule reaches it: in fp32 on one process,
