@@ -252,8 +252,8 @@ class Trainer:
             return
         if self.strategy.uses_deepspeed:
             # DeepSpeed's own way: compile the model inside its engine, in place. Compiling the
-            # engine traced its forward's bookkeeping too, whose flags change between steps: every
-            # step recompiled the whole model until Dynamo's cache limit (4 compiles on CPU; on 4
+            # engine traced its forward's bookkeeping too, whose flags change between steps: the
+            # first steps each compiled the whole model again (4 compiles on 2 CPU processes; on 4
             # H200s ZeRO-2's second 10 steps did not finish in 47 s, bench/README.md, session 9).
             self.model.compile(backend=backend)
             self._print("compile_unit=model (inside DeepSpeed's engine)")
