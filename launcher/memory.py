@@ -277,6 +277,7 @@ def estimate(
     logits_output: bool = False,
     eager_loss: bool = False,
     fsdp_blocks_per_unit: int | None = None,
+    compile_unit: str | None = None,
     constants: Constants = CONSTANTS,
 ) -> Estimate:
     """Peak memory per device of a training step, and of the evaluation.
@@ -341,12 +342,15 @@ def estimate(
         loss = how
         if strategy == "fsdp" and compiled and eager_loss:
             loss = mode(strategy, precision, compiled=False)
-        elif strategy == "fsdp" and compiled:
+        elif compiled and (strategy == "fsdp" or compile_unit == "block"):
             # The loss is its own graph after the eager LM head, so the logits are its input, saved
             # for its backward; a backward may reuse the memory of saved intermediates but not of
             # inputs (AOTAutograd's donated buffers). At the backward's start they sit beside their
-            # gradient: one copy more than in a whole-model graph. Derived, not fitted.
+            # gradient: one copy more than in a whole-model graph. Derived, not fitted; calibrated
+            # by the compiled fsdp runs, not yet by a --compile-unit block run under DDP.
             output = low
+            if strategy != "fsdp":
+                notes.append("--compile-unit block is not in the calibration")
         terms["logits"] = (constants.logits[loss] + output) * tokens * V
 
     # Evaluation keeps the weights, optimizer state and buffers, but no gradients or activations.
@@ -407,6 +411,7 @@ def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimat
         eval_batch_size=args.eval_batch_size,
         fused_ce=args.fused_ce,
         fsdp_blocks_per_unit=args.fsdp_blocks_per_unit,
+        compile_unit=args.compile_unit,
     )
 
 

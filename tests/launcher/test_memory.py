@@ -195,6 +195,21 @@ def test_the_estimate_follows_the_strategy_and_the_micro_batch():
     assert gib("zero2", 8) - gib("zero2", 4) == pytest.approx(2 * (gib("zero2", 4) - gib("zero2", 2)))
 
 
+def test_a_job_compiled_block_by_block_counts_the_loss_graphs_input():
+    """--compile-unit block leaves the loss a graph of its own after the eager LM head, as under
+    fsdp: its input, the 16-bit logits, is saved beside their gradient. The job's args reach it."""
+    small = _args("--task", "causal-lm", "--preset", "gpt2-small", "--batch-size", "16", "--block-size", "1024")
+    shape = memory.model_shape(small)
+    assert shape is not None
+    compiled = dataclasses.replace(small, precision="bf16", compile=True)
+    model = memory.estimate_job(compiled, shape, 2)
+    blocks = memory.estimate_job(dataclasses.replace(compiled, compile_unit="block"), shape, 2)
+    logits_bytes = 2 * 16 * 1024 * shape.vocab
+    assert blocks.train_gib - model.train_gib == pytest.approx(logits_bytes / memory.GIB)
+    assert "--compile-unit block is not in the calibration" in blocks.notes
+    assert not model.notes
+
+
 @pytest.mark.parametrize(
     "where",
     [["--instance", "ml.p3.8xlarge", "--role", ROLE], ["--instance", "p3.8xlarge"]],
