@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -222,3 +223,32 @@ def parse_kv(line: str) -> dict[str, str]:
             k, v = tok.split("=", 1)
             out[k] = v
     return out
+
+
+# ---------------------------------------------------------------- our trainer's timing windows
+
+
+def profiled_steps(text: str) -> tuple[int, int] | None:
+    """The steps a --profile-steps run recorded, from its `profile_steps=A-B` line."""
+    m = re.search(r"^profile_steps=(\d+)-(\d+)", text, re.MULTILINE)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def windows_of(rows: list[dict]) -> list[tuple[int, int, dict]]:
+    """(first step, last step, row) of each logged window: the steps after the previous row's."""
+    out, prev = [], 0
+    for r in rows:
+        out.append((prev, int(r["step"]), r))
+        prev = int(r["step"])
+    return out
+
+
+def without_profiled(windows: list, profiled: tuple[int, int] | None) -> tuple[list, list]:
+    """(kept, left out): --profile-steps slows the steps it records, so the windows holding them
+    are left out of a median when others remain."""
+    if not profiled:
+        return windows, []
+    clean = [w for w in windows if w[1] < profiled[0] or w[0] >= profiled[1]]
+    if not clean or len(clean) == len(windows):
+        return windows, []
+    return clean, [w for w in windows if w not in clean]

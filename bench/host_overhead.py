@@ -20,28 +20,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _benchlib as lib  # noqa: E402
+
 PHASES = ("forward", "backward", "clip", "optimizer")
 
 
 def model_config(path: Path) -> Path:
     """GPT-2 small's 12 blocks and parameter tensors at width 64, its vocabulary the shipped tokenizer's."""
-    from transformers import PreTrainedTokenizerFast
-
-    from distrain_cloud.training.modeling import PRESETS, SHIPPED_TOKENIZER
-
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(SHIPPED_TOKENIZER))
-    eos = tok.convert_tokens_to_ids("<|endoftext|>")
-    config = {**PRESETS["gpt2-small"], "n_embd": 64, "n_head": 2, "vocab_size": len(tok)}
-    config.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=tok.convert_tokens_to_ids("<pad>"))
-    path.write_text(json.dumps(config))
+    tok = lib.load_tokenizer()
+    shape = {**lib.GPT2_SHAPES["gpt2-small"], "n_embd": 64, "n_head": 2, "vocab_size": len(tok)}
+    ids = {"bos_token_id": tok.eos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    path.write_text(json.dumps({"model_type": "gpt2", **shape, **ids}))
     return path
 
 
@@ -65,27 +60,22 @@ def run(strategy: str, processes: int, config: Path, work: Path, port: int, a: a
         *("--generate-tokens", "0", "--max-eval-samples", "4", "--no-save-model"),
     ]
     cmd = [sys.executable, "-m", "distrain_cloud.training.node_launch", "--processes", str(processes), "--", *flags]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO, timeout=900)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=lib.REPO, timeout=900)
     if out.returncode != 0:
         sys.exit(f"{strategy} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    start, end = (int(x) for x in a.profile_steps.split(":"))
-    # Windows of log_every steps that hold no profiled step and come after the first (warm-up) one.
-    windows = [
-        (int(step), float(seconds) * 1e3)
-        for step, seconds in re.findall(r"^step=(\d+) train_loss=\S+ .*?step_time=([\d.e+-]+)", out.stdout, re.M)
-    ]
-    clean = [ms for step, ms in windows[1:] if not (step - a.log_every < end and step > start)]
-    profile = re.search(r"^profile_steps=\S+ (.*)$", out.stdout, re.M)
-    assert profile and clean, out.stdout[-2000:]
-    phases = dict(re.findall(r"profile_host_(\w+)_ms=([\d.]+)", profile.group(1)))
-    losses = re.findall(r"^step=(\d+) train_loss=(\S+)", out.stdout, re.M)
+    train = [r for r in lib.read_jsonl(work / strategy / "output" / "metrics.jsonl") if "step_time" in r]
+    # The trainer's windows after the first (warm-up), without the profiled ones (as run.py does).
+    windows, _ = lib.without_profiled(lib.windows_of(train)[1:], lib.profiled_steps(out.stdout))
+    profile = next(line for line in out.stdout.splitlines() if line.startswith("profile_steps="))
+    phases = lib.parse_kv(profile)
+    step_ms = [1e3 * w[2]["step_time"] for w in windows]
     return {
         "strategy": strategy,
         "processes": processes,
-        "step_ms": statistics.median(clean),
-        "step_ms_windows": clean,
-        "host_ms": {k: float(phases[k]) for k in PHASES if k in phases},
-        "final_train_loss": float(losses[-1][1]),
+        "step_ms": lib.median(step_ms),
+        "step_ms_windows": step_ms,
+        "host_ms": {k: float(phases[f"profile_host_{k}_ms"]) for k in PHASES if f"profile_host_{k}_ms" in phases},
+        "final_train_loss": train[-1]["train_loss"],
     }
 
 
@@ -111,9 +101,8 @@ def main() -> None:
     ]
     for r in rows:
         host = " | ".join(f"{r['host_ms'].get(k, float('nan')):.1f}" for k in PHASES)
-        lines.append(
-            f"| {r['strategy']} | {r['step_ms']:.1f} | {r['step_ms'] / base:.2f}x | {host} | {r['final_train_loss']} |"
-        )
+        step = f"{r['step_ms']:.1f} | {r['step_ms'] / base:.2f}x"
+        lines.append(f"| {r['strategy']} | {step} | {host} | {r['final_train_loss']:.6g} |")
     table = "\n".join(lines)
     print(f"{a.processes} CPU processes (gloo), eager, GPT-2 small's structure at width 64\n{table}")
     a.out.mkdir(parents=True, exist_ok=True)

@@ -759,12 +759,6 @@ def last_error(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def profiled_steps(text: str) -> tuple[int, int] | None:
-    """The steps a --profile-steps run recorded, from its `profile_steps=A-B` line."""
-    m = re.search(r"^profile_steps=(\d+)-(\d+)", text, re.MULTILINE)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def parse_ours(run: Run, metrics: Path, text: str) -> dict:
     rows = []
     if metrics.exists():
@@ -784,24 +778,13 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
                         if re.fullmatch(r"[-+0-9.eE]+|nan|inf", v)
                     }
                 )
-    train = [r for r in rows if "tokens_per_sec" in r]
-    windows, prev = [], 0
-    for r in train:
-        windows.append((prev, int(r["step"]), r))
-        prev = int(r["step"])
+    windows = lib.windows_of([r for r in rows if "tokens_per_sec" in r])
     post = [w for w in windows if w[0] >= run.warmup]
     note = None
     if not post and windows:
         post, note = windows[-1:], "no post-warmup window; used the last"
-    # --profile-steps slows the steps it records: leave their windows out of the median when
-    # others remain (they are kept, apart, in profiled_windows).
-    profiled = profiled_steps(text)
-    left_out = []
-    if profiled:
-        clean = [w for w in post if w[1] < profiled[0] or w[0] >= profiled[1]]
-        if clean and len(clean) < len(post):
-            left_out = [w for w in post if w not in clean]
-            post = clean
+    # The profiled windows are kept apart, in profiled_windows.
+    post, left_out = lib.without_profiled(post, lib.profiled_steps(text))
     pick = [w[2] for w in post]
     tps = lib.median([r["tokens_per_sec"] for r in pick]) if pick else None
     res = {
