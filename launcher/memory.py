@@ -182,9 +182,9 @@ class Constants:
 # - native-compiled (compiled fsdp, each block its own graph; compiled DeepSpeed is taken as
 #   this, and its one run, cut short, is an expected miss): activation 34.2, near theory's 34:
 #   Inductor's fusion as for compiled, with the residual stream and norms in 16 bits instead of
-#   autocast's fp32. Logits as
-#   compiled, plus the loss graph's input under fsdp (see estimate()). The compiled fsdp runs
-#   (two shapes, eager and compiled loss, units of 1 to 12 blocks) agree within 3%.
+#   autocast's fp32. Logits as compiled, plus the loss graph's input under fsdp (see estimate()).
+#   The compiled fsdp runs (two shapes, eager and compiled loss, units of 1 to 12 blocks) agree
+#   within 3%.
 # - fp32 (--precision no): not measured. Every saved tensor at 4 bytes, twice native's
 #   activations; the loss's tensors are fp32 already, as under autocast.
 CONSTANTS = Constants(

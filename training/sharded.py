@@ -67,8 +67,8 @@ def shard_local_adamw(groups: list[dict[str, Any]], lr: float) -> Any:
     class ShardLocalAdamW(torch.optim.AdamW):
         @torch.no_grad()
         def step(self, closure: Any = None) -> Any:
-            if any(g["amsgrad"] or g["maximize"] or g["capturable"] or g["differentiable"] for g in self.param_groups):
-                return super().step(closure)  # variants this step does not implement
+            # AdamW's defaults only (no amsgrad, maximize, capturable, differentiable): the trainer
+            # makes this optimizer below and asks for none of them.
             loss = None
             if closure is not None:
                 with torch.enable_grad():
