@@ -145,6 +145,25 @@ def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
     assert two.final_eval["eval_loss"] == pytest.approx(one.final_eval["eval_loss"], rel=1e-3)
 
 
+def test_a_job_compiled_block_by_block_resumes_where_an_uninterrupted_one_goes(train, no_dropout_config, aot_eager):
+    """What a user does next with --compile-unit block: a job killed after a checkpoint runs again
+    with the same flags (as `distrain-cloud resume` does). The blocks' compiled forwards and the
+    loss are attributes, not weights, so the checkpoint is the model's own and the resumed steps
+    are those of one uninterrupted run."""
+    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64", "--lr", "2e-3"]
+    flags += ["--batch-size", "8", "--max-steps", "6", "--log-every", "1", "--save-every", "2", "--report-to", "none"]
+    flags += ["--compile", "--compile-unit", "block", "--no-save-model", "--generate-tokens", "0"]
+    whole = train(*flags, name="blocks-whole", env=aot_eager)
+    killed = train(*flags, name="blocks-resumed", env={**aot_eager, "DISTRAIN_TEST_KILL_AT_STEP": "5"})
+    resumed = train(*flags, name="blocks-resumed", env=aot_eager)
+    assert killed.returncode in (-9, 137), killed.describe()
+    assert whole.returncode == 0, whole.describe()
+    assert resumed.returncode == 0, resumed.describe()
+    assert resumed.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"]
+    assert resumed.lines("compile_unit=") == ["compile_unit=block blocks=2 loss=compiled"]
+    assert {s: resumed.train_losses[s] for s in (5, 6)} == {s: whole.train_losses[s] for s in (5, 6)}
+
+
 def test_uneven_last_eval_batch_counts_every_sample_once(ddp_pair):
     one, two = ddp_pair
     assert EVAL_SAMPLES % 16 != 0 and (EVAL_SAMPLES % 16) % 2 == 1  # 7 left: 4 and 3 per process
