@@ -57,9 +57,9 @@ def shard_local_adamw(groups: list[dict[str, Any]], lr: float) -> Any:
 
     torch.optim.AdamW(fused=True) hands its lists of DTensors (parameters, gradients, both
     moments: about 600 for GPT-2 small) to one fused operator through DTensor's dispatcher, which
-    unwraps each and propagates their sharding on every step: 2.8 ms of host time a step against
-    0.7 ms for the same kernel on the local shards (2 gloo processes, GPT-2 small's 148 tensors,
-    bench/README.md, session 9). AdamW is elementwise, so each shard updates alone. The state is
+    unwraps each and propagates their sharding on every step: 2.7-2.8 ms of host time a step against
+    0.9 ms for the same kernel on the local shards (2 gloo processes, GPT-2 small's 148 tensors:
+    bench/shard_adamw.py, bench/README.md, session 9). AdamW is elementwise, so each shard updates alone. The state is
     AdamW's own (step, exp_avg, exp_avg_sq, created as it creates them), so checkpoints, resume and
     Accelerate's sharded optimizer state are unchanged."""
     import torch

@@ -160,3 +160,19 @@ def test_host_overhead_runs_each_strategy_and_tables_its_host_phases(tmp_path):
         assert len(row["step_ms_windows"]) == 2  # (5,10] and (10,15]: the first warms up, (15,20] was profiled
     assert rows[0]["final_train_loss"] == pytest.approx(rows[1]["final_train_loss"], rel=1e-6)  # 6 digits, as logged
     assert "| fsdp |" in (tmp_path / "host_overhead.md").read_text()
+
+
+@pytest.mark.slow  # two gloo processes building two small sharded models: about 10 s
+def test_shard_adamw_times_both_optimizer_steps_side_by_side():
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + [str(REPO / "bench" / "shard_adamw.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0] for row in rows] == ["| fused AdamW on DTensors (before)", "| shard_local_adamw (now)"]
+    assert all(row.endswith(" ms a step |") for row in rows)
