@@ -52,6 +52,7 @@ class Config:
     logits_output: bool = True
     eager_loss: bool = False  # compiled fsdp before b51d550: the blocks compiled, the loss eager
     fsdp_blocks_per_unit: int | None = None  # fsdp before units of several blocks: 1
+    compile_unit: str | None = None  # --compile-unit block: each block and the loss compiled apart
     impl: str = "ours"  # or "trainer": the bench's transformers.Trainer baseline
     flags: str = ""  # the run's extra training flags, without their dashes (no-logits-upcast is gone since)
     not_modelled: str | None = None
@@ -63,6 +64,7 @@ class Config:
         parts += ["logits-out"] if self.logits_output else []
         parts += ["eager-loss"] if self.eager_loss else []
         parts += [f"unit{self.fsdp_blocks_per_unit}"] if self.fsdp_blocks_per_unit else []
+        parts += [f"{self.compile_unit}-compiled"] if self.compile_unit else []
         parts += [f"accum{self.grad_accum}"] if self.grad_accum > 1 else []
         parts += [self.task] if self.task != "causal-lm" else []
         return " ".join(parts + ([self.flags] if self.flags else []))
@@ -92,6 +94,7 @@ class Config:
             logits_output=self.logits_output,
             eager_loss=self.eager_loss,
             fsdp_blocks_per_unit=self.fsdp_blocks_per_unit,
+            compile_unit=self.compile_unit,
             constants=constants,
         )
 
@@ -102,6 +105,7 @@ def _runs(card: str, *rows: tuple[str, str, float, float | None]) -> tuple[Run, 
 
 H1, H1x200, H2, H4 = "2026-11-26-h100x1", "2026-11-26-h200x1", "2026-11-26-h200x2", "2026-11-26-h200x4"
 H100x2, H100x4 = "2026-11-26-h100x2", "2026-11-26-h100x4"
+S10 = "2026-11-27-h200x4-session10"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -335,11 +339,47 @@ CONFIGS: tuple[Config, ...] = (
     Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
         (f"{H4}-session9-fsdp", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2117, 20.71),
         (f"{H4}-session9-zero2-compiled", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2117, 61.15))),
-    # The one compiled DeepSpeed run, cut by its deadline after 10 steps; the native-compiled
-    # constants are fsdp's, whose weights are sharded, and this one job is too little to fit apart.
-    Config("gpt2-small", 4, "zero2", compiled=True, kv_cache=False, logits_output=False,
-           not_modelled="compiled under DeepSpeed: one run, cut after 10 steps", runs=_runs("H200",
-        (f"{H4}-session9-zero2-compiled", "ours-gpt2-small-zero2-compile-g4-b16-k1", 7.1714, 51.78))),
+    Config("gpt2-small", 4, "zero2", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{H4}-session9-zero2-compiled", "ours-gpt2-small-zero2-compile-g4-b16-k1", 7.1714, 51.78),
+        (f"{S10}-zero-compiled", "ours-gpt2-small-zero2-compile-g4-b16-k1", 7.1714, 20.08))),
+    # session 10: 4xH200 (host C), one warm machine; 1-GPU runs on one of its cards
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S10}-scaling", "ours-gpt2-small-ddp-compile-g1-b16-k1", 8.7407, 17.68),
+        (f"{S10}-single-trainer", "ours-gpt2-small-ddp-compile-g1-b16-k1", 8.7401, 17.65),
+        (f"{S10}-single", "ours-gpt2-small-ddp-compile-g1-b16-k1", 8.7401, 17.65))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 35:40",
+           runs=_runs("H200", (f"{S10}-single", "ours-gpt2-small-ddp-compile-g1-b16-k1-prof", 8.7401, 17.66))),
+    Config("gpt2-small", 1, "single", impl="trainer", compiled=True, runs=_runs("H200",
+        (f"{S10}-single-trainer", HF_COMPILED, 11.7724, 14.81))),
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S10}-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2158, 20.71),
+        (f"{S10}-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1-again", 9.6796, 20.17))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S10}-scaling", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.24),
+        (f"{S10}-fsdp", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.65),
+        (f"{S10}-zero-compiled", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.65),
+        (f"{S10}-zero3-compiled", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.65))),
+    *(Config("gpt2-small", gpus, "ddp", compiled=True, kv_cache=False, logits_output=False, compile_unit="block",
+             runs=_runs("H200", (f"{S10}-{source}", f"ours-gpt2-small-ddp-compile-g{gpus}-b16-k1-block", peak, smi)))
+      for gpus, source, peak, smi in ((1, "single", 9.9254, 18.86), (2, "scaling", 10.8543, 21.95),
+                                      (4, "scaling", 10.3915, 21.48))),
+    Config("gpt2-xl", 4, "ddp", batch_size=8, grad_accum=4, compiled=True, kv_cache=False, logits_output=False,
+           runs=_runs("H200", (f"{S10}-xl", "ours-gpt2-xl-ddp-compile-g4-b8-k4-b8accum4", 55.6888, 64.45))),
+    Config("gpt2-xl", 4, "ddp", batch_size=8, grad_accum=4, compiled=True, kv_cache=False, logits_output=False,
+           compile_unit="block", runs=_runs("H200",
+        (f"{S10}-xl", "ours-gpt2-xl-ddp-compile-g4-b8-k4-block-b8accum4", 55.1534, 60.49))),
+    Config("gpt2-small", 4, "fsdp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S10}-fsdp", "ours-gpt2-small-fsdp-compile-g4-b16-k1", 8.5723, 21.20))),
+    Config("gpt2-small", 4, "fsdp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 32:34",
+           runs=_runs("H200", (f"{S10}-fsdp", "ours-gpt2-small-fsdp-compile-g4-b16-k1-prof", 8.5728, 20.74))),
+    Config("gpt2-small", 4, "zero2", kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S10}-zero-compiled", "ours-gpt2-small-zero2-g4-b16-k1", 18.0817, 24.76))),
+    Config("gpt2-small", 4, "zero3", kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S10}-zero-compiled", "ours-gpt2-small-zero3-g4-b16-k1", 19.1322, 25.77))),
+    Config("gpt2-xl", 4, "zero2", batch_size=4, compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S10}-xl-zero", "ours-gpt2-xl-zero2-compile-g4-b4-k1", 17.9238, 25.43))),
+    Config("gpt2-small", 4, "zero3", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S10}-zero3-compiled", "ours-gpt2-small-zero3-compile-g4-b16-k1", 9.6175, 22.37))),
 )  # fmt: skip
 
 
