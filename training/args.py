@@ -274,7 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the --push-to-hub branch to commit to, created from main if missing (default: main)",
     )
     g.add_argument("--generate-prompt", default=d.generate_prompt)
-    g.add_argument("--generate-tokens", type=int, default=d.generate_tokens)
+    g.add_argument(
+        "--generate-tokens",
+        type=int,
+        default=d.generate_tokens,
+        help="causal-lm: tokens of the sample generated from the saved model (default: %(default)s; 0: no sample)",
+    )
     return p
 
 
@@ -332,6 +337,8 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(f"--fsdp-blocks-per-unit applies to --strategy fsdp, not {a.strategy}")
     if a.fsdp_blocks_per_unit is not None and a.fsdp_blocks_per_unit < 1:
         raise ArgumentError(f"--fsdp-blocks-per-unit must be at least 1, got {a.fsdp_blocks_per_unit}")
+    if a.generate_tokens < 0:
+        raise ArgumentError(f"--generate-tokens must be 0 (no sample) or more, got {a.generate_tokens}")
     if a.ddp_bucket_mb is not None and a.ddp_bucket_mb < 1:
         raise ArgumentError(f"--ddp-bucket-mb must be at least 1, got {a.ddp_bucket_mb}")
     if a.compile_mode != "default" and a.compile is False:

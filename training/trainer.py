@@ -613,7 +613,7 @@ class Trainer:
                     raise
                 raise SaveError(line) from e
             self._print(f"model_saved={model_dir}")
-        if a.task == "causal-lm":
+        if a.task == "causal-lm" and a.generate_tokens:
             self._sample(unwrapped)
         if a.push_to_hub and acc.is_main_process:
             from .hub import push_to_hub

@@ -96,6 +96,7 @@ CASES = {
     ),
     "compile-tuning-with-no-compile": (["--no-compile", "--compile-tuning"], ["--compile-tuning", "--no-compile"]),
     "zero-pad-multiple": (["--pad-to-multiple-of", "0"], ["--pad-to-multiple-of"]),
+    "negative-generate-tokens": (["--generate-tokens", "-1"], ["--generate-tokens must be 0 (no sample) or more"]),
     "ce-kernel-without-fused-ce": (["--task", "causal-lm", "--ce-kernel", "liger"], ["--ce-kernel", "--fused-ce"]),
     "bf16-reduce-on-cpu": (["--ddp-reduce-dtype", "bf16"], ["--ddp-reduce-dtype bf16", "GPUs"]),
     # the Hub client's chained tracebacks, and transformers' for a model with no head for the task
