@@ -218,7 +218,8 @@ DDP_BUCKET_MB_EAGER, DDP_BUCKET_MB_COMPILED = 25, 1000
 
 
 # Compiling GPT-2 small costs 40-100 s on an H100 and then runs 2.5x the eager step (bench/README.md):
-# a few hundred steps repay it. Below this many optimizer steps the default stays eager.
+# a few hundred steps repay it. Below this many optimizer steps the default stays eager. ZeRO-2
+# compiled ran 1.47x its eager step on 4 H200s (GPT-2 small, session 10) after a 27 s first step.
 COMPILE_MIN_STEPS = 200
 
 
@@ -227,14 +228,21 @@ def compile_decision(requested: bool | None, *, cuda: bool, strategy: Strategy, 
 
     --compile / --no-compile decide; the default compiles where it is safe and pays: CUDA GPUs
     (Inductor's CPU code is slower to build than it saves on small runs), DDP, FSDP (each block
-    compiled, its sharding hooks left outside) or one process (DeepSpeed's engine wraps the model
-    its own way), and a run long enough to repay compiling."""
+    compiled, its sharding hooks left outside), one process or ZeRO-2 (the model compiled inside
+    DeepSpeed's engine), and a run long enough to repay compiling."""
     if requested is not None:
         return requested, "--compile" if requested else "--no-compile"
     if not cuda:
         return False, "default: no CUDA GPU"
-    if strategy.uses_deepspeed:
-        return False, f"default: {strategy.value} runs eager under DeepSpeed (--compile to try it)"
+    if strategy in (Strategy.zero3, Strategy.zero3_offload):
+        # Dynamo traces DeepSpeed's per-module ZeRO-3 hooks and recompiles them for every block:
+        # GPT-2 XL on 4 H200s hit the recompile limit and had no first step after 46 s (session 10).
+        return (
+            False,
+            f"default: {strategy.value} runs eager: torch.compile recompiles ZeRO-3's hooks (--compile to try it)",
+        )
+    if strategy.uses_deepspeed and strategy is not Strategy.zero2:
+        return False, f"default: {strategy.value} runs eager: not measured compiled (--compile to try it)"
     if max_steps < COMPILE_MIN_STEPS:
         return False, f"default: {max_steps} steps are too few to repay compiling (--compile to force)"
     return True, "default on CUDA GPUs; --no-compile to opt out"

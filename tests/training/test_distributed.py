@@ -241,6 +241,33 @@ def test_compiled_zero2_compiles_the_model_inside_the_engine_once(train, no_drop
         assert compiled.train_losses[step] == pytest.approx(loss, rel=1e-3), step
 
 
+@pytest.mark.deepspeed
+@pytest.mark.slow  # three DeepSpeed runs with Dynamo: about half a minute
+def test_a_compiled_zero2_job_resumes_where_an_uninterrupted_one_goes(train, no_dropout_config, aot_eager):
+    """ZeRO-2 compiles by default on GPUs, so spot interruptions meet it compiled: a job killed
+    after a checkpoint runs again with the same flags (as `distrain-cloud resume` does) and goes on
+    with the uninterrupted run's losses. The model is compiled in place inside the engine, so the
+    checkpoint keeps the model's own names, and the saved model loads as one. --generate-tokens 0
+    saves it without a sample (it ended the job in an error after the save before)."""
+    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64", "--lr", "2e-3"]
+    flags += ["--batch-size", "8", "--max-steps", "6", "--log-every", "1", "--save-every", "2", "--report-to", "none"]
+    flags += ["--strategy", "zero2", "--compile", "--generate-tokens", "0", "--max-eval-samples", "16"]
+    whole = train(*flags, "--no-save-model", name="zero2c-whole", env=aot_eager)
+    killed = train(*flags, name="zero2c-resumed", env={**aot_eager, "DISTRAIN_TEST_KILL_AT_STEP": "5"})
+    resumed = train(*flags, name="zero2c-resumed", env=aot_eager)
+    assert killed.returncode in (-9, 137), killed.describe()
+    assert whole.returncode == 0, whole.describe()
+    assert resumed.returncode == 0, resumed.describe()
+    assert resumed.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"]
+    assert resumed.lines("compile_unit=") == ["compile_unit=model (inside DeepSpeed's engine)"]
+    assert resumed.lines("sample=") == [] and not (resumed.contract.output_dir / "sample.txt").exists()
+    assert {s: resumed.train_losses[s] for s in (5, 6)} == pytest.approx({s: whole.train_losses[s] for s in (5, 6)})
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(resumed.contract.model_dir, output_loading_info=True)
+    assert not any(info.values()), info  # every weight under the model's own name
+
+
 def test_zero2_follows_the_same_schedule_as_ddp(train):
     """The learning rate is set on the optimizer each step (trainer.lr_at); under DeepSpeed the
     optimizer is wrapped twice, so prove the schedule reaches it: in fp32 on one process,
