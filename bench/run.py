@@ -1266,7 +1266,12 @@ def main(argv=None) -> int:
     )
     suites = build_suites(ctx, names)
     if a.only:  # keep the runs whose id matches, e.g. --only compile
-        suites = {k: [r for r in rs if re.search(a.only, r.id)] for k, rs in suites.items()}
+        kept = {k: [r for r in rs if re.search(a.only, r.id)] for k, rs in suites.items()}
+        if not any(kept.values()):  # before any data is written or machine time spent
+            ids = ", ".join(r.id for rs in suites.values() for r in rs)
+            print(f"bench: --only '{a.only}' matches no run id; the ids: {ids}", file=sys.stderr)
+            return 2
+        suites = {k: rs for k, rs in kept.items() if rs}  # a suite left empty has no table
     all_runs: list[Run] = [r for rs in suites.values() for r in rs]
     unique: dict = {}
     for r in all_runs:

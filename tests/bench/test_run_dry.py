@@ -67,6 +67,30 @@ def test_malformed_variant_is_refused():
     assert "--variant expects SUITE:NAME=FLAGS" in r.stderr
 
 
+def test_an_only_that_matches_nothing_is_refused_before_anything_runs(tmp_path):
+    """It used to run zero runs and then fail writing an empty table (a device call lost)."""
+    flags = ("--suite", "single", "--gpus", "1", "--only", r"\+compile")
+    planned_run = dry_run(*flags)
+    real = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), *flags, "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    for r in (planned_run, real):
+        assert r.returncode == 2 and r.stdout == ""
+        assert "bench: --only '\\+compile' matches no run id; the ids: ours-gpt2-small-ddp-g1-b16-k1," in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_suite_that_only_leaves_empty_is_not_planned():
+    r = dry_run("--suite", "single,scaling", "--gpus", "2", "--only", "g2")
+    assert r.returncode == 0, r.stderr
+    assert "## suite single" not in r.stdout and "## suite scaling" in r.stdout
+    assert list(planned(r)) == ["ours ddp x2"]
+
+
 def test_bench_model_shapes_are_the_trainers_presets():
     sys.path.insert(0, str(REPO / "bench"))
     import _benchlib
