@@ -333,6 +333,8 @@ def estimate(
         terms["buffers"] = (1 if stage == 3 else 2) * DS_BUCKET_ELEMENTS * bucket_bytes if buckets_at_peak else 0
         if stage == 3:
             terms["buffers"] += low * min(P, ZERO3_MAX_LIVE) + constants.zero3_fixed_gib * GIB
+        if compiled and stage == 3 and compile_unit == "block":
+            notes.append("compiled ZeRO-3 block by block is not in the calibration")
 
     terms["activations"] = constants.activation[how] * tokens * L * d
     if kv_cache:  # each layer's keys and values, in the compute dtype
@@ -399,6 +401,16 @@ def compiled(args: TrainArgs) -> bool:
     return compile_decision(args.compile, cuda=True, strategy=strategy, max_steps=steps)[0]
 
 
+def _compile_unit(args: TrainArgs) -> str | None:
+    """What one compile covers, as the trainer decides it (strategies.compile_unit_for)."""
+    from distrain_cloud.training.strategies import Strategy, compile_unit_for
+
+    try:
+        return compile_unit_for(Strategy(args.strategy), args.compile_unit)
+    except ValueError:
+        return args.compile_unit
+
+
 def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimate:
     """estimate() for parsed training arguments, on GPUs."""
     return estimate(
@@ -414,7 +426,7 @@ def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimat
         eval_batch_size=args.eval_batch_size,
         fused_ce=args.fused_ce,
         fsdp_blocks_per_unit=args.fsdp_blocks_per_unit,
-        compile_unit=args.compile_unit,
+        compile_unit=_compile_unit(args),
     )
 
 

@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.compile_unit,
         help="what one torch.compile covers: the whole model (default; one graph per step) or each "
         "transformer block plus the loss (regional: one block's compile serves every block, and DDP "
-        "all-reduces each finished block's gradients during the backward); fsdp always compiles blocks",
+        "all-reduces each finished block's gradients during the backward); fsdp always compiles blocks, "
+        "zero3 by default",
     )
     g.add_argument(
         "--pad-to-multiple-of",
@@ -353,10 +354,10 @@ def validate(a: TrainArgs) -> None:
                 "--compile-unit model does not apply to --strategy fsdp, whose sharding hooks run between "
                 "blocks; fsdp compiles each block (--compile-unit block, its default)"
             )
-        if a.compile_unit == "block" and a.strategy.startswith("zero"):
+        if a.compile_unit == "block" and a.strategy in ("zero1", "zero2", "zero2-offload"):
             raise ArgumentError(
-                f"--compile-unit block applies to --strategy ddp, single or fsdp, not {a.strategy} "
-                "(DeepSpeed's engine wraps the model its own way)"
+                f"--compile-unit block applies to --strategy ddp, single, fsdp, zero3 or zero3-offload, "
+                f"not {a.strategy} (ZeRO-1/2 compile the whole model inside DeepSpeed's engine)"
             )
     if a.push_to_hub and not a.save_model:
         raise ArgumentError("--push-to-hub needs the saved model; drop --no-save-model")

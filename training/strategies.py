@@ -234,14 +234,9 @@ def compile_decision(requested: bool | None, *, cuda: bool, strategy: Strategy, 
         return requested, "--compile" if requested else "--no-compile"
     if not cuda:
         return False, "default: no CUDA GPU"
-    if strategy in (Strategy.zero3, Strategy.zero3_offload):
-        # Dynamo traces DeepSpeed's per-module ZeRO-3 hooks and recompiles them for every block:
-        # GPT-2 XL on 4 H200s hit the recompile limit and had no first step after 46 s (session 10).
-        return (
-            False,
-            f"default: {strategy.value} runs eager: torch.compile recompiles ZeRO-3's hooks (--compile to try it)",
-        )
     if strategy.uses_deepspeed and strategy is not Strategy.zero2:
+        # ZeRO-3 compiled whole hit Dynamo's recompile limit at GPT-2 XL (see BLOCK_COMPILED);
+        # block by block, as --compile now does under ZeRO-3, it has not run on a GPU yet.
         return False, f"default: {strategy.value} runs eager: not measured compiled (--compile to try it)"
     if max_steps < COMPILE_MIN_STEPS:
         return False, f"default: {max_steps} steps are too few to repay compiling (--compile to force)"
@@ -261,6 +256,21 @@ def eval_compile_decision(*, evals: int, eval_samples: int, batch_size: int) -> 
     if total >= needed:
         return True, f"{total} evaluation samples per process over the run repay it"
     return False, f"{total} evaluation samples per process over the run are too few to repay compiling"
+
+
+# Strategies whose sharding hooks run around each transformer block: compiled, each block is compiled
+# on its own and the hooks stay eager between blocks. A whole-model graph breaks at every hook:
+# FSDP2's cannot be traced at all, and Dynamo traces DeepSpeed's ZeRO-3 hooks, specialises them on
+# each block's id and recompiles them block after block (GPT-2 XL on 4 H200s hit the recompile limit
+# with no first step after 46 s; on 2 CPU processes, 60 recompiles and 14 graphs against 2 graphs
+# block by block, bench/README.md, session 10).
+BLOCK_COMPILED = (Strategy.fsdp, Strategy.zero3, Strategy.zero3_offload)
+
+
+def compile_unit_for(strategy: Strategy, requested: str | None) -> str:
+    """What one torch.compile covers: --compile-unit, else blocks where sharding hooks sit between
+    them (BLOCK_COMPILED), else the whole model."""
+    return requested or ("block" if strategy in BLOCK_COMPILED else "model")
 
 
 def ddp_bucket_mb(requested: int | None, compiled: bool, compile_unit: str | None = None) -> int:

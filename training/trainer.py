@@ -26,6 +26,7 @@ from .profiling import Profiler
 from .strategies import (
     Strategy,
     compile_decision,
+    compile_unit_for,
     ddp_bucket_mb,
     deepspeed_config_for,
     eval_compile_decision,
@@ -247,8 +248,7 @@ class Trainer:
             import torch._inductor.config as inductor_config
 
             inductor_config.coordinate_descent_tuning = True
-        if self.strategy is Strategy.fsdp or a.compile_unit == "block":
-            self._compile_blocks(torch, backend)
+        if compile_unit_for(self.strategy, a.compile_unit) == "block" and self._compile_blocks(torch, backend):
             return
         if self.strategy.uses_deepspeed:
             # DeepSpeed's own way: compile the model inside its engine, in place. Compiling the
@@ -261,24 +261,29 @@ class Trainer:
         self.model = torch.compile(self.model, backend=backend)
         self._print("compile_unit=model")
 
-    def _compile_blocks(self, torch, backend: Any) -> None:
+    def _compile_blocks(self, torch, backend: Any) -> bool:
         """Compile each transformer block's forward and the loss, not the model (--compile-unit block;
-        always under fsdp). Blocks of one class share one compiled graph (Dynamo lifts their weights
-        to inputs), so the compile takes about one block's time whatever the depth.
+        by default under fsdp and ZeRO-3, strategies.BLOCK_COMPILED). Blocks of one class share one
+        compiled graph (Dynamo lifts their weights to inputs), so the compile takes about one
+        block's time whatever the depth. False, with nothing compiled, where ZeRO-3's default meets
+        a model that names no block class: the caller then compiles the whole model.
 
-        fsdp: FSDP2's hooks around a unit (gather its weights, free them, reduce its gradients) run
-        eagerly between compiled blocks, as in torchtitan, instead of breaking one compiled graph
-        at every unit. DDP: a block's gradients reach DDP's reducer when that block's backward
-        ends, so its buckets are all-reduced while earlier blocks' backward runs, as in an eager
-        step; one compiled model instead all-reduces its one bucket after the whole backward."""
+        fsdp and ZeRO-3: the sharding hooks around a block or unit (gather its weights, free them,
+        reduce its gradients) run eagerly between compiled blocks, as in torchtitan, instead of
+        breaking one compiled graph at every unit. DDP: a block's gradients reach DDP's reducer when
+        that block's backward ends, so its buckets are all-reduced while earlier blocks' backward
+        runs, as in an eager step; one compiled model instead all-reduces its one bucket after the
+        whole backward."""
         model = self.accelerator.unwrap_model(self.model)
         blocks = _transformer_blocks(model)
+        if not blocks and self.args.compile_unit is None and self.strategy is not Strategy.fsdp:
+            return False
         if not blocks and self.strategy is not Strategy.fsdp:  # fsdp then compiles the loss alone, as before
             raise ArgumentError(
                 f"--compile-unit block: {type(model).__name__} names no "
                 "transformer block class (_no_split_modules); use --compile-unit model"
             )
-        if self.strategy is not Strategy.fsdp:
+        if self.strategy is Strategy.ddp or self.strategy is Strategy.single:
             # Dynamo would otherwise split each block's graph at DDP's bucket boundaries (the
             # splitting one compiled model needs); the reducer's own hooks give the overlap here.
             torch._dynamo.config.optimize_ddp = False
@@ -289,6 +294,7 @@ class Trainer:
         # one fused pass (about 20 ms of an H100's step, bench/README.md, session 7).
         model.loss_function = torch.compile(model.loss_function, backend=backend)
         self._print(f"compile_unit=block blocks={len(blocks)} loss=compiled")
+        return True
 
     def _clip(self, max_norm: float) -> None:
         """Clip the gradients' total norm; under fsdp on the local shards (training/sharded.py)."""

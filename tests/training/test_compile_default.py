@@ -7,7 +7,13 @@ import json
 import pytest
 
 from distrain_cloud.training.args import ArgumentError, parse_args
-from distrain_cloud.training.strategies import COMPILE_MIN_STEPS, Strategy, compile_decision, eval_compile_decision
+from distrain_cloud.training.strategies import (
+    COMPILE_MIN_STEPS,
+    Strategy,
+    compile_decision,
+    compile_unit_for,
+    eval_compile_decision,
+)
 
 
 @pytest.mark.parametrize(
@@ -17,8 +23,8 @@ from distrain_cloud.training.strategies import COMPILE_MIN_STEPS, Strategy, comp
         (None, True, Strategy.single, COMPILE_MIN_STEPS, True, "--no-compile to opt out"),
         (None, False, Strategy.ddp, 1000, False, "no CUDA GPU"),
         (None, True, Strategy.zero2, 1000, True, "default on CUDA GPUs; --no-compile to opt out"),
-        (None, True, Strategy.zero3, 1000, False, "zero3 runs eager: torch.compile recompiles ZeRO-3's hooks"),
-        (None, True, Strategy.zero3_offload, 1000, False, "recompiles ZeRO-3's hooks"),
+        (None, True, Strategy.zero3, 1000, False, "zero3 runs eager: not measured compiled"),
+        (None, True, Strategy.zero3_offload, 1000, False, "not measured compiled"),
         (None, True, Strategy.zero1, 1000, False, "zero1 runs eager: not measured compiled"),
         (None, True, Strategy.zero2_offload, 1000, False, "not measured compiled"),
         (None, True, Strategy.zero2, COMPILE_MIN_STEPS - 1, False, "too few to repay compiling"),
@@ -53,7 +59,11 @@ def test_evaluation_compiles_only_where_its_forwards_repay_it(evals, eval_sample
     [
         (["--no-compile", "--compile-unit", "block"], "--compile-unit block contradicts --no-compile"),
         (["--strategy", "fsdp", "--compile-unit", "model"], "--compile-unit model does not apply to --strategy fsdp"),
-        (["--strategy", "zero2", "--compile-unit", "block"], "--compile-unit block applies to .* fsdp, not zero2"),
+        (
+            ["--strategy", "zero2", "--compile-unit", "block"],
+            "--compile-unit block applies to .* zero3-offload, not zero2",
+        ),
+        (["--strategy", "zero1", "--compile-unit", "block"], "not zero1 \\(ZeRO-1/2 compile the whole model inside"),
         (["--compile-unit", "layer"], "argument --compile-unit: invalid choice: 'layer'"),
     ],
 )
@@ -65,7 +75,25 @@ def test_compile_unit_refuses_what_it_cannot_compile(flags, message):
 def test_compile_unit_is_accepted_where_it_applies():
     assert parse_args(["--compile-unit", "block"]).compile_unit == "block"
     assert parse_args(["--strategy", "fsdp", "--compile-unit", "block"]).compile_unit == "block"
+    assert parse_args(["--strategy", "zero3", "--compile-unit", "block"]).compile_unit == "block"
+    assert parse_args(["--strategy", "zero3", "--compile-unit", "model"]).compile_unit == "model"
     assert parse_args([]).compile_unit is None
+
+
+@pytest.mark.parametrize(
+    ("strategy", "requested", "unit"),
+    [
+        (Strategy.ddp, None, "model"),
+        (Strategy.zero2, None, "model"),
+        (Strategy.fsdp, None, "block"),
+        (Strategy.zero3, None, "block"),
+        (Strategy.zero3_offload, None, "block"),
+        (Strategy.zero3, "model", "model"),
+        (Strategy.ddp, "block", "block"),
+    ],
+)
+def test_blocks_are_compiled_where_sharding_hooks_sit_between_them(strategy, requested, unit):
+    assert compile_unit_for(strategy, requested) == unit
 
 
 FLAGS = (
@@ -136,4 +164,7 @@ def test_the_cli_passes_the_compile_unit_and_refuses_it_for_deepspeed(cli, tmp_p
     assert command[command.index("--compile-unit") + 1] == "block"
     wrong = cli(*base, "--strategy", "zero2", "--", "--compile-unit", "block", cwd=tmp_path)
     assert wrong.returncode == 2 and wrong.stdout == ""
-    assert "--compile-unit block applies to --strategy ddp, single or fsdp, not zero2" in wrong.stderr
+    assert (
+        "--compile-unit block applies to --strategy ddp, single, fsdp, zero3 or zero3-offload, not zero2"
+        in wrong.stderr
+    )

@@ -345,3 +345,27 @@ def test_zero3_block_fetch_changes_nothing_but_the_gathering(zero3_runs, no_drop
     assert list(block.train_losses) == [2, 4, 6, 8]
     for step, loss in layer.train_losses.items():
         assert block.train_losses[step] == pytest.approx(loss, rel=1e-6), step
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow  # one more ZeRO-3 run on 2 processes, with Dynamo
+def test_compiled_zero3_compiles_block_by_block_without_recompiling(
+    zero3_runs, module_train, no_dropout_config, aot_eager
+):
+    """--compile under ZeRO-3 compiles each block and the loss, as under fsdp. Compiled whole, Dynamo
+    traced DeepSpeed's per-block hooks and recompiled them for each block (60 recompiles and 14
+    graphs on 2 CPU processes; GPT-2 XL on 4 H200s hit the recompile limit). Blocks train with
+    eager ZeRO-3's losses, in 2 graphs (the blocks, the loss), and generate the sample eagerly."""
+    eager, _ = zero3_runs
+    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--strategy", "zero3"]
+    flags += ["--max-steps", "8", "--batch-size", "4", "--log-every", "2", "--lr", "2e-3", "--report-to", "none"]
+    env = {**aot_eager, "TORCH_LOGS": "recompiles"}
+    run = module_train(*flags, "--compile", "--generate-tokens", "8", name="z3-compiled", processes=2, env=env)
+    assert run.returncode == 0, run.describe()
+    assert run.lines("compile_unit=") == ["compile_unit=block blocks=2 loss=compiled"]
+    assert run.lines("compiled_graphs=") == ["compiled_graphs=2"]
+    assert "Recompiling function" not in run.stderr, run.describe()
+    assert len(run.lines("sample=")) == 1, run.describe()
+    assert eager.train_losses.keys() == run.train_losses.keys() == {2, 4, 6, 8}
+    for step, loss in eager.train_losses.items():
+        assert run.train_losses[step] == pytest.approx(loss, rel=1e-3), step
