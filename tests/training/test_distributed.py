@@ -242,24 +242,34 @@ def test_compiled_zero2_compiles_the_model_inside_the_engine_once(train, no_drop
 
 
 @pytest.mark.deepspeed
-@pytest.mark.slow  # three DeepSpeed runs with Dynamo: about half a minute
-def test_a_compiled_zero2_job_resumes_where_an_uninterrupted_one_goes(train, no_dropout_config, aot_eager):
+@pytest.mark.slow  # three DeepSpeed runs with Dynamo: about half a minute each strategy
+@pytest.mark.parametrize(
+    ("strategy", "unit"),
+    [
+        ("zero2", "compile_unit=model (inside DeepSpeed's engine)"),
+        ("zero3", "compile_unit=block blocks=2 loss=compiled"),
+    ],
+)
+def test_a_compiled_deepspeed_job_resumes_where_an_uninterrupted_one_goes(
+    train, no_dropout_config, aot_eager, strategy, unit
+):
     """ZeRO-2 compiles by default on GPUs, so spot interruptions meet it compiled: a job killed
     after a checkpoint runs again with the same flags (as `distrain-cloud resume` does) and goes on
-    with the uninterrupted run's losses. The model is compiled in place inside the engine, so the
-    checkpoint keeps the model's own names, and the saved model loads as one. --generate-tokens 0
-    saves it without a sample (it ended the job in an error after the save before)."""
+    with the uninterrupted run's losses. ZeRO-2's model is compiled in place inside the engine,
+    ZeRO-3's blocks one by one, so the checkpoint keeps the model's own names, and the saved model
+    loads as one. --generate-tokens 0 saves it without a sample (it ended the job in an error after
+    the save before)."""
     flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64", "--lr", "2e-3"]
     flags += ["--batch-size", "8", "--max-steps", "6", "--log-every", "1", "--save-every", "2", "--report-to", "none"]
-    flags += ["--strategy", "zero2", "--compile", "--generate-tokens", "0", "--max-eval-samples", "16"]
-    whole = train(*flags, "--no-save-model", name="zero2c-whole", env=aot_eager)
-    killed = train(*flags, name="zero2c-resumed", env={**aot_eager, "DISTRAIN_TEST_KILL_AT_STEP": "5"})
-    resumed = train(*flags, name="zero2c-resumed", env=aot_eager)
+    flags += ["--strategy", strategy, "--compile", "--generate-tokens", "0", "--max-eval-samples", "16"]
+    whole = train(*flags, "--no-save-model", name=f"{strategy}c-whole", env=aot_eager)
+    killed = train(*flags, name=f"{strategy}c-resumed", env={**aot_eager, "DISTRAIN_TEST_KILL_AT_STEP": "5"})
+    resumed = train(*flags, name=f"{strategy}c-resumed", env=aot_eager)
     assert killed.returncode in (-9, 137), killed.describe()
     assert whole.returncode == 0, whole.describe()
     assert resumed.returncode == 0, resumed.describe()
     assert resumed.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"]
-    assert resumed.lines("compile_unit=") == ["compile_unit=model (inside DeepSpeed's engine)"]
+    assert resumed.lines("compile_unit=") == [unit]
     assert resumed.lines("sample=") == [] and not (resumed.contract.output_dir / "sample.txt").exists()
     assert {s: resumed.train_losses[s] for s in (5, 6)} == pytest.approx({s: whole.train_losses[s] for s in (5, 6)})
     from transformers import AutoModelForCausalLM
