@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -511,6 +512,23 @@ class Cluster:
         assert not any(t.is_alive() for t in threads), "an agent did not finish"
         return self.results
 
+    def once_training(self, action: Callable[[], object], timeout: float = 60) -> None:
+        """Do `action` once every node's trainer has logged a step, on a thread. A fixed delay raced
+        the trainers' start on a loaded machine: a SIGTERM before the fake trainer installs its
+        handler kills it with no checkpoint (seen once in CI)."""
+        logs = [self.tmp_path / f"node{rank}" / "node-agent.log" for rank in range(self.job.nodes)]
+
+        def stepping(log: Path) -> bool:
+            return log.is_file() and " train_loss=" in log.read_text()
+
+        def wait_then_act() -> None:
+            give_up = time.monotonic() + timeout
+            while not all(stepping(log) for log in logs) and time.monotonic() < give_up:
+                time.sleep(0.05)
+            action()
+
+        threading.Thread(target=wait_then_act, daemon=True).start()
+
     def record(self, rank: int) -> dict:
         return self.store.get_json(self.job.key("nodes", f"{rank}.json"))
 
@@ -566,7 +584,7 @@ def test_a_job_that_completes_records_uploads_and_tags_every_node(cluster, s3):
 @pytest.mark.slow
 def test_a_spot_notice_on_one_node_stops_every_node_with_a_complete_checkpoint(cluster, s3):
     c = cluster()
-    threading.Timer(1.5, c.imds[1].set_spot_notice).start()
+    c.once_training(c.imds[1].set_spot_notice)
     results = c.run()
     assert {r: o.status for r, o in results.items()} == {0: "Interrupted", 1: "Interrupted"}
     marker = json.loads(s3.get_object(Bucket=BUCKET, Key="distrain/jobs/job-a1/stop")["Body"].read())
@@ -587,7 +605,7 @@ def test_a_spot_notice_on_one_node_stops_every_node_with_a_complete_checkpoint(c
 @pytest.mark.slow
 def test_a_resumed_attempt_starts_every_node_from_the_checkpoint(cluster, s3):
     c = cluster()
-    threading.Timer(1.0, lambda: c.store.put_json(c.job.key("stop"), {"reason": "cancel", "by": "cli"})).start()
+    c.once_training(lambda: c.store.put_json(c.job.key("stop"), {"reason": "cancel", "by": "cli"}))
     first = c.run()
     assert {o.status for o in first.values()} == {"Stopped"}
     assert first[0].reason == "cancelled"
@@ -666,7 +684,7 @@ def test_sigterm_to_the_agent_stops_every_node(cluster):
     # What the hard stop (shutdown -h) or an operator's kill sends the agent itself.
     c = cluster()
     agents = {r: c.agent(r) for r in (0, 1)}
-    threading.Timer(1.5, agents[0].signalled.set).start()
+    c.once_training(agents[0].signalled.set)
     results = {}
 
     def go(rank: int) -> None:
