@@ -64,6 +64,7 @@ class TrainArgs:
     compile_mode: str = "default"
     compile_tuning: bool = False
     compile_unit: str | None = None  # None: "model", or "block" under fsdp (trainer._compile)
+    compiled_autograd: bool = False
     num_workers: int | None = None  # 2 on GPUs (batches prepared ahead), 0 on CPU
     pad_to_multiple_of: int | None = None  # padded batches: 8 on GPUs, 1 on CPU
     sdpa_backend: str = "auto"
@@ -184,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
         "transformer block plus the loss (regional: one block's compile serves every block, and DDP "
         "all-reduces each finished block's gradients during the backward); fsdp always compiles blocks, "
         "zero3 by default",
+    )
+    g.add_argument(
+        "--compiled-autograd",
+        action="store_true",
+        default=d.compiled_autograd,
+        help="ddp, compiled: also compile the backward as one graph with DDP's gradient all-reduces "
+        "inside it (PyTorch's compiled autograd), so the compiler can overlap them with the backward's "
+        "kernels; one graph, not split at buckets. Not yet measured on GPUs",
     )
     g.add_argument(
         "--pad-to-multiple-of",
@@ -358,6 +367,17 @@ def validate(a: TrainArgs) -> None:
             raise ArgumentError(
                 f"--compile-unit block applies to --strategy ddp, single, fsdp, zero3 or zero3-offload, "
                 f"not {a.strategy} (ZeRO-1/2 compile the whole model inside DeepSpeed's engine)"
+            )
+    if a.compiled_autograd:
+        if a.strategy not in ("ddp", "single"):
+            raise ArgumentError(f"--compiled-autograd applies to --strategy ddp or single, not {a.strategy}")
+        if a.compile is False:
+            raise ArgumentError("--compiled-autograd contradicts --no-compile")
+        if a.compile_unit == "block":
+            raise ArgumentError("--compiled-autograd compiles the whole model's backward; drop --compile-unit block")
+        if a.ddp_reduce_dtype != "fp32":
+            raise ArgumentError(
+                f"--compiled-autograd traces DDP's own all-reduce; drop --ddp-reduce-dtype {a.ddp_reduce_dtype}"
             )
     if a.push_to_hub and not a.save_model:
         raise ArgumentError("--push-to-hub needs the saved model; drop --no-save-model")

@@ -98,6 +98,14 @@ class Trainer:
         )
         self.steps_per_epoch = max(1, len(self.train_sampler) // a.grad_accum)
         self.max_steps = a.max_steps if a.max_steps is not None else math.ceil(a.epochs * self.steps_per_epoch)
+        cuda = acc.device.type == "cuda"
+        self.compiled, self.compile_why = compile_decision(
+            a.compile, cuda=cuda, strategy=self.strategy, max_steps=self.max_steps
+        )
+        if self.compiled and a.compiled_autograd:
+            # Read when DDP wraps the model (acc.prepare): its reducer then leaves the all-reduces
+            # to compiled autograd, which traces them into the backward graph.
+            torch._dynamo.config.optimize_ddp = "python_reducer"
         builds = (
             " (DeepSpeed builds its ops on first use: minutes on a fresh machine)"
             if self.strategy.uses_deepspeed
@@ -221,10 +229,9 @@ class Trainer:
         dynamo plugin would, but with a backend that runs a graph Inductor fails on eagerly, with a
         warning, instead of ending the job."""
         a = self.args
-        on_cuda = self.accelerator.device.type == "cuda"
-        self.compiled, why = compile_decision(a.compile, cuda=on_cuda, strategy=self.strategy, max_steps=self.max_steps)
-        self._print(f"compile={'on' if self.compiled else 'off'} ({why})")
+        self._print(f"compile={'on' if self.compiled else 'off'} ({self.compile_why})")
         self.compiled_eval = False
+        self.backward_compiler: Any = None
         if not self.compiled:
             return
         evals = (self.max_steps - 1) // a.eval_every + 1 if a.eval_every else 1  # the final one too
@@ -260,6 +267,9 @@ class Trainer:
             return
         self.model = torch.compile(self.model, backend=backend)
         self._print("compile_unit=model")
+        if a.compiled_autograd:
+            self.backward_compiler = torch.compile(backend=backend)
+            self._print("compiled_autograd=on (the backward one graph, DDP's all-reduces in it)")
 
     def _compile_blocks(self, torch, backend: Any) -> bool:
         """Compile each transformer block's forward and the loss, not the model (--compile-unit block;
@@ -295,6 +305,15 @@ class Trainer:
         model.loss_function = torch.compile(model.loss_function, backend=backend)
         self._print(f"compile_unit=block blocks={len(blocks)} loss=compiled")
         return True
+
+    def _backward_compiled(self) -> Any:
+        """--compiled-autograd: the backward traced and compiled as one graph (torch's compiled
+        autograd, a private API in torch 2.11); else nothing."""
+        if self.backward_compiler is None:
+            return contextlib.nullcontext()
+        from torch._dynamo import compiled_autograd
+
+        return compiled_autograd._enable(self.backward_compiler)
 
     def _clip(self, max_norm: float) -> None:
         """Clip the gradients' total norm; under fsdp on the local shards (training/sharded.py)."""
@@ -422,7 +441,7 @@ class Trainer:
                 with acc.accumulate(self.model):
                     with profiler.phase("forward"):
                         loss = self._loss(batch, state.step, micro)
-                    with profiler.phase("backward"):
+                    with profiler.phase("backward"), self._backward_compiled():
                         acc.backward(loss)
                     if acc.sync_gradients and a.max_grad_norm and not self.strategy.uses_deepspeed:
                         with profiler.phase("clip"):

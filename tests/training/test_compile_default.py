@@ -65,6 +65,10 @@ def test_evaluation_compiles_only_where_its_forwards_repay_it(evals, eval_sample
         ),
         (["--strategy", "zero1", "--compile-unit", "block"], "not zero1 \\(ZeRO-1/2 compile the whole model inside"),
         (["--compile-unit", "layer"], "argument --compile-unit: invalid choice: 'layer'"),
+        (["--compiled-autograd", "--strategy", "fsdp"], "--compiled-autograd applies to .* ddp or single, not fsdp"),
+        (["--compiled-autograd", "--no-compile"], "--compiled-autograd contradicts --no-compile"),
+        (["--compiled-autograd", "--compile-unit", "block"], "drop --compile-unit block"),
+        (["--compiled-autograd", "--ddp-reduce-dtype", "bf16"], "drop --ddp-reduce-dtype bf16"),
     ],
 )
 def test_compile_unit_refuses_what_it_cannot_compile(flags, message):

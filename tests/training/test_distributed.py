@@ -145,6 +145,35 @@ def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
     assert two.final_eval["eval_loss"] == pytest.approx(one.final_eval["eval_loss"], rel=1e-3)
 
 
+@pytest.mark.parametrize("accum", [1, 2])
+def test_compiled_autograd_ddp_gives_the_numbers_of_one_eager_process(train, no_dropout_config, aot_eager, accum):
+    """--compiled-autograd (P3's candidate: DDP's all-reduces traced into one compiled backward,
+    where the compiler may overlap them) trains like one eager process on the same global batches,
+    with accumulation's no-sync micro-steps too."""
+    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64", "--lr", "2e-3"]
+    flags += ["--max-steps", "6", "--log-every", "2", "--report-to", "none", "--no-save-model"]
+    flags += ["--generate-tokens", "0", "--max-eval-samples", "32", "--grad-accum", str(accum)]
+    one = train(*flags, "--batch-size", str(16 // accum), name=f"ca-one-{accum}")
+    two = train(
+        *flags,
+        "--batch-size",
+        str(8 // accum),
+        "--compile",
+        "--compiled-autograd",
+        name=f"ca-two-{accum}",
+        processes=2,
+        env={**aot_eager, "TORCH_LOGS": "compiled_autograd"},
+    )
+    assert one.returncode == 0, one.describe()
+    assert two.returncode == 0, two.describe()
+    assert two.lines("compiled_autograd=") == ["compiled_autograd=on (the backward one graph, DDP's all-reduces in it)"]
+    # The traced backward calls DDP's Python reducer (its per-parameter hooks), not the C++ one.
+    assert "[__compiled_autograd]" in two.stderr and "hook_type = 'post_acc_grad_hook'" in two.stderr
+    assert one.train_losses.keys() == two.train_losses.keys() == {2, 4, 6}
+    for step, loss in one.train_losses.items():
+        assert two.train_losses[step] == pytest.approx(loss, rel=1e-3), (step, one.train_losses, two.train_losses)
+
+
 def test_a_job_compiled_block_by_block_resumes_where_an_uninterrupted_one_goes(train, no_dropout_config, aot_eager):
     """What a user does next with --compile-unit block: a job killed after a checkpoint runs again
     with the same flags (as `distrain-cloud resume` does). The blocks' compiled forwards and the
