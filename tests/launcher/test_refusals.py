@@ -212,6 +212,7 @@ _specs = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.slow  # 60 generated specs, each planned: 3-6 s under CI's load
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=_specs)
 def test_every_spec_that_plans_yields_a_request_the_api_accepts(aws_calls, data):

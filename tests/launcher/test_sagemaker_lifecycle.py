@@ -583,6 +583,7 @@ def test_throttled_status_is_one_line(mocked_aws, monkeypatch, capsys):
 # ====================================================================== ls
 
 
+@pytest.mark.slow  # creates jobs in moto: over 3 s under CI's load
 def test_ls_lists_created_jobs(role, capsys):
     names = set()
     for _ in range(2):
