@@ -269,7 +269,8 @@ class Trainer:
         self._print("compile_unit=model")
         if a.compiled_autograd:
             self.backward_compiler = torch.compile(backend=backend)
-            self._print("compiled_autograd=on (the backward one graph, DDP's all-reduces in it)")
+            reduces = ", DDP's all-reduces in it" if self.accelerator.num_processes > 1 else ""
+            self._print(f"compiled_autograd=on (the backward one graph{reduces})")
 
     def _compile_blocks(self, torch, backend: Any) -> bool:
         """Compile each transformer block's forward and the loss, not the model (--compile-unit block;
