@@ -273,13 +273,18 @@ def compile_unit_for(strategy: Strategy, requested: str | None) -> str:
     return requested or ("block" if strategy in BLOCK_COMPILED else "model")
 
 
-def ddp_bucket_mb(requested: int | None, compiled: bool, compile_unit: str | None = None) -> int:
+def ddp_bucket_mb(
+    requested: int | None, compiled: bool, compile_unit: str | None = None, compiled_autograd: bool = False
+) -> int:
     """DDP's gradient bucket size in MB: --ddp-bucket-mb, else the default for eager or compiled.
     Compiled block by block (--compile-unit block), the graphs are not split at buckets: gradients
-    reach DDP's reducer block by block, as in an eager backward, so the eager size serves."""
+    reach DDP's reducer block by block, as in an eager backward, so the eager size serves. So it
+    does with --compiled-autograd, whose backward is one graph whatever the buckets: one bucket
+    would hold every all-reduce back until the last gradient."""
     if requested is not None:
         return requested
-    return DDP_BUCKET_MB_COMPILED if compiled and compile_unit != "block" else DDP_BUCKET_MB_EAGER
+    whole = compiled and compile_unit != "block" and not compiled_autograd
+    return DDP_BUCKET_MB_COMPILED if whole else DDP_BUCKET_MB_EAGER
 
 
 def accelerate_config(

@@ -164,7 +164,8 @@ class Trainer:
         a = self.args
         # Buckets are fixed before the run length (and so the compile decision) is known: size
         # them for a compiled step wherever the default may compile (CUDA).
-        bucket_mb = ddp_bucket_mb(a.ddp_bucket_mb, a.compile if a.compile is not None else cuda, a.compile_unit)
+        compiling = a.compile if a.compile is not None else cuda
+        bucket_mb = ddp_bucket_mb(a.ddp_bucket_mb, compiling, a.compile_unit, a.compiled_autograd)
         handlers: list[Any] = [_ddp_kwargs(a.ddp_reduce_dtype, bucket_mb)]
         ds_plugin = None
         if self.strategy.uses_deepspeed:

@@ -167,6 +167,7 @@ def test_compiled_autograd_ddp_gives_the_numbers_of_one_eager_process(train, no_
     assert one.returncode == 0, one.describe()
     assert two.returncode == 0, two.describe()
     assert two.lines("compiled_autograd=") == ["compiled_autograd=on (the backward one graph, DDP's all-reduces in it)"]
+    assert two.lines("ddp_bucket_mb=") == ["ddp_bucket_mb=25"]
     # The traced backward calls DDP's Python reducer (its per-parameter hooks), not the C++ one.
     assert "[__compiled_autograd]" in two.stderr and "hook_type = 'post_acc_grad_hook'" in two.stderr
     assert one.train_losses.keys() == two.train_losses.keys() == {2, 4, 6}

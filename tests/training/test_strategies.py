@@ -49,3 +49,8 @@ def test_impossible_requests_name_the_flag_the_hardware_and_the_fix():
 )
 def test_ddp_buckets_are_large_under_a_whole_model_compile_unless_asked_otherwise(requested, compiled, unit, mb):
     assert ddp_bucket_mb(requested, compiled, unit) == mb
+
+
+def test_compiled_autograd_keeps_eager_buckets_so_all_reduces_can_start_before_the_last_gradient():
+    assert ddp_bucket_mb(None, True, None, compiled_autograd=True) == 25
+    assert ddp_bucket_mb(250, True, None, compiled_autograd=True) == 250
