@@ -278,6 +278,7 @@ def estimate(
     eager_loss: bool = False,
     fsdp_blocks_per_unit: int | None = None,
     compile_unit: str | None = None,
+    compiled_autograd: bool = False,
     constants: Constants = CONSTANTS,
 ) -> Estimate:
     """Peak memory per device of a training step, and of the evaluation.
@@ -336,6 +337,8 @@ def estimate(
         if compiled and stage == 3 and compile_unit == "block":
             notes.append("compiled ZeRO-3 block by block is not in the calibration")
 
+    if compiled and compiled_autograd:
+        notes.append("--compiled-autograd is not in the calibration")
     terms["activations"] = constants.activation[how] * tokens * L * d
     if kv_cache:  # each layer's keys and values, in the compute dtype
         terms["kv_cache"] = 2 * L * tokens * d * (2 if mixed else 4)
@@ -427,6 +430,7 @@ def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimat
         fused_ce=args.fused_ce,
         fsdp_blocks_per_unit=args.fsdp_blocks_per_unit,
         compile_unit=_compile_unit(args),
+        compiled_autograd=args.compiled_autograd,
     )
 
 

@@ -215,6 +215,8 @@ def test_a_job_compiled_block_by_block_counts_the_loss_graphs_input():
     logits_bytes = 2 * 16 * 1024 * shape.vocab
     assert blocks.train_gib - model.train_gib == pytest.approx(logits_bytes / memory.GIB)
     assert not blocks.notes and not model.notes
+    with_ca = memory.estimate_job(dataclasses.replace(compiled, compiled_autograd=True), shape, 2)
+    assert with_ca.notes == ("--compiled-autograd is not in the calibration",)
 
 
 @pytest.mark.parametrize(
