@@ -317,6 +317,7 @@ def test_cpu_instance_gets_a_cpu_image_when_the_config_has_one():
 # --- agreement with sagemaker-core ------------------------------------------------------------
 
 
+@pytest.mark.slow  # imports sagemaker-core and resolves every shipped image: over 3 s in CI's gate, twice
 def test_uris_equal_sagemaker_core_retrieve(shipped, monkeypatch):
     image_uris = pytest.importorskip("sagemaker.core.image_uris")
     # retrieve() re-reads botocore's endpoint data on every call (~40 ms); read it once.
