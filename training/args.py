@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, NoReturn
 
-from .strategies import PRECISIONS, STRATEGIES
+from .strategies import BLOCK_COMPILED, PRECISIONS, STRATEGIES, Strategy
 
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
@@ -363,7 +363,8 @@ def validate(a: TrainArgs) -> None:
                 "--compile-unit model does not apply to --strategy fsdp, whose sharding hooks run between "
                 "blocks; fsdp compiles each block (--compile-unit block, its default)"
             )
-        if a.compile_unit == "block" and a.strategy in ("zero1", "zero2", "zero2-offload"):
+        strategy = Strategy(a.strategy)
+        if a.compile_unit == "block" and strategy.uses_deepspeed and strategy not in BLOCK_COMPILED:
             raise ArgumentError(
                 f"--compile-unit block applies to --strategy ddp, single, fsdp, zero3 or zero3-offload, "
                 f"not {a.strategy} (ZeRO-1/2 compile the whole model inside DeepSpeed's engine)"

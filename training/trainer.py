@@ -288,9 +288,9 @@ class Trainer:
         whole backward."""
         model = self.accelerator.unwrap_model(self.model)
         blocks = _transformer_blocks(model)
-        if not blocks and self.args.compile_unit is None and self.strategy is not Strategy.fsdp:
-            return False
         if not blocks and self.strategy is not Strategy.fsdp:  # fsdp then compiles the loss alone, as before
+            if self.args.compile_unit is None:  # ZeRO-3's default unit: compile the whole model instead
+                return False
             raise ArgumentError(
                 f"--compile-unit block: {type(model).__name__} names no "
                 "transformer block class (_no_split_modules); use --compile-unit model"

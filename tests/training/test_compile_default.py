@@ -172,3 +172,15 @@ def test_the_cli_passes_the_compile_unit_and_refuses_it_for_deepspeed(cli, tmp_p
         "--compile-unit block applies to --strategy ddp, single, fsdp, zero3 or zero3-offload, not zero2"
         in wrong.stderr
     )
+
+
+def test_the_cli_passes_compiled_autograd_and_refuses_it_where_it_does_not_apply(cli, tmp_path):
+    """What a user types for P3's candidate: the flag reaches the job's command; under a strategy
+    it does not serve, one line at plan time names it, and nothing is sent."""
+    base = ("submit", "--instance", "local", "--processes", "2", "--dry-run", "--json")
+    r = cli(*base, "--strategy", "ddp", "--", "--compiled-autograd", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "--compiled-autograd" in json.loads(r.stdout)["request"]["command"]
+    wrong = cli(*base, "--strategy", "zero2", "--", "--compiled-autograd", cwd=tmp_path)
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert "--compiled-autograd applies to --strategy ddp or single, not zero2" in wrong.stderr
