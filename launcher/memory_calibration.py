@@ -106,6 +106,7 @@ def _runs(card: str, *rows: tuple[str, str, float, float | None]) -> tuple[Run, 
 H1, H1x200, H2, H4 = "2026-11-26-h100x1", "2026-11-26-h200x1", "2026-11-26-h200x2", "2026-11-26-h200x4"
 H100x2, H100x4 = "2026-11-26-h100x2", "2026-11-26-h100x4"
 S10 = "2026-11-27-h200x4-session10"
+S11 = "2026-11-27-h200x4-session11"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -380,6 +381,31 @@ CONFIGS: tuple[Config, ...] = (
         (f"{S10}-xl-zero", "ours-gpt2-xl-zero2-compile-g4-b4-k1", 17.9238, 25.43))),
     Config("gpt2-small", 4, "zero3", compiled=True, kv_cache=False, logits_output=False, compile_unit="model",
            runs=_runs("H200", (f"{S10}-zero3-compiled", "ours-gpt2-small-zero3-compile-g4-b16-k1", 9.6175, 22.37))),
+    # session 11: 4xH200 (host E), one warm machine; 1-GPU runs on one of its cards
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S11}-scaling", "ours-gpt2-small-ddp-compile-g1-b16-k1", 8.7407, 17.68))),
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S11}-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2158, 20.71))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S11}-scaling", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.71),
+        (f"{S11}-zero", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.18))),
+    Config("gpt2-small", 4, "ddp", kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S11}-zero", "ours-gpt2-small-ddp-g4-b16-k1", 23.5585, 26.00))),
+    Config("gpt2-small", 4, "zero2", kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S11}-zero", "ours-gpt2-small-zero2-g4-b16-k1", 18.0817, 24.76))),
+    Config("gpt2-small", 4, "zero3", kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S11}-zero", "ours-gpt2-small-zero3-g4-b16-k1", 19.1322, 25.77))),
+    Config("gpt2-small", 4, "zero2", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S11}-zero", "ours-gpt2-small-zero2-compile-g4-b16-k1", 7.1714, 20.55))),
+    Config("gpt2-small", 4, "zero3", compiled=True, kv_cache=False, logits_output=False, compile_unit="block",
+           runs=_runs("H200", (f"{S11}-zero", "ours-gpt2-small-zero3-compile-g4-b16-k1", 9.6168, 22.40))),
+    Config("gpt2-xl", 4, "zero2", batch_size=4, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S11}-xl", "ours-gpt2-xl-zero2-g4-b4-k1", 26.6869, 35.50))),
+    Config("gpt2-xl", 4, "zero3", batch_size=4, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S11}-xl", "ours-gpt2-xl-zero3-g4-b4-k1", 28.0598, 34.78))),
+    Config("gpt2-xl", 4, "zero3", batch_size=4, compiled=True, kv_cache=False, logits_output=False,
+           compile_unit="block", runs=_runs("H200",
+        (f"{S11}-xl", "ours-gpt2-xl-zero3-compile-g4-b4-k1-compiled", 19.5879, 28.13))),
 )  # fmt: skip
 
 

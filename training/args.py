@@ -161,8 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=d.compile,
-        help="torch.compile the model (default: on for CUDA GPUs with ddp or one process and runs of "
-        "200+ steps; a compile error falls back to eager with a warning)",
+        help="torch.compile the model (default: on for CUDA GPUs under ddp, single, fsdp, zero2 and "
+        "zero3 for runs of 1,000+ steps; a compile error falls back to eager with a warning)",
     )
     g.add_argument(
         "--compile-mode",

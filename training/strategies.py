@@ -217,27 +217,38 @@ def plan_configs(strategy: Strategy, args, world_size: int) -> dict[str, Any]:
 DDP_BUCKET_MB_EAGER, DDP_BUCKET_MB_COMPILED = 25, 1000
 
 
-# Compiling GPT-2 small costs 40-100 s on an H100 and then runs 2.5x the eager step (bench/README.md):
-# a few hundred steps repay it. Below this many optimizer steps the default stays eager. ZeRO-2
-# compiled ran 1.47x its eager step on 4 H200s (GPT-2 small, session 10) after a 27 s first step.
-COMPILE_MIN_STEPS = 200
+# Compiling costs a first step of 11-33 s (GPT-2 small, 4 H200s) and then saves 17-45 ms a step:
+# measured side by side on one machine (bench/README.md, session 11), the compile is repaid after
+# 695 steps under ddp (85.3 -> 40.0 ms), 1,032 under ZeRO-2 (77.0 -> 51.7 ms) and 639 under ZeRO-3
+# block by block (128.9 -> 112.3 ms). Below this many optimizer steps the default stays eager.
+COMPILE_MIN_STEPS = 1000
+# Evaluation's own compile is taken to pay once its forwards add up to this many training
+# micro-batches (a forward is about a third of a step's work, so 200 steps' worth). Its break-even
+# has not been measured; this is the threshold evaluation has used since session 8.
+EVAL_COMPILE_MIN_BATCHES = 600
 
 
-def compile_decision(requested: bool | None, *, cuda: bool, strategy: Strategy, max_steps: int) -> tuple[bool, str]:
+def compile_decision(
+    requested: bool | None, *, cuda: bool, strategy: Strategy, max_steps: int, has_blocks: bool = True
+) -> tuple[bool, str]:
     """Whether to torch.compile the model, and the reason the log line gives.
 
     --compile / --no-compile decide; the default compiles where it is safe and pays: CUDA GPUs
     (Inductor's CPU code is slower to build than it saves on small runs), DDP, FSDP (each block
-    compiled, its sharding hooks left outside), one process or ZeRO-2 (the model compiled inside
-    DeepSpeed's engine), and a run long enough to repay compiling."""
+    compiled, its sharding hooks left outside), one process, ZeRO-2 (the model compiled inside
+    DeepSpeed's engine) or ZeRO-3 (each block compiled, DeepSpeed's hooks left outside), and a run
+    long enough to repay compiling. `has_blocks`: the model names its transformer block class,
+    which ZeRO-3's default compile needs (compiled whole, it recompiles at every block's hooks)."""
     if requested is not None:
         return requested, "--compile" if requested else "--no-compile"
     if not cuda:
         return False, "default: no CUDA GPU"
-    if strategy.uses_deepspeed and strategy is not Strategy.zero2:
-        # ZeRO-3 compiled whole hit Dynamo's recompile limit at GPT-2 XL (see BLOCK_COMPILED);
-        # block by block, as --compile now does under ZeRO-3, it has not run on a GPU yet.
+    if strategy.uses_deepspeed and strategy not in (Strategy.zero2, Strategy.zero3):
+        # Never measured compiled on a GPU. ZeRO-3 block by block ran 1.15x its eager step at
+        # GPT-2 small and 1.0x at XL with 30% less memory (4 H200s, session 11).
         return False, f"default: {strategy.value} runs eager: not measured compiled (--compile to try it)"
+    if strategy is Strategy.zero3 and not has_blocks:
+        return False, "default: zero3 runs eager: the model names no transformer block class to compile"
     if max_steps < COMPILE_MIN_STEPS:
         return False, f"default: {max_steps} steps are too few to repay compiling (--compile to force)"
     return True, "default on CUDA GPUs; --no-compile to opt out"
@@ -248,11 +259,10 @@ def eval_compile_decision(*, evals: int, eval_samples: int, batch_size: int) -> 
 
     Evaluation is a graph of its own (no gradients, eval mode, its own batch shapes) with a compile
     of its own: 19 s for GPT-2 small on one H200 and 41 s for GPT-2 XL on two, to evaluate 13 and
-    14 samples (bench/README.md, session 8). It pays as training's compile does: when the run's
-    evaluation forwards add up to COMPILE_MIN_STEPS training micro-steps, a forward being about a
-    third of a step's work. `eval_samples` is one evaluation's samples per process, `batch_size`
-    the training micro-batch per process."""
-    total, needed = evals * eval_samples, 3 * COMPILE_MIN_STEPS * batch_size
+    14 samples (bench/README.md, session 8). It pays when the run's evaluation forwards add up to
+    EVAL_COMPILE_MIN_BATCHES training micro-batches. `eval_samples` is one evaluation's samples per
+    process, `batch_size` the training micro-batch per process."""
+    total, needed = evals * eval_samples, EVAL_COMPILE_MIN_BATCHES * batch_size
     if total >= needed:
         return True, f"{total} evaluation samples per process over the run repay it"
     return False, f"{total} evaluation samples per process over the run are too few to repay compiling"

@@ -99,8 +99,9 @@ class Trainer:
         self.steps_per_epoch = max(1, len(self.train_sampler) // a.grad_accum)
         self.max_steps = a.max_steps if a.max_steps is not None else math.ceil(a.epochs * self.steps_per_epoch)
         cuda = acc.device.type == "cuda"
+        blocks = bool(_transformer_blocks(model))
         self.compiled, self.compile_why = compile_decision(
-            a.compile, cuda=cuda, strategy=self.strategy, max_steps=self.max_steps
+            a.compile, cuda=cuda, strategy=self.strategy, max_steps=self.max_steps, has_blocks=blocks
         )
         if self.compiled and a.compiled_autograd:
             # Read when DDP wraps the model (acc.prepare): its reducer then leaves the all-reduces

@@ -9,6 +9,7 @@ import pytest
 from distrain_cloud.training.args import ArgumentError, parse_args
 from distrain_cloud.training.strategies import (
     COMPILE_MIN_STEPS,
+    EVAL_COMPILE_MIN_BATCHES,
     Strategy,
     compile_decision,
     compile_unit_for,
@@ -19,15 +20,19 @@ from distrain_cloud.training.strategies import (
 @pytest.mark.parametrize(
     "requested, cuda, strategy, steps, expected, says",
     [
-        (None, True, Strategy.ddp, 1000, True, "default on CUDA GPUs; --no-compile to opt out"),
+        (None, True, Strategy.ddp, 5000, True, "default on CUDA GPUs; --no-compile to opt out"),
         (None, True, Strategy.single, COMPILE_MIN_STEPS, True, "--no-compile to opt out"),
-        (None, False, Strategy.ddp, 1000, False, "no CUDA GPU"),
-        (None, True, Strategy.zero2, 1000, True, "default on CUDA GPUs; --no-compile to opt out"),
-        (None, True, Strategy.zero3, 1000, False, "zero3 runs eager: not measured compiled"),
-        (None, True, Strategy.zero3_offload, 1000, False, "not measured compiled"),
-        (None, True, Strategy.zero1, 1000, False, "zero1 runs eager: not measured compiled"),
-        (None, True, Strategy.zero2_offload, 1000, False, "not measured compiled"),
+        (None, False, Strategy.ddp, 5000, False, "no CUDA GPU"),
+        (None, True, Strategy.zero2, 5000, True, "default on CUDA GPUs; --no-compile to opt out"),
+        (None, True, Strategy.zero3, 5000, True, "default on CUDA GPUs; --no-compile to opt out"),
+        (None, True, Strategy.fsdp, 5000, True, "default on CUDA GPUs; --no-compile to opt out"),
+        (None, True, Strategy.zero3_offload, 5000, False, "not measured compiled"),
+        (None, True, Strategy.zero1, 5000, False, "zero1 runs eager: not measured compiled"),
+        (None, True, Strategy.zero2_offload, 5000, False, "not measured compiled"),
         (None, True, Strategy.zero2, COMPILE_MIN_STEPS - 1, False, "too few to repay compiling"),
+        (None, True, Strategy.zero3, COMPILE_MIN_STEPS - 1, False, "too few to repay compiling"),
+        # the measured break-even (ZeRO-2's 1,032 steps, the longest): a 500-step run stays eager
+        (None, True, Strategy.ddp, 500, False, "500 steps are too few to repay compiling"),
         (None, True, Strategy.ddp, COMPILE_MIN_STEPS - 1, False, "too few to repay compiling"),
         (True, False, Strategy.ddp, 5, True, "--compile"),
         (False, True, Strategy.ddp, 10**6, False, "--no-compile"),
@@ -38,14 +43,25 @@ def test_the_default_compiles_on_cuda_for_ddp_and_long_runs(requested, cuda, str
     assert compiled is expected and says in why
 
 
+def test_zero3_compiles_by_default_only_a_model_with_blocks():
+    """ZeRO-3 compiles block by block; a model naming no block class would be compiled whole,
+    which recompiled at every block's DeepSpeed hooks (session 10), so the default stays eager."""
+    decide = lambda **kw: compile_decision(None, cuda=True, max_steps=5000, **kw)  # noqa: E731
+    assert decide(strategy=Strategy.zero3, has_blocks=True)[0]
+    compiled, why = decide(strategy=Strategy.zero3, has_blocks=False)
+    assert not compiled and why == "default: zero3 runs eager: the model names no transformer block class to compile"
+    assert decide(strategy=Strategy.ddp, has_blocks=False)[0] and decide(strategy=Strategy.zero2, has_blocks=False)[0]
+    assert compile_decision(True, cuda=True, strategy=Strategy.zero3, max_steps=5, has_blocks=False)[0]
+
+
 @pytest.mark.parametrize(
     "evals, eval_samples, batch_size, expected",
     [
         (1, 13, 4, False),  # the bench's final evaluation of a GPT-2 XL run: a 41 s compile for 13 samples
         (11, 256, 16, False),  # an evaluation every 100 of 1000 steps over 256 samples
         (11, 1024, 16, True),  # ... over 1024: 11,264 samples, past 3 x 200 x 16 = 9,600
-        (1, 3 * COMPILE_MIN_STEPS * 16, 16, True),
-        (1, 3 * COMPILE_MIN_STEPS * 16 - 1, 16, False),
+        (1, EVAL_COMPILE_MIN_BATCHES * 16, 16, True),
+        (1, EVAL_COMPILE_MIN_BATCHES * 16 - 1, 16, False),
     ],
 )
 def test_evaluation_compiles_only_where_its_forwards_repay_it(evals, eval_samples, batch_size, expected):
