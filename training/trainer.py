@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -309,14 +310,39 @@ class Trainer:
         self._print(f"compile_unit=block blocks={len(blocks)} loss=compiled")
         return True
 
-    def _backward_compiled(self) -> Any:
-        """--compiled-autograd: the backward traced and compiled as one graph (torch's compiled
-        autograd, a private API in torch 2.11); else nothing."""
+    def _backward(self, loss: Any, again: Callable[[], Any], micro: int) -> Any:
+        """acc.backward(loss); with --compiled-autograd, traced and compiled as one graph (torch's
+        compiled autograd, a private API in torch 2.11). The loss backward'd, which is `again()`'s
+        where the compiled backward failed: on 4 H200s under torch 2.11 its first run raised
+        inside an Inductor kernel (bench/README.md, session 11). As with a forward Inductor fails
+        on, that is said once and the job goes on eagerly: the micro-batch's forward runs again
+        and its backward eagerly, DDP's Python reducer then all-reducing each gradient on its own.
+        Only on a micro-batch that starts an optimizer step: later ones' gradients add to earlier
+        ones', which a half-run backward may have touched."""
         if self.backward_compiler is None:
-            return contextlib.nullcontext()
+            self.accelerator.backward(loss)
+            return loss
         from torch._dynamo import compiled_autograd
 
-        return compiled_autograd._enable(self.backward_compiler)
+        try:
+            with compiled_autograd._enable(self.backward_compiler):
+                if os.environ.get("DISTRAIN_TEST_COMPILED_BACKWARD_FAIL"):  # test hook: a failing kernel
+                    raise RuntimeError("injected failure in the compiled backward")
+                self.accelerator.backward(loss)
+            return loss
+        except Exception as e:
+            if micro:
+                raise
+            reason = " ".join(str(e).split())[:200] or type(e).__name__
+            self._print(
+                f"warning: the compiled backward failed ({reason}); the backward runs eagerly from here "
+                "(drop --compiled-autograd to avoid it)"
+            )
+            self.backward_compiler = None
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = again()
+            self.accelerator.backward(loss)
+            return loss
 
     def _clip(self, max_norm: float) -> None:
         """Clip the gradients' total norm; under fsdp on the local shards (training/sharded.py)."""
@@ -444,8 +470,8 @@ class Trainer:
                 with acc.accumulate(self.model):
                     with profiler.phase("forward"):
                         loss = self._loss(batch, state.step, micro)
-                    with profiler.phase("backward"), self._backward_compiled():
-                        acc.backward(loss)
+                    with profiler.phase("backward"):
+                        loss = self._backward(loss, functools.partial(self._loss, batch, state.step, micro), micro)
                     if acc.sync_gradients and a.max_grad_norm and not self.strategy.uses_deepspeed:
                         with profiler.phase("clip"):
                             self._clip(a.max_grad_norm)
