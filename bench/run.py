@@ -472,7 +472,8 @@ def contract_env(dirs: dict[str, Path], port: int, shim: Path | None) -> dict[st
 
 
 def child_env(ctx: Ctx, run: Run, dirs: dict[str, Path], port: int, shim: Path | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTRAIN_", "SM_"))}
+    # The job's contract is the bench's to set; DISTRAIN_DEBUG (full tracebacks in the log) passes.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTRAIN_", "SM_")) or k == "DISTRAIN_DEBUG"}
     env.update(lib.REQUIRED_ENV)  # required on the GPU machines; never remove
     env.update(contract_env(dirs, port, shim))
     env.update(
@@ -712,12 +713,10 @@ class Runner:
                 status = f"FAILED (rc={rc})"
         if status != "ok":
             res["error"] = last_error(text)
+            res["tracebacks"] = [str(t.relative_to(self.out)) for t in keep_tracebacks(dirs["output"], log)]
             if res.get("tokens_per_sec") is not None and res.get("complete"):
                 res["note"] = "all timed windows finished; the failure came after training (eval/save)"
         res["status"] = status
-        profile = dirs["output"] / "profile.txt"  # a --profile-steps run's tables, kept beside its log
-        if profile.is_file():
-            shutil.copy(profile, log.with_suffix(".profile.txt"))
         shutil.rmtree(rundir, ignore_errors=True)  # model files can be GBs
         return res
 
@@ -745,6 +744,18 @@ class Runner:
             os.killpg(p.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def keep_tracebacks(output: Path, log: Path) -> list[Path]:
+    """Copy a failed run's traceback files (the trainer writes one per rank into its output folder)
+    beside its log, <run id>.traceback[-rankN].txt, before the run folder is deleted: the log has
+    only their one-line summary, and on a lent GPU machine what is not under the results folder
+    is lost with it."""
+    kept = []
+    for tb in sorted(output.glob("traceback*.txt")):
+        kept.append(log.with_name(f"{log.stem}.{tb.name}"))
+        shutil.copy(tb, kept[-1])
+    return kept
 
 
 def last_error(text: str) -> str:
@@ -1064,7 +1075,12 @@ def render(meta: dict, suites: dict[str, list[Run]], ctx: Ctx) -> tuple[str, dic
             except Exception as e:  # noqa: BLE001 - never lose the tables over a derived number
                 lines = [f"- (derived numbers failed: {type(e).__name__}: {e})"]
         md += lines
-        errs = [f"- {r.label}: {r.result.get('error')}" for r in runs if r.result.get("error")]
+        errs = [
+            f"- {r.label}: {r.result.get('error')}"
+            + (f" (kept: {', '.join(r.result['tracebacks'])})" if r.result.get("tracebacks") else "")
+            for r in runs
+            if r.result.get("error")
+        ]
         if errs and name != "xl":
             md += ["", "errors:"] + errs
         data["suites"][name] = {"derived": derived, "runs": [run_json(r, ctx) for r in runs]}

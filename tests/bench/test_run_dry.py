@@ -142,7 +142,8 @@ def _log(*steps: int) -> str:
     return "\n".join([*lines, "profile_steps=32-34 profile_gpu_busy_ms=50"])
 
 
-def test_the_median_leaves_out_the_windows_the_profiler_slowed(tmp_path):
+def _bench():
+    """bench/run.py as a module."""
     import importlib.util
 
     sys.path.insert(0, str(REPO / "bench"))  # for its _benchlib
@@ -151,7 +152,24 @@ def test_the_median_leaves_out_the_windows_the_profiler_slowed(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     sys.modules["bench_run"] = bench  # dataclasses look their module up while the class is built
     spec.loader.exec_module(bench)
+    return bench
 
+
+def test_a_failed_runs_tracebacks_are_kept_beside_its_log(tmp_path):
+    """Session 11 spent device calls on a traceback the bench deleted with the run's folder."""
+    output, logs = tmp_path / "run" / "output", tmp_path / "logs"
+    output.mkdir(parents=True)
+    logs.mkdir()
+    (output / "traceback.txt").write_text("rank 0")
+    (output / "traceback-rank1.txt").write_text("rank 1")
+    (output / "metrics.jsonl").write_text("{}")
+    kept = _bench().keep_tracebacks(output, logs / "ours-x-ca.log")
+    assert [p.name for p in kept] == ["ours-x-ca.traceback-rank1.txt", "ours-x-ca.traceback.txt"]
+    assert (logs / "ours-x-ca.traceback.txt").read_text() == "rank 0"
+
+
+def test_the_median_leaves_out_the_windows_the_profiler_slowed(tmp_path):
+    bench = _bench()
     run = bench.Run("r", "ours", "r", [], 2, "gpt2-small", "lm", "ddp", 1024, 16, 1, 30, 10, 10, 60)
     res = bench.parse_ours(run, tmp_path / "missing.jsonl", _log(10, 20, 30, 40))
     # windows (10,20], (20,30] and (30,40]; the last holds the profiled steps 32-34
