@@ -235,6 +235,7 @@ class Trainer:
         self._print(f"compile={'on' if self.compiled else 'off'} ({self.compile_why})")
         self.compiled_eval = False
         self.backward_compiler: Any = None
+        self.eager_now = False  # compiled regions forced eager after a failed compiled backward (_backward)
         if not self.compiled:
             return
         evals = (self.max_steps - 1) // a.eval_every + 1 if a.eval_every else 1  # the final one too
@@ -312,37 +313,48 @@ class Trainer:
 
     def _backward(self, loss: Any, again: Callable[[], Any], micro: int) -> Any:
         """acc.backward(loss); with --compiled-autograd, traced and compiled as one graph (torch's
-        compiled autograd, a private API in torch 2.11). The loss backward'd, which is `again()`'s
-        where the compiled backward failed: on 4 H200s under torch 2.11 its first run raised
-        inside an Inductor kernel (bench/README.md, session 11). As with a forward Inductor fails
-        on, that is said once and the job goes on eagerly: the micro-batch's forward runs again
-        and its backward eagerly, DDP's Python reducer then all-reducing each gradient on its own.
-        Only on a micro-batch that starts an optimizer step: later ones' gradients add to earlier
-        ones', which a half-run backward may have touched."""
-        if self.backward_compiler is None:
-            self.accelerator.backward(loss)
-            return loss
-        from torch._dynamo import compiled_autograd
+        compiled autograd, a private API in torch 2.11). Returns the loss backward'd: `again()`'s
+        where a compiled job's backward failed.
 
+        A compiled model's backward graph is compiled at its first backward, out of reach of the
+        backend's guard (_inductor_or_eager), and compiled autograd's first run raised inside an
+        Inductor kernel on 4 H200s under torch 2.11 (bench/README.md, session 11). Either way the
+        compiler costs speed, not the job: said once, the micro-batch's forward runs again and its
+        backward eagerly (compiled autograd off, or under ddp and one process the whole job eager
+        from here, DDP's reducer reset for the forward it did not finish). Only on a micro-batch
+        that starts an optimizer step, since later ones add to gradients a half-run backward may
+        have touched, and never for running out of memory, which eager would do sooner."""
+        import torch
+
+        ca = self.backward_compiler
         try:
-            with compiled_autograd._enable(self.backward_compiler):
-                if os.environ.get("DISTRAIN_TEST_COMPILED_BACKWARD_FAIL"):  # test hook: a failing kernel
-                    raise RuntimeError("injected failure in the compiled backward")
+            with _compiled_autograd(ca):
+                if self.compiled and os.environ.pop("DISTRAIN_TEST_COMPILED_BACKWARD_FAIL", ""):  # test hook, once
+                    _fail_partway(self.model)
                 self.accelerator.backward(loss)
             return loss
         except Exception as e:
-            if micro:
+            stance = hasattr(torch.compiler, "set_stance")  # torch >= 2.6
+            whole_job = (
+                self.compiled and not self.eager_now and stance and self.strategy in (Strategy.ddp, Strategy.single)
+            )
+            if micro or isinstance(e, torch.OutOfMemoryError) or not (ca is not None or whole_job):
                 raise
             reason = " ".join(str(e).split())[:200] or type(e).__name__
-            self._print(
-                f"warning: the compiled backward failed ({reason}); the backward runs eagerly from here "
-                "(drop --compiled-autograd to avoid it)"
-            )
-            self.backward_compiler = None
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = again()
-            self.accelerator.backward(loss)
-            return loss
+            if ca is not None:
+                self.backward_compiler = None
+                what = "the backward runs eagerly from here (drop --compiled-autograd to avoid it)"
+            else:
+                torch.compiler.set_stance("force_eager")  # every compiled region, for the rest of the job
+                reducer = getattr(self.model, "reducer", None)
+                if reducer is not None and not getattr(self.model, "_use_python_reducer", False):
+                    reducer._reset_state()
+                self.eager_now, what = True, "the job runs eagerly from here (--no-compile avoids it)"
+            self._print(f"warning: the compiled backward failed ({reason}); {what}")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = again()
+        self.accelerator.backward(loss)
+        return loss
 
     def _clip(self, max_norm: float) -> None:
         """Clip the gradients' total norm; under fsdp on the local shards (training/sharded.py)."""
@@ -1086,7 +1098,7 @@ def _maybe_die_for_test(step: int) -> None:
 def _inductor_or_eager(mode: str, say):
     """Inductor's torch.compile backend for `mode`; a graph it fails to compile runs eagerly, once
     said, so a compiler bug costs speed, not the job. (A backward graph is compiled at its first
-    backward, outside this guard: a failure there still ends the step.)"""
+    backward, outside this guard: Trainer._backward catches a failure there.)"""
     import os
 
     import torch
@@ -1107,6 +1119,28 @@ def _inductor_or_eager(mode: str, say):
             return graph.forward
 
     return backend
+
+
+def _fail_partway(model) -> None:
+    """Test hook: the next backward raises partway, after some gradients have reached their hooks
+    (DDP's reducer's among them), as a kernel failing inside a compiled backward leaves it."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    handles: list[Any] = []
+
+    def fail(grad):
+        handles.pop().remove()
+        raise RuntimeError("injected failure in the compiled backward")
+
+    handles.append(params[len(params) // 2].register_hook(fail))
+
+
+def _compiled_autograd(compiler: Any) -> Any:
+    """A context in which backward runs through torch's compiled autograd with `compiler`; none if None."""
+    if compiler is None:
+        return contextlib.nullcontext()
+    from torch._dynamo import compiled_autograd
+
+    return compiled_autograd._enable(compiler)
 
 
 def _eager(torch) -> Any:
