@@ -343,7 +343,9 @@ class Trainer:
             reason = " ".join(str(e).split())[:200] or type(e).__name__
             if ca is not None:
                 self.backward_compiler = None
-                what = "the backward runs eagerly from here (drop --compiled-autograd to avoid it)"
+                # DDP's Python reducer stays: it then all-reduces each gradient on its own, slowly
+                alone = ", each gradient all-reduced alone" if self.accelerator.num_processes > 1 else ""
+                what = f"the backward runs eagerly from here{alone} (drop --compiled-autograd)"
             else:
                 torch.compiler.set_stance("force_eager")  # every compiled region, for the rest of the job
                 reducer = getattr(self.model, "reducer", None)
