@@ -153,6 +153,29 @@ def test_a_compile_failure_falls_back_to_eager_with_one_warning(train):
 
 
 @pytest.mark.slow
+def test_a_failing_compiled_backward_goes_on_eagerly_on_one_process(train, no_dropout_config):
+    """A compiled backward graph is compiled at its first backward, out of the backend's reach; a
+    failure partway through it (trainer._backward's test hook) costs speed, not the job: one
+    warning, then the step again and the rest of the job eagerly, to eager's numbers (no dropout,
+    so the failed attempt's draws change nothing)."""
+    flags = (*FLAGS[:2], "--model-config", str(no_dropout_config), *FLAGS[4:])  # FLAGS without the preset
+    eager = train(*flags, name="eager")
+    failing = train(
+        *flags,
+        "--compile",
+        name="backward-failing",
+        env={"DISTRAIN_TEST_COMPILED_BACKWARD_FAIL": "1", "DISTRAIN_COMPILE_BACKEND": "aot_eager"},
+    )
+    assert eager.returncode == 0, eager.describe()
+    assert failing.returncode == 0, failing.describe()
+    assert failing.lines("warning:") == [
+        "warning: the compiled backward failed (injected failure in the compiled backward); the job runs eagerly "
+        "from here (--no-compile avoids it)"
+    ]
+    assert failing.train_losses == pytest.approx(eager.train_losses, rel=1e-5)
+
+
+@pytest.mark.slow
 def test_a_resumed_compiled_job_loads_its_kernels_from_beside_the_checkpoints(train, tmp_path):
     """The compiler's cache lives in the checkpoint folder, which a lineage keeps (S3 for cloud
     jobs): a resume on another machine (here: a fresh process with its own temp dirs) hits it."""
