@@ -280,8 +280,9 @@ class Trainer:
         """Compile each transformer block's forward and the loss, not the model (--compile-unit block;
         by default under fsdp and ZeRO-3, strategies.BLOCK_COMPILED). Blocks of one class share one
         compiled graph (Dynamo lifts their weights to inputs), so the compile takes about one
-        block's time whatever the depth. False, with nothing compiled, where ZeRO-3's default meets
-        a model that names no block class: the caller then compiles the whole model.
+        block's time whatever the depth. False, with nothing compiled, where ZeRO-3 is compiled with no
+        --compile-unit and the model names no block class: the caller then compiles the whole model
+        (the default compile_decision keeps such a model eager).
 
         fsdp and ZeRO-3: the sharding hooks around a block or unit (gather its weights, free them,
         reduce its gradients) run eagerly between compiled blocks, as in torchtitan, instead of

@@ -237,6 +237,21 @@ def test_a_cloud_plan_carries_the_check_and_a_dry_run_fails_on_it(capsys, no_aws
     assert line.startswith("  [FAIL] fits in GPU memory: needs about") and "fits with --strategy" in line, line
 
 
+@pytest.mark.parametrize(("steps", "compiled"), [("2000", True), ("999", False)])
+def test_a_zero3_plan_is_checked_as_the_job_will_run_compiled_or_not(capsys, no_aws_config, steps, compiled):
+    """What the trainer decides on the GPU (strategies.compile_decision: ZeRO-3 compiles by default,
+    and only runs of COMPILE_MIN_STEPS or more) is what the plan's memory check assumes, through the
+    CLI: the compiled step needs less memory, so the check's figure and fixes follow the run length."""
+    from distrain_cloud.launcher import cli
+
+    argv = ["submit", "--instance", "g5.12xlarge", "--strategy", "zero3", "--region", "us-east-1", "--dry-run"]
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--", *XL, "--max-steps", steps])
+    line = next(x for x in capsys.readouterr().out.splitlines() if "fits in GPU memory" in x)
+    assert ("(zero3, compiled, micro-batch" in line) is compiled, line
+    assert ("(zero3, micro-batch" in line) is not compiled, line
+
+
 # ---------------------------------------------------------------------------------- instances --fit
 
 
