@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.compiled_autograd,
         help="ddp, compiled: also compile the backward as one graph with DDP's gradient all-reduces "
         "inside it (PyTorch's compiled autograd), so the compiler can overlap them with the backward's "
-        "kernels; one graph, not split at buckets. Not yet measured on GPUs",
+        "kernels; one graph, not split at buckets. Not yet measured on GPUs: under torch 2.11 with CUDA its "
+        "first backward failed, and the job then goes on eagerly",
     )
     g.add_argument(
         "--pad-to-multiple-of",
