@@ -192,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.compiled_autograd,
         help="ddp, compiled: also compile the backward as one graph with DDP's gradient all-reduces "
         "inside it (PyTorch's compiled autograd), so the compiler can overlap them with the backward's "
-        "kernels; one graph, not split at buckets. Not yet measured on GPUs: under torch 2.11 with CUDA its "
-        "first backward failed, and the job then goes on eagerly",
+        "kernels; one graph, not split at buckets. Measured on 4 H200s: it hides most of the all-reduce, "
+        "yet its steps ran 0.3-3%% slower than the default's, so it stays opt-in",
     )
     g.add_argument(
         "--pad-to-multiple-of",

@@ -319,7 +319,8 @@ class Trainer:
 
         A compiled model's backward graph is compiled at its first backward, out of reach of the
         backend's guard (_inductor_or_eager), and compiled autograd's first run raised inside an
-        Inductor kernel on 4 H200s under torch 2.11 (bench/README.md, session 11). Either way the
+        Inductor kernel on 4 H200s under torch 2.11 (bench/README.md, session 11; _seeded_backward
+        avoids that one). Either way the
         compiler costs speed, not the job: said once, the micro-batch's forward runs again and its
         backward eagerly (compiled autograd off, or under ddp and one process the whole job eager
         from here, DDP's reducer reset for the forward it did not finish). Only on a micro-batch
@@ -332,7 +333,10 @@ class Trainer:
             with _compiled_autograd(ca):
                 if self.compiled and os.environ.pop("DISTRAIN_TEST_COMPILED_BACKWARD_FAIL", ""):  # test hook, once
                     _fail_partway(self.model)
-                self.accelerator.backward(loss)
+                if ca is None:
+                    self.accelerator.backward(loss)
+                else:
+                    _seeded_backward(self.accelerator, loss)
             return loss
         except Exception as e:
             stance = hasattr(torch.compiler, "set_stance")  # torch >= 2.6
@@ -1135,6 +1139,20 @@ def _fail_partway(model) -> None:
         raise RuntimeError("injected failure in the compiled backward")
 
     handles.append(params[len(params) // 2].register_hook(fail))
+
+
+def _seeded_backward(accelerator: Any, loss: Any) -> None:
+    """accelerator.backward(loss) for compiled autograd (ddp or one process, no DeepSpeed): the
+    accumulation's 1/k seeds the backward instead of dividing the loss. Accelerate's `loss / k`
+    saves k, a Scalar, on the division's backward node; compiled autograd lifts it into its graph
+    as an input, and under torch 2.11 with CUDA it then passed the Python int where Inductor's
+    first kernel read a 0-d tensor (bench/README.md, session 11). Seeded, the graph has no Scalar
+    input, and every gradient is the same."""
+    import torch
+
+    scaler = accelerator.scaler  # fp16's loss scale: a tensor product, no Scalar either
+    scaled = scaler.scale(loss) if scaler is not None else loss
+    scaled.backward(torch.full_like(scaled, 1.0 / accelerator.gradient_accumulation_steps))
 
 
 def _compiled_autograd(compiler: Any) -> Any:

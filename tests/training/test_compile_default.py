@@ -223,3 +223,40 @@ def test_the_cli_passes_compiled_autograd_and_refuses_it_where_it_does_not_apply
     wrong = cli(*base, "--strategy", "zero2", "--", "--compiled-autograd", cwd=tmp_path)
     assert wrong.returncode == 2 and wrong.stdout == ""
     assert "--compiled-autograd applies to --strategy ddp or single, not zero2" in wrong.stderr
+
+
+@pytest.mark.slow  # Dynamo's first trace in a process: about 3 s
+@pytest.mark.parametrize("accum", [1, 4])
+def test_the_compiled_autograd_graph_takes_no_scalar_from_the_accumulation_scaling(accum):
+    """Accelerate's `loss / k` leaves k, a Scalar, on the division's backward node, which compiled
+    autograd lifts into its graph as an input: the one torch 2.11 passed as a Python int where
+    Inductor's kernel read a tensor, so the first backward failed on 4 H200s (bench/README.md,
+    session 11). The trainer seeds the backward with 1/k instead: no such input, the same gradients."""
+    import torch
+    from torch._dynamo import compiled_autograd
+
+    from distrain_cloud.training.trainer import _seeded_backward
+
+    def backward_graph_inputs(backward) -> tuple[list, list]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+        x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+        graphs: list = []
+
+        def capture(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        with compiled_autograd._enable(torch.compile(backend=capture)):
+            backward(torch.nn.functional.cross_entropy(torch.compile(model, backend="eager")(x), y))
+        (inputs,) = [n.meta["example_value"] for n in graphs[0].graph.nodes if n.name == "l_inputs_"]
+        return [t for t in inputs if t.dim() == 0 and not t.is_floating_point()], [p.grad for p in model.parameters()]
+
+    scalars, grads = backward_graph_inputs(lambda loss: (loss / accum).backward())  # what Accelerate does
+    assert [int(t) for t in scalars] == [accum]  # the input that failed under torch 2.11
+    fake_accelerator = type("Acc", (), {"scaler": None, "gradient_accumulation_steps": accum})()
+    seeded_scalars, seeded_grads = backward_graph_inputs(lambda loss: _seeded_backward(fake_accelerator, loss))
+    assert seeded_scalars == []
+    for seeded, divided in zip(seeded_grads, grads, strict=True):
+        torch.testing.assert_close(seeded, divided, rtol=0, atol=0)
