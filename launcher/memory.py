@@ -174,24 +174,24 @@ class Constants:
 #   residual stream and LayerNorm outputs are fp32. logits 11.4: the peak is where the backward
 #   starts, with the loss's saved fp32 log-softmax (4), its gradient (4) and the gradient it
 #   hands back (4): 12 by count.
-# - compiled (torch.compile): activation 41.8; Inductor fuses those chains. Its logits term is
+# - compiled (torch.compile): activation 41.7; Inductor fuses those chains. Its logits term is
 #   not fitted: with two model shapes the fit cannot tell it from the activations (it gave 0.2),
 #   so it is set to 2, the bf16 gradient of the logits that must exist when the backward starts.
 # - native (DeepSpeed, and eager fsdp: the model itself is bf16/fp16, no autocast): activation
-#   48.9, logits 11.5, ZeRO-3 working set 2.0 GiB.
+#   48.7, logits 11.5, ZeRO-3 working set 2.1 GiB.
 # - native-compiled (compiled fsdp, each block its own graph; compiled ZeRO-2 and ZeRO-3):
-#   activation 33.3, near theory's 34: Inductor's fusion as for compiled, with the residual stream
+#   activation 32.9, near theory's 34: Inductor's fusion as for compiled, with the residual stream
 #   and norms in 16 bits instead of autocast's fp32. Logits as compiled, plus the loss graph's
 #   input under fsdp (see estimate()). The compiled fsdp runs (two shapes, eager and compiled
 #   loss, units of 1 to 12 blocks) agree within 3%; compiled ZeRO-2 (GPT-2 small and XL) and
-#   ZeRO-3 (GPT-2 small whole and by blocks, XL by blocks) on 4 GPUs, sessions 10 and 11, within
-#   -2.6% to +10.3%.
+#   ZeRO-3 (GPT-2 small whole and by blocks, XL by blocks) on 4 GPUs, sessions 10 to 12, within
+#   -4.4% to +9.5%.
 # - fp32 (--precision no): not measured. Every saved tensor at 4 bytes, twice native's
 #   activations; the loss's tensors are fp32 already, as under autocast.
 CONSTANTS = Constants(
-    activation={"autocast": 91.9, "compiled": 41.8, "native": 48.9, "native-compiled": 33.3, "fp32": 97.0},
+    activation={"autocast": 91.9, "compiled": 41.7, "native": 48.7, "native-compiled": 32.9, "fp32": 97.0},
     logits={"autocast": 11.4, "compiled": 2.0, "native": 11.5, "native-compiled": 2.0, "fp32": 11.4},
-    zero3_fixed_gib=2.0,
+    zero3_fixed_gib=2.1,
 )
 # Trainer versions before training_forward (calibration rows only): under bf16, the compiled
 # graph output the logits in fp32 (accelerate's conversion), and the backward zero-filled a
@@ -316,9 +316,16 @@ def estimate(
         # Gradients are set to None after each step, so with one micro-step the peak (where the
         # backward starts) comes before any exists; accumulation keeps them between micro-steps.
         terms["grads"] = 4 * P if grad_accum > 1 else 0
-        # DDP's reducer keeps a flat copy of every gradient (gradient_as_bucket_view is off);
-        # with one process accelerate does not wrap the model in DDP.
+        # DDP's reducer keeps its flat fp32 buckets for the whole job (the gradients are views
+        # into them, trainer._ddp_kwargs), so they are there at the peak, where the gradients
+        # themselves are not; with one process accelerate does not wrap the model in DDP.
         terms["buffers"] = 4 * P if W > 1 else 0
+        if compiled and compiled_autograd and W > 1:
+            # Measured, not derived: the traced reducer (DDP's Python one) peaked 1.43 GiB over the
+            # whole model's C++ reducer at GPT-2 small, 3.1 copies of its fp32 gradients, on 2 and 4
+            # GPUs and with 25, 100 and 250 MB buckets alike (bench/README.md, session 12).
+            terms["buffers"] += 3 * 4 * P
+            notes.append("--compiled-autograd: calibrated at GPT-2 small only")
     else:
         # The 16-bit model (ZeRO-3: its shard); the fp32 master weights, AdamW moments and fp32
         # gradients are partitioned over W, and live on the CPU with -offload.
@@ -336,8 +343,6 @@ def estimate(
         if stage == 3:
             terms["buffers"] += low * min(P, ZERO3_MAX_LIVE) + constants.zero3_fixed_gib * GIB
 
-    if compiled and compiled_autograd:
-        notes.append("--compiled-autograd is not in the calibration")
     terms["activations"] = constants.activation[how] * tokens * L * d
     if kv_cache:  # each layer's keys and values, in the compute dtype
         terms["kv_cache"] = 2 * L * tokens * d * (2 if mixed else 4)

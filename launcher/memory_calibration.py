@@ -53,6 +53,7 @@ class Config:
     eager_loss: bool = False  # compiled fsdp before b51d550: the blocks compiled, the loss eager
     fsdp_blocks_per_unit: int | None = None  # fsdp before units of several blocks: 1
     compile_unit: str | None = None  # --compile-unit block: each block and the loss compiled apart
+    compiled_autograd: bool = False  # --compiled-autograd: the backward traced, DDP's Python reducer in it
     impl: str = "ours"  # or "trainer": the bench's transformers.Trainer baseline
     flags: str = ""  # the run's extra training flags, without their dashes (no-logits-upcast is gone since)
     not_modelled: str | None = None
@@ -65,14 +66,16 @@ class Config:
         parts += ["eager-loss"] if self.eager_loss else []
         parts += [f"unit{self.fsdp_blocks_per_unit}"] if self.fsdp_blocks_per_unit else []
         parts += [f"{self.compile_unit}-compiled"] if self.compile_unit else []
+        parts += ["compiled-autograd"] if self.compiled_autograd else []
         parts += [f"accum{self.grad_accum}"] if self.grad_accum > 1 else []
         parts += [self.task] if self.task != "causal-lm" else []
         return " ".join(parts + ([self.flags] if self.flags else []))
 
     @property
     def plain(self) -> bool:
-        """A configuration the constants are fitted to: no unread flags, nothing unmodelled."""
-        return not self.flags and self.not_modelled is None
+        """A configuration the constants are fitted to: no unread flags, nothing unmodelled, and
+        not --compiled-autograd, whose one term is measured from its own runs."""
+        return not self.flags and self.not_modelled is None and not self.compiled_autograd
 
     def estimate(self, constants: Constants = CONSTANTS) -> Estimate:
         from distrain_cloud.training.modeling import PRESETS
@@ -95,6 +98,7 @@ class Config:
             eager_loss=self.eager_loss,
             fsdp_blocks_per_unit=self.fsdp_blocks_per_unit,
             compile_unit=self.compile_unit,
+            compiled_autograd=self.compiled_autograd,
             constants=constants,
         )
 
@@ -107,6 +111,7 @@ H1, H1x200, H2, H4 = "2026-11-26-h100x1", "2026-11-26-h200x1", "2026-11-26-h200x
 H100x2, H100x4 = "2026-11-26-h100x2", "2026-11-26-h100x4"
 S10 = "2026-11-27-h200x4-session10"
 S11 = "2026-11-27-h200x4-session11"
+S12 = "2026-11-27-h200x4-session12"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -406,6 +411,41 @@ CONFIGS: tuple[Config, ...] = (
     Config("gpt2-xl", 4, "zero3", batch_size=4, compiled=True, kv_cache=False, logits_output=False,
            compile_unit="block", runs=_runs("H200",
         (f"{S11}-xl", "ours-gpt2-xl-zero3-compile-g4-b4-k1-compiled", 19.5879, 28.13))),
+    # session 12: 4xH200, calls 1-3 on host G (1-GPU runs on one of its cards), calls 4-5 on host H
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S12}-scaling", "ours-gpt2-small-ddp-compile-g1-b16-k1", 8.7407, 17.68),
+        (f"{S12}-scaling-again", "ours-gpt2-small-ddp-compile-g1-b16-k1", 8.7401, 17.65))),
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S12}-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2158, 20.23),
+        (f"{S12}-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1-again", 9.2159, 20.17),
+        (f"{S12}-scaling-again", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2159, 20.17))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S12}-scaling", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.71),
+        (f"{S12}-scaling-again", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.65),
+        (f"{S12}-ca-buckets", "ours-gpt2-small-ddp-compile-g4-b16-k1-w", 9.2159, 20.65))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 32:34",
+           runs=_runs("H200", (f"{S12}-ca-profile", "ours-gpt2-small-ddp-compile-g4-b16-k1-wprof", 9.2117, 20.25))),
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, compiled_autograd=True,
+           runs=_runs("H200",
+        (f"{S12}-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1-ca", 10.6464, 22.08),
+        (f"{S12}-scaling-again", "ours-gpt2-small-ddp-compile-g2-b16-k1-ca", 10.6464, 22.02),
+        (f"{S12}-scaling-again", "ours-gpt2-small-ddp-compile-g2-b16-k1-caagain", 10.6464, 21.55))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, compiled_autograd=True,
+           runs=_runs("H200",
+        (f"{S12}-scaling", "ours-gpt2-small-ddp-compile-g4-b16-k1-ca", 10.6464, 22.08),
+        (f"{S12}-scaling-again", "ours-gpt2-small-ddp-compile-g4-b16-k1-ca", 10.6464, 21.55),
+        (f"{S12}-scaling-again", "ours-gpt2-small-ddp-compile-g4-b16-k1-caagain", 10.6464, 22.02))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, compiled_autograd=True,
+           flags="ddp-bucket-mb 100/250", runs=_runs("H200",
+        (f"{S12}-ca-buckets", "ours-gpt2-small-ddp-compile-g4-b16-k1-ca100", 10.6423, 22.02),
+        (f"{S12}-ca-buckets", "ours-gpt2-small-ddp-compile-g4-b16-k1-ca250", 10.6415, 21.55))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, compiled_autograd=True,
+           flags="profile-steps 32:34", runs=_runs("H200",
+        (f"{S12}-ca-profile", "ours-gpt2-small-ddp-compile-g4-b16-k1-caprof", 10.646, 22.09))),
+    Config("gpt2-xl", 4, "zero2", batch_size=4, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S12}-xl", "ours-gpt2-xl-zero2-g4-b4-k1", 26.6869, 35.50))),
+    Config("gpt2-xl", 4, "zero2", batch_size=4, compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S12}-xl", "ours-gpt2-xl-zero2-compile-g4-b4-k1-compiled", 17.9224, 25.43))),
 )  # fmt: skip
 
 
