@@ -93,6 +93,9 @@ def gpt2_fpt(preset: str, seq_len: int) -> tuple[int, float]:
     return n, lib.flops_per_token(n, s["n_layer"], s["n_embd"], seq_len)
 
 
+ENV_WORD = re.compile(r"[A-Z][A-Z0-9_]*=")  # NAME=VALUE among a variant's flags
+
+
 def ours_cmd(
     ctx: Ctx,
     *,
@@ -144,7 +147,14 @@ def ours_cmd(
     cmd.append("--no-save-model")  # the final save is untimed; skipping it saves budget
     if compile_:
         cmd.append("--compile")
-    return cmd + shlex.split(ctx.a.ours_extra) + list(extra)
+    return with_variant(cmd + shlex.split(ctx.a.ours_extra), extra)
+
+
+def with_variant(cmd: list[str], extra: list[str]) -> list[str]:
+    """cmd with a variant's flags; its NAME=VALUE words set the run's environment (an A/B of a
+    DISTRAIN_ or NCCL_ variable, say), through env(1), so logs and results.json show them."""
+    env_words = [w for w in extra if ENV_WORD.match(w)]
+    return (["env", *env_words] if env_words else []) + cmd + [w for w in extra if not ENV_WORD.match(w)]
 
 
 def lm_data_flags(ctx: Ctx, seq_len: int) -> list[str]:
@@ -337,7 +347,7 @@ def varlen_runs(ctx: Ctx, variants: list[tuple[str, list[str]]] = ()) -> list[Ru
             f"ours-cls-{name}-g{g}-b{bs}-{v}",
             "ours",
             f"ours (dynamic padding, length-grouped) [{v}]",
-            ours + flags,
+            with_variant(ours, flags),
             strategy="ddp",
             log_every=a.log_every,
             timeout=a.compile_timeout if "--compile" in flags else a.timeout,
@@ -1151,7 +1161,7 @@ def parse_args(argv=None):
         help="one more run of ours with these training flags, e.g. 'single:liger=--fused-ce --ce-kernel "
         "liger' (single: compiled, 1 GPU; scaling: every GPU count above 1, efficiency against the "
         "plain 1-GPU run; zero and xl: zero3, or the strategy FLAGS name with --strategy; varlen: ours). "
-        "Repeatable",
+        "NAME=VALUE words among FLAGS set that run's environment. Repeatable",
     )
     g.add_argument(
         "--lm-data",
@@ -1213,7 +1223,11 @@ def parse_args(argv=None):
                 f"--variant expects SUITE:NAME=FLAGS with SUITE one of single, scaling, zero, xl, varlen and a "
                 f"NAME of letters, digits and '-', got {spec!r}"
             )
-        a.variants.append((suite, name, shlex.split(flags)))
+        words = shlex.split(flags)
+        fixed = sorted({w.split("=")[0] for w in words if ENV_WORD.match(w)} & set(lib.REQUIRED_ENV))
+        if fixed:
+            p.error(f"--variant {spec!r}: {', '.join(fixed)} must keep the value the GPU machines require")
+        a.variants.append((suite, name, words))
     cpu = a.cpu_smoke
     defaults = dict(
         seq_len=(64, 1024),
