@@ -151,8 +151,8 @@ def ours_cmd(
 
 
 def with_variant(cmd: list[str], extra: list[str]) -> list[str]:
-    """cmd with a variant's flags; its NAME=VALUE words set the run's environment (an A/B of a
-    DISTRAIN_ or NCCL_ variable, say), through env(1), so logs and results.json show them."""
+    """cmd with a variant's flags; its NAME=VALUE words set the run's environment (an A/B of an
+    NCCL_ variable, say), through env(1), so logs and results.json show them."""
     env_words = [w for w in extra if ENV_WORD.match(w)]
     return (["env", *env_words] if env_words else []) + cmd + [w for w in extra if not ENV_WORD.match(w)]
 

@@ -118,7 +118,6 @@ class Trainer:
                 self._shard_block_units(model)
             optimizer = self._optimizer(model, torch)
             self.model, self.optimizer, self.train_dl, self.eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
-        self.grad_seed = self._grad_seed(compiled_autograd=self.compiled and a.compiled_autograd)
         self._compile(torch)
 
     def _check_environment(self, world: int, *, cuda: bool) -> None:
@@ -313,33 +312,6 @@ class Trainer:
         self._print(f"compile_unit=block blocks={len(blocks)} loss=compiled")
         return True
 
-    def _grad_seed(self, *, compiled_autograd: bool) -> float | None:
-        """What each backward starts from, where not Accelerate's backward (None): the mean's
-        factors folded into the seed instead of dividing tensors, as _seeded_backward does.
-
-        Under DDP with fp32 all-reduces (the default), 1/(accumulation x processes), with
-        _allreduce_sum_hook registered: DDP's reducer otherwise divides every gradient by the
-        number of processes, one kernel per parameter in the backward's stream (148 a step for
-        GPT-2 small, 0.46 ms of a 40 ms step on 4 H200s, bench/README.md, session 12); seeded,
-        the gradients come out of the backward divided and the all-reduce sums them, the same
-        numbers (exactly so for a power-of-two count of processes). With compiled autograd,
-        1/accumulation: its graph must take no Scalar (_seeded_backward). The bf16/fp16
-        reductions keep their hooks, which divide a whole bucket at once."""
-        acc, a = self.accelerator, self.args
-        if compiled_autograd:
-            return 1.0 / acc.gradient_accumulation_steps
-        divide_each = os.environ.get("DISTRAIN_DDP_DIVIDE_EACH_GRADIENT") == "1"  # the old way, for A/B benchmarks
-        if self.strategy is not Strategy.ddp or acc.num_processes == 1 or a.ddp_reduce_dtype != "fp32" or divide_each:
-            return None
-        self.model.register_comm_hook(state=None, hook=_allreduce_sum_hook)
-        return 1.0 / (acc.gradient_accumulation_steps * acc.num_processes)
-
-    def _backward_once(self, loss: Any) -> None:
-        if self.grad_seed is None:
-            self.accelerator.backward(loss)
-        else:
-            _seeded_backward(self.accelerator, loss, self.grad_seed)
-
     def _backward(self, loss: Any, again: Callable[[], Any], micro: int) -> Any:
         """acc.backward(loss); with --compiled-autograd, traced and compiled as one graph (torch's
         compiled autograd, a private API in torch 2.11). Returns the loss backward'd: `again()`'s
@@ -361,7 +333,10 @@ class Trainer:
             with _compiled_autograd(ca):
                 if self.compiled and os.environ.pop("DISTRAIN_TEST_COMPILED_BACKWARD_FAIL", ""):  # test hook, once
                     _fail_partway(self.model)
-                self._backward_once(loss)
+                if ca is None:
+                    self.accelerator.backward(loss)
+                else:
+                    _seeded_backward(self.accelerator, loss)
             return loss
         except Exception as e:
             stance = hasattr(torch.compiler, "set_stance")  # torch >= 2.6
@@ -385,7 +360,7 @@ class Trainer:
             self._print(f"warning: the compiled backward failed ({reason}); {what}")
         self.optimizer.zero_grad(set_to_none=True)
         loss = again()
-        self._backward_once(loss)
+        self.accelerator.backward(loss)
         return loss
 
     def _clip(self, max_norm: float) -> None:
@@ -1166,30 +1141,18 @@ def _fail_partway(model) -> None:
     handles.append(params[len(params) // 2].register_hook(fail))
 
 
-def _seeded_backward(accelerator: Any, loss: Any, seed: float) -> None:
-    """accelerator.backward(loss) for ddp and one process (no DeepSpeed, no fsdp), its divisions
-    folded into the backward's seed (Trainer._grad_seed). Accelerate divides the loss by the
-    accumulation steps k: that `loss / k` saves k, a Scalar, on the division's backward node,
-    which compiled autograd lifts into its graph as an input, and under torch 2.11 with CUDA it
-    then passed the Python int where Inductor's first kernel read a 0-d tensor (bench/README.md,
-    session 11). Seeded, the graph has no Scalar input, and every gradient is the same."""
+def _seeded_backward(accelerator: Any, loss: Any) -> None:
+    """accelerator.backward(loss) for compiled autograd (ddp or one process, no DeepSpeed): the
+    accumulation's 1/k seeds the backward instead of dividing the loss. Accelerate's `loss / k`
+    saves k, a Scalar, on the division's backward node; compiled autograd lifts it into its graph
+    as an input, and under torch 2.11 with CUDA it then passed the Python int where Inductor's
+    first kernel read a 0-d tensor (bench/README.md, session 11). Seeded, the graph has no Scalar
+    input, and every gradient is the same."""
     import torch
 
     scaler = accelerator.scaler  # fp16's loss scale: a tensor product, no Scalar either
     scaled = scaler.scale(loss) if scaler is not None else loss
-    scaled.backward(torch.full_like(scaled, seed))
-
-
-def _allreduce_sum_hook(process_group, bucket):
-    """A DDP communication hook: the bucket's sum over the processes, in place, not divided (the
-    backward's seed has divided it already, Trainer._grad_seed). Registering any hook also stops
-    the reducer's own division of each gradient. Unannotated: DDP compares a hook's annotations
-    with torch's own types, and this module's annotations are strings."""
-    import torch.distributed as dist
-
-    group = process_group if process_group is not None else dist.group.WORLD
-    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
+    scaled.backward(torch.full_like(scaled, 1.0 / accelerator.gradient_accumulation_steps))
 
 
 def _compiled_autograd(compiler: Any) -> Any:

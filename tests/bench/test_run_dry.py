@@ -62,23 +62,23 @@ def test_variants_add_runs_with_their_flags():
 
 
 def test_a_variants_name_value_words_set_its_environment_not_its_flags():
-    """An A/B of an environment variable (the trainer's DISTRAIN_DDP_DIVIDE_EACH_GRADIENT, an NCCL_
-    setting) in one invocation; the variables the GPU machines require cannot be changed."""
+    """An A/B of an environment variable (an NCCL_ setting, say) in one invocation; the variables
+    the GPU machines require cannot be changed."""
     r = dry_run(
         "--suite",
         "scaling,varlen",
         "--gpus",
         "2",
         "--variant",
-        "scaling:divide=DISTRAIN_DDP_DIVIDE_EACH_GRADIENT=1 --ddp-bucket-mb 1000",
+        "scaling:chan=NCCL_MIN_NCHANNELS=16 --ddp-bucket-mb 1000",
         "--variant",
         "varlen:ring=NCCL_ALGO=Ring",
     )
     assert r.returncode == 0, r.stderr
     commands = planned(r)
-    divide = commands["ours ddp x2 [divide]"]
-    assert divide.startswith("env DISTRAIN_DDP_DIVIDE_EACH_GRADIENT=1 python -m distrain_cloud.training.node_launch")
-    assert divide.endswith("--ddp-bucket-mb 1000")
+    chan = commands["ours ddp x2 [chan]"]
+    assert chan.startswith("env NCCL_MIN_NCHANNELS=16 python -m distrain_cloud.training.node_launch")
+    assert chan.endswith("--ddp-bucket-mb 1000")
     assert commands["ours ddp x2"].startswith("python -m")
     assert commands["ours (dynamic padding, length-grouped) [ring]"].startswith("env NCCL_ALGO=Ring ")
     refused = dry_run("--suite", "scaling", "--gpus", "2", "--variant", "scaling:x=NCCL_NVLS_ENABLE=1")

@@ -255,42 +255,8 @@ def test_the_compiled_autograd_graph_takes_no_scalar_from_the_accumulation_scali
 
     scalars, grads = backward_graph_inputs(lambda loss: (loss / accum).backward())  # what Accelerate does
     assert [int(t) for t in scalars] == [accum]  # the input that failed under torch 2.11
-    no_scaler = type("Acc", (), {"scaler": None})()
-    seeded_scalars, seeded_grads = backward_graph_inputs(lambda loss: _seeded_backward(no_scaler, loss, 1 / accum))
+    fake_accelerator = type("Acc", (), {"scaler": None, "gradient_accumulation_steps": accum})()
+    seeded_scalars, seeded_grads = backward_graph_inputs(lambda loss: _seeded_backward(fake_accelerator, loss))
     assert seeded_scalars == []
     for seeded, divided in zip(seeded_grads, grads, strict=True):
         torch.testing.assert_close(seeded, divided, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize(
-    "strategy, processes, reduce_dtype, compiled_autograd, env, seed, hooked",
-    [
-        (Strategy.ddp, 4, "fp32", False, "", 1 / (3 * 4), True),  # the default: the mean in the seed, a sum hook
-        (Strategy.ddp, 4, "bf16", False, "", None, False),  # its hook divides each bucket at once
-        (Strategy.ddp, 4, "fp32", False, "1", None, False),  # DISTRAIN_DDP_DIVIDE_EACH_GRADIENT: the old way
-        (Strategy.ddp, 1, "fp32", False, "", None, False),  # one process: no DDP
-        (Strategy.zero2, 4, "fp32", False, "", None, False),  # DeepSpeed divides in its engine
-        (Strategy.ddp, 4, "fp32", True, "", 1 / 3, False),  # compiled autograd: no Scalar in its graph
-    ],
-)
-def test_the_backward_seed_carries_the_mean_where_ddp_would_divide_each_gradient(
-    monkeypatch, strategy, processes, reduce_dtype, compiled_autograd, env, seed, hooked
-):
-    """Trainer._grad_seed: under DDP with fp32 all-reduces each backward starts from
-    1/(accumulation x processes) and the all-reduce sums (_allreduce_sum_hook), instead of DDP
-    dividing every gradient in a kernel of its own; elsewhere the backward is Accelerate's."""
-    from types import SimpleNamespace
-
-    from distrain_cloud.training.trainer import Trainer, _allreduce_sum_hook
-
-    monkeypatch.setenv("DISTRAIN_DDP_DIVIDE_EACH_GRADIENT", env)
-    hooks: list = []
-    model = SimpleNamespace(register_comm_hook=lambda state, hook: hooks.append(hook))
-    trainer = SimpleNamespace(
-        accelerator=SimpleNamespace(gradient_accumulation_steps=3, num_processes=processes),
-        args=SimpleNamespace(ddp_reduce_dtype=reduce_dtype),
-        strategy=strategy,
-        model=model,
-    )
-    assert Trainer._grad_seed(trainer, compiled_autograd=compiled_autograd) == seed  # type: ignore[arg-type]
-    assert hooks == ([_allreduce_sum_hook] if hooked else [])
