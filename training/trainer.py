@@ -320,12 +320,12 @@ class Trainer:
         A compiled model's backward graph is compiled at its first backward, out of reach of the
         backend's guard (_inductor_or_eager), and compiled autograd's first run raised inside an
         Inductor kernel on 4 H200s under torch 2.11 (bench/README.md, session 11; _seeded_backward
-        avoids that one). Either way the
-        compiler costs speed, not the job: said once, the micro-batch's forward runs again and its
-        backward eagerly (compiled autograd off, or under ddp and one process the whole job eager
-        from here, DDP's reducer reset for the forward it did not finish). Only on a micro-batch
-        that starts an optimizer step, since later ones add to gradients a half-run backward may
-        have touched, and never for running out of memory, which eager would do sooner."""
+        avoids that one). Either way the compiler costs speed, not the job: said once, the
+        micro-batch's forward runs again and its backward eagerly (compiled autograd off, or under
+        ddp and one process the whole job eager from here, DDP's reducer reset for the forward it
+        did not finish). Only on a micro-batch that starts an optimizer step, since later ones add
+        to gradients a half-run backward may have touched, and never for running out of memory,
+        which eager would do sooner."""
         import torch
 
         ca = self.backward_compiler
