@@ -243,3 +243,24 @@ def test_shard_adamw_times_both_optimizer_steps_side_by_side():
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
     assert [row.split(" | ")[0] for row in rows] == ["| fused AdamW on DTensors (before)", "| shard_local_adamw (now)"]
     assert all(row.endswith(" ms a step |") for row in rows)
+
+
+@pytest.mark.slow  # two gloo processes compiling three small models: about 20 s
+def test_graph_sharding_trains_like_ddp_with_its_collectives_in_one_graph():
+    """bench/graph_sharding.py, issue 15 P4's experiment: every weight a shard that the compiled graph
+    all-gathers (and, recomputing, all-gathers again for the backward) gives DDP's losses, as one
+    graph with no breaks, before any GPU time is spent on its speed."""
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + [str(REPO / "bench" / "graph_sharding.py"), "--cpu", "--sides", "ddp,graph-sharded,graph-bucketed-recompute"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {cells[0]: cells for cells in (line.strip("| ").split(" | ") for line in r.stdout.splitlines())}
+    assert {"ddp", "graph-sharded", "graph-bucketed-recompute"} <= rows.keys()
+    for side in ("graph-sharded", "graph-bucketed-recompute"):
+        assert rows[side][4:6] == ["1", "0"], rows[side]  # one graph, no break
+        assert rows[side][6] == rows["ddp"][6]  # the last losses, to 4 decimals
