@@ -497,11 +497,11 @@ def _with(constants: Constants, how: str, name: str, value: float) -> Constants:
 
 def fit(configs: tuple[Config, ...] = CONFIGS, start: Constants = CONSTANTS) -> Constants:
     """The constants that minimise the squared relative error over the plain configurations,
-    each weighted once (its runs averaged). The estimate is linear in each constant, so every
-    mode is a small least-squares problem: solved by its normal equations."""
+    each weighted once (its runs averaged, across sessions: pooled). The estimate is linear in
+    each constant, so every mode is a small least-squares problem: solved by its normal equations."""
     fitted = start
     for how, names in FITTED.items():
-        rows = [c for c in configs if c.plain and mode(c.strategy, "bf16", c.compiled) == how]
+        rows = [c for c in pooled(configs) if c.plain and mode(c.strategy, "bf16", c.compiled) == how]
         zero = start
         for name in names:
             zero = _with(zero, how, name, 0.0)
@@ -517,6 +517,15 @@ def fit(configs: tuple[Config, ...] = CONFIGS, start: Constants = CONSTANTS) -> 
         for name, value in zip(names, _solve(normal), strict=True):
             fitted = _with(fitted, how, name, value)
     return fitted
+
+
+def pooled(configs: tuple[Config, ...]) -> tuple[Config, ...]:
+    """One Config per configuration: CONFIGS lists runs by session, so a configuration measured in
+    several sessions appears once per session; pooled, its runs are averaged into one point."""
+    runs: dict[Config, list[Run]] = {}
+    for c in configs:
+        runs.setdefault(replace(c, runs=()), []).extend(c.runs)
+    return tuple(replace(settings, runs=tuple(r)) for settings, r in runs.items())
 
 
 def _solve(augmented: list[list[float]]) -> list[float]:

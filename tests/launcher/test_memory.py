@@ -88,6 +88,13 @@ def test_the_committed_constants_are_the_fit_of_the_calibration():
             assert committed == pytest.approx(refit, abs=0.051), f"{name}[{how}]: re-run fit() and commit its values"
 
 
+def test_the_fit_weights_a_configuration_once_however_many_sessions_measured_it():
+    """CONFIGS lists runs by session; a configuration repeated in a later session must not pull
+    the fit towards itself (fit's docstring: each configuration weighted once, its runs averaged)."""
+    again = next(c for c in CONFIGS if c.plain and c.compiled)  # the same configuration, listed 5 more times
+    assert fit(CONFIGS + (again,) * 5).activation["compiled"] == pytest.approx(fit().activation["compiled"], abs=1e-9)
+
+
 def test_the_report_names_every_run_and_the_largest_error():
     text = report()
     assert all(r.run in text for _, r in RUNS)
