@@ -23,13 +23,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.nn.utils import parametrize
 from transformers import GPT2Config, GPT2LMHeadModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _benchlib import REQUIRED_ENV  # noqa: E402
 
 
 def _gather_again(ctx, op, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -169,6 +175,7 @@ def main() -> None:
     args = p.parse_args()
     if args.cpu:
         args.batch, args.seq, args.steps, args.warmup = 4, 32, 4, 1
+    os.environ.update(REQUIRED_ENV)  # NVLink multicast off, whatever torchrun was given; before NCCL reads it
     dist.init_process_group("gloo" if args.cpu else "nccl")
     device = torch.device("cpu")
     if not args.cpu:
