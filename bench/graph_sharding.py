@@ -137,7 +137,7 @@ def run(side: str, args: argparse.Namespace, device: torch.device) -> dict:
     g = torch.Generator().manual_seed(1 + dist.get_rank())
     vocab = model.module.config.vocab_size if side == "ddp" else model.config.vocab_size
     autocast = torch.autocast("cuda", torch.bfloat16) if cuda else contextlib.nullcontext()
-    losses, times = [], []
+    losses, times, first = [], [], 0.0
     for step in range(args.warmup + args.steps):
         ids = torch.randint(0, vocab, (args.batch, args.seq), generator=g).to(device)
         if cuda:
@@ -150,6 +150,8 @@ def run(side: str, args: argparse.Namespace, device: torch.device) -> dict:
         opt.zero_grad(set_to_none=True)
         if cuda:
             torch.cuda.synchronize()
+        if step == 0:
+            first = time.perf_counter() - start  # the compile, mostly
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
         losses.append(loss.item())
@@ -159,7 +161,7 @@ def run(side: str, args: argparse.Namespace, device: torch.device) -> dict:
     step_s = sorted(times)[len(times) // 2]
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
     return {"side": side, "losses": losses, "step_ms": step_s * 1e3,
-            "tokens_per_s": args.batch * args.seq * world / step_s, "peak_gib": peak,
+            "tokens_per_s": args.batch * args.seq * world / step_s, "peak_gib": peak, "first_step_s": first,
             "graphs": graphs, "breaks": breaks}  # fmt: skip
 
 
@@ -184,7 +186,9 @@ def main() -> None:
     import torch._inductor.config as inductor_config
     from torch._dynamo.utils import counters
 
-    rows = []
+    if dist.get_rank() == 0:  # a row as each side ends: a time limit cuts sides, not the ones done
+        print("| side | tokens/s | step ms | first step s | peak GiB | graphs | graph breaks | last losses |")
+        print("|---|---|---|---|---|---|---|---|", flush=True)
     for side in args.sides.split(","):
         torch._dynamo.reset()
         counters.clear()
@@ -192,17 +196,14 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()
         settings, missing = inductor_settings(side)
         with inductor_config.patch(settings):
-            row = run(side, args, device)
-        rows.append({**row, "missing": missing})
-    if dist.get_rank() == 0:
-        print("| side | tokens/s | step ms | peak GiB | graphs | graph breaks | last losses |")
-        print("|---|---|---|---|---|---|---|")
-        for r in rows:
+            r = run(side, args, device)
+        if dist.get_rank() == 0:
             losses = " ".join(f"{x:.4f}" for x in r["losses"][-4:])
-            side = r["side"] + (f" (this torch lacks {', '.join(r['missing'])})" if r["missing"] else "")
+            side += f" (this torch lacks {', '.join(missing)})" if missing else ""
             print(
-                f"| {side} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | {r['peak_gib']:.2f} "
-                f"| {r['graphs']} | {r['breaks']} | {losses} |"
+                f"| {side} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | {r['first_step_s']:.1f} "
+                f"| {r['peak_gib']:.2f} | {r['graphs']} | {r['breaks']} | {losses} |",
+                flush=True,
             )
     dist.destroy_process_group()
 
