@@ -200,7 +200,10 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
 
 def _training_processes(root: int) -> list[int]:
     """The training entry points (`-m distrain_cloud.training`) among the descendants of `root`,
-    from /proc; none where there is no /proc (the signal then reaches the launcher only)."""
+    from /proc; none where there is no /proc (the signal then reaches the launcher only). Not
+    their own descendants: data loader workers are forks with the same command line, and torch's
+    SIGTERM handler in a worker dies of any SIGTERM but its parent's, which fails the trainer's
+    step instead of the checkpointed stop the signal asks for."""
     children: dict[int, list[int]] = {}
     commands: dict[int, list[str]] = {}
     for entry in Path("/proc").glob("[0-9]*"):
@@ -214,10 +217,11 @@ def _training_processes(root: int) -> list[int]:
     found, todo = [], list(children.get(root, []))
     while todo:
         pid = todo.pop()
-        todo += children.get(pid, [])
         argv = commands.get(pid, [])
         if "distrain_cloud.training" in argv and "accelerate.commands.launch" not in argv:
             found.append(pid)
+        else:
+            todo += children.get(pid, [])
     return found
 
 

@@ -225,11 +225,16 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(train, sig, code):
     assert [m["step"] for m in again.metrics if "train_loss" in m][-2:] == [step + 1, step + 2]
 
 
-def test_sigterm_to_node_launch_reaches_a_single_process(train):
-    # accelerate's launcher for one process forwards no signal (and died of SIGTERM, leaving the
-    # trainer running to the end); node_launch signals the training process itself.
+@pytest.mark.parametrize("workers", [0, 2])  # 2: the default on GPUs, data loader processes beside the trainer
+def test_sigterm_to_node_launch_reaches_a_single_process(train, workers):
+    """accelerate's launcher for one process forwards no signal (and died of SIGTERM, leaving the
+    trainer running to the end); node_launch signals the training process itself, and not its data
+    loader workers: they are forks with the trainer's command line, and torch's handler in them
+    dies of a SIGTERM that is not their parent's, which failed the trainer's step (a spot notice
+    on a GPU ended in a traceback, no checkpoint)."""
     flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", "1", "--report-to", "none"]
-    proc, c, argv = train.popen(*flags, name="sigterm-1", processes=1)
+    flags += ["--num-workers", str(workers)]
+    proc, c, argv = train.popen(*flags, name=f"sigterm-1-{workers}", processes=1)
     metrics = c.output_dir / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 120
