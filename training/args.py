@@ -234,7 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.ddp_bucket_mb,
         help="ddp: gradient bucket size in MB; all-reduces start bucket by bucket during backward "
-        "(default: 25, or 1000 with --compile, where each bucket also splits the compiled graph)",
+        "(default: 25, or 1000 with --compile, where each bucket also splits the compiled graph; "
+        "25 still where GPUs meet over a link slower than NVLink: several nodes, PCIe-only cards, "
+        "NCCL_P2P_DISABLE)",
     )
     g.add_argument(
         "--zero3-block-fetch",

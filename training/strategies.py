@@ -6,6 +6,7 @@ entry point imports it to build the very same configuration at run time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -215,6 +216,30 @@ def plan_configs(strategy: Strategy, args, world_size: int) -> dict[str, Any]:
 # 78.9% with 25 MB buckets and 91.9% with 1000 MB (one bucket, one graph; bench/README.md). The
 # fusion the splits cost was worth more than the overlap they bought.
 DDP_BUCKET_MB_EAGER, DDP_BUCKET_MB_COMPILED = 25, 1000
+# That trade holds on NVLink only. Where the all-reduce crosses a slower link it takes longer than
+# the fusion saves, and overlapping it with the backward pays: on 4 H200s with NCCL's peer-to-peer
+# off (NCCL_P2P_DISABLE=1, a stand-in for PCIe-only hosts), 25 MB buckets ran the compiled step at
+# 1.23x and 1.18x one bucket's speed (bench/README.md, session 13). AWS connects these cards over
+# PCIe only (g4dn, g5, g6, g6e); several nodes meet over the network, slower again than NVLink.
+PCIE_ONLY_GPUS = ("T4", "A10G", "L4", "L40S")
+
+
+def slow_gpu_link(env: Mapping[str, str], device_name: str | None, peer_access: bool | None = None) -> str | None:
+    """Why the gradients' all-reduce crosses a link slower than NVLink (processes on several
+    nodes, NCCL's peer-to-peer off or impossible between the node's GPUs, GPUs that AWS connects
+    over PCIe only), or None."""
+    world = int(env.get("WORLD_SIZE", "1"))
+    local = int(env.get("LOCAL_WORLD_SIZE", str(world)))
+    if world > local:
+        return f"processes on {-(-world // local)} nodes"
+    if env.get("NCCL_P2P_DISABLE", "0").strip().lower() not in ("", "0", "false"):
+        return "NCCL_P2P_DISABLE is set"
+    if peer_access is False:
+        return "no peer-to-peer access between the GPUs"
+    words = (device_name or "").upper().replace("-", " ").split()
+    if "PCIE" in words or any(gpu in words for gpu in PCIE_ONLY_GPUS):
+        return f"{device_name} GPUs, connected over PCIe"
+    return None
 
 
 # Compiling costs a first step of 11-33 s (GPT-2 small, 4 H200s) and then saves 17-45 ms a step:
@@ -284,16 +309,21 @@ def compile_unit_for(strategy: Strategy, requested: str | None) -> str:
 
 
 def ddp_bucket_mb(
-    requested: int | None, compiled: bool, compile_unit: str | None = None, compiled_autograd: bool = False
+    requested: int | None,
+    compiled: bool,
+    compile_unit: str | None = None,
+    compiled_autograd: bool = False,
+    slow_link: bool = False,
 ) -> int:
     """DDP's gradient bucket size in MB: --ddp-bucket-mb, else the default for eager or compiled.
     Compiled block by block (--compile-unit block), the graphs are not split at buckets: gradients
     reach DDP's reducer block by block, as in an eager backward, so the eager size serves. So it
     does with --compiled-autograd, whose backward is one graph whatever the buckets: one bucket
-    would hold every all-reduce back until the last gradient."""
+    would hold every all-reduce back until the last gradient. And over a slow link (slow_gpu_link)
+    the overlap is worth more than one graph."""
     if requested is not None:
         return requested
-    whole = compiled and compile_unit != "block" and not compiled_autograd
+    whole = compiled and compile_unit != "block" and not compiled_autograd and not slow_link
     return DDP_BUCKET_MB_COMPILED if whole else DDP_BUCKET_MB_EAGER
 
 

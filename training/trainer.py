@@ -34,6 +34,7 @@ from .strategies import (
     fsdp_blocks_per_unit,
     fsdp_plugin_settings,
     parse_strategy,
+    slow_gpu_link,
 )
 
 # A setup step silent for this long gets a line saying what it is doing.
@@ -167,7 +168,19 @@ class Trainer:
         # Buckets are fixed before the run length (and so the compile decision) is known: size
         # them for a compiled step wherever the default may compile (CUDA).
         compiling = a.compile if a.compile is not None else cuda
-        bucket_mb = ddp_bucket_mb(a.ddp_bucket_mb, compiling, a.compile_unit, a.compiled_autograd)
+        slow_link = None
+        if world > 1:
+            import torch
+
+            # this process's card (not the current device, whose context other processes would share)
+            card, peer = None, None
+            if cuda:
+                index, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+                card = torch.cuda.get_device_name(index)
+                if count > 1:
+                    peer = torch.cuda.can_device_access_peer(index, (index + 1) % count)
+            slow_link = slow_gpu_link(os.environ, card, peer)
+        bucket_mb = ddp_bucket_mb(a.ddp_bucket_mb, compiling, a.compile_unit, a.compiled_autograd, bool(slow_link))
         handlers: list[Any] = [_ddp_kwargs(a.ddp_reduce_dtype, bucket_mb)]
         ds_plugin = None
         if self.strategy.uses_deepspeed:
@@ -199,6 +212,8 @@ class Trainer:
             _select_fsdp(accelerator, fsdp_plugin)
         if self.strategy.value == "ddp" and accelerator.num_processes > 1 and accelerator.is_main_process:
             print(f"ddp_bucket_mb={bucket_mb}", flush=True)
+            if slow_link and a.ddp_bucket_mb is None and bucket_mb != ddp_bucket_mb(None, compiling, a.compile_unit):
+                print(f"ddp: {slow_link}: small gradient buckets, so the all-reduces overlap the backward", flush=True)
         return accelerator
 
     def _load_data(self) -> None:

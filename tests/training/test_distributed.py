@@ -98,22 +98,25 @@ FAIL_BACKWARD = "DISTRAIN_TEST_COMPILED_BACKWARD_FAIL"  # trainer._backward's te
 
 
 @pytest.mark.parametrize(
-    "unit,bucket_mb,unit_line,graphs,fails",
+    "unit,bucket_mb,unit_line,graphs,fails,slow_link",
     [
-        ("model", 1000, "compile_unit=model", 1, False),
+        ("model", 1000, "compile_unit=model", 1, False, False),
+        # NCCL's peer-to-peer off stands for a slow link (strategies.slow_gpu_link): small buckets
+        ("model", 25, "compile_unit=model", 1, False, True),
         # One graph serves both blocks (their weights are its inputs), one is the loss.
-        ("block", 25, "compile_unit=block blocks=2 loss=compiled", 2, False),
-        ("model", 1000, "compile_unit=model", 1, True),
+        ("block", 25, "compile_unit=block blocks=2 loss=compiled", 2, False, False),
+        ("model", 1000, "compile_unit=model", 1, True, False),
     ],
-    ids=["model", "block", "model-backward-fails"],
+    ids=["model", "model-slow-link", "block", "model-backward-fails"],
 )
 def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
-    train, no_dropout_config, aot_eager, unit, bucket_mb, unit_line, graphs, fails
+    train, no_dropout_config, aot_eager, unit, bucket_mb, unit_line, graphs, fails, slow_link
 ):
     """--compile under DDP trains like one eager process on the same global batches, whichever
     --compile-unit: the whole model (Dynamo's DDP graph splitting, with the compiled default of one
     large bucket, training/strategies.ddp_bucket_mb) or each block and the loss (no splitting:
-    DDP's reducer takes each block's gradients as its backward ends, in eager-sized buckets).
+    DDP's reducer takes each block's gradients as its backward ends, in eager-sized buckets). Over
+    a slow link (here NCCL's peer-to-peer off) the whole model keeps eager-sized buckets, and says why.
     Where the first compiled backward fails (its graph is compiled then, out of reach of the
     backend's guard), the job says so once and goes on eagerly, DDP's reducer reset for the forward
     whose backward failed, to the same numbers."""
@@ -140,7 +143,7 @@ def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
     ]
     one = train(*flags, "--batch-size", "16", name="lm-one")
     compiled = ["--compile", "--compile-unit", unit]
-    env = {**aot_eager, FAIL_BACKWARD: "1"} if fails else aot_eager
+    env = {**aot_eager, **({FAIL_BACKWARD: "1"} if fails else {}), **({"NCCL_P2P_DISABLE": "1"} if slow_link else {})}
     two = train(*flags, "--batch-size", "8", *compiled, name="lm-two-compiled", processes=2, env=env)
     assert one.returncode == 0, one.describe()
     assert two.returncode == 0, two.describe()
@@ -149,6 +152,10 @@ def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
          "from here (--no-compile avoids it)"] if fails else []
     )  # fmt: skip
     assert two.lines("ddp_bucket_mb=") == [f"ddp_bucket_mb={bucket_mb}"]
+    assert two.lines("ddp: ") == (
+        ["ddp: NCCL_P2P_DISABLE is set: small gradient buckets, so the all-reduces overlap the backward"]
+        if slow_link else []
+    )  # fmt: skip
     assert two.lines("compile_unit=") == [unit_line]
     assert two.lines("compiled_graphs=") == [f"compiled_graphs={graphs}"]
     assert two.lines("compile_backend=") == ["compile_backend=aot_eager (DISTRAIN_COMPILE_BACKEND)"]

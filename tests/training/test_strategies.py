@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distrain_cloud.training.strategies import choose_precision, ddp_bucket_mb
+from distrain_cloud.training.strategies import choose_precision, ddp_bucket_mb, slow_gpu_link
 
 V100, A100 = (7, 0), (8, 0)
 
@@ -54,3 +54,36 @@ def test_ddp_buckets_are_large_under_a_whole_model_compile_unless_asked_otherwis
 def test_compiled_autograd_keeps_eager_buckets_so_all_reduces_can_start_before_the_last_gradient():
     assert ddp_bucket_mb(None, True, None, compiled_autograd=True) == 25
     assert ddp_bucket_mb(250, True, None, compiled_autograd=True) == 250
+
+
+@pytest.mark.parametrize(
+    "env,card,why",
+    [
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}, "NVIDIA H100 80GB HBM3", None),
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}, "Tesla V100-SXM2-16GB", None),  # p3: NVLink
+        ({"WORLD_SIZE": "4"}, None, None),  # CPU, one node
+        ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, "NVIDIA H100 80GB HBM3", "processes on 2 nodes"),
+        ({"WORLD_SIZE": "4", "NCCL_P2P_DISABLE": "1"}, "NVIDIA H200", "NCCL_P2P_DISABLE is set"),
+        ({"WORLD_SIZE": "4", "NCCL_P2P_DISABLE": "0"}, "NVIDIA H200", None),
+        ({"WORLD_SIZE": "4"}, "NVIDIA A10G", "NVIDIA A10G GPUs, connected over PCIe"),  # g5.12xlarge
+        ({"WORLD_SIZE": "4"}, "Tesla T4", "Tesla T4 GPUs, connected over PCIe"),  # g4dn.12xlarge
+        ({"WORLD_SIZE": "4"}, "NVIDIA L40S", "NVIDIA L40S GPUs, connected over PCIe"),
+        ({"WORLD_SIZE": "2"}, "NVIDIA H100 PCIe", "NVIDIA H100 PCIe GPUs, connected over PCIe"),
+    ],
+)
+def test_a_slow_link_is_several_nodes_no_peer_to_peer_or_a_pcie_only_card(env, card, why):
+    assert slow_gpu_link(env, card) == why
+    assert slow_gpu_link(env, card, peer_access=True) == why
+
+
+def test_gpus_without_peer_access_are_a_slow_link_whatever_the_card():
+    both = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    card = "NVIDIA GeForce RTX 4090"
+    assert slow_gpu_link(both, card, peer_access=False) == "no peer-to-peer access between the GPUs"
+    assert slow_gpu_link(both, card, peer_access=None) is None  # not asked (one GPU, CPU)
+
+
+def test_over_a_slow_link_the_compiled_default_keeps_small_buckets_to_overlap_the_all_reduce():
+    assert ddp_bucket_mb(None, True, None, slow_link=True) == 25
+    assert ddp_bucket_mb(None, True, None, slow_link=False) == 1000
+    assert ddp_bucket_mb(500, True, None, slow_link=True) == 500  # asked for: as asked
