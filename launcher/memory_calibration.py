@@ -112,6 +112,7 @@ H100x2, H100x4 = "2026-11-26-h100x2", "2026-11-26-h100x4"
 S10 = "2026-11-27-h200x4-session10"
 S11 = "2026-11-27-h200x4-session11"
 S12 = "2026-11-27-h200x4-session12"
+S13 = "2026-11-27-h200x4-session13"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -446,6 +447,26 @@ CONFIGS: tuple[Config, ...] = (
         (f"{S12}-xl", "ours-gpt2-xl-zero2-g4-b4-k1", 26.6869, 35.50))),
     Config("gpt2-xl", 4, "zero2", batch_size=4, compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
         (f"{S12}-xl", "ours-gpt2-xl-zero2-compile-g4-b4-k1-compiled", 17.9224, 25.43))),
+    # session 13 (4xH200, hosts I and J)
+    Config("gpt2-small", 4, "fsdp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S13}-fsdp", "ours-gpt2-small-fsdp-compile-g4-b16-k1", 8.5723, 20.78))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 32:34",
+           runs=_runs("H200", (f"{S13}-scaling-profile", "ours-gpt2-small-ddp-compile-g1-b16-k1", 8.7418, 17.69))),
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 32:34",
+           runs=_runs("H200", (f"{S13}-scaling-profile", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2159, 20.66))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 32:34",
+           runs=_runs("H200", (f"{S13}-scaling-profile", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.66))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S13}-fsdp", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2117, 20.71),
+        (f"{S13}-pcie", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2117, 20.71))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="NCCL_P2P_DISABLE=1",
+           runs=_runs("H200",
+        (f"{S13}-pcie", "ours-gpt2-small-ddp-compile-g4-b16-k1-pcie", 9.2159, 20.18),
+        (f"{S13}-pcie-again", "ours-gpt2-small-ddp-compile-g4-b16-k1-pcie", 9.2159, 20.20))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False,
+           flags="NCCL_P2P_DISABLE=1 ddp-bucket-mb 25", runs=_runs("H200",
+        (f"{S13}-pcie", "ours-gpt2-small-ddp-compile-g4-b16-k1-pcie25", 9.2099, 20.32),
+        (f"{S13}-pcie-again", "ours-gpt2-small-ddp-compile-g4-b16-k1-pcie25", 9.2047, 20.29))),
 )  # fmt: skip
 
 
