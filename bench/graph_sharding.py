@@ -13,7 +13,8 @@ with the rest. That is the idea of SimpleFSDP; this script measures whether it i
 Sides (SIDES): compiled DDP as the trainer's default; the sharded model with one collective per weight;
 with Inductor's collective bucketing; with bucketing and its compute/communication reordering; and
 with bucketing and the weights gathered again for the backward instead of kept (selective
-checkpointing: ZeRO-3's memory, as SimpleFSDP does). Every side trains the same GPT-2 (untied
+checkpointing: ZeRO-3's memory, as SimpleFSDP does); and each transformer block compiled alone, the
+rest eager (a short compile), with and without that recompute. Every side trains the same GPT-2 (untied
 embeddings, so each weight has one owner), bf16 autocast on GPUs (the gathers and reduce-scatters in
 bf16), AdamW, the same data; one table row each. Not a strategy: no checkpoints, no evaluation.
 """
@@ -91,6 +92,11 @@ SIDES = {
     },
     # and the gathered weights not kept for the backward, but gathered again (as ZeRO-3 and fsdp do)
     "graph-bucketed-recompute": {"bucket_all_gathers_fx": "all", "bucket_reduce_scatters_fx": "all"},
+    # each transformer block compiled on its own (one graph serves all 12, their weights its inputs),
+    # the rest eager: the compile of one block instead of the whole model's (95-121 s on 4 H200s,
+    # session 13), each block's gathers and reduce-scatters bucketed inside its graph
+    "graph-blocks": {"bucket_all_gathers_fx": "all", "bucket_reduce_scatters_fx": "all"},
+    "graph-blocks-recompute": {"bucket_all_gathers_fx": "all", "bucket_reduce_scatters_fx": "all"},
 }
 
 
@@ -109,6 +115,48 @@ def shard_in_graph(model: torch.nn.Module, dtype: torch.dtype, recompute: bool) 
             parametrize.register_parametrization(module, name, gathered, unsafe=True)
 
 
+class ShardedBlock(torch.nn.Module):
+    """A transformer block whose weights are flat shards, run through one shared template block.
+
+    A parametrization gives each module a class of its own, so Dynamo compiles every parametrized
+    block again; here every block is this one class and calls the same compiled function with its
+    shards as inputs, so one graph serves all blocks (gather, block, and in the backward the
+    reduce-scatters, bucketed inside it)."""
+
+    def __init__(self, block, template, dtype: torch.dtype, recompute: bool, fn) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.template, self.fn = [template], fn  # template in a list: not a submodule, its weights not ours
+        params = dict(block.named_parameters())
+        self.names = list(params)
+        self.gathers = [Gathered(p.shape, p.numel(), dtype, recompute) for p in params.values()]
+        shards = [g.right_inverse(p) for g, p in zip(self.gathers, params.values(), strict=True)]
+        self.shards = torch.nn.ParameterList([torch.nn.Parameter(s) for s in shards])
+
+    def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self.fn(self.template[0], self.names, self.gathers, list(self.shards), args, kwargs)
+
+
+def run_block(template, names, gathers, shards, args, kwargs):  # type: ignore[no-untyped-def]
+    weights = {n: g(s) for n, g, s in zip(names, gathers, shards, strict=True)}
+    return torch.func.functional_call(template, weights, args, kwargs)
+
+
+def shard_blocks(model: GPT2LMHeadModel, dtype: torch.dtype, recompute: bool, backend: str) -> None:
+    """Each block a ShardedBlock over one compiled function; the other weights parametrized, eager."""
+    blocks = model.transformer.h
+    template = blocks[0]
+    fn = torch.compile(run_block, backend=backend)
+    sharded = [ShardedBlock(b, template, dtype, recompute, fn) for b in blocks]
+    model.transformer.h = torch.nn.ModuleList(sharded)
+    for name, module in list(model.named_modules()):
+        if name.startswith("transformer.h"):
+            continue
+        for pname, p in list(module.named_parameters(recurse=False)):
+            gathered = Gathered(p.shape, p.numel(), dtype, recompute)
+            parametrize.register_parametrization(module, pname, gathered, unsafe=True)
+    template.requires_grad_(False)  # its own weights are never used: functional_call replaces them
+
+
 def build(args: argparse.Namespace, device: torch.device) -> GPT2LMHeadModel:
     torch.manual_seed(0)
     if args.cpu:
@@ -116,6 +164,7 @@ def build(args: argparse.Namespace, device: torch.device) -> GPT2LMHeadModel:
     else:
         config = GPT2Config(n_positions=args.seq)  # GPT-2 small
     config.tie_word_embeddings = False
+    config.use_cache = False  # as the trainer trains: no KV cache (shared blocks would share its layer 0, too)
     config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
     model = GPT2LMHeadModel(config).to(device)
     model.loss_type = "ForCausalLM"  # as the trainer does: transformers' warning about it breaks the graph
@@ -129,11 +178,18 @@ def run(side: str, args: argparse.Namespace, device: torch.device) -> dict:
     if side == "ddp":  # as the trainer's compiled default: one 1000 MB bucket
         model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1000, gradient_as_bucket_view=True)
         scale = 1.0
-    else:
-        shard_in_graph(model, torch.bfloat16 if cuda else torch.float32, recompute=side.endswith("recompute"))
+    backend = "inductor" if cuda or args.inductor else "aot_eager"
+    dtype, recompute = torch.bfloat16 if cuda else torch.float32, side.endswith("recompute")
+    if side.startswith("graph-blocks"):
+        shard_blocks(model, dtype, recompute, backend)
         scale = 1.0 / world  # the reduce-scatter sums; DDP averages
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=cuda)
-    compiled = torch.compile(model, backend="inductor" if cuda or args.inductor else "aot_eager")
+        compiled = model
+    elif side != "ddp":
+        shard_in_graph(model, dtype, recompute)
+        scale = 1.0 / world
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, fused=cuda)
+    if not side.startswith("graph-blocks"):
+        compiled = torch.compile(model, backend=backend)
     g = torch.Generator().manual_seed(1 + dist.get_rank())
     vocab = model.module.config.vocab_size if side == "ddp" else model.config.vocab_size
     autocast = torch.autocast("cuda", torch.bfloat16) if cuda else contextlib.nullcontext()
