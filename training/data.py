@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -432,7 +433,18 @@ def make_loaders(args: TrainArgs, data: PreparedData, tokenizer, world_size: int
         collate_fn=collate,
         persistent_workers=workers > 0,
         generator=torch.Generator(),
+        worker_init_fn=leave_process_group if workers > 0 else None,
     )
     train = DataLoader(data.train, batch_sampler=train_sampler, **common)
     val = DataLoader(data.validation, batch_sampler=eval_sampler, **common)
     return train, val, train_sampler
+
+
+def leave_process_group(worker_id: int) -> None:
+    """A data loader worker moves to a process group of its own. torchrun's agent stops the training
+    processes with a SIGTERM to each one's group (and a terminal's Ctrl-C reaches the foreground
+    group): in a worker, torch's handler dies of any SIGTERM but its parent's, and the trainer's
+    step then fails on the dead worker instead of ending in the checkpointed stop the signal asked
+    for. Out of that group only the trainer hears the stop; the worker still ends with it (torch's
+    workers exit once their parent is gone) or when the trainer shuts the loader down."""
+    os.setpgid(0, 0)

@@ -253,10 +253,13 @@ def test_sigterm_to_node_launch_reaches_a_single_process(train, workers):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("log_every", [1, 3])  # processes agree to stop at log steps only
-def test_sigterm_through_node_launch_exits_143(train, log_every):
+# processes agree to stop at log steps only; with data loader workers (the GPU default), torchrun's
+# training processes get the stop and their workers do not (node_launch._training_processes)
+@pytest.mark.parametrize("log_every, workers", [(1, 0), (3, 0), (1, 2)])
+def test_sigterm_through_node_launch_exits_143(train, log_every, workers):
     flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", str(log_every), "--report-to", "none"]
-    proc, c, argv = train.popen(*flags, name=f"sigterm-2-{log_every}", processes=2)
+    flags += ["--num-workers", str(workers)]
+    proc, c, argv = train.popen(*flags, name=f"sigterm-2-{log_every}-{workers}", processes=2)
     metrics = c.output_dir / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 180
@@ -277,6 +280,7 @@ def test_sigterm_through_node_launch_exits_143(train, log_every):
     assert run.lines("stopped=") == [f"stopped=SIGTERM step={step} checkpoint_saved=1"], run.describe()
     assert [p.name for p in c.complete_checkpoints()] == [f"checkpoint-{step:08d}"]
     assert run.returncode == 143, run.describe()
+    assert "Traceback" not in run.stderr and "error:" not in run.stderr, run.describe()
 
 
 @pytest.mark.multiprocess
