@@ -327,6 +327,21 @@ def ddp_bucket_mb(
     return DDP_BUCKET_MB_COMPILED if whole else DDP_BUCKET_MB_EAGER
 
 
+def planned_ddp_buckets(args, *, compiled: bool, world_size: int, nodes: int, gpu_model: str | None) -> str:
+    """What a plan shows for ddp's gradient buckets on an instance (a TrainArgs `args`): the size the
+    training processes will pick there (ddp_bucket_mb, slow_gpu_link), and why."""
+    env = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(max(1, world_size // nodes))}
+    slow = slow_gpu_link(env, gpu_model)
+    mb = ddp_bucket_mb(args.ddp_bucket_mb, compiled, args.compile_unit, args.compiled_autograd, bool(slow))
+    if args.ddp_bucket_mb is not None:
+        return f"{mb} MB (--ddp-bucket-mb)"
+    if mb == DDP_BUCKET_MB_COMPILED:
+        return f"{mb} MB: one bucket, one compiled graph (GPUs of one node over NVLink)"
+    if slow and ddp_bucket_mb(None, compiled, args.compile_unit, args.compiled_autograd) != mb:
+        return f"{mb} MB: {slow}, so the all-reduces overlap the backward"
+    return f"{mb} MB"
+
+
 def accelerate_config(
     strategy: Strategy,
     cluster: ClusterShape,

@@ -48,13 +48,15 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
     from distrain_cloud.training.args import parse_args
     from distrain_cloud.training.strategies import (
         ClusterShape,
+        Strategy,
         accelerate_config,
         choose_precision,
         parse_strategy,
         plan_configs,
+        planned_ddp_buckets,
     )
 
-    from ..memory import fit_check
+    from ..memory import compiled, fit_check
 
     strategy = parse_strategy(spec.strategy)
     hardware = instance.name
@@ -78,6 +80,14 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
             "accelerate_config (node 0)": accelerate_config(strategy, cluster, precision=precision)
         }
     configs.update(plan_configs(strategy, train, cluster.world_size))
+    if strategy is Strategy.ddp and cluster.world_size > 1 and instance.gpus:
+        configs["ddp_buckets"] = planned_ddp_buckets(
+            train,
+            compiled=compiled(train),
+            world_size=cluster.world_size,
+            nodes=spec.nodes,
+            gpu_model=instance.gpu_model,
+        )
     return TrainingPlan(
         job_name=job_name,
         precision=precision,

@@ -117,6 +117,19 @@ def test_g5_12xlarge_on_two_nodes_is_eight_processes_in_bf16(offline):
     assert plan.summary["processes"] == "4 per node, 8 in all"
 
 
+@pytest.mark.parametrize(
+    "instance, nodes, buckets",
+    [
+        ("ml.p3.8xlarge", 1, "1000 MB: one bucket, one compiled graph (GPUs of one node over NVLink)"),
+        ("ml.p3.8xlarge", 2, "25 MB: processes on 2 nodes, so the all-reduces overlap the backward"),
+        ("ml.g5.12xlarge", 1, "25 MB: A10G GPUs, connected over PCIe, so the all-reduces overlap the backward"),
+        ("ml.p3.2xlarge", 1, None),  # one GPU: no DDP
+    ],
+)
+def test_the_plan_shows_the_ddp_buckets_the_training_processes_will_pick(offline, instance, nodes, buckets):
+    assert dry(instance=instance, nodes=nodes).configs.get("ddp_buckets") == buckets
+
+
 def test_deepspeed_batch_is_computed_from_the_real_world_size(offline):
     plan = dry(
         instance="ml.g5.12xlarge", nodes=2, strategy="zero3", train_args=["--batch-size", "4", "--grad-accum", "2"]

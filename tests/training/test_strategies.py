@@ -87,3 +87,13 @@ def test_over_a_slow_link_the_compiled_default_keeps_small_buckets_to_overlap_th
     assert ddp_bucket_mb(None, True, None, slow_link=True) == 25
     assert ddp_bucket_mb(None, True, None, slow_link=False) == 1000
     assert ddp_bucket_mb(500, True, None, slow_link=True) == 500  # asked for: as asked
+
+
+def test_the_planned_buckets_are_the_size_asked_for_whatever_the_link():
+    from distrain_cloud.training.args import parse_args
+    from distrain_cloud.training.strategies import planned_ddp_buckets
+
+    on_g5 = {"world_size": 4, "nodes": 1, "gpu_model": "A10G"}
+    asked = parse_args(["--ddp-bucket-mb", "100"])
+    assert planned_ddp_buckets(asked, compiled=True, **on_g5) == "100 MB (--ddp-bucket-mb)"
+    assert planned_ddp_buckets(parse_args([]), compiled=False, **on_g5) == "25 MB"  # eager: 25 anyway
