@@ -447,4 +447,5 @@ def leave_process_group(worker_id: int) -> None:
     step then fails on the dead worker instead of ending in the checkpointed stop the signal asked
     for. Out of that group only the trainer hears the stop; the worker still ends with it (torch's
     workers exit once their parent is gone) or when the trainer shuts the loader down."""
-    os.setpgid(0, 0)
+    if hasattr(os, "setpgid"):  # POSIX; elsewhere there are no process groups to leave
+        os.setpgid(0, 0)
