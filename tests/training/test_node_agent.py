@@ -429,8 +429,9 @@ for step in range(start + 1, int(os.environ.get("FAKE_STEPS", "1000")) + 1):
         out = Path(os.environ["DISTRAIN_OUTPUT_DIR"]); out.mkdir(parents=True, exist_ok=True)
         (out / "failure").write_text("error: fake trainer failed on purpose\n")
         sys.exit(2)
-    if signalled and not agreed.exists():
-        agreed.write_text(str(step + 2))
+    if signalled and not agreed.exists():  # atomically: the other node may read it at any moment
+        (agreed.parent / f"stop-step.{rank}").write_text(str(step + 2))
+        os.replace(agreed.parent / f"stop-step.{rank}", agreed)
     if agreed.exists() and step >= int(agreed.read_text()):
         save(step)
         print(f"stopped=SIGTERM step={step}", flush=True)
