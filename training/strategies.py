@@ -327,19 +327,24 @@ def ddp_bucket_mb(
     return DDP_BUCKET_MB_COMPILED if whole else DDP_BUCKET_MB_EAGER
 
 
+def ddp_buckets_for(args, compiled: bool, slow_link: str | None) -> tuple[int, str | None]:
+    """DDP's bucket size for a TrainArgs `args` (ddp_bucket_mb), and the slow link (slow_gpu_link)
+    where it is what made the default small: the trainer logs it, a plan shows it."""
+    mb = ddp_bucket_mb(args.ddp_bucket_mb, compiled, args.compile_unit, args.compiled_autograd, bool(slow_link))
+    fast = ddp_bucket_mb(args.ddp_bucket_mb, compiled, args.compile_unit, args.compiled_autograd)
+    return mb, slow_link if mb != fast else None
+
+
 def planned_ddp_buckets(args, *, compiled: bool, world_size: int, nodes: int, gpu_model: str | None) -> str:
     """What a plan shows for ddp's gradient buckets on an instance (a TrainArgs `args`): the size the
-    training processes will pick there (ddp_bucket_mb, slow_gpu_link), and why."""
+    training processes will pick there (ddp_buckets_for), and why."""
     env = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(max(1, world_size // nodes))}
-    slow = slow_gpu_link(env, gpu_model)
-    mb = ddp_bucket_mb(args.ddp_bucket_mb, compiled, args.compile_unit, args.compiled_autograd, bool(slow))
+    mb, slow = ddp_buckets_for(args, compiled, slow_gpu_link(env, gpu_model))
     if args.ddp_bucket_mb is not None:
         return f"{mb} MB (--ddp-bucket-mb)"
     if mb == DDP_BUCKET_MB_COMPILED:
         return f"{mb} MB: one bucket, one compiled graph (GPUs of one node over NVLink)"
-    if slow and ddp_bucket_mb(None, compiled, args.compile_unit, args.compiled_autograd) != mb:
-        return f"{mb} MB: {slow}, so the all-reduces overlap the backward"
-    return f"{mb} MB"
+    return f"{mb} MB: {slow}, so the all-reduces overlap the backward" if slow else f"{mb} MB"
 
 
 def accelerate_config(

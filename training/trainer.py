@@ -28,7 +28,7 @@ from .strategies import (
     Strategy,
     compile_decision,
     compile_unit_for,
-    ddp_bucket_mb,
+    ddp_buckets_for,
     deepspeed_config_for,
     eval_compile_decision,
     fsdp_blocks_per_unit,
@@ -168,19 +168,8 @@ class Trainer:
         # Buckets are fixed before the run length (and so the compile decision) is known: size
         # them for a compiled step wherever the default may compile (CUDA).
         compiling = a.compile if a.compile is not None else cuda
-        slow_link = None
-        if world > 1:
-            import torch
-
-            # this process's card (not the current device, whose context other processes would share)
-            card, peer = None, None
-            if cuda:
-                index, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
-                card = torch.cuda.get_device_name(index)
-                if count > 1:
-                    peer = torch.cuda.can_device_access_peer(index, (index + 1) % count)
-            slow_link = slow_gpu_link(os.environ, card, peer)
-        bucket_mb = ddp_bucket_mb(a.ddp_bucket_mb, compiling, a.compile_unit, a.compiled_autograd, bool(slow_link))
+        slow_link = slow_gpu_link(os.environ, *_local_gpu(cuda)) if world > 1 else None
+        bucket_mb, slow_link = ddp_buckets_for(a, compiling, slow_link)
         handlers: list[Any] = [_ddp_kwargs(a.ddp_reduce_dtype, bucket_mb)]
         ds_plugin = None
         if self.strategy.uses_deepspeed:
@@ -212,7 +201,7 @@ class Trainer:
             _select_fsdp(accelerator, fsdp_plugin)
         if self.strategy.value == "ddp" and accelerator.num_processes > 1 and accelerator.is_main_process:
             print(f"ddp_bucket_mb={bucket_mb}", flush=True)
-            if slow_link and a.ddp_bucket_mb is None and bucket_mb != ddp_bucket_mb(None, compiling, a.compile_unit):
+            if slow_link:  # it made the default small
                 print(f"ddp: {slow_link}: small gradient buckets, so the all-reduces overlap the backward", flush=True)
         return accelerator
 
@@ -1141,6 +1130,18 @@ def _inductor_or_eager(mode: str, say):
             return graph.forward
 
     return backend
+
+
+def _local_gpu(cuda: bool) -> tuple[str | None, bool | None]:
+    """This process's card (LOCAL_RANK's, not the current device, whose context every process would
+    share) and whether it reaches another of the node's cards peer to peer; (None, None) on CPU."""
+    if not cuda:
+        return None, None
+    import torch
+
+    index, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    peer = torch.cuda.can_device_access_peer(index, (index + 1) % count) if count > 1 else None
+    return torch.cuda.get_device_name(index), peer
 
 
 def _fail_partway(model) -> None:

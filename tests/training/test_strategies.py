@@ -97,3 +97,15 @@ def test_the_planned_buckets_are_the_size_asked_for_whatever_the_link():
     asked = parse_args(["--ddp-bucket-mb", "100"])
     assert planned_ddp_buckets(asked, compiled=True, **on_g5) == "100 MB (--ddp-bucket-mb)"
     assert planned_ddp_buckets(parse_args([]), compiled=False, **on_g5) == "25 MB"  # eager: 25 anyway
+
+
+def test_a_slow_link_is_named_only_where_it_made_the_default_small():
+    from distrain_cloud.training.args import parse_args
+    from distrain_cloud.training.strategies import ddp_buckets_for
+
+    slow = "NCCL_P2P_DISABLE is set"
+    assert ddp_buckets_for(parse_args([]), True, slow) == (25, slow)
+    assert ddp_buckets_for(parse_args([]), True, None) == (1000, None)
+    assert ddp_buckets_for(parse_args([]), False, slow) == (25, None)  # eager: 25 anyway
+    assert ddp_buckets_for(parse_args(["--compiled-autograd"]), True, slow) == (25, None)  # 25 anyway
+    assert ddp_buckets_for(parse_args(["--ddp-bucket-mb", "100"]), True, slow) == (100, None)  # as asked
