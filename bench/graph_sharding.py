@@ -108,8 +108,11 @@ def inductor_settings(side: str) -> tuple[dict, list[str]]:
     return {k: v for k, v in wanted.items() if k in config._config}, [k for k in wanted if k not in config._config]
 
 
-def shard_in_graph(model: torch.nn.Module, dtype: torch.dtype, recompute: bool) -> None:
-    for module in list(model.modules()):
+def shard_in_graph(model: torch.nn.Module, dtype: torch.dtype, recompute: bool, skip: str | None = None) -> None:
+    """Every weight of `model` (but those under the module named `skip`) a parametrized shard."""
+    for path, module in list(model.named_modules()):
+        if skip and path.startswith(skip):
+            continue
         for name, p in list(module.named_parameters(recurse=False)):
             gathered = Gathered(p.shape, p.numel(), dtype, recompute)
             parametrize.register_parametrization(module, name, gathered, unsafe=True)
@@ -148,12 +151,7 @@ def shard_blocks(model: GPT2LMHeadModel, dtype: torch.dtype, recompute: bool, ba
     fn = torch.compile(run_block, backend=backend)
     sharded = [ShardedBlock(b, template, dtype, recompute, fn) for b in blocks]
     model.transformer.h = torch.nn.ModuleList(sharded)
-    for name, module in list(model.named_modules()):
-        if name.startswith("transformer.h"):
-            continue
-        for pname, p in list(module.named_parameters(recurse=False)):
-            gathered = Gathered(p.shape, p.numel(), dtype, recompute)
-            parametrize.register_parametrization(module, pname, gathered, unsafe=True)
+    shard_in_graph(model, dtype, recompute, skip="transformer.h")
     template.requires_grad_(False)  # its own weights are never used: functional_call replaces them
 
 
