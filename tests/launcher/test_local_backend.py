@@ -230,8 +230,10 @@ def _kill_everything(proc: subprocess.Popen, root: Path | None) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_the_terminal_checkpoints_and_the_job_is_stopped(cli, tmp_path):
-    proc = _start_cli(tmp_path, "--max-steps", "100000", "--save-every", "1000", "--log-every", "1")
+@pytest.mark.parametrize("workers", ["0", "2"])  # 2: data loader workers, as on GPUs by default
+def test_ctrl_c_in_the_terminal_checkpoints_and_the_job_is_stopped(cli, tmp_path, workers):
+    flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", "1", "--num-workers", workers]
+    proc = _start_cli(tmp_path, *flags)
     root = None
     try:
 
