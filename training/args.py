@@ -183,8 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.compile_unit,
         help="what one torch.compile covers: the whole model (default; one graph per step) or each "
         "transformer block plus the loss (regional: one block's compile serves every block, and DDP "
-        "all-reduces each finished block's gradients during the backward); fsdp always compiles blocks, "
-        "zero3 by default",
+        "all-reduces each finished block's gradients during the backward); fsdp and zero3 compile blocks "
+        "by default, and fsdp with model shards every weight inside the compiled graph instead of FSDP2's "
+        "hooks between blocks",
     )
     g.add_argument(
         "--compiled-autograd",
@@ -361,10 +362,10 @@ def validate(a: TrainArgs) -> None:
     if a.compile_unit is not None:
         if a.compile is False:
             raise ArgumentError(f"--compile-unit {a.compile_unit} contradicts --no-compile")
-        if a.compile_unit == "model" and a.strategy == "fsdp":
+        if a.compile_unit == "model" and a.strategy == "fsdp" and a.fsdp_blocks_per_unit is not None:
             raise ArgumentError(
-                "--compile-unit model does not apply to --strategy fsdp, whose sharding hooks run between "
-                "blocks; fsdp compiles each block (--compile-unit block, its default)"
+                "--fsdp-blocks-per-unit applies to fsdp's FSDP2 units (--compile-unit block, its default); "
+                "--compile-unit model shards every weight inside the compiled graph instead"
             )
         strategy = Strategy(a.strategy)
         if a.compile_unit == "block" and strategy.uses_deepspeed and strategy not in BLOCK_COMPILED:

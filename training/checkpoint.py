@@ -162,14 +162,24 @@ def _sha256(path: Path, fsync: bool) -> str:
     return h.hexdigest()
 
 
-def check_resumable(path: Path, saved: dict[str, Any], world_size: int, strategy: str) -> None:
+def check_resumable(
+    path: Path, saved: dict[str, Any], world_size: int, strategy: str, sharding: str | None = None
+) -> None:
     """Raise CheckpointError when this run cannot load the checkpoint, before Accelerate and
     DeepSpeed fail on it with a traceback. Checkpoints saved before world size and strategy
-    were recorded are not checked."""
+    were recorded are not checked. `sharding`: "in-graph" for fsdp sharded in the graph
+    (--compile-unit model), whose files are not FSDP2's."""
     if "strategy" not in saved or "world_size" not in saved:
         return
     where = f"{path.name} in {path.parent}"
     old, new, n = parse_strategy(saved["strategy"]), parse_strategy(strategy), saved["world_size"]
+    was = saved.get("sharding")
+    if old is new is Strategy.fsdp and was != sharding:
+        flags = lambda s: "--strategy fsdp" + (" --compile-unit model" if s == "in-graph" else "")  # noqa: E731
+        raise CheckpointError(
+            f"{where} was saved with {flags(was)}, which stores its state differently from {flags(sharding)}: "
+            f"resume with {flags(was)}, or move the checkpoints away to start over"
+        )
     if _layout(old) != _layout(new):
         raise CheckpointError(
             f"{where} was saved with --strategy {old.value}, which stores its state differently from "
@@ -197,8 +207,11 @@ def _layout(strategy: Strategy) -> str:
     return "zero3" if strategy.zero_stage == 3 else "zero1-2"
 
 
-def save(accelerator, root: Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Collective: every process calls it. Returns the checkpoint folder.
+def save(
+    accelerator, root: Path, step: int, state: dict[str, Any], keep: int, own: Callable[[Path], None] | None = None
+) -> Path:
+    """Collective: every process calls it. Returns the checkpoint folder. `own(folder)`, where
+    given, writes what each process keeps beside Accelerate's state (in-graph fsdp's shards).
 
     A write that fails on the disk (full, read-only, ...) raises SaveError with one line that
     names the folder; the checkpoint is then left without its marker, so it is never loaded.
@@ -211,6 +224,8 @@ def save(accelerator, root: Path, step: int, state: dict[str, Any], keep: int) -
             path.mkdir(parents=True)
         accelerator.wait_for_everyone()
         accelerator.save_state(str(path))
+        if own is not None:
+            own(path)
         fault_point("save")
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:

@@ -31,16 +31,17 @@ def sharded_grads(parameters: Iterable[Any]) -> list[Any] | None:
     return grads
 
 
-def clip_sharded_grads_(grads: list[Any], max_norm: float) -> Any:
+def clip_sharded_grads_(grads: list[Any], max_norm: float, group: Any = None) -> Any:
     """Clip `sharded_grads` to a total 2-norm of `max_norm`, as torch.nn.utils.clip_grad_norm_
-    does (coefficient max_norm / (norm + 1e-6), at most 1), and return the total norm."""
+    does (coefficient max_norm / (norm + 1e-6), at most 1), and return the total norm. `group`: the
+    processes that hold the shards, by default the DTensors' mesh (plain shards name theirs)."""
     import torch
     import torch.distributed as dist
 
     local = [_local(g) for g in grads]
     # Sum of squares of this process's shards, in fp32 whatever the gradients' type, then of all.
     squares = torch.stack([n.float() for n in torch._foreach_norm(local, 2.0)]).square().sum()
-    dist.all_reduce(squares, group=grads[0].device_mesh.get_group())
+    dist.all_reduce(squares, group=group if group is not None else grads[0].device_mesh.get_group())
     total = squares.sqrt()
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     torch._foreach_mul_(local, coef.to(local[0].dtype))

@@ -67,6 +67,8 @@ class Trainer:
         self.args, self.contract = args, contract
         self.lr = args.lr if args.lr is not None else default_lr(args)  # parse_args has filled it in
         self.strategy = parse_strategy(args.strategy)
+        # fsdp with --compile-unit model: every weight a shard gathered inside the graph (graph_fsdp.py)
+        self.graph_sharded = self.strategy is Strategy.fsdp and args.compile_unit == "model"
         self.signal_received = False  # set by the SIGTERM/SIGINT handler, at any moment
         self.stop_signal: signal.Signals | None = None  # the first of them, which names the stop
         self._stop_signal_at = 0.0
@@ -115,10 +117,18 @@ class Trainer:
             else ""
         )
         with _slow_phase(f"preparing the model and optimizer for {self.strategy.value}{builds}", self._print):
-            if self.strategy is Strategy.fsdp:
+            if self.graph_sharded:
+                self._shard_in_graph(model, torch)
+            elif self.strategy is Strategy.fsdp:
                 self._shard_block_units(model)
             optimizer = self._optimizer(model, torch)
-            self.model, self.optimizer, self.train_dl, self.eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
+            if self.graph_sharded:  # the model is not Accelerate's to wrap: DDP would all-reduce the shards
+                self.model = model
+                self.optimizer, self.train_dl, self.eval_dl = acc.prepare(optimizer, train_dl, eval_dl)
+            else:
+                self.model, self.optimizer, self.train_dl, self.eval_dl = acc.prepare(
+                    model, optimizer, train_dl, eval_dl
+                )
         self._compile(torch)
 
     def _check_environment(self, world: int, *, cuda: bool) -> None:
@@ -179,7 +189,7 @@ class Trainer:
                 # CPU while DeepSpeed sees them all; gloo makes both agree.
                 handlers.append(InitProcessGroupKwargs(backend="gloo"))
         fsdp_plugin = None
-        if self.strategy is Strategy.fsdp:
+        if self.strategy is Strategy.fsdp and not self.graph_sharded:
             fsdp_plugin = FullyShardedDataParallelPlugin(**fsdp_plugin_settings())
         accelerator = Accelerator(
             mixed_precision=a.precision,
@@ -273,6 +283,14 @@ class Trainer:
             self.model.compile(backend=backend)
             self._print("compile_unit=model (inside DeepSpeed's engine)")
             return
+        if self.graph_sharded:  # the shards' gathers and reduce-scatters bucketed in the graph
+            import torch._inductor.config as inductor_config
+
+            from .graph_fsdp import INDUCTOR_SETTINGS
+
+            for key, value in INDUCTOR_SETTINGS.items():
+                if hasattr(inductor_config, key):  # torch >= 2.9
+                    setattr(inductor_config, key, value)
         self.model = torch.compile(self.model, backend=backend)
         self._print("compile_unit=model")
         if a.compiled_autograd:
@@ -370,6 +388,12 @@ class Trainer:
     def _clip(self, max_norm: float) -> None:
         """Clip the gradients' total norm; under fsdp on the local shards (training/sharded.py)."""
         acc = self.accelerator
+        if self.graph_sharded:
+            from .graph_fsdp import clip_
+
+            acc.unscale_gradients()  # fp16's loss scale first, as below
+            clip_(self.model, max_norm)
+            return
         grads = None
         if self.strategy is Strategy.fsdp:
             from .sharded import sharded_grads
@@ -393,6 +417,25 @@ class Trainer:
         if self.compiled:
             # Distinct graphs Dynamo captured: blocks compiled one by one share one (_compile_blocks).
             self._print(f"compiled_graphs={counters['stats']['unique_graphs']}")
+
+    def _shard_in_graph(self, model, torch) -> None:
+        """fsdp, --compile-unit model: every weight a flat shard that an all-gather in the model's
+        graph turns back into the weight (graph_fsdp.py). The model stays outside Accelerate's
+        prepare, so it is placed here, and runs its forward under the training precision's
+        autocast as Accelerate would make it."""
+        import torch.distributed as dist
+
+        from . import graph_fsdp
+
+        acc = self.accelerator
+        if not dist.is_initialized():  # one process: Accelerate starts no group, the gathers need one
+            dist.init_process_group("nccl" if acc.device.type == "cuda" else "gloo")
+        model.to(acc.device)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(acc.mixed_precision, torch.float32)
+        weights = graph_fsdp.shard_model(model, dtype)
+        if acc.mixed_precision != "no":
+            model.forward = torch.autocast(acc.device.type, dtype=dtype)(model.forward)
+        self._print(f"fsdp_sharding=in-graph weights={weights} processes={acc.num_processes}")
 
     def _shard_block_units(self, model) -> None:
         """fsdp: shard the transformer blocks in units of several consecutive blocks
@@ -428,17 +471,19 @@ class Trainer:
         # ZeRO-3 has already partitioned them into flat shards: their shape is in ds_shape.
         decay: list[Any] = []
         other: list[Any] = []
+        # Weights sharded in the graph keep theirs in full_shape (graph_fsdp.py).
+        shape = lambda p: getattr(p, "full_shape", getattr(p, "ds_shape", p.shape))  # noqa: E731
         for p in model.parameters():
             if p.requires_grad:
-                (other if len(getattr(p, "ds_shape", p.shape)) < 2 else decay).append(p)
+                (other if len(shape(p)) < 2 else decay).append(p)
         groups = [{"params": decay, "weight_decay": a.weight_decay}, {"params": other, "weight_decay": 0.0}]
-        count = lambda ps: sum(getattr(p, "ds_numel", p.numel()) for p in ps)  # noqa: E731
+        count = lambda ps: sum(getattr(p, "ds_numel", math.prod(shape(p))) for p in ps)  # noqa: E731
         self._print(f"optimizer_params decay={count(decay)} no_decay={count(other)}")
         if self.strategy.offload:
             from deepspeed.ops.adam import DeepSpeedCPUAdam  # the optimizer runs where its state lives
 
             return DeepSpeedCPUAdam(groups, lr=self.lr)
-        if self.strategy is Strategy.fsdp:
+        if self.strategy is Strategy.fsdp and not self.graph_sharded:
             from .sharded import shard_local_adamw
 
             return shard_local_adamw(groups, lr=self.lr)
@@ -458,8 +503,12 @@ class Trainer:
             path, saved = resumed
             # Before Accelerate reads it: a ZeRO checkpoint of another world size or strategy
             # would end in a DeepSpeed traceback there.
-            checkpoint.check_resumable(path, saved, acc.num_processes, self.strategy.value)
+            checkpoint.check_resumable(path, saved, acc.num_processes, self.strategy.value, self._sharding)
             acc.load_state(str(path))
+            if self.graph_sharded:  # each process's own shards and optimizer state
+                from .graph_fsdp import load
+
+                load(path, acc.unwrap_model(self.model, keep_torch_compile=False), self.optimizer)
             state = TrainState.from_saved(saved)
             self._print(f"resumed_from={path.name} step={state.step}")
         self._start_tracking(state)
@@ -525,8 +574,12 @@ class Trainer:
                     self.evaluate(step)
                 if (a.save_every and step % a.save_every == 0) or self.stop_requested:
                     # What the checkpoint can be resumed with is recorded beside the position.
-                    saved = state.to_saved(world_size=acc.num_processes, strategy=self.strategy.value)
-                    checkpoint.save(acc, self.contract.checkpoint_dir, step, saved, a.keep_checkpoints)
+                    saved = state.to_saved(
+                        world_size=acc.num_processes, strategy=self.strategy.value, sharding=self._sharding
+                    )
+                    checkpoint.save(
+                        acc, self.contract.checkpoint_dir, step, saved, a.keep_checkpoints, self._save_shards
+                    )
                 _maybe_die_for_test(step)
                 if step >= self.max_steps or self.stop_requested:
                     break
@@ -542,6 +595,18 @@ class Trainer:
             acc.end_training()
             sys.exit(INTERRUPT_EXIT_CODE if sig == signal.SIGINT else STOP_EXIT_CODE)
         return self.evaluate(state.step)
+
+    @property
+    def _sharding(self) -> str | None:
+        """How the checkpoints hold sharded weights, where two engines share a strategy."""
+        return "in-graph" if self.graph_sharded else None
+
+    def _save_shards(self, folder) -> None:
+        """checkpoint.save's part for this process beside Accelerate's: under in-graph fsdp its shards."""
+        if self.graph_sharded:
+            from .graph_fsdp import save
+
+            save(folder, self.accelerator.unwrap_model(self.model, keep_torch_compile=False), self.optimizer)
 
     def _resume_point(self):
         """The newest complete checkpoint that verifies, chosen by the main process (which
@@ -663,7 +728,15 @@ class Trainer:
             acc.end_training()
             return
         unwrapped = acc.unwrap_model(self.model)
-        state_dict = acc.get_state_dict(self.model)  # collective: gathers ZeRO-3 shards
+        if self.graph_sharded:  # collective: the full weights, in place, for the model, Hub and sample
+            from .graph_fsdp import unshard
+
+            unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)  # names without compile's prefix
+            self.optimizer.state.clear()  # training is over: its memory makes room for the weights
+            unshard(unwrapped)
+            state_dict = unwrapped.state_dict()
+        else:
+            state_dict = acc.get_state_dict(self.model)  # collective: gathers ZeRO-3 shards
         model_dir = self.contract.model_dir
         if acc.is_main_process:
             from .checkpoint import SaveError, disk_failure, fault_point

@@ -74,7 +74,11 @@ def test_evaluation_compiles_only_where_its_forwards_repay_it(evals, eval_sample
     ("flags", "message"),
     [
         (["--no-compile", "--compile-unit", "block"], "--compile-unit block contradicts --no-compile"),
-        (["--strategy", "fsdp", "--compile-unit", "model"], "--compile-unit model does not apply to --strategy fsdp"),
+        (
+            ["--strategy", "fsdp", "--compile-unit", "model", "--fsdp-blocks-per-unit", "2"],
+            "--fsdp-blocks-per-unit applies to fsdp's FSDP2 units",
+        ),
+        (["--strategy", "fsdp", "--compile-unit", "model", "--no-compile"], "--compile-unit model contradicts"),
         (
             ["--strategy", "zero2", "--compile-unit", "block"],
             "--compile-unit block applies to .* zero3-offload, not zero2",
@@ -95,6 +99,7 @@ def test_compile_unit_refuses_what_it_cannot_compile(flags, message):
 def test_compile_unit_is_accepted_where_it_applies():
     assert parse_args(["--compile-unit", "block"]).compile_unit == "block"
     assert parse_args(["--strategy", "fsdp", "--compile-unit", "block"]).compile_unit == "block"
+    assert parse_args(["--strategy", "fsdp", "--compile-unit", "model"]).compile_unit == "model"  # in-graph sharding
     assert parse_args(["--strategy", "zero3", "--compile-unit", "block"]).compile_unit == "block"
     assert parse_args(["--strategy", "zero3", "--compile-unit", "model"]).compile_unit == "model"
     assert parse_args([]).compile_unit is None

@@ -1,6 +1,8 @@
-"""--strategy fsdp (PyTorch FSDP2 through Accelerate, shard units of consecutive transformer blocks)
-on CPU processes over gloo: it trains like eager DDP, saves a loadable model, resumes exactly after
-kill -9 (one block per unit there), and its sharded checkpoints refuse another world size in one line."""
+"""--strategy fsdp on CPU processes over gloo, both engines: PyTorch FSDP2 through Accelerate (shard
+units of consecutive transformer blocks, the default) and, with --compile-unit model, every weight a
+shard gathered inside the compiled graph (training/graph_fsdp.py). Each trains like eager DDP, saves
+a loadable model, resumes exactly after kill -9, and its checkpoints refuse another world size or the
+other engine in one line."""
 
 from __future__ import annotations
 
@@ -218,6 +220,99 @@ def test_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train):
     again = train(*RESUME_FLAGS, name="fsdp-killed", processes=2)
     assert again.returncode == 0, again.describe()
     assert again.lines("fsdp_shard_unit=") == ["fsdp_shard_unit=GPT2Block blocks=2 blocks_per_unit=2 units=1"]
+    assert again.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"], again.describe()
+    assert again.train_losses == whole.train_losses  # exact, not approximate
+    assert sorted(again.train_losses) == list(range(1, 13))
+    evals = lambda run: {e["step"]: e["eval_loss"] for e in run.evals}  # noqa: E731
+    assert evals(again) == evals(whole)
+    weights = "model.safetensors"
+    assert (again.contract.model_dir / weights).read_bytes() == (whole.contract.model_dir / weights).read_bytes()
+
+
+# --compile-unit model: every weight a flat shard gathered inside the compiled graph (training/graph_fsdp.py).
+IN_GRAPH = ["--strategy", "fsdp", "--compile", "--compile-unit", "model"]
+
+
+def test_checkpoints_of_one_fsdp_engine_refuse_the_other(tmp_path):
+    path = tmp_path / "checkpoint-00000004"
+    in_graph = {"strategy": "fsdp", "world_size": 2, "sharding": "in-graph"}
+    checkpoint.check_resumable(path, in_graph, 2, "fsdp", "in-graph")
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.check_resumable(path, in_graph, 2, "fsdp")
+    assert str(e.value) == (
+        f"checkpoint-00000004 in {tmp_path} was saved with --strategy fsdp --compile-unit model, which stores its "
+        "state differently from --strategy fsdp: resume with --strategy fsdp --compile-unit model, or move the "
+        "checkpoints away to start over"
+    )
+    fsdp2 = {"strategy": "fsdp", "world_size": 2}
+    with pytest.raises(checkpoint.CheckpointError, match="resume with --strategy fsdp, or move"):
+        checkpoint.check_resumable(path, fsdp2, 2, "fsdp", "in-graph")
+    with pytest.raises(checkpoint.CheckpointError, match="splits its state across processes, but this run has 1"):
+        checkpoint.check_resumable(path, in_graph, 1, "fsdp", "in-graph")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_in_graph_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout_config, aot_eager):
+    """The same causal-LM job (tied embeddings, clipping, a generated sample at the end) under eager
+    DDP and sharded in the compiled graph on 2 processes: the same losses and evaluation within
+    rounding, one graph, and the full model saved from the shards, its embeddings still tied."""
+    flags = lm_flags(no_dropout_config)
+    ddp, graph = train.many(
+        [
+            {"flags": [*flags, "--strategy", "ddp"], "name": "lm-ddp", "processes": 2},
+            {"flags": [*flags, *IN_GRAPH], "name": "lm-graph", "processes": 2, "env": aot_eager},
+        ],
+        parallel=1,
+    )
+    assert ddp.returncode == 0, ddp.describe()
+    assert graph.returncode == 0, graph.describe()
+    # 2 blocks of 12 weights, both embeddings, the final norm's 2; the LM head shares the token embeddings'
+    assert graph.lines("fsdp_sharding=") == ["fsdp_sharding=in-graph weights=28 processes=2"], graph.describe()
+    assert graph.lines("compile_unit=") == ["compile_unit=model"], graph.describe()
+    assert graph.lines("compiled_graphs=") == ["compiled_graphs=1"], graph.describe()
+    assert graph.lines("optimizer_params") == ddp.lines("optimizer_params")  # the same decay groups
+    assert "torch.compile failed" not in graph.stdout + graph.stderr, graph.describe()
+    assert ddp.train_losses.keys() == graph.train_losses.keys() == {2, 4, 6, 8}
+    for step, loss in ddp.train_losses.items():
+        assert graph.train_losses[step] == pytest.approx(loss, rel=1e-4), (step, ddp.train_losses, graph.train_losses)
+    assert graph.final_eval["eval_loss"] == pytest.approx(ddp.final_eval["eval_loss"], rel=1e-4)
+    (sample,) = graph.lines("sample=")
+    assert json.loads(sample[len("sample=") :]) == json.loads(ddp.lines("sample=")[0][len("sample=") :])
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(graph.contract.model_dir)
+    reference = AutoModelForCausalLM.from_pretrained(ddp.contract.model_dir)
+    assert saved.lm_head.weight is saved.transformer.wte.weight
+    for (name, p), (_, q) in zip(saved.named_parameters(), reference.named_parameters(), strict=True):
+        assert torch.allclose(p, q, rtol=1e-4, atol=1e-5), name
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_in_graph_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train, aot_eager):
+    """kill -9 after step 5; the rerun resumes from step 4's checkpoint, one shard file per process
+    (its weights and optimizer state), and ends bit for bit where the uninterrupted run does.
+    Resuming with one process, or with FSDP2's fsdp, is refused in one line."""
+    flags = [*RESUME_FLAGS, "--compile", "--compile-unit", "model"]
+    whole = train(*flags, name="graph-whole", processes=2, env=aot_eager)
+    assert whole.returncode == 0, whole.describe()
+    killed = train(*flags, name="graph-killed", processes=2, env={**aot_eager, "DISTRAIN_TEST_KILL_AT_STEP": "5"})
+    assert killed.returncode != 0 and max(killed.train_losses) == 5, killed.describe()
+    (ckpt,) = [p for p in killed.contract.complete_checkpoints() if p.name == "checkpoint-00000004"]
+    assert sorted(p.name for p in ckpt.glob("graph_shards_*.pt")) == ["graph_shards_0.pt", "graph_shards_1.pt"]
+
+    alone = train(*flags, name="graph-killed", env=aot_eager)
+    assert alone.returncode == 2, alone.describe()
+    assert "which splits its state across processes, but this run has 1: run it with 2 processes" in alone.stderr
+    fsdp2 = train(*RESUME_FLAGS, name="graph-killed", processes=2)
+    assert fsdp2.returncode == 2, fsdp2.describe()
+    assert "resume with --strategy fsdp --compile-unit model" in fsdp2.stderr
+
+    again = train(*flags, name="graph-killed", processes=2, env=aot_eager)
+    assert again.returncode == 0, again.describe()
     assert again.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"], again.describe()
     assert again.train_losses == whole.train_losses  # exact, not approximate
     assert sorted(again.train_losses) == list(range(1, 13))

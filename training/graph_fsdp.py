@@ -1,0 +1,161 @@
+"""`--strategy fsdp --compile-unit model`: sharding compiled into the model's graph.
+
+FSDP2 (the default `fsdp`, training/sharded.py) gathers a unit's weights and reduce-scatters its
+gradients from hooks that run between compiled blocks, and at GPT-2 small on 4 GPUs that host time
+bounds the step (0.57-0.85x compiled DDP, bench/README.md). Here, as in SimpleFSDP, every weight is
+instead a flat shard of 1/world of its elements, and a parametrization turns the shard back into
+the weight: an all-gather by a functional collective, whose gradient is a reduce-scatter. The whole
+model is then compiled once, so the gathers and reduce-scatters are ops of its graph, which Inductor
+buckets together and schedules with the rest (1.01-1.03x compiled DDP at 124M on 4 H200s, with
+ZeRO-2/3's memory for gradients and optimizer state; bench/graph_sharding.py, sessions 13-14). The
+price is the whole model's compile (about 90 s at 124M against 30 s for compiled DDP).
+
+The shards are ordinary parameters, so AdamW, clipping and the data path are the plain ones;
+what changes is that each process holds its own part of the state: it saves and loads its own file
+(`save`, `load`), and the full weights are gathered once at the end (`unshard`) for the saved model,
+the Hub and the generated sample. Tied weights (GPT-2's embeddings and LM head) stay one shard.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# Inductor's passes for collectives in the graph (torch >= 2.9): without them every weight is its own
+# all-gather and reduce-scatter, 148 of each for GPT-2 small.
+INDUCTOR_SETTINGS = {"bucket_all_gathers_fx": "all", "bucket_reduce_scatters_fx": "all"}
+
+
+def _gathered_class():  # torch imported on first use: the launcher imports this package's neighbours
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    # The same collective under its torch 2.13 name; the old one warns there on every eager call.
+    _gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+
+    class Gathered(torch.nn.Module):
+        """weight = the all-gather of every process's flat shard, cut to the weight's shape, in
+        `dtype` (the training precision: the gathers and reduce-scatters move half the bytes)."""
+
+        def __init__(self, shape: torch.Size, dtype: torch.dtype) -> None:
+            super().__init__()
+            self.shape, self.numel, self.dtype = shape, shape.numel(), dtype
+
+        def forward(self, shard: torch.Tensor) -> torch.Tensor:
+            group = dist.group.WORLD
+            assert group is not None  # shard_model ran in a process group
+            full = _gather(shard.to(self.dtype), gather_dim=0, group=group)
+            return full[: self.numel].view(self.shape)
+
+        def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
+            """The shard this process keeps: its slice of the flat weight, zero-padded to a multiple
+            of the world size (the padding gets zero gradients, so it stays zero)."""
+            world, rank = dist.get_world_size(), dist.get_rank()
+            flat = weight.detach().flatten()
+            per = -(-flat.numel() // world)
+            flat = torch.nn.functional.pad(flat, (0, per * world - flat.numel()))
+            return flat[rank * per : (rank + 1) * per].clone()
+
+    return Gathered
+
+
+def shard_model(model: Any, dtype: Any) -> int:
+    """Make every trainable weight of `model` a flat shard gathered on use; returns how many.
+    Collective, and cheap: each process keeps its slice of the weights it already holds (loaded
+    from the same checkpoint or seed). A weight tied to another (one Parameter under two names)
+    stays one shard, gathered under each name; its gradients add up in that shard. Each shard
+    remembers the weight's shape (`full_shape`), so AdamW's decay groups are those of the model."""
+    import torch
+    from torch.nn.utils import parametrize
+
+    gathered = _gathered_class()
+    # Listed before any change: parametrizing a weight turns that Parameter into its shard in place,
+    # and a tied twin is found by identity.
+    weights = [
+        (module, name, p, p.shape)
+        for module in model.modules()
+        for name, p in module.named_parameters(recurse=False)
+        if p.requires_grad
+    ]
+    shards: dict[int, Any] = {}
+    for module, name, p, shape in weights:
+        tied = shards.get(id(p))
+        if tied is not None:  # registered over a stand-in (the shared Parameter is a shard now), then shared
+            module._parameters[name] = torch.nn.Parameter(torch.empty(shape, device="meta"))
+        parametrize.register_parametrization(module, name, gathered(shape, dtype), unsafe=True)
+        slot = module.parametrizations[name]
+        if tied is not None:
+            slot.original = tied
+            continue
+        slot.original.full_shape = tuple(shape)
+        shards[id(p)] = slot.original
+    return len(shards)
+
+
+def shards(model: Any) -> list[Any]:
+    """The model's shard parameters, each once."""
+    return [p for p in model.parameters() if hasattr(p, "full_shape")]
+
+
+def clip_(model: Any, max_norm: float) -> Any:
+    """Clip the gradients to a total 2-norm of `max_norm` over every process's shards (one
+    all-reduce of the sum of squares), as torch.nn.utils.clip_grad_norm_ does on whole gradients.
+    Weights left whole (frozen ones have no gradient) would be counted once per process: there are
+    none, since shard_model shards every trainable weight."""
+    import torch.distributed as dist
+
+    from .sharded import clip_sharded_grads_
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return None
+    return clip_sharded_grads_(grads, max_norm, group=dist.group.WORLD)
+
+
+def shard_file(folder: Path, rank: int) -> Path:
+    return folder / f"graph_shards_{rank}.pt"
+
+
+def save(folder: Path, model: Any, optimizer: Any) -> None:
+    """This process's part of a checkpoint: its weight shards and their optimizer state. Accelerate's
+    save_state writes the rest (the main process's optimizer file, every process's RNG state)."""
+    import torch
+    import torch.distributed as dist
+
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    torch.save(state, shard_file(folder, dist.get_rank()))
+
+
+def load(folder: Path, model: Any, optimizer: Any) -> None:
+    """Load what `save` wrote for this process, after Accelerate's load_state (which gives every
+    process the main process's optimizer state: replaced here by this process's own)."""
+    import torch
+    import torch.distributed as dist
+
+    state = torch.load(shard_file(folder, dist.get_rank()), map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+
+
+def unshard(model: Any) -> None:
+    """Turn every shard back into its full fp32 weight, on every process (collective): the model is
+    then a plain one for saving, the Hub and generation. Ends the sharding, so only after training.
+    Each shard becomes its weight in place (the same Parameter), so tied weights stay tied."""
+    import torch
+    from torch.nn.utils import parametrize
+
+    done: set[int] = set()
+    for module in list(model.modules()):
+        if not parametrize.is_parametrized(module):
+            continue
+        for name in list(module.parametrizations.keys()):
+            slot = module.parametrizations[name]
+            again = id(slot.original) in done  # a tied twin: already whole
+            done.add(id(slot.original))
+            for p in slot:
+                p.dtype = torch.float32  # gathered in the masters' precision, not the training's
+            parametrize.remove_parametrizations(module, name, leave_parametrized=not again)
+    for p in model.parameters():
+        if hasattr(p, "full_shape"):
+            del p.full_shape
