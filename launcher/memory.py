@@ -174,13 +174,14 @@ class Constants:
 #   residual stream and LayerNorm outputs are fp32. logits 11.4: the peak is where the backward
 #   starts, with the loss's saved fp32 log-softmax (4), its gradient (4) and the gradient it
 #   hands back (4): 12 by count.
-# - compiled (torch.compile): activation 41.9; Inductor fuses those chains. Its logits term is
+# - compiled (torch.compile, and fsdp sharded inside the graph, which runs under autocast as DDP
+#   does): activation 41.9; Inductor fuses those chains. Its logits term is
 #   not fitted: with two model shapes the fit cannot tell it from the activations (it gave 0.2),
 #   so it is set to 2, the bf16 gradient of the logits that must exist when the backward starts.
 # - native (DeepSpeed, and eager fsdp: the model itself is bf16/fp16, no autocast): activation
 #   48.9, logits 11.6, ZeRO-3 working set 2.1 GiB.
 # - native-compiled (compiled fsdp, each block its own graph; compiled ZeRO-2 and ZeRO-3):
-#   activation 32.8, near theory's 34: Inductor's fusion as for compiled, with the residual stream
+#   activation 32.9, near theory's 34: Inductor's fusion as for compiled, with the residual stream
 #   and norms in 16 bits instead of autocast's fp32. Logits as compiled, plus the loss graph's
 #   input under fsdp (see estimate()). The compiled fsdp runs (two shapes, eager and compiled
 #   loss, units of 1 to 12 blocks) agree within 3%; compiled ZeRO-2 (GPT-2 small and XL) and
@@ -189,7 +190,7 @@ class Constants:
 # - fp32 (--precision no): not measured. Every saved tensor at 4 bytes, twice native's
 #   activations; the loss's tensors are fp32 already, as under autocast.
 CONSTANTS = Constants(
-    activation={"autocast": 91.9, "compiled": 41.9, "native": 48.9, "native-compiled": 32.8, "fp32": 97.0},
+    activation={"autocast": 91.9, "compiled": 41.9, "native": 48.9, "native-compiled": 32.9, "fp32": 97.0},
     logits={"autocast": 11.4, "compiled": 2.0, "native": 11.6, "native-compiled": 2.0, "fp32": 11.4},
     zero3_fixed_gib=2.1,
 )
@@ -227,12 +228,13 @@ def usable_gib(instance: InstanceType) -> float:
     return instance.gpu_memory_gib * USABLE_FRACTION.get(instance.gpu_model or "", USABLE_FRACTION_GDDR)
 
 
-def mode(strategy: str, precision: str, compiled: bool) -> str:
+def mode(strategy: str, precision: str, compiled: bool, in_graph: bool = False) -> str:
     """Which constants apply: how the model's tensors are kept decides what stays on the GPU."""
     sixteen = precision in ("bf16", "fp16")
-    # DeepSpeed's model is 16-bit itself. So is fsdp's, in effect: its MixedPrecisionPolicy
+    # DeepSpeed's model is 16-bit itself. So is FSDP2's, in effect: its MixedPrecisionPolicy
     # gathers the weights in 16 bits, and Accelerate's FSDP2 path wraps no autocast around it.
-    native = sixteen and (_zero_stage(strategy) is not None or strategy == "fsdp")
+    # fsdp sharded in the graph (`in_graph`) runs under autocast, as DDP does.
+    native = sixteen and (_zero_stage(strategy) is not None or (strategy == "fsdp" and not in_graph))
     if compiled:
         return "native-compiled" if native else "compiled"
     if not sixteen:
@@ -294,11 +296,18 @@ def estimate(
     stage = _zero_stage(strategy)
     offload = strategy.endswith("-offload")
     low = 2 if mixed else 4  # bytes of the model's own (or gathered) copy of a weight
-    how = mode(strategy, precision, compiled)
+    in_graph = strategy == "fsdp" and compile_unit == "model"  # strategies.fsdp_in_graph
+    how = mode(strategy, precision, compiled, in_graph)
     notes: list[str] = []
 
     terms: dict[str, float] = {}
-    if strategy == "fsdp":
+    if in_graph:
+        # training/graph_fsdp.py: fp32 weight shards, their AdamW moments and (with accumulation) their
+        # gradients, over W. Inductor buckets every all-gather into one at the step's start, and the
+        # gathered 16-bit weights stay for the backward: the whole model in 16 bits at the peak.
+        terms.update(weights=4 * P / W, optimizer=8 * P / W, grads=4 * P / W if grad_accum > 1 else 0)
+        terms["buffers"] = low * P
+    elif strategy == "fsdp":
         # FSDP2 (strategies.fsdp_plugin_settings): fp32 weights and AdamW moments sharded over W,
         # and fp32 gradient shards, set to None after each step as DDP's are.
         terms.update(weights=4 * P / W, optimizer=8 * P / W, grads=4 * P / W if grad_accum > 1 else 0)
@@ -355,7 +364,7 @@ def estimate(
         loss = how
         if strategy == "fsdp" and compiled and eager_loss:
             loss = mode(strategy, precision, compiled=False)
-        elif compiled and (strategy == "fsdp" or (compile_unit == "block" and stage != 3)):
+        elif compiled and ((strategy == "fsdp" and not in_graph) or (compile_unit == "block" and stage != 3)):
             # The loss is its own graph after the eager LM head, so the logits are its input, saved
             # for its backward; a backward may reuse the memory of saved intermediates but not of
             # inputs (AOTAutograd's donated buffers). At the backward's start they sit beside their
@@ -412,10 +421,12 @@ def compiled(args: TrainArgs) -> bool:
 
 def _compile_unit(args: TrainArgs) -> str | None:
     """What one compile covers, as the trainer decides it (strategies.compile_unit_for)."""
-    from distrain_cloud.training.strategies import Strategy, compile_unit_for
+    from distrain_cloud.training.strategies import Strategy, compile_unit_for, fsdp_in_graph
 
     try:
-        return compile_unit_for(Strategy(args.strategy), args.compile_unit)
+        strategy = Strategy(args.strategy)
+        in_graph = strategy is Strategy.fsdp and fsdp_in_graph(args, cuda=True)[0]
+        return compile_unit_for(strategy, args.compile_unit, in_graph)
     except ValueError:
         return args.compile_unit
 
@@ -520,6 +531,11 @@ def suggest_fixes(args: TrainArgs, shape: ModelShape, instance: InstanceType, no
     if best and smaller and best[0].batch_size <= smaller[0].batch_size:
         best = None  # another strategy helps only if it keeps a larger micro-batch than this one can
     fixes = [f"{flags(a)} (about {gib:.1f} GiB)" for a, gib in filter(None, (best, smaller))]
+    if args.strategy == "fsdp" and _compile_unit(args) == "model":
+        # Sharded inside the graph, fsdp holds the whole 16-bit model at its peak; FSDP2 one unit of it.
+        fsdp2 = need(replace(args, compile_unit="block"))
+        if fsdp2 <= usable_gib(instance):
+            fixes.insert(0, f"--compile-unit block (fsdp's FSDP2 engine, about {fsdp2:.1f} GiB)")
     bigger = [
         i for i in all_instances() if i.is_gpu and i.sagemaker == instance.sagemaker and need(args, i) <= usable_gib(i)
     ]

@@ -113,6 +113,7 @@ S10 = "2026-11-27-h200x4-session10"
 S11 = "2026-11-27-h200x4-session11"
 S12 = "2026-11-27-h200x4-session12"
 S13 = "2026-11-27-h200x4-session13"
+S14 = "2026-11-27-h200x4-session14"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -467,6 +468,21 @@ CONFIGS: tuple[Config, ...] = (
            flags="NCCL_P2P_DISABLE=1 ddp-bucket-mb 25", runs=_runs("H200",
         (f"{S13}-pcie", "ours-gpt2-small-ddp-compile-g4-b16-k1-pcie25", 9.2099, 20.32),
         (f"{S13}-pcie-again", "ours-gpt2-small-ddp-compile-g4-b16-k1-pcie25", 9.2047, 20.29))),
+    # session 14 (4xH200, host K): fsdp sharded inside the compiled graph (--compile-unit model), FSDP2 at XL
+    Config("gpt2-small", 4, "fsdp", compiled=True, kv_cache=False, logits_output=False, compile_unit="model",
+           runs=_runs("H200",
+        (f"{S14}-ingraph", "ours-gpt2-small-fsdp-compile-g4-b16-k1-ingraph", 7.1116, 19.62),
+        (f"{S14}-zero", "ours-gpt2-small-fsdp-compile-g4-b16-k1-ingraph", 7.1090, 19.08))),
+    Config("gpt2-xl", 4, "fsdp", batch_size=4, compiled=True, kv_cache=False, logits_output=False,
+           compile_unit="model", runs=_runs("H200",
+        (f"{S14}-xl", "ours-gpt2-xl-fsdp-compile-g4-b4-k1-ingraph", 19.4750, 25.10))),
+    Config("gpt2-xl", 4, "fsdp", batch_size=4, compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S14}-xl", "ours-gpt2-xl-fsdp-compile-g4-b4-k1-fsdp2", 15.7377, 21.82))),
+    Config("gpt2-small", 4, "fsdp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S14}-zero", "ours-gpt2-small-fsdp-compile-g4-b16-k1", 8.5723, 21.26))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S14}-ingraph", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2117, 20.24),
+        (f"{S14}-zero", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.65))),
 )  # fmt: skip
 
 

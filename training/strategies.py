@@ -187,6 +187,35 @@ def fsdp_blocks_per_unit(requested: int | None, n_blocks: int, block_params: int
     return -(-n_blocks // units)  # ceil: the last unit may hold fewer
 
 
+# fsdp has two engines. FSDP2 (the plugin above) compiles each block and runs its sharding hooks
+# between them: a short first compile, but host-bound steps. Sharding inside the compiled graph
+# (--compile-unit model, training/graph_fsdp.py) ran 1.00-1.07x compiled DDP at GPT-2 small on 4
+# H200s against FSDP2's 0.83x (37.4 vs 48.1 ms a step), and 1.72x FSDP2 at GPT-2 XL (136.5 vs 234.9
+# ms), but compiles the whole model: a first step of 89.7 s against 14.5 s at small, 362.8 s against
+# 16.8 s at XL (bench/README.md, session 14). That is repaid after about 7,000 steps at small and
+# 3,500 at XL; the compile cache kept with the checkpoints makes a resume's compile short either way.
+FSDP_IN_GRAPH_MIN_STEPS = 5000
+
+
+def fsdp_in_graph(args, *, cuda: bool) -> tuple[bool, str]:
+    """Whether `fsdp` shards inside the compiled graph rather than with FSDP2, and why. Decided
+    from the arguments alone (before Accelerate starts, which needs to know), so the plan and the
+    job agree: --compile-unit decides; else the long compiled runs on GPUs whose length --max-steps
+    gives (a run counted in --epochs keeps FSDP2: its length is known only once the data is)."""
+    if args.compile_unit is not None:
+        if args.compile_unit == "model":
+            return True, "--compile-unit model"
+        return False, "--compile-unit block"
+    if not cuda or args.compile is False:
+        return False, "default: FSDP2 when not compiled on GPUs"
+    if args.max_steps is None or args.max_steps < FSDP_IN_GRAPH_MIN_STEPS:
+        return False, (
+            f"default: FSDP2, whose first compile is shorter, below {FSDP_IN_GRAPH_MIN_STEPS:,} --max-steps "
+            "(--compile-unit model shards inside the compiled graph)"
+        )
+    return True, f"default for {FSDP_IN_GRAPH_MIN_STEPS:,}+ steps compiled (--compile-unit block for FSDP2)"
+
+
 def deepspeed_config_for(args, world_size: int) -> dict[str, Any]:
     """deepspeed_config for parsed training arguments (a TrainArgs) on `world_size` processes."""
     return deepspeed_config(
@@ -205,6 +234,9 @@ def plan_configs(strategy: Strategy, args, world_size: int) -> dict[str, Any]:
     if strategy.uses_deepspeed:
         return {"deepspeed_config": deepspeed_config_for(args, world_size)}
     if strategy is Strategy.fsdp:
+        in_graph, why = fsdp_in_graph(args, cuda=True)
+        if in_graph:
+            return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({why})"}
         per_unit = args.fsdp_blocks_per_unit or f"auto (units of about {FSDP_UNIT_PARAMS // 10**6}M parameters)"
         return {"fsdp_plugin": fsdp_plugin_settings(), "fsdp_blocks_per_unit": per_unit}
     return {}
@@ -302,9 +334,12 @@ def eval_compile_decision(*, evals: int, eval_samples: int, batch_size: int) -> 
 BLOCK_COMPILED = (Strategy.fsdp, Strategy.zero3, Strategy.zero3_offload)
 
 
-def compile_unit_for(strategy: Strategy, requested: str | None) -> str:
+def compile_unit_for(strategy: Strategy, requested: str | None, in_graph: bool = False) -> str:
     """What one torch.compile covers: --compile-unit, else blocks where sharding hooks sit between
-    them (BLOCK_COMPILED), else the whole model."""
+    them (BLOCK_COMPILED), else the whole model; and the whole model for fsdp sharded inside the
+    graph (`in_graph`, fsdp_in_graph)."""
+    if in_graph:
+        return "model"
     return requested or ("block" if strategy in BLOCK_COMPILED else "model")
 
 

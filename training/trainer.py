@@ -32,6 +32,7 @@ from .strategies import (
     deepspeed_config_for,
     eval_compile_decision,
     fsdp_blocks_per_unit,
+    fsdp_in_graph,
     fsdp_plugin_settings,
     parse_strategy,
     slow_gpu_link,
@@ -67,8 +68,7 @@ class Trainer:
         self.args, self.contract = args, contract
         self.lr = args.lr if args.lr is not None else default_lr(args)  # parse_args has filled it in
         self.strategy = parse_strategy(args.strategy)
-        # fsdp with --compile-unit model: every weight a shard gathered inside the graph (graph_fsdp.py)
-        self.graph_sharded = self.strategy is Strategy.fsdp and args.compile_unit == "model"
+        self.graph_sharded = False  # fsdp sharded inside the compiled graph (graph_fsdp.py): setup decides
         self.signal_received = False  # set by the SIGTERM/SIGINT handler, at any moment
         self.stop_signal: signal.Signals | None = None  # the first of them, which names the stop
         self._stop_signal_at = 0.0
@@ -90,6 +90,8 @@ class Trainer:
         self._check_environment(world, cuda=torch.cuda.is_available())
         self._patch_environment(cuda=torch.cuda.is_available())
         _allow_tf32(torch)
+        if self.strategy is Strategy.fsdp:  # before the Accelerator, which FSDP2 configures
+            self.graph_sharded, self.fsdp_why = fsdp_in_graph(a, cuda=torch.cuda.is_available())
         self.accelerator = self._make_accelerator(world, cuda=torch.cuda.is_available())
         acc = self.accelerator
         set_seed(a.seed)
@@ -273,7 +275,8 @@ class Trainer:
             import torch._inductor.config as inductor_config
 
             inductor_config.coordinate_descent_tuning = True
-        if compile_unit_for(self.strategy, a.compile_unit) == "block" and self._compile_blocks(torch, backend):
+        unit = compile_unit_for(self.strategy, a.compile_unit, self.graph_sharded)
+        if unit == "block" and self._compile_blocks(torch, backend):
             return
         if self.strategy.uses_deepspeed:
             # DeepSpeed's own way: compile the model inside its engine, in place. Compiling the
@@ -435,7 +438,7 @@ class Trainer:
         weights = graph_fsdp.shard_model(model, dtype)
         if acc.mixed_precision != "no":
             model.forward = torch.autocast(acc.device.type, dtype=dtype)(model.forward)
-        self._print(f"fsdp_sharding=in-graph weights={weights} processes={acc.num_processes}")
+        self._print(f"fsdp_sharding=in-graph weights={weights} processes={acc.num_processes} ({self.fsdp_why})")
 
     def _shard_block_units(self, model) -> None:
         """fsdp: shard the transformer blocks in units of several consecutive blocks
@@ -451,6 +454,8 @@ class Trainer:
         acc, name = self.accelerator, type(blocks[0]).__name__  # before FSDP renames it FSDP<name>
         units = shard_block_units(blocks, per_unit, acc.state.fsdp_plugin, mixed_precision=acc.mixed_precision != "no")
         self._print(f"fsdp_shard_unit={name} blocks={len(blocks)} blocks_per_unit={per_unit} units={units}")
+        if acc.device.type == "cuda":  # where the other engine is an option worth naming
+            self._print(f"fsdp: FSDP2 ({self.fsdp_why})")
 
     def _fetch_blocks_whole(self, model) -> None:
         """ZeRO-3 gathers parameters per module through Python hooks; for GPT-2's dozen small

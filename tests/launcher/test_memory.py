@@ -174,6 +174,24 @@ def test_a_long_xl_job_is_offered_compiled_zero2_first():
     assert check.ok is False and "fits with --strategy zero2 --batch-size 4 --grad-accum 2 (about" in check.detail
 
 
+def test_a_long_fsdp_job_sharded_in_the_graph_is_offered_fsdp2_first_where_only_that_fits(tmp_path):
+    """fsdp's default for a long compiled run shards inside the graph (strategies.fsdp_in_graph), which
+    holds the whole 16-bit model at its peak: a 3.9B model on 4 A10Gs does not fit that way, and does
+    with FSDP2's units (--compile-unit block), the first fix named; applied, the check passes."""
+    config = tmp_path / "config.json"
+    shape = {"model_type": "gpt2", "n_layer": 48, "n_head": 32, "n_embd": 2560, "vocab_size": 50257}
+    config.write_text(json.dumps(shape))
+    argv = ["--task", "causal-lm", "--model-config", str(config), "--block-size", "1024", "--strategy", "fsdp"]
+    argv += ["--batch-size", "1", "--max-steps", "10000", "--precision", "bf16"]
+    instance = lookup("ml.g5.12xlarge")
+    check = memory.fit_check(parse_args(argv), instance)
+    assert check.ok is False and "fits with --compile-unit block (fsdp's FSDP2 engine, about" in check.detail
+    assert memory.fit_check(parse_args([*argv, "--compile-unit", "block"]), instance).ok is True
+    # A run too short to repay the longer compile gets FSDP2 by default, and fits as it is.
+    short = [*argv[:-4], "--max-steps", "2000", "--precision", "bf16"]
+    assert memory.fit_check(parse_args(short), instance).ok is True
+
+
 def test_the_batch_size_fix_keeps_the_global_batch():
     instance = lookup("ml.p3.8xlarge")
     args = _args("--task", "causal-lm", "--preset", "gpt2-small", "--block-size", "1024", "--batch-size", "32")

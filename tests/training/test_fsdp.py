@@ -18,6 +18,7 @@ from distrain_cloud.training.strategies import (
     Strategy,
     accelerate_config,
     fsdp_blocks_per_unit,
+    fsdp_in_graph,
     fsdp_plugin_settings,
     plan_configs,
 )
@@ -233,6 +234,37 @@ def test_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train):
 IN_GRAPH = ["--strategy", "fsdp", "--compile", "--compile-unit", "model"]
 
 
+@pytest.mark.parametrize(
+    ("flags", "cuda", "in_graph", "why"),
+    [
+        (["--max-steps", "5000"], True, True, "default for 5,000+ steps compiled (--compile-unit block for FSDP2)"),
+        (["--max-steps", "4999"], True, False, "default: FSDP2, whose first compile is shorter, below 5,000"),
+        (["--epochs", "3"], True, False, "default: FSDP2, whose first compile is shorter"),  # length unknown yet
+        (["--max-steps", "9000"], False, False, "default: FSDP2 when not compiled on GPUs"),
+        (["--max-steps", "9000", "--no-compile"], True, False, "default: FSDP2 when not compiled on GPUs"),
+        (["--max-steps", "9000", "--compile-unit", "block"], True, False, "--compile-unit block"),
+        (["--max-steps", "10", "--compile-unit", "model"], False, True, "--compile-unit model"),
+    ],
+)
+def test_fsdp_shards_in_the_graph_by_default_for_long_compiled_runs_on_gpus(flags, cuda, in_graph, why):
+    decided, reason = fsdp_in_graph(parse_args(["--strategy", "fsdp", *flags]), cuda=cuda)
+    assert decided is in_graph and reason.startswith(why), reason
+
+
+def test_the_plan_shows_the_fsdp_engine_a_gpu_job_gets(cli, tmp_path):
+    long = parse_args(["--strategy", "fsdp", "--max-steps", "20000"])
+    assert plan_configs(Strategy.fsdp, long, 8) == {
+        "fsdp_sharding": "in the compiled graph, every weight a flat shard (default for 5,000+ steps compiled "
+        "(--compile-unit block for FSDP2))"
+    }
+    blocks = parse_args(["--strategy", "fsdp", "--max-steps", "20000", "--compile-unit", "block"])
+    assert plan_configs(Strategy.fsdp, blocks, 8)["fsdp_plugin"] == fsdp_plugin_settings()
+    base = ("submit", "--instance", "local", "--processes", "2", "--strategy", "fsdp", "--dry-run", "--json")
+    r = cli(*base, "--", "--compile", "--compile-unit", "model", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["configs"]["fsdp_sharding"].endswith("(--compile-unit model)")
+
+
 def test_checkpoints_of_one_fsdp_engine_refuse_the_other(tmp_path):
     path = tmp_path / "checkpoint-00000004"
     in_graph = {"strategy": "fsdp", "world_size": 2, "sharding": "in-graph"}
@@ -268,7 +300,8 @@ def test_in_graph_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, n
     assert ddp.returncode == 0, ddp.describe()
     assert graph.returncode == 0, graph.describe()
     # 2 blocks of 12 weights, both embeddings, the final norm's 2; the LM head shares the token embeddings'
-    assert graph.lines("fsdp_sharding=") == ["fsdp_sharding=in-graph weights=28 processes=2"], graph.describe()
+    sharding = "fsdp_sharding=in-graph weights=28 processes=2 (--compile-unit model)"
+    assert graph.lines("fsdp_sharding=") == [sharding], graph.describe()
     assert graph.lines("compile_unit=") == ["compile_unit=model"], graph.describe()
     assert graph.lines("compiled_graphs=") == ["compiled_graphs=1"], graph.describe()
     assert graph.lines("optimizer_params") == ddp.lines("optimizer_params")  # the same decay groups
