@@ -286,10 +286,11 @@ def test_checkpoints_of_one_fsdp_engine_refuse_the_other(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_in_graph_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout_config, aot_eager):
-    """The same causal-LM job (tied embeddings, clipping, a generated sample at the end) under eager
-    DDP and sharded in the compiled graph on 2 processes: the same losses and evaluation within
-    rounding, one graph, and the full model saved from the shards, its embeddings still tied."""
-    flags = lm_flags(no_dropout_config)
+    """The same causal-LM job (tied embeddings, clipping, 2 micro-batches a step, a generated sample at
+    the end) under eager DDP and sharded in the compiled graph on 2 processes: the same losses and
+    evaluation within rounding, one graph, and the full model saved from the shards, its embeddings
+    still tied."""
+    flags = [*lm_flags(no_dropout_config), "--grad-accum", "2"]  # the shards' gradients add up
     ddp, graph = train.many(
         [
             {"flags": [*flags, "--strategy", "ddp"], "name": "lm-ddp", "processes": 2},
