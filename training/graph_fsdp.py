@@ -1,14 +1,16 @@
-"""`--strategy fsdp --compile-unit model`: sharding compiled into the model's graph.
+"""`--strategy fsdp` sharded inside the compiled graph (`--compile-unit model`; the default for
+compiled GPU runs of 5,000+ steps, strategies.fsdp_in_graph).
 
-FSDP2 (the default `fsdp`, training/sharded.py) gathers a unit's weights and reduce-scatters its
+FSDP2 (fsdp's other engine, training/sharded.py) gathers a unit's weights and reduce-scatters its
 gradients from hooks that run between compiled blocks, and at GPT-2 small on 4 GPUs that host time
 bounds the step (0.57-0.85x compiled DDP, bench/README.md). Here, as in SimpleFSDP, every weight is
 instead a flat shard of 1/world of its elements, and a parametrization turns the shard back into
 the weight: an all-gather by a functional collective, whose gradient is a reduce-scatter. The whole
 model is then compiled once, so the gathers and reduce-scatters are ops of its graph, which Inductor
-buckets together and schedules with the rest (1.01-1.03x compiled DDP at 124M on 4 H200s, with
-ZeRO-2/3's memory for gradients and optimizer state; bench/graph_sharding.py, sessions 13-14). The
-price is the whole model's compile (about 90 s at 124M against 30 s for compiled DDP).
+buckets together and schedules with the rest: 1.00-1.07x compiled DDP at GPT-2 small on 4 H200s and
+1.72x FSDP2 at GPT-2 XL, with the gradients and optimizer state sharded (bench/README.md, session 14).
+The price is the whole model's compile (90 s at small against FSDP2's 15 s, 363 s at XL) and the
+whole 16-bit model gathered at the step's peak.
 
 The shards are ordinary parameters, so AdamW, clipping and the data path are the plain ones;
 what changes is that each process holds its own part of the state: it saves and loads its own file
@@ -91,11 +93,6 @@ def shard_model(model: Any, dtype: Any) -> int:
         slot.original.full_shape = tuple(shape)
         shards[id(p)] = slot.original
     return len(shards)
-
-
-def shards(model: Any) -> list[Any]:
-    """The model's shard parameters, each once."""
-    return [p for p in model.parameters() if hasattr(p, "full_shape")]
 
 
 def clip_(model: Any, max_norm: float) -> Any:

@@ -206,6 +206,8 @@ def fsdp_in_graph(args, *, cuda: bool) -> tuple[bool, str]:
         if args.compile_unit == "model":
             return True, "--compile-unit model"
         return False, "--compile-unit block"
+    if args.fsdp_blocks_per_unit is not None:
+        return False, "--fsdp-blocks-per-unit sizes FSDP2's units"
     if not cuda or args.compile is False:
         return False, "default: FSDP2 when not compiled on GPUs"
     if args.max_steps is None or args.max_steps < FSDP_IN_GRAPH_MIN_STEPS:

@@ -251,6 +251,7 @@ IN_GRAPH = ["--strategy", "fsdp", "--compile", "--compile-unit", "model"]
         (["--max-steps", "9000"], False, False, "default: FSDP2 when not compiled on GPUs"),
         (["--max-steps", "9000", "--no-compile"], True, False, "default: FSDP2 when not compiled on GPUs"),
         (["--max-steps", "9000", "--compile-unit", "block"], True, False, "--compile-unit block"),
+        (["--max-steps", "9000", "--fsdp-blocks-per-unit", "2"], True, False, "--fsdp-blocks-per-unit sizes FSDP2"),
         (["--max-steps", "10", "--compile-unit", "model"], False, True, "--compile-unit model"),
     ],
 )
