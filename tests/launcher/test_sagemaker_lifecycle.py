@@ -584,7 +584,8 @@ def test_throttled_status_is_one_line(mocked_aws, monkeypatch, capsys):
 
 
 @pytest.mark.slow  # creates jobs in moto: over 3 s under CI's load
-def test_ls_lists_created_jobs(role, capsys):
+def test_ls_lists_created_jobs(role, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # `ls` also lists the local jobs under ./runs: none here
     names = set()
     for _ in range(2):
         p = plan_job(spec(role))
@@ -601,7 +602,8 @@ def test_ls_lists_created_jobs(role, capsys):
     assert code == 0 and json.loads(out)["status"] == "Completed"
 
 
-def test_ls_with_no_jobs_is_empty(mocked_aws, capsys):
+def test_ls_with_no_jobs_is_empty(mocked_aws, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the checkout's ./runs, where README's local job leaves its record
     assert sm.BACKEND.list_jobs(region=REGION, workdir=Path("runs"), limit=20) == []
     code, out, _ = run_cli(capsys, "ls", "--json", "--region", REGION)
     assert (code, json.loads(out)) == (0, [])
