@@ -431,6 +431,13 @@ def _compile_unit(args: TrainArgs) -> str | None:
         return args.compile_unit
 
 
+def _strategy_words(args: TrainArgs) -> str:
+    """The strategy as the check names it: fsdp with the engine it runs (strategies.fsdp_in_graph)."""
+    if args.strategy != "fsdp":
+        return args.strategy
+    return "fsdp sharded in the graph" if _compile_unit(args) == "model" else "fsdp (FSDP2)"
+
+
 def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimate:
     """estimate() for parsed training arguments, on GPUs."""
     return estimate(
@@ -467,7 +474,7 @@ def fit_check(args: TrainArgs, instance: InstanceType, *, nodes: int = 1) -> Che
     need = estimate_job(args, shape, processes(args.strategy, instance, nodes)).device_gib
     have = usable_gib(instance)
     what = (
-        f"{args.strategy}{', compiled' if compiled(args) else ''}, micro-batch {args.batch_size} x "
+        f"{_strategy_words(args)}{', compiled' if compiled(args) else ''}, micro-batch {args.batch_size} x "
         f"{seq_len(args)} tokens, {shape.params / 1e6:,.0f}M params"
     )
     if need <= have:
@@ -609,7 +616,7 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
             cost, note = hourly / tokens_per_hour * 1e6, measured[1] + scaled
         rows.append(Fit(instance.name, gpus, need, have, hourly, cost, note))
     what = (
-        f"{shape.name} ({shape.params / 1e6:,.0f}M params), {args.task}, {args.strategy}"
+        f"{shape.name} ({shape.params / 1e6:,.0f}M params), {args.task}, {_strategy_words(args)}"
         f"{', compiled' if compiled(args) else ''}, micro-batch {args.batch_size} x {seq_len(args)} tokens, "
         f"{spec.nodes} node(s), prices in {region}"
     )

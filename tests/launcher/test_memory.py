@@ -186,10 +186,12 @@ def test_a_long_fsdp_job_sharded_in_the_graph_is_offered_fsdp2_first_where_only_
     instance = lookup("ml.g5.12xlarge")
     check = memory.fit_check(parse_args(argv), instance)
     assert check.ok is False and "fits with --compile-unit block (fsdp's FSDP2 engine, about" in check.detail
+    assert "(fsdp sharded in the graph, compiled, micro-batch 1 x 1024 tokens" in check.detail
     assert memory.fit_check(parse_args([*argv, "--compile-unit", "block"]), instance).ok is True
     # A run too short to repay the longer compile gets FSDP2 by default, and fits as it is.
     short = [*argv[:-4], "--max-steps", "2000", "--precision", "bf16"]
-    assert memory.fit_check(parse_args(short), instance).ok is True
+    fsdp2 = memory.fit_check(parse_args(short), instance)
+    assert fsdp2.ok is True and "(fsdp (FSDP2), compiled, micro-batch 1" in fsdp2.detail
 
 
 def test_the_batch_size_fix_keeps_the_global_batch():
