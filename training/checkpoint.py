@@ -174,16 +174,11 @@ def check_resumable(
     where = f"{path.name} in {path.parent}"
     old, new, n = parse_strategy(saved["strategy"]), parse_strategy(strategy), saved["world_size"]
     was = saved.get("sharding")
-    if old is new is Strategy.fsdp and was != sharding:
-        flags = lambda s: "--strategy fsdp" + (" --compile-unit model" if s == "in-graph" else "")  # noqa: E731
+    if _layout(old, was) != _layout(new, sharding):
+        then, now = _flags(old, was), _flags(new, sharding)
         raise CheckpointError(
-            f"{where} was saved with {flags(was)}, which stores its state differently from {flags(sharding)}: "
-            f"resume with {flags(was)}, or move the checkpoints away to start over"
-        )
-    if _layout(old) != _layout(new):
-        raise CheckpointError(
-            f"{where} was saved with --strategy {old.value}, which stores its state differently from "
-            f"--strategy {new.value}: resume with --strategy {old.value}, or move the checkpoints away to start over"
+            f"{where} was saved with {then}, which stores its state differently from {now}: "
+            f"resume with {then}, or move the checkpoints away to start over"
         )
     if old.shards_state and n != world_size:
         not_yet = " (this trainer does not load DeepSpeed's universal checkpoints yet)" if old.uses_deepspeed else ""
@@ -198,10 +193,15 @@ def _processes(n: int) -> str:
     return f"{n} process" if n == 1 else f"{n} processes"
 
 
-def _layout(strategy: Strategy) -> str:
-    # single and ddp save the same files at any world size; ZeRO-1/2, ZeRO-3 and FSDP save their own.
+def _flags(strategy: Strategy, sharding: str | None) -> str:
+    return f"--strategy {strategy.value}" + (" --compile-unit model" if sharding == "in-graph" else "")
+
+
+def _layout(strategy: Strategy, sharding: str | None = None) -> str:
+    # single and ddp save the same files at any world size; ZeRO-1/2, ZeRO-3 and both fsdp engines
+    # (FSDP2, and sharded inside the graph: `sharding` "in-graph") save their own.
     if strategy is Strategy.fsdp:
-        return "fsdp"
+        return "fsdp-in-graph" if sharding == "in-graph" else "fsdp"
     if not strategy.uses_deepspeed:
         return "accelerate"
     return "zero3" if strategy.zero_stage == 3 else "zero1-2"

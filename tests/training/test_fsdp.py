@@ -227,6 +227,12 @@ def test_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train):
     again = train(*RESUME_FLAGS, name="fsdp-killed", processes=2)
     assert again.returncode == 0, again.describe()
     assert again.lines("fsdp_shard_unit=") == ["fsdp_shard_unit=GPT2Block blocks=2 blocks_per_unit=2 units=1"]
+    assert_resumed_exactly(again, whole)
+
+
+def assert_resumed_exactly(again, whole):
+    """`again` resumed from step 4 (of RESUME_FLAGS' 12) and ended bit for bit where `whole`,
+    never interrupted, did: its losses, evaluations and saved weights."""
     assert again.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"], again.describe()
     assert again.train_losses == whole.train_losses  # exact, not approximate
     assert sorted(again.train_losses) == list(range(1, 13))
