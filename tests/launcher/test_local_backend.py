@@ -162,10 +162,19 @@ def test_resume_from_refuses_another_strategy_task_or_model_in_one_line(cli, tmp
 
 
 @pytest.mark.slow
-def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, tmp_path):
-    flags = ["--", "--task", "causal-lm", "--max-steps", "6", "--save-every", "2", "--log-every", "1"]
-    flags += ["--eval-every", "100", "--report-to", "none"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+@pytest.mark.parametrize(
+    ("job", "training"),
+    [
+        ([], []),  # ddp, one process
+        # fsdp sharded inside the compiled graph: its per-process shard files (aot_eager: no Inductor build)
+        (["--processes", "2", "--strategy", "fsdp"], ["--compile", "--compile-unit", "model"]),
+    ],
+    ids=["ddp", "fsdp-in-graph"],
+)
+def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, tmp_path, job, training):
+    flags = [*job, "--", "--task", "causal-lm", "--max-steps", "6", "--save-every", "2", "--log-every", "1"]
+    flags += ["--eval-every", "100", "--report-to", "none", *training]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DISTRAIN_COMPILE_BACKEND": "aot_eager"}
 
     def submit(*args: str, **extra_env: str) -> tuple[str, dict[int, float]]:
         before = set((tmp_path / "runs").iterdir()) if (tmp_path / "runs").exists() else set()
@@ -180,6 +189,12 @@ def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, 
     assert max(first) == 3
     resumed, rest = submit("--resume-from", killed)  # no training flags retyped
     assert min(rest) == 3 and {**first, **rest} == uninterrupted
+    if training:  # the same engine again, from each process's shard file
+        assert "fsdp_sharding=in-graph weights=" in (tmp_path / "runs" / resumed / "job.log").read_text()
+        kept = sorted((tmp_path / "runs" / killed / "checkpoints").glob("checkpoint-*"))  # the lineage's folder
+        assert [c.name for c in kept] == ["checkpoint-00000004", "checkpoint-00000006"]
+        for ckpt in kept:
+            assert sorted(p.name for p in ckpt.glob("graph_shards_*.pt")) == ["graph_shards_0.pt", "graph_shards_1.pt"]
     plan = json.loads((tmp_path / "runs" / resumed / "job.json").read_text())
     shared = str((tmp_path / "runs" / killed / "checkpoints").resolve())
     assert plan["request"]["env"]["DISTRAIN_CHECKPOINT_DIR"] == shared
