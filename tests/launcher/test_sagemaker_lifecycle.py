@@ -164,6 +164,7 @@ def shared_botocore_data(monkeypatch):
 # ====================================================================== submit
 
 
+@pytest.mark.slow  # about 1 s alone, but 3.0-3.4 s under CI's load (the gate listed it twice)
 def test_submit_sends_exactly_the_plan_creates_the_bucket_and_uploads_the_bundle_once(role, recorder, capsys):
     import boto3
 
