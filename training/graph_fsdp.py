@@ -110,6 +110,26 @@ def clip_(model: Any, max_norm: float) -> Any:
     return clip_sharded_grads_(grads, max_norm, group=dist.group.WORLD)
 
 
+def agreeing_scaler(scaler: Any) -> Any:
+    """fp16's loss scaler, made to agree across processes: each process checks its own shards'
+    gradients for inf/NaN, so with Accelerate's plain GradScaler (the one it gives a model it does
+    not shard) a process whose shard overflowed would skip the step and halve its scale while the
+    others stepped, and every later reduce-scatter would add gradients scaled differently.
+    ShardedGradScaler takes the max of found_inf over the processes in unscale_ (the trainer calls
+    it before every optimizer step under this engine, clipping or not), so all skip together.
+    Same settings as `scaler`, which has not scaled anything yet."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(
+        device=scaler._device,
+        init_scale=scaler._init_scale,
+        growth_factor=scaler._growth_factor,
+        backoff_factor=scaler._backoff_factor,
+        growth_interval=scaler._growth_interval,
+        enabled=scaler.is_enabled(),
+    )
+
+
 def shard_file(folder: Path, rank: int) -> Path:
     return folder / f"graph_shards_{rank}.pt"
 

@@ -126,6 +126,10 @@ class Trainer:
             optimizer = self._optimizer(model, torch)
             if self.graph_sharded:  # the model is not Accelerate's to wrap: DDP would all-reduce the shards
                 self.model = model
+                if acc.scaler is not None:  # fp16: every process skips an overflowing step, or none
+                    from .graph_fsdp import agreeing_scaler
+
+                    acc.scaler = agreeing_scaler(acc.scaler)
                 self.optimizer, self.train_dl, self.eval_dl = acc.prepare(optimizer, train_dl, eval_dl)
             else:
                 self.model, self.optimizer, self.train_dl, self.eval_dl = acc.prepare(
@@ -552,6 +556,8 @@ class Trainer:
                     if acc.sync_gradients and a.max_grad_norm and not self.strategy.uses_deepspeed:
                         with profiler.phase("clip"):
                             self._clip(a.max_grad_norm)
+                    elif acc.sync_gradients and self.graph_sharded:
+                        acc.unscale_gradients()  # fp16: where the processes agree on a skip (agreeing_scaler)
                     with profiler.phase("optimizer"):
                         self.optimizer.step()
                         self.optimizer.zero_grad(set_to_none=True)

@@ -119,3 +119,50 @@ def test_in_graph_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train, a
     again = train(*flags, name="graph-killed", processes=2, env=aot_eager)
     assert again.returncode == 0, again.describe()
     assert_resumed_exactly(again, whole)
+
+
+def _overflow_on_rank_1(rank: int, store: str, agree: bool, out) -> None:
+    """One fp16-style optimizer step on 2 gloo processes, each holding its own shard, where only
+    rank 1's gradient overflowed: the trainer's order (unscale_, then step, then update)."""
+    import torch
+    import torch.distributed as dist
+
+    from distrain_cloud.training.graph_fsdp import agreeing_scaler
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    shard = torch.nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.AdamW([shard], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=7)  # as Accelerate would make it
+    if agree:
+        scaler = agreeing_scaler(scaler)
+    scaler.scale((shard * (float("inf") if rank == 1 else 1.0)).sum()).backward()
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    out.put((rank, shard.detach().tolist(), scaler.get_scale(), scaler.get_growth_interval()))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow  # 2 s each here, two processes
+@pytest.mark.parametrize("agree", [True, False])
+def test_under_fp16_every_process_skips_a_step_that_overflowed_on_one_shard(tmp_path, agree):
+    """Each process checks only its own shards for inf/NaN. The engine's scaler takes the max over
+    the processes, so all skip the step and halve the scale together; Accelerate's plain one (the
+    control, agree=False) lets rank 0 step at the old scale while rank 1 backs off, after which
+    every reduce-scatter would add gradients scaled differently."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # no CUDA here; fork spares each process torch's import
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_overflow_on_rank_1, args=(r, str(tmp_path / "store"), agree, out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    results = {r: tuple(rest) for r, *rest in (out.get(timeout=60) for _ in procs)}
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    skipped = ([1.0] * 4, 512.0, 7)
+    if agree:
+        assert results == {0: skipped, 1: skipped}
+    else:
+        assert results[1] == skipped and results[0][1:] == (1024.0, 7) and results[0][0] != [1.0] * 4
