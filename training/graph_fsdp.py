@@ -111,17 +111,30 @@ def clip_(model: Any, max_norm: float) -> Any:
 
 
 def agreeing_scaler(scaler: Any) -> Any:
-    """fp16's loss scaler, made to agree across processes: each process checks its own shards'
+    """fp16's loss scaler, made to agree across processes. Each process checks only its own shards'
     gradients for inf/NaN, so with Accelerate's plain GradScaler (the one it gives a model it does
     not shard) a process whose shard overflowed would skip the step and halve its scale while the
-    others stepped, and every later reduce-scatter would add gradients scaled differently.
-    ShardedGradScaler takes the max of found_inf over the processes in unscale_ (the trainer calls
-    it before every optimizer step under this engine, clipping or not), so all skip together.
-    Same settings as `scaler`, which has not scaled anything yet."""
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    others stepped, and every later reduce-scatter would add gradients scaled differently. This one
+    takes the max of each check over the processes, so all skip together. Same settings as
+    `scaler`, which has not scaled anything yet.
 
-    return ShardedGradScaler(
-        device=scaler._device,
+    Not torch's ShardedGradScaler: its found_inf has shape [1], and fused AdamW (the trainer's on
+    GPUs) subtracts it from its 0-d step counts, which fails ("output with shape [] doesn't match
+    the broadcast shape [1]", 2 H200s, torch 2.11)."""
+    import torch
+    import torch.distributed as dist
+
+    class AgreeingGradScaler(torch.amp.GradScaler):
+        # Both ways a GradScaler checks gradients (unscale_, and step's check for fused optimizers
+        # when unscale_ was not called) go through _unscale_grads_.
+        def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+            per_device = super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
+            for found in per_device.values():  # one device per process: every process all-reduces once
+                dist.all_reduce(found, op=dist.ReduceOp.MAX)
+            return per_device
+
+    return AgreeingGradScaler(
+        scaler._device,
         init_scale=scaler._init_scale,
         growth_factor=scaler._growth_factor,
         backoff_factor=scaler._backoff_factor,

@@ -556,8 +556,6 @@ class Trainer:
                     if acc.sync_gradients and a.max_grad_norm and not self.strategy.uses_deepspeed:
                         with profiler.phase("clip"):
                             self._clip(a.max_grad_norm)
-                    elif acc.sync_gradients and self.graph_sharded:
-                        acc.unscale_gradients()  # fp16: where the processes agree on a skip (agreeing_scaler)
                     with profiler.phase("optimizer"):
                         self.optimizer.step()
                         self.optimizer.zero_grad(set_to_none=True)

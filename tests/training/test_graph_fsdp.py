@@ -121,9 +121,9 @@ def test_in_graph_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train, a
     assert_resumed_exactly(again, whole)
 
 
-def _overflow_on_rank_1(rank: int, store: str, agree: bool, out) -> None:
+def _overflow_on_rank_1(rank: int, store: str, agree: bool, clip: bool, out) -> None:
     """One fp16-style optimizer step on 2 gloo processes, each holding its own shard, where only
-    rank 1's gradient overflowed: the trainer's order (unscale_, then step, then update)."""
+    rank 1's gradient overflowed, in the trainer's order: unscale_ when it clips, then step, update."""
     import torch
     import torch.distributed as dist
 
@@ -131,12 +131,13 @@ def _overflow_on_rank_1(rank: int, store: str, agree: bool, out) -> None:
 
     dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
     shard = torch.nn.Parameter(torch.ones(4))
-    optimizer = torch.optim.AdamW([shard], lr=0.1)
+    optimizer = torch.optim.AdamW([shard], lr=0.1, fused=True)  # as the trainer makes it on GPUs
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=7)  # as Accelerate would make it
     if agree:
         scaler = agreeing_scaler(scaler)
     scaler.scale((shard * (float("inf") if rank == 1 else 1.0)).sum()).backward()
-    scaler.unscale_(optimizer)
+    if clip:
+        scaler.unscale_(optimizer)
     scaler.step(optimizer)
     scaler.update()
     out.put((rank, shard.detach().tolist(), scaler.get_scale(), scaler.get_growth_interval()))
@@ -144,8 +145,8 @@ def _overflow_on_rank_1(rank: int, store: str, agree: bool, out) -> None:
 
 
 @pytest.mark.slow  # 2 s each here, two processes
-@pytest.mark.parametrize("agree", [True, False])
-def test_under_fp16_every_process_skips_a_step_that_overflowed_on_one_shard(tmp_path, agree):
+@pytest.mark.parametrize(("agree", "clip"), [(True, True), (True, False), (False, True)])
+def test_under_fp16_every_process_skips_a_step_that_overflowed_on_one_shard(tmp_path, agree, clip):
     """Each process checks only its own shards for inf/NaN. The engine's scaler takes the max over
     the processes, so all skip the step and halve the scale together; Accelerate's plain one (the
     control, agree=False) lets rank 0 step at the old scale while rank 1 backs off, after which
@@ -154,7 +155,8 @@ def test_under_fp16_every_process_skips_a_step_that_overflowed_on_one_shard(tmp_
 
     ctx = multiprocessing.get_context("fork")  # no CUDA here; fork spares each process torch's import
     out = ctx.Queue()
-    procs = [ctx.Process(target=_overflow_on_rank_1, args=(r, str(tmp_path / "store"), agree, out)) for r in (0, 1)]
+    store = str(tmp_path / "store")
+    procs = [ctx.Process(target=_overflow_on_rank_1, args=(r, store, agree, clip, out)) for r in (0, 1)]
     for p in procs:
         p.start()
     results = {r: tuple(rest) for r, *rest in (out.get(timeout=60) for _ in procs)}
