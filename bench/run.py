@@ -198,11 +198,12 @@ def ours_lm(
         compile_=compile_,
         extra=variant[1],
     )
-    needs = ("datasets", "accelerate", "yaml") + (("deepspeed",) if strategy.startswith("zero") else ())
     compiled = "--compile" in cmd  # also through --ours-extra or a variant
     # What the run really uses where --ours-extra or a variant names it again (the last one wins):
-    # the table's columns and the data the run needs follow it.
+    # the table's columns, its id and the packages the run needs follow it.
     batch, accum = int(last_value(cmd, "--batch-size", batch)), int(last_value(cmd, "--grad-accum", accum))
+    strategy = last_value(cmd, "--strategy", strategy)
+    needs = ("datasets", "accelerate", "yaml") + (("deepspeed",) if strategy.startswith("zero") else ())
     tag = f"ours-{preset}-{strategy}{'-compile' if compiled else ''}-g{gpus}-b{batch}-k{accum}"
     if variant[0]:
         tag, label = f"{tag}-{variant[0]}", f"{label or 'ours ' + strategy} [{variant[0]}]"
@@ -417,7 +418,10 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
             runs = [ours_lm(ctx, gpus=n, label=f"ours ddp x{n}") for n in counts]
             # variants of multi-GPU settings (e.g. --ddp-reduce-dtype bf16): counts above 1 only,
             # against the same 1-GPU run
-            runs += [ours_lm(ctx, gpus=n, label=f"ours ddp x{n}", variant=v) for v in variants for n in counts if n > 1]
+            # (or the strategy their flags name, e.g. fsdp's weak scaling)
+            for v in variants:
+                st = variant_strategy(v[1], "ddp")[0]
+                runs += [ours_lm(ctx, gpus=n, label=f"ours {st} x{n}", variant=v) for n in counts if n > 1]
         elif s == "zero":
             runs = [ours_lm(ctx, gpus=G, strategy=st, label=f"ours {st} x{G}") for st in a.zero_strategies]
             runs += [

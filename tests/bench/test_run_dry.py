@@ -41,6 +41,8 @@ def test_variants_add_runs_with_their_flags():
         "--variant",
         "scaling:bf16=--ddp-reduce-dtype bf16",
         "--variant",
+        "scaling:ingraph=--strategy fsdp --compile-unit model",
+        "--variant",
         "zero:layer=--no-zero3-block-fetch",
         "--variant",
         "varlen:pad1=--pad-to-multiple-of 1",
@@ -53,6 +55,8 @@ def test_variants_add_runs_with_their_flags():
     assert "ours ddp x1 [bf16]" not in commands
     assert commands["ours ddp x4 [bf16]"].endswith("--ddp-reduce-dtype bf16")
     assert "--processes 4" in commands["ours ddp x4 [bf16]"]
+    fsdp = commands["ours fsdp x2 [ingraph]"]  # a variant's own strategy names its rows
+    assert fsdp.endswith("--strategy fsdp --compile-unit model") and "--processes 2" in fsdp
     zero3_layer = commands["ours zero3 x4 [layer]"]
     assert "--strategy zero3" in zero3_layer and zero3_layer.endswith("--no-zero3-block-fetch")
     assert commands["ours (dynamic padding, length-grouped) [pad1]"].endswith("--pad-to-multiple-of 1")
