@@ -114,6 +114,7 @@ S11 = "2026-11-27-h200x4-session11"
 S12 = "2026-11-27-h200x4-session12"
 S13 = "2026-11-27-h200x4-session13"
 S14 = "2026-11-27-h200x4-session14"
+S15, S15_H100 = "2026-11-27-h200x2-session15", "2026-11-27-h100x1-session15"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -483,6 +484,22 @@ CONFIGS: tuple[Config, ...] = (
     Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
         (f"{S14}-ingraph", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2117, 20.24),
         (f"{S14}-zero", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.65))),
+    # session 15 (2xH200, two hosts; 1xH100): in-graph fsdp's weak scaling beside compiled DDP's
+    Config("gpt2-small", 2, "fsdp", compiled=True, kv_cache=False, logits_output=False, compile_unit="model",
+           runs=_runs("H200",
+        (f"{S15}-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1-ingraph", 7.4715, 19.63),
+        (f"{S15}-scaling-again", "ours-gpt2-small-ddp-compile-g2-b16-k1-ingraph", 7.4779, 19.47))),
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S15}-scaling-cut", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2158, 20.23),
+        (f"{S15}-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2158, 20.71),
+        (f"{S15}-scaling-again", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2159, 20.47))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S15}-scaling-cut", OURS_C1, 8.7407, 18.26),
+        (f"{S15}-scaling", OURS_C1, 8.7407, 18.26),
+        (f"{S15}-scaling-again", OURS_C1, 8.7401, 18.23)) + _runs("H100",
+        (f"{S15_H100}-single", OURS_C1, 8.7395, 17.68))),
+    Config("gpt2-small", 1, "single", compiled=True, impl="trainer", runs=_runs("H100",
+        (f"{S15_H100}-single", HF_COMPILED, 11.7706, 14.81))),
 )  # fmt: skip
 
 
@@ -506,8 +523,9 @@ class Throughput:
 
 # Only cards the catalog has (the H200 figures in bench/ have no instance type here yet).
 THROUGHPUT: tuple[Throughput, ...] = (
-    Throughput("H100", "gpt2-small", True, (422663.9, 423765.4),
-               ((f"{H1}-session4-loss-only-run1", OURS_C1), (f"{H1}-session4-loss-only-run2", OURS_C1))),
+    Throughput("H100", "gpt2-small", True, (422663.9, 423765.4, 424810.5),
+               ((f"{H1}-session4-loss-only-run1", OURS_C1), (f"{H1}-session4-loss-only-run2", OURS_C1),
+                (f"{S15_H100}-single", OURS_C1))),
     Throughput("H100", "gpt2-small", False, (157376.7,), ((f"{H1}-session2-single-liger-varlen", OURS_1),),
                note="before the loss-only training forwards"),
 )  # fmt: skip
