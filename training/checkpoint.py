@@ -180,6 +180,19 @@ def check_resumable(
             f"{where} was saved with {then}, which stores its state differently from {now}: "
             f"resume with {then}, or move the checkpoints away to start over"
         )
+    if was == "in-graph" and n != world_size:
+        # Its shards are cut anew for this many processes (graph_fsdp.reshard), from every
+        # process's file: on several nodes without shared storage, each node holds only its own.
+        from .graph_fsdp import shard_file
+
+        missing = [shard_file(path, k).name for k in range(n) if not shard_file(path, k).exists()]
+        if missing:
+            raise CheckpointError(
+                f"{where} was saved by {_processes(n)} and lacks {', '.join(missing)}: resuming with "
+                f"{world_size} instead needs every process's shard file in that folder; run it with "
+                f"{_processes(n)} to resume, or move the checkpoints away to start over"
+            )
+        return
     if old.shards_state and n != world_size:
         not_yet = " (this trainer does not load DeepSpeed's universal checkpoints yet)" if old.uses_deepspeed else ""
         raise CheckpointError(

@@ -20,6 +20,7 @@ the Hub and the generated sample. Tied weights (GPT-2's embeddings and LM head) 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -157,15 +158,64 @@ def save(folder: Path, model: Any, optimizer: Any) -> None:
     torch.save(state, shard_file(folder, dist.get_rank()))
 
 
-def load(folder: Path, model: Any, optimizer: Any) -> None:
-    """Load what `save` wrote for this process, after Accelerate's load_state (which gives every
-    process the main process's optimizer state: replaced here by this process's own)."""
+def load(folder: Path, model: Any, optimizer: Any, saved_world: int | None = None) -> None:
+    """Load what `save` wrote, after Accelerate's load_state (which gives every process the main
+    process's optimizer state: replaced here). Saved by as many processes as this run has, each
+    process reads its own file. Saved by another number (a spot job back on another instance
+    count), each process cuts its shards out of all the files (`reshard`)."""
     import torch
     import torch.distributed as dist
 
-    state = torch.load(shard_file(folder, dist.get_rank()), map_location="cpu", weights_only=True)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if saved_world in (None, world):
+        state = torch.load(shard_file(folder, rank), map_location="cpu", weights_only=True)
+    else:
+        state = reshard(folder, saved_world, model, optimizer, world, rank)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+
+
+def reshard(folder: Path, saved_world: int, model: Any, optimizer: Any, world: int, rank: int) -> dict[str, Any]:
+    """This process's part of a checkpoint saved by `saved_world` processes, for `world`. Every
+    weight and its two AdamW moments are flat, zero-padded shards in rank order, so the new shard
+    is a range of their concatenation: cut from the few old shards it spans. The files are memory
+    mapped, so each process reads only the ranges it keeps."""
+    import torch
+
+    # checkpoint.check_resumable has made sure every file is there
+    files = [shard_file(folder, r) for r in range(saved_world)]
+    old = [torch.load(f, map_location="cpu", weights_only=True, mmap=True) for f in files]
+
+    def cut(shards: list[Any], numel: int) -> Any:
+        return cut_shard(shards, numel, world, rank).clone()  # out of the mapped files
+
+    numel = {name: math.prod(p.full_shape) for name, p in model.named_parameters(remove_duplicate=False)}
+    weights = {key: cut([o["model"][key] for o in old], numel[key]) for key in old[0]["model"]}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    moments: dict[int, Any] = {}
+    for index, saved in old[0]["optimizer"]["state"].items():
+        n = math.prod(params[index].full_shape)
+        moments[index] = {
+            key: value if value.dim() == 0 else cut([o["optimizer"]["state"][index][key] for o in old], n)
+            for key, value in saved.items()  # `step` is the same 0-d count everywhere
+        }
+    return {"model": weights, "optimizer": {"state": moments, "param_groups": old[0]["optimizer"]["param_groups"]}}
+
+
+def cut_shard(shards: list[Any], numel: int, world: int, rank: int) -> Any:
+    """Process `rank`'s shard, for `world` processes, of a flat tensor of `numel` elements that
+    `shards` hold (one per process that saved it, in rank order, each zero-padded alike). Only the
+    ranges that shard spans are read."""
+    import torch
+
+    per_old, per = shards[0].numel(), -(-numel // world)
+    start, stop = rank * per, min((rank + 1) * per, numel)
+    parts = [
+        shards[k][max(start - k * per_old, 0) : min(stop - k * per_old, per_old)]
+        for k in range(start // per_old, -(-stop // per_old))
+    ]
+    flat = torch.cat(parts) if parts else shards[0][:0]
+    return torch.nn.functional.pad(flat, (0, per - flat.numel()))
 
 
 def unshard(model: Any) -> None:

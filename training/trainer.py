@@ -517,7 +517,8 @@ class Trainer:
             if self.graph_sharded:  # each process's own shards and optimizer state
                 from .graph_fsdp import load
 
-                load(path, acc.unwrap_model(self.model, keep_torch_compile=False), self.optimizer)
+                unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
+                load(path, unwrapped, self.optimizer, saved.get("world_size"))
             state = TrainState.from_saved(saved)
             self._print(f"resumed_from={path.name} step={state.step}")
         self._start_tracking(state)

@@ -66,8 +66,8 @@ def test_checkpoints_of_one_fsdp_engine_refuse_the_other(tmp_path):
     fsdp2 = {"strategy": "fsdp", "world_size": 2}
     with pytest.raises(checkpoint.CheckpointError, match="resume with --strategy fsdp, or move"):
         checkpoint.check_resumable(path, fsdp2, 2, "fsdp", "in-graph")
-    with pytest.raises(checkpoint.CheckpointError, match="splits its state across processes, but this run has 1"):
-        checkpoint.check_resumable(path, in_graph, 1, "fsdp", "in-graph")
+    with pytest.raises(checkpoint.CheckpointError, match="lacks graph_shards_0.pt, graph_shards_1.pt: resuming"):
+        checkpoint.check_resumable(path, in_graph, 1, "fsdp", "in-graph")  # another process count: resharded
 
 
 @pytest.mark.slow
@@ -100,7 +100,7 @@ def test_in_graph_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, n
 def test_in_graph_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train, aot_eager):
     """kill -9 after step 5; the rerun resumes from step 4's checkpoint, one shard file per process
     (its weights and optimizer state), and ends bit for bit where the uninterrupted run does.
-    Resuming with one process, or with FSDP2's fsdp, is refused in one line."""
+    Resuming with FSDP2's fsdp is refused in one line."""
     flags = [*RESUME_FLAGS, "--compile", "--compile-unit", "model"]
     whole = train(*flags, name="graph-whole", processes=2, env=aot_eager)
     assert whole.returncode == 0, whole.describe()
@@ -109,9 +109,6 @@ def test_in_graph_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train, a
     (ckpt,) = [p for p in killed.contract.complete_checkpoints() if p.name == "checkpoint-00000004"]
     assert sorted(p.name for p in ckpt.glob("graph_shards_*.pt")) == ["graph_shards_0.pt", "graph_shards_1.pt"]
 
-    alone = train(*flags, name="graph-killed", env=aot_eager)
-    assert alone.returncode == 2, alone.describe()
-    assert "which splits its state across processes, but this run has 1: run it with 2 processes" in alone.stderr
     fsdp2 = train(*RESUME_FLAGS, name="graph-killed", processes=2)
     assert fsdp2.returncode == 2, fsdp2.describe()
     assert "resume with --strategy fsdp --compile-unit model" in fsdp2.stderr
@@ -119,6 +116,106 @@ def test_in_graph_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train, a
     again = train(*flags, name="graph-killed", processes=2, env=aot_eager)
     assert again.returncode == 0, again.describe()
     assert_resumed_exactly(again, whole)
+
+
+@pytest.mark.parametrize("numel", [1, 5, 7, 12, 50304])
+def test_shards_cut_for_another_number_of_processes_are_the_ones_that_number_would_hold(numel):
+    """A checkpoint saved by n processes, resumed on m: each new shard is the slice, zero-padded,
+    that sharding the whole weight for m processes would have given (Gathered.right_inverse)."""
+    import torch
+
+    from distrain_cloud.training.graph_fsdp import cut_shard
+
+    def shards(flat, world):
+        per = -(-numel // world)
+        padded = torch.nn.functional.pad(flat, (0, per * world - numel))
+        return [padded[r * per : (r + 1) * per] for r in range(world)]
+
+    flat = torch.arange(1, numel + 1, dtype=torch.float32)
+    for saved in (1, 2, 3, 4, 8):
+        for world in (1, 2, 3, 4, 8):
+            cut = [cut_shard(shards(flat, saved), numel, world, r) for r in range(world)]
+            assert all(torch.equal(c, e) for c, e in zip(cut, shards(flat, world), strict=True)), (saved, world)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_in_graph_fsdp_resumes_on_another_number_of_processes(train, aot_eager, no_dropout_config):
+    """A spot job back on an instance with another GPU count: step 4's checkpoint of 2 processes
+    loads on 1, its shards cut from both files, into the very weights the 2 processes held (the
+    model each saves at step 4, gathered from the shards, is the same to the bit), and trains on.
+    A folder missing a process's file (several nodes, no shared disk) is refused in one line."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    flags = [*lm_flags(no_dropout_config), *IN_GRAPH, "--save-every", "4", "--log-every", "1"]
+    two = train(*flags, "--max-steps", "4", name="two", processes=2, env=aot_eager)
+    assert two.returncode == 0, two.describe()
+    saved = two.contract.checkpoint_dir / "checkpoint-00000004"
+    one = train.contract("one")
+    shutil.copytree(saved, one.checkpoint_dir / saved.name)
+    loaded = train(*flags, "--max-steps", "4", name="one", env=aot_eager)
+    assert loaded.returncode == 0, loaded.describe()
+    assert loaded.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"], loaded.describe()
+    weights = lambda run: load_file(run.contract.model_dir / "model.safetensors")  # noqa: E731
+    assert {k: v.tolist() for k, v in weights(loaded).items()} == {k: v.tolist() for k, v in weights(two).items()}
+
+    on = train(*flags, name="one", env=aot_eager)  # on to step 8, AdamW's moments cut as the weights were
+    assert on.returncode == 0, on.describe()
+    assert sorted(on.train_losses) == [5, 6, 7, 8] and on.train_losses[8] < on.train_losses[5] < two.train_losses[1]
+    assert torch.isfinite(torch.tensor(on.final_eval["eval_loss"]))
+
+    partial = train.contract("partial")
+    shutil.copytree(saved, partial.checkpoint_dir / saved.name)
+    (partial.checkpoint_dir / saved.name / "graph_shards_1.pt").unlink()  # never there, as on node 0 of two
+    checkpoint.write_manifest(partial.checkpoint_dir / saved.name)
+    refused = train(*flags, name="partial", env=aot_eager)
+    assert refused.returncode == 2, refused.describe()
+    assert "was saved by 2 processes and lacks graph_shards_1.pt: resuming with 1 instead" in refused.stderr
+
+
+def test_a_checkpoint_resharded_holds_what_was_saved(tmp_path):
+    """graph_fsdp.reshard, in one process: files written as 2 processes would have written a
+    model's shards and AdamW state (each flat tensor halved, zero-padded) come back as the one
+    process's whole state: every weight (the tied embedding once), both moments and the step."""
+    import torch
+    import torch.distributed as dist
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from distrain_cloud.training import graph_fsdp
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=6, vocab_size=11, n_positions=8))
+        graph_fsdp.shard_model(model, torch.float32)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+        model(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+        optimizer.step()
+        whole = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+        def half(t, r):
+            per = -(-t.numel() // 2)
+            return torch.nn.functional.pad(t, (0, 2 * per - t.numel()))[r * per : (r + 1) * per].clone()
+
+        for r in (0, 1):
+            moments = {
+                i: {k: v if v.dim() == 0 else half(v, r) for k, v in state.items()}
+                for i, state in whole["optimizer"]["state"].items()
+            }
+            part = {
+                "model": {k: half(v, r) for k, v in whole["model"].items()},
+                "optimizer": {"state": moments, "param_groups": whole["optimizer"]["param_groups"]},
+            }
+            torch.save(part, graph_fsdp.shard_file(tmp_path, r))
+        back = graph_fsdp.reshard(tmp_path, 2, model, optimizer, world=1, rank=0)
+        assert back["model"].keys() == whole["model"].keys()
+        assert all(torch.equal(back["model"][k], v) for k, v in whole["model"].items())
+        for i, state in whole["optimizer"]["state"].items():
+            assert all(torch.equal(back["optimizer"]["state"][i][k], v) for k, v in state.items())
+    finally:
+        dist.destroy_process_group()
 
 
 def _overflow_on_rank_1(rank: int, store: str, agree: bool, clip: bool, out) -> None:
