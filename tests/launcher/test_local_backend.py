@@ -195,6 +195,10 @@ def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, 
         assert [c.name for c in kept] == ["checkpoint-00000004", "checkpoint-00000006"]
         for ckpt in kept:
             assert sorted(p.name for p in ckpt.glob("graph_shards_*.pt")) == ["graph_shards_0.pt", "graph_shards_1.pt"]
+        # back on one GPU, as a spot job may come back on a smaller instance: the shards are cut anew
+        alone, _ = submit("--resume-from", killed, "--processes", "1")
+        log = (tmp_path / "runs" / alone / "job.log").read_text()
+        assert "resumed_from=checkpoint-00000006 step=6" in log and "processes=1" in log, log[-2000:]
     plan = json.loads((tmp_path / "runs" / resumed / "job.json").read_text())
     shared = str((tmp_path / "runs" / killed / "checkpoints").resolve())
     assert plan["request"]["env"]["DISTRAIN_CHECKPOINT_DIR"] == shared
