@@ -22,6 +22,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,60 @@ def check_resumable(
             f"processes, but this run has {world_size}: run it with {_processes(n)} to resume{not_yet}, "
             "or move the checkpoints away to start over"
         )
+
+
+@dataclass(frozen=True)
+class Batches:
+    """How a resumed run batches its data: micro-batches per optimizer step, and how many loader
+    batches of this epoch are already trained on. `note` says what changed, for the log."""
+
+    grad_accum: int
+    batch_in_epoch: int
+    note: str | None = None
+
+
+def resume_batches(path: Path, saved: dict[str, Any], world: int, batch: int, accum: int) -> Batches:
+    """Resume `saved` (a trainer_state.json) on `world` processes with `--batch-size batch
+    --grad-accum accum`, keeping what the checkpoint was trained with: its global batch (samples
+    per optimizer step: batch x accum x processes) and its place in the epoch.
+
+    On another number of processes (a spot job back on another instance count) with the job's own
+    flags, the accumulation changes so the global batch stays: 2 processes' checkpoint on 1 runs
+    twice the micro-batches a step. Where no accumulation gives it with this micro-batch, the resume
+    is refused with flags that do. The place in the epoch is counted in samples, whose order does
+    not depend on the batch size (data.EpochBatchSampler), so it converts to this run's batches.
+    Checkpoints saved before these were recorded are taken to have used this run's flags."""
+    was_world = saved.get("world_size", world)
+    was_batch, was_accum = saved.get("batch_size", batch), saved.get("grad_accum", accum)
+    done = saved.get("batch_in_epoch", 0) * was_batch * was_world  # samples of this epoch
+    now = batch * world  # samples per loader batch
+    target = was_batch * was_accum * was_world
+    note = None
+    if world != was_world and (batch, accum) == (was_batch, was_accum):
+        if target % now == 0:
+            accum = target // now
+            note = (
+                f"resumed on {_processes(world)} from a checkpoint of {was_world}: --grad-accum {accum} keeps its "
+                f"global batch of {target} ({batch} x {accum} x {world})"
+            )
+        else:
+            raise CheckpointError(
+                f"{path.name} in {path.parent} was trained with a global batch of {target} (--batch-size "
+                f"{was_batch} x --grad-accum {was_accum} x {_processes(was_world)}), which no --grad-accum "
+                f"gives with --batch-size {batch} on {_processes(world)}: {_keep_flags(target, world, batch)}"
+                ", or move the checkpoints away to start over"
+            )
+    return Batches(accum, done // now, note)
+
+
+def _keep_flags(target: int, world: int, batch: int) -> str:
+    """The flags that give `target` samples a step on `world` processes, the micro-batch at most
+    `batch` (what fitted before), or why none do."""
+    if target % world:
+        return f"resume on a number of processes that divides {target}"
+    per = target // world
+    micro = max(b for b in range(1, min(batch, per) + 1) if per % b == 0)
+    return f"resume with --batch-size {micro} --grad-accum {per // micro}"
 
 
 def _processes(n: int) -> str:

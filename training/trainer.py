@@ -513,6 +513,7 @@ class Trainer:
             # Before Accelerate reads it: a ZeRO checkpoint of another world size or strategy
             # would end in a DeepSpeed traceback there.
             checkpoint.check_resumable(path, saved, acc.num_processes, self.strategy.value, self._sharding)
+            batches = checkpoint.resume_batches(path, saved, acc.num_processes, a.batch_size, a.grad_accum)
             acc.load_state(str(path))
             if self.graph_sharded:  # each process's own shards and optimizer state
                 from .graph_fsdp import load
@@ -520,7 +521,13 @@ class Trainer:
                 unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
                 load(path, unwrapped, self.optimizer, saved.get("world_size"))
             state = TrainState.from_saved(saved)
+            state.batch_in_epoch = batches.batch_in_epoch
             self._print(f"resumed_from={path.name} step={state.step}")
+            if batches.grad_accum != a.grad_accum:
+                self._accumulate(batches.grad_accum)
+                a = self.args
+            if batches.note:
+                self._print(batches.note)
         self._start_tracking(state)
         self._install_signal_handler()
         self.contract.output_dir.mkdir(parents=True, exist_ok=True)
@@ -585,7 +592,11 @@ class Trainer:
                 if (a.save_every and step % a.save_every == 0) or self.stop_requested:
                     # What the checkpoint can be resumed with is recorded beside the position.
                     saved = state.to_saved(
-                        world_size=acc.num_processes, strategy=self.strategy.value, sharding=self._sharding
+                        world_size=acc.num_processes,
+                        strategy=self.strategy.value,
+                        sharding=self._sharding,
+                        batch_size=a.batch_size,  # with the world size, the global batch a resume keeps
+                        grad_accum=a.grad_accum,
                     )
                     checkpoint.save(
                         acc, self.contract.checkpoint_dir, step, saved, a.keep_checkpoints, self._save_shards
@@ -605,6 +616,16 @@ class Trainer:
             acc.end_training()
             sys.exit(INTERRUPT_EXIT_CODE if sig == signal.SIGINT else STOP_EXIT_CODE)
         return self.evaluate(state.step)
+
+    def _accumulate(self, micro_batches: int) -> None:
+        """Train with this many micro-batches a step from here (a resume on another number of
+        processes keeping its global batch, checkpoint.resume_batches); a run counted in epochs
+        keeps its number of epochs."""
+        self.args = dataclasses.replace(self.args, grad_accum=micro_batches)
+        self.accelerator.gradient_accumulation_steps = micro_batches
+        self.steps_per_epoch = max(1, len(self.train_sampler) // micro_batches)
+        if self.args.max_steps is None:
+            self.max_steps = math.ceil(self.args.epochs * self.steps_per_epoch)
 
     @property
     def _sharding(self) -> str | None:

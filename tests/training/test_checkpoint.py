@@ -13,6 +13,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -259,6 +260,55 @@ def test_checkpoints_a_run_cannot_resume_are_refused(tmp_path, saved, world, str
 )
 def test_checkpoints_a_run_can_resume_pass(tmp_path, saved, world, strategy):
     checkpoint.check_resumable(tmp_path / "checkpoint-00000002", saved, world, strategy)
+
+
+@pytest.mark.parametrize(
+    ("saved", "world", "batch", "accum", "kept"),
+    [
+        # the same processes and flags: nothing changes
+        ({"world_size": 2, "batch_size": 8, "grad_accum": 1, "batch_in_epoch": 4}, 2, 8, 1, (1, 4, None)),
+        # 2 processes' checkpoint on 1, the job's own flags: twice the micro-batches, the place in samples
+        (
+            {"world_size": 2, "batch_size": 8, "grad_accum": 1, "batch_in_epoch": 4},
+            1,
+            8,
+            1,
+            (
+                2,
+                8,
+                "resumed on 1 process from a checkpoint of 2: --grad-accum 2 keeps its global batch of 16 (8 x 2 x 1)",
+            ),
+        ),
+        ({"world_size": 1, "batch_size": 8, "grad_accum": 4, "batch_in_epoch": 8}, 4, 8, 4, (1, 2, mock.ANY)),
+        # flags the user gave that keep the global batch: taken as they are
+        ({"world_size": 2, "batch_size": 8, "grad_accum": 1, "batch_in_epoch": 4}, 1, 16, 1, (1, 4, None)),
+        # saved before the batch was recorded: the job's flags are taken as the checkpoint's
+        ({"world_size": 2, "batch_in_epoch": 4}, 1, 8, 1, (2, 8, mock.ANY)),
+        ({"batch_in_epoch": 3}, 1, 8, 1, (1, 3, None)),
+    ],
+)
+def test_a_resume_on_another_number_of_processes_keeps_the_global_batch_and_the_place(saved, world, batch, accum, kept):
+    batches = checkpoint.resume_batches(Path("checkpoint-00000004"), saved, world, batch, accum)
+    assert (batches.grad_accum, batches.batch_in_epoch, batches.note) == kept
+
+
+@pytest.mark.parametrize(
+    ("world", "says"),
+    [
+        (
+            2,
+            "which no --grad-accum gives with --batch-size 8 on 2 processes: resume with --batch-size 4 --grad-accum 1",
+        ),
+        (3, "on 3 processes: resume on a number of processes that divides 8"),
+    ],
+)
+def test_a_resume_that_cannot_keep_the_global_batch_is_refused_with_flags_that_do(tmp_path, world, says):
+    saved = {"world_size": 1, "batch_size": 8, "grad_accum": 1, "batch_in_epoch": 2}
+    with pytest.raises(checkpoint.CheckpointError) as raised:
+        checkpoint.resume_batches(tmp_path / "checkpoint-00000002", saved, world, 8, 1)
+    was = "was trained with a global batch of 8 (--batch-size 8 x --grad-accum 1 x 1 process)"
+    assert str(raised.value).startswith(f"checkpoint-00000002 in {tmp_path} {was}")
+    assert says in str(raised.value) and str(raised.value).endswith("or move the checkpoints away to start over")
 
 
 # ------------------------------------------------------------------ the entry point

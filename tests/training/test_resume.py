@@ -295,3 +295,29 @@ def test_two_process_run_killed_and_resumed_matches_the_uninterrupted_one(train)
     again = train(*flags, name="two-killed", processes=2)
     assert again.lines("resumed_from=") == [resumed_line(4)], again.describe()
     assert_same_result(again, whole)
+
+
+@pytest.mark.multiprocess
+def test_two_process_checkpoint_resumed_on_one_process_trains_on_as_the_two_did(train, no_dropout_config):
+    """A spot job back on an instance with fewer GPUs: step 4's checkpoint of 2 processes resumes
+    on 1 with twice the micro-batches a step, so the global batch and the data order are the
+    checkpoint's, and the losses are the uninterrupted 2-process run's (no dropout, whose masks
+    are drawn per process; only the order of the reductions differs)."""
+    import shutil
+
+    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64"]
+    flags += [*FLAGS, "--batch-size", "8", "--keep-checkpoints", "6"]
+    whole = train(*flags, name="two-whole", processes=2)
+    assert whole.returncode == 0, whole.describe()
+    one = train.contract("on-one")
+    shutil.copytree(whole.contract.checkpoint_dir / "checkpoint-00000004", one.checkpoint_dir / "checkpoint-00000004")
+    again = train(*flags, name="on-one")
+    assert again.returncode == 0, again.describe()
+    assert again.lines("resumed_from=") == [resumed_line(4)], again.describe()
+    assert again.lines("resumed on") == [
+        "resumed on 1 process from a checkpoint of 2: --grad-accum 2 keeps its global batch of 16 (8 x 2 x 1)"
+    ]
+    assert sorted(again.train_losses) == [s for s in whole.train_losses if s > 4]
+    for step, loss in again.train_losses.items():
+        assert loss == pytest.approx(whole.train_losses[step], rel=1e-5), (step, again.train_losses, whole.train_losses)
+    assert again.final_eval["eval_loss"] == pytest.approx(whole.final_eval["eval_loss"], rel=1e-5)
