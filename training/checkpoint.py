@@ -211,6 +211,7 @@ class Batches:
     grad_accum: int
     batch_in_epoch: int
     note: str | None = None
+    regrouped: bool = False  # loader batches of another size than the checkpoint's
 
 
 def resume_batches(path: Path, saved: dict[str, Any], world: int, batch: int, accum: int) -> Batches:
@@ -244,7 +245,7 @@ def resume_batches(path: Path, saved: dict[str, Any], world: int, batch: int, ac
                 f"gives with --batch-size {batch} on {_processes(world)}: {_keep_flags(target, world, batch)}"
                 ", or move the checkpoints away to start over"
             )
-    return Batches(accum, done // now, note)
+    return Batches(accum, done // now, note, regrouped=now != was_batch * was_world)
 
 
 def _keep_flags(target: int, world: int, batch: int) -> str:

@@ -528,6 +528,13 @@ class Trainer:
                 a = self.args
             if batches.note:
                 self._print(batches.note)
+            if batches.regrouped and state.batch_in_epoch and self.data.lengths is not None:
+                # Length-grouped batches are formed in pools of whole batches: another batch size
+                # groups the rest of this epoch anew (later epochs are whole again).
+                self._print(
+                    "note: batches of another size group this epoch's examples by length anew: some of the "
+                    "rest of this epoch may repeat examples already trained on, or skip some"
+                )
         self._start_tracking(state)
         self._install_signal_handler()
         self.contract.output_dir.mkdir(parents=True, exist_ok=True)

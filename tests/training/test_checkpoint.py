@@ -290,6 +290,8 @@ def test_checkpoints_a_run_can_resume_pass(tmp_path, saved, world, strategy):
 def test_a_resume_on_another_number_of_processes_keeps_the_global_batch_and_the_place(saved, world, batch, accum, kept):
     batches = checkpoint.resume_batches(Path("checkpoint-00000004"), saved, world, batch, accum)
     assert (batches.grad_accum, batches.batch_in_epoch, batches.note) == kept
+    # the loader's batches (micro-batch x processes) change size where the processes do
+    assert batches.regrouped is (batch * world != saved.get("batch_size", batch) * saved.get("world_size", world))
 
 
 @pytest.mark.parametrize(

@@ -321,3 +321,21 @@ def test_two_process_checkpoint_resumed_on_one_process_trains_on_as_the_two_did(
     for step, loss in again.train_losses.items():
         assert loss == pytest.approx(whole.train_losses[step], rel=1e-5), (step, again.train_losses, whole.train_losses)
     assert again.final_eval["eval_loss"] == pytest.approx(whole.final_eval["eval_loss"], rel=1e-5)
+
+
+@pytest.mark.multiprocess
+def test_length_grouped_batches_resumed_on_another_count_say_the_epoch_is_grouped_anew(train):
+    """Padded classification batches are grouped by length in pools of whole batches; on 1 process
+    instead of 2 the loader's batches halve, so the rest of the epoch is grouped anew: said in a line."""
+    import shutil
+
+    flags = [*FLAGS, "--batch-size", "8", "--max-steps", "6"]
+    two = train(*flags, name="grouped-two", processes=2)
+    assert two.returncode == 0, two.describe()
+    one = train.contract("grouped-one")
+    shutil.copytree(two.contract.checkpoint_dir / "checkpoint-00000004", one.checkpoint_dir / "checkpoint-00000004")
+    again = train(*flags, name="grouped-one")
+    assert again.returncode == 0, again.describe()
+    assert again.lines("resumed_from=") == [resumed_line(4)], again.describe()
+    assert again.lines("note: batches of another size group this epoch's examples by length anew") != []
+    assert sorted(again.train_losses) == [5, 6]
