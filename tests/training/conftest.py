@@ -210,6 +210,16 @@ class Runner:
         c.workdir.mkdir(parents=True, exist_ok=True)
         return c
 
+    def with_checkpoint(self, name: str, run: TrainRun, step: int) -> Contract:
+        """A new run folder whose checkpoints are `run`'s of `step` alone: that job come back
+        elsewhere (another number of processes, another node) to resume from it."""
+        import shutil
+
+        c = self.contract(name)
+        folder = f"checkpoint-{step:08d}"
+        shutil.copytree(run.contract.checkpoint_dir / folder, c.checkpoint_dir / folder)
+        return c
+
     def popen(
         self, *flags: str, name: str = "run", processes: int | None = None, env: dict[str, str] | None = None
     ) -> tuple[subprocess.Popen, Contract, list[str]]:

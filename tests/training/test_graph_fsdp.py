@@ -109,7 +109,7 @@ def test_in_graph_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train, a
     (ckpt,) = [p for p in killed.contract.complete_checkpoints() if p.name == "checkpoint-00000004"]
     assert sorted(p.name for p in ckpt.glob("graph_shards_*.pt")) == ["graph_shards_0.pt", "graph_shards_1.pt"]
 
-    fsdp2 = train(*RESUME_FLAGS, name="graph-killed", processes=2)
+    fsdp2 = train(*RESUME_FLAGS, name="graph-killed")  # refused before anything loads: one process will do
     assert fsdp2.returncode == 2, fsdp2.describe()
     assert "resume with --strategy fsdp --compile-unit model" in fsdp2.stderr
 
@@ -146,14 +146,10 @@ def test_in_graph_fsdp_resumes_on_another_number_of_processes(train, aot_eager, 
     micro-batches a step (checkpoint.resume_batches), and trains on as the 2 processes did (no
     dropout: only the order of the reductions differs). A folder missing a process's file (several
     nodes, no shared disk) is refused in one line."""
-    import shutil
-
     flags = [*lm_flags(no_dropout_config), *IN_GRAPH, "--save-every", "4", "--log-every", "1"]
     two = train(*flags, "--keep-checkpoints", "4", name="two", processes=2, env=aot_eager)
     assert two.returncode == 0, two.describe()
-    saved = two.contract.checkpoint_dir / "checkpoint-00000004"
-    one = train.contract("one")
-    shutil.copytree(saved, one.checkpoint_dir / saved.name)
+    train.with_checkpoint("one", two, 4)
     on = train(*flags, name="one", env=aot_eager)
     assert on.returncode == 0, on.describe()
     assert on.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"], on.describe()
@@ -165,10 +161,9 @@ def test_in_graph_fsdp_resumes_on_another_number_of_processes(train, aot_eager, 
         assert loss == pytest.approx(two.train_losses[step], rel=1e-5), (step, on.train_losses, two.train_losses)
     assert on.final_eval["eval_loss"] == pytest.approx(two.final_eval["eval_loss"], rel=1e-5)
 
-    partial = train.contract("partial")
-    shutil.copytree(saved, partial.checkpoint_dir / saved.name)
-    (partial.checkpoint_dir / saved.name / "graph_shards_1.pt").unlink()  # never there, as on node 0 of two
-    checkpoint.write_manifest(partial.checkpoint_dir / saved.name)
+    partial = train.with_checkpoint("partial", two, 4).checkpoint_dir / "checkpoint-00000004"
+    (partial / "graph_shards_1.pt").unlink()  # never there, as on node 0 of two
+    checkpoint.write_manifest(partial)
     refused = train(*flags, name="partial", env=aot_eager)
     assert refused.returncode == 2, refused.describe()
     assert "was saved by 2 processes and lacks graph_shards_1.pt: resuming with 1 instead" in refused.stderr

@@ -296,6 +296,13 @@ def test_two_process_run_killed_and_resumed_matches_the_uninterrupted_one(train)
     assert again.lines("resumed_from=") == [resumed_line(4)], again.describe()
     assert_same_result(again, whole)
 
+    # Back on 1 process (numbers: the next test), padded classification batches are grouped by
+    # length in pools of whole batches, which halve here: the rest of the epoch is grouped anew.
+    train.with_checkpoint("on-one", whole, 12)
+    alone = train(*flags, name="on-one")
+    assert alone.returncode == 0 and alone.lines("resumed_from=") == [resumed_line(12)], alone.describe()
+    assert alone.lines("note: batches of another size group this epoch's examples by length anew") != []
+
 
 @pytest.mark.multiprocess
 def test_two_process_checkpoint_resumed_on_one_process_trains_on_as_the_two_did(train, no_dropout_config):
@@ -303,14 +310,11 @@ def test_two_process_checkpoint_resumed_on_one_process_trains_on_as_the_two_did(
     on 1 with twice the micro-batches a step, so the global batch and the data order are the
     checkpoint's, and the losses are the uninterrupted 2-process run's (no dropout, whose masks
     are drawn per process; only the order of the reductions differs)."""
-    import shutil
-
     flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64"]
     flags += [*FLAGS, "--batch-size", "8", "--keep-checkpoints", "6"]
     whole = train(*flags, name="two-whole", processes=2)
     assert whole.returncode == 0, whole.describe()
-    one = train.contract("on-one")
-    shutil.copytree(whole.contract.checkpoint_dir / "checkpoint-00000004", one.checkpoint_dir / "checkpoint-00000004")
+    train.with_checkpoint("on-one", whole, 4)
     again = train(*flags, name="on-one")
     assert again.returncode == 0, again.describe()
     assert again.lines("resumed_from=") == [resumed_line(4)], again.describe()
@@ -321,21 +325,3 @@ def test_two_process_checkpoint_resumed_on_one_process_trains_on_as_the_two_did(
     for step, loss in again.train_losses.items():
         assert loss == pytest.approx(whole.train_losses[step], rel=1e-5), (step, again.train_losses, whole.train_losses)
     assert again.final_eval["eval_loss"] == pytest.approx(whole.final_eval["eval_loss"], rel=1e-5)
-
-
-@pytest.mark.multiprocess
-def test_length_grouped_batches_resumed_on_another_count_say_the_epoch_is_grouped_anew(train):
-    """Padded classification batches are grouped by length in pools of whole batches; on 1 process
-    instead of 2 the loader's batches halve, so the rest of the epoch is grouped anew: said in a line."""
-    import shutil
-
-    flags = [*FLAGS, "--batch-size", "8", "--max-steps", "6"]
-    two = train(*flags, name="grouped-two", processes=2)
-    assert two.returncode == 0, two.describe()
-    one = train.contract("grouped-one")
-    shutil.copytree(two.contract.checkpoint_dir / "checkpoint-00000004", one.checkpoint_dir / "checkpoint-00000004")
-    again = train(*flags, name="grouped-one")
-    assert again.returncode == 0, again.describe()
-    assert again.lines("resumed_from=") == [resumed_line(4)], again.describe()
-    assert again.lines("note: batches of another size group this epoch's examples by length anew") != []
-    assert sorted(again.train_losses) == [5, 6]
