@@ -184,13 +184,15 @@ def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, 
         records = [json.loads(line) for line in (root / "output" / "metrics.jsonl").read_text().splitlines()]
         return root.name, {m["step"]: m["train_loss"] for m in records if "train_loss" in m}
 
-    _, uninterrupted = submit(*flags)
+    whole, uninterrupted = submit(*flags)
     killed, first = submit(*flags, DISTRAIN_TEST_KILL_AT_STEP="3")
     assert max(first) == 3
     resumed, rest = submit("--resume-from", killed)  # no training flags retyped
     assert min(rest) == 3 and {**first, **rest} == uninterrupted
-    if training:  # the same engine again, from each process's shard file
+    if training:  # the same engine again, from each process's shard file, to the same weights bit for bit
         assert "fsdp_sharding=in-graph weights=" in (tmp_path / "runs" / resumed / "job.log").read_text()
+        weights = lambda job: (tmp_path / "runs" / job / "model" / "model.safetensors").read_bytes()  # noqa: E731
+        assert weights(resumed) == weights(whole)
         kept = sorted((tmp_path / "runs" / killed / "checkpoints").glob("checkpoint-*"))  # the lineage's folder
         assert [c.name for c in kept] == ["checkpoint-00000004", "checkpoint-00000006"]
         for ckpt in kept:
