@@ -201,6 +201,19 @@ def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, 
         alone, _ = submit("--resume-from", killed, "--processes", "1")
         log = (tmp_path / "runs" / alone / "job.log").read_text()
         assert "resumed_from=checkpoint-00000006 step=6" in log and "processes=1" in log, log[-2000:]
+        assert "resumed on 1 process from a checkpoint of 2: --grad-accum 2 keeps its global batch of 32" in log
+    else:
+        # On 2 processes, the job's micro-batch of 16 would double its global batch: refused in one line
+        # that names the flags that keep it, which then resume it.
+        wider = ("--resume-from", killed, "--processes", "2")
+        r = cli("submit", "--instance", "local", *wider, cwd=tmp_path, env=env, timeout=300)
+        errors = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
+        assert r.returncode == 2 and len(errors) == 1, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "was trained with a global batch of 16" in errors[0]
+        assert "resume with --batch-size 8 --grad-accum 1" in errors[0]
+        both, _ = submit(*wider, "--", "--batch-size", "8", "--grad-accum", "1")
+        log = (tmp_path / "runs" / both / "job.log").read_text()
+        assert "resumed_from=checkpoint-00000006 step=6" in log, log[-2000:]
     plan = json.loads((tmp_path / "runs" / resumed / "job.json").read_text())
     shared = str((tmp_path / "runs" / killed / "checkpoints").resolve())
     assert plan["request"]["env"]["DISTRAIN_CHECKPOINT_DIR"] == shared
