@@ -111,13 +111,13 @@ def clip_(model: Any, max_norm: float) -> Any:
     return clip_sharded_grads_(grads, max_norm, group=dist.group.WORLD)
 
 
-def agreeing_scaler(scaler: Any) -> Any:
+def agreeing_scaler(scaler: Any, device: str) -> Any:
     """fp16's loss scaler, made to agree across processes. Each process checks only its own shards'
     gradients for inf/NaN, so with Accelerate's plain GradScaler (the one it gives a model it does
     not shard) a process whose shard overflowed would skip the step and halve its scale while the
     others stepped, and every later reduce-scatter would add gradients scaled differently. This one
     takes the max of each check over the processes, so all skip together. Same settings as
-    `scaler`, which has not scaled anything yet.
+    `scaler`, which has not scaled anything yet; `device`: its device type.
 
     Not torch's ShardedGradScaler: its found_inf has shape [1], and fused AdamW (the trainer's on
     GPUs) subtracts it from its 0-d step counts, which fails ("output with shape [] doesn't match
@@ -134,14 +134,10 @@ def agreeing_scaler(scaler: Any) -> Any:
                 dist.all_reduce(found, op=dist.ReduceOp.MAX)
             return per_device
 
-    return AgreeingGradScaler(
-        scaler._device,
-        init_scale=scaler._init_scale,
-        growth_factor=scaler._growth_factor,
-        backoff_factor=scaler._backoff_factor,
-        growth_interval=scaler._growth_interval,
-        enabled=scaler.is_enabled(),
-    )
+    agreeing = AgreeingGradScaler(device, enabled=scaler.is_enabled())
+    if scaler.is_enabled():  # its settings (scale, growth and backoff factors, interval)
+        agreeing.load_state_dict(scaler.state_dict())
+    return agreeing
 
 
 def shard_file(folder: Path, rank: int) -> Path:

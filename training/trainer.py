@@ -129,7 +129,7 @@ class Trainer:
                 if acc.scaler is not None:  # fp16: every process skips an overflowing step, or none
                     from .graph_fsdp import agreeing_scaler
 
-                    acc.scaler = agreeing_scaler(acc.scaler)
+                    acc.scaler = agreeing_scaler(acc.scaler, acc.device.type)
                 self.optimizer, self.train_dl, self.eval_dl = acc.prepare(optimizer, train_dl, eval_dl)
             else:
                 self.model, self.optimizer, self.train_dl, self.eval_dl = acc.prepare(

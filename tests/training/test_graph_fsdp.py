@@ -202,7 +202,7 @@ def _overflow_on_rank_1(rank: int, store: str, agree: bool, clip: bool, out) -> 
     optimizer = torch.optim.AdamW([shard], lr=0.1, fused=True)  # as the trainer makes it on GPUs
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=7)  # as Accelerate would make it
     if agree:
-        scaler = agreeing_scaler(scaler)
+        scaler = agreeing_scaler(scaler, "cpu")
     scaler.scale((shard * (float("inf") if rank == 1 else 1.0)).sum()).backward()
     if clip:
         scaler.unscale_(optimizer)
