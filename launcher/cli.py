@@ -82,7 +82,12 @@ def submit(
     processes: Annotated[int | None, typer.Option("--processes", help="local: processes to start")] = None,
     strategy: Annotated[
         str | None,
-        typer.Option("--strategy", "-s", help="ddp, zero1, zero2, zero3, zero2-offload, zero3-offload, fsdp, single"),
+        typer.Option(
+            "--strategy",
+            "-s",
+            help="auto (default: ddp, or fsdp for long compiled runs on one node's GPUs), ddp, zero1, zero2, "
+            "zero3, zero2-offload, zero3-offload, fsdp, single",
+        ),
     ] = None,
     precision: Annotated[str | None, typer.Option("--precision", help="no, fp16 or bf16 (default: by GPU)")] = None,
     spot: Annotated[

@@ -409,10 +409,10 @@ def compiled(args: TrainArgs) -> bool:
     """Whether the job will run compiled on a GPU, as the trainer decides it (compile_decision).
     With neither --max-steps nor --compile the run's length is not known here: it is taken as
     long enough to compile (a short run stays eager and needs more memory than estimated)."""
-    from distrain_cloud.training.strategies import COMPILE_MIN_STEPS, Strategy, compile_decision
+    from distrain_cloud.training.strategies import AUTO, COMPILE_MIN_STEPS, Strategy, compile_decision
 
-    try:
-        strategy = Strategy(args.strategy)
+    try:  # auto compiles as ddp does, whichever it picks (both compile the whole model)
+        strategy = Strategy(Strategy.ddp if args.strategy == AUTO else args.strategy)
     except ValueError:
         return bool(args.compile)
     steps = COMPILE_MIN_STEPS if args.max_steps is None else args.max_steps
@@ -574,7 +574,7 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
     (SageMaker, EC2; both for local jobs) with the memory it needs there and its cost."""
     from distrain_cloud.infra.errors import UserError
     from distrain_cloud.training.args import parse_args
-    from distrain_cloud.training.strategies import choose_precision
+    from distrain_cloud.training.strategies import choose_precision, planned_strategy
 
     from .catalog import PRICE_REGIONS, all_instances
 
@@ -599,7 +599,12 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
         except ValueError as e:
             rows.append(Fit(instance.name, gpus, None, have, hourly, None, str(e)))
             continue
-        job = replace(args, precision=precision)
+        job, _ = planned_strategy(  # --strategy auto as the job would resolve it there
+            replace(args, precision=precision),
+            world_size=spec.nodes * instance.gpus,
+            nodes=spec.nodes,
+            gpu_model=instance.gpu_model,
+        )
         world = processes(job.strategy, instance, spec.nodes)
         need = estimate_job(job, shape, world).device_gib
         cost, note = None, "no measurement"

@@ -24,7 +24,7 @@ from distrain_cloud.training.args import (
     known_flags,
     parse_args,
 )
-from distrain_cloud.training.strategies import STRATEGIES
+from distrain_cloud.training.strategies import AUTO, STRATEGY_CHOICES
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 # A job name: what SageMaker accepts, and never a path (no dots, no slashes).
@@ -319,7 +319,7 @@ class JobSpec(BaseModel):
         "local", description="'local', a SageMaker type (ml.p3.8xlarge) or an EC2 type (p4d.24xlarge)"
     )
     nodes: int = Field(1, ge=1, le=64, description="instances; each runs one process per GPU")
-    strategy: str = Field("ddp", description="one of " + ", ".join(STRATEGIES))
+    strategy: str = Field(AUTO, description="one of " + ", ".join(STRATEGY_CHOICES))
     precision: Literal["no", "fp16", "bf16"] | None = Field(
         None, description="default: bf16 where the GPU supports it, fp16 on older GPUs, no on CPU"
     )
@@ -393,8 +393,8 @@ class JobSpec(BaseModel):
     @field_validator("strategy")
     @classmethod
     def _strategy(cls, v: str) -> str:
-        if v not in STRATEGIES:
-            raise ValueError(f"unknown strategy {v!r}; choose one of: {', '.join(STRATEGIES)}")
+        if v not in STRATEGY_CHOICES:
+            raise ValueError(f"unknown strategy {v!r}; choose one of: {', '.join(STRATEGY_CHOICES)}")
         return v
 
     @field_validator("name")

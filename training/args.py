@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, NoReturn
 
-from .strategies import BLOCK_COMPILED, PRECISIONS, STRATEGIES, Strategy
+from .strategies import AUTO, BLOCK_COMPILED, PRECISIONS, STRATEGY_CHOICES, Strategy
 
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
@@ -47,7 +47,7 @@ class TrainArgs:
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
     # how
-    strategy: str = "ddp"
+    strategy: str = AUTO  # resolved where the job runs: strategies.resolve_auto
     precision: str = "no"
     batch_size: int = 16
     eval_batch_size: int | None = None
@@ -139,7 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-train-samples", type=int)
     g.add_argument("--max-eval-samples", type=int)
     g = p.add_argument_group("optimisation")
-    g.add_argument("--strategy", choices=STRATEGIES, default=d.strategy)
+    g.add_argument(
+        "--strategy",
+        choices=STRATEGY_CHOICES,
+        default=d.strategy,
+        help="auto (default): ddp, or fsdp sharded in the compiled graph for long compiled runs on GPUs of one node",
+    )
     g.add_argument("--precision", choices=PRECISIONS, default=d.precision)
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="per device, per micro-step")
     g.add_argument("--eval-batch-size", type=int)
@@ -342,7 +347,7 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError("--fused-ce applies to --task causal-lm without ZeRO-3 (whose LM head is sharded)")
     if a.ce_kernel != "chunked" and not a.fused_ce:
         raise ArgumentError(f"--ce-kernel {a.ce_kernel} picks the --fused-ce implementation; add --fused-ce")
-    if a.ddp_reduce_dtype != "fp32" and a.strategy != "ddp":
+    if a.ddp_reduce_dtype != "fp32" and a.strategy not in ("ddp", AUTO):
         raise ArgumentError(
             f"--ddp-reduce-dtype applies to --strategy ddp, not {a.strategy} "
             "(DeepSpeed reduces in the training precision)"
@@ -367,14 +372,14 @@ def validate(a: TrainArgs) -> None:
                 "--fsdp-blocks-per-unit applies to fsdp's FSDP2 units (--compile-unit block, its default); "
                 "--compile-unit model shards every weight inside the compiled graph instead"
             )
-        strategy = Strategy(a.strategy)
+        strategy = Strategy(Strategy.ddp if a.strategy == AUTO else a.strategy)
         if a.compile_unit == "block" and strategy.uses_deepspeed and strategy not in BLOCK_COMPILED:
             raise ArgumentError(
                 f"--compile-unit block applies to --strategy ddp, single, fsdp, zero3 or zero3-offload, "
                 f"not {a.strategy} (ZeRO-1/2 compile the whole model inside DeepSpeed's engine)"
             )
     if a.compiled_autograd:
-        if a.strategy not in ("ddp", "single"):
+        if a.strategy not in ("ddp", "single", AUTO):
             raise ArgumentError(f"--compiled-autograd applies to --strategy ddp or single, not {a.strategy}")
         if a.compile is False:
             raise ArgumentError("--compiled-autograd contradicts --no-compile")

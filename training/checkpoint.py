@@ -97,6 +97,17 @@ def latest(root: Path, warn: Callable[[str], None] = _warn) -> tuple[Path, dict[
     return chosen
 
 
+def newest_state(root: Path) -> dict[str, Any] | None:
+    """The trainer state of the newest complete checkpoint, unverified (what it was trained with,
+    which every checkpoint of a lineage shares), or None; cheap enough for every process."""
+    for _, path in reversed(complete_checkpoints(root)):
+        try:
+            return json.loads((path / STATE).read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def verify(path: Path) -> str | None:
     """None if every file the manifest lists has its size and sha256 (or there is no manifest),
     else what is wrong, naming the file. Files the manifest does not list are not checked."""

@@ -7,7 +7,7 @@ entry point imports it to build the very same configuration at run time.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -53,6 +53,9 @@ class Strategy(str, Enum):
 
 PRECISIONS = ("no", "fp16", "bf16")
 STRATEGIES = tuple(s.value for s in Strategy)
+# The default: a concrete strategy picked where the job runs (resolve_auto), ddp or fsdp.
+AUTO = "auto"
+STRATEGY_CHOICES = (AUTO, *STRATEGIES)
 
 
 def choose_precision(requested: str | None, gpus: int, capability: tuple[int, int] | None, where: str) -> str:
@@ -218,6 +221,68 @@ def fsdp_in_graph(args, *, cuda: bool) -> tuple[bool, str]:
     return True, f"default for {FSDP_IN_GRAPH_MIN_STEPS:,}+ steps compiled (--compile-unit block for FSDP2)"
 
 
+# What --strategy auto (the default) picks. On one node over NVLink, fsdp sharded inside the compiled
+# graph weak-scaled 96.8-97.2% at 2 GPUs and 97.5-98.0% at 4 against compiled DDP's 93.2-93.5% and
+# 92.1-92.2% (4 H200s, two invocations; 2 H200s in session 15: 96.0-96.7% against 92.5-92.6%), with
+# a quarter less memory: 1.5 ms a step faster at 2 GPUs, 2.3 ms at 4. Its first compile is 47-60 s
+# longer (78.6 s against 31.6 s at 2 GPUs, 89.7 s at 4), which those savings repay after about 31,000
+# steps at 2 GPUs and 26,000 at 4 (bench/README.md, session 16). Below this many --max-steps, auto
+# stays with compiled DDP, as it does where the in-graph engine is unmeasured: over slower links
+# (several nodes, PCIe cards: DDP's small buckets overlap the backward there), with gradient
+# accumulation (each micro-batch would gather the weights again, where DDP syncs once a step), eager,
+# and with --fused-ce.
+AUTO_IN_GRAPH_MIN_STEPS = 30_000
+# Flags that only ddp reads: they pin auto to ddp.
+_DDP_FLAGS = {
+    "ddp_bucket_mb": "--ddp-bucket-mb",
+    "ddp_reduce_dtype": "--ddp-reduce-dtype",
+    "compiled_autograd": "--compiled-autograd",
+}
+
+
+def resolve_auto(
+    args, *, world: int, cuda: bool, slow_link: str | None, saved: Mapping[str, Any] | None = None
+) -> tuple[Any, str | None]:
+    """A TrainArgs `args` with --strategy auto made concrete for `world` processes, and why (the
+    job's log line and the plan say it); other strategies come back as they are, with None.
+
+    A resumed run (`saved`: the newest checkpoint's trainer state) keeps the strategy its
+    checkpoint was trained with, so another --max-steps or process count never meets a checkpoint
+    of the other engine. Otherwise ddp, or fsdp sharded inside the compiled graph for compiled runs
+    of AUTO_IN_GRAPH_MIN_STEPS+ on GPUs of one node over NVLink (`slow_link`: slow_gpu_link)."""
+    if args.strategy != AUTO:
+        return args, None
+    ddp = replace(args, strategy=Strategy.ddp.value)
+    in_graph = replace(args, strategy=Strategy.fsdp.value, compile_unit="model")
+    if saved and saved.get("strategy") == Strategy.ddp.value:
+        return ddp, "auto: as the checkpoint it resumes was trained"
+    if saved and saved.get("strategy") == Strategy.fsdp.value and saved.get("sharding") == "in-graph":
+        return in_graph, "auto: sharded in the compiled graph, as the checkpoint it resumes was trained"
+    pinned = [flag for name, flag in _DDP_FLAGS.items() if getattr(args, name) not in (None, False, "fp32")]
+    if pinned:
+        return ddp, f"auto: {pinned[0]} applies to ddp"
+    if world < 2 or not cuda:
+        return ddp, "auto: " + ("one process" if world < 2 else "no CUDA GPUs")
+    why = None
+    if args.compile is False or args.compile_unit == "block":
+        why = "--no-compile" if args.compile is False else "--compile-unit block"
+    elif slow_link:
+        why = f"{slow_link}, where its small buckets overlap the backward"
+    elif args.grad_accum > 1:
+        why = f"--grad-accum {args.grad_accum}: DDP syncs once a step"
+    elif args.fused_ce:
+        why = "--fused-ce: not measured sharded in the graph"
+    elif args.max_steps is None or args.max_steps < AUTO_IN_GRAPH_MIN_STEPS:
+        length = "--epochs" if args.max_steps is None else f"{args.max_steps:,} --max-steps"
+        why = f"{length}: below {AUTO_IN_GRAPH_MIN_STEPS:,} steps fsdp's in-graph compile does not repay itself"
+    if why:
+        return ddp, f"auto: {why}"
+    return in_graph, (
+        f"auto: sharded in the compiled graph: {args.max_steps:,} steps on {world} GPUs of one node repay "
+        "its longer first compile (--strategy ddp to opt out)"
+    )
+
+
 def deepspeed_config_for(args, world_size: int) -> dict[str, Any]:
     """deepspeed_config for parsed training arguments (a TrainArgs) on `world_size` processes."""
     return deepspeed_config(
@@ -372,11 +437,24 @@ def ddp_buckets_for(args, compiled: bool, slow_link: str | None) -> tuple[int, s
     return mb, slow_link if mb != fast else None
 
 
+def _planned_link(world_size: int, nodes: int, gpu_model: str | None) -> str | None:
+    """slow_gpu_link as the processes of `nodes` instances with `gpu_model` GPUs will find it."""
+    env = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(max(1, world_size // nodes))}
+    return slow_gpu_link(env, gpu_model)
+
+
+def planned_strategy(args, *, world_size: int, nodes: int, gpu_model: str | None) -> tuple[Any, str | None]:
+    """resolve_auto as the training processes will resolve it on `nodes` instances of `world_size`
+    processes in all with `gpu_model` GPUs (None: no GPUs), for a job that starts afresh; a resumed
+    job keeps its checkpoint's pick."""
+    slow = _planned_link(world_size, nodes, gpu_model) if world_size > 1 else None
+    return resolve_auto(args, world=world_size, cuda=gpu_model is not None, slow_link=slow)
+
+
 def planned_ddp_buckets(args, *, compiled: bool, world_size: int, nodes: int, gpu_model: str | None) -> str:
     """What a plan shows for ddp's gradient buckets on an instance (a TrainArgs `args`): the size the
     training processes will pick there (ddp_buckets_for), and why."""
-    env = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(max(1, world_size // nodes))}
-    mb, slow = ddp_buckets_for(args, compiled, slow_gpu_link(env, gpu_model))
+    mb, slow = ddp_buckets_for(args, compiled, _planned_link(world_size, nodes, gpu_model))
     if args.ddp_bucket_mb is not None:
         return f"{mb} MB (--ddp-bucket-mb)"
     if mb == DDP_BUCKET_MB_COMPILED:

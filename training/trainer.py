@@ -25,6 +25,7 @@ from .args import ArgumentError, TrainArgs, default_lr
 from .contract import INTERRUPT_EXIT_CODE, SECOND_INTERRUPT_S, STOP_EXIT_CODE, Contract, free_port
 from .profiling import Profiler
 from .strategies import (
+    AUTO,
     Strategy,
     compile_decision,
     compile_unit_for,
@@ -35,6 +36,7 @@ from .strategies import (
     fsdp_in_graph,
     fsdp_plugin_settings,
     parse_strategy,
+    resolve_auto,
     slow_gpu_link,
 )
 
@@ -67,7 +69,9 @@ class Trainer:
     def __init__(self, args: TrainArgs, contract: Contract):
         self.args, self.contract = args, contract
         self.lr = args.lr if args.lr is not None else default_lr(args)  # parse_args has filled it in
-        self.strategy = parse_strategy(args.strategy)
+        # --strategy auto becomes ddp or fsdp in setup, where the processes and the checkpoint are known.
+        self.strategy = parse_strategy(Strategy.ddp.value if args.strategy == AUTO else args.strategy)
+        self.auto_why: str | None = None
         self.graph_sharded = False  # fsdp sharded inside the compiled graph (graph_fsdp.py): setup decides
         self.signal_received = False  # set by the SIGTERM/SIGINT handler, at any moment
         self.stop_signal: signal.Signals | None = None  # the first of them, which names the stop
@@ -85,15 +89,19 @@ class Trainer:
 
         from . import data
 
-        a = self.args
         world = int(os.environ.get("WORLD_SIZE", "1"))  # processes the launcher started
+        self._resolve_auto(world, cuda=torch.cuda.is_available())
+        a = self.args
         self._check_environment(world, cuda=torch.cuda.is_available())
         self._patch_environment(cuda=torch.cuda.is_available())
         _allow_tf32(torch)
         if self.strategy is Strategy.fsdp:  # before the Accelerator, which FSDP2 configures
             self.graph_sharded, self.fsdp_why = fsdp_in_graph(a, cuda=torch.cuda.is_available())
+            self.fsdp_why = self.auto_why or self.fsdp_why
         self.accelerator = self._make_accelerator(world, cuda=torch.cuda.is_available())
         acc = self.accelerator
+        if self.auto_why:
+            self._print(f"strategy={self.strategy.value} ({self.auto_why})")
         set_seed(a.seed)
         with _slow_phase("loading the tokenizer and data (tokenized once, then cached)", self._print):
             self._load_data()
@@ -136,6 +144,18 @@ class Trainer:
                     model, optimizer, train_dl, eval_dl
                 )
         self._compile(torch)
+
+    def _resolve_auto(self, world: int, *, cuda: bool) -> None:
+        """Make --strategy auto concrete (strategies.resolve_auto) for this launch: its processes,
+        its GPUs' link, and the checkpoint it resumes, if any (read by every process: one node's)."""
+        if self.args.strategy != AUTO:
+            return
+        from . import checkpoint
+
+        slow = slow_gpu_link(os.environ, *_local_gpu(cuda)) if world > 1 and cuda else None
+        saved = checkpoint.newest_state(self.contract.checkpoint_dir)
+        self.args, self.auto_why = resolve_auto(self.args, world=world, cuda=cuda, slow_link=slow, saved=saved)
+        self.strategy = parse_strategy(self.args.strategy)
 
     def _check_environment(self, world: int, *, cuda: bool) -> None:
         """Flags this machine or this launch cannot serve, refused before anything is built."""

@@ -42,6 +42,7 @@ class TrainingPlan:
     hardware: str  # "g5.12xlarge has A10G (8.6)", or the name of a CPU type
     configs: dict[str, Any]
     fit: Check
+    strategy: str  # as the plan shows it: --strategy auto with what it picks there, and why
 
 
 def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main_port: int = 29500) -> TrainingPlan:
@@ -54,11 +55,11 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
         parse_strategy,
         plan_configs,
         planned_ddp_buckets,
+        planned_strategy,
     )
 
     from ..memory import compiled, fit_check
 
-    strategy = parse_strategy(spec.strategy)
     hardware = instance.name
     if instance.gpus:
         hardware += f" has {instance.gpu_model} ({instance.compute_capability_str})"
@@ -66,8 +67,14 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
         precision = choose_precision(spec.precision, instance.gpus, instance.compute_capability, hardware)
     job_name = unique_job_name(spec.name)
     argv = spec.check_training_args(precision, job_name)
-    train = parse_args(argv)
     processes = max(instance.gpus, 1)
+    train, auto_why = planned_strategy(
+        parse_args(argv),
+        world_size=spec.nodes * processes,
+        nodes=spec.nodes,
+        gpu_model=instance.gpu_model if instance.gpus else None,
+    )
+    strategy = parse_strategy(train.strategy)
     cluster = ClusterShape(
         num_nodes=spec.nodes,
         processes_per_node=processes,
@@ -97,6 +104,7 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
         hardware=hardware,
         configs=configs,
         fit=fit_check(train, instance, nodes=spec.nodes),
+        strategy=f"{strategy.value} ({auto_why})" if auto_why else strategy.value,
     )
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.stack import ALIVE_STATES, STACK_TAG
-from distrain_cloud.training.strategies import parse_strategy
+from distrain_cloud.training.strategies import AUTO, parse_strategy
 
 from ..bootstrap import ec2_user_data
 from ..jobs import JobRef
@@ -157,8 +157,7 @@ class Ec2Backend:
         instance = lookup(spec.instance)
         if instance.sagemaker:
             raise UserError(f"--instance {spec.instance} is a SageMaker type; EC2 types have no ml. prefix")
-        strategy = parse_strategy(spec.strategy)
-        if not instance.is_gpu and strategy.uses_deepspeed:
+        if not instance.is_gpu and spec.strategy != AUTO and parse_strategy(spec.strategy).uses_deepspeed:
             raise UserError(
                 f"--strategy {spec.strategy} needs GPUs and --instance {instance.name} has none: "
                 "pick a GPU type (see `distrain-cloud instances`) or --strategy ddp"
@@ -249,7 +248,7 @@ class Ec2Backend:
             summary={
                 "instance": f"{spec.nodes} x {instance.name} ({_hardware(instance)})",
                 "processes": f"{processes} per node, {training.world_size} in all",
-                "strategy": spec.strategy,
+                "strategy": training.strategy,
                 "precision": precision,
                 "region": region,
                 "ami_family": family.name,

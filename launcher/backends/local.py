@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 from distrain_cloud.training.contract import STOP_EXIT_CODES, Contract, free_port
 from distrain_cloud.training.node_launch import plan_node
-from distrain_cloud.training.strategies import choose_precision, parse_strategy, plan_configs
+from distrain_cloud.training.strategies import choose_precision, parse_strategy, plan_configs, resolve_auto
 
 from ..jobs import JobRef
 from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
@@ -95,11 +95,16 @@ class LocalBackend:
             env["DISTRAIN_SECRETS"] = json.dumps(dict(spec.secrets))
             command = [sys.executable, "-m", "distrain_cloud.infra.secret_env", "--", *command]
         configs: dict[str, Any] = {"accelerate_config": node.config}
-        strategy = parse_strategy(spec.strategy)
-        if strategy.shards_state:
-            from distrain_cloud.training.args import parse_args
+        from distrain_cloud.training.args import parse_args
+        from distrain_cloud.training.checkpoint import newest_state
 
-            configs.update(plan_configs(strategy, parse_args(argv), processes))
+        # As the job will resolve --strategy auto, but for the GPUs' link, which the job checks itself.
+        train, auto_why = resolve_auto(
+            parse_args(argv), world=processes, cuda=gpus > 0, slow_link=None, saved=newest_state(checkpoints)
+        )
+        strategy = parse_strategy(train.strategy)
+        if strategy.shards_state:
+            configs.update(plan_configs(strategy, train, processes))
         wandb = wandb_run(spec, argv, tracking)
         stack = _has_training_stack()
         checks = [
@@ -118,7 +123,7 @@ class LocalBackend:
                 "instance": "local",
                 "processes": processes,
                 "gpus": gpus,
-                "strategy": spec.strategy,
+                "strategy": f"{strategy.value} ({auto_why})" if auto_why else strategy.value,
                 "precision": precision,
                 "workdir": str(root),
                 **({"resumes": f"{spec.resume_from} (lineage {lineage}: {checkpoints})"} if spec.resume_from else {}),

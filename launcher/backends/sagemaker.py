@@ -140,7 +140,7 @@ class SageMakerBackend:
                 "instance": f"{spec.nodes} x {instance.name} ({instance.gpus} x {instance.gpu_model}, "
                 f"cc {instance.compute_capability_str})",
                 "processes": f"{processes} per node, {training.world_size} in all",
-                "strategy": spec.strategy,
+                "strategy": training.strategy,
                 "precision": precision,
                 "region": region,
                 "image": image.uri,

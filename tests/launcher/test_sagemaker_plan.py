@@ -21,6 +21,7 @@ from distrain_cloud.launcher import apimodel
 from distrain_cloud.launcher.api import plan_job
 from distrain_cloud.launcher.backends import sagemaker as sm
 from distrain_cloud.launcher.images import parse_cuda_version
+from distrain_cloud.launcher.memory import CHECK_NAME
 from distrain_cloud.launcher.spec import load_spec
 from distrain_cloud.training.args import hyperparameters_to_argv, parse_args
 from distrain_cloud.training.contract import free_port
@@ -128,6 +129,30 @@ def test_g5_12xlarge_on_two_nodes_is_eight_processes_in_bf16(offline):
 )
 def test_the_plan_shows_the_ddp_buckets_the_training_processes_will_pick(offline, instance, nodes, buckets):
     assert dry(instance=instance, nodes=nodes).configs.get("ddp_buckets") == buckets
+
+
+@pytest.mark.parametrize(
+    "instance, nodes, steps, strategy",
+    [
+        ("ml.p4d.24xlarge", 1, 30000, "fsdp (auto: sharded in the compiled graph: 30,000 steps on 8 GPUs of one node"),
+        ("ml.p4d.24xlarge", 1, 1000, "ddp (auto: 1,000 --max-steps: below 30,000 steps fsdp's in-graph"),
+        ("ml.p4d.24xlarge", 2, 30000, "ddp (auto: processes on 2 nodes, where its small buckets overlap"),
+        ("ml.g5.12xlarge", 1, 30000, "ddp (auto: A10G GPUs, connected over PCIe, where its small buckets"),
+        ("ml.p3.2xlarge", 1, 30000, "ddp (auto: one process)"),  # one GPU: no buckets either
+    ],
+)
+def test_the_plan_shows_what_the_default_strategy_picks_on_the_instance(offline, instance, nodes, steps, strategy):
+    """--strategy auto (the default) is resolved in the job; the plan shows its pick for a fresh
+    start, and sizes the memory check and the configs for that pick. The request leaves the
+    strategy to the job's default."""
+    plan = dry(instance=instance, nodes=nodes, hyperparameters={"max_steps": steps})
+    assert plan.summary["strategy"].startswith(strategy), plan.summary["strategy"]
+    assert "strategy" not in plan.request["HyperParameters"]
+    in_graph = strategy.startswith("fsdp")
+    assert ("fsdp_sharding" in plan.configs) is in_graph
+    assert ("ddp_buckets" in plan.configs) is (not in_graph and instance != "ml.p3.2xlarge")
+    fit = next(c for c in plan.checks if c.name == CHECK_NAME)
+    assert ("fsdp sharded in the graph, compiled" in fit.detail) is in_graph, fit.detail
 
 
 def test_deepspeed_batch_is_computed_from_the_real_world_size(offline):

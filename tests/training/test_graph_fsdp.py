@@ -122,14 +122,20 @@ def test_in_graph_fsdp_resumes_on_another_number_of_processes(train, aot_eager, 
     """A spot job back on an instance with another GPU count: step 4's checkpoint of 2 processes
     resumes on 1, its shards (weights and AdamW moments) cut from both files, with twice the
     micro-batches a step (checkpoint.resume_batches), and trains on as the 2 processes did (no
-    dropout: only the order of the reductions differs). A folder missing a process's file (several
-    nodes, no shared disk) is refused in one line."""
+    dropout: only the order of the reductions differs). The resumed run leaves --strategy at its
+    default, auto, which takes the checkpoint's engine (strategies.resolve_auto): on one process it
+    would otherwise pick ddp. A folder missing a process's file (several nodes, no shared disk) is
+    refused in one line."""
     flags = [*lm_flags(no_dropout_config), *IN_GRAPH, "--save-every", "4", "--log-every", "1"]
     two = train(*flags, "--keep-checkpoints", "4", name="two", processes=2, env=aot_eager)
     assert two.returncode == 0, two.describe()
     train.with_checkpoint("one", two, 4)
-    on = train(*flags, name="one", env=aot_eager)
+    auto = [*lm_flags(no_dropout_config), "--compile", "--save-every", "4", "--log-every", "1"]
+    on = train(*auto, name="one", env=aot_eager)
     assert on.returncode == 0, on.describe()
+    assert on.lines("strategy=") == [
+        "strategy=fsdp (auto: sharded in the compiled graph, as the checkpoint it resumes was trained)"
+    ], on.describe()
     assert on.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"], on.describe()
     assert on.lines("resumed on") == [
         "resumed on 1 process from a checkpoint of 2: --grad-accum 2 keeps its global batch of 16 (8 x 2 x 1)"
