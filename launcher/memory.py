@@ -604,6 +604,7 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
             world_size=spec.nodes * instance.gpus,
             nodes=spec.nodes,
             gpu_model=instance.gpu_model,
+            params=shape.params,
         )
         world = processes(job.strategy, instance, spec.nodes)
         need = estimate_job(job, shape, world).device_gib

@@ -230,8 +230,12 @@ def fsdp_in_graph(args, *, cuda: bool) -> tuple[bool, str]:
 # stays with compiled DDP, as it does where the in-graph engine is unmeasured: over slower links
 # (several nodes, PCIe cards: DDP's small buckets overlap the backward there), with gradient
 # accumulation (each micro-batch would gather the weights again, where DDP syncs once a step), eager,
-# and with --fused-ce.
+# and with --fused-ce. And for bigger models: at GPT-2 XL (1.56B) on 4 H200s, micro-batch 4, compiled
+# DDP ran 122,233 tokens/s (session 16) and the in-graph engine 120,065 (session 14, another host),
+# with a first compile of about 6 minutes: no faster, so nothing repays it there. Sizes between
+# are not measured; auto takes the engine up to AUTO_IN_GRAPH_MAX_PARAMS, near the size measured.
 AUTO_IN_GRAPH_MIN_STEPS = 30_000
+AUTO_IN_GRAPH_MAX_PARAMS = 200_000_000
 # Flags that only ddp reads: they pin auto to ddp.
 _DDP_FLAGS = {
     "ddp_bucket_mb": "--ddp-bucket-mb",
@@ -241,7 +245,13 @@ _DDP_FLAGS = {
 
 
 def resolve_auto(
-    args, *, world: int, cuda: bool, slow_link: str | None, saved: Mapping[str, Any] | None = None
+    args,
+    *,
+    world: int,
+    cuda: bool,
+    slow_link: str | None,
+    saved: Mapping[str, Any] | None = None,
+    params: int | None = None,
 ) -> tuple[Any, str | None]:
     """A TrainArgs `args` with --strategy auto made concrete for `world` processes, and why (the
     job's log line and the plan say it); other strategies come back as they are, with None.
@@ -249,7 +259,9 @@ def resolve_auto(
     A resumed run (`saved`: the newest checkpoint's trainer state) keeps the strategy its
     checkpoint was trained with, so another --max-steps or process count never meets a checkpoint
     of the other engine. Otherwise ddp, or fsdp sharded inside the compiled graph for compiled runs
-    of AUTO_IN_GRAPH_MIN_STEPS+ on GPUs of one node over NVLink (`slow_link`: slow_gpu_link)."""
+    of AUTO_IN_GRAPH_MIN_STEPS+ on GPUs of one node over NVLink (`slow_link`: slow_gpu_link) of
+    models of up to AUTO_IN_GRAPH_MAX_PARAMS `params`. While `params` is not known (None) and only
+    the size is left to decide, `args` come back still auto, with None."""
     if args.strategy != AUTO:
         return args, None
     ddp = replace(args, strategy=Strategy.ddp.value)
@@ -277,10 +289,19 @@ def resolve_auto(
         why = f"{length}: below {AUTO_IN_GRAPH_MIN_STEPS:,} steps fsdp's in-graph compile does not repay itself"
     if why:
         return ddp, f"auto: {why}"
+    if params is None:
+        return args, None
+    size = f"{_count(params)} parameters"
+    if params > AUTO_IN_GRAPH_MAX_PARAMS:
+        return ddp, f"auto: {size}: above {_count(AUTO_IN_GRAPH_MAX_PARAMS)} fsdp's in-graph engine is not faster"
     return in_graph, (
-        f"auto: sharded in the compiled graph: {args.max_steps:,} steps on {world} GPUs of one node repay "
-        "its longer first compile (--strategy ddp to opt out)"
+        f"auto: sharded in the compiled graph: {args.max_steps:,} steps of {size} on {world} GPUs of one node "
+        "repay its longer first compile (--strategy ddp to opt out)"
     )
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:,.0f}M" if n >= 10**6 else f"{n:,}"
 
 
 def deepspeed_config_for(args, world_size: int) -> dict[str, Any]:
@@ -443,12 +464,30 @@ def _planned_link(world_size: int, nodes: int, gpu_model: str | None) -> str | N
     return slow_gpu_link(env, gpu_model)
 
 
-def planned_strategy(args, *, world_size: int, nodes: int, gpu_model: str | None) -> tuple[Any, str | None]:
-    """resolve_auto as the training processes will resolve it on `nodes` instances of `world_size`
-    processes in all with `gpu_model` GPUs (None: no GPUs), for a job that starts afresh; a resumed
-    job keeps its checkpoint's pick."""
+def planned_strategy(
+    args,
+    *,
+    world_size: int,
+    nodes: int,
+    gpu_model: str | None,
+    params: int | None,
+    cuda: bool | None = None,
+    saved: Mapping[str, Any] | None = None,
+) -> tuple[Any, str | None]:
+    """resolve_auto as the training processes will resolve it on `nodes` machines of `world_size`
+    processes in all with `gpu_model` GPUs (None: no GPUs, unless `cuda` says there are), resuming
+    the checkpoint `saved` if any (a cloud plan does not read it: a resumed job keeps its
+    checkpoint's pick). A model of unknown size (`params` None) is planned as ddp."""
+    cuda = gpu_model is not None if cuda is None else cuda
     slow = _planned_link(world_size, nodes, gpu_model) if world_size > 1 else None
-    return resolve_auto(args, world=world_size, cuda=gpu_model is not None, slow_link=slow)
+    resolved, why = resolve_auto(args, world=world_size, cuda=cuda, slow_link=slow, saved=saved, params=params)
+    if resolved.strategy == AUTO:
+        return replace(args, strategy=Strategy.ddp.value), (
+            f"auto: ddp, or fsdp sharded in the compiled graph if the model has at most "
+            f"{_count(AUTO_IN_GRAPH_MAX_PARAMS)} parameters "
+            "(its size is not known here: the job decides)"
+        )
+    return resolved, why
 
 
 def planned_ddp_buckets(args, *, compiled: bool, world_size: int, nodes: int, gpu_model: str | None) -> str:

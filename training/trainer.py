@@ -100,13 +100,20 @@ class Trainer:
             self.fsdp_why = self.auto_why or self.fsdp_why
         self.accelerator = self._make_accelerator(world, cuda=torch.cuda.is_available())
         acc = self.accelerator
-        if self.auto_why:
-            self._print(f"strategy={self.strategy.value} ({self.auto_why})")
         set_seed(a.seed)
         with _slow_phase("loading the tokenizer and data (tokenized once, then cached)", self._print):
             self._load_data()
         with _slow_phase(f"loading the model {a.model or a.model_config or ''} (downloaded on first use)", self._print):
             model = self._load_model()
+        if self.args.strategy == AUTO:  # left to the model's size, known now
+            self._resolve_auto(world, cuda=torch.cuda.is_available(), params=sum(p.numel() for p in model.parameters()))
+            a = self.args
+            if self.strategy is Strategy.fsdp:  # the Accelerator is the same: in-graph fsdp takes no plugin
+                self.graph_sharded, self.fsdp_why = True, self.auto_why or ""
+            else:
+                self._print_ddp_buckets()
+        if self.auto_why:
+            self._print(f"strategy={self.strategy.value} ({self.auto_why})")
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
             a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda"
         )
@@ -145,17 +152,22 @@ class Trainer:
                 )
         self._compile(torch)
 
-    def _resolve_auto(self, world: int, *, cuda: bool) -> None:
+    def _resolve_auto(self, world: int, *, cuda: bool, params: int | None = None) -> None:
         """Make --strategy auto concrete (strategies.resolve_auto) for this launch: its processes,
-        its GPUs' link, and the checkpoint it resumes, if any (read by every process: one node's)."""
+        its GPUs' link, the checkpoint it resumes, if any (read by every process: one node's), and
+        the model's size (`params`). Before the model is loaded, auto may stay undecided: ddp and
+        fsdp sharded in the graph, its two picks, build the same Accelerator."""
         if self.args.strategy != AUTO:
             return
         from . import checkpoint
 
         slow = slow_gpu_link(os.environ, *_local_gpu(cuda)) if world > 1 and cuda else None
         saved = checkpoint.newest_state(self.contract.checkpoint_dir)
-        self.args, self.auto_why = resolve_auto(self.args, world=world, cuda=cuda, slow_link=slow, saved=saved)
-        self.strategy = parse_strategy(self.args.strategy)
+        args, self.auto_why = resolve_auto(
+            self.args, world=world, cuda=cuda, slow_link=slow, saved=saved, params=params
+        )
+        if args.strategy != AUTO:
+            self.args, self.strategy = args, parse_strategy(args.strategy)
 
     def _check_environment(self, world: int, *, cuda: bool) -> None:
         """Flags this machine or this launch cannot serve, refused before anything is built."""
@@ -235,11 +247,18 @@ class Trainer:
         )
         if fsdp_plugin is not None:
             _select_fsdp(accelerator, fsdp_plugin)
-        if self.strategy.value == "ddp" and accelerator.num_processes > 1 and accelerator.is_main_process:
-            print(f"ddp_bucket_mb={bucket_mb}", flush=True)
-            if slow_link:  # it made the default small
-                print(f"ddp: {slow_link}: small gradient buckets, so the all-reduces overlap the backward", flush=True)
+        self._ddp_buckets = bucket_mb, slow_link
+        self.accelerator = accelerator
+        if self.args.strategy == "ddp":  # else auto, still undecided: said once it is
+            self._print_ddp_buckets()
         return accelerator
+
+    def _print_ddp_buckets(self) -> None:
+        bucket_mb, slow_link = self._ddp_buckets
+        if self.accelerator.num_processes > 1:
+            self._print(f"ddp_bucket_mb={bucket_mb}")
+            if slow_link:  # it made the default small
+                self._print(f"ddp: {slow_link}: small gradient buckets, so the all-reduces overlap the backward")
 
     def _load_data(self) -> None:
         """The tokenizer and the tokenized splits (the main process first: it fills the caches)."""

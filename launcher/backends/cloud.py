@@ -58,7 +58,7 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
         planned_strategy,
     )
 
-    from ..memory import compiled, fit_check
+    from ..memory import compiled, fit_check, model_shape
 
     hardware = instance.name
     if instance.gpus:
@@ -68,11 +68,14 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
     job_name = unique_job_name(spec.name)
     argv = spec.check_training_args(precision, job_name)
     processes = max(instance.gpus, 1)
+    train = parse_args(argv)
+    shape = model_shape(train)
     train, auto_why = planned_strategy(
-        parse_args(argv),
+        train,
         world_size=spec.nodes * processes,
         nodes=spec.nodes,
         gpu_model=instance.gpu_model if instance.gpus else None,
+        params=shape.params if shape else None,
     )
     strategy = parse_strategy(train.strategy)
     cluster = ClusterShape(

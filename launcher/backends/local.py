@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 from distrain_cloud.training.contract import STOP_EXIT_CODES, Contract, free_port
 from distrain_cloud.training.node_launch import plan_node
-from distrain_cloud.training.strategies import choose_precision, parse_strategy, plan_configs, resolve_auto
+from distrain_cloud.training.strategies import choose_precision, parse_strategy, plan_configs, planned_strategy
 
 from ..jobs import JobRef
 from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
@@ -98,9 +98,19 @@ class LocalBackend:
         from distrain_cloud.training.args import parse_args
         from distrain_cloud.training.checkpoint import newest_state
 
+        from ..memory import model_shape
+
         # As the job will resolve --strategy auto, but for the GPUs' link, which the job checks itself.
-        train, auto_why = resolve_auto(
-            parse_args(argv), world=processes, cuda=gpus > 0, slow_link=None, saved=newest_state(checkpoints)
+        train = parse_args(argv)
+        shape = model_shape(train)
+        train, auto_why = planned_strategy(
+            train,
+            world_size=processes,
+            nodes=1,
+            gpu_model=None,
+            cuda=gpus > 0,
+            params=shape.params if shape else None,
+            saved=newest_state(checkpoints),
         )
         strategy = parse_strategy(train.strategy)
         if strategy.shards_state:

@@ -132,20 +132,29 @@ def test_the_plan_shows_the_ddp_buckets_the_training_processes_will_pick(offline
 
 
 @pytest.mark.parametrize(
-    "instance, nodes, steps, strategy",
+    "instance, nodes, steps, preset, strategy",
     [
-        ("ml.p4d.24xlarge", 1, 30000, "fsdp (auto: sharded in the compiled graph: 30,000 steps on 8 GPUs of one node"),
-        ("ml.p4d.24xlarge", 1, 1000, "ddp (auto: 1,000 --max-steps: below 30,000 steps fsdp's in-graph"),
-        ("ml.p4d.24xlarge", 2, 30000, "ddp (auto: processes on 2 nodes, where its small buckets overlap"),
-        ("ml.g5.12xlarge", 1, 30000, "ddp (auto: A10G GPUs, connected over PCIe, where its small buckets"),
-        ("ml.p3.2xlarge", 1, 30000, "ddp (auto: one process)"),  # one GPU: no buckets either
+        ("ml.p4d.24xlarge", 1, 30000, "gpt2-small", "fsdp (auto: sharded in the compiled graph: 30,000 steps of 124M"),
+        ("ml.p4d.24xlarge", 1, 30000, "gpt2-xl", "ddp (auto: 1,558M parameters: above 200M fsdp's in-graph engine"),
+        ("ml.p4d.24xlarge", 1, 1000, "gpt2-small", "ddp (auto: 1,000 --max-steps: below 30,000 steps fsdp's in-graph"),
+        ("ml.p4d.24xlarge", 2, 30000, "gpt2-small", "ddp (auto: processes on 2 nodes, where its small buckets overlap"),
+        (
+            "ml.g5.12xlarge",
+            1,
+            30000,
+            "gpt2-small",
+            "ddp (auto: A10G GPUs, connected over PCIe, where its small buckets",
+        ),
+        ("ml.p3.2xlarge", 1, 30000, "gpt2-small", "ddp (auto: one process)"),  # one GPU: no buckets either
     ],
 )
-def test_the_plan_shows_what_the_default_strategy_picks_on_the_instance(offline, instance, nodes, steps, strategy):
+def test_the_plan_shows_what_the_default_strategy_picks_on_the_instance(
+    offline, instance, nodes, steps, preset, strategy
+):
     """--strategy auto (the default) is resolved in the job; the plan shows its pick for a fresh
     start, and sizes the memory check and the configs for that pick. The request leaves the
     strategy to the job's default."""
-    plan = dry(instance=instance, nodes=nodes, hyperparameters={"max_steps": steps})
+    plan = dry(instance=instance, nodes=nodes, hyperparameters={"max_steps": steps, "preset": preset})
     assert plan.summary["strategy"].startswith(strategy), plan.summary["strategy"]
     assert "strategy" not in plan.request["HyperParameters"]
     in_graph = strategy.startswith("fsdp")

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -327,6 +327,22 @@ def aot_eager() -> dict[str, str]:
     hooks): Dynamo and AOTAutograd without Inductor's C++ build, half a minute a process on CPU
     (trainer._compile). Inductor itself runs in test_compile_default.py and test_training_forward.py."""
     return {"DISTRAIN_COMPILE_BACKEND": "aot_eager"}
+
+
+@pytest.fixture
+def auto_as_on_gpus() -> Callable[..., dict[str, str]]:
+    """`auto_as_on_gpus(min_steps=, max_params=)`: a run's environment under which --strategy auto
+    decides as on CUDA GPUs of one node, with these thresholds (auto_shim/sitecustomize.py)."""
+
+    def env(*, min_steps: int, max_params: int) -> dict[str, str]:
+        shim = str(Path(__file__).parent / "auto_shim")
+        return {
+            "PYTHONPATH": os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")])),
+            "DISTRAIN_TEST_AUTO_MIN_STEPS": str(min_steps),
+            "DISTRAIN_TEST_AUTO_MAX_PARAMS": str(max_params),
+        }
+
+    return env
 
 
 @pytest.fixture

@@ -110,7 +110,7 @@ FAIL_BACKWARD = "DISTRAIN_TEST_COMPILED_BACKWARD_FAIL"  # trainer._backward's te
     ids=["model", "model-slow-link", "block", "model-backward-fails"],
 )
 def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
-    train, no_dropout_config, aot_eager, unit, bucket_mb, unit_line, graphs, fails, slow_link
+    train, no_dropout_config, aot_eager, auto_as_on_gpus, unit, bucket_mb, unit_line, graphs, fails, slow_link
 ):
     """--compile under DDP trains like one eager process on the same global batches, whichever
     --compile-unit: the whole model (Dynamo's DDP graph splitting, with the compiled default of one
@@ -144,6 +144,10 @@ def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
     one = train(*flags, "--batch-size", "16", name="lm-one")
     compiled = ["--compile", "--compile-unit", unit]
     env = {**aot_eager, **({FAIL_BACKWARD: "1"} if fails else {}), **({"NCCL_P2P_DISABLE": "1"} if slow_link else {})}
+    if (unit, fails, slow_link) == ("model", False, False):
+        # --strategy auto (the default) as on GPUs, whose model is too big for the in-graph engine: it
+        # is ddp once the model is loaded, and its buckets are said then.
+        env |= auto_as_on_gpus(min_steps=8, max_params=1000)
     two = train(*flags, "--batch-size", "8", *compiled, name="lm-two-compiled", processes=2, env=env)
     assert one.returncode == 0, one.describe()
     assert two.returncode == 0, two.describe()
@@ -152,6 +156,11 @@ def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
          "from here (--no-compile avoids it)"] if fails else []
     )  # fmt: skip
     assert two.lines("ddp_bucket_mb=") == [f"ddp_bucket_mb={bucket_mb}"]
+    assert two.lines("strategy=") == (
+        ["strategy=ddp (auto: no CUDA GPUs)"]
+        if (unit, fails, slow_link) != ("model", False, False)
+        else ["strategy=ddp (auto: 180,608 parameters: above 1,000 fsdp's in-graph engine is not faster)"]
+    ), two.describe()
     assert two.lines("ddp: ") == (
         ["ddp: NCCL_P2P_DISABLE is set: small gradient buckets, so the all-reduces overlap the backward"]
         if slow_link else []

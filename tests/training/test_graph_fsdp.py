@@ -118,19 +118,25 @@ def test_shards_cut_for_another_number_of_processes_are_the_ones_that_number_wou
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_in_graph_fsdp_resumes_on_another_number_of_processes(train, aot_eager, no_dropout_config):
+def test_in_graph_fsdp_resumes_on_another_number_of_processes(train, aot_eager, auto_as_on_gpus, no_dropout_config):
     """A spot job back on an instance with another GPU count: step 4's checkpoint of 2 processes
     resumes on 1, its shards (weights and AdamW moments) cut from both files, with twice the
     micro-batches a step (checkpoint.resume_batches), and trains on as the 2 processes did (no
-    dropout: only the order of the reductions differs). The resumed run leaves --strategy at its
-    default, auto, which takes the checkpoint's engine (strategies.resolve_auto): on one process it
-    would otherwise pick ddp. A folder missing a process's file (several nodes, no shared disk) is
-    refused in one line."""
+    dropout: only the order of the reductions differs). Both runs leave --strategy at its default,
+    auto (strategies.resolve_auto): the first decides as on GPUs, and picks the engine once the
+    model is loaded and found small enough; the resumed one takes its checkpoint's engine, where on
+    one process it would otherwise pick ddp. A folder missing a process's file (several nodes, no
+    shared disk) is refused in one line."""
     flags = [*lm_flags(no_dropout_config), *IN_GRAPH, "--save-every", "4", "--log-every", "1"]
-    two = train(*flags, "--keep-checkpoints", "4", name="two", processes=2, env=aot_eager)
-    assert two.returncode == 0, two.describe()
-    train.with_checkpoint("one", two, 4)
     auto = [*lm_flags(no_dropout_config), "--compile", "--save-every", "4", "--log-every", "1"]
+    as_on_gpus = {**aot_eager, **auto_as_on_gpus(min_steps=8, max_params=10**6)}
+    two = train(*auto, "--keep-checkpoints", "4", name="two", processes=2, env=as_on_gpus)
+    assert two.returncode == 0, two.describe()
+    picked = "auto: sharded in the compiled graph: 8 steps of 180,608 parameters on 2 GPUs of one node repay its"
+    assert [line[: 15 + len(picked)] for line in two.lines("strategy=")] == [f"strategy=fsdp ({picked}"]
+    assert two.lines("fsdp_sharding=")[0].startswith("fsdp_sharding=in-graph weights=28 processes=2 (auto:")
+    assert two.lines("ddp_bucket_mb=") == []
+    train.with_checkpoint("one", two, 4)
     on = train(*auto, name="one", env=aot_eager)
     assert on.returncode == 0, on.describe()
     assert on.lines("strategy=") == [

@@ -112,39 +112,43 @@ def test_a_slow_link_is_named_only_where_it_made_the_default_small():
 
 
 LONG = ["--max-steps", "30000"]
-IN_GRAPH = "sharded in the compiled graph: 30,000 steps on 4 GPUs of one node repay its longer first compile"
+SMALL, XL = 124_439_808, 1_557_611_200  # GPT-2 small and XL, embeddings included
+IN_GRAPH = "sharded in the compiled graph: 30,000 steps of 124M parameters on 4 GPUs of one node repay its"
 
 
 @pytest.mark.parametrize(
-    "flags, world, cuda, link, saved, strategy, why",
+    "flags, world, cuda, link, saved, params, strategy, why",
     [
-        (LONG, 4, True, None, None, "fsdp", IN_GRAPH),
-        (["--max-steps", "29999"], 4, True, None, None, "ddp", "29,999 --max-steps: below 30,000 steps fsdp's"),
-        (["--epochs", "3"], 4, True, None, None, "ddp", "--epochs: below 30,000 steps"),  # length unknown yet
-        (LONG, 1, True, None, None, "ddp", "one process"),
-        (LONG, 2, False, None, None, "ddp", "no CUDA GPUs"),
-        ([*LONG, "--no-compile"], 4, True, None, None, "ddp", "--no-compile"),
-        ([*LONG, "--compile-unit", "block"], 4, True, None, None, "ddp", "--compile-unit block"),
-        ([*LONG, "--grad-accum", "2"], 4, True, None, None, "ddp", "--grad-accum 2: DDP syncs once a step"),
-        (LONG, 8, True, "processes on 2 nodes", None, "ddp", "processes on 2 nodes, where its small buckets"),
-        ([*LONG, "--ddp-bucket-mb", "100"], 4, True, None, None, "ddp", "--ddp-bucket-mb applies to ddp"),
-        ([*LONG, "--task", "causal-lm", "--fused-ce"], 4, True, None, None, "ddp", "--fused-ce: not measured"),
-        # A resumed run keeps the checkpoint's engine, whatever its flags and processes now.
-        (["--max-steps", "10"], 1, False, None, {"strategy": "fsdp", "sharding": "in-graph"}, "fsdp", "sharded in"),
-        (LONG, 4, True, None, {"strategy": "ddp"}, "ddp", "as the checkpoint it resumes was trained"),
-        (LONG, 4, True, None, {"strategy": "fsdp"}, "fsdp", IN_GRAPH),  # FSDP2's: check_resumable refuses it
+        (LONG, 4, True, None, None, SMALL, "fsdp", IN_GRAPH),
+        (LONG, 4, True, None, None, XL, "ddp", "1,558M parameters: above 200M fsdp's in-graph engine is not faster"),
+        (LONG, 4, True, None, None, None, "auto", None),  # left to the model's size, once it is known
+        (["--max-steps", "29999"], 4, True, None, None, None, "ddp", "29,999 --max-steps: below 30,000 steps fsdp's"),
+        (["--epochs", "3"], 4, True, None, None, SMALL, "ddp", "--epochs: below 30,000 steps"),  # length unknown yet
+        (LONG, 1, True, None, None, SMALL, "ddp", "one process"),
+        (LONG, 2, False, None, None, SMALL, "ddp", "no CUDA GPUs"),
+        ([*LONG, "--no-compile"], 4, True, None, None, SMALL, "ddp", "--no-compile"),
+        ([*LONG, "--compile-unit", "block"], 4, True, None, None, SMALL, "ddp", "--compile-unit block"),
+        ([*LONG, "--grad-accum", "2"], 4, True, None, None, SMALL, "ddp", "--grad-accum 2: DDP syncs once a step"),
+        (LONG, 8, True, "processes on 2 nodes", None, SMALL, "ddp", "processes on 2 nodes, where its small buckets"),
+        ([*LONG, "--ddp-bucket-mb", "100"], 4, True, None, None, SMALL, "ddp", "--ddp-bucket-mb applies to ddp"),
+        ([*LONG, "--task", "causal-lm", "--fused-ce"], 4, True, None, None, SMALL, "ddp", "--fused-ce: not measured"),
+        # A resumed run keeps the checkpoint's engine, whatever its flags, processes and size now.
+        (["--max-steps", "10"], 1, False, None, {"strategy": "fsdp", "sharding": "in-graph"}, XL, "fsdp", "sharded"),
+        (LONG, 4, True, None, {"strategy": "ddp"}, SMALL, "ddp", "as the checkpoint it resumes was trained"),
+        (LONG, 4, True, None, {"strategy": "fsdp"}, SMALL, "fsdp", IN_GRAPH),  # FSDP2's: check_resumable refuses it
     ],
 )
-def test_auto_picks_in_graph_fsdp_only_for_long_compiled_runs_on_one_nodes_gpus(
-    flags, world, cuda, link, saved, strategy, why
+def test_auto_picks_in_graph_fsdp_only_for_long_compiled_runs_of_small_models_on_one_nodes_gpus(
+    flags, world, cuda, link, saved, params, strategy, why
 ):
     from distrain_cloud.training.args import parse_args
     from distrain_cloud.training.strategies import resolve_auto
 
     args = parse_args(flags)
     assert args.strategy == "auto"  # the default
-    got, reason = resolve_auto(args, world=world, cuda=cuda, slow_link=link, saved=saved)
-    assert got.strategy == strategy and reason.startswith("auto: " + why), reason
+    got, reason = resolve_auto(args, world=world, cuda=cuda, slow_link=link, saved=saved, params=params)
+    assert got.strategy == strategy, reason
+    assert reason is None if why is None else reason.startswith("auto: " + why), reason
     assert (got.compile_unit == "model") is (strategy == "fsdp")  # fsdp's in-graph engine (fsdp_in_graph)
     assert resolve_auto(parse_args(["--strategy", "ddp", *LONG]), world=4, cuda=True, slow_link=None) == (
         parse_args(["--strategy", "ddp", *LONG]),
