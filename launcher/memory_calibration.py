@@ -115,6 +115,7 @@ S12 = "2026-11-27-h200x4-session12"
 S13 = "2026-11-27-h200x4-session13"
 S14 = "2026-11-27-h200x4-session14"
 S15, S15_H100 = "2026-11-27-h200x2-session15", "2026-11-27-h100x1-session15"
+S16 = "2026-11-27-h200x4-session16"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -500,6 +501,30 @@ CONFIGS: tuple[Config, ...] = (
         (f"{S15_H100}-single", OURS_C1, 8.7395, 17.68))),
     Config("gpt2-small", 1, "single", compiled=True, impl="trainer", runs=_runs("H100",
         (f"{S15_H100}-single", HF_COMPILED, 11.7706, 14.81))),
+    # session 16 (4xH200, hosts R and S): weak scaling of in-graph fsdp beside compiled DDP on 4 GPUs; XL ddp
+    Config("gpt2-small", 4, "fsdp", compiled=True, kv_cache=False, logits_output=False, compile_unit="model",
+           runs=_runs("H200",
+        (f"{S16}-scaling", "ours-gpt2-small-fsdp-compile-g4-b16-k1-ingraph", 7.1116, 19.62),
+        (f"{S16}-scaling-again", "ours-gpt2-small-fsdp-compile-g4-b16-k1-ingraph", 7.1090, 18.89))),
+    Config("gpt2-small", 2, "fsdp", compiled=True, kv_cache=False, logits_output=False, compile_unit="model",
+           runs=_runs("H200",
+        (f"{S16}-scaling", "ours-gpt2-small-fsdp-compile-g2-b16-k1-ingraph", 7.4715, 19.16),
+        (f"{S16}-scaling-again", "ours-gpt2-small-fsdp-compile-g2-b16-k1-ingraph", 7.4779, 19.28))),
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S16}-scaling", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.71),
+        (f"{S16}-scaling-again", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.2159, 20.65))),
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S16}-scaling", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2158, 20.71),
+        (f"{S16}-scaling-again", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2159, 20.65))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S16}-scaling", OURS_C1, 8.7407, 18.26),
+        (f"{S16}-scaling-again", OURS_C1, 8.7401, 18.23))),
+    Config("gpt2-xl", 4, "ddp", batch_size=4, compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S16}-xl", "ours-gpt2-xl-ddp-compile-g4-b4-k1-ddpc", 38.3634, 43.17))),
+    # its first 5 steps took 5m56s (the compile), and the deadline cut it then: the peak is the step's
+    Config("gpt2-xl", 4, "fsdp", batch_size=4, compiled=True, kv_cache=False, logits_output=False,
+           compile_unit="model", runs=_runs("H200",
+        (f"{S16}-xl", "ours-gpt2-xl-fsdp-compile-g4-b4-k1-ingraph", 19.4750, 25.10))),
 )  # fmt: skip
 
 
