@@ -230,10 +230,11 @@ def fsdp_in_graph(args, *, cuda: bool) -> tuple[bool, str]:
 # stays with compiled DDP, as it does where the in-graph engine is unmeasured: over slower links
 # (several nodes, PCIe cards: DDP's small buckets overlap the backward there), with gradient
 # accumulation (each micro-batch would gather the weights again, where DDP syncs once a step), eager,
-# and with --fused-ce. And for bigger models: at GPT-2 XL (1.56B) on 4 H200s, micro-batch 4, compiled
-# DDP ran 122,233 tokens/s (session 16) and the in-graph engine 120,065 (session 14, another host),
-# with a first compile of about 6 minutes: no faster, so nothing repays it there. Sizes between
-# are not measured; auto takes the engine up to AUTO_IN_GRAPH_MAX_PARAMS, near the size measured.
+# with --fused-ce, and for tasks other than causal-lm (measured on GPT-2 only). And for bigger
+# models: at GPT-2 XL (1.56B) on 4 H200s, micro-batch 4, compiled DDP ran 122,233 tokens/s (session
+# 16) and the in-graph engine 120,065 (session 14, another host), with a first compile of about 6
+# minutes: no faster, so nothing repays it there. Sizes between are not measured; auto takes the
+# engine up to AUTO_IN_GRAPH_MAX_PARAMS, near the size measured.
 AUTO_IN_GRAPH_MIN_STEPS = 30_000
 AUTO_IN_GRAPH_MAX_PARAMS = 200_000_000
 # Flags that only ddp reads: they pin auto to ddp.
@@ -282,8 +283,8 @@ def resolve_auto(
         why = f"{slow_link}, where its small buckets overlap the backward"
     elif args.grad_accum > 1:
         why = f"--grad-accum {args.grad_accum}: DDP syncs once a step"
-    elif args.fused_ce:
-        why = "--fused-ce: not measured sharded in the graph"
+    elif args.fused_ce or args.task != "causal-lm":
+        why = f"{'--fused-ce' if args.fused_ce else '--task ' + args.task}: not measured sharded in the graph"
     elif args.max_steps is None or args.max_steps < AUTO_IN_GRAPH_MIN_STEPS:
         length = "--epochs" if args.max_steps is None else f"{args.max_steps:,} --max-steps"
         why = f"{length}: below {AUTO_IN_GRAPH_MIN_STEPS:,} steps fsdp's in-graph compile does not repay itself"

@@ -154,7 +154,9 @@ def test_the_plan_shows_what_the_default_strategy_picks_on_the_instance(
     """--strategy auto (the default) is resolved in the job; the plan shows its pick for a fresh
     start, and sizes the memory check and the configs for that pick. The request leaves the
     strategy to the job's default."""
-    plan = dry(instance=instance, nodes=nodes, hyperparameters={"max_steps": steps, "preset": preset})
+    plan = dry(
+        instance=instance, nodes=nodes, hyperparameters={"task": "causal-lm", "max_steps": steps, "preset": preset}
+    )
     assert plan.summary["strategy"].startswith(strategy), plan.summary["strategy"]
     assert "strategy" not in plan.request["HyperParameters"]
     in_graph = strategy.startswith("fsdp")

@@ -111,7 +111,7 @@ def test_a_slow_link_is_named_only_where_it_made_the_default_small():
     assert ddp_buckets_for(parse_args(["--ddp-bucket-mb", "100"]), True, slow) == (100, None)  # as asked
 
 
-LONG = ["--max-steps", "30000"]
+LONG = ["--task", "causal-lm", "--max-steps", "30000"]
 SMALL, XL = 124_439_808, 1_557_611_200  # GPT-2 small and XL, embeddings included
 IN_GRAPH = "sharded in the compiled graph: 30,000 steps of 124M parameters on 4 GPUs of one node repay its"
 
@@ -122,8 +122,26 @@ IN_GRAPH = "sharded in the compiled graph: 30,000 steps of 124M parameters on 4 
         (LONG, 4, True, None, None, SMALL, "fsdp", IN_GRAPH),
         (LONG, 4, True, None, None, XL, "ddp", "1,558M parameters: above 200M fsdp's in-graph engine is not faster"),
         (LONG, 4, True, None, None, None, "auto", None),  # left to the model's size, once it is known
-        (["--max-steps", "29999"], 4, True, None, None, None, "ddp", "29,999 --max-steps: below 30,000 steps fsdp's"),
-        (["--epochs", "3"], 4, True, None, None, SMALL, "ddp", "--epochs: below 30,000 steps"),  # length unknown yet
+        (
+            ["--task", "causal-lm", "--max-steps", "29999"],
+            4,
+            True,
+            None,
+            None,
+            None,
+            "ddp",
+            "29,999 --max-steps: below 30,000 steps fsdp's",
+        ),
+        (
+            ["--task", "causal-lm", "--epochs", "3"],
+            4,
+            True,
+            None,
+            None,
+            SMALL,
+            "ddp",
+            "--epochs: below 30,000 steps",
+        ),  # length unknown yet
         (LONG, 1, True, None, None, SMALL, "ddp", "one process"),
         (LONG, 2, False, None, None, SMALL, "ddp", "no CUDA GPUs"),
         ([*LONG, "--no-compile"], 4, True, None, None, SMALL, "ddp", "--no-compile"),
@@ -132,6 +150,7 @@ IN_GRAPH = "sharded in the compiled graph: 30,000 steps of 124M parameters on 4 
         (LONG, 8, True, "processes on 2 nodes", None, SMALL, "ddp", "processes on 2 nodes, where its small buckets"),
         ([*LONG, "--ddp-bucket-mb", "100"], 4, True, None, None, SMALL, "ddp", "--ddp-bucket-mb applies to ddp"),
         ([*LONG, "--task", "causal-lm", "--fused-ce"], 4, True, None, None, SMALL, "ddp", "--fused-ce: not measured"),
+        ([*LONG, "--task", "masked-lm"], 4, True, None, None, SMALL, "ddp", "--task masked-lm: not measured"),
         # A resumed run keeps the checkpoint's engine, whatever its flags, processes and size now.
         (["--max-steps", "10"], 1, False, None, {"strategy": "fsdp", "sharding": "in-graph"}, XL, "fsdp", "sharded"),
         (LONG, 4, True, None, {"strategy": "ddp"}, SMALL, "ddp", "as the checkpoint it resumes was trained"),
