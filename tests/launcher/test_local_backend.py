@@ -70,7 +70,7 @@ def test_bad_flag_value_is_one_line_and_creates_nothing(cli, tmp_path):
     r = cli("submit", "--instance", "local", "--strategy", "zero9", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        "error: the command line: strategy (--strategy): unknown strategy 'zero9'; choose one of: single, ddp, "
+        "error: the command line: strategy (--strategy): unknown strategy 'zero9'; choose one of: auto, single, ddp, "
         "zero1, zero2, zero3, zero2-offload, zero3-offload, fsdp"
     ]
     assert not (tmp_path / "runs").exists()
@@ -146,7 +146,7 @@ def test_resume_from_refuses_another_strategy_task_or_model_in_one_line(cli, tmp
     (tmp_path / "runs" / name / "checkpoints").mkdir(parents=True)
     new_task = ("--", "--task", "masked-lm", "--preset", "tiny-bert")
     cases = {
-        ("--strategy", "zero2"): "that job trained strategy ddp, this one asks for strategy zero2",
+        ("--strategy", "zero2"): "that job trained strategy auto, this one asks for strategy zero2",
         new_task: "trained task causal-lm, this one asks for task masked-lm",
         ("--", "--preset", "tiny-bert"): "trained model preset tiny-gpt2, this one asks for model preset tiny-bert",
     }
