@@ -100,6 +100,8 @@ class Trainer:
             self.fsdp_why = self.auto_why or self.fsdp_why
         self.accelerator = self._make_accelerator(world, cuda=torch.cuda.is_available())
         acc = self.accelerator
+        if a.strategy != AUTO:  # else still undecided: said once the model is loaded
+            self._print_strategy()
         set_seed(a.seed)
         with _slow_phase("loading the tokenizer and data (tokenized once, then cached)", self._print):
             self._load_data()
@@ -110,10 +112,7 @@ class Trainer:
             a = self.args
             if self.strategy is Strategy.fsdp:  # the Accelerator is the same: in-graph fsdp takes no plugin
                 self.graph_sharded, self.fsdp_why = True, self.auto_why or ""
-            else:
-                self._print_ddp_buckets()
-        if self.auto_why:
-            self._print(f"strategy={self.strategy.value} ({self.auto_why})")
+            self._print_strategy()
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
             a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda"
         )
@@ -248,14 +247,14 @@ class Trainer:
         if fsdp_plugin is not None:
             _select_fsdp(accelerator, fsdp_plugin)
         self._ddp_buckets = bucket_mb, slow_link
-        self.accelerator = accelerator
-        if self.args.strategy == "ddp":  # else auto, still undecided: said once it is
-            self._print_ddp_buckets()
         return accelerator
 
-    def _print_ddp_buckets(self) -> None:
+    def _print_strategy(self) -> None:
+        """What --strategy auto picked and why, then DDP's buckets where it runs DDP."""
+        if self.auto_why:
+            self._print(f"strategy={self.strategy.value} ({self.auto_why})")
         bucket_mb, slow_link = self._ddp_buckets
-        if self.accelerator.num_processes > 1:
+        if self.strategy is Strategy.ddp and self.accelerator.num_processes > 1:
             self._print(f"ddp_bucket_mb={bucket_mb}")
             if slow_link:  # it made the default small
                 self._print(f"ddp: {slow_link}: small gradient buckets, so the all-reduces overlap the backward")
