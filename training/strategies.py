@@ -226,7 +226,7 @@ def fsdp_in_graph(args, *, cuda: bool) -> tuple[bool, str]:
 # 92.1-92.2% (4 H200s, two invocations; 2 H200s in session 15: 96.0-96.7% against 92.5-92.6%), with
 # a quarter less memory: 1.5 ms a step faster at 2 GPUs, 2.3 ms at 4. Its first compile is 47-60 s
 # longer (78.6 s against 31.6 s at 2 GPUs, 89.7 s at 4), which those savings repay after about 31,000
-# steps at 2 GPUs and 26,000 at 4 (bench/README.md, session 16). Below this many --max-steps, auto
+# steps at 2 GPUs and 26,000 at 4 (bench/README.md, session 16). Below this many steps, auto
 # stays with compiled DDP, as it does where the in-graph engine is unmeasured: over slower links
 # (several nodes, PCIe cards: DDP's small buckets overlap the backward there), with gradient
 # accumulation (each micro-batch would gather the weights again, where DDP syncs once a step), eager,
@@ -253,6 +253,7 @@ def resolve_auto(
     slow_link: str | None,
     saved: Mapping[str, Any] | None = None,
     params: int | None = None,
+    steps: int | None = None,
 ) -> tuple[Any, str | None]:
     """A TrainArgs `args` with --strategy auto made concrete for `world` processes, and why (the
     job's log line and the plan say it); other strategies come back as they are, with None.
@@ -260,9 +261,10 @@ def resolve_auto(
     A resumed run (`saved`: the newest checkpoint's trainer state) keeps the strategy its
     checkpoint was trained with, so another --max-steps or process count never meets a checkpoint
     of the other engine. Otherwise ddp, or fsdp sharded inside the compiled graph for compiled runs
-    of AUTO_IN_GRAPH_MIN_STEPS+ on GPUs of one node over NVLink (`slow_link`: slow_gpu_link) of
-    models of up to AUTO_IN_GRAPH_MAX_PARAMS `params`. While `params` is not known (None) and only
-    the size is left to decide, `args` come back still auto, with None."""
+    of AUTO_IN_GRAPH_MIN_STEPS+ optimizer steps (--max-steps, else `steps`: --epochs counted once
+    the data is loaded) on GPUs of one node over NVLink (`slow_link`: slow_gpu_link) of models of up
+    to AUTO_IN_GRAPH_MAX_PARAMS `params`. While only the model's size or the run's length is left
+    to decide and is not known (None), `args` come back still auto, with None."""
     if args.strategy != AUTO:
         return args, None
     ddp = replace(args, strategy=Strategy.ddp.value)
@@ -285,18 +287,19 @@ def resolve_auto(
         why = f"--grad-accum {args.grad_accum}: DDP syncs once a step"
     elif args.fused_ce or args.task != "causal-lm":
         why = f"{'--fused-ce' if args.fused_ce else '--task ' + args.task}: not measured sharded in the graph"
-    elif args.max_steps is None or args.max_steps < AUTO_IN_GRAPH_MIN_STEPS:
-        length = "--epochs" if args.max_steps is None else f"{args.max_steps:,} --max-steps"
-        why = f"{length}: below {AUTO_IN_GRAPH_MIN_STEPS:,} steps fsdp's in-graph compile does not repay itself"
+    length = args.max_steps if args.max_steps is not None else steps
+    if not why and length is not None and length < AUTO_IN_GRAPH_MIN_STEPS:
+        counted = f"{length:,} --max-steps" if args.max_steps is not None else f"{length:,} steps in --epochs"
+        why = f"{counted}: below {AUTO_IN_GRAPH_MIN_STEPS:,} fsdp's in-graph compile does not repay itself"
     if why:
         return ddp, f"auto: {why}"
-    if params is None:
+    if params is None or length is None:
         return args, None
     size = f"{_count(params)} parameters"
     if params > AUTO_IN_GRAPH_MAX_PARAMS:
         return ddp, f"auto: {size}: above {_count(AUTO_IN_GRAPH_MAX_PARAMS)} fsdp's in-graph engine is not faster"
     return in_graph, (
-        f"auto: sharded in the compiled graph: {args.max_steps:,} steps of {size} on {world} GPUs of one node "
+        f"auto: sharded in the compiled graph: {length:,} steps of {size} on {world} GPUs of one node "
         "repay its longer first compile (--strategy ddp to opt out)"
     )
 
@@ -483,10 +486,14 @@ def planned_strategy(
     slow = _planned_link(world_size, nodes, gpu_model) if world_size > 1 else None
     resolved, why = resolve_auto(args, world=world_size, cuda=cuda, slow_link=slow, saved=saved, params=params)
     if resolved.strategy == AUTO:
+        unknown = " and ".join(
+            what
+            for what, missing in (("the model's size", params is None), ("the run's steps", args.max_steps is None))
+            if missing
+        )
         return replace(args, strategy=Strategy.ddp.value), (
-            f"auto: ddp, or fsdp sharded in the compiled graph if the model has at most "
-            f"{_count(AUTO_IN_GRAPH_MAX_PARAMS)} parameters "
-            "(its size is not known here: the job decides)"
+            f"auto: ddp, or fsdp sharded in the compiled graph for {AUTO_IN_GRAPH_MIN_STEPS:,}+ steps of a model of "
+            f"at most {_count(AUTO_IN_GRAPH_MAX_PARAMS)} parameters: the job decides, once it knows {unknown}"
         )
     return resolved, why
 

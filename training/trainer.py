@@ -107,17 +107,18 @@ class Trainer:
             self._load_data()
         with _slow_phase(f"loading the model {a.model or a.model_config or ''} (downloaded on first use)", self._print):
             model = self._load_model()
-        if self.args.strategy == AUTO:  # left to the model's size, known now
-            self._resolve_auto(world, cuda=torch.cuda.is_available(), params=sum(p.numel() for p in model.parameters()))
-            a = self.args
-            if self.strategy is Strategy.fsdp:  # the Accelerator is the same: in-graph fsdp takes no plugin
-                self.graph_sharded, self.fsdp_why = True, self.auto_why or ""
-            self._print_strategy()
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
             a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda"
         )
         self.steps_per_epoch = max(1, len(self.train_sampler) // a.grad_accum)
         self.max_steps = a.max_steps if a.max_steps is not None else math.ceil(a.epochs * self.steps_per_epoch)
+        if self.args.strategy == AUTO:  # left to the model's size and the run's steps, known now
+            params = sum(p.numel() for p in model.parameters())
+            self._resolve_auto(world, cuda=torch.cuda.is_available(), params=params, steps=self.max_steps)
+            a = self.args
+            if self.strategy is Strategy.fsdp:  # the Accelerator is the same: in-graph fsdp takes no plugin
+                self.graph_sharded, self.fsdp_why = True, self.auto_why or ""
+            self._print_strategy()
         cuda = acc.device.type == "cuda"
         blocks = bool(_transformer_blocks(model))
         self.compiled, self.compile_why = compile_decision(
@@ -151,11 +152,12 @@ class Trainer:
                 )
         self._compile(torch)
 
-    def _resolve_auto(self, world: int, *, cuda: bool, params: int | None = None) -> None:
+    def _resolve_auto(self, world: int, *, cuda: bool, params: int | None = None, steps: int | None = None) -> None:
         """Make --strategy auto concrete (strategies.resolve_auto) for this launch: its processes,
-        its GPUs' link, the checkpoint it resumes, if any (read by every process: one node's), and
-        the model's size (`params`). Before the model is loaded, auto may stay undecided: ddp and
-        fsdp sharded in the graph, its two picks, build the same Accelerator."""
+        its GPUs' link, the checkpoint it resumes, if any (read by every process: one node's), the
+        model's size (`params`) and the run's optimizer steps (`steps`). Before the model and data
+        are loaded, auto may stay undecided: ddp and fsdp sharded in the graph, its two picks,
+        build the same Accelerator and loaders."""
         if self.args.strategy != AUTO:
             return
         from . import checkpoint
@@ -163,7 +165,7 @@ class Trainer:
         slow = slow_gpu_link(os.environ, *_local_gpu(cuda)) if world > 1 and cuda else None
         saved = checkpoint.newest_state(self.contract.checkpoint_dir)
         args, self.auto_why = resolve_auto(
-            self.args, world=world, cuda=cuda, slow_link=slow, saved=saved, params=params
+            self.args, world=world, cuda=cuda, slow_link=slow, saved=saved, params=params, steps=steps
         )
         if args.strategy != AUTO:
             self.args, self.strategy = args, parse_strategy(args.strategy)

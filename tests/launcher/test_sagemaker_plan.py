@@ -136,7 +136,9 @@ def test_the_plan_shows_the_ddp_buckets_the_training_processes_will_pick(offline
     [
         ("ml.p4d.24xlarge", 1, 30000, "gpt2-small", "fsdp (auto: sharded in the compiled graph: 30,000 steps of 124M"),
         ("ml.p4d.24xlarge", 1, 30000, "gpt2-xl", "ddp (auto: 1,558M parameters: above 200M fsdp's in-graph engine"),
-        ("ml.p4d.24xlarge", 1, 1000, "gpt2-small", "ddp (auto: 1,000 --max-steps: below 30,000 steps fsdp's in-graph"),
+        ("ml.p4d.24xlarge", 1, 1000, "gpt2-small", "ddp (auto: 1,000 --max-steps: below 30,000 fsdp's in-graph"),
+        # counted in --epochs: the plan cannot know the steps, the job will
+        ("ml.p4d.24xlarge", 1, None, "gpt2-small", "ddp (auto: ddp, or fsdp sharded in the compiled graph for 30,000+"),
         ("ml.p4d.24xlarge", 2, 30000, "gpt2-small", "ddp (auto: processes on 2 nodes, where its small buckets overlap"),
         (
             "ml.g5.12xlarge",
@@ -154,9 +156,8 @@ def test_the_plan_shows_what_the_default_strategy_picks_on_the_instance(
     """--strategy auto (the default) is resolved in the job; the plan shows its pick for a fresh
     start, and sizes the memory check and the configs for that pick. The request leaves the
     strategy to the job's default."""
-    plan = dry(
-        instance=instance, nodes=nodes, hyperparameters={"task": "causal-lm", "max_steps": steps, "preset": preset}
-    )
+    hp = {"task": "causal-lm", "preset": preset, **({"max_steps": steps} if steps else {})}
+    plan = dry(instance=instance, nodes=nodes, hyperparameters=hp)
     assert plan.summary["strategy"].startswith(strategy), plan.summary["strategy"]
     assert "strategy" not in plan.request["HyperParameters"]
     in_graph = strategy.startswith("fsdp")

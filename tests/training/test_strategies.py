@@ -130,18 +130,9 @@ IN_GRAPH = "sharded in the compiled graph: 30,000 steps of 124M parameters on 4 
             None,
             None,
             "ddp",
-            "29,999 --max-steps: below 30,000 steps fsdp's",
+            "29,999 --max-steps: below 30,000 fsdp's",
         ),
-        (
-            ["--task", "causal-lm", "--epochs", "3"],
-            4,
-            True,
-            None,
-            None,
-            SMALL,
-            "ddp",
-            "--epochs: below 30,000 steps",
-        ),  # length unknown yet
+        (["--task", "causal-lm", "--epochs", "3"], 4, True, None, None, SMALL, "auto", None),  # until the data is
         (LONG, 1, True, None, None, SMALL, "ddp", "one process"),
         (LONG, 2, False, None, None, SMALL, "ddp", "no CUDA GPUs"),
         ([*LONG, "--no-compile"], 4, True, None, None, SMALL, "ddp", "--no-compile"),
@@ -173,3 +164,21 @@ def test_auto_picks_in_graph_fsdp_only_for_long_compiled_runs_of_small_models_on
         parse_args(["--strategy", "ddp", *LONG]),
         None,
     )
+
+
+@pytest.mark.parametrize(
+    "steps, strategy, why",
+    [
+        (None, "auto", None),  # before the data is loaded
+        (40000, "fsdp", "sharded in the compiled graph: 40,000 steps of 124M parameters on 4 GPUs"),
+        (900, "ddp", "900 steps in --epochs: below 30,000 fsdp's in-graph compile does not repay itself"),
+    ],
+)
+def test_a_run_counted_in_epochs_is_decided_once_its_steps_are_known(steps, strategy, why):
+    from distrain_cloud.training.args import parse_args
+    from distrain_cloud.training.strategies import resolve_auto
+
+    args = parse_args(["--task", "causal-lm", "--epochs", "3"])
+    got, reason = resolve_auto(args, world=4, cuda=True, slow_link=None, params=SMALL, steps=steps)
+    assert got.strategy == strategy, reason
+    assert reason is None if why is None else reason.startswith("auto: " + why), reason
