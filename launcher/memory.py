@@ -563,6 +563,7 @@ class Fit:
     hourly_usd: float | None  # every node, on demand
     usd_per_million_tokens: float | None  # from measured throughput only
     note: str  # why need or cost is missing, or where the throughput was measured
+    strategy: str = ""  # what the job runs there (--strategy auto picks per instance)
 
     @property
     def fits(self) -> bool:
@@ -608,13 +609,14 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
         )
         world = processes(job.strategy, instance, spec.nodes)
         need = estimate_job(job, shape, world).device_gib
+        runs = "fsdp in-graph" if job.strategy == "fsdp" and _compile_unit(job) == "model" else job.strategy
         cost, note = None, "no measurement"
         measured = measured_tokens_per_sec(job, shape, instance.gpu_model or "")
         if measured and hourly is not None:
             tokens_per_hour = measured[0] * world * 3600
             scaled = f"; x {world} GPUs, multi-GPU scaling not measured here" if world > 1 else ""
             cost, note = hourly / tokens_per_hour * 1e6, measured[1] + scaled
-        rows.append(Fit(instance.name, gpus, need, have, hourly, cost, note))
+        rows.append(Fit(instance.name, gpus, need, have, hourly, cost, note, runs))
     what = (
         f"{shape.name} ({shape.params / 1e6:,.0f}M params), {args.task}, {_strategy_words(args)}"
         f"{', compiled' if compiled(args) else ''}, micro-batch {args.batch_size} x {seq_len(args)} tokens, "
@@ -648,14 +650,18 @@ def measured_tokens_per_sec(args: TrainArgs, shape: ModelShape, gpu_model: str) 
 def render_fit_table(what: str, rows: list[Fit]) -> str:
     lines = [
         f"job: {what}",
-        f"{'fits':4}  {'instance':18} {'GPUs':10} {'need/GPU':>9} {'has/GPU':>8} {'$/h':>8}  $/M tokens",
+        f"{'fits':4}  {'instance':18} {'GPUs':10} {'strategy':13} {'need/GPU':>9} {'has/GPU':>8} {'$/h':>8}"
+        "  $/M tokens",
     ]
     for r in rows:
         need = f"{r.need_gib:.1f} GiB" if r.need_gib is not None else "-"
         price = f"{r.hourly_usd:.2f}" if r.hourly_usd is not None else "?"
         cost = f"{r.usd_per_million_tokens:.4f} ({r.note})" if r.usd_per_million_tokens is not None else r.note
         fits = "yes" if r.fits else "no"
-        lines.append(f"{fits:4}  {r.instance:18} {r.gpus:10} {need:>9} {r.have_gib:5.1f} GiB {price:>8}  {cost}")
+        line = (
+            f"{fits:4}  {r.instance:18} {r.gpus:10} {r.strategy or '-':13} {need:>9} {r.have_gib:5.1f} GiB {price:>8}"
+        )
+        lines.append(f"{line}  {cost}")
     lines.append(
         "need/GPU: estimated peak per GPU (launcher/memory.py, within 15% of measured H100/H200 peaks); "
         "$/M tokens: list price over measured throughput, where this exact configuration was measured"

@@ -309,6 +309,27 @@ def test_instances_fit_lists_the_types_that_fit_and_measured_costs_only(tmp_path
     assert p5["usd_per_million_tokens"] == pytest.approx(113.068 / (rate * 8 * 3600) * 1e6)
 
 
+def test_instances_fit_shows_what_the_default_strategy_runs_on_each_type(tmp_path, capsys):
+    """--strategy auto picks per instance: the in-graph engine on 8 NVLink A100s for a long run,
+    ddp on one GPU and over PCIe, and the memory each needs is estimated for that pick."""
+    from distrain_cloud.launcher import cli
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "instance: ml.p4d.24xlarge\nhyperparameters:\n  task: causal-lm\n  preset: gpt2-small\n"
+        "  block_size: 1024\n  max_steps: 50000\n"
+    )
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["instances", "--fit", str(spec)])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0, out
+    assert ", auto, compiled," in out.splitlines()[0]
+    strategy = {line.split()[1]: line.split()[5] for line in out.splitlines()[2:-1]}  # after "8 x A100"
+    assert strategy["ml.p4d.24xlarge"] == "fsdp" and strategy["ml.p3.2xlarge"] == "ddp", out
+    assert strategy["ml.g5.12xlarge"] == "ddp", out  # 4 A10Gs over PCIe
+    assert "fsdp in-graph" in next(line for line in out.splitlines() if "ml.p4d.24xlarge" in line)
+
+
 def test_instances_fit_refuses_a_model_it_cannot_size_in_one_line(tmp_path, capsys):
     from distrain_cloud.launcher import cli
 
