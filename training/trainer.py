@@ -252,8 +252,9 @@ class Trainer:
         return accelerator
 
     def _print_strategy(self) -> None:
-        """What --strategy auto picked and why, then DDP's buckets where it runs DDP."""
-        if self.auto_why:
+        """What --strategy auto picked and why (one process running plain ddp says nothing: the
+        usual quick check), then DDP's buckets where it runs DDP."""
+        if self.auto_why and (self.accelerator.num_processes > 1 or self.strategy is not Strategy.ddp):
             self._print(f"strategy={self.strategy.value} ({self.auto_why})")
         bucket_mb, slow_link = self._ddp_buckets
         if self.strategy is Strategy.ddp and self.accelerator.num_processes > 1:
