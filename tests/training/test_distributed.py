@@ -167,6 +167,9 @@ def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
     )  # fmt: skip
     assert two.lines("compile_unit=") == [unit_line]
     assert two.lines("compiled_graphs=") == [f"compiled_graphs={graphs}"]
+    # where the first compile went, by torch's own timers (the AOT Autograd phase holds aot_eager's)
+    (times,) = two.lines("compile_times=")
+    assert "create_aot_dispatcher_function:" in times and times.endswith("s"), times
     assert two.lines("compile_backend=") == ["compile_backend=aot_eager (DISTRAIN_COMPILE_BACKEND)"]
     assert one.train_losses.keys() == two.train_losses.keys() == {2, 4, 6, 8}
     for step, loss in one.train_losses.items():
