@@ -140,6 +140,33 @@ def model_shape(args: TrainArgs) -> ModelShape | None:
     return shape_from_config(preset, PRESETS[preset])
 
 
+def planned_run(
+    args: TrainArgs,
+    *,
+    world_size: int,
+    nodes: int,
+    gpu_model: str | None,
+    cuda: bool | None = None,
+    saved: dict[str, Any] | None = None,
+) -> tuple[TrainArgs, str]:
+    """`args` with --strategy auto as the job will resolve it on this hardware
+    (strategies.planned_strategy, with the model's size from model_shape), and the strategy as a
+    plan shows it: auto's pick and why."""
+    from distrain_cloud.training.strategies import planned_strategy
+
+    shape = model_shape(args)
+    resolved, why = planned_strategy(
+        args,
+        world_size=world_size,
+        nodes=nodes,
+        gpu_model=gpu_model,
+        cuda=cuda,
+        saved=saved,
+        params=shape.params if shape else None,
+    )
+    return resolved, f"{resolved.strategy} ({why})" if why else resolved.strategy
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
@@ -409,10 +436,10 @@ def compiled(args: TrainArgs) -> bool:
     """Whether the job will run compiled on a GPU, as the trainer decides it (compile_decision).
     With neither --max-steps nor --compile the run's length is not known here: it is taken as
     long enough to compile (a short run stays eager and needs more memory than estimated)."""
-    from distrain_cloud.training.strategies import AUTO, COMPILE_MIN_STEPS, Strategy, compile_decision
+    from distrain_cloud.training.strategies import COMPILE_MIN_STEPS, compile_decision, provisional_strategy
 
-    try:  # auto compiles as ddp does, whichever it picks (both compile the whole model)
-        strategy = Strategy(Strategy.ddp if args.strategy == AUTO else args.strategy)
+    try:
+        strategy = provisional_strategy(args.strategy)
     except ValueError:
         return bool(args.compile)
     steps = COMPILE_MIN_STEPS if args.max_steps is None else args.max_steps

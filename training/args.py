@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, NoReturn
 
-from .strategies import AUTO, BLOCK_COMPILED, PRECISIONS, STRATEGY_CHOICES, Strategy
+from .strategies import AUTO, BLOCK_COMPILED, PRECISIONS, STRATEGY_CHOICES, provisional_strategy
 
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
@@ -372,7 +372,7 @@ def validate(a: TrainArgs) -> None:
                 "--fsdp-blocks-per-unit applies to fsdp's FSDP2 units (--compile-unit block, its default); "
                 "--compile-unit model shards every weight inside the compiled graph instead"
             )
-        strategy = Strategy(Strategy.ddp if a.strategy == AUTO else a.strategy)
+        strategy = provisional_strategy(a.strategy)
         if a.compile_unit == "block" and strategy.uses_deepspeed and strategy not in BLOCK_COMPILED:
             raise ArgumentError(
                 f"--compile-unit block applies to --strategy ddp, single, fsdp, zero3 or zero3-offload, "

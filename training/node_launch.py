@@ -20,7 +20,7 @@ from pathlib import Path
 from . import quiet
 from .args import parse_args
 from .contract import STOP_EXIT_CODES, Contract
-from .strategies import AUTO, ClusterShape, Strategy, accelerate_config, parse_strategy
+from .strategies import ClusterShape, accelerate_config, provisional_strategy
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,8 @@ def plan_node(
         main_port=contract.main_port,
         use_cpu=use_cpu,
     )
-    # auto launches as ddp: fsdp sharded in the graph, its other pick, launches the same way
-    # (torchrun, no plugin) on several processes; on one (resuming its checkpoint) the trainer
-    # describes the one-process group itself.
-    strategy = parse_strategy(Strategy.ddp.value if args.strategy == AUTO else args.strategy)
+    # On one process resuming an in-graph checkpoint, auto's trainer describes its one-process group itself.
+    strategy = provisional_strategy(args.strategy)
     config = accelerate_config(strategy, cluster, precision=args.precision)
     env = {}
     if strategy.uses_deepspeed and use_cpu:

@@ -74,6 +74,12 @@ def choose_precision(requested: str | None, gpus: int, capability: tuple[int, in
     return requested or ("bf16" if capability and bf16 else "fp16")
 
 
+def provisional_strategy(name: str) -> Strategy:
+    """The strategy `name` launches, validates and compiles as: auto as ddp until resolve_auto
+    makes it concrete (its other pick, fsdp sharded in the graph, launches and compiles alike)."""
+    return parse_strategy(Strategy.ddp.value if name == AUTO else name)
+
+
 def parse_strategy(name: str) -> Strategy:
     try:
         return Strategy(name)

@@ -36,6 +36,7 @@ from .strategies import (
     fsdp_in_graph,
     fsdp_plugin_settings,
     parse_strategy,
+    provisional_strategy,
     resolve_auto,
     slow_gpu_link,
 )
@@ -70,7 +71,7 @@ class Trainer:
         self.args, self.contract = args, contract
         self.lr = args.lr if args.lr is not None else default_lr(args)  # parse_args has filled it in
         # --strategy auto becomes ddp or fsdp in setup, where the processes and the checkpoint are known.
-        self.strategy = parse_strategy(Strategy.ddp.value if args.strategy == AUTO else args.strategy)
+        self.strategy = provisional_strategy(args.strategy)
         self.auto_why: str | None = None
         self.graph_sharded = False  # fsdp sharded inside the compiled graph (graph_fsdp.py): setup decides
         self.signal_received = False  # set by the SIGTERM/SIGINT handler, at any moment
@@ -87,17 +88,19 @@ class Trainer:
         import torch
         from accelerate.utils import set_seed
 
-        from . import data
+        from . import checkpoint, data
 
         world = int(os.environ.get("WORLD_SIZE", "1"))  # processes the launcher started
+        # Read once each: DDP's buckets and auto's pick (twice) depend on the link; auto's on the
+        # checkpoint it resumes, if any (read by every process: one node's folder).
+        self.slow_link = slow_gpu_link(os.environ, *_local_gpu(torch.cuda.is_available())) if world > 1 else None
+        self.resumes = checkpoint.newest_state(self.contract.checkpoint_dir) if self.args.strategy == AUTO else None
         self._resolve_auto(world, cuda=torch.cuda.is_available())
         a = self.args
         self._check_environment(world, cuda=torch.cuda.is_available())
         self._patch_environment(cuda=torch.cuda.is_available())
         _allow_tf32(torch)
-        if self.strategy is Strategy.fsdp:  # before the Accelerator, which FSDP2 configures
-            self.graph_sharded, self.fsdp_why = fsdp_in_graph(a, cuda=torch.cuda.is_available())
-            self.fsdp_why = self.auto_why or self.fsdp_why
+        self._pick_fsdp_engine(cuda=torch.cuda.is_available())  # before the Accelerator, which FSDP2 configures
         self.accelerator = self._make_accelerator(world, cuda=torch.cuda.is_available())
         acc = self.accelerator
         if a.strategy != AUTO:  # else still undecided: said once the model is loaded
@@ -116,8 +119,7 @@ class Trainer:
             params = sum(p.numel() for p in model.parameters())
             self._resolve_auto(world, cuda=torch.cuda.is_available(), params=params, steps=self.max_steps)
             a = self.args
-            if self.strategy is Strategy.fsdp:  # the Accelerator is the same: in-graph fsdp takes no plugin
-                self.graph_sharded, self.fsdp_why = True, self.auto_why or ""
+            self._pick_fsdp_engine(cuda=torch.cuda.is_available())  # in-graph only: it takes no plugin
             self._print_strategy()
         cuda = acc.device.type == "cuda"
         blocks = bool(_transformer_blocks(model))
@@ -154,21 +156,23 @@ class Trainer:
 
     def _resolve_auto(self, world: int, *, cuda: bool, params: int | None = None, steps: int | None = None) -> None:
         """Make --strategy auto concrete (strategies.resolve_auto) for this launch: its processes,
-        its GPUs' link, the checkpoint it resumes, if any (read by every process: one node's), the
-        model's size (`params`) and the run's optimizer steps (`steps`). Before the model and data
+        its GPUs' link, the checkpoint it resumes, if any, the model's size (`params`) and the
+        run's optimizer steps (`steps`). Before the model and data
         are loaded, auto may stay undecided: ddp and fsdp sharded in the graph, its two picks,
         build the same Accelerator and loaders."""
         if self.args.strategy != AUTO:
             return
-        from . import checkpoint
-
-        slow = slow_gpu_link(os.environ, *_local_gpu(cuda)) if world > 1 and cuda else None
-        saved = checkpoint.newest_state(self.contract.checkpoint_dir)
         args, self.auto_why = resolve_auto(
-            self.args, world=world, cuda=cuda, slow_link=slow, saved=saved, params=params, steps=steps
+            self.args, world=world, cuda=cuda, slow_link=self.slow_link, saved=self.resumes, params=params, steps=steps
         )
         if args.strategy != AUTO:
             self.args, self.strategy = args, parse_strategy(args.strategy)
+
+    def _pick_fsdp_engine(self, *, cuda: bool) -> None:
+        """fsdp's engine (strategies.fsdp_in_graph), and why: auto's reason where auto chose fsdp."""
+        if self.strategy is Strategy.fsdp:
+            self.graph_sharded, why = fsdp_in_graph(self.args, cuda=cuda)
+            self.fsdp_why = self.auto_why or why
 
     def _check_environment(self, world: int, *, cuda: bool) -> None:
         """Flags this machine or this launch cannot serve, refused before anything is built."""
@@ -217,8 +221,7 @@ class Trainer:
         # Buckets are fixed before the run length (and so the compile decision) is known: size
         # them for a compiled step wherever the default may compile (CUDA).
         compiling = a.compile if a.compile is not None else cuda
-        slow_link = slow_gpu_link(os.environ, *_local_gpu(cuda)) if world > 1 else None
-        bucket_mb, slow_link = ddp_buckets_for(a, compiling, slow_link)
+        bucket_mb, slow_link = ddp_buckets_for(a, compiling, self.slow_link)
         handlers: list[Any] = [_ddp_kwargs(a.ddp_reduce_dtype, bucket_mb)]
         ds_plugin = None
         if self.strategy.uses_deepspeed:

@@ -55,10 +55,9 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
         parse_strategy,
         plan_configs,
         planned_ddp_buckets,
-        planned_strategy,
     )
 
-    from ..memory import compiled, fit_check, model_shape
+    from ..memory import compiled, fit_check, planned_run
 
     hardware = instance.name
     if instance.gpus:
@@ -68,14 +67,11 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
     job_name = unique_job_name(spec.name)
     argv = spec.check_training_args(precision, job_name)
     processes = max(instance.gpus, 1)
-    train = parse_args(argv)
-    shape = model_shape(train)
-    train, auto_why = planned_strategy(
-        train,
+    train, shown = planned_run(
+        parse_args(argv),
         world_size=spec.nodes * processes,
         nodes=spec.nodes,
         gpu_model=instance.gpu_model if instance.gpus else None,
-        params=shape.params if shape else None,
     )
     strategy = parse_strategy(train.strategy)
     cluster = ClusterShape(
@@ -107,7 +103,7 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
         hardware=hardware,
         configs=configs,
         fit=fit_check(train, instance, nodes=spec.nodes),
-        strategy=f"{strategy.value} ({auto_why})" if auto_why else strategy.value,
+        strategy=shown,
     )
 
 

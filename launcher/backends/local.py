@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 from distrain_cloud.training.contract import STOP_EXIT_CODES, Contract, free_port
 from distrain_cloud.training.node_launch import plan_node
-from distrain_cloud.training.strategies import choose_precision, parse_strategy, plan_configs, planned_strategy
+from distrain_cloud.training.strategies import choose_precision, parse_strategy, plan_configs
 
 from ..jobs import JobRef
 from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
@@ -98,18 +98,15 @@ class LocalBackend:
         from distrain_cloud.training.args import parse_args
         from distrain_cloud.training.checkpoint import newest_state
 
-        from ..memory import model_shape
+        from ..memory import planned_run
 
         # As the job will resolve --strategy auto, but for the GPUs' link, which the job checks itself.
-        train = parse_args(argv)
-        shape = model_shape(train)
-        train, auto_why = planned_strategy(
-            train,
+        train, shown = planned_run(
+            parse_args(argv),
             world_size=processes,
             nodes=1,
             gpu_model=None,
             cuda=gpus > 0,
-            params=shape.params if shape else None,
             saved=newest_state(checkpoints),
         )
         strategy = parse_strategy(train.strategy)
@@ -133,7 +130,7 @@ class LocalBackend:
                 "instance": "local",
                 "processes": processes,
                 "gpus": gpus,
-                "strategy": f"{strategy.value} ({auto_why})" if auto_why else strategy.value,
+                "strategy": shown,
                 "precision": precision,
                 "workdir": str(root),
                 **({"resumes": f"{spec.resume_from} (lineage {lineage}: {checkpoints})"} if spec.resume_from else {}),

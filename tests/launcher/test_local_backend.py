@@ -63,6 +63,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["backend"] == "local" and plan["request"]["command"][-2:] == ["--max-steps", "3"]
+    assert plan["summary"]["strategy"] == "ddp (auto: one process)"  # the default, resolved for this machine
     assert not (tmp_path / "runs").exists()
 
 
