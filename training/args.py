@@ -33,6 +33,7 @@ class TrainArgs:
     model: str | None = None
     model_config: str | None = None
     preset: str | None = None
+    config_overrides: str | None = None
     tokenizer: str | None = None
     # data
     dataset: str | None = None
@@ -69,6 +70,7 @@ class TrainArgs:
     pad_to_multiple_of: int | None = None  # padded batches: 8 on GPUs, 1 on CPU
     sdpa_backend: str = "auto"
     fused_ce: bool = False
+    lm_loss: str = "fast"
     ce_kernel: str = "chunked"
     ddp_reduce_dtype: str = "fp32"
     ddp_bucket_mb: int | None = None  # 25 eager, 1000 with --compile (strategies.ddp_bucket_mb)
@@ -114,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model-config", help="config.json path or Hub id: build the model with random weights")
     g.add_argument(
         "--preset", choices=PRESETS, help="a named config built offline (default: tiny-gpt2 when no model is given)"
+    )
+    g.add_argument(
+        "--config-overrides",
+        metavar="KEY=VALUE,...",
+        help="change the model config's values, e.g. 'attn_pdrop=0,resid_pdrop=0' (names as in its config.json)",
     )
     g.add_argument("--tokenizer", help="Hub id or folder (default: the model's, or the shipped offline tokenizer)")
     g = p.add_argument_group("data")
@@ -223,6 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="causal-lm: chunked LM head + cross-entropy that never materialises the full logits",
     )
     g.add_argument(
+        "--lm-loss",
+        choices=("fast", "model"),
+        default=d.lm_loss,
+        help="causal-lm: fast computes the LM head's loss and its gradient in one pass where it applies "
+        "(DDP, one process or fsdp in the compiled graph; bf16 or fp32; GPT-2/Llama/Mistral/Qwen heads); "
+        "model keeps the model's own loss",
+    )
+    g.add_argument(
         "--ce-kernel",
         choices=("chunked", "liger"),
         default=d.ce_kernel,
@@ -314,6 +329,21 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
     return args
 
 
+def config_overrides(a: TrainArgs) -> dict[str, str]:
+    """--config-overrides as {name: value text}, in transformers' `update_from_string` form."""
+    pairs: dict[str, str] = {}
+    if a.config_overrides is None:
+        return pairs
+    for item in a.config_overrides.split(","):
+        key, eq, value = item.partition("=")
+        if not (eq and key.strip() and value.strip()):
+            raise ArgumentError(
+                f"--config-overrides expects KEY=VALUE pairs separated by commas, e.g. 'attn_pdrop=0', got {item!r}"
+            )
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
 def default_lr(a: TrainArgs) -> float:
     """The learning rate without --lr: 5e-5 fine-tuning a pretrained --model, 1e-3 training from a config."""
     return 5e-5 if a.model else 1e-3
@@ -325,6 +355,7 @@ def validate(a: TrainArgs) -> None:
     sources = [n for n, v in (("--model", a.model), ("--model-config", a.model_config), ("--preset", a.preset)) if v]
     if len(sources) > 1:
         raise ArgumentError(f"give one of --model, --model-config, --preset, not {' and '.join(sources)}")
+    config_overrides(a)  # the form here; the names once the config exists (modeling.build_config)
     if a.dataset and a.train_file:
         raise ArgumentError("give --dataset or --train-file, not both")
     positive = ("batch_size", "grad_accum", "log_every", "keep_checkpoints", "max_length", "block_size")

@@ -1,4 +1,8 @@
-"""Causal-LM loss without materialising the full logits (`--fused-ce`).
+"""Causal-LM losses: the LM head and cross-entropy as one step whose forward writes the
+logits' gradient (the default, `head_loss`), and without materialising the full logits
+(`--fused-ce`).
+
+`--fused-ce`:
 
 GPT-2's 50K-token vocabulary makes the logits the largest tensor of a step: 16 x 1024 x
 50304 values, which the standard path writes in bf16, upcasts to fp32, and reads again for
@@ -93,3 +97,71 @@ def liger_causal_lm_loss(
     y = input_ids[:, 1:].reshape(-1)
     with torch.autocast(device_type=hidden.device.type, enabled=False):
         return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE)(weight.to(dtype), h.to(dtype), y)
+
+
+# ---------------------------------------------------------------- the default: head_loss
+#
+# The model's own loss (transformers' ForCausalLMLoss, compiled) reads GPT-2's bf16 logits
+# (16 x 1024 x 50304, 1.65 GB) three times and writes their gradient once more, in two reduction
+# kernels: 2.3 ms of a 39 ms step on an H100 (bench/README.md, session 17). Here the forward
+# computes the loss and the gradient together, into the logits' own memory, and the backward
+# only runs the two GEMMs, scaling their small outputs by the incoming gradient.
+
+
+@torch.library.custom_op("distrain::cross_entropy_grad_", mutates_args=("logits",))
+def cross_entropy_grad_(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of `logits` [N, V] against `targets` [N] (IGNORE rows left out); the
+    logits are overwritten with its gradient with respect to them. The reference (CPU) kernel."""
+    lf = logits.float()
+    lse = torch.logsumexp(lf, dim=-1)
+    valid = targets != IGNORE
+    count = valid.sum().clamp(min=1)
+    target = targets.clamp(min=0)
+    loss = ((lse - lf.gather(1, target[:, None]).squeeze(1)) * valid).sum() / count
+    grad = torch.exp(lf - lse[:, None])
+    grad.scatter_add_(1, target[:, None], -torch.ones_like(lse)[:, None])
+    logits.copy_(grad * (valid / count)[:, None])
+    return loss
+
+
+@cross_entropy_grad_.register_kernel("cuda")
+def _cross_entropy_grad_cuda(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    from .ce_kernel import cross_entropy_grad_ as kernel
+
+    return kernel(logits, targets)
+
+
+@cross_entropy_grad_.register_fake
+def _(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return logits.new_empty((), dtype=torch.float32)
+
+
+class _HeadLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets):
+        device = hidden.device.type
+        # The dtype autocast would give the LM head's matmul; the gradients leave in the inputs'.
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        with torch.autocast(device_type=device, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            logits = h @ w.t()
+            loss = cross_entropy_grad_(logits, targets)
+        ctx.save_for_backward(h, w, logits)  # logits now hold d(loss)/d(logits)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, w, grad = ctx.saved_tensors
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            grad_h = ((grad @ w).float() * grad_out).to(ctx.dtypes[0])
+            grad_w = ((grad.t() @ h).float() * grad_out).to(ctx.dtypes[1])
+        return grad_h, grad_w, None
+
+
+def head_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """transformers' causal-LM loss of `hidden @ weight.T` (hidden: [B, T, d], the final hidden
+    states; weight: the LM head's [V, d], no bias): the mean cross-entropy of each position
+    against the next label, -100 labels left out."""
+    targets = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[:, 1:].reshape(-1)
+    return _HeadLoss.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets)

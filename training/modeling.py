@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .args import TrainArgs
+from .args import ArgumentError, TrainArgs, config_overrides
 
 ASSETS = Path(__file__).parent / "assets"
 SHIPPED_TOKENIZER = ASSETS / "tokenizer.json"
@@ -80,6 +80,26 @@ def shipped_tokenizer():
 
 
 def build_config(args: TrainArgs, tokenizer, num_labels: int | None, id2label: dict[int, str] | None):
+    config = _base_config(args, tokenizer, num_labels, id2label)
+    _override(config, config_overrides(args))
+    return config
+
+
+def _override(config, pairs: dict[str, str]) -> None:
+    """--config-overrides, each name checked against the config so a typo is an error, not a no-op."""
+    for key, value in pairs.items():
+        if not hasattr(config, key):
+            raise ArgumentError(
+                f"--config-overrides {key}={value}: {type(config).__name__} has no '{key}' "
+                f"(its config.json names the keys it has)"
+            )
+        try:
+            config.update_from_string(f"{key}={value}")
+        except ValueError as e:  # a value of the wrong type: transformers says which
+            raise ArgumentError(f"--config-overrides {key}={value}: {e}") from e
+
+
+def _base_config(args: TrainArgs, tokenizer, num_labels: int | None, id2label: dict[int, str] | None):
     from transformers import AutoConfig
 
     extra: dict[str, Any] = {}
@@ -149,6 +169,14 @@ def training_forward(model) -> None:
     def forward(self, *args, **kwargs):
         if takes_cache:
             kwargs.setdefault("use_cache", False)
+        if self.training and self.__dict__.get(HEAD_LOSS) and kwargs.get("labels") is not None:
+            from transformers.modeling_outputs import CausalLMOutputWithPast
+
+            from .losses import head_loss
+
+            labels = kwargs.pop("labels")
+            hidden = getattr(self, self.base_model_prefix)(*args, **kwargs)[0]
+            return CausalLMOutputWithPast(loss=head_loss(hidden, self.get_output_embeddings().weight, labels))
         out = type(self).forward(self, *args, **kwargs)
         if self.training and getattr(out, "loss", None) is not None:
             return type(out)(loss=out.loss)
@@ -158,6 +186,38 @@ def training_forward(model) -> None:
     # accelerate rebinds what it unwraps to the model.
     forward.__signature__ = signature  # type: ignore[attr-defined]  # inspect.signature reads it
     model.forward = types.MethodType(forward, model)
+
+
+HEAD_LOSS = "_distrain_head_loss"  # set on a model whose training forward computes losses.head_loss
+# Causal LMs whose forward is exactly: the base model, then a bias-free linear head, then
+# ForCausalLMLoss. Others (logit soft-capping, scaled logits, heads with a bias) keep their own.
+HEAD_LOSS_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+
+
+def use_head_loss(model, args: TrainArgs, strategy: str, in_graph: bool = False) -> str | None:
+    """Make the training forward compute losses.head_loss (--lm-loss fast); why not, where it does not.
+    `in_graph`: fsdp sharded inside the compiled graph, whose LM head weight is gathered when read."""
+    import torch
+
+    config = model.config
+    head = model.get_output_embeddings()
+    why = None
+    if args.lm_loss != "fast" or args.task != "causal-lm" or args.fused_ce:
+        why = "--lm-loss model" if args.lm_loss != "fast" else "not the causal-lm loss"
+    elif strategy not in ("ddp", "single") and not (strategy == "fsdp" and in_graph):
+        why = f"--strategy {strategy} holds the LM head its own way"
+    elif args.precision == "fp16":
+        # The gradient is computed before fp16's loss scale reaches it, and small ones would flush to zero.
+        why = "--precision fp16"
+    elif config.model_type not in HEAD_LOSS_MODEL_TYPES or getattr(model, "loss_type", None) != "ForCausalLM":
+        why = f"{config.model_type} models: the model's own loss"
+    elif not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        why = "an LM head other than a bias-free linear layer"
+    elif any(getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        why = "logits scaled or capped by the model"
+    if why is None:
+        model.__dict__[HEAD_LOSS] = True
+    return why
 
 
 def _unmasked_causal_attention(model) -> None:

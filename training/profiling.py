@@ -133,7 +133,7 @@ class Profiler:
             torch.cuda.synchronize()
         self.prof.__exit__(None, None, None)
         key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-        table = self.prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=80)
+        table = self.prof.key_averages().table(sort_by=key, row_limit=100, max_name_column_width=80)
         kernels = [
             (e.name, e.time_range.start, e.time_range.end)
             for e in self.prof.events()

@@ -88,7 +88,7 @@ class Trainer:
         import torch
         from accelerate.utils import set_seed
 
-        from . import checkpoint, data
+        from . import checkpoint, data, modeling
 
         world = int(os.environ.get("WORLD_SIZE", "1"))  # processes the launcher started
         # Read once each: DDP's buckets and auto's pick (twice) depend on the link; auto's on the
@@ -121,6 +121,7 @@ class Trainer:
             a = self.args
             self._pick_fsdp_engine(cuda=torch.cuda.is_available())  # in-graph only: it takes no plugin
             self._print_strategy()
+        self.lm_loss_why_not = modeling.use_head_loss(model, a, self.strategy.value, self.graph_sharded)
         cuda = acc.device.type == "cuda"
         blocks = bool(_transformer_blocks(model))
         self.compiled, self.compile_why = compile_decision(
@@ -1077,6 +1078,8 @@ def _loading(args: TrainArgs, what: str) -> Iterator[None]:
     folder) is a bad --model: one line naming it, not the Hub client's chained tracebacks."""
     try:
         yield
+    except ArgumentError:  # a flag already named (--config-overrides)
+        raise
     except OSError as e:
         flag, name = next((f, n) for f, n in _model_flags(args, what) if n)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -98,6 +98,10 @@ CASES = {
     "zero-pad-multiple": (["--pad-to-multiple-of", "0"], ["--pad-to-multiple-of"]),
     "negative-generate-tokens": (["--generate-tokens", "-1"], ["--generate-tokens must be 0 (no sample) or more"]),
     "ce-kernel-without-fused-ce": (["--task", "causal-lm", "--ce-kernel", "liger"], ["--ce-kernel", "--fused-ce"]),
+    "unknown-config-key": (
+        ["--task", "causal-lm", "--preset", "tiny-gpt2", "--config-overrides", "attn_pdropp=0"],
+        ["--config-overrides attn_pdropp=0", "GPT2Config has no 'attn_pdropp'"],
+    ),
     "bf16-reduce-on-cpu": (["--ddp-reduce-dtype", "bf16"], ["--ddp-reduce-dtype bf16", "GPUs"]),
     # the Hub client's chained tracebacks, and transformers' for a model with no head for the task
     "hub-model-offline": (["--model", "gpt2"], ["--model gpt2: cannot load", "HF_HUB_OFFLINE is set"]),

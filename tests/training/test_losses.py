@@ -1,4 +1,4 @@
-"""training/losses.py: the chunked LM loss gives torch's cross-entropy and its gradients (CPU)."""
+"""training/losses.py: the default head loss and the chunked one give torch's cross-entropy and its gradients (CPU)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distrain_cloud.training.losses import IGNORE, fused_causal_lm_loss
+from distrain_cloud.training.losses import IGNORE, fused_causal_lm_loss, head_loss
 
 BATCH, SEQ, DIM, VOCAB = 3, 7, 16, 50
 
@@ -71,3 +71,87 @@ def test_a_batch_with_no_label_that_counts_gives_zero_not_nan():
     )
     assert loss.item() == 0.0  # torch's mean over no labels is nan
     assert grad_hidden.abs().sum() == 0 and grad_weight.abs().sum() == 0
+
+
+# ---------------------------------------------------------------- head_loss (the default)
+
+
+def head(h, w, ids):
+    return head_loss(h, w, ids)
+
+
+def test_head_loss_and_its_gradients_equal_cross_entropy():
+    hidden, weight, input_ids = inputs()
+    input_ids[0, 3] = input_ids[2, 6] = IGNORE
+    got = loss_and_grads(head, hidden, weight, input_ids, scale=0.25)  # grad_output reaches both GEMMs
+    want = loss_and_grads(reference, hidden, weight, input_ids, scale=0.25)
+    for g, w, what in zip(got, want, ("loss", "d loss / d hidden", "d loss / d weight"), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=what)
+    assert got[1][0, 2].abs().sum() == 0 and got[1][:, -1].abs().sum() == 0  # ignored, and no next label
+
+
+def test_head_loss_under_bf16_autocast_computes_in_bf16_and_keeps_the_inputs_dtypes():
+    hidden, weight, input_ids = inputs(seed=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, grad_hidden, grad_weight = loss_and_grads(head, hidden, weight, input_ids)
+    assert loss.dtype == torch.float32 and grad_hidden.dtype == grad_weight.dtype == torch.float32
+    want = loss_and_grads(reference, hidden, weight, input_ids)
+    exact = loss_and_grads(head, hidden, weight, input_ids)
+    torch.testing.assert_close(loss, want[0], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(grad_weight, want[2], rtol=5e-2, atol=5e-3)
+    assert not torch.equal(grad_weight, exact[2])  # bf16 rounding shows: autocast's dtype was used
+
+
+def test_head_loss_compiled_gives_the_eager_values():
+    hidden, weight, input_ids = inputs(seed=3)
+    input_ids[1, 2] = IGNORE
+    torch._dynamo.reset()
+    compiled = torch.compile(head, fullgraph=True)  # one graph: the custom op does not break it
+    got = loss_and_grads(compiled, hidden, weight, input_ids, scale=3.0)
+    want = loss_and_grads(head, hidden, weight, input_ids, scale=3.0)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+
+
+def test_head_loss_with_no_label_that_counts_gives_zero_not_nan():
+    hidden, weight, input_ids = inputs(seed=2)
+    input_ids[:, 1:] = IGNORE
+    loss, grad_hidden, grad_weight = loss_and_grads(head, hidden, weight, input_ids)
+    assert loss.item() == 0.0
+    assert grad_hidden.abs().sum() == 0 and grad_weight.abs().sum() == 0
+
+
+INTERPRETED_KERNEL_CHECK = """
+import torch
+from distrain_cloud.training import ce_kernel
+from distrain_cloud.training.losses import IGNORE, cross_entropy_grad_
+
+g = torch.Generator().manual_seed(4)
+for dtype, atol in ((torch.float32, 1e-6), (torch.bfloat16, 2e-3)):
+    logits = (3 * torch.randn(6, 300, generator=g)).to(dtype)
+    targets = torch.randint(0, 300, (6,), generator=g)
+    targets[1] = IGNORE
+    mine, ref = logits.clone(), logits.clone()
+    # A block smaller than a row, and a row that is not a multiple of it: the loops and the mask.
+    loss = ce_kernel.cross_entropy_grad_(mine, targets, block=128, warps=4)
+    want = cross_entropy_grad_(ref, targets)
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(mine, ref, rtol=0, atol=atol)
+    assert mine[1].abs().sum() == 0
+print("kernel ok")
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter: Triton reads TRITON_INTERPRET when it is imported
+def test_the_cuda_kernel_agrees_with_the_reference_in_tritons_interpreter():
+    """The Triton kernel run by Triton's CPU interpreter, where Triton is installed (CUDA machines
+    check it at GPT-2's shapes with bench/loss_kernel.py)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", INTERPRETED_KERNEL_CHECK], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and "kernel ok" in done.stdout, done.stderr[-3000:]

@@ -134,6 +134,8 @@ def test_the_trainer_prepares_its_model_with_it(tmp_path, fresh_accelerate):
         Contract(model_dir=tmp_path / "model", output_dir=tmp_path / "output", checkpoint_dir=tmp_path / "checkpoints"),
     )
     trainer.setup()
+    assert trainer.lm_loss_why_not is None  # --lm-loss fast, the default, applies
+    assert trainer.accelerator.unwrap_model(trainer.model).__dict__[modeling.HEAD_LOSS]
     ids = next(iter(trainer.train_dl))["input_ids"]
     trainer.model.train()
     out = trainer.model(input_ids=ids, labels=ids)
@@ -141,3 +143,67 @@ def test_the_trainer_prepares_its_model_with_it(tmp_path, fresh_accelerate):
     trainer.model.eval()
     out = trainer.model(input_ids=ids)
     assert out.logits is not None and out.past_key_values is None
+
+
+# ---------------------------------------------------------------- --lm-loss fast (losses.head_loss)
+
+
+def llama():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=2, hidden_size=64,
+        intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).train()
+    modeling.training_forward(model)
+    return model
+
+
+def train_args(*flags: str):
+    from distrain_cloud.training.args import parse_args
+
+    return parse_args(["--task", "causal-lm", "--preset", "tiny-gpt2", *flags])
+
+
+@pytest.mark.parametrize("build", [lambda: gpt2(True), llama], ids=["gpt2", "llama"])
+def test_the_fast_lm_loss_gives_the_models_loss_and_gradients(build):
+    own, fast = build(), build()
+    assert modeling.use_head_loss(fast, train_args(), "ddp") is None
+    grads = []
+    for model in (own, fast):
+        torch.manual_seed(1)  # the same dropout masks
+        loss = model(input_ids=IDS, labels=IDS).loss
+        loss.backward()
+        grads.append((loss, {n: p.grad for n, p in model.named_parameters()}))
+    (want, want_grads), (got, got_grads) = grads
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert want_grads.keys() == got_grads.keys()
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    fast.eval()  # evaluation and generation keep the model's own forward
+    assert fast(input_ids=IDS, labels=IDS).logits.shape == (*IDS.shape, VOCAB)
+
+
+@pytest.mark.parametrize(
+    "flags, strategy, why",
+    [
+        (["--lm-loss", "model"], "ddp", "--lm-loss model"),
+        (["--precision", "fp16"], "ddp", "--precision fp16"),
+        ([], "zero3", "--strategy zero3"),
+        ([], "fsdp", "--strategy fsdp"),
+        (["--fused-ce"], "ddp", "not the causal-lm loss"),
+    ],
+)
+def test_the_fast_lm_loss_is_left_out_where_it_does_not_apply(flags, strategy, why):
+    model = gpt2(True)
+    assert why in modeling.use_head_loss(model, train_args(*flags), strategy)
+    assert modeling.HEAD_LOSS not in model.__dict__
+
+
+def test_the_fast_lm_loss_is_left_out_for_heads_it_does_not_know():
+    model = gpt2(True)
+    model.lm_head.bias = torch.nn.Parameter(torch.zeros(VOCAB))
+    assert "bias-free" in modeling.use_head_loss(model, train_args(), "ddp")
+    capped = gpt2(True)
+    capped.config.final_logit_softcapping = 30.0
+    assert "capped" in modeling.use_head_loss(capped, train_args(), "ddp")
