@@ -194,21 +194,31 @@ HEAD_LOSS = "_distrain_head_loss"  # set on a model whose training forward compu
 HEAD_LOSS_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
 
 
+def head_loss_flags_why_not(args: TrainArgs, strategy: str, in_graph: bool = False) -> str | None:
+    """Why the training flags rule out losses.head_loss, or None. Torch-free: the launcher's
+    memory estimate shares it. `in_graph`: fsdp sharded inside the compiled graph, whose LM head
+    weight is gathered when read, as under DDP."""
+    if args.lm_loss != "fast":
+        return "--lm-loss model"
+    if args.task != "causal-lm" or args.fused_ce:
+        return "not the causal-lm loss"
+    if strategy not in ("ddp", "single") and not (strategy == "fsdp" and in_graph):
+        return f"--strategy {strategy} holds the LM head its own way"
+    if args.precision == "fp16":
+        # The gradient is computed before fp16's loss scale reaches it, and small ones would flush to zero.
+        return "--precision fp16"
+    return None
+
+
 def use_head_loss(model, args: TrainArgs, strategy: str, in_graph: bool = False) -> str | None:
-    """Make the training forward compute losses.head_loss (--lm-loss fast); why not, where it does not.
-    `in_graph`: fsdp sharded inside the compiled graph, whose LM head weight is gathered when read."""
+    """Make the training forward compute losses.head_loss (--lm-loss fast); why not, where it does not."""
     import torch
 
     config = model.config
     head = model.get_output_embeddings()
-    why = None
-    if args.lm_loss != "fast" or args.task != "causal-lm" or args.fused_ce:
-        why = "--lm-loss model" if args.lm_loss != "fast" else "not the causal-lm loss"
-    elif strategy not in ("ddp", "single") and not (strategy == "fsdp" and in_graph):
-        why = f"--strategy {strategy} holds the LM head its own way"
-    elif args.precision == "fp16":
-        # The gradient is computed before fp16's loss scale reaches it, and small ones would flush to zero.
-        why = "--precision fp16"
+    why = head_loss_flags_why_not(args, strategy, in_graph)
+    if why is not None:
+        pass
     elif config.model_type not in HEAD_LOSS_MODEL_TYPES or getattr(model, "loss_type", None) != "ForCausalLM":
         why = f"{config.model_type} models: the model's own loss"
     elif not isinstance(head, torch.nn.Linear) or head.bias is not None:
