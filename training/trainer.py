@@ -23,6 +23,7 @@ from typing import Any
 
 from .args import ArgumentError, TrainArgs, default_lr
 from .contract import INTERRUPT_EXIT_CODE, SECOND_INTERRUPT_S, STOP_EXIT_CODE, Contract, free_port
+from .modeling import HEAD_LOSS
 from .profiling import Profiler
 from .strategies import (
     AUTO,
@@ -379,11 +380,14 @@ class Trainer:
             torch._dynamo.config.optimize_ddp = False
         for block in blocks:
             block.forward = torch.compile(block.forward, backend=backend)
-        # And the loss, which the blocks leave out: eager, it upcasts the logits (16x1024x50k
-        # for GPT-2 small) to fp32 and reads and writes them several times each way; compiled,
-        # one fused pass (about 20 ms of an H100's step, bench/README.md, session 7).
-        model.loss_function = torch.compile(model.loss_function, backend=backend)
-        self._print(f"compile_unit=block blocks={len(blocks)} loss=compiled")
+        # And the model's own loss, which the blocks leave out: eager, it upcasts the logits
+        # (16x1024x50k for GPT-2 small) to fp32 and reads and writes them several times each way;
+        # compiled, one fused pass (about 20 ms of an H100's step, bench/README.md, session 7).
+        # --lm-loss fast needs no compiling: its one pass over the logits is a kernel of its own.
+        fast = bool(model.__dict__.get(HEAD_LOSS))
+        if not fast:
+            model.loss_function = torch.compile(model.loss_function, backend=backend)
+        self._print(f"compile_unit=block blocks={len(blocks)} loss={'fast' if fast else 'compiled'}")
         return True
 
     def _backward(self, loss: Any, again: Callable[[], Any], micro: int) -> Any:

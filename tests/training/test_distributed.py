@@ -103,8 +103,9 @@ FAIL_BACKWARD = "DISTRAIN_TEST_COMPILED_BACKWARD_FAIL"  # trainer._backward's te
         ("model", 1000, "compile_unit=model", 1, False, False),
         # NCCL's peer-to-peer off stands for a slow link (strategies.slow_gpu_link): small buckets
         ("model", 25, "compile_unit=model", 1, False, True),
-        # One graph serves both blocks (their weights are its inputs), one is the loss.
-        ("block", 25, "compile_unit=block blocks=2 loss=compiled", 2, False, False),
+        # One graph serves both blocks (their weights are its inputs); the loss is the one-pass
+        # head loss (--lm-loss fast), a kernel of its own, not compiled.
+        ("block", 25, "compile_unit=block blocks=2 loss=fast", 1, False, False),
         ("model", 1000, "compile_unit=model", 1, True, False),
     ],
     ids=["model", "model-slow-link", "block", "model-backward-fails"],
@@ -255,7 +256,7 @@ def test_a_job_compiled_block_by_block_resumes_where_an_uninterrupted_one_goes(t
     assert whole.returncode == 0, whole.describe()
     assert resumed.returncode == 0, resumed.describe()
     assert resumed.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"]
-    assert resumed.lines("compile_unit=") == ["compile_unit=block blocks=2 loss=compiled"]
+    assert resumed.lines("compile_unit=") == ["compile_unit=block blocks=2 loss=fast"]
     assert {s: resumed.train_losses[s] for s in (5, 6)} == {s: whole.train_losses[s] for s in (5, 6)}
 
 
