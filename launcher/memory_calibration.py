@@ -54,6 +54,7 @@ class Config:
     fsdp_blocks_per_unit: int | None = None  # fsdp before units of several blocks: 1
     compile_unit: str | None = None  # --compile-unit block: each block and the loss compiled apart
     compiled_autograd: bool = False  # --compiled-autograd: the backward traced, DDP's Python reducer in it
+    head_loss: bool = False  # the LM head's loss in one pass (--lm-loss fast, the default since session 17)
     impl: str = "ours"  # or "trainer": the bench's transformers.Trainer baseline
     flags: str = ""  # the run's extra training flags, without their dashes (no-logits-upcast is gone since)
     not_modelled: str | None = None
@@ -67,6 +68,7 @@ class Config:
         parts += [f"unit{self.fsdp_blocks_per_unit}"] if self.fsdp_blocks_per_unit else []
         parts += [f"{self.compile_unit}-compiled"] if self.compile_unit else []
         parts += ["compiled-autograd"] if self.compiled_autograd else []
+        parts += ["head-loss"] if self.head_loss else []
         parts += [f"accum{self.grad_accum}"] if self.grad_accum > 1 else []
         parts += [self.task] if self.task != "causal-lm" else []
         return " ".join(parts + ([self.flags] if self.flags else []))
@@ -99,6 +101,7 @@ class Config:
             fsdp_blocks_per_unit=self.fsdp_blocks_per_unit,
             compile_unit=self.compile_unit,
             compiled_autograd=self.compiled_autograd,
+            head_loss=self.head_loss,
             constants=constants,
         )
 
@@ -116,6 +119,7 @@ S13 = "2026-11-27-h200x4-session13"
 S14 = "2026-11-27-h200x4-session14"
 S15, S15_H100 = "2026-11-27-h200x2-session15", "2026-11-27-h100x1-session15"
 S16 = "2026-11-27-h200x4-session16"
+S17 = "2026-11-27-h100x1-session17"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -525,6 +529,40 @@ CONFIGS: tuple[Config, ...] = (
     Config("gpt2-xl", 4, "fsdp", batch_size=4, compiled=True, kv_cache=False, logits_output=False,
            compile_unit="model", runs=_runs("H200",
         (f"{S16}-xl", "ours-gpt2-xl-fsdp-compile-g4-b4-k1-ingraph", 19.4750, 25.10))),
+    # session 17 (1xH100, three machines): the model's own loss (call 1, and --lm-loss model after), then
+    # the head loss; the dropout diagnostics change the model, CUDA graphs and a bf16 residual stream
+    Config("gpt2-small", 1, "ddp", kv_cache=False, logits_output=False, runs=_runs("H100",
+        (f"{S17}-anatomy", OURS_1, 23.1002, 24.64))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H100",
+        (f"{S17}-anatomy", OURS_C1, 8.7395, 17.68),
+        (f"{S17}-headloss", f"{OURS_C1}-model", 8.7408, 17.67),
+        (f"{S17}-headloss", f"{OURS_C1}-model2", 8.7408, 17.67),
+        (f"{S17}-headloss-again", f"{OURS_C1}-model", 8.7408, 17.67))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 35:40",
+           runs=_runs("H100", (f"{S17}-anatomy", f"{OURS_C1}-prof", 8.7401, 17.66))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False,
+           flags="config-overrides attn_pdrop=0", runs=_runs("H100",
+        (f"{S17}-anatomy", f"{OURS_C1}-noattndrop", 8.7401, 17.65))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False,
+           flags="config-overrides attn_pdrop=0,resid_pdrop=0,embd_pdrop=0", runs=_runs("H100",
+        (f"{S17}-anatomy", f"{OURS_C1}-nodrop", 8.4427, 17.40))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False,
+           flags="compile-mode reduce-overhead", runs=_runs("H100",
+        (f"{S17}-anatomy", f"{OURS_C1}-cudagraphs", 8.7077, 19.27))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, head_loss=True,
+           runs=_runs("H100",
+        (f"{S17}-headloss", OURS_C1, 8.6950, 17.60),
+        (f"{S17}-headloss", f"{OURS_C1}-fast2", 8.6956, 17.54),
+        (f"{S17}-headloss-again", OURS_C1, 8.6950, 17.60))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, head_loss=True,
+           flags="profile-steps 35:40", runs=_runs("H100", (f"{S17}-headloss", f"{OURS_C1}-prof", 8.6956, 17.55))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, head_loss=True,
+           flags="compile-mode reduce-overhead", runs=_runs("H100",
+        (f"{S17}-headloss-again", f"{OURS_C1}-cg", 8.6590, 20.73))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, head_loss=True,
+           flags="env DISTRAIN_EXPERIMENT_BF16_RESIDUAL=1 (an uncommitted hook: a bf16 residual stream)",
+           runs=_runs("H100",
+        (f"{S17}-headloss", f"{OURS_C1}-bf16res", 8.1076, 16.98))),
 )  # fmt: skip
 
 

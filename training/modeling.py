@@ -214,20 +214,18 @@ def use_head_loss(model, args: TrainArgs, strategy: str, in_graph: bool = False)
     """Make the training forward compute losses.head_loss (--lm-loss fast); why not, where it does not."""
     import torch
 
-    config = model.config
-    head = model.get_output_embeddings()
     why = head_loss_flags_why_not(args, strategy, in_graph)
     if why is not None:
-        pass
-    elif config.model_type not in HEAD_LOSS_MODEL_TYPES or getattr(model, "loss_type", None) != "ForCausalLM":
-        why = f"{config.model_type} models: the model's own loss"
-    elif not isinstance(head, torch.nn.Linear) or head.bias is not None:
-        why = "an LM head other than a bias-free linear layer"
-    elif any(getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
-        why = "logits scaled or capped by the model"
-    if why is None:
-        model.__dict__[HEAD_LOSS] = True
-    return why
+        return why
+    config, head = model.config, model.get_output_embeddings()
+    if config.model_type not in HEAD_LOSS_MODEL_TYPES or getattr(model, "loss_type", None) != "ForCausalLM":
+        return f"{config.model_type} models: the model's own loss"
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return "an LM head other than a bias-free linear layer"
+    if any(getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        return "logits scaled or capped by the model"
+    model.__dict__[HEAD_LOSS] = True
+    return None
 
 
 def _unmasked_causal_attention(model) -> None:

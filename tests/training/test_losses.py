@@ -102,6 +102,7 @@ def test_head_loss_under_bf16_autocast_computes_in_bf16_and_keeps_the_inputs_dty
     assert not torch.equal(grad_weight, exact[2])  # bf16 rounding shows: autocast's dtype was used
 
 
+@pytest.mark.slow  # Inductor compiles a forward and a backward (about 4 s)
 def test_head_loss_compiled_gives_the_eager_values():
     hidden, weight, input_ids = inputs(seed=3)
     input_ids[1, 2] = IGNORE
