@@ -19,16 +19,22 @@ import torch
 IGNORE = -100
 
 
-def _chunk(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
-    """Loss sum, d(loss sum)/dh and d(loss sum)/dw for one chunk of rows."""
-    logits = (h @ w.t()).float()
+def _sum_and_grad(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy summed over the rows whose label counts, and its gradient with respect to
+    `logits` (fp32, [N, V]); IGNORE rows get a zero gradient."""
     lse = torch.logsumexp(logits, dim=-1)
     valid = y != IGNORE
     target = y.clamp(min=0)
     loss = ((lse - logits.gather(1, target[:, None]).squeeze(1)) * valid).sum()
     grad = torch.exp(logits - lse[:, None])
     grad.scatter_add_(1, target[:, None], -torch.ones_like(lse)[:, None])
-    grad = (grad * valid[:, None]).to(w.dtype)
+    return loss, grad * valid[:, None]
+
+
+def _chunk(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
+    """Loss sum, d(loss sum)/dh and d(loss sum)/dw for one chunk of rows."""
+    loss, grad = _sum_and_grad((h @ w.t()).float(), y)
+    grad = grad.to(w.dtype)
     return loss, grad @ w, grad.t() @ h
 
 
@@ -112,16 +118,10 @@ def liger_causal_lm_loss(
 def cross_entropy_grad_(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of `logits` [N, V] against `targets` [N] (IGNORE rows left out); the
     logits are overwritten with its gradient with respect to them. The reference (CPU) kernel."""
-    lf = logits.float()
-    lse = torch.logsumexp(lf, dim=-1)
-    valid = targets != IGNORE
-    count = valid.sum().clamp(min=1)
-    target = targets.clamp(min=0)
-    loss = ((lse - lf.gather(1, target[:, None]).squeeze(1)) * valid).sum() / count
-    grad = torch.exp(lf - lse[:, None])
-    grad.scatter_add_(1, target[:, None], -torch.ones_like(lse)[:, None])
-    logits.copy_(grad * (valid / count)[:, None])
-    return loss
+    count = (targets != IGNORE).sum().clamp(min=1)
+    loss, grad = _sum_and_grad(logits.float(), targets)
+    logits.copy_(grad / count)
+    return loss / count
 
 
 @cross_entropy_grad_.register_kernel("cuda")

@@ -23,7 +23,6 @@ from typing import Any
 
 from .args import ArgumentError, TrainArgs, default_lr
 from .contract import INTERRUPT_EXIT_CODE, SECOND_INTERRUPT_S, STOP_EXIT_CODE, Contract, free_port
-from .modeling import HEAD_LOSS
 from .profiling import Profiler
 from .strategies import (
     AUTO,
@@ -384,6 +383,8 @@ class Trainer:
         # (16x1024x50k for GPT-2 small) to fp32 and reads and writes them several times each way;
         # compiled, one fused pass (about 20 ms of an H100's step, bench/README.md, session 7).
         # --lm-loss fast needs no compiling: its one pass over the logits is a kernel of its own.
+        from .modeling import HEAD_LOSS
+
         fast = bool(model.__dict__.get(HEAD_LOSS))
         if not fast:
             model.loss_function = torch.compile(model.loss_function, backend=backend)
