@@ -325,19 +325,33 @@ def test_a_local_job_killed_hard_is_lost_not_in_progress(cli, tmp_path):
 
 
 @pytest.mark.slow  # starts a training job
-def test_a_failure_inside_training_is_one_error_line_and_the_status_says_why(cli, tmp_path):
-    # A Hub model with the Hub out of reach: the Hub client raises chained errors, and accelerate
-    # launch and node_launch used to add theirs (and the CLI claimed a model that was never saved).
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        # A Hub model with the Hub out of reach: the Hub client raises chained errors, and accelerate
+        # launch and node_launch used to add theirs (and the CLI claimed a model that was never saved).
+        (
+            ["--model", "gpt2"],
+            "error: --model gpt2: cannot load its tokenizer: We couldn't connect to 'https://huggingface.co' to "
+            "load the files, and couldn't find them in the cached files. (HF_HUB_OFFLINE is set: only models "
+            "already in the local cache load)",
+        ),
+        # A misspelt config key, found only once the config exists inside the job.
+        (
+            ["--task", "causal-lm", "--config-overrides", "attn_pdropp=0"],
+            "error: --config-overrides attn_pdropp=0: GPT2Config has no 'attn_pdropp' (its config.json names the "
+            "keys it has)",
+        ),
+    ],
+    ids=["hub-model-offline", "config-key-misspelt"],
+)
+def test_a_failure_inside_training_is_one_error_line_and_the_status_says_why(cli, tmp_path, flags, error):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "", "WANDB_API_KEY": ""}
-    r = cli("submit", "--instance", "local", "--", "--model", "gpt2", "--report-to", "none", cwd=tmp_path, env=env)
+    r = cli("submit", "--instance", "local", "--", *flags, "--report-to", "none", cwd=tmp_path, env=env)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
     output = (r.stdout + r.stderr).splitlines()
     errors = [line for line in output if line.startswith("error:")]
-    assert errors == [
-        "error: --model gpt2: cannot load its tokenizer: We couldn't connect to 'https://huggingface.co' to load "
-        "the files, and couldn't find them in the cached files. (HF_HUB_OFFLINE is set: only models already in the "
-        "local cache load)"
-    ], r.stdout[-2000:] + r.stderr[-3000:]
+    assert errors == [error], r.stdout[-2000:] + r.stderr[-3000:]
     assert not any("Traceback" in line or "CalledProcessError" in line for line in output)
     assert "model in" not in r.stderr
     (root,) = (tmp_path / "runs").iterdir()
