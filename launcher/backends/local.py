@@ -267,12 +267,16 @@ def _lineage(workdir: Path, job: str) -> tuple[Path, str]:
     resume keeps the first job's folder; a folder with no plan falls back to its own."""
     plan_file = workdir / job / "job.json"
     if plan_file.is_file():
-        plan = json.loads(plan_file.read_text())
-        env = plan.get("request", {}).get("env", {})
-        folder = env.get("DISTRAIN_CHECKPOINT_DIR")
-        if folder:
-            lineage = env.get("DISTRAIN_LINEAGE") or plan.get("summary", {}).get("lineage")
-            return Path(folder), str(lineage or Path(folder).parent.name)
+        try:  # what submit wrote, unless someone changed it: any other shape counts as no plan
+            plan = json.loads(plan_file.read_bytes())
+        except (ValueError, RecursionError):
+            plan = None
+        request = plan.get("request") if isinstance(plan, dict) else None
+        env = request.get("env") if isinstance(request, dict) else None
+        folder = env.get("DISTRAIN_CHECKPOINT_DIR") if isinstance(env, dict) else None
+        if folder and isinstance(folder, str):
+            lineage = env.get("DISTRAIN_LINEAGE") if isinstance(env, dict) else None
+            return Path(folder), lineage if isinstance(lineage, str) and lineage else Path(folder).parent.name
     return (workdir / job / "checkpoints").resolve(), job
 
 
