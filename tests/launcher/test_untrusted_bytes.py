@@ -164,6 +164,7 @@ def node(name: str, rank: int, record: bytes | dict | list) -> None:
     put(f"distrain-cloud/jobs/{name}/nodes/{rank}.json", record)
 
 
+@pytest.mark.slow  # about ten CLI commands on moto's EC2, S3 and CloudWatch: 2.5-4.5 s
 def test_ec2_logs_status_and_ls_print_remote_text_inert(stack, capsys):
     import boto3
 
@@ -234,6 +235,7 @@ def write_bad_job(name: str, body, record) -> None:
         node(name, 0, record)
 
 
+@pytest.mark.slow  # about ten CLI commands on moto's EC2, S3 and CloudWatch: 2.5-4.5 s
 def test_one_bad_ec2_record_is_one_line_in_status_and_a_note_in_ls_and_resume(stack, capsys):
     good = "good-20250101-000000-aaaaaa"
     ec2_job(good)
