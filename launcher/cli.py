@@ -2,7 +2,9 @@
 
 Only typer is imported at module level, so `--help` is instant; each command imports
 what it needs. Known errors print as one line (`error: ...`) with a non-zero exit;
-DISTRAIN_DEBUG=1 shows the traceback.
+DISTRAIN_DEBUG=1 shows the traceback. Text that came from a job (statuses, details, log lines,
+names read from S3) is printed through `_human` (`logs.printable`): shown, never obeyed by the
+terminal; `--json` prints it exactly, JSON-escaped.
 """
 
 from __future__ import annotations
@@ -188,7 +190,7 @@ def submit(
         plan.summary["resumes"] = f"{plan.summary.get('resumes') or resume_from}, with its spec and training flags"
         plan.summary["changed"] = "; ".join(spec_changes(previous, job)) or "nothing"
     if dry_run or as_json:
-        typer.echo(plan.to_json() if as_json else plan.render())
+        typer.echo(plan.to_json() if as_json else _human(plan.render()))  # a resumed spec comes from S3
     if bundle_files:
         listing = plan.payload.get("bundle_listing")
         typer.echo(
@@ -229,7 +231,7 @@ def list_jobs(
         except UserError as e:
             if backend:
                 raise
-            print(f"note: {name} jobs not listed: {e}", file=sys.stderr)  # e.g. no credentials
+            print(_human(f"note: {name} jobs not listed: {e}"), file=sys.stderr)  # e.g. no credentials
     jobs = sorted(jobs, key=lambda j: str(j.get("created") or j.get("updated") or ""), reverse=True)[:limit]
     if as_json:
         import json
@@ -238,17 +240,21 @@ def list_jobs(
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table("job", "backend", "status", "instance", "created", "detail")
     for j in jobs:
-        table.add_row(
-            j.get("job_name", ""),
-            j.get("backend", ""),
-            j.get("status", ""),
-            str(j.get("instance", "")),
+        # Text cells, not strings: rich would read a job's "[...]" as markup (a stray closing
+        # tag is an exception) and passes escape sequences through.
+        cells = (
+            j.get("job_name"),
+            j.get("backend"),
+            j.get("status"),
+            j.get("instance"),
             _when(j.get("created") or j.get("updated") or ""),
-            str(j.get("detail", "") or ""),
+            j.get("detail"),
         )
+        table.add_row(*(Text(_human(str(c or ""))) for c in cells))
     Console().print(table)
 
 
@@ -332,13 +338,13 @@ def cancel(
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
     if not now:
-        typer.echo(get_backend(ref.backend).cancel(ref))
+        typer.echo(_human(get_backend(ref.backend).cancel(ref)))
         return
     if ref.backend != "ec2":
         raise UserError(f"--now applies to EC2 jobs; {job} is a {ref.backend} job: drop --now")
     from .backends.ec2 import BACKEND as ec2
 
-    typer.echo(ec2.cancel_now(ref))
+    typer.echo(_human(ec2.cancel_now(ref)))
 
 
 @app.command()
@@ -361,7 +367,7 @@ def resume(
     spec = resume_spec(ref)
     plan = plan_job(spec, dry_run=dry_run)
     if dry_run or as_json:
-        typer.echo(plan.to_json() if as_json else plan.render())
+        typer.echo(plan.to_json() if as_json else _human(plan.render()))  # a resumed spec comes from S3
     _act(plan, spec, dry_run=dry_run, as_json=as_json, wait=wait, yes=yes)
 
 
@@ -497,7 +503,14 @@ def _show(info: dict, as_json: bool) -> None:
         typer.echo(json.dumps(info, indent=2, default=str))
     else:
         for k, v in info.items():
-            typer.echo(f"{k}: {_when(v) if k in ('created', 'updated') else v}")
+            typer.echo(_human(f"{k}: {_when(v) if k in ('created', 'updated') else v}"))
+
+
+def _human(text: str) -> str:
+    """`text` for a terminal: its lines as they are, any control character in them shown, not obeyed."""
+    from .logs import printable
+
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def _when(value: object) -> str:
@@ -521,7 +534,7 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as e:
         if os.environ.get("DISTRAIN_DEBUG"):
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(_human(f"error: {e}"), file=sys.stderr)
         sys.exit(e.exit_code)
 
 

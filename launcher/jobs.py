@@ -3,12 +3,17 @@
 Records live in `$DISTRAIN_HOME/jobs/<job>.json` (default `~/.distrain-cloud`); they hold where
 the job is (backend, region, work folder), never anything secret. A job with no record (submitted
 from another machine) is found by its local folder, else looked up on SageMaker.
+
+Records are read back as untrusted (a hand edit, a half-written file, another tool's file in
+the folder): one that is not the shape `write_record` writes is refused in one line naming it
+(`status`), or skipped with a note (`ls`); it never hides the other jobs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,13 +67,45 @@ def write_record(plan: Plan, *, region: str | None, workdir: Path | None) -> Non
     (folder / f"{check_name(plan.job_name)}.json").write_text(json.dumps(record, indent=2))
 
 
+# The keys a record's readers use, and the types they may hold (None: absent or null).
+_RECORD_KEYS: dict[str, tuple[type, ...]] = {
+    "region": (str,),
+    "workdir": (str,),
+    "stack": (str,),
+    "bucket": (str,),
+    "prefix": (str,),
+    "spec": (dict,),
+}
+
+
 def read_record(name: str) -> dict[str, Any] | None:
-    """The record written when job `name` was submitted from this machine, or None."""
+    """The record written when job `name` was submitted from this machine, or None; a file
+    there that is not a record is a UserError naming it."""
     path = records_dir() / f"{check_name(name)}.json"
     if not path.is_file():
         return None
-    record: dict[str, Any] = json.loads(path.read_text())
+    record, why = _load_record(path)
+    if record is None:
+        raise UserError(f"{path} is not a job record ({why}): delete it (or mend it) and run this again")
     return record
+
+
+def _load_record(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the record, "") or (None, what is wrong with it)."""
+    from .backends import BACKENDS
+
+    try:
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON, too many digits
+        return None, f"not JSON: {type(e).__name__}"
+    if not isinstance(record, dict):
+        return None, f"a JSON {type(record).__name__}, not an object"
+    if record.get("backend") not in BACKENDS:
+        return None, f"its backend is {str(record.get('backend'))[:40]!r}, not one of {', '.join(BACKENDS)}"
+    for key, types in _RECORD_KEYS.items():
+        if record.get(key) is not None and not isinstance(record[key], types):
+            return None, f"its {key!r} is a {type(record[key]).__name__}"
+    return record, ""
 
 
 def find_job(
@@ -92,10 +129,20 @@ def find_job(
 
 
 def recorded_jobs() -> list[dict[str, Any]]:
+    """Every record of this machine; a file that is not one is skipped with a note naming it."""
+    from .logs import printable
+
     folder = records_dir()
     if not folder.is_dir():
         return []
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    records = []
+    for path in sorted(folder.glob("*.json")):
+        record, why = _load_record(path)
+        if record is None:
+            print(printable(f"note: skipped the record {path}: {why} (delete it)"), file=sys.stderr)
+        else:
+            records.append(record)
+    return records
 
 
 def as_dict(ref: JobRef) -> dict[str, Any]:

@@ -3,6 +3,11 @@
 Backends yield `LogLine`s (`Backend.log_lines`); `print_log_lines` writes them as text, as
 the job printed them (cloud lines prefixed `[host] `), or with `--json` as JSON Lines: one
 `{"time", "host", "message"}` object per line and nothing else on stdout.
+
+Every byte of a log line, a node record or a failure reason was written by the job's code (or
+whoever can write its S3 prefix), so text from there reaches a terminal only through
+`printable`: escape sequences and other controls are shown, never obeyed. JSON output needs
+no such care: `json.dumps` escapes every control character itself.
 """
 
 from __future__ import annotations
@@ -11,6 +16,21 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+
+# Characters a terminal would act on rather than show: C0 controls but tab (ESC starts OSC 0
+# window titles, OSC 52 clipboard writes, CSI screen clears; CR overwrites what the line
+# showed), DEL, C1 controls (0x9b is a one-byte CSI to some terminals), and the bidirectional
+# overrides and isolates that make text read in another order than it runs. Each becomes its
+# Python escape (`\x1b`, `\r`, `\u202e`), so the line still says what was there.
+_SHOWN = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)] if c != 0x09}
+_SHOWN |= {ord("\r"): "\\r", ord("\n"): "\\n"}
+_SHOWN |= {c: f"\\u{c:04x}" for c in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+def printable(text: str) -> str:
+    """`text` safe to print to a person's terminal: every control but tab shown as its escape."""
+    return text.translate(_SHOWN)
+
 
 # The host of a local job's lines: this machine, one node. Its text lines go unprefixed.
 LOCAL_HOST = "local"
@@ -48,5 +68,5 @@ def iso_utc(epoch_ms: int) -> str:
 def print_log_lines(lines: Iterable[LogLine], *, as_json: bool = False) -> int:
     """Print each line as it comes (flushed: `--follow` output is read live); returns 0."""
     for line in lines:
-        print(line.to_json() if as_json else line.text(), flush=True)
+        print(line.to_json() if as_json else printable(line.text()), flush=True)
     return 0

@@ -4,14 +4,23 @@ Reads what every job leaves in its folder: `output/metrics.jsonl` (the trainer's
 rows), `output/sample.txt`, `model/training_args.json` (resolved settings, final metrics), and for
 local jobs `job.json` (the plan) and `status.json`; a cloud job's backend fetches the first three
 from S3 (`fetch_outputs`) and hands over its status. Charts are inline SVG drawn here (no plotting
-library: the launcher stays lean), also written as `plots/<name>.svg` beside the page.
+library: the launcher stays lean), also written as `plots/<slug>.svg` beside the page.
+
+Every byte read here was written by the job (or whoever can write its S3 prefix): each text
+that reaches the page is HTML-escaped, plot files are named by a slug of safe characters that
+no two metrics share, and a row that is not a metric row (no numeric step, not an object, not
+UTF-8) is skipped and counted, never a traceback.
 """
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import math
+import re
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +29,72 @@ from distrain_cloud.infra.errors import UserError
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
 
-def read_rows(job_dir: Path) -> list[dict[str, Any]]:
+# A value the charts can scale: finite, and far enough from float's limits that the spans
+# and ticks computed from it stay finite too.
+_PLOTTABLE = 1e300
+
+
+@dataclass
+class Rows:
+    """A metrics file's rows, and how many of its non-blank lines were no metric row."""
+
+    rows: list[dict[str, Any]]
+    skipped: int
+    lines: int
+
+
+def read_rows(job_dir: Path) -> Rows:
+    """The metric rows of `output/metrics.jsonl`: JSON objects with a finite numeric step. A line
+    cut short by a kill, or anything else (not UTF-8, not JSON, a list, a string step), is skipped."""
     path = job_dir / "output" / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"{job_dir}: no output/metrics.jsonl (the job logged no step yet, or this is not a job folder)")
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a kill: the rest still reports
+    rows, lines = [], 0
+    for line in path.read_bytes().splitlines():
+        if not line.strip():
             continue
-    return rows
+        lines += 1
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):  # ValueError: not UTF-8, not JSON, too many digits
+            continue
+        if isinstance(row, dict) and _number(row.get("step")) is not None:
+            rows.append(row)
+    if lines and not rows:
+        raise UserError(
+            f"{path} holds no metric rows ({lines} lines, none a JSON object with a numeric step): "
+            "is it a distrain-cloud job's metrics file?"
+        )
+    return Rows(rows, lines - len(rows), lines)
+
+
+def _number(value: Any) -> float | None:
+    """`value` as a float the charts can use, or None (a bool, a string, NaN, inf, 10**400)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if abs(number) < _PLOTTABLE else None  # NaN fails this too
+
+
+def slugs(names: list[str]) -> dict[str, str]:
+    """A file name stem for each name: lower-case letters, digits, `_` and `-` only (no `/`, no
+    `..`, the same on a case-insensitive disk), at most 80 characters, and no two alike."""
+    out: dict[str, str] = {}
+    taken: set[str] = set()
+    for name in names:
+        base = re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-")[:60] or "metric"
+        if base != name:  # changed or cut: a hash of the name keeps it apart from others
+            base = f"{base}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+        slug, n = base, 1
+        while slug in taken:  # two names may still meet (one spelt as the other's slug)
+            n += 1
+            slug = f"{base}-{n}"
+        taken.add(slug)
+        out[name] = slug
+    return out
 
 
 def charts(rows: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, list[tuple[float, float]]]]]:
@@ -38,8 +102,8 @@ def charts(rows: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, list[tu
 
     def series(key: str) -> list[tuple[float, float]]:
         # A resumed lineage repeats steps: the last value of each step wins, as in W&B.
-        last = {r["step"]: r[key] for r in rows if isinstance(r.get(key), (int, float))}
-        return sorted((float(s), float(v)) for s, v in last.items() if math.isfinite(v))
+        last = {_number(r["step"]): _number(r.get(key)) for r in rows if _number(r.get(key)) is not None}
+        return sorted((s, v) for s, v in last.items() if s is not None and v is not None)
 
     wanted = {
         "loss": ("Loss", {"train_loss": series("train_loss"), "eval_loss": series("eval_loss")}),
@@ -112,6 +176,8 @@ def _nice_range(lo: float, hi: float) -> tuple[float, float]:
 
 def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     raw = (hi - lo) / count
+    if not 1e-300 < raw < math.inf:  # a span too narrow for a tick's size: its ends only
+        return [lo, hi]
     step = 10 ** math.floor(math.log10(raw))
     step *= next(m for m in (1, 2, 5, 10) if step * m >= raw)
     first = math.ceil(lo / step) * step
@@ -126,43 +192,55 @@ def _fmt(v: float) -> str:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):  # ValueError: not UTF-8, not JSON, too many digits
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def write_report(job_dir: Path, out_dir: Path | None = None, *, status: dict[str, Any] | None = None) -> Path:
     """Write `<out_dir>/report.html` (default `<job_dir>/report/`) and its plots; return the page.
     `status` (a backend's status of the job) stands in for a local job's status.json."""
-    rows = read_rows(job_dir)
+    read = read_rows(job_dir)
+    rows = read.rows
     out_dir = out_dir or job_dir / "report"
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
     plan = _read_json(job_dir / "job.json")
     status = status if status is not None else _read_json(job_dir / "status.json")
     resolved = _read_json(job_dir / "model" / "training_args.json")
     sample = job_dir / "output" / "sample.txt"
+    sample_text = sample.read_bytes().decode(errors="replace") if sample.is_file() else None  # any bytes
 
     figures = []
-    for name, (title, lines) in charts(rows).items():
-        svg = svg_chart(title, lines)
-        (out_dir / "plots" / f"{name}.svg").write_text(svg)
-        figures.append(f'<figure id="plot-{name}">{svg}</figure>')
+    plotted = charts(rows)
+    for name, slug in slugs(list(plotted)).items():
+        svg = svg_chart(*plotted[name])
+        (out_dir / "plots" / f"{slug}.svg").write_text(svg)
+        figures.append(f'<figure id="plot-{slug}">{svg}</figure>')
 
     trains = [r for r in rows if "train_loss" in r]
     evals = [r for r in rows if "eval_loss" in r]
     final = {**(trains[-1] if trains else {}), **(evals[-1] if evals else {})}
     final.pop("time", None)
-    settings = {**plan.get("summary", {})} or {k: status[k] for k in ("backend", "instance") if status.get(k)}
-    command = plan.get("request", {}).get("command", [])
-    if "--" in command:
-        settings["training flags"] = " ".join(command[command.index("--") + 1 :])
+    settings = {**_dict(plan.get("summary"))} or {k: status[k] for k in ("backend", "instance") if status.get(k)}
+    command = _dict(plan.get("request")).get("command")
+    if isinstance(command, list) and "--" in command:
+        settings["training flags"] = " ".join(map(str, command[command.index("--") + 1 :]))
     for key in ("task", "model", "model_config", "dataset", "max_steps_resolved", "num_parameters", "world_size"):
         if resolved.get(key) is not None:
             settings[key] = resolved[key]
     name = job_dir.name
-    state = status.get("status", "unknown")
-    detail = status.get("detail", "")
+    state = _text(status.get("status")) or "unknown"
+    detail = _text(status.get("detail"))
+    skipped = f"; {read.skipped} of {read.lines} rows skipped (not metric rows)" if read.skipped else ""
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(name)}: report</title>
 <style>
@@ -178,7 +256,7 @@ pre {{ background: #f6f6f6; padding: 10px; white-space: pre-wrap; max-width: 900
 </style></head><body>
 <h1>{html.escape(name)}</h1>
 <p class="status">status: <b>{html.escape(state)}</b>{" (" + html.escape(detail) + ")" if detail else ""};
-{len(trains)} training log rows, {len(evals)} evaluations</p>
+{len(trains)} training log rows, {len(evals)} evaluations{skipped}</p>
 <h2>Final metrics</h2>
 {_table(final) if final else "<p>none logged</p>"}
 <h2>Plots</h2>
@@ -186,13 +264,19 @@ pre {{ background: #f6f6f6; padding: 10px; white-space: pre-wrap; max-width: 900
 {"".join(figures) or "<p>nothing to plot</p>"}
 </div>
 <h2>Generated sample</h2>
-{f"<pre>{html.escape(sample.read_text())}</pre>" if sample.is_file() else "<p>none (causal-lm runs save one)</p>"}
+{f"<pre>{html.escape(sample_text)}</pre>" if sample_text is not None else "<p>none (causal-lm runs save one)</p>"}
 <h2>Run configuration</h2>
 {_table(settings) if settings else "<p>no plan or resolved settings found</p>"}
 </body></html>
 """
     path = out_dir / "report.html"
     path.write_text(page)
+    if read.skipped:
+        print(
+            f"note: skipped {read.skipped} of {read.lines} rows of {job_dir / 'output' / 'metrics.jsonl'} "
+            "that are not metric rows (the report shows the rest)",
+            file=sys.stderr,
+        )
     return path
 
 

@@ -66,6 +66,8 @@ def get_backend(name: str) -> Backend:
 
 def wait_for(backend: Backend, job: JobRef, *, poll: float = 15.0) -> int:
     """Follow a job until it ends, printing each change of state once; 0 only if it completed."""
+    from ..logs import printable
+
     seen = None
     while True:
         info = backend.status(job)
@@ -73,8 +75,10 @@ def wait_for(backend: Backend, job: JobRef, *, poll: float = 15.0) -> int:
         if state != seen:
             shown = info["status"] + (f" / {info['secondary_status']}" if info.get("secondary_status") else "")
             print(
-                f"{time.strftime('%H:%M:%S')} {job.name}: {shown}"
-                + (f" - {info['detail']}" if info.get("detail") else ""),
+                printable(  # the status and its detail come from the job: shown, not obeyed
+                    f"{time.strftime('%H:%M:%S')} {job.name}: {shown}"
+                    + (f" - {info['detail']}" if info.get("detail") else "")
+                ),
                 file=sys.stderr,
                 flush=True,
             )

@@ -13,6 +13,7 @@ subnet, a resumed job's lineage) is a placeholder until preflight fills it in.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -446,6 +447,8 @@ class Ec2Backend:
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
         from distrain_cloud.infra import aws
 
+        from ..logs import printable
+
         region = aws.region(region)
         rows = []
         with aws.translate_errors():
@@ -456,16 +459,25 @@ class Ec2Backend:
                 names += [(n, bucket, prefix) for n in _job_names(s3, bucket, prefix)]
             names.sort(key=lambda item: _created_key(item[0]), reverse=True)
             for name, bucket, prefix in names[:limit]:
-                description = _read_json(s3, bucket, f"{_job_prefix(prefix, name)}/job.json")
-                if description is None:
+                key = f"{_job_prefix(prefix, name)}/job.json"
+                try:
+                    description = _read_json(s3, bucket, key)
+                    if description is None:
+                        continue
+                    check_description(description, name, f"s3://{bucket}/{key}")
+                    found = job_files(s3, bucket, prefix, name)
+                except UserError as e:  # one broken job must not hide the others
+                    print(printable(f"note: skipped EC2 job {name}: {e}"), file=sys.stderr)
                     continue
-                found = job_files(s3, bucket, prefix, name)
                 info = job_status(description, found, instances.get(name, []), now=time.time())
                 rows.append({**info, "backend": self.name})
         return rows
 
     def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
-        region, _, _, description = described(job)
+        region, bucket, prefix, description = described(job)
+        if not description.get("log_group"):
+            where = f"s3://{bucket}/{_job_prefix(prefix, job.name)}/job.json"
+            raise bad_record(where, "it names no log group, so its logs cannot be found")
         done: Callable[[], bool] = (lambda: bool(self.status(job)["terminal"])) if follow else (lambda: True)
         return cloud.log_lines(region, description["log_group"], job.name, lambda s: s.split("/", 1)[-1], done)
 
@@ -506,10 +518,22 @@ class Ec2Backend:
     def job_spec(self, job: JobRef) -> JobSpec | None:
         """The spec job `job` was submitted with, from its job description in S3 (for `resume`
         from a machine that has no record of it)."""
+        from pydantic import ValidationError
+
         from ..spec import JobSpec
 
         description = described(job)[3]
-        return JobSpec.model_validate(description["spec"]) if "spec" in description else None
+        if description.get("spec") is None:
+            return None
+        try:
+            return JobSpec.model_validate(description["spec"])
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(map(str, first["loc"])) or "spec"
+            raise UserError(
+                f"the spec in {job.name}'s job.json is not a job spec ({where}: {first['msg']}): "
+                f"submit it again with --resume-from {job.name}"
+            ) from None
 
 
 # ---------------------------------------------------------------------- the request
@@ -877,13 +901,14 @@ def described(job: JobRef) -> tuple[str, str, str, dict[str, Any]]:
 
     region = aws.region(job.region)
     bucket, prefix = job_location(job.name, region)
+    key = f"{_job_prefix(prefix, job.name)}/job.json"
     with aws.translate_errors():
-        description = _read_json(aws.client("s3", region), bucket, f"{_job_prefix(prefix, job.name)}/job.json")
+        description = _read_json(aws.client("s3", region), bucket, key)
     if description is None:
         raise UserError(
             f"no EC2 job {job.name} in s3://{bucket}/{prefix}/jobs/ ({region}); `distrain-cloud ls` lists the jobs"
         )
-    return region, bucket, prefix, description
+    return region, bucket, prefix, check_description(description, job.name, f"s3://{bucket}/{key}")
 
 
 def _places(region: str) -> list[tuple[str, str]]:
@@ -905,10 +930,18 @@ def _places(region: str) -> list[tuple[str, str]]:
 
 
 def _job_names(s3: Any, bucket: str, prefix: str) -> list[str]:
+    from ..logs import printable
+    from ..spec import JOB_NAME
+
     names = []
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/jobs/", Delimiter="/")
     for page in pages:
-        names += [p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for p in page.get("CommonPrefixes", [])]
+        for folder in page.get("CommonPrefixes", []):
+            name = folder["Prefix"].rstrip("/").rsplit("/", 1)[-1]
+            if JOB_NAME.fullmatch(name):
+                names.append(name)
+            else:  # no job of ours is named so: whoever wrote it, it is not one to read
+                print(printable(f"note: skipped s3://{bucket}/{folder['Prefix']}: not a job name"), file=sys.stderr)
     return names
 
 
@@ -918,18 +951,106 @@ def _created_key(job_name: str) -> str:
 
 
 def _read_json(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    """The JSON object at `key`, or None when there is no such object. Whoever can write the
+    job's prefix writes these: anything but a JSON object of at most RECORD_LIMIT bytes is one
+    UserError naming it (`bad_record`)."""
     from botocore.exceptions import ClientError
 
     from distrain_cloud.infra import aws
 
     try:
-        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        with contextlib.closing(s3.get_object(Bucket=bucket, Key=key)["Body"]) as body:
+            data = body.read(RECORD_LIMIT + 1)
     except ClientError as e:
         if aws.error_code(e) in ("NoSuchKey", "404"):
             return None
         raise
-    loaded: dict[str, Any] = json.loads(body)
+    where = f"s3://{bucket}/{key}"
+    if len(data) > RECORD_LIMIT:
+        raise bad_record(where, f"over {RECORD_LIMIT // 1024} KiB")
+    try:
+        loaded = json.loads(data)
+    except (ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON, too many digits
+        raise bad_record(where, f"not JSON: {type(e).__name__}") from None
+    if not isinstance(loaded, dict):
+        raise bad_record(where, f"a JSON {type(loaded).__name__}, not an object")
     return loaded
+
+
+# A record's size limit: job.json with its spec is a few KiB, a node record less.
+RECORD_LIMIT = 1024 * 1024
+# A node count far above what a spec allows (64), and still small enough to count through.
+_MAX_NODES = 4096
+# The keys of job.json that status, ls, logs, report and resume read: (types, required).
+_NUMBER = (int, float)
+_DESCRIPTION_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "job": ((str,), True),
+    "nodes": ((int,), True),
+    "lineage": ((str,), True),
+    "attempt": ((int,), True),
+    "deadline": (_NUMBER, True),
+    "log_group": ((str,), False),  # `logs` says so when it is missing
+    "checkpoint_uri": ((str,), True),
+    "model_uri": ((str,), True),
+    "output_uri": ((str,), True),
+    "submitted": (_NUMBER, False),
+    "instance_type": ((str,), False),
+    "spot": ((bool,), False),
+    "spec": ((dict,), False),
+}
+# A node record's keys (training/node_agent.py writes them), none required but status.
+_NODE_KEYS: dict[str, tuple[type, ...]] = {
+    "step": (int,),
+    "exit_code": (int,),
+    "reason": (str,),
+    "phase": (str,),
+    "instance_id": (str,),
+    "time": _NUMBER,
+}
+
+
+def bad_record(where: str, why: str) -> UserError:
+    return UserError(f"{where} is not a record distrain-cloud wrote ({why}); `aws s3 cp {where} -` shows it")
+
+
+def _wrong_type(record: dict[str, Any], key: str, types: tuple[type, ...], required: bool) -> str | None:
+    """What is wrong with `record[key]`, or None. A bool is no number; a number must be finite
+    and within what time and counts can hold."""
+    if key not in record or record[key] is None:
+        return f"it has no {key!r}" if required else None
+    value = record[key]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        return f"its {key!r} is a {type(value).__name__}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not (-1e11 < value < 1e11):
+        return f"its {key!r} is out of range"
+    return None
+
+
+def check_description(description: dict[str, Any], job_name: str, where: str) -> dict[str, Any]:
+    """job.json of EC2 job `job_name`, checked to be the shape `job_description` writes."""
+    for key, (types, required) in _DESCRIPTION_KEYS.items():
+        wrong = _wrong_type(description, key, types, required)
+        if wrong:
+            raise bad_record(where, wrong)
+    if description["job"] != job_name:
+        raise bad_record(where, f"it names another job, {description['job'][:80]!r}")
+    if not 1 <= description["nodes"] <= _MAX_NODES or description["attempt"] < 0:
+        raise bad_record(where, f"{description['nodes']} nodes, attempt {description['attempt']}")
+    return description
+
+
+def check_node_record(record: dict[str, Any], where: str) -> dict[str, Any]:
+    """A node's record (`nodes/<rank>.json`), checked to be what the node agent writes."""
+    status = record.get("status")
+    if not isinstance(status, str) or status not in {s.value for s in Ec2JobStatus}:
+        raise bad_record(where, f"its 'status' is {str(record.get('status'))[:40]!r}")
+    for key, types in _NODE_KEYS.items():
+        wrong = _wrong_type(record, key, types, False)
+        if wrong:
+            raise bad_record(where, wrong)
+    if (record.get("step") or 0) < 0:
+        raise bad_record(where, "its 'step' is negative")
+    return record
 
 
 def _put_json(region: str, bucket: str, key: str, body: dict[str, Any]) -> None:
@@ -962,15 +1083,18 @@ def job_files(s3: Any, bucket: str, prefix: str, job_name: str) -> dict[str, Any
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{root}/nodes/")
     for page in pages:
         for item in page.get("Contents", []):
-            rank = item["Key"].rsplit("/", 1)[-1].removesuffix(".json")
-            record = _read_json(s3, bucket, item["Key"]) if rank.isdigit() else None
-            if record is not None:
-                nodes[int(rank)] = record
-    return {
-        "nodes": nodes,
-        "stop": _read_json(s3, bucket, f"{root}/stop"),
-        "launch": _read_json(s3, bucket, f"{root}/launch.json"),
-    }
+            rank = re.fullmatch(r"nodes/([0-9]{1,6})\.json", item["Key"].removeprefix(f"{root}/"))
+            record = _read_json(s3, bucket, item["Key"]) if rank else None
+            if rank and record is not None:
+                nodes[int(rank.group(1))] = check_node_record(record, f"s3://{bucket}/{item['Key']}")
+    found: dict[str, Any] = {"nodes": nodes}
+    for name, key in (("stop", "stop"), ("launch", "launch.json")):
+        record = _read_json(s3, bucket, f"{root}/{key}")
+        wrong = record and _wrong_type(record, "reason", (str,), False)
+        if wrong:
+            raise bad_record(f"s3://{bucket}/{root}/{key}", wrong)
+        found[name] = record
+    return found
 
 
 def tagged_instances(region: str, job_name: str | None = None) -> dict[str, list[dict[str, Any]]]:

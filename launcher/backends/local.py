@@ -208,13 +208,13 @@ class LocalBackend:
 
     def status(self, job: JobRef) -> dict[str, Any]:
         root = self._root(job)
-        info = json.loads((root / "status.json").read_text())
+        info = _read_status(root)
         if info["status"] == "InProgress" and _gone(info):
             # Killed with the command that ran it (kill -9, a closed terminal, a reboot): nobody
             # is left to record how it ended. Recorded now, so a reused pid cannot revive it.
             detail = f"its processes (pid {info['pid']}) ended without recording an exit status; see job.log"
             _write_status(root, "Lost", detail=detail)
-            info = json.loads((root / "status.json").read_text())
+            info = _read_status(root)
         return {
             "job_name": job.name,
             **info,
@@ -223,14 +223,19 @@ class LocalBackend:
         }
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
+        from ..logs import printable
+
         if not workdir.is_dir():
             return []
-        jobs = [
-            {**self.status(JobRef(p.name, self.name, workdir=workdir)), "backend": self.name}
-            for p in workdir.iterdir()
-            if (p / "status.json").is_file()
-        ]
-        return sorted(jobs, key=lambda j: j.get("updated", 0), reverse=True)[:limit]
+        jobs = []
+        for p in sorted(workdir.iterdir()):
+            if not (p / "job.json").is_file() or not (p / "status.json").is_file():
+                continue  # not a job folder
+            try:
+                jobs.append({**self.status(JobRef(p.name, self.name, workdir=workdir)), "backend": self.name})
+            except UserError as e:  # one broken folder must not hide the others
+                print(printable(f"note: skipped local job {p.name}: {e}"), file=sys.stderr)
+        return sorted(jobs, key=lambda j: j.get("updated") or 0, reverse=True)[:limit]
 
     def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
         from ..logs import LOCAL_HOST, split_lines
@@ -262,12 +267,16 @@ def _lineage(workdir: Path, job: str) -> tuple[Path, str]:
     resume keeps the first job's folder; a folder with no plan falls back to its own."""
     plan_file = workdir / job / "job.json"
     if plan_file.is_file():
-        plan = json.loads(plan_file.read_text())
-        env = plan.get("request", {}).get("env", {})
-        folder = env.get("DISTRAIN_CHECKPOINT_DIR")
-        if folder:
-            lineage = env.get("DISTRAIN_LINEAGE") or plan.get("summary", {}).get("lineage")
-            return Path(folder), str(lineage or Path(folder).parent.name)
+        try:  # what submit wrote, unless someone changed it: any other shape counts as no plan
+            plan = json.loads(plan_file.read_bytes())
+        except (ValueError, RecursionError):
+            plan = None
+        request = plan.get("request") if isinstance(plan, dict) else None
+        env = request.get("env") if isinstance(request, dict) else None
+        folder = env.get("DISTRAIN_CHECKPOINT_DIR") if isinstance(env, dict) else None
+        if folder and isinstance(folder, str):
+            lineage = env.get("DISTRAIN_LINEAGE") if isinstance(env, dict) else None
+            return Path(folder), lineage if isinstance(lineage, str) and lineage else Path(folder).parent.name
     return (workdir / job / "checkpoints").resolve(), job
 
 
@@ -314,6 +323,44 @@ def _has_training_stack() -> bool:
     import importlib.util
 
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "accelerate"))
+
+
+# status.json as `_write_status` writes it: the keys `status` and `ls` read, and their types.
+LOCAL_STATUSES = ("InProgress", "Completed", "Failed", "Stopped", "Lost")
+_STATUS_KEYS: dict[str, tuple[type, ...]] = {
+    "exit_code": (int,),
+    "pid": (int,),
+    "host": (str,),
+    "updated": (int, float),
+    "detail": (str,),
+}
+
+
+def _read_status(root: Path) -> dict[str, Any]:
+    """`root/status.json`, checked: a file that is not what `_write_status` writes (a hand
+    edit, a disk that filled mid-write) is one UserError naming it."""
+    path = root / "status.json"
+
+    def bad(why: str) -> UserError:
+        return UserError(f"{path} is not a job status ({why}): the job's own log is {root / 'job.log'}")
+
+    try:
+        info = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise UserError(f"{root.name} has no {path.name} yet: it is starting, or it was not started") from None
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON, too many digits
+        raise bad(f"not JSON: {type(e).__name__}") from None
+    if not isinstance(info, dict):
+        raise bad(f"a JSON {type(info).__name__}, not an object")
+    if info.get("status") not in LOCAL_STATUSES:
+        raise bad(f"its status is {str(info.get('status'))[:40]!r}, not one of {', '.join(LOCAL_STATUSES)}")
+    for key, types in _STATUS_KEYS.items():
+        value = info.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise bad(f"its {key!r} is a {type(value).__name__}")
+    if info.get("pid") is not None and info["pid"] <= 0:  # os.kill(0 or -1, ...) asks about other processes
+        raise bad(f"its pid is {info['pid']}")
+    return info
 
 
 def _write_status(root: Path, status: str, exit_code: int | None = None, **extra: Any) -> None:
