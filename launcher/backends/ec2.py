@@ -536,7 +536,9 @@ def run_instances_request(parts: _Parts, where: _Where, user_data: str, subnet: 
         "UserData": user_data,
         "IamInstanceProfile": {"Name": where.instance_profile},
         "InstanceInitiatedShutdownBehavior": "terminate",
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        # IMDSv2 only, and one hop: a container on the node (a second hop) gets no token, so no
+        # role credentials (DLAMIs default to 2).
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
         "BlockDeviceMappings": [
             {
                 "DeviceName": where.root_device,

@@ -184,6 +184,7 @@ def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once
     assert tags["distrain-cloud:stack"] == "distrain-cloud" and tags["distrain-cloud:lineage"] == job
     assert nodes[0]["IamInstanceProfile"]["Arn"].endswith("/node-profile")
     assert nodes[0]["MetadataOptions"]["HttpTokens"] == "required"
+    assert nodes[0]["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
     assert nodes[0]["InstanceLifecycle"] == "spot"
     user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
         InstanceId=nodes[0]["InstanceId"], Attribute="userData"

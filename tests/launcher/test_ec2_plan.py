@@ -69,7 +69,9 @@ def test_g4dn_12xlarge_runs_four_processes_in_fp16_on_a_t4_capable_ami():
     assert "T4" in family.gpu_models and family.python == "/opt/pytorch/bin/python" and family.torch is None
     assert family.ssm_parameter in request["ImageId"]  # a placeholder naming where the AMI comes from
     assert request["InstanceType"] == "g4dn.12xlarge" and request["MinCount"] == request["MaxCount"] == 1
-    assert request["MetadataOptions"]["HttpTokens"] == "required"
+    # IMDSv2 only, and one hop: a container on the node (one more hop) cannot take the role's credentials.
+    metadata = {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1}
+    assert request["MetadataOptions"] == metadata
     assert request["InstanceInitiatedShutdownBehavior"] == "terminate"
     (volume,) = request["BlockDeviceMappings"]
     assert volume["DeviceName"] == family.root_device
