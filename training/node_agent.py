@@ -1,6 +1,6 @@
 """The node agent: what runs on every EC2 instance of a job, once the user data has verified the bundle.
 
-    python -m distrain_cloud.training.node_agent --job s3://B/P/jobs/<job>/job.json
+    python -m distrain_cloud.training.node_agent --job s3://B/P/jobs/<job>/job.json --job-sha256 <hex>
 
 On each node, in order: read who it is from the instance metadata (IMDSv2), meet the other nodes
 through S3 (no ec2:Describe* rights, no SSH, no dependence on boot order), restore the lineage's
@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -57,10 +59,19 @@ MAX_BATCH_BYTES = 1_048_576
 MAX_BATCH_EVENTS = 10_000
 EVENT_OVERHEAD = 26
 MAX_MESSAGE_BYTES = 256 * 1024 - EVENT_OVERHEAD
+# The most the agent reads of a record (a node's, the stop marker, a rendezvous entry) or of job.json:
+# anything in the job's folder may be planted, and a planted 5 GB "record" must not fill the memory.
+MAX_RECORD_BYTES = 1 << 20
+MAX_JOB_BYTES = 4 << 20
 
 
 class NodeFailure(Exception):
     """Ends this node with status Failed; str() is the one-line reason its record carries."""
+
+
+class BadObject(ValueError):
+    """An S3 object that is not what the agent expects (no JSON, too large, the wrong shape); str()
+    names it and says why in one line."""
 
 
 class StopRequested(Exception):
@@ -146,11 +157,17 @@ class Job:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Job:
+        if not isinstance(data, dict):
+            raise NodeFailure("job.json is not a JSON object: the launcher and the bundle disagree")
         required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
         missing = [name for name in required if name not in data]
         if missing:
             raise NodeFailure(f"job.json lacks {', '.join(missing)}: the launcher and the bundle disagree")
         known = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}  # newer launchers add keys
+        for f in fields(cls):  # a wrong type is one line here, not a traceback where it is first used
+            if f.name in known and not _has_shape(f.name, str(f.type), known[f.name]):
+                what = "an integer >= 1" if f.name in _AT_LEAST_ONE else _SHAPES.get(str(f.type), (None, f.type))[1]
+                raise NodeFailure(f"job.json's {f.name} is not {what}: the launcher and the bundle disagree")
         return cls(**known)
 
     def key(self, *parts: str) -> str:
@@ -159,6 +176,31 @@ class Job:
 
     def stream(self, rank: int) -> str:
         return f"{self.job}/node-{rank}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# Job's field annotations (strings: `from __future__ import annotations`) -> (check, words for the error).
+_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "int": (_is_int, "an integer"),
+    "float": (lambda v: (_is_int(v) or isinstance(v, float)) and math.isfinite(v), "a finite number"),
+    "list[str]": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "dict[str, str]": (
+        lambda v: isinstance(v, dict) and all(isinstance(x, str) for kv in v.items() for x in kv),
+        "an object of strings",
+    ),
+}
+_AT_LEAST_ONE = {"nodes", "processes_per_node"}
+
+
+def _has_shape(name: str, annotation: str, value: Any) -> bool:
+    check = _SHAPES.get(annotation)
+    if check is None or not check[0](value):
+        return False
+    return name not in _AT_LEAST_ONE or value >= 1
 
 
 @dataclass(frozen=True)
@@ -249,16 +291,36 @@ class Store:
         self.bucket = bucket
         self.s3 = s3 if s3 is not None else client("s3", region)
 
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
     def put_json(self, key: str, value: Any) -> None:
         self.s3.put_object(Bucket=self.bucket, Key=key, Body=json.dumps(value).encode())
 
-    def get_json(self, key: str) -> Any:
-        """The JSON at `key`, or None when there is none."""
+    def get_bytes(self, key: str, limit: int = MAX_RECORD_BYTES) -> bytes | None:
+        """The first `limit` + 1 bytes at `key` (so that a caller can tell "too large"), or None when
+        there is no such object."""
         try:
-            body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"]
         except self.s3.exceptions.NoSuchKey:
             return None
-        return json.loads(body)
+        try:
+            return bytes(body.read(limit + 1))
+        finally:
+            body.close()
+
+    def get_json(self, key: str) -> Any:
+        """The JSON at `key`, or None when there is none; BadObject, naming it, for anything that is
+        not JSON of at most MAX_RECORD_BYTES (every object the agent reads may have been planted)."""
+        data = self.get_bytes(key)
+        if data is None:
+            return None
+        if len(data) > MAX_RECORD_BYTES:
+            raise BadObject(f"{self.uri(key)} is larger than {MAX_RECORD_BYTES} bytes")
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+            raise BadObject(f"{self.uri(key)} is not JSON ({type(e).__name__})") from None
 
     def list(self, prefix: str) -> dict[str, dict[str, Any]]:
         """key -> its listing entry (Size, LastModified, ETag), for every key under `prefix`."""
@@ -1098,11 +1160,27 @@ def power_off(command: str) -> None:
     subprocess.run(["bash", "-c", command], check=False)
 
 
-def run_node(job_uri: str, settings: Settings, sink: LogSink, signalled: threading.Event) -> int:
+def read_job(store: Store, job_uri: str, sha256: str) -> Job:
+    """job.json, trusted only once its bytes are the ones the plan hashed (the user data pins their
+    sha256, as it pins the bundle's): the bytes hashed are the bytes parsed, from one read."""
+    key = parse_s3_uri(job_uri)[1]
+    data = store.get_bytes(key, MAX_JOB_BYTES)
+    if data is None:
+        raise NodeFailure(f"{job_uri} does not exist")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise NodeFailure(
+            f"job.json hash mismatch: {job_uri} has sha256 {digest[:12]}..., the plan hashed {sha256[:12]}..."
+        )
+    return Job.from_dict(json.loads(data))
+
+
+def run_node(job_uri: str, job_sha256: str, settings: Settings, sink: LogSink, signalled: threading.Event) -> int:
     """This node's whole job; -> the agent's exit code: 0 once this node's final record is written,
     whatever its status (the record says how the job went; the user data's fallback, which records
     "the node agent exited with code N", is for an agent that could not say it). Failures before the
-    job description is read are recorded beside job.json when the bucket can be reached at all."""
+    job description is read are recorded beside job.json when the bucket can be reached at all, with
+    the stop marker the other nodes watch (as the user data does when the bundle is not the planned one)."""
     from distrain_cloud.infra.aws import client
 
     try:
@@ -1115,15 +1193,20 @@ def run_node(job_uri: str, settings: Settings, sink: LogSink, signalled: threadi
     bucket, key = parse_s3_uri(job_uri)
     store = Store(bucket, region)
     try:
-        data = store.get_json(key)
-        if data is None:
-            raise NodeFailure(f"{job_uri} does not exist")
-        job = Job.from_dict(data)
+        job = read_job(store, job_uri, job_sha256)
     except Exception as e:
         reason = str(e) if isinstance(e, NodeFailure) else f"cannot read {job_uri}: {_short(e)}"
         sink.agent(f"failed: {reason}")
+        folder, now = key.rpartition("/")[0], time.time()
         record = {"status": "Failed", "exit_code": 1, "reason": reason, "step": None, "instance_id": me.instance_id}
-        store.put_json(f"{key.rpartition('/')[0]}/nodes/{me.launch_index}.json", {**record, "time": time.time()})
+        store.put_json(f"{folder}/nodes/{me.launch_index}.json", {**record, "time": now})
+        try:
+            if store.get_bytes(f"{folder}/stop", 0) is None:  # the first, specific word stays
+                detail = f"node {me.launch_index} failed: {reason}"
+                stop = {"reason": "peer-failed", "by": me.instance_id, "rank": me.launch_index, "detail": detail}
+                store.put_json(f"{folder}/stop", {**stop, "time": now})
+        except Exception as e:  # the record says it all; the peers also see it through failed_peer
+            sink.agent(f"could not write the stop marker ({_short(e)})")
         return 0
     sink.to_cloudwatch(client("logs", job.region), job.log_group, job.stream(me.launch_index), settings.log_flush_s)
     agent = Agent(job, me, settings, store=store, imds=imds, sink=sink, ec2=client("ec2", job.region))
@@ -1135,6 +1218,7 @@ def run_node(job_uri: str, settings: Settings, sink: LogSink, signalled: threadi
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="distrain-node-agent", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--job", required=True, metavar="S3_URI", help="the job description, s3://B/P/jobs/<job>/job.json")
+    p.add_argument("--job-sha256", required=True, metavar="HEX", help="the sha256 the plan gave job.json's bytes")
     ns = p.parse_args(argv)
     settings = Settings.from_env()
     sink = LogSink(settings.work / "node-agent.log")
@@ -1143,7 +1227,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: signalled.set())
     code = 1
     try:
-        code = run_node(ns.job, settings, sink, signalled)
+        code = run_node(ns.job, ns.job_sha256, settings, sink, signalled)
     except BaseException:  # whatever happens, the instance must not outlive the job
         sink.write(traceback.format_exc())
     finally:

@@ -107,6 +107,18 @@ def test_job_description_names_what_it_lacks():
     assert make_job(prefix="").key("stop") == "jobs/job-a1/stop"
 
 
+@pytest.mark.parametrize(
+    "key, value",
+    [("nodes", "2"), ("nodes", 0), ("train_argv", "--max-steps 10"), ("secrets", {"HF_TOKEN": 1}), ("job", None),
+     ("deadline", True), ("env", ["A=1"])],
+)  # fmt: skip
+def test_a_job_description_of_the_wrong_shape_is_one_line_naming_the_key(key, value):
+    with pytest.raises(NodeFailure, match=f"^job.json's {key} is not "):
+        Job.from_dict({**make_job().__dict__, key: value})
+    with pytest.raises(NodeFailure, match="^job.json is not a JSON object"):
+        Job.from_dict([make_job().__dict__])  # type: ignore[arg-type]
+
+
 def test_the_trainer_gets_the_job_descriptions_variables_under_the_contracts(tmp_path):
     env = {"DISTRAIN_LINEAGE": "lin", "DISTRAIN_INSTANCE_TYPE": "g5.xlarge", "DISTRAIN_WANDB_RUN_ID": "lin"}
     # A description may not move the contract's folders: those are the agent's to say.
@@ -703,12 +715,12 @@ def test_sigterm_to_the_agent_stops_every_node(cluster):
     }
 
 
-def agent_process(env: dict[str, str], job_uri: str) -> subprocess.CompletedProcess[str]:
+def agent_process(env: dict[str, str], job_uri: str, job_sha256: str = "0" * 64) -> subprocess.CompletedProcess[str]:
     import os
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DISTRAIN_"))}
     return subprocess.run(
-        [sys.executable, "-m", "distrain_cloud.training.node_agent", "--job", job_uri],
+        [sys.executable, "-m", "distrain_cloud.training.node_agent", "--job", job_uri, "--job-sha256", job_sha256],
         env={**base, **env},
         capture_output=True,
         text=True,
@@ -754,9 +766,36 @@ def test_the_agent_powers_off_on_every_path_even_before_it_knows_the_job(tmp_pat
         record = json.loads(s3.get_object(Bucket=BUCKET, Key="p/jobs/j/nodes/1.json")["Body"].read())
         assert (record["status"], record["reason"]) == ("Failed", f"s3://{BUCKET}/p/jobs/j/job.json does not exist")
         assert record["instance_id"] == "i-0abc"
+
+        # A job.json that is not the one the plan hashed (rewritten after submit): the node trusts
+        # none of it, fails with one line, and stops its peers, as a swapped bundle does.
+        import hashlib
+
+        planned = json.dumps(make_job(bucket=BUCKET, prefix="p", job="k").__dict__).encode()
+        rewritten = planned.replace(b'"train_argv": [', b'"train_argv": ["--evil", ')
+        s3.put_object(Bucket=BUCKET, Key="p/jobs/k/job.json", Body=rewritten)
+        with FakeImds(instance_id="i-0abd", launch_index=0) as fake:
+            r = agent_process(
+                {"DISTRAIN_EC2_WORK": str(tmp_path / "c"), "DISTRAIN_EC2_POWEROFF": poweroff,
+                 "AWS_EC2_METADATA_SERVICE_ENDPOINT": fake.endpoint, "AWS_ENDPOINT_URL": f"http://{host}:{port}"},
+                f"s3://{BUCKET}/p/jobs/k/job.json",
+                hashlib.sha256(planned).hexdigest(),
+            )  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "Traceback" not in r.stdout + r.stderr
+        record = json.loads(s3.get_object(Bucket=BUCKET, Key="p/jobs/k/nodes/0.json")["Body"].read())
+        digest, pinned = hashlib.sha256(rewritten).hexdigest(), hashlib.sha256(planned).hexdigest()
+        assert (record["status"], record["reason"]) == (
+            "Failed",
+            f"job.json hash mismatch: s3://{BUCKET}/p/jobs/k/job.json has sha256 {digest[:12]}..., "
+            f"the plan hashed {pinned[:12]}...",
+        )
+        stop = json.loads(s3.get_object(Bucket=BUCKET, Key="p/jobs/k/stop")["Body"].read())
+        assert (stop["reason"], stop["rank"]) == ("peer-failed", 0) and "job.json hash mismatch" in stop["detail"]
+        assert "--evil" not in (tmp_path / "c" / "node-agent.log").read_text()
     finally:
         server.stop()
-    assert (tmp_path / "poweroff.log").read_text() == "powered-off\n" * 2
+    assert (tmp_path / "poweroff.log").read_text() == "powered-off\n" * 3
 
 
 def _closed_port() -> int:
