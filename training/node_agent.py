@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import ipaddress
 import json
 import math
 import os
@@ -356,26 +357,43 @@ def rendezvous(
     stop_check: Callable[[], None] = lambda: None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    log: Callable[[str], None] = lambda message: None,
 ) -> list[dict[str, Any]]:
     """Meet the other nodes of this launch; -> their records, ordered by rank (= launch index).
 
     One RunInstances call gives every node the same reservation id and launch indices 0..N-1, so
     the folder and the ranks need no coordination and no ec2:Describe* rights; a relaunch gets a
     new reservation id, so records of an earlier launch are never read. `stop_check` raises to
-    give up early (a cancel, a peer that failed to boot).
+    give up early (a cancel, a peer that failed to boot). Only `<i>.json` for i in 0..N-1 with a
+    valid body counts; anything else in the folder is named once through `log` and ignored.
     """
     folder = job.key("rendezvous", me.reservation_id) + "/"
     mine = {"ip": me.ip, "instance_id": me.instance_id, "launch_index": me.launch_index, "time": time.time()}
     store.put_json(f"{folder}{me.launch_index}.json", mine)
     start = clock()
+    judged: dict[str, str] = {}  # key -> the ETag read: a body is read (and an odd one named) once
+    found: dict[int, dict[str, Any]] = {}
     while True:
-        joined = sorted(int(k[len(folder) : -len(".json")]) for k in store.list(folder) if k.endswith(".json"))
+        for key, item in store.list(folder).items():
+            if judged.get(key) == item.get("ETag"):
+                continue
+            judged[key] = str(item.get("ETag"))
+            index = _rank_of(key[len(folder) :], job.nodes)
+            entry, why = None, f"not a record of node 0..{job.nodes - 1}"
+            if index is not None:
+                found.pop(index, None)  # what it says now is what counts
+                try:
+                    entry, why = _rendezvous_entry(store.get_json(key), index), f"not a valid entry of node {index}"
+                except BadObject as e:
+                    why = str(e).removeprefix(store.uri(key) + " ")
+            if entry is None or index is None:
+                log(f"ignored {key!r} in the rendezvous folder: {why}")
+            else:
+                found[index] = entry
+        joined = sorted(found)
         progress(len(joined))
         if len(joined) >= job.nodes:
-            records = [store.get_json(f"{folder}{i}.json") for i in range(job.nodes)]
-            if any(r is None for r in records):
-                raise NodeFailure(f"rendezvous records of {folder} are not numbered 0..{job.nodes - 1}: {joined}")
-            return records
+            return [found[i] for i in range(job.nodes)]
         stop_check()
         if clock() - start >= job.rendezvous_timeout_s:
             missing = [i for i in range(job.nodes) if i not in joined]
@@ -387,17 +405,41 @@ def rendezvous(
         sleep(poll_s)
 
 
+_RECORD_NAME = re.compile(r"(0|[1-9][0-9]{0,8})\.json")
+
+
+def _rank_of(name: str, nodes: int) -> int | None:
+    """The rank a record's file name (`<rank>.json`, no leading zeros) gives, if it is one of 0..nodes-1."""
+    m = _RECORD_NAME.fullmatch(name)
+    return int(m.group(1)) if m and int(m.group(1)) < nodes else None
+
+
+def _rendezvous_entry(body: Any, index: int) -> dict[str, Any] | None:
+    """The entry node `index` wrote (its address, instance id, launch index), or None when `body` is
+    not one: the address becomes the main node's address of every launcher, so it must be an IP."""
+    if not isinstance(body, dict) or not _is_int(body.get("launch_index")) or body["launch_index"] != index:
+        return None
+    ip, instance_id = body.get("ip"), body.get("instance_id")
+    if not isinstance(ip, str) or not isinstance(instance_id, str):
+        return None
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        return None
+    return {"ip": ip, "instance_id": instance_id, "launch_index": index}
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_CHECKPOINT = re.compile(r"checkpoint-([0-9]+)")  # fullmatch: "checkpoint-5\n" is no checkpoint
 
 
 def checkpoint_folders(root: Path) -> list[tuple[int, Path]]:
     """(step, folder) of every local checkpoint folder, complete or not, oldest first."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _CHECKPOINT.fullmatch(p.name))]
     return sorted(found)
 
 
@@ -410,17 +452,45 @@ def remote_checkpoints(store: Store, prefix: str) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for key in store.list(prefix):
         name, _, rel = key[len(prefix) :].partition("/")
-        if _CHECKPOINT.match(name) and rel:
+        if _CHECKPOINT.fullmatch(name) and rel:
             out.setdefault(name, set()).add(rel)
     return out
 
 
-def restore_checkpoint(store: Store, prefix: str, root: Path) -> str | None:
+def local_path(folder: Path, rel: str) -> Path | None:
+    """Where the file `rel` (the rest of an S3 key) goes under `folder`, or None where it would go
+    anywhere else. The string rules refuse what no trainer writes (an absolute path, "." or ".."
+    parts, empty parts as in "a//b" or a folder marker "a/", a backslash, a NUL); the resolved path
+    must then still lie inside the resolved folder, which also catches a link already on disk."""
+    parts = rel.split("/")
+    if not rel or "\x00" in rel or "\\" in rel or any(part in ("", ".", "..") for part in parts):
+        return None
+    base = folder.resolve()
+    target = (base / rel).resolve()
+    return target if target != base and target.is_relative_to(base) else None
+
+
+def _download_within(store: Store, key: str, folder: Path, rel: str, log: Callable[[str], None]) -> bool:
+    """Download `key` to `rel` under `folder` unless that leaves the folder: then one line naming
+    the key, and the key is skipped (no trainer wrote it; the restore goes on without it)."""
+    target = local_path(folder, rel)
+    if target is None:
+        log(f"refused {key!r}: its file would not be inside {folder}; skipped")
+        return False
+    try:
+        store.download(key, target)
+    except OSError as e:  # "a" and "a/b" both in S3: one cannot be both a file and a folder here
+        raise NodeFailure(f"cannot restore {key!r} into {folder} ({_short(e)})") from None
+    return True
+
+
+def restore_checkpoint(store: Store, prefix: str, root: Path, log: Callable[[str], None] = print) -> str | None:
     """Download the newest complete checkpoint of the lineage (every node's files) into `root`.
 
     Each node needs the union: the model and optimizer state were written on rank 0's disk, the
     RNG states on every node's. Incomplete folders (no COMPLETE: a save or an upload cut short)
     are ignored. -> the folder's name, or None when the lineage has no complete checkpoint yet.
+    A key whose file would land outside the checkpoint's folder is refused with one line (`log`).
     """
     complete = sorted(name for name, files in remote_checkpoints(store, prefix).items() if MARKER in files)
     if not complete:
@@ -430,7 +500,7 @@ def restore_checkpoint(store: Store, prefix: str, root: Path) -> str | None:
     # The marker last, as the trainer wrote it: a download cut short is never taken for complete.
     for rel in sorted(files - {MARKER}) + [MARKER]:
         if not rel.startswith(UPLOADED):
-            store.download(f"{prefix}{name}/{rel}", root / name / rel)
+            _download_within(store, f"{prefix}{name}/{rel}", root / name, rel, log)
     return name
 
 
@@ -452,12 +522,12 @@ def upload_compile_cache(store: Store, prefix: str, root: Path) -> int:
     return sent
 
 
-def restore_compile_cache(store: Store, prefix: str, root: Path) -> int:
-    """Download the lineage's compiler cache into `root`/compile-cache; -> how many files."""
-    remote = store.list(f"{prefix}{COMPILE_CACHE}/")
-    for key in remote:
-        store.download(key, root / COMPILE_CACHE / key[len(prefix) + len(COMPILE_CACHE) + 1 :])
-    return len(remote)
+def restore_compile_cache(store: Store, prefix: str, root: Path, log: Callable[[str], None] = print) -> int:
+    """Download the lineage's compiler cache into `root`/compile-cache; -> how many files. A key
+    whose file would land outside that folder is refused with one line (`log`)."""
+    folder = f"{prefix}{COMPILE_CACHE}/"
+    target = root / COMPILE_CACHE
+    return sum(_download_within(store, key, target, key[len(folder) :], log) for key in store.list(folder))
 
 
 class CheckpointSync:
@@ -488,7 +558,10 @@ class CheckpointSync:
 
     def _ours(self, name: str, rank: int) -> bool:
         """Whether node `rank` uploaded its part of `name` for this job."""
-        body = self.store.get_json(self._marker(name, rank))
+        try:
+            body = self.store.get_json(self._marker(name, rank))
+        except BadObject:  # no marker an agent wrote: that node's part is not known to be there
+            return False
         return isinstance(body, dict) and body.get("job") == self.job
 
     def _upload_own(self, name: str, folder: Path) -> bool:
@@ -773,6 +846,7 @@ class Agent:
         self._last_heartbeat = 0.0
         self._peer_etags: dict[str, str] = {}
         self._peer_records: dict[str, dict[str, Any]] = {}
+        self._ignored: set[tuple[str, str]] = set()  # (key, ETag) of records named once as ignored
         self.tail: deque[str] = deque(maxlen=200)
         self.signalled = threading.Event()  # SIGTERM to the agent itself (the hard stop, an operator)
 
@@ -803,13 +877,30 @@ class Agent:
         }
         self.store.put_json(self.record_key(self.rank), record)
 
+    def stop_marker(self) -> Stop | None:
+        """The stop the job's marker asks for, or None when there is none. Whoever may write the
+        marker may stop the job anyway, so one that is no JSON object still stops it, as a cancel."""
+        key = self.job.key("stop")
+        try:
+            marker = self.store.get_json(key)
+            malformed = marker is not None and not isinstance(marker, dict)
+        except BadObject:
+            marker, malformed = None, True
+        if malformed:
+            detail = f"the stop marker {self.store.uri(key)} is not a JSON object: stopped as if cancelled"
+            return Stop("cancel", detail)
+        if marker is None:
+            return None
+        reason = marker.get("reason")
+        return Stop(reason if isinstance(reason, str) and reason in STOP_STATUS else "cancel", _marker_detail(marker))
+
     def request_stop(self, reason: str, detail: str) -> None:
         """Stop every node: the marker for the others (unless one is there), SIGTERM for ours."""
         if self.stop is not None:
             return
-        existing = self.store.get_json(self.job.key("stop"))
-        if existing:
-            self.stop = Stop(existing.get("reason", "cancel"), _marker_detail(existing))
+        existing = self.stop_marker()
+        if existing is not None:
+            self.stop = existing
         else:
             self.write_stop_marker(reason, detail)
             self.stop = Stop(reason, detail)
@@ -831,9 +922,9 @@ class Agent:
             self.request_stop("spot-interruption", f"spot interruption notice on node {self.rank} ({when})")
         if time.time() >= self.job.deadline:
             self.request_stop("deadline", "max-run reached: the job ran until its deadline")
-        marker = self.store.get_json(self.job.key("stop"))
-        if marker:
-            self.request_stop(marker.get("reason", "cancel"), _marker_detail(marker))
+        marker = self.stop_marker()
+        if marker is not None:
+            self.request_stop(marker.reason, marker.detail)
         failed = self.failed_peer(training)
         if failed:
             self.request_stop("peer-failed", failed)
@@ -846,23 +937,45 @@ class Agent:
             return None
 
     def failed_peer(self, training: bool) -> str | None:
-        """One line about a peer that failed or went silent, else None. Reads only records that changed."""
+        """One line about a peer that failed or went silent, else None. Reads only records that changed;
+        only ranks 0..N-1 other than this one are peers, and a record that is not one is ignored."""
         folder = self.job.key("nodes") + "/"
         now = time.time()
         for key, item in sorted(self.store.list(folder).items()):
-            rank_text = key[len(folder) :].removesuffix(".json")
-            if not rank_text.isdigit() or int(rank_text) == self.rank:
+            rank = _rank_of(key[len(folder) :], self.job.nodes)
+            if rank == self.rank:
+                continue
+            if rank is None:
+                self._ignore(key, item, f"not a record of node 0..{self.job.nodes - 1}")
                 continue
             if self._peer_etags.get(key) != item["ETag"]:
                 self._peer_etags[key] = item["ETag"]
-                self._peer_records[key] = self.store.get_json(key) or {}
+                self._peer_records[key] = self._read_record(key, item)
             record = self._peer_records[key]
             if record.get("status") == "Failed":
-                return f"node {rank_text} failed: {record.get('reason') or 'no reason given'}"
+                return f"node {rank} failed: {record.get('reason') or 'no reason given'}"
             age = now - item["LastModified"].timestamp()
             if training and record.get("status") == "InProgress" and age > self.settings.peer_timeout_s:
-                return f"node {rank_text} stopped reporting ({int(age)} s since its last heartbeat)"
+                return f"node {rank} stopped reporting ({int(age)} s since its last heartbeat)"
         return None
+
+    def _read_record(self, key: str, item: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Node record `key` as {status, phase, reason} of strings, or {} (named once) when it is not one."""
+        try:
+            record, why = node_record(self.store.get_json(key)), "not a node record"
+        except BadObject as e:
+            record, why = None, str(e).removeprefix(self.store.uri(key) + " ")
+        if record is None:
+            self._ignore(key, item, why)
+            return {}
+        return record
+
+    def _ignore(self, key: str, item: dict[str, Any] | None, why: str) -> None:
+        seen = (key, str((item or {}).get("ETag")))
+        if seen not in self._ignored:
+            self._ignored.add(seen)
+            # repr: one line whatever the key holds (a newline, an escape sequence)
+            self.sink.agent(f"ignored the node record {self.store.uri(key)!r}: {why}")
 
     def _stop_check_during_rendezvous(self) -> None:
         self.check_stop(training=False)
@@ -889,7 +1002,7 @@ class Agent:
     def _stop_others_after_failure(self, reason: str) -> None:
         """This node failed: the others stop (and checkpoint) rather than hang in a collective."""
         try:
-            if not self.store.get_json(self.job.key("stop")):
+            if self.stop_marker() is None:
                 self.write_stop_marker("peer-failed", f"node {self.rank} failed: {reason}")
         except Exception as e:
             self.sink.agent(f"could not write the stop marker ({_short(e)})")
@@ -909,14 +1022,16 @@ class Agent:
             poll_s=self.settings.poll_s,
             progress=lambda n: self.heartbeat(f"rendezvous {n}/{job.nodes}"),
             stop_check=self._stop_check_during_rendezvous,
+            log=self.sink.agent,
         )
         main_addr = str(peers[0]["ip"])
         self.sink.agent(f"rendezvous complete: {job.nodes} node(s), main node {main_addr}:{job.main_port}")
         self.contract = dataclasses.replace(self.contract, main_addr=main_addr)
         self.contract.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        restored = restore_checkpoint(self.store, self.ckpt_prefix, self.contract.checkpoint_dir)
+        root, log = self.contract.checkpoint_dir, self.sink.agent
+        restored = restore_checkpoint(self.store, self.ckpt_prefix, root, log)
         self.sink.agent(f"restored {restored} from {job.checkpoint_uri}" if restored else "no checkpoint to restore")
-        if restored and restore_compile_cache(self.store, self.ckpt_prefix, self.contract.checkpoint_dir):
+        if restored and restore_compile_cache(self.store, self.ckpt_prefix, root, log):
             self.sink.agent("restored the compiler's cache beside the checkpoints")
         sync = CheckpointSync(
             self.store,
@@ -1055,10 +1170,10 @@ class Agent:
 
     def _peers_done(self) -> bool:
         if self.rank != 0:
-            record = self.store.get_json(self.record_key(0)) or {}
+            record = self._read_record(self.record_key(0))
             return record.get("status") not in (None, "InProgress") or record.get("phase") == "final-sync"
         return all(
-            (self.store.get_json(self.record_key(r)) or {}).get("status") not in (None, "InProgress")
+            self._read_record(self.record_key(r)).get("status") not in (None, "InProgress")
             for r in range(1, self.job.nodes)
         )
 
@@ -1115,10 +1230,33 @@ _PEER_LOST = re.compile(
 
 
 def _marker_detail(marker: dict[str, Any]) -> str:
-    reason = marker.get("reason", "cancel")
+    reason = marker.get("reason")
+    reason = reason if isinstance(reason, str) else "cancel"
     if marker.get("detail"):
-        return str(marker["detail"])
-    return {"cancel": "cancelled", "deadline": "max-run reached"}.get(reason, reason)
+        return one_line(marker["detail"])
+    return {"cancel": "cancelled", "deadline": "max-run reached"}.get(reason, one_line(reason))
+
+
+def one_line(value: Any, limit: int = 300) -> str:
+    """`value` (read from S3, so anything) as one printable line of at most `limit` characters: it
+    goes into this node's record and the stop marker, which `status` prints."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+NODE_STATUSES = ("InProgress", "Completed", "Failed", "Stopped", "Interrupted")
+
+
+def node_record(body: Any) -> dict[str, Any] | None:
+    """What the agent uses of a node record read from S3 (status, phase, reason), or None when
+    `body` is not a record a node agent or the user data writes."""
+    if not isinstance(body, dict) or body.get("status") not in NODE_STATUSES:
+        return None
+    phase, reason = body.get("phase"), body.get("reason")
+    if not isinstance(phase, (str, type(None))) or not isinstance(reason, (str, type(None))):
+        return None
+    return {"status": body["status"], "phase": phase, "reason": one_line(reason) if reason else reason}
 
 
 def _wait(proc: subprocess.Popen, seconds: float) -> None:

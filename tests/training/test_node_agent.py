@@ -191,6 +191,41 @@ def test_rendezvous_timeout_names_the_missing_node(store):
     assert str(failed.value).startswith("node 1 of 2 never joined the rendezvous within 30 s")
 
 
+def test_rendezvous_counts_only_the_expected_indices_with_valid_records(store):
+    """Strays in the rendezvous folder (an extra index, a name that is no index, a malformed body, an
+    address that is no IP) are ignored and named once; the real nodes still meet."""
+    job = make_job(nodes=2)
+    folder = job.key("rendezvous", node(0).reservation_id) + "/"
+    valid = {"ip": "10.0.0.99", "instance_id": "i-0planted", "launch_index": 5, "time": 1.0}
+    strays = {
+        "5.json": json.dumps(valid).encode(),  # an index >= nodes
+        "abc.json": json.dumps(valid).encode(),  # no index at all
+        "-1.json": json.dumps(valid).encode(),
+        "01.json": json.dumps({**valid, "launch_index": 1}).encode(),  # index 1 twice
+        "notes.txt": b"hello",
+        # index 1 before node 1 writes it: no JSON, then an address that would reach a shell
+        "1.json": b"\xff not json",
+    }
+    for name, body in strays.items():
+        store.s3.put_object(Bucket=BUCKET, Key=folder + name, Body=body)
+    logged: list[str] = []
+
+    def node1_joins() -> None:
+        time.sleep(0.3)
+        store.put_json(folder + "1.json", {**valid, "ip": "10.0.0.11; reboot", "launch_index": 1})
+        time.sleep(0.3)
+        store.put_json(folder + "1.json", {"ip": "10.0.0.11", "instance_id": "i-1", "launch_index": 1, "time": 2.0})
+
+    threading.Thread(target=node1_joins, daemon=True).start()
+    records = rendezvous(store, job, node(0), poll_s=0.05, log=logged.append)
+    assert [(r["launch_index"], r["ip"]) for r in records] == [(0, "10.0.0.10"), (1, "10.0.0.11")]
+    for name in ("5.json", "abc.json", "-1.json", "01.json", "notes.txt"):
+        assert sum(f"{folder}{name}" in line for line in logged) == 1, (name, logged)
+    # The two bad bodies of index 1, once each (it is read again only when it changes).
+    assert sum(f"{folder}1.json" in line for line in logged) == 2, logged
+    assert len(logged) == 7 and all(line.startswith("ignored ") for line in logged), logged
+
+
 def test_rendezvous_gives_up_when_told_to_stop(store):
     def stop_check() -> None:
         raise node_agent.StopRequested("cancel", "cancelled")
@@ -303,6 +338,58 @@ def test_restore_takes_the_newest_complete_checkpoint_and_ignores_incomplete_one
     ]  # fmt: skip
     assert [p.name for p in fresh.iterdir()] == ["checkpoint-00000004"]
     assert restore_checkpoint(store, "distrain/checkpoints/other-lineage/", tmp_path / "none") is None
+
+
+# Keys under a lineage's checkpoints that a job's own code (or anyone with write access there) may
+# plant: each maps to a local path outside its folder, or to no file at all.
+PLANTED = {
+    "dotdot": "../../escaped-dotdot",
+    "backslash": "..\\..\\escaped-backslash",
+    "nul": "a\x00b",
+    "folder marker": "sub/",
+    "dot": "./x",
+    "through a link": "linked/escaped-link",
+}
+
+
+def test_a_restore_writes_nothing_outside_its_folder_whatever_the_keys(store, tmp_path):
+    """A planted key is refused with one line naming it; the checkpoint's own files are restored."""
+    roots, (rank0, rank1) = syncs(store, tmp_path, [])
+    write_checkpoint(roots[0], 4, 0)
+    write_checkpoint(roots[1], 4, 1)
+    for sync in (rank0, rank1, rank0):
+        sync.tick()
+    name = "checkpoint-00000004"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    planted = {**PLANTED, "absolute": "/" + str(outside / "escaped-absolute")}
+    for rel in planted.values():
+        store.s3.put_object(Bucket=BUCKET, Key=f"{CKPT}{name}/{rel}", Body=b"planted")
+        store.s3.put_object(Bucket=BUCKET, Key=f"{CKPT}compile-cache/{rel}", Body=b"planted")
+    store.s3.put_object(Bucket=BUCKET, Key=f"{CKPT}compile-cache/fx/entry", Body=b"kernel")
+    fresh = tmp_path / "deep" / "fresh"
+    # A link already inside the folder that points out of it (resolved, not just read as a string).
+    for folder in (fresh / name, fresh / "compile-cache"):
+        folder.mkdir(parents=True)
+        (folder / "linked").symlink_to(outside, target_is_directory=True)
+    logged: list[str] = []
+
+    assert restore_checkpoint(store, CKPT, fresh, log=logged.append) == name
+    assert restore_compile_cache(store, CKPT, fresh, log=logged.append) == 1
+    got = sorted(p.name for p in (fresh / name).iterdir())
+    assert got == [
+        "COMPLETE", "MANIFEST.json", "linked", "model.safetensors", "random_states_0.pkl", "random_states_1.pkl",
+        "trainer_state.json",
+    ]  # fmt: skip
+    assert (fresh / "compile-cache" / "fx" / "entry").read_bytes() == b"kernel"
+    assert list(outside.iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["fresh"]
+    assert not any(p.name.startswith("escaped") for p in tmp_path.rglob("*"))
+    for rel in planted.values():  # one line for each refused key, naming it
+        for key in (f"{CKPT}{name}/{rel}", f"{CKPT}compile-cache/{rel}"):
+            named = [line for line in logged if repr(key) in line]
+            assert len(named) == 1 and named[0].startswith("refused "), (key, logged)
+    assert len(logged) == 2 * len(planted)
 
 
 def test_markers_of_an_earlier_attempt_are_not_trusted(store, tmp_path):
@@ -626,6 +713,11 @@ def test_a_resumed_attempt_starts_every_node_from_the_checkpoint(cluster, s3):
     assert restored is not None
     stopped_at = int(restored.split("-")[1])
 
+    # Keys planted beside the checkpoint aim at the code the agent runs next (work/code, two folders
+    # up from a checkpoint's): refused, each with one line; the resume goes on from the real files.
+    planted = [f"{CKPT}{restored}/../../code/planted.py", f"{CKPT}compile-cache/../../code/cached.py"]
+    for key in planted:
+        s3.put_object(Bucket=BUCKET, Key=key, Body=b"import os; os.system('reboot')")
     again = cluster(steps=stopped_at + 3, job="job-a2", attempt=2)  # same lineage, same checkpoint_uri
     results = again.run()
     assert {o.status for o in results.values()} == {"Completed"}
@@ -633,6 +725,9 @@ def test_a_resumed_attempt_starts_every_node_from_the_checkpoint(cluster, s3):
         log = (again.tmp_path / f"node{rank}" / "node-agent.log").read_text()
         assert f"restored checkpoint-{stopped_at:08d}" in log
         assert f"resumed={stopped_at} " in log
+        assert not (again.tmp_path / f"node{rank}" / "code").exists()
+        for key in planted:
+            assert log.count(f"refused {key!r}") == 1, log
 
 
 @pytest.mark.slow
@@ -658,6 +753,32 @@ def test_a_node_that_never_joins_fails_the_rendezvous_and_leaves_a_stop_marker(c
     assert marker["reason"] == "peer-failed"
     late = c.run(ranks=[1])
     assert late[1].status == "Stopped" and "node 0 failed: node 1 of 2 never joined" in late[1].reason
+
+
+@pytest.mark.slow
+def test_malformed_records_are_ignored_and_a_malformed_stop_marker_still_stops_cleanly(cluster, s3):
+    """Bytes in the job's folder that no agent wrote: records of ranks the job does not have, bodies
+    that are no JSON object, fields of the wrong type. None gives a traceback; the job trains on
+    until a stop marker comes, and one that is no JSON object still stops every node cleanly."""
+    c = cluster()
+    planted = {
+        "nodes/7.json": b"\xff not json",
+        "nodes/8.json": b"[1, 2]",
+        "nodes/9.json": json.dumps({"status": "Failed", "reason": "planted: a rank this job does not have"}).encode(),
+        "nodes/x.json": b"{}",
+    }
+    for name, body in planted.items():
+        s3.put_object(Bucket=BUCKET, Key=c.job.key(name), Body=body)
+    stop_key = c.job.key("stop")
+    c.once_training(lambda: s3.put_object(Bucket=BUCKET, Key=stop_key, Body=b'["cancel"]'))
+    results = c.run()
+    expected = f"the stop marker s3://{BUCKET}/{stop_key} is not a JSON object: stopped as if cancelled"
+    assert {r: (o.status, o.reason) for r, o in results.items()} == {0: ("Stopped", expected), 1: ("Stopped", expected)}
+    for rank in (0, 1):
+        log = (c.tmp_path / f"node{rank}" / "node-agent.log").read_text()
+        assert "Traceback" not in log
+        for name in ("nodes/7.json", "nodes/8.json", "nodes/9.json"):
+            assert log.count(f"ignored the node record 's3://{BUCKET}/{c.job.key(name)}'") == 1, log
 
 
 @pytest.mark.slow
