@@ -472,7 +472,9 @@ def local_path(folder: Path, rel: str) -> Path | None:
 
 def _download_within(store: Store, key: str, folder: Path, rel: str, log: Callable[[str], None]) -> bool:
     """Download `key` to `rel` under `folder` unless that leaves the folder: then one line naming
-    the key, and the key is skipped (no trainer wrote it; the restore goes on without it)."""
+    the key, and the key is skipped (no trainer wrote it; the restore goes on without it). The
+    trainer checks a checkpoint's files against its manifest before loading it, so a real file
+    that went missing here makes it resume from an earlier checkpoint, never from a partial one."""
     target = local_path(folder, rel)
     if target is None:
         log(f"refused {key!r}: its file would not be inside {folder}; skipped")
@@ -480,7 +482,8 @@ def _download_within(store: Store, key: str, folder: Path, rel: str, log: Callab
     try:
         store.download(key, target)
     except OSError as e:  # "a" and "a/b" both in S3: one cannot be both a file and a folder here
-        raise NodeFailure(f"cannot restore {key!r} into {folder} ({_short(e)})") from None
+        log(f"could not restore {key!r} ({_short(e)}); skipped")
+        return False
     return True
 
 
