@@ -772,6 +772,10 @@ def test_malformed_records_are_ignored_and_a_malformed_stop_marker_still_stops_c
         "nodes/9.json": json.dumps({"status": "Failed", "reason": "planted: a rank this job does not have"}).encode(),
         "nodes/x.json": b"{}",
     }
+    # and in the rendezvous folder of this launch: an index >= nodes, names that are no index
+    meeting = f"rendezvous/{c.imds[0].identity.reservation_id}/"
+    entry = json.dumps({"ip": "10.9.9.9", "instance_id": "i-0planted", "launch_index": 5}).encode()
+    planted.update({f"{meeting}5.json": entry, f"{meeting}abc.json": entry, f"{meeting}-1.json": b"[]"})
     for name, body in planted.items():
         s3.put_object(Bucket=BUCKET, Key=c.job.key(name), Body=body)
     stop_key = c.job.key("stop")
@@ -784,6 +788,9 @@ def test_malformed_records_are_ignored_and_a_malformed_stop_marker_still_stops_c
         assert "Traceback" not in log
         for name in ("nodes/7.json", "nodes/8.json", "nodes/9.json"):
             assert log.count(f"ignored the node record 's3://{BUCKET}/{c.job.key(name)}'") == 1, log
+        for name in ("5.json", "abc.json", "-1.json"):
+            assert log.count(f"ignored {c.job.key(meeting + name)!r} in the rendezvous folder") == 1, log
+        assert "main node 127.0.0.1:" in log  # not the planted address
 
 
 @pytest.mark.slow
