@@ -121,6 +121,7 @@ def ec2_user_data(
     job_prefix: str,
     code_key: str,
     code_sha256: str,
+    job_sha256: str,
     hard_stop_minutes: int,
     python: str,
     torch: str | None,
@@ -129,9 +130,10 @@ def ec2_user_data(
     """The user data of every node of an EC2 job (bash, small, references only), in order: the
     hard stop (with shutdown behaviour terminate it ends the instance whatever else happens),
     the bundle fetched and its sha256 checked, the training requirements installed against the
-    AMI's torch, then the node agent from the bundle. A node that cannot get that far writes its
-    Failed record and the stop marker its peers watch, terminates itself and powers off.
-    `job_prefix` is `<prefix>/jobs/<job>` in `bucket`."""
+    AMI's torch, then the node agent from the bundle, given job.json's sha256 to check before it
+    trusts a byte of it. A node that cannot get that far writes its Failed record and the stop
+    marker its peers watch, terminates itself and powers off. `job_prefix` is `<prefix>/jobs/<job>`
+    in `bucket`."""
     q = shlex.quote
     boot = _BOOT_PY.format(
         bucket=bucket,
@@ -173,6 +175,6 @@ cd "$WORK/code"
 export PYTHONPATH="$WORK/code"
 trap - ERR
 # The agent powers off on every path it controls; these cover one that could not even start.
-"$PY" -m {NODE_AGENT} --job {q(job_uri)} || fail "the node agent exited with code $?"
+"$PY" -m {NODE_AGENT} --job {q(job_uri)} --job-sha256 {q(job_sha256)} || fail "the node agent exited with code $?"
 $POWEROFF
 """

@@ -1,6 +1,6 @@
 """The node agent: what runs on every EC2 instance of a job, once the user data has verified the bundle.
 
-    python -m distrain_cloud.training.node_agent --job s3://B/P/jobs/<job>/job.json
+    python -m distrain_cloud.training.node_agent --job s3://B/P/jobs/<job>/job.json --job-sha256 <hex>
 
 On each node, in order: read who it is from the instance metadata (IMDSv2), meet the other nodes
 through S3 (no ec2:Describe* rights, no SSH, no dependence on boot order), restore the lineage's
@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import ipaddress
 import json
+import math
 import os
 import re
 import signal
@@ -57,10 +60,19 @@ MAX_BATCH_BYTES = 1_048_576
 MAX_BATCH_EVENTS = 10_000
 EVENT_OVERHEAD = 26
 MAX_MESSAGE_BYTES = 256 * 1024 - EVENT_OVERHEAD
+# The most the agent reads of a record (a node's, the stop marker, a rendezvous entry) or of job.json:
+# anything in the job's folder may be planted, and a planted 5 GB "record" must not fill the memory.
+MAX_RECORD_BYTES = 1 << 20
+MAX_JOB_BYTES = 4 << 20
 
 
 class NodeFailure(Exception):
     """Ends this node with status Failed; str() is the one-line reason its record carries."""
+
+
+class BadObject(ValueError):
+    """An S3 object that is not what the agent expects (no JSON, too large, the wrong shape); str()
+    names it and says why in one line."""
 
 
 class StopRequested(Exception):
@@ -146,11 +158,17 @@ class Job:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Job:
+        if not isinstance(data, dict):
+            raise NodeFailure("job.json is not a JSON object: the launcher and the bundle disagree")
         required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
         missing = [name for name in required if name not in data]
         if missing:
             raise NodeFailure(f"job.json lacks {', '.join(missing)}: the launcher and the bundle disagree")
         known = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}  # newer launchers add keys
+        for f in fields(cls):  # a wrong type is one line here, not a traceback where it is first used
+            if f.name in known and not _has_shape(f.name, str(f.type), known[f.name]):
+                what = "an integer >= 1" if f.name in _AT_LEAST_ONE else _SHAPES.get(str(f.type), (None, f.type))[1]
+                raise NodeFailure(f"job.json's {f.name} is not {what}: the launcher and the bundle disagree")
         return cls(**known)
 
     def key(self, *parts: str) -> str:
@@ -159,6 +177,31 @@ class Job:
 
     def stream(self, rank: int) -> str:
         return f"{self.job}/node-{rank}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# Job's field annotations (strings: `from __future__ import annotations`) -> (check, words for the error).
+_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "int": (_is_int, "an integer"),
+    "float": (lambda v: (_is_int(v) or isinstance(v, float)) and math.isfinite(v), "a finite number"),
+    "list[str]": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "dict[str, str]": (
+        lambda v: isinstance(v, dict) and all(isinstance(x, str) for kv in v.items() for x in kv),
+        "an object of strings",
+    ),
+}
+_AT_LEAST_ONE = {"nodes", "processes_per_node"}
+
+
+def _has_shape(name: str, annotation: str, value: Any) -> bool:
+    check = _SHAPES.get(annotation)
+    if check is None or not check[0](value):
+        return False
+    return name not in _AT_LEAST_ONE or value >= 1
 
 
 @dataclass(frozen=True)
@@ -249,16 +292,36 @@ class Store:
         self.bucket = bucket
         self.s3 = s3 if s3 is not None else client("s3", region)
 
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
     def put_json(self, key: str, value: Any) -> None:
         self.s3.put_object(Bucket=self.bucket, Key=key, Body=json.dumps(value).encode())
 
-    def get_json(self, key: str) -> Any:
-        """The JSON at `key`, or None when there is none."""
+    def get_bytes(self, key: str, limit: int = MAX_RECORD_BYTES) -> bytes | None:
+        """The first `limit` + 1 bytes at `key` (so that a caller can tell "too large"), or None when
+        there is no such object."""
         try:
-            body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"]
         except self.s3.exceptions.NoSuchKey:
             return None
-        return json.loads(body)
+        try:
+            return bytes(body.read(limit + 1))
+        finally:
+            body.close()
+
+    def get_json(self, key: str) -> Any:
+        """The JSON at `key`, or None when there is none; BadObject, naming it, for anything that is
+        not JSON of at most MAX_RECORD_BYTES (every object the agent reads may have been planted)."""
+        data = self.get_bytes(key)
+        if data is None:
+            return None
+        if len(data) > MAX_RECORD_BYTES:
+            raise BadObject(f"{self.uri(key)} is larger than {MAX_RECORD_BYTES} bytes")
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+            raise BadObject(f"{self.uri(key)} is not JSON ({type(e).__name__})") from None
 
     def list(self, prefix: str) -> dict[str, dict[str, Any]]:
         """key -> its listing entry (Size, LastModified, ETag), for every key under `prefix`."""
@@ -294,26 +357,43 @@ def rendezvous(
     stop_check: Callable[[], None] = lambda: None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    log: Callable[[str], None] = lambda message: None,
 ) -> list[dict[str, Any]]:
     """Meet the other nodes of this launch; -> their records, ordered by rank (= launch index).
 
     One RunInstances call gives every node the same reservation id and launch indices 0..N-1, so
     the folder and the ranks need no coordination and no ec2:Describe* rights; a relaunch gets a
     new reservation id, so records of an earlier launch are never read. `stop_check` raises to
-    give up early (a cancel, a peer that failed to boot).
+    give up early (a cancel, a peer that failed to boot). Only `<i>.json` for i in 0..N-1 with a
+    valid body counts; anything else in the folder is named once through `log` and ignored.
     """
     folder = job.key("rendezvous", me.reservation_id) + "/"
     mine = {"ip": me.ip, "instance_id": me.instance_id, "launch_index": me.launch_index, "time": time.time()}
     store.put_json(f"{folder}{me.launch_index}.json", mine)
     start = clock()
+    judged: dict[str, str] = {}  # key -> the ETag read: a body is read (and an odd one named) once
+    found: dict[int, dict[str, Any]] = {}
     while True:
-        joined = sorted(int(k[len(folder) : -len(".json")]) for k in store.list(folder) if k.endswith(".json"))
+        for key, item in store.list(folder).items():
+            if judged.get(key) == item.get("ETag"):
+                continue
+            judged[key] = str(item.get("ETag"))
+            index = _rank_of(key[len(folder) :], job.nodes)
+            entry, why = None, f"not a record of node 0..{job.nodes - 1}"
+            if index is not None:
+                found.pop(index, None)  # what it says now is what counts
+                try:
+                    entry, why = _rendezvous_entry(store.get_json(key), index), f"not a valid entry of node {index}"
+                except BadObject as e:
+                    why = str(e).removeprefix(store.uri(key) + " ")
+            if entry is None or index is None:
+                log(f"ignored {key!r} in the rendezvous folder: {why}")
+            else:
+                found[index] = entry
+        joined = sorted(found)
         progress(len(joined))
         if len(joined) >= job.nodes:
-            records = [store.get_json(f"{folder}{i}.json") for i in range(job.nodes)]
-            if any(r is None for r in records):
-                raise NodeFailure(f"rendezvous records of {folder} are not numbered 0..{job.nodes - 1}: {joined}")
-            return records
+            return [found[i] for i in range(job.nodes)]
         stop_check()
         if clock() - start >= job.rendezvous_timeout_s:
             missing = [i for i in range(job.nodes) if i not in joined]
@@ -325,17 +405,41 @@ def rendezvous(
         sleep(poll_s)
 
 
+_RECORD_NAME = re.compile(r"(0|[1-9][0-9]{0,8})\.json")
+
+
+def _rank_of(name: str, nodes: int) -> int | None:
+    """The rank a record's file name (`<rank>.json`, no leading zeros) gives, if it is one of 0..nodes-1."""
+    m = _RECORD_NAME.fullmatch(name)
+    return int(m.group(1)) if m and int(m.group(1)) < nodes else None
+
+
+def _rendezvous_entry(body: Any, index: int) -> dict[str, Any] | None:
+    """The entry node `index` wrote (its address, instance id, launch index), or None when `body` is
+    not one: the address becomes the main node's address of every launcher, so it must be an IP."""
+    if not isinstance(body, dict) or not _is_int(body.get("launch_index")) or body["launch_index"] != index:
+        return None
+    ip, instance_id = body.get("ip"), body.get("instance_id")
+    if not isinstance(ip, str) or not isinstance(instance_id, str):
+        return None
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        return None
+    return {"ip": ip, "instance_id": instance_id, "launch_index": index}
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_CHECKPOINT = re.compile(r"checkpoint-([0-9]+)")  # fullmatch: "checkpoint-5\n" is no checkpoint
 
 
 def checkpoint_folders(root: Path) -> list[tuple[int, Path]]:
     """(step, folder) of every local checkpoint folder, complete or not, oldest first."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _CHECKPOINT.fullmatch(p.name))]
     return sorted(found)
 
 
@@ -348,17 +452,48 @@ def remote_checkpoints(store: Store, prefix: str) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for key in store.list(prefix):
         name, _, rel = key[len(prefix) :].partition("/")
-        if _CHECKPOINT.match(name) and rel:
+        if _CHECKPOINT.fullmatch(name) and rel:
             out.setdefault(name, set()).add(rel)
     return out
 
 
-def restore_checkpoint(store: Store, prefix: str, root: Path) -> str | None:
+def local_path(folder: Path, rel: str) -> Path | None:
+    """Where the file `rel` (the rest of an S3 key) goes under `folder`, or None where it would go
+    anywhere else. The string rules refuse what no trainer writes (an absolute path, "." or ".."
+    parts, empty parts as in "a//b" or a folder marker "a/", a backslash, a NUL); the resolved path
+    must then still lie inside the resolved folder, which also catches a link already on disk."""
+    parts = rel.split("/")
+    if not rel or "\x00" in rel or "\\" in rel or any(part in ("", ".", "..") for part in parts):
+        return None
+    base = folder.resolve()
+    target = (base / rel).resolve()
+    return target if target != base and target.is_relative_to(base) else None
+
+
+def _download_within(store: Store, key: str, folder: Path, rel: str, log: Callable[[str], None]) -> bool:
+    """Download `key` to `rel` under `folder` unless that leaves the folder: then one line naming
+    the key, and the key is skipped (no trainer wrote it; the restore goes on without it). The
+    trainer checks a checkpoint's files against its manifest before loading it, so a real file
+    that went missing here makes it resume from an earlier checkpoint, never from a partial one."""
+    target = local_path(folder, rel)
+    if target is None:
+        log(f"refused {key!r}: its file would not be inside {folder}; skipped")
+        return False
+    try:
+        store.download(key, target)
+    except OSError as e:  # "a" and "a/b" both in S3: one cannot be both a file and a folder here
+        log(f"could not restore {key!r} ({_short(e)}); skipped")
+        return False
+    return True
+
+
+def restore_checkpoint(store: Store, prefix: str, root: Path, log: Callable[[str], None] = print) -> str | None:
     """Download the newest complete checkpoint of the lineage (every node's files) into `root`.
 
     Each node needs the union: the model and optimizer state were written on rank 0's disk, the
     RNG states on every node's. Incomplete folders (no COMPLETE: a save or an upload cut short)
     are ignored. -> the folder's name, or None when the lineage has no complete checkpoint yet.
+    A key whose file would land outside the checkpoint's folder is refused with one line (`log`).
     """
     complete = sorted(name for name, files in remote_checkpoints(store, prefix).items() if MARKER in files)
     if not complete:
@@ -368,7 +503,7 @@ def restore_checkpoint(store: Store, prefix: str, root: Path) -> str | None:
     # The marker last, as the trainer wrote it: a download cut short is never taken for complete.
     for rel in sorted(files - {MARKER}) + [MARKER]:
         if not rel.startswith(UPLOADED):
-            store.download(f"{prefix}{name}/{rel}", root / name / rel)
+            _download_within(store, f"{prefix}{name}/{rel}", root / name, rel, log)
     return name
 
 
@@ -390,12 +525,12 @@ def upload_compile_cache(store: Store, prefix: str, root: Path) -> int:
     return sent
 
 
-def restore_compile_cache(store: Store, prefix: str, root: Path) -> int:
-    """Download the lineage's compiler cache into `root`/compile-cache; -> how many files."""
-    remote = store.list(f"{prefix}{COMPILE_CACHE}/")
-    for key in remote:
-        store.download(key, root / COMPILE_CACHE / key[len(prefix) + len(COMPILE_CACHE) + 1 :])
-    return len(remote)
+def restore_compile_cache(store: Store, prefix: str, root: Path, log: Callable[[str], None] = print) -> int:
+    """Download the lineage's compiler cache into `root`/compile-cache; -> how many files. A key
+    whose file would land outside that folder is refused with one line (`log`)."""
+    folder = f"{prefix}{COMPILE_CACHE}/"
+    target = root / COMPILE_CACHE
+    return sum(_download_within(store, key, target, key[len(folder) :], log) for key in store.list(folder))
 
 
 class CheckpointSync:
@@ -426,7 +561,10 @@ class CheckpointSync:
 
     def _ours(self, name: str, rank: int) -> bool:
         """Whether node `rank` uploaded its part of `name` for this job."""
-        body = self.store.get_json(self._marker(name, rank))
+        try:
+            body = self.store.get_json(self._marker(name, rank))
+        except BadObject:  # no marker an agent wrote: that node's part is not known to be there
+            return False
         return isinstance(body, dict) and body.get("job") == self.job
 
     def _upload_own(self, name: str, folder: Path) -> bool:
@@ -711,6 +849,7 @@ class Agent:
         self._last_heartbeat = 0.0
         self._peer_etags: dict[str, str] = {}
         self._peer_records: dict[str, dict[str, Any]] = {}
+        self._ignored: set[tuple[str, str]] = set()  # (key, ETag) of records named once as ignored
         self.tail: deque[str] = deque(maxlen=200)
         self.signalled = threading.Event()  # SIGTERM to the agent itself (the hard stop, an operator)
 
@@ -741,13 +880,30 @@ class Agent:
         }
         self.store.put_json(self.record_key(self.rank), record)
 
+    def stop_marker(self) -> Stop | None:
+        """The stop the job's marker asks for, or None when there is none. Whoever may write the
+        marker may stop the job anyway, so one that is no JSON object still stops it, as a cancel."""
+        key = self.job.key("stop")
+        try:
+            marker = self.store.get_json(key)
+            malformed = marker is not None and not isinstance(marker, dict)
+        except BadObject:
+            marker, malformed = None, True
+        if malformed:
+            detail = f"the stop marker {self.store.uri(key)} is not a JSON object: stopped as if cancelled"
+            return Stop("cancel", detail)
+        if marker is None:
+            return None
+        reason = marker.get("reason")
+        return Stop(reason if isinstance(reason, str) and reason in STOP_STATUS else "cancel", _marker_detail(marker))
+
     def request_stop(self, reason: str, detail: str) -> None:
         """Stop every node: the marker for the others (unless one is there), SIGTERM for ours."""
         if self.stop is not None:
             return
-        existing = self.store.get_json(self.job.key("stop"))
-        if existing:
-            self.stop = Stop(existing.get("reason", "cancel"), _marker_detail(existing))
+        existing = self.stop_marker()
+        if existing is not None:
+            self.stop = existing
         else:
             self.write_stop_marker(reason, detail)
             self.stop = Stop(reason, detail)
@@ -769,9 +925,9 @@ class Agent:
             self.request_stop("spot-interruption", f"spot interruption notice on node {self.rank} ({when})")
         if time.time() >= self.job.deadline:
             self.request_stop("deadline", "max-run reached: the job ran until its deadline")
-        marker = self.store.get_json(self.job.key("stop"))
-        if marker:
-            self.request_stop(marker.get("reason", "cancel"), _marker_detail(marker))
+        marker = self.stop_marker()
+        if marker is not None:
+            self.request_stop(marker.reason, marker.detail)
         failed = self.failed_peer(training)
         if failed:
             self.request_stop("peer-failed", failed)
@@ -784,23 +940,45 @@ class Agent:
             return None
 
     def failed_peer(self, training: bool) -> str | None:
-        """One line about a peer that failed or went silent, else None. Reads only records that changed."""
+        """One line about a peer that failed or went silent, else None. Reads only records that changed;
+        only ranks 0..N-1 other than this one are peers, and a record that is not one is ignored."""
         folder = self.job.key("nodes") + "/"
         now = time.time()
         for key, item in sorted(self.store.list(folder).items()):
-            rank_text = key[len(folder) :].removesuffix(".json")
-            if not rank_text.isdigit() or int(rank_text) == self.rank:
+            rank = _rank_of(key[len(folder) :], self.job.nodes)
+            if rank == self.rank:
+                continue
+            if rank is None:
+                self._ignore(key, item, f"not a record of node 0..{self.job.nodes - 1}")
                 continue
             if self._peer_etags.get(key) != item["ETag"]:
                 self._peer_etags[key] = item["ETag"]
-                self._peer_records[key] = self.store.get_json(key) or {}
+                self._peer_records[key] = self._read_record(key, item)
             record = self._peer_records[key]
             if record.get("status") == "Failed":
-                return f"node {rank_text} failed: {record.get('reason') or 'no reason given'}"
+                return f"node {rank} failed: {record.get('reason') or 'no reason given'}"
             age = now - item["LastModified"].timestamp()
             if training and record.get("status") == "InProgress" and age > self.settings.peer_timeout_s:
-                return f"node {rank_text} stopped reporting ({int(age)} s since its last heartbeat)"
+                return f"node {rank} stopped reporting ({int(age)} s since its last heartbeat)"
         return None
+
+    def _read_record(self, key: str, item: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Node record `key` as {status, phase, reason} of strings, or {} (named once) when it is not one."""
+        try:
+            record, why = node_record(self.store.get_json(key)), "not a node record"
+        except BadObject as e:
+            record, why = None, str(e).removeprefix(self.store.uri(key) + " ")
+        if record is None:
+            self._ignore(key, item, why)
+            return {}
+        return record
+
+    def _ignore(self, key: str, item: dict[str, Any] | None, why: str) -> None:
+        seen = (key, str((item or {}).get("ETag")))
+        if seen not in self._ignored:
+            self._ignored.add(seen)
+            # repr: one line whatever the key holds (a newline, an escape sequence)
+            self.sink.agent(f"ignored the node record {self.store.uri(key)!r}: {why}")
 
     def _stop_check_during_rendezvous(self) -> None:
         self.check_stop(training=False)
@@ -827,7 +1005,7 @@ class Agent:
     def _stop_others_after_failure(self, reason: str) -> None:
         """This node failed: the others stop (and checkpoint) rather than hang in a collective."""
         try:
-            if not self.store.get_json(self.job.key("stop")):
+            if self.stop_marker() is None:
                 self.write_stop_marker("peer-failed", f"node {self.rank} failed: {reason}")
         except Exception as e:
             self.sink.agent(f"could not write the stop marker ({_short(e)})")
@@ -847,14 +1025,16 @@ class Agent:
             poll_s=self.settings.poll_s,
             progress=lambda n: self.heartbeat(f"rendezvous {n}/{job.nodes}"),
             stop_check=self._stop_check_during_rendezvous,
+            log=self.sink.agent,
         )
         main_addr = str(peers[0]["ip"])
         self.sink.agent(f"rendezvous complete: {job.nodes} node(s), main node {main_addr}:{job.main_port}")
         self.contract = dataclasses.replace(self.contract, main_addr=main_addr)
         self.contract.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        restored = restore_checkpoint(self.store, self.ckpt_prefix, self.contract.checkpoint_dir)
+        root, log = self.contract.checkpoint_dir, self.sink.agent
+        restored = restore_checkpoint(self.store, self.ckpt_prefix, root, log)
         self.sink.agent(f"restored {restored} from {job.checkpoint_uri}" if restored else "no checkpoint to restore")
-        if restored and restore_compile_cache(self.store, self.ckpt_prefix, self.contract.checkpoint_dir):
+        if restored and restore_compile_cache(self.store, self.ckpt_prefix, root, log):
             self.sink.agent("restored the compiler's cache beside the checkpoints")
         sync = CheckpointSync(
             self.store,
@@ -993,10 +1173,10 @@ class Agent:
 
     def _peers_done(self) -> bool:
         if self.rank != 0:
-            record = self.store.get_json(self.record_key(0)) or {}
+            record = self._read_record(self.record_key(0))
             return record.get("status") not in (None, "InProgress") or record.get("phase") == "final-sync"
         return all(
-            (self.store.get_json(self.record_key(r)) or {}).get("status") not in (None, "InProgress")
+            self._read_record(self.record_key(r)).get("status") not in (None, "InProgress")
             for r in range(1, self.job.nodes)
         )
 
@@ -1053,10 +1233,33 @@ _PEER_LOST = re.compile(
 
 
 def _marker_detail(marker: dict[str, Any]) -> str:
-    reason = marker.get("reason", "cancel")
+    reason = marker.get("reason")
+    reason = reason if isinstance(reason, str) else "cancel"
     if marker.get("detail"):
-        return str(marker["detail"])
-    return {"cancel": "cancelled", "deadline": "max-run reached"}.get(reason, reason)
+        return one_line(marker["detail"])
+    return {"cancel": "cancelled", "deadline": "max-run reached"}.get(reason, one_line(reason))
+
+
+def one_line(value: Any, limit: int = 300) -> str:
+    """`value` (read from S3, so anything) as one printable line of at most `limit` characters: it
+    goes into this node's record and the stop marker, which `status` prints."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+NODE_STATUSES = ("InProgress", "Completed", "Failed", "Stopped", "Interrupted")
+
+
+def node_record(body: Any) -> dict[str, Any] | None:
+    """What the agent uses of a node record read from S3 (status, phase, reason), or None when
+    `body` is not a record a node agent or the user data writes."""
+    if not isinstance(body, dict) or body.get("status") not in NODE_STATUSES:
+        return None
+    phase, reason = body.get("phase"), body.get("reason")
+    if not isinstance(phase, (str, type(None))) or not isinstance(reason, (str, type(None))):
+        return None
+    return {"status": body["status"], "phase": phase, "reason": one_line(reason) if reason else reason}
 
 
 def _wait(proc: subprocess.Popen, seconds: float) -> None:
@@ -1098,11 +1301,27 @@ def power_off(command: str) -> None:
     subprocess.run(["bash", "-c", command], check=False)
 
 
-def run_node(job_uri: str, settings: Settings, sink: LogSink, signalled: threading.Event) -> int:
+def read_job(store: Store, job_uri: str, sha256: str) -> Job:
+    """job.json, trusted only once its bytes are the ones the plan hashed (the user data pins their
+    sha256, as it pins the bundle's): the bytes hashed are the bytes parsed, from one read."""
+    key = parse_s3_uri(job_uri)[1]
+    data = store.get_bytes(key, MAX_JOB_BYTES)
+    if data is None:
+        raise NodeFailure(f"{job_uri} does not exist")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise NodeFailure(
+            f"job.json hash mismatch: {job_uri} has sha256 {digest[:12]}..., the plan hashed {sha256[:12]}..."
+        )
+    return Job.from_dict(json.loads(data))
+
+
+def run_node(job_uri: str, job_sha256: str, settings: Settings, sink: LogSink, signalled: threading.Event) -> int:
     """This node's whole job; -> the agent's exit code: 0 once this node's final record is written,
     whatever its status (the record says how the job went; the user data's fallback, which records
     "the node agent exited with code N", is for an agent that could not say it). Failures before the
-    job description is read are recorded beside job.json when the bucket can be reached at all."""
+    job description is read are recorded beside job.json when the bucket can be reached at all, with
+    the stop marker the other nodes watch (as the user data does when the bundle is not the planned one)."""
     from distrain_cloud.infra.aws import client
 
     try:
@@ -1115,15 +1334,20 @@ def run_node(job_uri: str, settings: Settings, sink: LogSink, signalled: threadi
     bucket, key = parse_s3_uri(job_uri)
     store = Store(bucket, region)
     try:
-        data = store.get_json(key)
-        if data is None:
-            raise NodeFailure(f"{job_uri} does not exist")
-        job = Job.from_dict(data)
+        job = read_job(store, job_uri, job_sha256)
     except Exception as e:
         reason = str(e) if isinstance(e, NodeFailure) else f"cannot read {job_uri}: {_short(e)}"
         sink.agent(f"failed: {reason}")
+        folder, now = key.rpartition("/")[0], time.time()
         record = {"status": "Failed", "exit_code": 1, "reason": reason, "step": None, "instance_id": me.instance_id}
-        store.put_json(f"{key.rpartition('/')[0]}/nodes/{me.launch_index}.json", {**record, "time": time.time()})
+        store.put_json(f"{folder}/nodes/{me.launch_index}.json", {**record, "time": now})
+        try:
+            if store.get_bytes(f"{folder}/stop", 0) is None:  # the first, specific word stays
+                detail = f"node {me.launch_index} failed: {reason}"
+                stop = {"reason": "peer-failed", "by": me.instance_id, "rank": me.launch_index, "detail": detail}
+                store.put_json(f"{folder}/stop", {**stop, "time": now})
+        except Exception as e:  # the record says it all; the peers also see it through failed_peer
+            sink.agent(f"could not write the stop marker ({_short(e)})")
         return 0
     sink.to_cloudwatch(client("logs", job.region), job.log_group, job.stream(me.launch_index), settings.log_flush_s)
     agent = Agent(job, me, settings, store=store, imds=imds, sink=sink, ec2=client("ec2", job.region))
@@ -1135,6 +1359,7 @@ def run_node(job_uri: str, settings: Settings, sink: LogSink, signalled: threadi
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="distrain-node-agent", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--job", required=True, metavar="S3_URI", help="the job description, s3://B/P/jobs/<job>/job.json")
+    p.add_argument("--job-sha256", required=True, metavar="HEX", help="the sha256 the plan gave job.json's bytes")
     ns = p.parse_args(argv)
     settings = Settings.from_env()
     sink = LogSink(settings.work / "node-agent.log")
@@ -1143,7 +1368,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: signalled.set())
     code = 1
     try:
-        code = run_node(ns.job, settings, sink, signalled)
+        code = run_node(ns.job, ns.job_sha256, settings, sink, signalled)
     except BaseException:  # whatever happens, the instance must not outlive the job
         sink.write(traceback.format_exc())
     finally:

@@ -276,6 +276,9 @@ class Ec2Backend:
         parts: _Parts = plan.payload["parts"]
         where = dataclasses.replace(where, checkpoint_uri=where.checkpoint_uri or _checkpoint_uri(where, parts))
         description = job_description(parts, where, plan.payload["spec"])
+        # The bytes submit uploads, hashed here so the user data can pin them (a job.json rewritten
+        # after submit is refused by every node before it trusts any of it).
+        job_json = json.dumps(description, indent=2).encode()
         user_data = ec2_user_data(
             job=parts.job_name,
             attempt=where.attempt,
@@ -284,6 +287,7 @@ class Ec2Backend:
             job_prefix=_job_prefix(parts.prefix, parts.job_name),
             code_key=plan.payload["code_key"],
             code_sha256=parts.code_sha256,
+            job_sha256=hashlib.sha256(job_json).hexdigest(),
             hard_stop_minutes=math.ceil(parts.max_run / 60) + HARD_STOP_GRACE_MIN,
             python=parts.family.python,
             torch=parts.family.torch,
@@ -314,6 +318,7 @@ class Ec2Backend:
                 **plan.payload,
                 "where": where,
                 "description": description,
+                "job_json": job_json,
                 "region": parts.region,
                 "bucket": where.bucket,
                 # in the local job record: where status, logs and resume find the job again
@@ -397,7 +402,7 @@ class Ec2Backend:
             aws.client("s3", parts.region).put_object(
                 Bucket=where.bucket,
                 Key=key,
-                Body=json.dumps(plan.payload["description"], indent=2).encode(),
+                Body=plan.payload["job_json"],  # exactly the bytes whose sha256 the user data pins
                 ContentType="application/json",
             )
         ids = launch(plan.request, where, parts)
@@ -560,7 +565,9 @@ def run_instances_request(parts: _Parts, where: _Where, user_data: str, subnet: 
         "UserData": user_data,
         "IamInstanceProfile": {"Name": where.instance_profile},
         "InstanceInitiatedShutdownBehavior": "terminate",
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        # IMDSv2 only, and one hop: a container on the node (a second hop) gets no token, so no
+        # role credentials (DLAMIs default to 2).
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
         "BlockDeviceMappings": [
             {
                 "DeviceName": where.root_device,

@@ -170,6 +170,12 @@ def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once
     assert "launched" not in capsys.readouterr().out
     description = s3_json(f"distrain-cloud/jobs/{job}/job.json")
     assert description == json.loads(json.dumps(plan.payload["description"]))
+    # The user data pins the very bytes uploaded, as it pins the bundle's.
+    import hashlib
+
+    uploaded = boto3.client("s3").get_object(Bucket="stack-bucket", Key=f"distrain-cloud/jobs/{job}/job.json")
+    pin = hashlib.sha256(uploaded["Body"].read()).hexdigest()
+    assert f" --job-sha256 {pin} " in plan.request["UserData"]
     assert description["bucket"] == "stack-bucket" and description["log_group"] == LOG_GROUP
     assert description["checkpoint_uri"] == f"s3://stack-bucket/distrain-cloud/checkpoints/{job}/"
     code = boto3.client("s3").head_object(Bucket="stack-bucket", Key=plan.payload["code_key"])
@@ -184,6 +190,7 @@ def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once
     assert tags["distrain-cloud:stack"] == "distrain-cloud" and tags["distrain-cloud:lineage"] == job
     assert nodes[0]["IamInstanceProfile"]["Arn"].endswith("/node-profile")
     assert nodes[0]["MetadataOptions"]["HttpTokens"] == "required"
+    assert nodes[0]["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
     assert nodes[0]["InstanceLifecycle"] == "spot"
     user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
         InstanceId=nodes[0]["InstanceId"], Attribute="userData"
@@ -727,8 +734,12 @@ def test_the_user_data_runs_here_up_to_the_agent_and_a_swapped_bundle_stops_the_
     assert "-c " + str(tmp_path / "node-1" / "constraints.txt") in pip and "-r requirements.txt" in pip
     assert "transformers>=4.46" in pip
     code = tmp_path / "node-1" / "code"
+    import hashlib
+
+    uploaded = boto3.client("s3").get_object(Bucket="stack-bucket", Key=f"distrain-cloud/jobs/{job}/job.json")
     assert agent.startswith(
         f"agent -m distrain_cloud.training.node_agent --job s3://stack-bucket/distrain-cloud/jobs/{job}/job.json"
+        f" --job-sha256 {hashlib.sha256(uploaded['Body'].read()).hexdigest()} "
     )
     assert agent.endswith(f"cwd={code} PYTHONPATH={code}")
     assert (code / "distrain_cloud" / "training" / "node_agent.py").is_file()

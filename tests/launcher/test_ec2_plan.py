@@ -69,7 +69,9 @@ def test_g4dn_12xlarge_runs_four_processes_in_fp16_on_a_t4_capable_ami():
     assert "T4" in family.gpu_models and family.python == "/opt/pytorch/bin/python" and family.torch is None
     assert family.ssm_parameter in request["ImageId"]  # a placeholder naming where the AMI comes from
     assert request["InstanceType"] == "g4dn.12xlarge" and request["MinCount"] == request["MaxCount"] == 1
-    assert request["MetadataOptions"]["HttpTokens"] == "required"
+    # IMDSv2 only, and one hop: a container on the node (one more hop) cannot take the role's credentials.
+    metadata = {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1}
+    assert request["MetadataOptions"] == metadata
     assert request["InstanceInitiatedShutdownBehavior"] == "terminate"
     (volume,) = request["BlockDeviceMappings"]
     assert volume["DeviceName"] == family.root_device
@@ -172,7 +174,12 @@ def test_user_data_stops_hard_first_verifies_the_bundle_and_hands_over_to_the_ag
     assert plan.bundle["sha256"] in text and "bundle hash mismatch" in text
     agent = lines[-2]
     assert agent.startswith('"$PY" -m distrain_cloud.training.node_agent --job ')
-    assert f"/distrain-cloud/jobs/{plan.job_name}/job.json' || fail " in agent
+    # job.json's bytes pinned as the bundle's are: the agent checks them before it trusts any of them.
+    import hashlib
+
+    pin = hashlib.sha256(plan.payload["job_json"]).hexdigest()
+    assert json.loads(plan.payload["job_json"]) == plan.configs["job.json"]
+    assert f"/distrain-cloud/jobs/{plan.job_name}/job.json' --job-sha256 {pin} || fail " in agent
     assert lines[-1] == "$POWEROFF"  # whatever the agent did, the node ends
     assert text.index("shutdown -h") < text.index("boot.py") < text.index("pip install") < text.index("node_agent")
     for switch in ("DISTRAIN_EC2_PYTHON", "DISTRAIN_EC2_WORK", "DISTRAIN_EC2_POWEROFF", "DISTRAIN_EC2_HARD_STOP"):

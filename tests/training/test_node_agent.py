@@ -107,6 +107,18 @@ def test_job_description_names_what_it_lacks():
     assert make_job(prefix="").key("stop") == "jobs/job-a1/stop"
 
 
+@pytest.mark.parametrize(
+    "key, value",
+    [("nodes", "2"), ("nodes", 0), ("train_argv", "--max-steps 10"), ("secrets", {"HF_TOKEN": 1}), ("job", None),
+     ("deadline", True), ("env", ["A=1"])],
+)  # fmt: skip
+def test_a_job_description_of_the_wrong_shape_is_one_line_naming_the_key(key, value):
+    with pytest.raises(NodeFailure, match=f"^job.json's {key} is not "):
+        Job.from_dict({**make_job().__dict__, key: value})
+    with pytest.raises(NodeFailure, match="^job.json is not a JSON object"):
+        Job.from_dict([make_job().__dict__])  # type: ignore[arg-type]
+
+
 def test_the_trainer_gets_the_job_descriptions_variables_under_the_contracts(tmp_path):
     env = {"DISTRAIN_LINEAGE": "lin", "DISTRAIN_INSTANCE_TYPE": "g5.xlarge", "DISTRAIN_WANDB_RUN_ID": "lin"}
     # A description may not move the contract's folders: those are the agent's to say.
@@ -177,6 +189,41 @@ def test_rendezvous_timeout_names_the_missing_node(store):
         job = make_job(rendezvous_timeout_s=30)
         rendezvous(store, job, node(0), poll_s=5, clock=lambda: next(ticks), sleep=lambda s: None)
     assert str(failed.value).startswith("node 1 of 2 never joined the rendezvous within 30 s")
+
+
+def test_rendezvous_counts_only_the_expected_indices_with_valid_records(store):
+    """Strays in the rendezvous folder (an extra index, a name that is no index, a malformed body, an
+    address that is no IP) are ignored and named once; the real nodes still meet."""
+    job = make_job(nodes=2)
+    folder = job.key("rendezvous", node(0).reservation_id) + "/"
+    valid = {"ip": "10.0.0.99", "instance_id": "i-0planted", "launch_index": 5, "time": 1.0}
+    strays = {
+        "5.json": json.dumps(valid).encode(),  # an index >= nodes
+        "abc.json": json.dumps(valid).encode(),  # no index at all
+        "-1.json": json.dumps(valid).encode(),
+        "01.json": json.dumps({**valid, "launch_index": 1}).encode(),  # index 1 twice
+        "notes.txt": b"hello",
+        # index 1 before node 1 writes it: no JSON, then an address that would reach a shell
+        "1.json": b"\xff not json",
+    }
+    for name, body in strays.items():
+        store.s3.put_object(Bucket=BUCKET, Key=folder + name, Body=body)
+    logged: list[str] = []
+
+    def node1_joins() -> None:
+        time.sleep(0.3)
+        store.put_json(folder + "1.json", {**valid, "ip": "10.0.0.11; reboot", "launch_index": 1})
+        time.sleep(0.3)
+        store.put_json(folder + "1.json", {"ip": "10.0.0.11", "instance_id": "i-1", "launch_index": 1, "time": 2.0})
+
+    threading.Thread(target=node1_joins, daemon=True).start()
+    records = rendezvous(store, job, node(0), poll_s=0.05, log=logged.append)
+    assert [(r["launch_index"], r["ip"]) for r in records] == [(0, "10.0.0.10"), (1, "10.0.0.11")]
+    for name in ("5.json", "abc.json", "-1.json", "01.json", "notes.txt"):
+        assert sum(f"{folder}{name}" in line for line in logged) == 1, (name, logged)
+    # The two bad bodies of index 1, once each (it is read again only when it changes).
+    assert sum(f"{folder}1.json" in line for line in logged) == 2, logged
+    assert len(logged) == 7 and all(line.startswith("ignored ") for line in logged), logged
 
 
 def test_rendezvous_gives_up_when_told_to_stop(store):
@@ -291,6 +338,63 @@ def test_restore_takes_the_newest_complete_checkpoint_and_ignores_incomplete_one
     ]  # fmt: skip
     assert [p.name for p in fresh.iterdir()] == ["checkpoint-00000004"]
     assert restore_checkpoint(store, "distrain/checkpoints/other-lineage/", tmp_path / "none") is None
+
+
+# Keys under a lineage's checkpoints that a job's own code (or anyone with write access there) may
+# plant: each maps to a local path outside its folder, or to no file at all.
+PLANTED = {
+    "dotdot": "../../escaped-dotdot",
+    "backslash": "..\\..\\escaped-backslash",
+    "nul": "a\x00b",
+    "folder marker": "sub/",
+    "dot": "./x",
+    "through a link": "linked/escaped-link",
+}
+
+
+def test_a_restore_writes_nothing_outside_its_folder_whatever_the_keys(store, tmp_path):
+    """A planted key is refused with one line naming it; the checkpoint's own files are restored."""
+    roots, (rank0, rank1) = syncs(store, tmp_path, [])
+    write_checkpoint(roots[0], 4, 0)
+    write_checkpoint(roots[1], 4, 1)
+    for sync in (rank0, rank1, rank0):
+        sync.tick()
+    name = "checkpoint-00000004"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    planted = {**PLANTED, "absolute": "/" + str(outside / "escaped-absolute")}
+    for rel in planted.values():
+        store.s3.put_object(Bucket=BUCKET, Key=f"{CKPT}{name}/{rel}", Body=b"planted")
+        store.s3.put_object(Bucket=BUCKET, Key=f"{CKPT}compile-cache/{rel}", Body=b"planted")
+    store.s3.put_object(Bucket=BUCKET, Key=f"{CKPT}compile-cache/fx/entry", Body=b"kernel")
+    # Inside the folder, but a file of the checkpoint cannot also be a folder: skipped, not fatal.
+    clash = f"{CKPT}{name}/model.safetensors/x"
+    store.s3.put_object(Bucket=BUCKET, Key=clash, Body=b"planted")
+    fresh = tmp_path / "deep" / "fresh"
+    # A link already inside the folder that points out of it (resolved, not just read as a string).
+    for folder in (fresh / name, fresh / "compile-cache"):
+        folder.mkdir(parents=True)
+        (folder / "linked").symlink_to(outside, target_is_directory=True)
+    logged: list[str] = []
+
+    assert restore_checkpoint(store, CKPT, fresh, log=logged.append) == name
+    assert restore_compile_cache(store, CKPT, fresh, log=logged.append) == 1
+    got = sorted(p.name for p in (fresh / name).iterdir())
+    assert got == [
+        "COMPLETE", "MANIFEST.json", "linked", "model.safetensors", "random_states_0.pkl", "random_states_1.pkl",
+        "trainer_state.json",
+    ]  # fmt: skip
+    assert (fresh / "compile-cache" / "fx" / "entry").read_bytes() == b"kernel"
+    assert list(outside.iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["fresh"]
+    assert not any(p.name.startswith("escaped") for p in tmp_path.rglob("*"))
+    for rel in planted.values():  # one line for each refused key, naming it
+        for key in (f"{CKPT}{name}/{rel}", f"{CKPT}compile-cache/{rel}"):
+            named = [line for line in logged if repr(key) in line]
+            assert len(named) == 1 and named[0].startswith("refused "), (key, logged)
+    assert [line for line in logged if repr(clash) in line][0].startswith(f"could not restore {clash!r} (")
+    assert len(logged) == 2 * len(planted) + 1
+    assert (fresh / name / "model.safetensors").read_text() == "weights 4 a"
 
 
 def test_markers_of_an_earlier_attempt_are_not_trusted(store, tmp_path):
@@ -614,6 +718,11 @@ def test_a_resumed_attempt_starts_every_node_from_the_checkpoint(cluster, s3):
     assert restored is not None
     stopped_at = int(restored.split("-")[1])
 
+    # Keys planted beside the checkpoint aim at the code the agent runs next (work/code, two folders
+    # up from a checkpoint's): refused, each with one line; the resume goes on from the real files.
+    planted = [f"{CKPT}{restored}/../../code/planted.py", f"{CKPT}compile-cache/../../code/cached.py"]
+    for key in planted:
+        s3.put_object(Bucket=BUCKET, Key=key, Body=b"import os; os.system('reboot')")
     again = cluster(steps=stopped_at + 3, job="job-a2", attempt=2)  # same lineage, same checkpoint_uri
     results = again.run()
     assert {o.status for o in results.values()} == {"Completed"}
@@ -621,6 +730,9 @@ def test_a_resumed_attempt_starts_every_node_from_the_checkpoint(cluster, s3):
         log = (again.tmp_path / f"node{rank}" / "node-agent.log").read_text()
         assert f"restored checkpoint-{stopped_at:08d}" in log
         assert f"resumed={stopped_at} " in log
+        assert not (again.tmp_path / f"node{rank}" / "code").exists()
+        for key in planted:
+            assert log.count(f"refused {key!r}") == 1, log
 
 
 @pytest.mark.slow
@@ -646,6 +758,39 @@ def test_a_node_that_never_joins_fails_the_rendezvous_and_leaves_a_stop_marker(c
     assert marker["reason"] == "peer-failed"
     late = c.run(ranks=[1])
     assert late[1].status == "Stopped" and "node 0 failed: node 1 of 2 never joined" in late[1].reason
+
+
+@pytest.mark.slow
+def test_malformed_records_are_ignored_and_a_malformed_stop_marker_still_stops_cleanly(cluster, s3):
+    """Bytes in the job's folder that no agent wrote: records of ranks the job does not have, bodies
+    that are no JSON object, fields of the wrong type. None gives a traceback; the job trains on
+    until a stop marker comes, and one that is no JSON object still stops every node cleanly."""
+    c = cluster()
+    planted = {
+        "nodes/7.json": b"\xff not json",
+        "nodes/8.json": b"[1, 2]",
+        "nodes/9.json": json.dumps({"status": "Failed", "reason": "planted: a rank this job does not have"}).encode(),
+        "nodes/x.json": b"{}",
+    }
+    # and in the rendezvous folder of this launch: an index >= nodes, names that are no index
+    meeting = f"rendezvous/{c.imds[0].identity.reservation_id}/"
+    entry = json.dumps({"ip": "10.9.9.9", "instance_id": "i-0planted", "launch_index": 5}).encode()
+    planted.update({f"{meeting}5.json": entry, f"{meeting}abc.json": entry, f"{meeting}-1.json": b"[]"})
+    for name, body in planted.items():
+        s3.put_object(Bucket=BUCKET, Key=c.job.key(name), Body=body)
+    stop_key = c.job.key("stop")
+    c.once_training(lambda: s3.put_object(Bucket=BUCKET, Key=stop_key, Body=b'["cancel"]'))
+    results = c.run()
+    expected = f"the stop marker s3://{BUCKET}/{stop_key} is not a JSON object: stopped as if cancelled"
+    assert {r: (o.status, o.reason) for r, o in results.items()} == {0: ("Stopped", expected), 1: ("Stopped", expected)}
+    for rank in (0, 1):
+        log = (c.tmp_path / f"node{rank}" / "node-agent.log").read_text()
+        assert "Traceback" not in log
+        for name in ("nodes/7.json", "nodes/8.json", "nodes/9.json"):
+            assert log.count(f"ignored the node record 's3://{BUCKET}/{c.job.key(name)}'") == 1, log
+        for name in ("5.json", "abc.json", "-1.json"):
+            assert log.count(f"ignored {c.job.key(meeting + name)!r} in the rendezvous folder") == 1, log
+        assert "main node 127.0.0.1:" in log  # not the planted address
 
 
 @pytest.mark.slow
@@ -703,12 +848,12 @@ def test_sigterm_to_the_agent_stops_every_node(cluster):
     }
 
 
-def agent_process(env: dict[str, str], job_uri: str) -> subprocess.CompletedProcess[str]:
+def agent_process(env: dict[str, str], job_uri: str, job_sha256: str = "0" * 64) -> subprocess.CompletedProcess[str]:
     import os
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DISTRAIN_"))}
     return subprocess.run(
-        [sys.executable, "-m", "distrain_cloud.training.node_agent", "--job", job_uri],
+        [sys.executable, "-m", "distrain_cloud.training.node_agent", "--job", job_uri, "--job-sha256", job_sha256],
         env={**base, **env},
         capture_output=True,
         text=True,
@@ -754,9 +899,36 @@ def test_the_agent_powers_off_on_every_path_even_before_it_knows_the_job(tmp_pat
         record = json.loads(s3.get_object(Bucket=BUCKET, Key="p/jobs/j/nodes/1.json")["Body"].read())
         assert (record["status"], record["reason"]) == ("Failed", f"s3://{BUCKET}/p/jobs/j/job.json does not exist")
         assert record["instance_id"] == "i-0abc"
+
+        # A job.json that is not the one the plan hashed (rewritten after submit): the node trusts
+        # none of it, fails with one line, and stops its peers, as a swapped bundle does.
+        import hashlib
+
+        planned = json.dumps(make_job(bucket=BUCKET, prefix="p", job="k").__dict__).encode()
+        rewritten = planned.replace(b'"train_argv": [', b'"train_argv": ["--evil", ')
+        s3.put_object(Bucket=BUCKET, Key="p/jobs/k/job.json", Body=rewritten)
+        with FakeImds(instance_id="i-0abd", launch_index=0) as fake:
+            r = agent_process(
+                {"DISTRAIN_EC2_WORK": str(tmp_path / "c"), "DISTRAIN_EC2_POWEROFF": poweroff,
+                 "AWS_EC2_METADATA_SERVICE_ENDPOINT": fake.endpoint, "AWS_ENDPOINT_URL": f"http://{host}:{port}"},
+                f"s3://{BUCKET}/p/jobs/k/job.json",
+                hashlib.sha256(planned).hexdigest(),
+            )  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "Traceback" not in r.stdout + r.stderr
+        record = json.loads(s3.get_object(Bucket=BUCKET, Key="p/jobs/k/nodes/0.json")["Body"].read())
+        digest, pinned = hashlib.sha256(rewritten).hexdigest(), hashlib.sha256(planned).hexdigest()
+        assert (record["status"], record["reason"]) == (
+            "Failed",
+            f"job.json hash mismatch: s3://{BUCKET}/p/jobs/k/job.json has sha256 {digest[:12]}..., "
+            f"the plan hashed {pinned[:12]}...",
+        )
+        stop = json.loads(s3.get_object(Bucket=BUCKET, Key="p/jobs/k/stop")["Body"].read())
+        assert (stop["reason"], stop["rank"]) == ("peer-failed", 0) and "job.json hash mismatch" in stop["detail"]
+        assert "--evil" not in (tmp_path / "c" / "node-agent.log").read_text()
     finally:
         server.stop()
-    assert (tmp_path / "poweroff.log").read_text() == "powered-off\n" * 2
+    assert (tmp_path / "poweroff.log").read_text() == "powered-off\n" * 3
 
 
 def _closed_port() -> int:
