@@ -472,7 +472,7 @@ class Ec2Backend:
             found = job_files(aws.client("s3", region), bucket, prefix, job.name)
         instances = tagged_instances(region, job.name).get(job.name, [])
         info = job_status(description, found, instances, now=time.time())
-        retire_role_when_done(description, info, instances)
+        retire_role_when_done(job.name, description, info, instances)
         return info
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
@@ -494,7 +494,7 @@ class Ec2Backend:
                 found = job_files(s3, bucket, prefix, name)
                 info = job_status(description, found, instances.get(name, []), now=time.time())
                 if instances.get(name):  # ended within the hour EC2 still lists its instances
-                    retire_role_when_done(description, info, instances[name])
+                    retire_role_when_done(name, description, info, instances[name])
                 rows.append({**info, "backend": self.name})
         return rows
 
@@ -936,11 +936,16 @@ def _isolation_check(role: JobRole, parts: _Parts, where: _Where) -> Check:
     )
 
 
-def retire_role_when_done(description: dict[str, Any], info: dict[str, Any], instances: list[dict[str, Any]]) -> None:
-    """Delete the job's role once the job has ended and none of its instances can still use it."""
+def retire_role_when_done(
+    name: str, description: dict[str, Any], info: dict[str, Any], instances: list[dict[str, Any]]
+) -> None:
+    """Delete job `name`'s role once the job has ended and none of its instances can still use it.
+
+    The name is the launcher's own (never job.json's: the job may rewrite that file, and must not
+    be able to point the launcher at another job's role); job.json only says whether it has one."""
     holding = set(ALIVE_STATES) | {"shutting-down"}
     if description.get("role") and info["terminal"] and not any(i["state"] in holding for i in instances):
-        _retire_quietly(str(description["role"]))
+        _retire_quietly(name)
 
 
 def _retire_quietly(name: str) -> None:
