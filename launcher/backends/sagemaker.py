@@ -113,8 +113,8 @@ class SageMakerBackend:
         )
         # Everything the user wrote is in the request now, so a request the API would refuse is
         # refused here, before AWS is asked anything (a well-formed account stands in for theirs).
-        refuse_api_problems(self._request(spec, parts, *_offline_identity(spec, "000000000000")))
-        account, role_arn = _offline_identity(spec, "<account>")
+        refuse_api_problems(self._request(spec, parts, *_offline_identity(spec, job_name, "000000000000")))
+        account, role_arn = _offline_identity(spec, job_name, "<account>")
         checks = [region_check]
         if spec.sagemaker.role:
             checks.append(Check("role exists and trusts SageMaker", None, "checked at submit"))
@@ -590,10 +590,10 @@ def _fingerprint(job: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _offline_identity(spec: JobSpec, unknown_account: str) -> tuple[str, str]:
-    """(account, role ARN) as far as they are known without asking AWS; with no role, the stack's
-    (its name is only known at submit)."""
-    role = spec.sagemaker.role or f"{spec.stack}-sagemaker"
+def _offline_identity(spec: JobSpec, job_name: str, unknown_account: str) -> tuple[str, str]:
+    """(account, role ARN) as far as they are known without asking AWS; with no role, the job's own
+    (made at submit under the stack's path)."""
+    role = spec.sagemaker.role or f"{job_role.role_path(spec.stack).lstrip('/')}{job_name}"
     account = role.split(":")[4] if role.startswith("arn:") else unknown_account
     return account, role if role.startswith("arn:") else f"arn:aws:iam::{account}:role/{role}"
 
