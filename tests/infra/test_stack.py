@@ -258,7 +258,7 @@ def test_resources_are_found_by_logical_id(mocked_aws):
 
 
 def test_security_properties_that_moto_applies(mocked_aws):
-    made = _up(parameters={"LogRetentionDays": "14"})
+    made = _up(parameters={"LogRetentionDays": "14", "EnableSsm": "true"})
     s3 = boto3.client("s3", REGION)
     (rule,) = s3.get_bucket_encryption(Bucket=made.bucket)["ServerSideEncryptionConfiguration"]["Rules"]
     assert rule["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
@@ -271,13 +271,20 @@ def test_security_properties_that_moto_applies(mocked_aws):
 
     # The stack makes no role: nothing a job could use is shared between jobs.
     assert boto3.client("iam").list_roles()["Roles"] == []
-    # Each job's role trusts its own service only; SSM is off by default, so no managed policy.
-    for kind, service in (("ec2", "ec2.amazonaws.com"), ("sagemaker", "sagemaker.amazonaws.com")):
-        role = _job_role(made, f"{kind}-job-20261128-000000-abcdef", kind)
+    # Each job's role trusts its own service only; with EnableSsm, an EC2 job's role (only) gets
+    # Session Manager's managed policy (off by default: tests/launcher/test_job_roles.py).
+    assert made.ssm is True
+    ssm = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+    for kind, service, managed in (
+        ("ec2", "ec2.amazonaws.com", (ssm,)),
+        ("sagemaker", "sagemaker.amazonaws.com", ()),
+    ):
+        place = job_role.Place("aws", REGION, ACCOUNT, made.stack, made.bucket, "distrain-cloud", kind, kind)
+        role = job_role.for_job(kind, place, boundary_arn=made.job_boundary_arn, log_group=made.log_group, ssm=made.ssm)
         assert [(s["Effect"], s["Principal"], s["Action"]) for s in role.trust["Statement"]] == [
             ("Allow", {"Service": service}, "sts:AssumeRole")
         ]
-        assert role.managed_policies == () and role.boundary_arn == made.job_boundary_arn
+        assert role.managed_policies == managed and role.boundary_arn == made.job_boundary_arn
 
     (log_group,) = boto3.client("logs", REGION).describe_log_groups(logGroupNamePrefix=made.log_group)["logGroups"]
     assert log_group["retentionInDays"] == 14

@@ -184,6 +184,7 @@ def test_submit_makes_the_role_first_then_job_json_then_launches_retrying_while_
         == (plan.configs["job_role"]["policy"])
     )
     assert profiles() == [job] and len(alive(job)) == 2
+    assert boto3.client("iam").list_attached_role_policies(RoleName=job)["AttachedPolicies"] == []  # no SSM
 
 
 def test_a_launch_that_fails_for_good_leaves_no_role_and_no_profile(stack, calls, monkeypatch):
