@@ -2,8 +2,8 @@
 
 Plan, then act: `plan_up` creates a change set and returns its changes without executing it;
 `execute` runs it; `discard` deletes it. `plan_down` says what `down` would do (and refuses
-while stack instances run). `resources` is what the backends call to find the bucket, roles
-and security group: by logical id, because stacks created through a change set have no
+while stack instances run). `resources` is what the backends call to find the bucket, the job
+role boundary and security group: by logical id, because stacks created through a change set have no
 Outputs under moto, and describe_stack_resources answers the same on AWS.
 
 boto3 is reached only through `infra.aws` (clients per call, errors as one-line UserErrors).
@@ -11,6 +11,7 @@ boto3 is reached only through `infra.aws` (clients per call, errors as one-line 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import re
 from collections.abc import Iterable, Mapping
@@ -23,17 +24,16 @@ from .errors import UserError
 
 DEFAULT_STACK = "distrain-cloud"
 # The tag every EC2 instance launched for a stack must carry (Key=STACK_TAG, Value=stack name):
-# the node role and the launcher policy allow terminating only instances with it, and
+# job role boundaries and the launcher policy allow terminating only instances with it, and
 # `infra down` refuses while any such instance is alive.
 STACK_TAG = "distrain-cloud:stack"
 TEMPLATE_PATH = Path(__file__).with_name("stack.yaml")
 CAPABILITIES = ["CAPABILITY_IAM"]  # the template names no IAM resource, so not CAPABILITY_NAMED_IAM
+DEFAULT_SECRET_PREFIX = "distrain-cloud/"  # stack.yaml's SecretPrefix default
 
 # Logical ids in stack.yaml that `resources` reads.
 BUCKET = "Bucket"
-SAGEMAKER_ROLE = "SageMakerExecutionRole"
-NODE_ROLE = "NodeRole"
-NODE_INSTANCE_PROFILE = "NodeInstanceProfile"
+JOB_BOUNDARY = "JobBoundary"
 SECURITY_GROUP = "NodeSecurityGroup"
 LOG_GROUP = "LogGroup"
 LAUNCHER_POLICY = "LauncherPolicy"
@@ -113,13 +113,15 @@ class StackResources:
     stack: str
     region: str
     bucket: str
-    sagemaker_role_arn: str
-    node_role_arn: str
-    node_instance_profile: str  # the instance profile's name (RunInstances IamInstanceProfile={"Name": ...})
+    job_boundary_arn: str  # the permissions boundary of every job role (infra/job_role.py)
     security_group_id: str
     log_group: str
     launcher_policy_arn: str
     placement_group: str | None  # only with EnablePlacementGroup=true
+    account: str = "000000000000"
+    partition: str = "aws"
+    secret_prefix: str = DEFAULT_SECRET_PREFIX  # the SecretPrefix parameter: what job roles may read
+    ssm: bool = False  # EnableSsm: job roles of EC2 jobs get Session Manager's managed policy
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ class DownPlan:
     bucket: str | None  # kept after deletion
     instances: tuple[dict[str, str], ...]  # alive instances tagged with the stack (terminated first)
     resources: int
+    job_roles: tuple[str, ...] = ()  # job roles `down` deleted (under the stack's IAM path)
 
 
 # --- the template --------------------------------------------------------------------------
@@ -270,22 +273,23 @@ def resources(name: str = DEFAULT_STACK, region: str | None = None) -> StackReso
             )
         return str(resource["PhysicalResourceId"])
 
-    # Roles are listed by name; the template gives them no path, so the ARN follows from the
-    # stack's own partition and account (no IAM call, which the launcher policy does not grant).
+    # Job roles' ARNs follow from the stack's own partition and account (no STS or IAM call).
     partition, account = stack["StackId"].split(":")[1], stack["StackId"].split(":")[4]
-    role_arn = f"arn:{partition}:iam::{account}:role/"
     placement = found.get(PLACEMENT_GROUP, {}).get("PhysicalResourceId")
+    parameters = {p.get("ParameterKey"): p.get("ParameterValue") for p in stack.get("Parameters", [])}
     return StackResources(
         stack=name,
         region=region,
         bucket=physical(BUCKET),
-        sagemaker_role_arn=role_arn + physical(SAGEMAKER_ROLE),
-        node_role_arn=role_arn + physical(NODE_ROLE),
-        node_instance_profile=physical(NODE_INSTANCE_PROFILE),
+        job_boundary_arn=physical(JOB_BOUNDARY),
         security_group_id=physical(SECURITY_GROUP),
         log_group=physical(LOG_GROUP),
         launcher_policy_arn=physical(LAUNCHER_POLICY),
         placement_group=placement or None,
+        account=account,
+        partition=partition,
+        secret_prefix=str(parameters.get("SecretPrefix") or DEFAULT_SECRET_PREFIX),
+        ssm=parameters.get("EnableSsm") == "true",
     )
 
 
@@ -567,11 +571,15 @@ def terminate(instance_ids: Iterable[str], region: str) -> None:
 def down(name: str = DEFAULT_STACK, region: str | None = None, force: bool = False) -> DownPlan:
     """Delete the stack and wait until it is gone; returns what was done. With `force`, alive
     instances tagged with the stack are terminated first; without, their presence refuses.
-    The bucket is retained (DeletionPolicy: Retain): it outlives the stack with its data."""
+    Job roles left under the stack's IAM path go first (the boundary cannot be deleted while
+    roles use it). The bucket is retained (DeletionPolicy: Retain): it outlives the stack with its data."""
     from botocore.exceptions import WaiterError
+
+    from . import job_role
 
     plan = plan_down(name, region, force)
     terminate([i["id"] for i in plan.instances], plan.region)
+    plan = dataclasses.replace(plan, job_roles=tuple(job_role.retire_all(name)))
     with aws.translate_errors():
         cf = aws.client("cloudformation", plan.region)
         stack = _describe(cf, name)

@@ -96,8 +96,7 @@ def up(
     typer.echo(f"stack {stack!r} in {plan.region}: {final}")
     typer.echo(
         f"  bucket:           {made.bucket}\n"
-        f"  SageMaker role:   {made.sagemaker_role_arn}\n"
-        f"  node profile:     {made.node_instance_profile}\n"
+        f"  job boundary:     {made.job_boundary_arn} (each job gets its own role under it)\n"
         f"  security group:   {made.security_group_id}\n"
         f"  log group:        {made.log_group}\n"
         f"  launcher policy:  {made.launcher_policy_arn}"
@@ -159,6 +158,8 @@ def down(
         return
     done = infra_stack.down(stack, plan.region, force=force)
     typer.echo(f"deleted stack {stack!r} in {plan.region}")
+    if done.job_roles:
+        typer.echo(f"deleted {len(done.job_roles)} job role(s) left under /distrain-cloud/{stack}/")
     if done.bucket:
         typer.echo(
             f"bucket {done.bucket} was kept with its checkpoints and outputs: "

@@ -34,6 +34,9 @@ class Identity:
     region: str = "us-east-1"
     role: str = ROLE
     spot_action: dict[str, str] | None = None  # the instance-action document once a notice is set
+    # The role's session credentials (AccessKeyId, SecretAccessKey, SessionToken, Expiration), as
+    # STS gave them for the instance profile's role; placeholders when a test needs no real ones.
+    credentials: dict[str, Any] | None = None
     tokens: set[str] = field(default_factory=set)
     requests: list[str] = field(default_factory=list)  # "GET /latest/meta-data/..." in arrival order
 
@@ -41,14 +44,15 @@ class Identity:
         """path under /latest/ -> body, for everything but the spot notice."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 6 * 3600))
+        given = self.credentials or {}
         creds = {
             "Code": "Success",
             "LastUpdated": now,
             "Type": "AWS-HMAC",
-            # Obvious placeholders: moto accepts any key.
-            "AccessKeyId": "ASIAFAKEIMDSKEY00000",
-            "SecretAccessKey": "fake-imds-secret-for-tests",
-            "Token": "fake-imds-session-token",
+            # Obvious placeholders unless given: moto accepts any key.
+            "AccessKeyId": given.get("AccessKeyId", "ASIAFAKEIMDSKEY00000"),
+            "SecretAccessKey": given.get("SecretAccessKey", "fake-imds-secret-for-tests"),
+            "Token": given.get("SessionToken", "fake-imds-session-token"),
             "Expiration": expires,
         }
         zone = self.region + "a"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -26,6 +27,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distrain_cloud.infra import job_role
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.stack import ALIVE_STATES, STACK_TAG
 from distrain_cloud.training.strategies import AUTO, parse_strategy
@@ -37,6 +39,7 @@ from ..tracking import tracking_env, wandb_run
 from . import cloud, wait_for
 
 if TYPE_CHECKING:
+    from distrain_cloud.infra.job_role import JobRole
     from distrain_cloud.infra.stack import StackResources
 
     from ..catalog import AmiFamily, InstanceType
@@ -138,6 +141,12 @@ class _Where:
     lineage: str
     attempt: int
     checkpoint_uri: str
+    # For the job's own role (infra/job_role.py): what only AWS names, placeholders until preflight.
+    account: str = "<account>"
+    partition: str = "aws"
+    boundary: str = "<stack job role boundary>"
+    secret_prefix: str = "distrain-cloud/"
+    ssm: bool = False
 
     @property
     def resolved(self) -> bool:
@@ -207,7 +216,7 @@ class Ec2Backend:
         where = _Where(
             stack=stack,
             bucket=f"<stack-{stack}-bucket>",
-            instance_profile=f"<stack {stack} node instance profile>",
+            instance_profile=job_name,  # the job's own (its role's name), made at submit
             security_group=f"<stack {stack} security group>",
             log_group=f"<stack {stack} log group>",
             ami_id=spec.ec2.ami_id or f"<newest AMI from {parts.ami_parameter}>",
@@ -217,6 +226,7 @@ class Ec2Backend:
             lineage=f"<lineage of {spec.resume_from}>" if spec.resume_from else job_name,
             attempt=0 if spec.resume_from else 1,
             checkpoint_uri="",
+            boundary=f"<stack {stack}'s JobBoundary policy>",
         )
         checks = [region_check]
         checks.append(
@@ -229,7 +239,7 @@ class Ec2Backend:
         on = training.hardware if instance.gpus else "CPU"
         checks.append(Check("precision fits the GPU", True, f"{precision} ({on})"))
         checks.append(training.fit)
-        checks.append(Check(f"stack {stack}", None, "its bucket, instance profile and security group, at submit"))
+        checks.append(Check(f"stack {stack}", None, "its bucket, security group and job role boundary, at submit"))
         if spec.ec2.ami_id:
             checks.append(Check("AMI", None, f"{spec.ec2.ami_id} is described at submit"))
         else:
@@ -276,6 +286,8 @@ class Ec2Backend:
         parts: _Parts = plan.payload["parts"]
         where = dataclasses.replace(where, checkpoint_uri=where.checkpoint_uri or _checkpoint_uri(where, parts))
         description = job_description(parts, where, plan.payload["spec"])
+        role = _job_role(parts, where)
+        description["role"] = role.name  # beyond the contract: `status` deletes it once the job ended
         # The bytes submit uploads, hashed here so the user data can pin them (a job.json rewritten
         # after submit is refused by every node before it trusts any of it).
         job_json = json.dumps(description, indent=2).encode()
@@ -295,7 +307,8 @@ class Ec2Backend:
         )
         request = run_instances_request(parts, where, user_data)
         refuse_api_problems(request)
-        checks = [c for c in plan.checks if not c.name.startswith(("user data", "request fits"))]
+        checks = [c for c in plan.checks if not c.name.startswith(("user data", "request fits", "job role"))]
+        checks.append(_isolation_check(role, parts, where))
         checks.append(_user_data_size_check(user_data))
         checks.append(_secret_free_check(user_data, description, dict(parts.secrets)))
         checks.append(Check("request fits the EC2 API model", True, "required fields, types and enums of RunInstances"))
@@ -312,11 +325,17 @@ class Ec2Backend:
             request=request,
             summary=summary,
             checks=checks,
-            configs={**plan.configs, "job.json": description, "user_data": user_data.splitlines()},
+            configs={
+                **plan.configs,
+                "job.json": description,
+                "user_data": user_data.splitlines(),
+                "job_role": role.shown(),
+            },
             bundle={**(plan.bundle or {}), "s3": f"s3://{where.bucket}/{plan.payload['code_key']}"},
             payload={
                 **plan.payload,
                 "where": where,
+                "role": role,
                 "description": description,
                 "job_json": job_json,
                 "region": parts.region,
@@ -362,7 +381,7 @@ class Ec2Backend:
         where = _Where(
             stack=spec.stack,
             bucket=stack.bucket,
-            instance_profile=stack.node_instance_profile,
+            instance_profile=parts.job_name,
             security_group=stack.security_group_id,
             log_group=stack.log_group,
             ami_id=ami_id,
@@ -372,6 +391,11 @@ class Ec2Backend:
             lineage=lineage,
             attempt=attempt,
             checkpoint_uri=checkpoint_uri,
+            account=stack.account,
+            partition=stack.partition,
+            boundary=stack.job_boundary_arn,
+            secret_prefix=stack.secret_prefix,
+            ssm=stack.ssm,
         )
         placed = self._place(dataclasses.replace(plan, checks=checks), where)
         extra = [
@@ -397,15 +421,21 @@ class Ec2Backend:
         uploaded = cloud.upload_code(plan)
         parts: _Parts = plan.payload["parts"]
         key = f"{_job_prefix(parts.prefix, parts.job_name)}/job.json"
-        with aws.translate_errors():
-            # Written before RunInstances: every instance that may exist has its description.
-            aws.client("s3", parts.region).put_object(
-                Bucket=where.bucket,
-                Key=key,
-                Body=plan.payload["job_json"],  # exactly the bytes whose sha256 the user data pins
-                ContentType="application/json",
-            )
-        ids = launch(plan.request, where, parts)
+        role: JobRole = plan.payload["role"]
+        job_role.create(role)  # the job's own identity first: nothing below runs without it
+        try:
+            with aws.translate_errors():
+                # Written before RunInstances: every instance that may exist has its description.
+                aws.client("s3", parts.region).put_object(
+                    Bucket=where.bucket,
+                    Key=key,
+                    Body=plan.payload["job_json"],  # exactly the bytes whose sha256 the user data pins
+                    ContentType="application/json",
+                )
+            ids = launch(plan.request, where, parts)
+        except BaseException:
+            _retire_quietly(role.name)  # nothing was launched: its role goes too
+            raise
         print(
             f"submitted {plan.job_name}: {parts.nodes} x {parts.instance_type} ({', '.join(ids)}); "
             f"code bundle {'uploaded' if uploaded else 'already in S3'}",
@@ -447,7 +477,9 @@ class Ec2Backend:
         with aws.translate_errors():
             found = job_files(aws.client("s3", region), bucket, prefix, job.name)
         instances = tagged_instances(region, job.name).get(job.name, [])
-        return job_status(description, found, instances, now=time.time())
+        info = job_status(description, found, instances, now=time.time())
+        retire_role_when_done(job.name, description, info, instances)
+        return info
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
         from distrain_cloud.infra import aws
@@ -475,6 +507,8 @@ class Ec2Backend:
                     print(printable(f"note: skipped EC2 job {name}: {e}"), file=sys.stderr)
                     continue
                 info = job_status(description, found, instances.get(name, []), now=time.time())
+                if instances.get(name):  # ended within the hour EC2 still lists its instances
+                    retire_role_when_done(name, description, info, instances[name])
                 rows.append({**info, "backend": self.name})
         return rows
 
@@ -506,6 +540,7 @@ class Ec2Backend:
         alive = [i["id"] for i in tagged_instances(region, job.name).get(job.name, []) if i["state"] in ALIVE_STATES]
         _write_stop(job, "cancel")
         if not alive:
+            _retire_quietly(job.name)
             return f"{job.name} has no running instance"
         with aws.translate_errors():
             aws.client("ec2", region).terminate_instances(InstanceIds=alive)
@@ -858,7 +893,9 @@ def launch(request: dict[str, Any], where: _Where, parts: _Parts) -> list[str]:
         for k, subnet in enumerate(where.subnets):
             sent = request if k == 0 else run_instances_request(parts, where, request["UserData"], subnet=k)
             try:
-                reply = ec2.run_instances(**sent)
+                reply = job_role.retry_while_propagating(
+                    functools.partial(ec2.run_instances, **sent), _profile_not_yet_seen
+                )
             except ClientError as e:
                 if aws.error_code(e) != "InsufficientInstanceCapacity":
                     raise
@@ -882,6 +919,71 @@ def launch(request: dict[str, Any], where: _Where, parts: _Parts) -> list[str]:
         f"{', '.join(tried)}); nothing was launched: retry later, with fewer nodes, another region"
         + (" or on-demand" if parts.spot else " or --spot")
     )
+
+
+def _profile_not_yet_seen(e: Exception) -> bool:
+    """RunInstances' answer while EC2 does not yet see an instance profile IAM just made."""
+    from distrain_cloud.infra import aws
+
+    message = str(getattr(e, "response", {}).get("Error", {}).get("Message", "")).lower().replace(" ", "")
+    return aws.error_code(e) == "InvalidParameterValue" and "iaminstanceprofile" in message
+
+
+# ---------------------------------------------------------------------- the job's role
+
+
+def _job_role(parts: _Parts, where: _Where) -> JobRole:
+    """The job's own IAM role: its S3 prefixes and its instances, nothing of another job's."""
+    from .sagemaker import refuse_role_problems
+
+    place = job_role.Place(
+        partition=where.partition,
+        region=parts.region,
+        account=where.account,
+        stack=where.stack,
+        bucket=where.bucket,
+        prefix=parts.prefix,
+        job=parts.job_name,
+        lineage=where.lineage,
+    )
+    role = job_role.for_job(
+        "ec2",
+        place,
+        boundary_arn=where.boundary,
+        log_group=where.log_group,
+        secret_prefix=where.secret_prefix,
+        ssm=where.ssm,
+    )
+    refuse_role_problems(role)
+    return role
+
+
+def _isolation_check(role: JobRole, parts: _Parts, where: _Where) -> Check:
+    own = f"{_job_prefix(parts.prefix, parts.job_name)}/, {parts.prefix}/checkpoints/{where.lineage}/"
+    return Check(
+        "job role isolates the job",
+        True,
+        f"{role.path}{role.name}: {own} (read-write), {parts.prefix}/code/ (read), its own instances; made at submit",
+    )
+
+
+def retire_role_when_done(
+    name: str, description: dict[str, Any], info: dict[str, Any], instances: list[dict[str, Any]]
+) -> None:
+    """Delete job `name`'s role once the job has ended and none of its instances can still use it.
+
+    The name is the launcher's own (never job.json's: the job may rewrite that file, and must not
+    be able to point the launcher at another job's role); job.json only says whether it has one."""
+    holding = set(ALIVE_STATES) | {"shutting-down"}
+    if description.get("role") and info["terminal"] and not any(i["state"] in holding for i in instances):
+        _retire_quietly(name)
+
+
+def _retire_quietly(name: str) -> None:
+    try:
+        job_role.retire(name)
+    except UserError as e:  # status still answers; the role goes at the next look or `infra down`
+        print(f"note: job role {name} was not deleted: {e}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------- status

@@ -16,6 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distrain_cloud.infra import job_role
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.resources import default_bucket
 from distrain_cloud.training.args import argv_to_hyperparameters
@@ -29,6 +30,9 @@ from . import cloud, wait_for
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    from distrain_cloud.infra.job_role import JobRole
+    from distrain_cloud.infra.stack import StackResources
 
     from ..logs import LogLine
     from ..spec import JobSpec
@@ -109,16 +113,11 @@ class SageMakerBackend:
         )
         # Everything the user wrote is in the request now, so a request the API would refuse is
         # refused here, before AWS is asked anything (a well-formed account stands in for theirs).
-        refuse_api_problems(self._request(spec, parts, *_offline_identity(spec, "000000000000")))
-        account, role_arn = _offline_identity(spec, "<account>")
-        checks = [
-            region_check,
-            Check(
-                "role exists and trusts SageMaker",
-                None,
-                "checked at submit" if spec.sagemaker.role else f"from stack {spec.stack}, at submit",
-            ),
-        ]
+        refuse_api_problems(self._request(spec, parts, *_offline_identity(spec, job_name, "000000000000")))
+        account, role_arn = _offline_identity(spec, job_name, "<account>")
+        checks = [region_check]
+        if spec.sagemaker.role:
+            checks.append(Check("role exists and trusts SageMaker", None, "checked at submit"))
         if spec.resume_from:
             checks.append(Check(f"resume from {spec.resume_from}", None, "its checkpoints are looked up at submit"))
         checks.append(
@@ -154,20 +153,31 @@ class SageMakerBackend:
             checks=checks,
             payload={"bundle": bundle.data, "bundle_listing": bundle.listing(), "spec": spec, "parts": parts},
         )
-        # With no role the job uses the stack's role and bucket, which only AWS can name.
+        # With no role the job gets its own (made at submit, under the stack's boundary) and uses the
+        # stack's bucket, which only AWS can name.
         bucket = spec.sagemaker.bucket or (None if spec.sagemaker.role else f"<stack-{spec.stack}-bucket>")
         return self._place(plan, account, role_arn, bucket)
 
     def _place(
-        self, plan: Plan, account: str, role_arn: str, bucket: str | None, checkpoint_uri: str | None = None
+        self,
+        plan: Plan,
+        account: str,
+        role_arn: str,
+        bucket: str | None,
+        checkpoint_uri: str | None = None,
+        stack: StackResources | None = None,
     ) -> Plan:
-        """The plan with its account-dependent parts filled in: role, bucket, S3 locations."""
+        """The plan with its account-dependent parts filled in: role, bucket, S3 locations. With no
+        --role, the job's own role (`stack` fills in what only AWS names; placeholders without)."""
         from ..bundle import bundle_key
 
         spec, parts = plan.payload["spec"], plan.payload["parts"]
         bucket = bucket or default_bucket(account, parts.region)
         code_key = bundle_key(parts.prefix, parts.code_sha256)
         checkpoint_uri = checkpoint_uri or _checkpoint_uri(bucket, parts)
+        role = None if spec.sagemaker.role else _job_role(spec, parts, account, bucket, stack)
+        if role is not None:
+            role_arn = role.arn
         request = self._request(spec, parts, account, role_arn, bucket, checkpoint_uri)
         wandb = wandb_run(spec, list(parts.argv), request["Environment"])
         summary = {
@@ -175,14 +185,24 @@ class SageMakerBackend:
             "output": f"s3://{bucket}/{parts.prefix}/jobs/{parts.job_name}/",
             "checkpoints": checkpoint_uri,
             "lineage": parts.lineage,
+            "role": f"{role_arn} (this job's own: only its S3 prefixes)"
+            if role
+            else f"{role_arn} (yours, --role: used unchanged, so the job is not isolated from other jobs)",
             **({"wandb": wandb} if wandb else {}),
         }
+        checks = [c for c in plan.checks if c.name != "job role isolates the job"]
+        configs = dict(plan.configs)
+        if role is not None:
+            checks.append(_isolation_check(role, parts))
+            configs["job_role"] = role.shown()
         return dataclasses.replace(
             plan,
             request=request,
             summary=summary,
+            checks=checks,
+            configs=configs,
             bundle={**(plan.bundle or {}), "s3": f"s3://{bucket}/{code_key}"},
-            payload={**plan.payload, "bucket": bucket, "code_key": code_key, "region": parts.region},
+            payload={**plan.payload, "bucket": bucket, "code_key": code_key, "region": parts.region, "role": role},
         )
 
     def preflight(self, plan: Plan) -> Plan:
@@ -196,22 +216,23 @@ class SageMakerBackend:
             raise UserError(f"the plan was made for {parts.region} but the region is {region}; plan again")
         checks = [c for c in plan.checks if c.ok is not None]
         bucket = spec.sagemaker.bucket
+        stack = None
         with aws.translate_errors():
             account = aws.account_id(region)
             if spec.sagemaker.role:
                 role_arn = resources.check_role(spec.sagemaker.role, region=region)
                 checks.append(Check("role exists and trusts SageMaker", True, role_arn))
-            else:
+            else:  # the job's own role, made at submit (_place names it)
                 stack = _stack_resources(spec.stack, region)
-                role_arn, bucket = stack.sagemaker_role_arn, bucket or stack.bucket
-                checks.append(Check("role exists and trusts SageMaker", True, f"{role_arn} (stack {spec.stack})"))
+                role_arn, bucket = "", bucket or stack.bucket
         checkpoint_uri = None
         if spec.resume_from:
             checkpoint_uri, lineage = _previous_checkpoints(spec.resume_from, region, checks)
             # The plan guessed the job it resumes; a resumed job's lineage is that job's own.
             parts = dataclasses.replace(parts, lineage=lineage)
             plan = dataclasses.replace(plan, payload={**plan.payload, "parts": parts})
-        placed = self._place(plan, account, role_arn, bucket, checkpoint_uri)
+        placed = self._place(dataclasses.replace(plan, checks=checks), account, role_arn, bucket, checkpoint_uri, stack)
+        checks = placed.checks
         refuse_api_problems(placed.request)  # the looked-up parts too (a previous job's checkpoint URI)
         checks.append(cloud.bucket_check(placed.payload["bucket"], region, named_by_user=bool(spec.sagemaker.bucket)))
         checks.append(self._quota_check(spec, region))
@@ -330,8 +351,18 @@ class SageMakerBackend:
         uploaded = cloud.upload_code(plan)
         from distrain_cloud.infra import aws
 
-        with aws.translate_errors():
-            create_training_job_once(plan.request, region)
+        role: JobRole | None = plan.payload.get("role")
+        if role is not None:
+            job_role.create(role)
+        try:
+            with aws.translate_errors():
+                job_role.retry_while_propagating(
+                    lambda: create_training_job_once(plan.request, region), _role_not_yet_assumable
+                )
+        except BaseException:
+            if role is not None:
+                _retire_quietly(role.name)  # no job was made: its role goes too
+            raise
         print(f"submitted {plan.job_name} (code bundle {'uploaded' if uploaded else 'already in S3'})", file=sys.stderr)
         print(f"next: distrain-cloud logs {plan.job_name} --follow --region {region}", file=sys.stderr)
         if wait:
@@ -345,7 +376,10 @@ class SageMakerBackend:
 
         with aws.translate_errors():
             described = aws.client("sagemaker", aws.region(job.region)).describe_training_job(TrainingJobName=job.name)
-        return _status(job.name, described)
+        info = _status(job.name, described)
+        if info["terminal"] and _own_role(job.name, str(described.get("RoleArn", ""))):
+            _retire_quietly(job.name)  # the job ended: nothing uses its role any more
+        return info
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
         from distrain_cloud.infra import aws
@@ -449,6 +483,70 @@ def _previous_checkpoints(job_name: str, region: str, checks: list[Check]) -> tu
     return previous, (job.get("Environment") or {}).get("DISTRAIN_LINEAGE") or job_name
 
 
+def _job_role(spec: JobSpec, parts: _Parts, account: str, bucket: str, stack: StackResources | None) -> JobRole:
+    """The job's own IAM role: its S3 prefixes (and input channels, read-only), nothing of another job's."""
+    place = job_role.Place(
+        partition=stack.partition if stack else "aws",
+        region=parts.region,
+        account=account,
+        stack=spec.stack,
+        bucket=bucket,
+        prefix=parts.prefix,
+        job=parts.job_name,
+        lineage=parts.lineage,
+    )
+    role = job_role.for_job(
+        "sagemaker",
+        place,
+        boundary_arn=stack.job_boundary_arn if stack else f"<stack {spec.stack}'s JobBoundary policy>",
+        secret_prefix=stack.secret_prefix if stack else "distrain-cloud/",
+        inputs=spec.inputs.values(),
+    )
+    refuse_role_problems(role)
+    return role
+
+
+def _isolation_check(role: JobRole, parts: _Parts) -> Check:
+    own = f"{parts.prefix}/jobs/{parts.job_name}/, {parts.prefix}/checkpoints/{parts.lineage}/"
+    return Check(
+        "job role isolates the job",
+        True,
+        f"{role.path}{role.name}: {own} (read-write), {parts.prefix}/code/ and inputs (read); made at submit",
+    )
+
+
+# Which part of a job role's IAM requests a flag sets (the job name is the role's name).
+ROLE_SOURCES = (("RoleName", "--name"), ("InstanceProfileName", "--name"), ("Path", "--stack"))
+
+
+def refuse_role_problems(role: JobRole) -> None:
+    """Raise one UserError where the job role's IAM requests break IAM's API model (a name over
+    64 characters, a path outside IAM's pattern, a policy document over its limit)."""
+    for operation, params in role.requests():
+        cloud.refuse_api_problems("iam", operation, params, ROLE_SOURCES, "IAM")
+
+
+def _role_not_yet_assumable(e: Exception) -> bool:
+    """CreateTrainingJob's answer while SageMaker cannot yet assume a role IAM just made."""
+    from distrain_cloud.infra import aws
+
+    message = str(getattr(e, "response", {}).get("Error", {}).get("Message", "")).lower()
+    return aws.error_code(e) == "ValidationException" and "assume" in message and "role" in message
+
+
+def _own_role(job_name: str, role_arn: str) -> bool:
+    """Whether `role_arn` is the role the launcher made for this job (never a --role of the user's)."""
+    resource = role_arn.split(":", 5)[-1]
+    return resource.startswith(f"role{job_role.PATH_ROOT}") and resource.rsplit("/", 1)[-1] == job_name
+
+
+def _retire_quietly(name: str) -> None:
+    try:
+        job_role.retire(name)
+    except UserError as e:  # status still answers; the role goes at the next look or `infra down`
+        print(f"note: job role {name} was not deleted: {e}", file=sys.stderr)
+
+
 def _stack_resources(stack: str, region: str) -> Any:
     from distrain_cloud.infra import stack as stacks
 
@@ -492,10 +590,10 @@ def _fingerprint(job: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _offline_identity(spec: JobSpec, unknown_account: str) -> tuple[str, str]:
-    """(account, role ARN) as far as they are known without asking AWS; with no role, the stack's
-    (its name is only known at submit)."""
-    role = spec.sagemaker.role or f"{spec.stack}-sagemaker"
+def _offline_identity(spec: JobSpec, job_name: str, unknown_account: str) -> tuple[str, str]:
+    """(account, role ARN) as far as they are known without asking AWS; with no role, the job's own
+    (made at submit under the stack's path)."""
+    role = spec.sagemaker.role or f"{job_role.role_path(spec.stack).lstrip('/')}{job_name}"
     account = role.split(":")[4] if role.startswith("arn:") else unknown_account
     return account, role if role.startswith("arn:") else f"arn:aws:iam::{account}:role/{role}"
 

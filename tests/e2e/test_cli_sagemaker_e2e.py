@@ -242,7 +242,8 @@ def test_submit_with_only_region_flag_and_no_configured_region(cli, moto_server,
 
 @pytest.mark.slow  # CLI processes and a CloudFormation stack on a moto server
 def test_after_infra_up_a_submit_needs_no_role(cli, moto_server, env, tmp_path):
-    """No role and no stack: one line saying to run `infra up`; after it, the stack's role and bucket."""
+    """No role and no stack: one line saying to run `infra up`; after it, a role of the job's own and the
+    stack's bucket."""
     r = cli("submit", "--instance", "ml.g5.xlarge", "--stack", "e2e-stack", env=env, cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     (line,) = r.stderr.strip().splitlines()
@@ -252,14 +253,19 @@ def test_after_infra_up_a_submit_needs_no_role(cli, moto_server, env, tmp_path):
     assert r.returncode == 0, r.stderr
     r = cli("submit", "--instance", "ml.g5.xlarge", "--stack", "e2e-stack", "--json", "--yes", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    plan, _ = json_objects(r.stdout)
+    plan, result = json_objects(r.stdout)
     cf = aws_client("cloudformation", moto_server)
     physical = {
         res["LogicalResourceId"]: res["PhysicalResourceId"]
         for res in cf.describe_stack_resources(StackName="e2e-stack")["StackResources"]
         if res.get("PhysicalResourceId")  # moto lists resources it cannot create without ids
     }
-    role_arn = aws_client("iam", moto_server).get_role(RoleName=physical["SageMakerExecutionRole"])["Role"]["Arn"]
+    # The job's own role, made at submit under the stack's path and boundary...
+    shown = plan["configs"]["job_role"]
+    assert shown["path"] == "/distrain-cloud/e2e-stack/" and shown["permissions_boundary"] == physical["JobBoundary"]
     job = aws_client("sagemaker", moto_server).describe_training_job(TrainingJobName=plan["job_name"])
-    assert job["RoleArn"] == role_arn
+    assert job["RoleArn"] == shown["arn"] == plan["request"]["RoleArn"]
+    # ...and deleted once the launcher saw the job end (moto's jobs complete at once; --json asks status).
+    assert result["status"] == "Completed"
+    assert aws_client("iam", moto_server).list_roles(PathPrefix="/distrain-cloud/")["Roles"] == []
     assert job["OutputDataConfig"]["S3OutputPath"].startswith(f"s3://{physical['Bucket']}/")

@@ -3,8 +3,9 @@ back and run with bash once per node, and the tiny job trains across both nodes 
 
 The job goes through the real CLI (`infra up`, `submit`, `status`, `resume`), each a process of
 its own. Stand-ins: a moto server for S3, EC2 and CloudWatch Logs; one fake IMDSv2 server per node
-(tests/imds.py) giving each its instance id, launch index, reservation id and role credentials,
-exactly as an instance's metadata service does (the node processes hold no keys). The rehearsal
+(tests/imds.py) giving each its instance id, launch index, reservation id and the credentials of
+its job's own role (the instance profile's, assumed through STS), exactly as an instance's metadata
+service does (the node processes hold no keys). The rehearsal
 switches (docs/ec2.md) point the user data at this venv's python, a work folder per node, and a
 power-off that records itself and terminates the instance in moto. Everything else (bundle fetch
 and sha256 check, node agent, rendezvous, checkpoint union in S3, node launcher, gloo DDP across
@@ -158,6 +159,7 @@ class Rehearsal:
         fn(the nodes' metadata servers) when that node first prints a line containing text."""
         fakes, procs, outputs = [], [], []
         try:
+            role, credentials = self.role_credentials(instances)
             for inst in instances:
                 rank = inst["AmiLaunchIndex"]
                 fake = FakeImds(
@@ -166,6 +168,8 @@ class Rehearsal:
                     reservation_id=self._reservation(inst["InstanceId"]),
                     local_ipv4="127.0.0.1",
                     region=REGION,
+                    role=role,
+                    credentials=credentials,
                 ).start()
                 fakes.append(fake)
                 user_data = self.user_data(inst["InstanceId"])
@@ -217,6 +221,15 @@ class Rehearsal:
 
         attr = self.ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
         return base64.b64decode(attr["UserData"]["Value"]).decode()
+
+    def role_credentials(self, instances: list[dict]) -> tuple[str, dict]:
+        """(role name, session credentials) of the instance profile the job's instances were launched
+        with: what EC2's metadata service hands each node (the job's own role). moto shows the
+        profile on the first instance of a reservation only; the request named it for all."""
+        (profile,) = {i["IamInstanceProfile"]["Arn"].rsplit("/", 1)[1] for i in instances if "IamInstanceProfile" in i}
+        (role,) = aws("iam", self.url).get_instance_profile(InstanceProfileName=profile)["InstanceProfile"]["Roles"]
+        creds = aws("sts", self.url).assume_role(RoleArn=role["Arn"], RoleSessionName="node")["Credentials"]
+        return role["RoleName"], creds
 
     def _reservation(self, instance_id: str) -> str:
         return self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["ReservationId"]
@@ -330,7 +343,12 @@ def describe(nodes: list[NodeRun]) -> str:
 def test_two_nodes_train_from_the_user_data_and_leave_everything_in_s3(rehearsal, completed):
     job, instances, nodes = completed
     assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
-    assert rehearsal.status(job)["status"] == "Completed"
+    profiles = {i["IamInstanceProfile"]["Arn"] for i in instances if "IamInstanceProfile" in i}
+    assert profiles == {f"arn:aws:iam::123456789012:instance-profile/distrain-cloud/distrain-cloud/{job}"}
+    status = rehearsal.status(job)
+    assert status["status"] == "Completed", (status, describe(nodes))
+    # The nodes worked with their job's own role; `status` saw the job end and deleted it.
+    assert job not in [r["RoleName"] for r in aws("iam", rehearsal.url).list_roles()["Roles"]]
     description = rehearsal.description(job)
     assert description["processes_per_node"] == 1
     for rank in (0, 1):

@@ -18,7 +18,7 @@ import pytest
 from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
-from distrain_cloud.infra import stack
+from distrain_cloud.infra import job_role, stack
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.launcher import infra_cli
 
@@ -49,6 +49,11 @@ def _statements(resource: dict) -> dict[str, dict]:
     props = resource["Properties"]
     document = props["Policies"][0]["PolicyDocument"] if "Policies" in props else props["PolicyDocument"]
     return {s["Sid"]: s for s in document["Statement"]}
+
+
+def _job_role(made: stack.StackResources, job: str, kind: str = "ec2") -> job_role.JobRole:
+    place = job_role.Place("aws", REGION, ACCOUNT, made.stack, made.bucket, "distrain-cloud", job, job)
+    return job_role.for_job(kind, place, boundary_arn=made.job_boundary_arn, log_group=made.log_group)
 
 
 def _moto_stack(name: str):
@@ -108,21 +113,26 @@ def test_template_bucket_settings_that_moto_does_not_apply():
 
 def test_template_terminate_and_tag_only_stack_instances():
     resources = stack.load_template()["Resources"]
+    # No role of the stack's own: every job gets one at submit (infra/job_role.py), under this boundary.
+    assert [r for r in resources.values() if r["Type"] in ("AWS::IAM::Role", "AWS::IAM::InstanceProfile")] == []
     stack_tag = {"aws:ResourceTag/distrain-cloud:stack": {"Ref": "AWS::StackName"}}
-    node = _statements(resources["NodeRole"])
-    assert node["TerminateStackInstances"]["Action"] == "ec2:TerminateInstances"
-    assert node["TerminateStackInstances"]["Condition"] == {"StringEquals": stack_tag}
-    assert node["TagStackInstances"]["Condition"]["StringEquals"] == stack_tag
-    # ...and a node can never retag an instance out of the stack.
-    assert node["TagStackInstances"]["Condition"]["ForAllValues:StringNotEquals"] == {"aws:TagKeys": [stack.STACK_TAG]}
+    boundary = _statements(resources["JobBoundary"])
+    assert boundary["TerminateStackInstances"]["Action"] == "ec2:TerminateInstances"
+    assert boundary["TerminateStackInstances"]["Condition"] == {"StringEquals": stack_tag}
+    assert boundary["TagStackInstances"]["Condition"]["StringEquals"] == stack_tag
+    # ...and job code can write the status tag only: never the stack, job or lineage tags.
+    assert boundary["TagStackInstances"]["Condition"]["ForAllValues:StringEquals"] == {
+        "aws:TagKeys": ["distrain-cloud:status"]
+    }
     ec2_actions = {
         a
-        for s in node.values()
+        for s in boundary.values()
         for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
         if a.startswith("ec2:")
     }
-    assert ec2_actions == {"ec2:TerminateInstances", "ec2:CreateTags"}
-    assert not any(s["Resource"] == "*" for s in node.values())  # nothing unscoped on a node
+    assert ec2_actions == {"ec2:TerminateInstances", "ec2:CreateTags", "ec2:DescribeInstances"}
+    assert not any(a.startswith(("iam:", "sts:")) for s in boundary.values() for a in s["Action"])
+    assert boundary["BucketObjects"]["Resource"] == {"Fn::Sub": "${Bucket.Arn}/*"}
 
     launcher = _statements(resources["LauncherPolicy"])
     assert launcher["TerminateStackInstances"]["Condition"] == {"StringEquals": stack_tag}
@@ -130,24 +140,51 @@ def test_template_terminate_and_tag_only_stack_instances():
         "StringEquals": {"aws:RequestTag/distrain-cloud:stack": {"Ref": "AWS::StackName"}}
     }
     assert launcher["TagAtLaunch"]["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
-    # PassRole: these two roles, to these two services, nothing else.
-    passrole = [s for s in launcher.values() if "iam:PassRole" in s["Action"]]
-    assert passrole == [launcher["PassStackRoles"]]
-    assert launcher["PassStackRoles"]["Resource"] == [
-        {"Fn::GetAtt": ["SageMakerExecutionRole", "Arn"]},
-        {"Fn::GetAtt": ["NodeRole", "Arn"]},
-    ]
-    assert launcher["PassStackRoles"]["Condition"] == {
+    # Job roles: made only under the stack's path and only with its boundary; passed only to EC2/SageMaker.
+    on_path = {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:role/distrain-cloud/${AWS::StackName}/*"}
+    iam = {s["Sid"] for s in launcher.values() if any(a.startswith("iam:") for a in _actions(s))}
+    assert iam == {
+        "CreateJobRoles",
+        "AttachSessionManager",
+        "ManageJobRoles",
+        "JobInstanceProfiles",
+        "PassJobRoles",
+        "SpotServiceLinkedRole",
+    }
+    for sid in ("CreateJobRoles", "AttachSessionManager", "ManageJobRoles", "PassJobRoles"):
+        assert launcher[sid]["Resource"] == on_path, sid
+    assert launcher["JobInstanceProfiles"]["Resource"] == {
+        "Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:instance-profile/distrain-cloud/${AWS::StackName}/*"
+    }
+    bounded = {"iam:PermissionsBoundary": {"Ref": "JobBoundary"}}
+    assert launcher["CreateJobRoles"]["Condition"] == {"StringEquals": bounded}
+    assert launcher["AttachSessionManager"]["Condition"]["StringEquals"]["iam:PermissionsBoundary"] == {
+        "Ref": "JobBoundary"
+    }
+    # Whatever lifts or swaps a boundary is granted nowhere.
+    granted = {a for s in launcher.values() for a in _actions(s)}
+    assert not granted & {
+        "iam:DeleteRolePermissionsBoundary",
+        "iam:PutRolePermissionsBoundary",
+        "iam:UpdateAssumeRolePolicy",
+    }
+    assert launcher["PassJobRoles"]["Condition"] == {
         "StringEquals": {"iam:PassedToService": ["sagemaker.amazonaws.com", "ec2.amazonaws.com"]}
     }
+
+
+def _actions(statement: dict) -> list[str]:
+    return [statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"]
 
 
 def test_template_optional_parts_follow_their_parameters():
     template = stack.load_template()
     assert template["Resources"]["PlacementGroup"]["Condition"] == "PlacementGroupEnabled"
     assert template["Resources"]["PlacementGroup"]["Properties"] == {"Strategy": "cluster"}
-    ssm = template["Resources"]["NodeRole"]["Properties"]["ManagedPolicyArns"]["Fn::If"]
-    assert ssm[0] == "SsmEnabled" and ssm[2] == {"Ref": "AWS::NoValue"}
+    boundary = _statements(template["Resources"]["JobBoundary"])
+    assert boundary["SessionManager"]["Effect"] == {"Fn::If": ["SsmEnabled", "Allow", "Deny"]}
+    launcher = _statements(template["Resources"]["LauncherPolicy"])
+    assert launcher["AttachSessionManager"]["Effect"] == {"Fn::If": ["SsmEnabled", "Allow", "Deny"]}
     assert template["Parameters"]["VpcId"]["Type"] == "AWS::EC2::VPC::Id"
     assert "Default" not in template["Parameters"]["VpcId"]
 
@@ -188,15 +225,21 @@ def test_up_twice_is_a_no_op_then_down_and_up_again(mocked_aws):
     assert pending == []  # none left behind
     assert stack.resources(region=REGION) == made
 
+    # A job role left behind (its job never seen to end) goes with the stack; others' roles stay.
+    left = _job_role(made, "left-behind-20261128-000000-abcdef")
+    job_role.create(left)
+    boto3.client("iam").create_role(RoleName="someone-elses", AssumeRolePolicyDocument="{}")
     done = stack.down(region=REGION)
-    assert done.bucket == made.bucket and done.instances == ()
+    assert done.bucket == made.bucket and done.instances == () and done.job_roles == (left.name,)
+    assert [r["RoleName"] for r in boto3.client("iam").list_roles()["Roles"]] == ["someone-elses"]
+    assert boto3.client("iam").list_instance_profiles()["InstanceProfiles"] == []
     with pytest.raises(UserError, match="no distrain-cloud stack 'distrain-cloud' in us-east-1"):
         stack.resources(region=REGION)
     s3 = boto3.client("s3", REGION)
     assert made.bucket in [b["Name"] for b in s3.list_buckets()["Buckets"]]  # retained
 
     remade = _up()
-    assert remade.bucket != made.bucket and remade.sagemaker_role_arn != made.sagemaker_role_arn
+    assert remade.bucket != made.bucket and remade.job_boundary_arn != made.job_boundary_arn
 
 
 @pytest.mark.slow
@@ -205,10 +248,9 @@ def test_resources_are_found_by_logical_id(mocked_aws):
     # Stacks made through change sets have no Outputs under moto: resources() must not need them.
     described = boto3.client("cloudformation", REGION).describe_stacks(StackName=stack.DEFAULT_STACK)
     assert not described["Stacks"][0].get("Outputs")
-    assert made.sagemaker_role_arn.startswith(f"arn:aws:iam::{ACCOUNT}:role/distrain-cloud-SageMakerExecutionRole-")
-    iam = boto3.client("iam")
-    assert iam.get_role(RoleName=made.sagemaker_role_arn.rsplit("/", 1)[1])["Role"]["Arn"] == made.sagemaker_role_arn
-    assert iam.get_role(RoleName=made.node_role_arn.rsplit("/", 1)[1])["Role"]["Arn"] == made.node_role_arn
+    assert made.job_boundary_arn.startswith(f"arn:aws:iam::{ACCOUNT}:policy/")
+    assert boto3.client("iam").get_policy(PolicyArn=made.job_boundary_arn)["Policy"]["Arn"] == made.job_boundary_arn
+    assert (made.account, made.partition, made.secret_prefix, made.ssm) == (ACCOUNT, "aws", "distrain-cloud/", False)
     assert made.log_group == "/distrain-cloud/distrain-cloud/jobs"
     assert made.security_group_id.startswith("sg-")
     assert made.launcher_policy_arn.startswith(f"arn:aws:iam::{ACCOUNT}:policy/")
@@ -216,7 +258,7 @@ def test_resources_are_found_by_logical_id(mocked_aws):
 
 
 def test_security_properties_that_moto_applies(mocked_aws):
-    made = _up(parameters={"LogRetentionDays": "14"})
+    made = _up(parameters={"LogRetentionDays": "14", "EnableSsm": "true"})
     s3 = boto3.client("s3", REGION)
     (rule,) = s3.get_bucket_encryption(Bucket=made.bucket)["ServerSideEncryptionConfiguration"]["Rules"]
     assert rule["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
@@ -227,42 +269,42 @@ def test_security_properties_that_moto_applies(mocked_aws):
     assert ingress["IpProtocol"] == "-1" and ingress["IpRanges"] == [] and ingress["Ipv6Ranges"] == []
     assert [p["GroupId"] for p in ingress["UserIdGroupPairs"]] == [made.security_group_id]
 
-    iam = boto3.client("iam")
-
-    def trusted(role_arn: str) -> list:
-        document = _doc(iam.get_role(RoleName=role_arn.rsplit("/", 1)[1])["Role"]["AssumeRolePolicyDocument"])
-        return [(s["Effect"], s["Principal"], s["Action"]) for s in document["Statement"]]
-
-    assert trusted(made.sagemaker_role_arn) == [("Allow", {"Service": "sagemaker.amazonaws.com"}, "sts:AssumeRole")]
-    assert trusted(made.node_role_arn) == [("Allow", {"Service": "ec2.amazonaws.com"}, "sts:AssumeRole")]
-    profile = iam.get_instance_profile(InstanceProfileName=made.node_instance_profile)["InstanceProfile"]
-    assert [r["Arn"] for r in profile["Roles"]] == [made.node_role_arn]
-    # SSM is off by default: no managed policy on the node role.
-    assert iam.list_attached_role_policies(RoleName=made.node_role_arn.rsplit("/", 1)[1])["AttachedPolicies"] == []
+    # The stack makes no role: nothing a job could use is shared between jobs.
+    assert boto3.client("iam").list_roles()["Roles"] == []
+    # Each job's role trusts its own service only; with EnableSsm, an EC2 job's role (only) gets
+    # Session Manager's managed policy (off by default: tests/launcher/test_job_roles.py).
+    assert made.ssm is True
+    ssm = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+    for kind, service, managed in (
+        ("ec2", "ec2.amazonaws.com", (ssm,)),
+        ("sagemaker", "sagemaker.amazonaws.com", ()),
+    ):
+        place = job_role.Place("aws", REGION, ACCOUNT, made.stack, made.bucket, "distrain-cloud", kind, kind)
+        role = job_role.for_job(kind, place, boundary_arn=made.job_boundary_arn, log_group=made.log_group, ssm=made.ssm)
+        assert [(s["Effect"], s["Principal"], s["Action"]) for s in role.trust["Statement"]] == [
+            ("Allow", {"Service": service}, "sts:AssumeRole")
+        ]
+        assert role.managed_policies == managed and role.boundary_arn == made.job_boundary_arn
 
     (log_group,) = boto3.client("logs", REGION).describe_log_groups(logGroupNamePrefix=made.log_group)["logGroups"]
     assert log_group["retentionInDays"] == 14
 
 
 @pytest.mark.slow
-def test_node_role_policy_under_enforced_iam(mocked_aws):
-    """The node role's own policy, read back from IAM, evaluated by moto's IAM enforcement.
+def test_job_role_policy_under_enforced_iam(mocked_aws):
+    """A job role as the launcher makes it, assumed, evaluated by moto's IAM enforcement.
 
-    moto cannot assume a role through an instance profile, so the same document is put on a
-    stand-in user whose keys make the calls. moto's enforcement knows resource ARNs only for S3
-    (other services are checked against "*"), so logs, secrets and parameters are judged by the
-    same evaluator moto's enforcement uses, with the ARNs a node would touch."""
+    moto's enforcement knows resource ARNs only for S3 (other services are checked against "*"),
+    so logs, secrets and parameters are judged by the same evaluator moto's enforcement uses,
+    with the ARNs a node would touch. (tests/infra/test_job_isolation.py: another job's keys.)"""
     from moto.core import set_initial_no_auth_action_count
     from moto.iam.access_control import IAMPolicy, PermissionResult
 
     made = _up()
-    iam = boto3.client("iam")
-    role = made.node_role_arn.rsplit("/", 1)[1]
-    (policy_name,) = iam.list_role_policies(RoleName=role)["PolicyNames"]
-    document = _doc(iam.get_role_policy(RoleName=role, PolicyName=policy_name)["PolicyDocument"])
-    iam.create_user(UserName="node-stand-in")
-    iam.put_user_policy(UserName="node-stand-in", PolicyName="node", PolicyDocument=json.dumps(document))
-    key = iam.create_access_key(UserName="node-stand-in")["AccessKey"]
+    job = "job-20261128-000000-abcdef"
+    role = _job_role(made, job)
+    job_role.create(role)
+    creds = boto3.client("sts", REGION).assume_role(RoleArn=role.arn, RoleSessionName="node")["Credentials"]
     s3_admin = boto3.client("s3", REGION)
     s3_admin.create_bucket(Bucket="someone-elses-bucket")
     s3_admin.put_object(Bucket="someone-elses-bucket", Key="data.txt", Body=b"not yours")
@@ -270,18 +312,20 @@ def test_node_role_policy_under_enforced_iam(mocked_aws):
     @set_initial_no_auth_action_count(0)
     def as_node() -> None:
         s3 = boto3.client(
-            "s3", REGION, aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"]
+            "s3",
+            REGION,
+            aws_access_key_id=creds["AccessKeyId"],
+            aws_secret_access_key=creds["SecretAccessKey"],
+            aws_session_token=creds["SessionToken"],
         )
-        s3.put_object(Bucket=made.bucket, Key="distrain-cloud/checkpoints/job/step-1/model.bin", Body=b"weights")
-        assert (
-            s3.get_object(Bucket=made.bucket, Key="distrain-cloud/checkpoints/job/step-1/model.bin")["Body"].read()
-            == b"weights"
-        )
-        assert s3.list_objects_v2(Bucket=made.bucket)["KeyCount"] == 1
+        key = f"distrain-cloud/checkpoints/{job}/step-1/model.bin"
+        s3.put_object(Bucket=made.bucket, Key=key, Body=b"weights")
+        assert s3.get_object(Bucket=made.bucket, Key=key)["Body"].read() == b"weights"
         for call in (
             lambda: s3.get_object(Bucket="someone-elses-bucket", Key="data.txt"),
             lambda: s3.put_object(Bucket="someone-elses-bucket", Key="x", Body=b"x"),
             lambda: s3.list_objects_v2(Bucket="someone-elses-bucket"),
+            lambda: s3.put_object(Bucket=made.bucket, Key="distrain-cloud/other/x", Body=b"x"),
         ):
             with pytest.raises(ClientError) as denied:
                 call()
@@ -289,25 +333,34 @@ def test_node_role_policy_under_enforced_iam(mocked_aws):
 
     as_node()
 
-    policy = IAMPolicy(json.dumps(document))
+    iam = boto3.client("iam")
+    (policy_name,) = iam.list_role_policies(RoleName=role.name)["PolicyNames"]
+    policy = IAMPolicy(
+        json.dumps(_doc(iam.get_role_policy(RoleName=role.name, PolicyName=policy_name)["PolicyDocument"]))
+    )
+    assert iam.get_role(RoleName=role.name)["Role"]["PermissionsBoundary"]["PermissionsBoundaryArn"] == (
+        made.job_boundary_arn
+    )
     arn = f"arn:aws:{{}}:{REGION}:{ACCOUNT}:{{}}"
     group = arn.format("logs", f"log-group:{made.log_group}")
     secret = arn.format("secretsmanager", "secret:distrain-cloud/hf-token-AbCdEf")
     parameter = arn.format("ssm", "parameter/distrain-cloud/wandb-key")
     allowed = [
-        ("logs:CreateLogStream", f"{group}:log-stream:node-0"),
-        ("logs:PutLogEvents", f"{group}:log-stream:node-0"),
+        ("logs:CreateLogStream", f"{group}:log-stream:{job}/node-0"),
+        ("logs:PutLogEvents", f"{group}:log-stream:{job}/node-0"),
         ("secretsmanager:GetSecretValue", secret),
         ("ssm:GetParameter", parameter),
     ]
     refused = [
+        ("logs:PutLogEvents", f"{group}:log-stream:another-job/node-0"),  # another job's stream
         ("logs:PutLogEvents", arn.format("logs", "log-group:/aws/lambda/other:log-stream:x")),
         ("logs:DeleteLogGroup", group),
         ("secretsmanager:GetSecretValue", arn.format("secretsmanager", "secret:prod/db-password-AbCdEf")),
         ("ssm:GetParameter", arn.format("ssm", "parameter/prod/db-password")),
         ("ssm:PutParameter", parameter),
         ("s3:DeleteBucket", f"arn:aws:s3:::{made.bucket}"),
-        ("iam:PassRole", made.sagemaker_role_arn),
+        ("iam:PassRole", role.arn),
+        ("iam:PutRolePolicy", role.arn),
         ("ec2:RunInstances", arn.format("ec2", "instance/*")),
     ]
     assert [a for a, r in allowed if policy.is_action_permitted(a, r) != PermissionResult.PERMITTED] == []

@@ -48,23 +48,24 @@ def hand_made_stack(monkeypatch) -> StackResources:
     ec2_client = boto3.client("ec2", region_name=REGION)
     vpc = ec2_client.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
     group = ec2_client.create_security_group(GroupName="nodes", Description="nodes", VpcId=vpc)["GroupId"]
-    iam = boto3.client("iam")
-    iam.create_role(RoleName="node", AssumeRolePolicyDocument="{}")
-    iam.create_instance_profile(InstanceProfileName="node-profile")
-    iam.add_role_to_instance_profile(InstanceProfileName="node-profile", RoleName="node")
+    boundary = boto3.client("iam").create_policy(
+        PolicyName="job-boundary",
+        PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+        ),
+    )["Policy"]["Arn"]
     boto3.client("s3", region_name=REGION).create_bucket(Bucket="stack-bucket")
     boto3.client("logs", region_name=REGION).create_log_group(logGroupName=LOG_GROUP)
     resources = StackResources(
         stack="distrain-cloud",
         region=REGION,
         bucket="stack-bucket",
-        sagemaker_role_arn="arn:aws:iam::123456789012:role/sm",
-        node_role_arn="arn:aws:iam::123456789012:role/node",
-        node_instance_profile="node-profile",
+        job_boundary_arn=boundary,
         security_group_id=group,
         log_group=LOG_GROUP,
         launcher_policy_arn="arn:aws:iam::123456789012:policy/launcher",
         placement_group="stack-placement",
+        account="123456789012",
     )
     monkeypatch.setattr(ec2, "stack_resources", lambda name, region: resources)
     monkeypatch.setattr(ec2, "resolve_ami", lambda parameter, region: AMI)
@@ -188,7 +189,9 @@ def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once
     assert len({n["ClientToken"] for n in nodes}) == 1 and nodes[0]["ClientToken"] == f"{job}-a1"
     tags = {t["Key"]: t["Value"] for t in nodes[0]["Tags"]}
     assert tags["distrain-cloud:stack"] == "distrain-cloud" and tags["distrain-cloud:lineage"] == job
-    assert nodes[0]["IamInstanceProfile"]["Arn"].endswith("/node-profile")
+    assert nodes[0]["IamInstanceProfile"]["Arn"].endswith(
+        f"instance-profile/distrain-cloud/distrain-cloud/{job}"
+    )  # its own
     assert nodes[0]["MetadataOptions"]["HttpTokens"] == "required"
     assert nodes[0]["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
     assert nodes[0]["InstanceLifecycle"] == "spot"

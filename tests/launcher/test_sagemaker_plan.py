@@ -476,12 +476,27 @@ def test_a_role_name_becomes_an_arn_placeholder_in_a_dry_run(offline):
     )
 
 
-def test_with_no_role_the_plan_names_the_stack_it_will_use(offline):
+def test_with_no_role_the_plan_names_the_jobs_own_role_under_the_stack(offline):
     plan = dry(**{"sagemaker.role": None, "stack": "team-a"})
-    assert plan.request["RoleArn"] == "arn:aws:iam::<account>:role/team-a-sagemaker"
+    job = plan.job_name
+    assert plan.request["RoleArn"] == f"arn:aws:iam::<account>:role/distrain-cloud/team-a/{job}"
     assert plan.summary["output"].startswith("s3://<stack-team-a-bucket>/")
-    (check,) = [c for c in plan.checks if c.name == "role exists and trusts SageMaker"]
-    assert check.ok is None and check.detail == "from stack team-a, at submit"
+    assert "this job's own" in plan.summary["role"]
+    (check,) = [c for c in plan.checks if c.name == "job role isolates the job"]
+    assert check.ok is True and f"/distrain-cloud/team-a/{job}" in check.detail
+    # The plan shows the role's policy: this job's prefixes as literals, no other job's.
+    shown = plan.configs["job_role"]
+    assert shown["name"] == job and shown["path"] == "/distrain-cloud/team-a/"
+    assert shown["permissions_boundary"] == "<stack team-a's JobBoundary policy>"
+    resources = {s["Sid"]: s["Resource"] for s in shown["policy"]["Statement"]}
+    assert resources["OwnJob"] == f"arn:aws:s3:::<stack-team-a-bucket>/distrain-cloud/jobs/{job}/*"
+    assert resources["OwnLineage"] == f"arn:aws:s3:::<stack-team-a-bucket>/distrain-cloud/checkpoints/{job}/*"
+
+
+def test_with_a_role_of_the_users_the_plan_says_the_job_is_not_isolated(offline):
+    plan = dry(**{"sagemaker.role": "arn:aws:iam::123456789012:role/mine"})
+    assert plan.request["RoleArn"] == "arn:aws:iam::123456789012:role/mine"
+    assert "not isolated" in plan.summary["role"] and "job_role" not in plan.configs
 
 
 # ---------------------------------------------------------------- the real CLI, no credentials at all
