@@ -768,6 +768,7 @@ def test_the_user_data_runs_here_up_to_the_agent_and_a_swapped_bundle_stops_the_
                 "DISTRAIN_EC2_PYTHON": str(python),
                 "DISTRAIN_EC2_WORK": str(tmp_path / f"node-{rank}"),
                 "DISTRAIN_EC2_POWEROFF": "echo power-off",
+                "DISTRAIN_EC2_PER_BOOT": str(tmp_path / f"node-{rank}-per-boot"),
                 "REHEARSAL_LOG": str(log),
             }
             return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
@@ -785,6 +786,19 @@ def test_the_user_data_runs_here_up_to_the_agent_and_a_swapped_bundle_stops_the_
     assert agent.endswith(f"cwd={code} PYTHONPATH={code}")
     assert (code / "distrain_cloud" / "training" / "node_agent.py").is_file()
     assert (tmp_path / "node-1" / "constraints.txt").read_text() == "torch==2.7.0+cu128\n"  # the AMI's stays
+    # A reboot loses the pending hard stop and does not run the user data again: cloud-init runs the
+    # per-boot hook it installed, which re-arms the stop with the minutes left, or powers off.
+    hook = tmp_path / "node-1-per-boot" / "distrain-hard-stop"
+    assert hook.stat().st_mode & 0o111
+    for minutes_later, expected in (
+        (0, "hard-stop +40"),
+        (15, "hard-stop +25"),
+        (39.5, "hard-stop +1"),
+        (41, "power-off"),
+    ):
+        assert _reboot(hook, tmp_path, minutes_later) == expected, minutes_later
+    (tmp_path / "node-1" / "hard-stop-at").write_text("garbage\n")
+    assert _reboot(hook, tmp_path, 0) == "power-off"  # no deadline it can read: not a reason to stay up
 
     boto3.client("s3").put_object(Bucket="stack-bucket", Key=plan.payload["code_key"], Body=b"other bytes")
     bad = run_node(0)
@@ -800,6 +814,19 @@ def test_the_user_data_runs_here_up_to_the_agent_and_a_swapped_bundle_stops_the_
 
 
 # ====================================================================== nothing outlives its job
+
+
+def _reboot(hook: Path, tmp_path: Path, minutes_later: float) -> str:
+    """What the per-boot `hook` does at a boot `minutes_later` than now (a `date` that says so)."""
+    import shutil
+
+    clock = tmp_path / "clock"
+    clock.mkdir(exist_ok=True)
+    fake = clock / "date"
+    fake.write_text(f"#!/bin/bash\necho $(( $({shutil.which('date')} +%s) + {int(minutes_later * 60)} ))\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{clock}:{os.environ['PATH']}"}
+    return subprocess.run([str(hook)], env=env, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
 
 
 # The AMI's python, except that pip and torch (slow here) only answer; the node agent runs for real.
@@ -853,6 +880,7 @@ def _run_user_data(node: dict, tmp_path: Path, url: str, python: Path, **switche
             "DISTRAIN_EC2_HARD_STOP": "echo hard-stop",
             "DISTRAIN_EC2_PYTHON": str(python),
             "DISTRAIN_EC2_WORK": str(work),
+            "DISTRAIN_EC2_PER_BOOT": str(work / "per-boot"),
             "DISTRAIN_EC2_POWEROFF": f'echo power-off; {sys.executable} -c "{terminate}"',
             "DISTRAIN_EC2_POLL_S": "0.2",
             "DISTRAIN_EC2_HEARTBEAT_S": "0.5",
