@@ -1074,20 +1074,33 @@ def job_status(
     stop, launch_failed = found.get("stop"), found.get("launch")
     # A node that failed before every node met ended the job's instances itself: nothing more comes.
     gave_up = any(rec.get("status") == "Failed" and rec.get("gave_up") is True for rec in final.values())
+    # Instances that have written nothing by the time every working node has met or given up never
+    # ran their user data: no agent, no hard stop. Only a node's failure or a person ends them.
+    age = now - float(description.get("submitted", 0))
+    reported = {str(rec.get("instance_id")) for rec in nodes.values()}
+    quiet_after = LAUNCH_GRACE_S + float(description.get("rendezvous_timeout_s", RENDEZVOUS_TIMEOUT_S))
+    silent = [i["id"] for i in alive if i["id"] not in reported] if age > quiet_after else []
+    failed = any(rec.get("status") == "Failed" for rec in final.values())
+    left_over = bool(alive) and (gave_up or (failed and len(silent) == len(alive)))
     status, detail = Ec2JobStatus.InProgress, ""
     if launch_failed and not instances:
         status, detail = Ec2JobStatus.Failed, f"not launched: {launch_failed.get('reason', '')}"
-    elif len(final) == n or (final and not alive) or gave_up:
+    elif len(final) == n or (final and not alive) or left_over:
         status = Ec2JobStatus(next(s for s in _PRECEDENCE if any(r["status"] == s for r in final.values())))
         missing = sorted(set(range(n)) - set(final))
         if missing and status is not Ec2JobStatus.Failed:
             status = Ec2JobStatus.Stopped if stop else Ec2JobStatus.Lost
         detail = _final_detail(status, final, missing, description)
-        if gave_up and alive:  # it could not terminate them (the job role's rights)
+        if left_over:  # the node that gave up could not terminate them, or no agent ever ran there
             ids = ", ".join(i["id"] for i in alive)
             detail += f"; still running: {ids}: `distrain-cloud cancel {name} --now` ends them"
     elif alive:
         detail = _progress(nodes, alive, n, stop)
+        if not nodes and len(silent) == len(alive):
+            detail = (
+                f"no node has reported {int(age // 60)} min after submit: their user data may not have run "
+                f"(see the instances' console output); `distrain-cloud cancel {name} --now` ends them"
+            )
         if now > float(description["deadline"]) + HARD_STOP_GRACE_MIN * 60:
             detail += f"; instances past the job's deadline: `distrain-cloud cancel {name} --now`"
     elif instances and any(i["reason"] == SPOT_TERMINATION for i in instances):

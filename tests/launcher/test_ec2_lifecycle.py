@@ -481,6 +481,23 @@ def test_a_graceful_cancel_terminates_the_nodes_whose_agents_do_not_answer(stack
     assert (info["status"], info["terminal"]) == ("Stopped", True)
 
 
+@pytest.mark.slow
+def test_cancel_of_a_job_that_gave_up_ends_what_it_could_not(stack, capsys):
+    import boto3
+
+    job, _ = submitted(nodes=2)
+    first, silent = sorted(n["InstanceId"] for n in instances(job))
+    reason = "node 1 of 2 never joined the rendezvous within 600 s"
+    put_node(job, 0, status="Failed", exit_code=1, reason=reason, step=None, instance_id=first, gave_up=True)
+    boto3.client("ec2", region_name=REGION).terminate_instances(InstanceIds=[first])  # its own power-off
+    info = ec2.BACKEND.status(ref(job))
+    assert (info["status"], info["terminal"]) == ("Failed", True)
+    assert info["detail"] == f"node 0: {reason}; still running: {silent}: `distrain-cloud cancel {job} --now` ends them"
+    code, out, _ = run_cli(capsys, "cancel", job)
+    assert code == 0 and out.strip() == f"{job} already ended (Failed); terminated what still ran: {silent}"
+    assert {n["State"]["Name"] for n in instances(job)} <= {"shutting-down", "terminated"}
+
+
 def test_cancel_now_is_refused_for_other_backends(mocked_aws, capsys):
     code, _, err = run_cli(capsys, "cancel", "job-1", "--now", "--backend", "sagemaker")
     assert code == 2 and "--now applies to EC2 jobs; job-1 is a sagemaker job: drop --now" in err
@@ -659,6 +676,42 @@ def test_job_status_from_records_and_instances(nodes, stop, instances, expected)
 def test_a_job_with_no_instance_long_after_submit_is_lost():
     info = ec2.job_status(description(submitted_ago=3600), {"nodes": {}}, [], now=time.time())
     assert info["status"] == "Lost"
+
+
+@pytest.mark.parametrize(
+    "submitted_ago, nodes, instances, expected",
+    [
+        (  # node 0's bundle check failed; node 1 never ran its user data, so no agent will end it
+            1500,
+            {0: {**final("Failed", "bundle hash mismatch"), "instance_id": "i-1"}},
+            [ENDED[0], RUNNING[1]],
+            (
+                "Failed",
+                "node 0: bundle hash mismatch; still running: i-2: `distrain-cloud cancel job-1 --now` ends them",
+            ),
+        ),
+        (  # the same early on: node 1 may still be installing, and will see the stop marker
+            300,
+            {0: {**final("Failed", "bundle hash mismatch"), "instance_id": "i-1"}},
+            [ENDED[0], RUNNING[1]],
+            ("InProgress", "node 0 failed (bundle hash mismatch); the others are stopping"),
+        ),
+        (  # no node ever ran its user data: running, and said so
+            1500,
+            {},
+            RUNNING,
+            (
+                "InProgress",
+                "no node has reported 25 min after submit: their user data may not have run (see the instances' "
+                "console output); `distrain-cloud cancel job-1 --now` ends them",
+            ),
+        ),
+    ],
+    ids=["failed-and-silent", "failed-and-booting", "all-silent"],
+)
+def test_nodes_that_never_report_are_named(submitted_ago, nodes, instances, expected):
+    info = ec2.job_status(description(submitted_ago=submitted_ago), {"nodes": nodes}, instances, now=time.time())
+    assert (info["status"], info["detail"]) == expected
 
 
 def test_instances_past_the_deadline_are_flagged():
