@@ -670,8 +670,9 @@ def test_a_node_that_never_joins_fails_the_rendezvous_and_leaves_a_stop_marker(c
 
     c = cluster(rendezvous_timeout_s=1)
     tag_job(c)
-    other = cluster()  # another job's instances: never touched
-    tag_job(other, "job-b1")
+    ami = c.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    tags = [{"ResourceType": "instance", "Tags": [{"Key": node_agent.JOB_TAG, "Value": "job-b1"}]}]
+    other = c.ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, TagSpecifications=tags)["Instances"][0]
     sent = ec2_requests(monkeypatch)
     results = c.run(ranks=[0])
     assert results[0].status == "Failed"
@@ -680,7 +681,7 @@ def test_a_node_that_never_joins_fails_the_rendezvous_and_leaves_a_stop_marker(c
     # Nothing trained, so node 0 ended the silent node (it has no agent and no hard stop) and says so.
     silent = c.instances[1]["InstanceId"]
     assert states(c, [silent]) == ["terminated"]
-    assert states(other, [i["InstanceId"] for i in other.instances]) == ["running", "running"]
+    assert states(c, [other["InstanceId"]]) == ["running"]  # another job's instance: never touched
     assert c.record(0)["gave_up"] is True
     log = (c.tmp_path / "node0" / "node-agent.log").read_text()
     assert f"node_agent: no node trains: terminating the job's other instance(s): {silent}\n" in log
