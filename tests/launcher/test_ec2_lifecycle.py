@@ -951,7 +951,7 @@ def test_a_node_that_never_runs_its_user_data_is_terminated_by_the_node_that_giv
     Failed with the reason instead of InProgress forever."""
     _on_the_moto_server(monkeypatch, moto_server)
     hand_made_stack(monkeypatch)
-    monkeypatch.setattr(ec2, "RENDEZVOUS_TIMEOUT_S", 2)  # job.json carries it; 600 s on EC2
+    monkeypatch.setattr(ec2, "RENDEZVOUS_TIMEOUT_S", 1)  # job.json carries it; 600 s on EC2
     job, _ = submitted(instance="c5.2xlarge", nodes=2, max_run="30m")
     nodes = sorted(instances(job), key=lambda i: i["AmiLaunchIndex"])
     python = tmp_path / "python"
@@ -963,8 +963,8 @@ def test_a_node_that_never_runs_its_user_data_is_terminated_by_the_node_that_giv
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert time.monotonic() - started < 60
     assert {i["State"]["Name"] for i in instances(job)} <= {"shutting-down", "terminated"}, run.stdout[-3000:]
-    assert "never joined the rendezvous within 2 s" in run.stdout
+    assert "never joined the rendezvous within 1 s" in run.stdout
     assert f"terminating the job's other instance(s): {nodes[1]['InstanceId']}" in run.stdout
     info = ec2.BACKEND.status(ref(job))
     assert (info["status"], info["terminal"]) == ("Failed", True)
-    assert info["detail"].startswith("node 0: node 1 of 2 never joined the rendezvous within 2 s")
+    assert info["detail"].startswith("node 0: node 1 of 2 never joined the rendezvous within 1 s")
