@@ -43,7 +43,9 @@ EC2_REHEARSAL_SWITCHES = {
     "DISTRAIN_EC2_PYTHON": "the AMI family's python",
     "DISTRAIN_EC2_WORK": "/opt/distrain",
     "DISTRAIN_EC2_POWEROFF": "shutdown -h now",
+    "DISTRAIN_EC2_PER_BOOT": "/var/lib/cloud/scripts/per-boot",  # cloud-init runs its scripts at every boot
 }
+HARD_STOP_HOOK = "distrain-hard-stop"  # the per-boot script that re-arms the hard stop after a reboot
 NODE_AGENT = "distrain_cloud.training.node_agent"
 BOOTSTRAP_FAILED_EXIT = 3  # boot.py's exit when the bundle is not the planned one
 
@@ -128,12 +130,12 @@ def ec2_user_data(
     requirements: Sequence[str],
 ) -> str:
     """The user data of every node of an EC2 job (bash, small, references only), in order: the
-    hard stop (with shutdown behaviour terminate it ends the instance whatever else happens),
-    the bundle fetched and its sha256 checked, the training requirements installed against the
-    AMI's torch, then the node agent from the bundle, given job.json's sha256 to check before it
-    trusts a byte of it. A node that cannot get that far writes its Failed record and the stop
-    marker its peers watch, terminates itself and powers off. `job_prefix` is `<prefix>/jobs/<job>`
-    in `bucket`."""
+    hard stop (with shutdown behaviour terminate it ends the instance whatever else happens) and
+    the per-boot hook that re-arms it after a reboot, the bundle fetched and its sha256 checked,
+    the training requirements installed against the AMI's torch, then the node agent from the
+    bundle, given job.json's sha256 to check before it trusts a byte of it. A node that cannot
+    get that far writes its Failed record and the stop marker its peers watch, terminates itself
+    and powers off. `job_prefix` is `<prefix>/jobs/<job>` in `bucket`."""
     q = shlex.quote
     boot = _BOOT_PY.format(
         bucket=bucket,
@@ -156,6 +158,7 @@ def ec2_user_data(
 # User data is readable by whoever may describe the instance: it holds references only.
 # Rehearsal switches (unset on EC2; docs/ec2.md): {", ".join(EC2_REHEARSAL_SWITCHES)}.
 ${{DISTRAIN_EC2_HARD_STOP:-shutdown -h}} +{hard_stop_minutes} || true
+HARD_STOP_AT=$(( $(date +%s) + {hard_stop_minutes} * 60 ))
 set -euo pipefail
 export AWS_DEFAULT_REGION={q(region)} AWS_REGION={q(region)} HOME="${{HOME:-/root}}"
 PY="${{DISTRAIN_EC2_PYTHON:-{python}}}"
@@ -166,6 +169,23 @@ cat > "$WORK/boot.py" <<'DISTRAIN_BOOT_PY'
 {boot}DISTRAIN_BOOT_PY
 fail() {{ "$PY" "$WORK/boot.py" fail "$1" || true; $POWEROFF; exit 1; }}
 trap 'fail "node bootstrap failed at line $LINENO of its user data (see its cloud-init output log)"' ERR
+# User data runs once, and a reboot (maintenance, a kernel panic) loses the pending hard stop: a
+# per-boot hook re-arms it with the minutes left, or powers off once the deadline has passed.
+echo "$HARD_STOP_AT" > "$WORK/hard-stop-at"
+HOOK="${{DISTRAIN_EC2_PER_BOOT:-/var/lib/cloud/scripts/per-boot}}/{HARD_STOP_HOOK}"
+HARD_STOP="${{DISTRAIN_EC2_HARD_STOP:-shutdown -h}}"
+mkdir -p "$(dirname "$HOOK")"
+{{ echo '#!/bin/bash'
+  printf 'AT_FILE=%q HARD_STOP=%q POWEROFF=%q' "$WORK/hard-stop-at" "$HARD_STOP" "$POWEROFF"; echo
+  cat <<'DISTRAIN_HOOK'
+# distrain-cloud job {job}: user data runs once; after a reboot this re-arms its hard stop.
+at=$(cat "$AT_FILE" 2>/dev/null) || true
+[[ $at =~ ^[0-9]+$ ]] || at=0  # no deadline it can read is no reason to stay up
+left=$(( (at - $(date +%s) + 59) / 60 ))
+if [ "$left" -gt 0 ]; then eval "$HARD_STOP +$left"; else eval "$POWEROFF"; fi
+DISTRAIN_HOOK
+}} > "$HOOK"
+chmod 755 "$HOOK"
 {venv}"$PY" -c 'import boto3' 2>/dev/null || {pip} boto3
 rc=0; "$PY" "$WORK/boot.py" fetch || rc=$?
 if [ "$rc" -ne 0 ]; then fail "could not fetch the code bundle (exit $rc)"; fi

@@ -45,6 +45,8 @@ from .contract import STOP_EXIT_CODE, Contract
 
 IMDS_DEFAULT = "http://169.254.169.254"
 STATUS_TAG = "distrain-cloud:status"
+JOB_TAG = "distrain-cloud:job"  # the launcher tags every instance of a job with the job's name
+ALIVE_STATES = ("pending", "running", "stopping", "stopped")
 UPLOADED = "uploaded-"  # per-node marker inside an S3 checkpoint folder: "this node's files are there"
 
 # Stop reasons in the stop marker, and what each makes of a node that stopped cleanly.
@@ -767,6 +769,7 @@ class Outcome:
     exit_code: int
     reason: str
     step: int | None = None
+    gave_up: bool = False  # failed before every node met: no node trains, the job's instances were ended
 
 
 def outcome(code: int, stop: Stop | None, failure_line: str | None, unexplained: str) -> Outcome:
@@ -846,6 +849,7 @@ class Agent:
         )
         self.stop: Stop | None = None
         self.step: int | None = None
+        self.met = False  # every node of the launch joined the rendezvous
         self._last_heartbeat = 0.0
         self._peer_etags: dict[str, str] = {}
         self._peer_records: dict[str, dict[str, Any]] = {}
@@ -878,6 +882,8 @@ class Agent:
             "instance_id": self.me.instance_id,
             "time": time.time(),
         }
+        if result.gave_up:  # `status` reads it: the job is over, whatever instance may still run
+            record["gave_up"] = True
         self.store.put_json(self.record_key(self.rank), record)
 
     def stop_marker(self) -> Stop | None:
@@ -908,6 +914,8 @@ class Agent:
             self.write_stop_marker(reason, detail)
             self.stop = Stop(reason, detail)
         self.sink.agent(f"stopping every node: {self.stop.reason} ({self.stop.detail})")
+        # At once, not at the next heartbeat: a graceful `cancel` terminates nodes whose record stays still.
+        self.heartbeat(f"stopping ({self.stop.reason})", force=True)
 
     def write_stop_marker(self, reason: str, detail: str) -> None:
         marker = {"reason": reason, "by": self.me.instance_id, "rank": self.rank, "detail": detail}
@@ -994,13 +1002,51 @@ class Agent:
         except NodeFailure as e:
             self.sink.agent(f"failed: {e}")
             self._stop_others_after_failure(str(e))
-            return Outcome("Failed", 1, str(e), self.step)
+            return Outcome("Failed", 1, str(e), self.step, gave_up=self._end_unmet_job())
         except StopRequested as e:
+            self._end_unmet_job()
             return Outcome(STOP_STATUS.get(e.reason, "Stopped"), STOP_EXIT_CODE, str(e), self.step)
         except Exception as e:  # a bug or an AWS outage: the record and the power-off still happen
             self.sink.write(traceback.format_exc())
             self._stop_others_after_failure(f"node agent error: {_short(e)}")
-            return Outcome("Failed", 1, f"node agent error: {_short(e)}", self.step)
+            gave_up = self._end_unmet_job()
+            return Outcome("Failed", 1, f"node agent error: {_short(e)}", self.step, gave_up=gave_up)
+
+    def _end_unmet_job(self) -> bool:
+        """Before every node has met, no node trains: ending the job's instances loses nothing, and a
+        node that never ran its user data (no agent, no hard stop) would otherwise run until someone
+        notices. -> whether this node left the rendezvous unmet (and so tried)."""
+        if self.met:
+            return False
+        self.end_job_instances()
+        return True
+
+    def end_job_instances(self) -> None:
+        """Terminate the other live instances tagged with this job (found by tag: the silent ones
+        wrote nothing to find them by). One line whatever happens: the job role may not allow it."""
+        if self.ec2 is None:
+            return
+        try:
+            filters = [
+                {"Name": f"tag:{JOB_TAG}", "Values": [self.job.job]},
+                {"Name": "instance-state-name", "Values": list(ALIVE_STATES)},
+            ]
+            pages = self.ec2.get_paginator("describe_instances").paginate(Filters=filters)
+            others = sorted(
+                i["InstanceId"]
+                for page in pages
+                for reservation in page.get("Reservations", [])
+                for i in reservation.get("Instances", [])
+                if i["InstanceId"] != self.me.instance_id
+            )
+            if others:
+                self.sink.agent(f"no node trains: terminating the job's other instance(s): {', '.join(others)}")
+                self.ec2.terminate_instances(InstanceIds=others)
+        except Exception as e:
+            self.sink.agent(
+                f"could not end the job's other instances ({_short(e)}); "
+                f"`distrain-cloud cancel {self.job.job} --now` ends them"
+            )
 
     def _stop_others_after_failure(self, reason: str) -> None:
         """This node failed: the others stop (and checkpoint) rather than hang in a collective."""
@@ -1027,6 +1073,7 @@ class Agent:
             stop_check=self._stop_check_during_rendezvous,
             log=self.sink.agent,
         )
+        self.met = True
         main_addr = str(peers[0]["ip"])
         self.sink.agent(f"rendezvous complete: {job.nodes} node(s), main node {main_addr}:{job.main_port}")
         self.contract = dataclasses.replace(self.contract, main_addr=main_addr)

@@ -53,6 +53,11 @@ MAIN_PORT = 29500
 RENDEZVOUS_TIMEOUT_S = 600
 HARD_STOP_GRACE_MIN = 10  # the hard stop comes this long after max_run: the agent stops first
 LAUNCH_GRACE_S = 600  # a job this young with no instance visible yet is still launching
+# How long a graceful cancel waits for each live instance's agent to answer the stop marker (a new
+# record: an agent of this version writes one at once, an older one within its 30 s heartbeat,
+# after polling every 5 s) before it terminates that instance itself.
+CANCEL_ANSWER_S = 45
+CANCEL_POLL_S = 3
 # A cluster placement group is one zone's capacity, launched all or nothing: past this many
 # nodes such a launch rarely finds room (our choice, not an AWS limit; docs/ec2.md).
 PLACEMENT_GROUP_MAX_NODES = 16
@@ -521,14 +526,41 @@ class Ec2Backend:
         return cloud.log_lines(region, description["log_group"], job.name, lambda s: s.split("/", 1)[-1], done)
 
     def cancel(self, job: JobRef) -> str:
-        """Graceful: the stop marker every node agent watches; each node checkpoints, uploads and ends."""
-        info = self.status(job)
+        """Graceful: the stop marker every node agent watches; each node checkpoints, uploads and ends.
+
+        Only a live agent acts on the marker, so cancel waits up to CANCEL_ANSWER_S for each live
+        instance's agent to answer (its record moves) and terminates those that did not: with the
+        laptop closed right after, nothing is left waiting for the hard stop (max-run + 10 min)."""
+        from distrain_cloud.infra import aws
+
+        region, bucket, prefix, description = described(job)
+        s3 = aws.client("s3", region)
+        info = self._status(job, region, bucket, prefix, description)
+        alive = sorted(i for i, state in info["instances"].items() if state in ALIVE_STATES)
         if info["terminal"]:
-            return f"{job.name} already ended: {info['status']}"
-        _write_stop(job, "cancel")
+            if not alive:
+                return f"{job.name} already ended: {info['status']}"
+            _terminate(region, alive)  # no agent is left to end them (a node that never started, say)
+            return f"{job.name} already ended ({info['status']}); terminated what still ran: {', '.join(alive)}"
+        with aws.translate_errors():
+            before = _record_etags(s3, bucket, prefix, job.name)
+            _write_stop(job, "cancel")
+            if alive:
+                print(
+                    f"note: waiting up to {CANCEL_ANSWER_S} s for the node agents to answer the stop", file=sys.stderr
+                )
+            silent = _unanswered(s3, bucket, prefix, job.name, region, before) if alive else []
+        if not silent:
+            return (
+                f"stopping {job.name}: every node saves a checkpoint, uploads it and terminates "
+                f"(distrain-cloud status {job.name}; `cancel {job.name} --now` terminates at once)"
+            )
+        _terminate(region, silent)
+        rest = len(alive) - len(silent)
         return (
-            f"stopping {job.name}: every node saves a checkpoint, uploads it and terminates "
-            f"(distrain-cloud status {job.name}; `cancel {job.name} --now` terminates at once)"
+            f"stopping {job.name}: no node agent answered the stop within {CANCEL_ANSWER_S} s on "
+            f"{', '.join(silent)}: terminated them, without a checkpoint"
+            + (f"; the other {rest} node(s) save a checkpoint and end" if rest > 0 else "")
         )
 
     def cancel_now(self, job: JobRef) -> str:
@@ -1184,6 +1216,40 @@ def _write_stop(job: JobRef, reason: str) -> None:
     )
 
 
+def _terminate(region: str, ids: list[str]) -> None:
+    from distrain_cloud.infra import aws
+
+    with aws.translate_errors():
+        aws.client("ec2", region).terminate_instances(InstanceIds=ids)
+
+
+def _record_etags(s3: Any, bucket: str, prefix: str, job_name: str) -> dict[str, str]:
+    """node record key -> its ETag: what a record that moved no longer has."""
+    pages = s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{_job_prefix(prefix, job_name)}/nodes/"
+    )
+    return {item["Key"]: item["ETag"] for page in pages for item in page.get("Contents", [])}
+
+
+def _unanswered(s3: Any, bucket: str, prefix: str, job_name: str, region: str, before: dict[str, str]) -> list[str]:
+    """The job's live instances whose agent has not answered the stop marker within CANCEL_ANSWER_S:
+    no record of theirs moved since `before`, none is final, none is in its final sync (which
+    writes no heartbeat but ends by itself). Instances that end meanwhile answered."""
+    until = time.monotonic() + CANCEL_ANSWER_S
+    while True:
+        alive = {i["id"] for i in tagged_instances(region, job_name).get(job_name, []) if i["state"] in ALIVE_STATES}
+        answered = set()
+        for key, etag in _record_etags(s3, bucket, prefix, job_name).items():
+            record = _read_json(s3, bucket, key) or {}
+            ending = record.get("status") != "InProgress" or record.get("phase") == "final-sync"
+            if etag != before.get(key) or ending:
+                answered.add(str(record.get("instance_id")))
+        silent = sorted(alive - answered)
+        if not silent or time.monotonic() >= until:
+            return silent
+        time.sleep(min(CANCEL_POLL_S, max(0.0, until - time.monotonic())))
+
+
 def job_files(s3: Any, bucket: str, prefix: str, job_name: str) -> dict[str, Any]:
     """What the nodes and the launcher wrote beside job.json: node records by rank, the stop
     marker, a failed launch."""
@@ -1239,26 +1305,45 @@ def job_status(
     final = {r: rec for r, rec in nodes.items() if rec.get("status") in _PRECEDENCE}
     alive = [i for i in instances if i["state"] in ALIVE_STATES]
     stop, launch_failed = found.get("stop"), found.get("launch")
+    # A node that failed before every node met ended the job's instances itself: nothing more comes.
+    gave_up = any(rec.get("status") == "Failed" and rec.get("gave_up") is True for rec in final.values())
+    # Instances that have written nothing by the time every working node has met or given up never
+    # ran their user data: no agent, no hard stop. Only a node's failure or a person ends them.
+    age = now - float(description.get("submitted", 0))
+    reported = {str(rec.get("instance_id")) for rec in nodes.values()}
+    quiet_after = LAUNCH_GRACE_S + float(description.get("rendezvous_timeout_s", RENDEZVOUS_TIMEOUT_S))
+    silent = [i["id"] for i in alive if i["id"] not in reported] if age > quiet_after else []
+    failed = any(rec.get("status") == "Failed" for rec in final.values())
+    left_over = bool(alive) and (gave_up or (failed and len(silent) == len(alive)))
     status, detail = Ec2JobStatus.InProgress, ""
     if launch_failed and not instances:
         status, detail = Ec2JobStatus.Failed, f"not launched: {launch_failed.get('reason', '')}"
-    elif len(final) == n or (final and not alive):
+    elif len(final) == n or (final and not alive) or left_over:
         status = Ec2JobStatus(next(s for s in _PRECEDENCE if any(r["status"] == s for r in final.values())))
         missing = sorted(set(range(n)) - set(final))
         if missing and status is not Ec2JobStatus.Failed:
             status = Ec2JobStatus.Stopped if stop else Ec2JobStatus.Lost
         detail = _final_detail(status, final, missing, description)
+        if left_over:  # the node that gave up could not terminate them, or no agent ever ran there
+            ids = ", ".join(i["id"] for i in alive)
+            detail += f"; still running: {ids}: `distrain-cloud cancel {name} --now` ends them"
     elif alive:
         detail = _progress(nodes, alive, n, stop)
+        if not nodes and len(silent) == len(alive):
+            detail = (
+                f"no node has reported {int(age // 60)} min after submit: their user data may not have run "
+                f"(see the instances' console output); `distrain-cloud cancel {name} --now` ends them"
+            )
         if now > float(description["deadline"]) + HARD_STOP_GRACE_MIN * 60:
             detail += f"; instances past the job's deadline: `distrain-cloud cancel {name} --now`"
     elif instances and any(i["reason"] == SPOT_TERMINATION for i in instances):
         status = Ec2JobStatus.Interrupted
         detail = f"spot capacity was reclaimed before the nodes reported; `distrain-cloud resume {name}` continues it"
-    elif stop and (instances or launch_failed):
+    elif stop and (instances or launch_failed or nodes):
         status = Ec2JobStatus.Stopped
-        detail = f"stopped ({stop.get('reason', '?')}) before its nodes reported; its last checkpoint, if any, stays"
-    elif instances or now - float(description.get("submitted", 0)) > LAUNCH_GRACE_S:
+        why = stop.get("reason", "?")
+        detail = f"stopped ({why}) before its nodes wrote a final record; its last checkpoint, if any, stays"
+    elif instances or nodes or now - float(description.get("submitted", 0)) > LAUNCH_GRACE_S:
         status = Ec2JobStatus.Lost
         detail = f"its instances ended without a record: see `distrain-cloud logs {name}`"
     else:

@@ -255,6 +255,7 @@ class Rehearsal:
                 "DISTRAIN_EC2_HARD_STOP": "true",
                 "DISTRAIN_EC2_PYTHON": sys.executable,
                 "DISTRAIN_EC2_WORK": str(work),
+                "DISTRAIN_EC2_PER_BOOT": str(work / "per-boot"),
                 "DISTRAIN_EC2_POWEROFF": (
                     f'touch {shlex.quote(str(work))}/powered-off; {shlex.quote(sys.executable)} -c "{terminate}"'
                 ),

@@ -444,10 +444,18 @@ def test_logs_print_every_node_prefixed(stack, capsys):
 
 
 @pytest.mark.slow
-def test_cancel_writes_the_stop_marker_and_now_terminates(stack, capsys):
+def test_cancel_writes_the_stop_marker_and_now_terminates(stack, capsys, monkeypatch):
     job, _ = submitted(nodes=2)
+    ids = sorted(n["InstanceId"] for n in instances(job))
+
+    def agents_answer(seconds: float) -> None:  # what live agents write within one poll of the marker
+        for rank, instance_id in enumerate(ids):
+            put_node(job, rank, status="InProgress", phase="stopping (cancel)", step=7, instance_id=instance_id)
+
+    monkeypatch.setattr("time.sleep", agents_answer)
     code, out, _ = run_cli(capsys, "cancel", job)
     assert code == 0 and out.startswith(f"stopping {job}: every node saves a checkpoint")
+    assert {n["State"]["Name"] for n in instances(job)} == {"running"}  # left to their agents
     stop = s3_json(f"distrain-cloud/jobs/{job}/stop")
     assert (stop["reason"], stop["by"]) == ("cancel", "launcher")
     assert ec2.BACKEND.status(ref(job))["detail"].startswith("stopping (cancel)")
@@ -458,6 +466,46 @@ def test_cancel_writes_the_stop_marker_and_now_terminates(stack, capsys):
     assert (info["status"], info["terminal"]) == ("Stopped", True)
     code, out, _ = run_cli(capsys, "cancel", job)
     assert out.strip() == f"{job} already ended: Stopped"
+
+
+@pytest.mark.slow
+def test_a_graceful_cancel_terminates_the_nodes_whose_agents_do_not_answer(stack, capsys, monkeypatch):
+    """The agents wrote heartbeats, then died (OOM-killed, a hung host): nothing would act on the stop
+    marker until the hard stop. cancel waits a bounded time for an answer, then terminates them."""
+    job, _ = submitted(nodes=2)
+    ids = sorted(n["InstanceId"] for n in instances(job))
+    for rank, instance_id in enumerate(ids):
+        put_node(job, rank, status="InProgress", phase="training", step=40, instance_id=instance_id)
+    monkeypatch.setattr(ec2, "CANCEL_ANSWER_S", 1)  # 45 s for real
+    monkeypatch.setattr(ec2, "CANCEL_POLL_S", 0.2)
+    started = time.monotonic()
+    code, out, err = run_cli(capsys, "cancel", job)
+    assert code == 0 and time.monotonic() - started < 20
+    assert out.splitlines() == [
+        f"stopping {job}: no node agent answered the stop within 1 s on {', '.join(ids)}: "
+        "terminated them, without a checkpoint"
+    ]
+    assert err.strip() == "note: waiting up to 1 s for the node agents to answer the stop"
+    assert {n["State"]["Name"] for n in instances(job)} <= {"shutting-down", "terminated"}
+    info = ec2.BACKEND.status(ref(job))
+    assert (info["status"], info["terminal"]) == ("Stopped", True)
+
+
+@pytest.mark.slow
+def test_cancel_of_a_job_that_gave_up_ends_what_it_could_not(stack, capsys):
+    import boto3
+
+    job, _ = submitted(nodes=2)
+    first, silent = sorted(n["InstanceId"] for n in instances(job))
+    reason = "node 1 of 2 never joined the rendezvous within 600 s"
+    put_node(job, 0, status="Failed", exit_code=1, reason=reason, step=None, instance_id=first, gave_up=True)
+    boto3.client("ec2", region_name=REGION).terminate_instances(InstanceIds=[first])  # its own power-off
+    info = ec2.BACKEND.status(ref(job))
+    assert (info["status"], info["terminal"]) == ("Failed", True)
+    assert info["detail"] == f"node 0: {reason}; still running: {silent}: `distrain-cloud cancel {job} --now` ends them"
+    code, out, _ = run_cli(capsys, "cancel", job)
+    assert code == 0 and out.strip() == f"{job} already ended (Failed); terminated what still ran: {silent}"
+    assert {n["State"]["Name"] for n in instances(job)} <= {"shutting-down", "terminated"}
 
 
 def test_cancel_now_is_refused_for_other_backends(mocked_aws, capsys):
@@ -550,6 +598,8 @@ ENDED = [{"id": "i-1", "state": "terminated", "reason": ""}, {"id": "i-2", "stat
 RESUME = "`distrain-cloud resume job-1` continues it"
 STOPPING = ("InProgress", "stopping (cancel): every node saves a checkpoint, then ends")
 SPOT_ENDED = [{"id": "i-1", "state": "terminated", "reason": ec2.SPOT_TERMINATION}]
+GAVE_UP = "node 1 of 2 never joined the rendezvous within 600 s"
+HEARTBEAT = {"status": "InProgress", "phase": "training", "step": 5}
 
 
 def final(status: str, reason: str = "") -> dict:
@@ -602,10 +652,29 @@ def final(status: str, reason: str = "") -> dict:
         ),
         ({}, {"reason": "cancel"}, RUNNING, STOPPING),
         ({}, None, [], ("InProgress", "launching")),
+        (
+            {0: {**final("Failed", GAVE_UP), "gave_up": True}},
+            {"reason": "peer-failed"},
+            [ENDED[0], RUNNING[1]],
+            ("Failed", f"node 0: {GAVE_UP}; still running: i-2: `distrain-cloud cancel job-1 --now` ends them"),
+        ),
+        (
+            {0: HEARTBEAT, 1: HEARTBEAT},
+            None,
+            [],
+            ("Lost", "its instances ended without a record: see `distrain-cloud logs job-1`"),
+        ),
+        (
+            {0: HEARTBEAT},
+            {"reason": "cancel"},
+            [],
+            ("Stopped", "stopped (cancel) before its nodes wrote a final record; its last checkpoint, if any, stays"),
+        ),
     ],
     ids=[
         "completed", "failed", "failed-while-others-run", "interrupted", "deadline", "one-node-lost", "lost",
-        "spot-before-records", "stopping", "launching",
+        "spot-before-records", "stopping", "launching", "gave-up-with-a-silent-node-left",
+        "heartbeats-then-gone", "stopped-then-gone",
     ],
 )  # fmt: skip
 def test_job_status_from_records_and_instances(nodes, stop, instances, expected):
@@ -617,6 +686,42 @@ def test_job_status_from_records_and_instances(nodes, stop, instances, expected)
 def test_a_job_with_no_instance_long_after_submit_is_lost():
     info = ec2.job_status(description(submitted_ago=3600), {"nodes": {}}, [], now=time.time())
     assert info["status"] == "Lost"
+
+
+@pytest.mark.parametrize(
+    "submitted_ago, nodes, instances, expected",
+    [
+        (  # node 0's bundle check failed; node 1 never ran its user data, so no agent will end it
+            1500,
+            {0: {**final("Failed", "bundle hash mismatch"), "instance_id": "i-1"}},
+            [ENDED[0], RUNNING[1]],
+            (
+                "Failed",
+                "node 0: bundle hash mismatch; still running: i-2: `distrain-cloud cancel job-1 --now` ends them",
+            ),
+        ),
+        (  # the same early on: node 1 may still be installing, and will see the stop marker
+            300,
+            {0: {**final("Failed", "bundle hash mismatch"), "instance_id": "i-1"}},
+            [ENDED[0], RUNNING[1]],
+            ("InProgress", "node 0 failed (bundle hash mismatch); the others are stopping"),
+        ),
+        (  # no node ever ran its user data: running, and said so
+            1500,
+            {},
+            RUNNING,
+            (
+                "InProgress",
+                "no node has reported 25 min after submit: their user data may not have run (see the instances' "
+                "console output); `distrain-cloud cancel job-1 --now` ends them",
+            ),
+        ),
+    ],
+    ids=["failed-and-silent", "failed-and-booting", "all-silent"],
+)
+def test_nodes_that_never_report_are_named(submitted_ago, nodes, instances, expected):
+    info = ec2.job_status(description(submitted_ago=submitted_ago), {"nodes": nodes}, instances, now=time.time())
+    assert (info["status"], info["detail"]) == expected
 
 
 def test_instances_past_the_deadline_are_flagged():
@@ -726,6 +831,7 @@ def test_the_user_data_runs_here_up_to_the_agent_and_a_swapped_bundle_stops_the_
                 "DISTRAIN_EC2_PYTHON": str(python),
                 "DISTRAIN_EC2_WORK": str(tmp_path / f"node-{rank}"),
                 "DISTRAIN_EC2_POWEROFF": "echo power-off",
+                "DISTRAIN_EC2_PER_BOOT": str(tmp_path / f"node-{rank}-per-boot"),
                 "REHEARSAL_LOG": str(log),
             }
             return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
@@ -747,6 +853,19 @@ def test_the_user_data_runs_here_up_to_the_agent_and_a_swapped_bundle_stops_the_
     assert agent.endswith(f"cwd={code} PYTHONPATH={code}")
     assert (code / "distrain_cloud" / "training" / "node_agent.py").is_file()
     assert (tmp_path / "node-1" / "constraints.txt").read_text() == "torch==2.7.0+cu128\n"  # the AMI's stays
+    # A reboot loses the pending hard stop and does not run the user data again: cloud-init runs the
+    # per-boot hook it installed, which re-arms the stop with the minutes left, or powers off.
+    hook = tmp_path / "node-1-per-boot" / "distrain-hard-stop"
+    assert hook.stat().st_mode & 0o111
+    for minutes_later, expected in (
+        (0, "hard-stop +40"),
+        (15, "hard-stop +25"),
+        (39.5, "hard-stop +1"),
+        (41, "power-off"),
+    ):
+        assert _reboot(hook, tmp_path, minutes_later) == expected, minutes_later
+    (tmp_path / "node-1" / "hard-stop-at").write_text("garbage\n")
+    assert _reboot(hook, tmp_path, 0) == "power-off"  # no deadline it can read: not a reason to stay up
 
     boto3.client("s3").put_object(Bucket="stack-bucket", Key=plan.payload["code_key"], Body=b"other bytes")
     bad = run_node(0)
@@ -759,3 +878,107 @@ def test_the_user_data_runs_here_up_to_the_agent_and_a_swapped_bundle_stops_the_
     assert states[nodes[0]["InstanceId"]] in ("shutting-down", "terminated")
     info = ec2.BACKEND.status(ref(job))
     assert info["status"] == "InProgress" and info["detail"].startswith("node 0 failed (bundle hash mismatch")
+
+
+# ====================================================================== nothing outlives its job
+
+
+def _reboot(hook: Path, tmp_path: Path, minutes_later: float) -> str:
+    """What the per-boot `hook` does at a boot `minutes_later` than now (a `date` that says so)."""
+    import shutil
+
+    clock = tmp_path / "clock"
+    clock.mkdir(exist_ok=True)
+    fake = clock / "date"
+    fake.write_text(f"#!/bin/bash\necho $(( $({shutil.which('date')} +%s) + {int(minutes_later * 60)} ))\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{clock}:{os.environ['PATH']}"}
+    return subprocess.run([str(hook)], env=env, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+
+
+# The AMI's python, except that pip and torch (slow here) only answer; the node agent runs for real.
+AGENT_WRAPPER = """#!/bin/bash
+case "$2" in *"import torch"*) echo "torch==2.7.0+cu128"; exit 0 ;; esac
+for arg in "$@"; do
+  case "$arg" in pip) exit 0 ;; esac
+done
+exec {python} "$@"
+"""
+
+
+def _on_the_moto_server(monkeypatch, url: str) -> None:
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+
+
+def _run_user_data(node: dict, tmp_path: Path, url: str, python: Path, **switches: str) -> subprocess.CompletedProcess:
+    """Run `node`'s user data with bash as its instance would, with a fake IMDSv2 server of its own
+    (credentials from there only) and a power-off that terminates the instance in moto."""
+    import base64
+
+    import boto3
+
+    sys.path.insert(0, str(REPO / "tests"))  # tests/ is not a package
+    from imds import FakeImds
+
+    attr = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
+        InstanceId=node["InstanceId"], Attribute="userData"
+    )
+    script = base64.b64decode(attr["UserData"]["Value"]).decode()
+    rank, work = node["AmiLaunchIndex"], tmp_path / f"node-{node['AmiLaunchIndex']}"
+    reservation = boto3.client("ec2", region_name=REGION).describe_instances(InstanceIds=[node["InstanceId"]])
+    terminate = f"import boto3; boto3.client('ec2').terminate_instances(InstanceIds=['{node['InstanceId']}'])"
+    with FakeImds(
+        instance_id=node["InstanceId"],
+        launch_index=rank,
+        reservation_id=reservation["Reservations"][0]["ReservationId"],
+        region=REGION,
+    ) as imds:
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            "AWS_ENDPOINT_URL": url,
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint,
+            "DISTRAIN_EC2_HARD_STOP": "echo hard-stop",
+            "DISTRAIN_EC2_PYTHON": str(python),
+            "DISTRAIN_EC2_WORK": str(work),
+            "DISTRAIN_EC2_PER_BOOT": str(work / "per-boot"),
+            "DISTRAIN_EC2_POWEROFF": f'echo power-off; {sys.executable} -c "{terminate}"',
+            "DISTRAIN_EC2_POLL_S": "0.2",
+            "DISTRAIN_EC2_HEARTBEAT_S": "0.5",
+            **switches,
+        }
+        return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow  # runs the user data and the real node agent
+def test_a_node_that_never_runs_its_user_data_is_terminated_by_the_node_that_gives_up(
+    tmp_path, monkeypatch, moto_server
+):
+    """Node 1 never runs its user data (no agent, no hard stop). Node 0's agent gives up on the
+    rendezvous: it terminates every instance of its job, not only its own, and `status` says
+    Failed with the reason instead of InProgress forever."""
+    _on_the_moto_server(monkeypatch, moto_server)
+    hand_made_stack(monkeypatch)
+    monkeypatch.setattr(ec2, "RENDEZVOUS_TIMEOUT_S", 1)  # job.json carries it; 600 s on EC2
+    job, _ = submitted(instance="c5.2xlarge", nodes=2, max_run="30m")
+    nodes = sorted(instances(job), key=lambda i: i["AmiLaunchIndex"])
+    python = tmp_path / "python"
+    python.write_text(AGENT_WRAPPER.format(python=sys.executable))
+    python.chmod(0o755)
+
+    started = time.monotonic()
+    run = _run_user_data(nodes[0], tmp_path, moto_server, python)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert time.monotonic() - started < 60
+    assert {i["State"]["Name"] for i in instances(job)} <= {"shutting-down", "terminated"}, run.stdout[-3000:]
+    assert "never joined the rendezvous within 1 s" in run.stdout
+    assert f"terminating the job's other instance(s): {nodes[1]['InstanceId']}" in run.stdout
+    info = ec2.BACKEND.status(ref(job))
+    assert (info["status"], info["terminal"]) == ("Failed", True)
+    assert info["detail"].startswith("node 0: node 1 of 2 never joined the rendezvous within 1 s")

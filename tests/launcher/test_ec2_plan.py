@@ -23,6 +23,7 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.launcher import apimodel, bundle, catalog
 from distrain_cloud.launcher.api import plan_job
 from distrain_cloud.launcher.backends import ec2
+from distrain_cloud.launcher.bootstrap import EC2_REHEARSAL_SWITCHES
 from distrain_cloud.launcher.cli import main
 from distrain_cloud.launcher.spec import load_spec
 
@@ -182,7 +183,7 @@ def test_user_data_stops_hard_first_verifies_the_bundle_and_hands_over_to_the_ag
     assert f"/distrain-cloud/jobs/{plan.job_name}/job.json' --job-sha256 {pin} || fail " in agent
     assert lines[-1] == "$POWEROFF"  # whatever the agent did, the node ends
     assert text.index("shutdown -h") < text.index("boot.py") < text.index("pip install") < text.index("node_agent")
-    for switch in ("DISTRAIN_EC2_PYTHON", "DISTRAIN_EC2_WORK", "DISTRAIN_EC2_POWEROFF", "DISTRAIN_EC2_HARD_STOP"):
+    for switch in EC2_REHEARSAL_SWITCHES:
         assert "${" + switch + ":-" in text
 
 

@@ -746,13 +746,60 @@ def test_a_node_that_fails_stops_the_others(cluster):
     assert c.tags(1)["distrain-cloud:status"] == "Failed"
 
 
+def ec2_requests(monkeypatch) -> list[tuple[str, dict]]:
+    """(operation, params) of every EC2 request the clients made from now on will send."""
+    import botocore.session
+
+    sent: list[tuple[str, dict]] = []
+    real = botocore.session.Session.create_client
+
+    def create_client(self, *args, **kwargs):
+        client = real(self, *args, **kwargs)
+        client.meta.events.register(
+            "provide-client-params.ec2", lambda model, params, **_: sent.append((model.name, params))
+        )
+        return client
+
+    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+    return sent
+
+
+def tag_job(c: Cluster, job: str = "job-a1") -> None:
+    """What RunInstances does for a launched job: every instance carries the job's name."""
+    ids = [i["InstanceId"] for i in c.instances]
+    c.ec2.create_tags(Resources=ids, Tags=[{"Key": node_agent.JOB_TAG, "Value": job}])
+
+
+def states(c: Cluster, ids: list[str]) -> list[str]:
+    found = c.ec2.describe_instances(InstanceIds=ids)["Reservations"]
+    by_id = {i["InstanceId"]: i["State"]["Name"] for r in found for i in r["Instances"]}
+    return [by_id[i] for i in ids]
+
+
 @pytest.mark.slow
-def test_a_node_that_never_joins_fails_the_rendezvous_and_leaves_a_stop_marker(cluster, s3):
+def test_a_node_that_never_joins_fails_the_rendezvous_and_leaves_a_stop_marker(cluster, s3, monkeypatch):
+    from distrain_cloud.launcher.apimodel import problems
+
     c = cluster(rendezvous_timeout_s=1)
+    tag_job(c)
+    ami = c.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    tags = [{"ResourceType": "instance", "Tags": [{"Key": node_agent.JOB_TAG, "Value": "job-b1"}]}]
+    other = c.ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, TagSpecifications=tags)["Instances"][0]
+    sent = ec2_requests(monkeypatch)
     results = c.run(ranks=[0])
     assert results[0].status == "Failed"
     assert results[0].reason.startswith("node 1 of 2 never joined the rendezvous within 1 s")
     assert c.record(0)["reason"] == results[0].reason
+    # Nothing trained, so node 0 ended the silent node (it has no agent and no hard stop) and says so.
+    silent = c.instances[1]["InstanceId"]
+    assert states(c, [silent]) == ["terminated"]
+    assert states(c, [other["InstanceId"]]) == ["running"]  # another job's instance: never touched
+    assert c.record(0)["gave_up"] is True
+    log = (c.tmp_path / "node0" / "node-agent.log").read_text()
+    assert f"node_agent: no node trains: terminating the job's other instance(s): {silent}\n" in log
+    asked = [(op, params) for op, params in sent if op in ("DescribeInstances", "TerminateInstances")]
+    assert [op for op, _ in asked] == ["DescribeInstances", "TerminateInstances"]
+    assert all(problems("ec2", op, params) == [] for op, params in asked)  # what AWS would accept
     # A late node reads the marker and stops before it trains.
     marker = json.loads(s3.get_object(Bucket=BUCKET, Key="distrain/jobs/job-a1/stop")["Body"].read())
     assert marker["reason"] == "peer-failed"
@@ -791,6 +838,54 @@ def test_malformed_records_are_ignored_and_a_malformed_stop_marker_still_stops_c
         for name in ("5.json", "abc.json", "-1.json"):
             assert log.count(f"ignored {c.job.key(meeting + name)!r} in the rendezvous folder") == 1, log
         assert "main node 127.0.0.1:" in log  # not the planted address
+
+
+@pytest.mark.slow
+def test_a_node_that_may_not_end_the_job_says_so_in_one_line_and_still_records(cluster, monkeypatch):
+    from botocore.exceptions import ClientError
+
+    c = cluster(rendezvous_timeout_s=1)
+    tag_job(c)
+
+    def refuse(params, **_):
+        error = {"Code": "UnauthorizedOperation", "Message": "You are not authorized to perform this operation."}
+        raise ClientError({"Error": error}, "DescribeInstances")
+
+    import botocore.session
+
+    real = botocore.session.Session.create_client
+
+    def create_client(self, *args, **kwargs):
+        client = real(self, *args, **kwargs)
+        client.meta.events.register_first("before-call.ec2.DescribeInstances", refuse)
+        return client
+
+    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+    results = c.run(ranks=[0])
+    assert results[0].status == "Failed" and c.record(0)["gave_up"] is True
+    lines = [line for line in (c.tmp_path / "node0" / "node-agent.log").read_text().splitlines() if "could not" in line]
+    assert lines == [
+        "node_agent: could not end the job's other instances (ClientError: An error occurred (UnauthorizedOperation) "
+        "when calling the DescribeInstances operation: You are not authorized to perform this operation.); "
+        "`distrain-cloud cancel job-a1 --now` ends them"
+    ]
+    assert states(c, [c.instances[1]["InstanceId"]]) == ["running"]  # `status` names it (test_ec2_lifecycle.py)
+
+
+def test_an_agent_answers_a_stop_with_a_record_at_once(store, tmp_path):
+    # A graceful `cancel` terminates the nodes whose record does not move: a live agent's must, at
+    # once, not at its next heartbeat.
+    job = make_job()
+    with FakeImds(instance_id=node(0).instance_id) as fake:
+        sink = LogSink(tmp_path / "node-agent.log")
+        settings = Settings(work=tmp_path, heartbeat_s=3600)
+        agent = Agent(job, node(0), settings, store=store, imds=Imds(fake.endpoint), sink=sink)
+        agent.heartbeat("training", force=True)
+        store.put_json(job.key("stop"), {"reason": "cancel", "by": "launcher"})
+        agent.check_stop(training=True)
+        sink.close()
+    record = store.get_json(job.key("nodes", "0.json"))
+    assert (record["status"], record["phase"]) == ("InProgress", "stopping (cancel)")
 
 
 @pytest.mark.slow
