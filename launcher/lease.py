@@ -162,7 +162,7 @@ def _holder(raw: bytes) -> dict[str, Any] | None:
 
     try:
         body = json.loads(raw[:MAX_BODY])
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
         return None
     if not isinstance(body, dict) or not isinstance(body.get("job"), str) or not JOB_NAME.fullmatch(body["job"]):
         return None

@@ -86,6 +86,7 @@ def test_a_holder_not_found_is_launching_until_the_grace_passes(tmp_path, monkey
     "body",
     [
         b"not json",
+        b"[" * 60000,
         b"[]",
         json.dumps({"job": "../../etc", "backend": "local"}).encode(),
         json.dumps({"job": "a-job", "backend": "elsewhere"}).encode(),
