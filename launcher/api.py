@@ -27,14 +27,20 @@ def plan_job(spec: JobSpec, *, dry_run: bool = False, check: bool | None = None)
 
 
 def submit_job(plan: Plan, *, wait: bool = False) -> int:
-    """Record where the job runs (first, so every job that may exist can be found), then start it."""
+    """Take the lineage's lease (one live attempt per lineage: a start that finds another attempt
+    live is refused here, having written nothing), record where the job runs (so every job that
+    may exist can be found), then start it."""
     from pathlib import Path
 
     from .jobs import write_record
+    from .lease import lineage_lease
+    from .plan import refuse_failed_checks
 
-    cwd = plan.request.get("cwd")
-    write_record(plan, region=plan.payload.get("region"), workdir=Path(cwd).parent if cwd else None)
-    return get_backend(plan.backend).submit(plan, wait=wait)
+    refuse_failed_checks(plan)  # before the lease: a refused plan takes nothing
+    with lineage_lease(plan):
+        cwd = plan.request.get("cwd")
+        write_record(plan, region=plan.payload.get("region"), workdir=Path(cwd).parent if cwd else None)
+        return get_backend(plan.backend).submit(plan, wait=wait)
 
 
 def resume_spec(job: JobRef) -> JobSpec:

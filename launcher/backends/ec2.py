@@ -34,6 +34,7 @@ from distrain_cloud.training.strategies import AUTO, parse_strategy
 
 from ..bootstrap import ec2_user_data
 from ..jobs import JobRef
+from ..lease import launched as lineage_launched
 from ..plan import Check, Plan, refuse_failed_checks
 from ..tracking import tracking_env, wandb_run
 from . import cloud, wait_for
@@ -441,6 +442,7 @@ class Ec2Backend:
         except BaseException:
             _retire_quietly(role.name)  # nothing was launched: its role goes too
             raise
+        lineage_launched(plan)  # the instances exist: the lineage's lease stays theirs whatever follows
         print(
             f"submitted {plan.job_name}: {parts.nodes} x {parts.instance_type} ({', '.join(ids)}); "
             f"code bundle {'uploaded' if uploaded else 'already in S3'}",

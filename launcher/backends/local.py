@@ -24,6 +24,7 @@ from distrain_cloud.training.node_launch import plan_node
 from distrain_cloud.training.strategies import choose_precision, parse_strategy, plan_configs
 
 from ..jobs import JobRef
+from ..lease import launched as lineage_launched
 from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
 from ..tracking import tracking_env, wandb_run
 
@@ -163,6 +164,7 @@ class LocalBackend:
                 stderr=subprocess.STDOUT,
                 process_group=0,
             )
+            lineage_launched(plan)  # the job's process exists: its status decides the lease from now on
             # Who runs it, so that `status` can tell a job still running from one killed with us.
             _write_status(root, "InProgress", pid=proc.pid, host=socket.gethostname())
             forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731

@@ -24,6 +24,7 @@ from distrain_cloud.training.contract import SAGEMAKER_CHECKPOINT_DIR
 
 from ..bootstrap import sagemaker_entrypoint
 from ..jobs import JobRef
+from ..lease import launched as lineage_launched
 from ..plan import Check, Plan, refuse_failed_checks
 from ..tracking import tracking_env, wandb_run
 from . import cloud, wait_for
@@ -363,6 +364,7 @@ class SageMakerBackend:
             if role is not None:
                 _retire_quietly(role.name)  # no job was made: its role goes too
             raise
+        lineage_launched(plan)  # the job exists: the lineage's lease stays its own whatever follows
         print(f"submitted {plan.job_name} (code bundle {'uploaded' if uploaded else 'already in S3'})", file=sys.stderr)
         print(f"next: distrain-cloud logs {plan.job_name} --follow --region {region}", file=sys.stderr)
         if wait:

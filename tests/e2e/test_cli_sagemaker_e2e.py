@@ -186,7 +186,8 @@ def test_submit_the_example_then_status_ls_logs_and_cancel(cli, moto_server, env
     }
     s3 = aws_client("s3", moto_server)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
-    assert keys == [f"distrain-cloud/code/{sha}.tar.gz"]
+    # the code bundle, and the lineage's lease (one live attempt per lineage), beside its checkpoints
+    assert keys == [f"distrain-cloud/code/{sha}.tar.gz", f"distrain-cloud/leases/{job_name}.json"]
 
     # status, ls, logs, cancel: each its own process, against the same server; the job's record
     # (written at submit) says where it runs, so neither --backend nor --region is needed
@@ -213,7 +214,7 @@ def test_submit_the_example_then_status_ls_logs_and_cancel(cli, moto_server, env
     # the same code again: the bundle is already there
     r = cli("submit", str(EXAMPLE), "--region", REGION, "--role", role, "--yes", env=env, cwd=tmp_path)
     assert r.returncode == 0 and "(code bundle already in S3)" in r.stderr, r.stderr
-    assert len(s3.list_objects_v2(Bucket=bucket)["Contents"]) == 1
+    assert len(s3.list_objects_v2(Bucket=bucket, Prefix="distrain-cloud/code/")["Contents"]) == 1
 
 
 def test_submit_over_budget_exits_non_zero_and_creates_no_job(cli, moto_server, env, role, tmp_path):

@@ -166,8 +166,25 @@ def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once
     import boto3
 
     job, plan = submitted(nodes=2, spot=True)
-    writes = [op for op in calls.ops if op in ("s3.PutObject", "ec2.RunInstances")]
-    assert writes == ["s3.PutObject", "s3.PutObject", "ec2.RunInstances"]  # bundle, job.json, then one launch
+    writes = [
+        (op, p.get("Key"))
+        for op, p in zip(calls.ops, calls.params, strict=True)
+        if op.endswith(("PutObject", "RunInstances"))
+    ]
+    lease = f"distrain-cloud/leases/{job}.json"  # the first submit of a lineage takes its lease too
+    code, description = plan.payload["code_key"], f"distrain-cloud/jobs/{job}/job.json"
+    assert writes == [
+        ("s3.PutObject", lease),
+        ("s3.PutObject", code),
+        ("s3.PutObject", description),
+        ("ec2.RunInstances", None),
+    ]
+    (taken,) = [p for op, p in zip(calls.ops, calls.params, strict=True) if p.get("Key") == lease]
+    assert taken["IfNoneMatch"] == "*"  # created only if absent: one conditional write decides
+    assert s3_json(lease) | {"time": 0} == {
+        "job": job, "lineage": job, "attempt": 1, "backend": "ec2", "region": REGION,
+        "bucket": "stack-bucket", "prefix": "distrain-cloud", "time": 0,
+    }  # fmt: skip
     assert "launched" not in capsys.readouterr().out
     description = s3_json(f"distrain-cloud/jobs/{job}/job.json")
     assert description == json.loads(json.dumps(plan.payload["description"]))
@@ -536,6 +553,12 @@ def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, caps
         record.unlink()
     code, out, err = run_cli(capsys, "resume", new, "--backend", "ec2", "--region", REGION, "--dry-run")
     assert code == 0 and f"lineage: <lineage of {new}>, attempt <next>" in out, err  # known only to AWS
+    # While attempt 2 runs, the lineage's lease (and its holder's status, read from S3) refuses a third.
+    code, _, err = run_cli(capsys, "resume", new, "--backend", "ec2", "--region", REGION, "--yes")
+    assert code == 2 and err.startswith(f"error: lineage {job} has a live attempt: {new} (attempt 2, "), err
+    assert launched_jobs() == sorted([job, new])
+    for rank in (0, 1):
+        put_node(new, rank, status="Interrupted", exit_code=143, reason="spot-interruption", step=90)
     code, _, err = run_cli(capsys, "resume", new, "--backend", "ec2", "--region", REGION, "--yes")
     assert code == 0, err
     third = next(line.split()[1].rstrip(":") for line in err.splitlines() if line.startswith("submitted "))
@@ -549,9 +572,20 @@ def test_submit_spot_wait_resumes_an_interrupted_lineage_until_it_completes(stac
     attempt is interrupted, the next completes."""
     import boto3
 
+    from distrain_cloud.launcher.api import resume_spec
+    from distrain_cloud.launcher.lease import LineageBusy
+
     s3 = boto3.client("s3")
+    holders: list[tuple[str, int]] = []  # the lineage's lease, whenever the launcher polls
 
     def nodes_report(seconds: float) -> None:
+        lease = json.loads(
+            s3.get_object(Bucket="stack-bucket", Key=f"distrain-cloud/leases/{plan.job_name}.json")["Body"].read()
+        )
+        holders.append((lease["job"], lease["attempt"]))
+        if lease["attempt"] == 2:  # the relaunch is live: a resume of the first attempt meanwhile is refused
+            with pytest.raises(LineageBusy, match=f"has a live attempt: {lease['job']} \\(attempt 2, InProgress\\)"):
+                submit_job(plan_job(resume_spec(ref(plan.job_name))))
         listed = s3.list_objects_v2(Bucket="stack-bucket", Prefix="distrain-cloud/jobs/")["Contents"]
         for key in [o["Key"] for o in listed if o["Key"].endswith("/job.json")]:
             job = json.loads(s3.get_object(Bucket="stack-bucket", Key=key)["Body"].read())
@@ -568,6 +602,144 @@ def test_submit_spot_wait_resumes_an_interrupted_lineage_until_it_completes(stac
     assert len(jobs) == 2 and jobs[0] == plan.job_name
     assert ec2.BACKEND.status(ref(jobs[1]))["status"] == "Completed"
     assert s3_json(f"distrain-cloud/jobs/{jobs[1]}/job.json")["lineage"] == plan.job_name
+    assert holders == [(jobs[0], 1), (jobs[1], 2)]  # the relaunch took the first attempt's lease over
+    assert len(launched_jobs()) == 2
+
+
+class PerThread:
+    """sys.stderr for CLIs run in threads: what each thread writes, kept apart by thread name."""
+
+    encoding, errors = "utf-8", "strict"
+
+    def __init__(self) -> None:
+        self.text: dict[str, str] = {}
+
+    def write(self, s: str) -> int:
+        import threading
+
+        name = threading.current_thread().name
+        self.text[name] = self.text.get(name, "") + s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def atomic_conditional_puts(monkeypatch):
+    """S3 evaluates a PutObject's If-None-Match / If-Match and stores the object as one step.
+    moto 5.2.5 checks the condition, then stores, with no lock between (S3Response.put_object),
+    so two threads can both pass the check: this double makes moto's PutObject one step, as S3's is."""
+    import threading
+
+    from moto.s3.responses import S3Response
+
+    lock, real = threading.Lock(), S3Response.put_object
+
+    def put_object(self):
+        with lock:
+            return real(self)
+
+    monkeypatch.setattr(S3Response, "put_object", put_object)
+
+
+def resumes_at_once(monkeypatch, job: str, count: int = 2) -> dict[str, tuple[int, str]]:
+    """`distrain-cloud resume JOB --yes`, `count` times at once (threads of this process, moto's
+    in-process mock): thread name -> (exit code, stderr). Once the lineage has a lease, every
+    resume's first takeover of it (If-Match on the ETag they read) waits for the others' (a barrier),
+    so they race for it at one moment."""
+    import threading
+
+    import botocore.session
+
+    from distrain_cloud.launcher import cli
+
+    err = PerThread()
+    monkeypatch.setattr(sys, "stderr", err)
+    start, at_lease = threading.Barrier(count), threading.Barrier(count)
+    real = botocore.session.Session.create_client
+
+    met: set[str] = set()
+
+    def meet(params, **_):
+        name = threading.current_thread().name
+        if "/leases/" in params.get("Key", "") and "IfMatch" in params and name not in met:
+            met.add(name)
+            try:
+                at_lease.wait(timeout=20)
+            except threading.BrokenBarrierError:
+                pass  # the other resume never got this far
+
+    def create_client(self, *args, **kwargs):
+        client = real(self, *args, **kwargs)
+        client.meta.events.register("provide-client-params.s3.PutObject", meet)
+        return client
+
+    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+    results: dict[str, tuple[int, str]] = {}
+
+    def resume() -> None:
+        start.wait(timeout=20)
+        try:
+            cli.main(["resume", job, "--yes"])
+        except SystemExit as e:
+            name = threading.current_thread().name
+            results[name] = (int(e.code or 0), err.text.get(name, ""))
+
+    threads = [threading.Thread(target=resume, name=f"resume-{i}") for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    monkeypatch.setattr(botocore.session.Session, "create_client", real)
+    return results
+
+
+def launched_jobs() -> list[str]:
+    """Every job with a job.json in the stack's bucket."""
+    import boto3
+
+    listed = boto3.client("s3").list_objects_v2(Bucket="stack-bucket", Prefix="distrain-cloud/jobs/")
+    return sorted(o["Key"].split("/")[2] for o in listed.get("Contents", []) if o["Key"].endswith("/job.json"))
+
+
+@pytest.mark.slow
+def test_two_resumes_at_once_launch_one_attempt_and_refuse_the_other_naming_it(
+    stack, monkeypatch, atomic_conditional_puts
+):
+    job, _ = submitted(nodes=1, spot=True)
+    put_node(job, 0, status="Interrupted", exit_code=143, reason="spot-interruption", step=60)
+    results = resumes_at_once(monkeypatch, job)
+    assert len(results) == 2, results
+    launched = [j for j in launched_jobs() if j != job]
+    assert len(launched) == 1, f"{len(launched)} attempts launched on one lineage: {launched}"
+    (live,) = launched
+    codes = sorted(code for code, _ in results.values())
+    assert codes == [0, 2], results
+    (refused,) = [err for code, err in results.values() if code == 2]
+    # The loser reads the lease before or after the winner's job.json is written: launching, or InProgress.
+    (line,) = refused.strip().splitlines()
+    assert re.fullmatch(
+        rf"error: lineage {job} has a live attempt: {live} \(attempt 2, (launching|InProgress)\); one attempt "
+        rf"runs at a time: `distrain-cloud status {live}`, or stop it \(`distrain-cloud cancel {live}`\) and "
+        "resume again",
+        line,
+    ), line
+    assert [i["Tags"] for i in instances(live)] and len(instances(live)) == 1  # the one launch, one node
+    lease = s3_json(f"distrain-cloud/leases/{job}.json")
+    assert (lease["job"], lease["attempt"], lease["lineage"]) == (live, 2, job)
+
+    # A resume after the live attempt ended takes the lease over; the ended attempts stay as they were.
+    put_node(live, 0, status="Interrupted", exit_code=143, reason="spot-interruption", step=90)
+    capsys_free = resumes_at_once(monkeypatch, live, count=1)
+    ((code, err),) = capsys_free.values()
+    assert code == 0, err
+    (third,) = [j for j in launched_jobs() if j not in (job, live)]
+    lease = s3_json(f"distrain-cloud/leases/{job}.json")
+    assert (lease["job"], lease["attempt"]) == (third, 3)
 
 
 def test_resume_from_an_unknown_job_is_one_line(stack):

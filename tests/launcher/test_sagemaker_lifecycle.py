@@ -23,6 +23,7 @@ from distrain_cloud.launcher.api import plan_job, submit_job
 from distrain_cloud.launcher.backends import sagemaker as sm
 from distrain_cloud.launcher.backends import wait_for
 from distrain_cloud.launcher.jobs import JobRef
+from distrain_cloud.launcher.lease import LineageBusy
 from distrain_cloud.launcher.spec import load_spec
 
 REGION = "us-east-1"
@@ -184,7 +185,14 @@ def test_submit_sends_exactly_the_plan_creates_the_bucket_and_uploads_the_bundle
     rule = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"][0]
     assert rule["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
     key = f"distrain-cloud/code/{sha}.tar.gz"
-    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == [key]
+    lease = f"distrain-cloud/leases/{first.job_name}.json"  # beside checkpoints/<lineage>/, taken first
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == [key, lease]
+    (taken, *_) = recorder.ops("s3.PutObject")
+    assert taken[1].endswith(lease) and taken[2]["If-None-Match"] == "*"  # on the wire: only if absent
+    assert json.loads(taken[3]) | {"time": 0} == {
+        "job": first.job_name, "lineage": first.job_name, "attempt": None, "backend": "sagemaker",
+        "region": REGION, "time": 0,
+    }  # fmt: skip
     uploaded = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     assert hashlib.sha256(uploaded).hexdigest() == sha
 
@@ -213,7 +221,7 @@ def test_submit_sends_exactly_the_plan_creates_the_bucket_and_uploads_the_bundle
     assert second.bundle["sha256"] == sha and second.job_name != first.job_name
     assert submit_job(second) == 0
     assert "code bundle already in S3" in capsys.readouterr().err
-    assert len(recorder.ops("s3.PutObject")) == 1
+    assert len([r for r in recorder.ops("s3.PutObject") if "/code/" in r[1]]) == 1
     assert len(recorder.ops("s3.CreateBucket")) == 1
     assert {j["TrainingJobName"] for j in client.list_training_jobs()["TrainingJobSummaries"]} == {
         first.job_name,
@@ -319,13 +327,39 @@ def test_create_training_job_errors_are_one_line_with_advice(role, monkeypatch, 
         assert "smaller instance type/count" in line
 
 
-def test_resume_from_reuses_the_earlier_jobs_checkpoints(role):
+@pytest.mark.slow  # three plans and a CLI run (3.5 s before the lease's part, under load)
+def test_resume_from_reuses_the_earlier_jobs_checkpoints(role, capsys):
+    from moto.sagemaker.models import sagemaker_backends
+
     first = plan_job(spec(role, spot=True))
     submit_job(first)
     again = plan_job(spec(role, spot=True, resume_from=first.job_name))
     assert again.request["CheckpointConfig"] == first.request["CheckpointConfig"]
     assert {"Key": "distrain-cloud:lineage", "Value": first.job_name} in again.request["Tags"]
     assert [c.ok for c in again.checks if c.name.startswith("resume from")] == [True]
+
+    # One live attempt per lineage: while the first job runs (moto's jobs complete at once, so its
+    # status is set as SageMaker would show it), `resume` and `submit --resume-from` launch nothing.
+    jobs = sagemaker_backends[ACCOUNT][REGION].training_jobs
+    jobs[first.job_name].training_job_status = "InProgress"
+    code, _, err = run_cli(capsys, "resume", first.job_name, "--yes")
+    busy = (
+        f"lineage {first.job_name} has a live attempt: {first.job_name} (InProgress); one attempt runs at a time: "
+        f"`distrain-cloud status {first.job_name}`, or stop it (`distrain-cloud cancel {first.job_name}`) and "
+        "resume again"
+    )
+    assert code == 2 and err.strip().splitlines() == [f"error: {busy}"]
+    with pytest.raises(LineageBusy, match=re.escape(busy)):
+        submit_job(again)  # as `submit --resume-from` does
+    assert list(jobs) == [first.job_name]
+    jobs[first.job_name].training_job_status = "Stopped"  # ended: the next attempt takes the lease over
+    assert submit_job(again) == 0 and list(jobs) == [first.job_name, again.job_name]
+    bucket, key = again.request["CheckpointConfig"]["S3Uri"].removeprefix("s3://").split("/", 1)
+    import boto3
+
+    lease = key.replace(f"checkpoints/{first.job_name}/", f"leases/{first.job_name}.json")
+    body = json.loads(boto3.client("s3").get_object(Bucket=bucket, Key=lease)["Body"].read())
+    assert (body["job"], body["lineage"]) == (again.job_name, first.job_name)
     with pytest.raises(UserError, match=r"AWS rejected DescribeTrainingJob: Could not find training job"):
         plan_job(spec(role, resume_from="never-ran-20250101-000000-abcd"))
 
