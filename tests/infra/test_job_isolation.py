@@ -105,6 +105,13 @@ def _s3_keys(name: str, plan: dict) -> dict[str, str]:
     }
 
 
+def _lease(keys: dict[str, str]) -> str:
+    from distrain_cloud.launcher.lease import lease_key
+
+    lineage = keys["checkpoints"].rstrip("/").rsplit("/", 1)[1]
+    return lease_key(f"s3://bucket/{keys['checkpoints']}", lineage)[1]
+
+
 def _s3_isolation(bucket: str, creds: dict[str, str], own: dict[str, str], other: dict[str, str], code_key: str):
     """With `creds` under enforced IAM: every call on `other`'s keys and a bundle write -> AccessDenied;
     `own`'s job.json, checkpoints and the bundle's read succeed. Returns the calls that were not denied."""
@@ -135,6 +142,9 @@ def _s3_isolation(bucket: str, creds: dict[str, str], own: dict[str, str], other
             ),
             "delete B's checkpoint": lambda: s3.delete_object(Bucket=bucket, Key=other["checkpoint"]),
             "overwrite a code bundle": lambda: s3.put_object(Bucket=bucket, Key=code_key, Body=b"evil"),
+            # The lineage lease is the launcher's alone: a job can neither free nor forge its own or B's.
+            "rewrite its own lineage's lease": lambda: s3.put_object(Bucket=bucket, Key=_lease(own), Body=b"{}"),
+            "rewrite B's lineage lease": lambda: s3.put_object(Bucket=bucket, Key=_lease(other), Body=b"{}"),
         }
         for what, call in attempts.items():
             try:
