@@ -4,28 +4,46 @@ are one signal; a second Ctrl-C a second later ends the process at once."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
+import time
+
+import pytest
 
 SCRIPT = """
 import os, signal, time
-from distrain_cloud.training.trainer import Trainer
+from distrain_cloud.training.stopping import StopRequest
 
-t = Trainer.__new__(Trainer)  # only the stop state: no model, no Accelerator
-t.stop_signal, t._stop_signal_at, t.signal_received = None, 0.0, False
-t._print = lambda line: print(line, flush=True)
-t._install_signal_handler()
+stop = StopRequest(grace_s=60)
+stop.install(lambda line: print(line, flush=True))
 os.kill(os.getpid(), signal.SIGINT)
 time.sleep(0.05)
 os.kill(os.getpid(), signal.SIGINT)  # a relayed copy
 time.sleep(0.05)
 os.kill(os.getpid(), signal.SIGTERM)  # a backend's stop on top: still the same stop
 time.sleep(0.05)
-print("requested", t.signal_received, t.stop_signal.name, flush=True)
+print("requested", stop.received, stop.signal.name, flush=True)
 time.sleep(1.1)
 os.kill(os.getpid(), signal.SIGINT)  # the user's second Ctrl-C
 time.sleep(5)
 print("still running", flush=True)
+"""
+
+# The main thread inside a C call that never returns (a collective waiting for a dead peer):
+# Python never runs a signal handler there, so the stop's watchdog must not depend on one.
+STUCK = """
+import ctypes, os, signal, sys
+from distrain_cloud.training.stopping import StopRequest
+
+stop = StopRequest(grace_s=float(sys.argv[1]))
+stop.install(lambda line: print(line, flush=True))
+print("training", flush=True)
+ctypes.CDLL(None).pause()  # returns only when a handler ran in C; Python's runs after, if ever
+while True:
+    ctypes.CDLL(None).sleep(3600)
 """
 
 
@@ -37,3 +55,88 @@ def test_copies_are_one_stop_and_a_second_ctrl_c_ends_at_once():
         "requested True SIGINT",
     ]
     assert r.stderr.strip().splitlines() == ["stopped at once (second interrupt): this step is not saved"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_whose_step_never_ends_exits_after_the_grace_saying_nothing_was_saved(sig):
+    from distrain_cloud.training.stopping import STOP_UNSAVED_EXIT_CODE
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUCK, "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "training\n"
+        time.sleep(0.2)  # inside pause()
+        proc.send_signal(sig)
+        started = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert 0.5 <= time.monotonic() - started < 5
+    assert proc.returncode == STOP_UNSAVED_EXIT_CODE, out + err
+    assert err.splitlines() == [
+        f"stopped={sig.name} checkpoint_saved=0: the run did not reach a step boundary and save within 0.5 s "
+        "of the stop (--stop-grace); a resume starts from the checkpoint saved before"
+    ]
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and every process below it, from /proc (torchrun's workers lead sessions of their own)."""
+    from distrain_cloud.training.stopping import ProcessTree
+
+    tree = ProcessTree(root)
+    tree.refresh()
+    return tree.alive()
+
+
+def _running(pids: list[int]) -> list[int]:
+    from distrain_cloud.training.stopping import _start_time, _zombie
+
+    return [pid for pid in pids if _start_time(pid) is not None and not _zombie(pid)]
+
+
+GRACE_S = 3.0
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_stop_ends_every_process_of_a_run_whose_step_never_ends(train):
+    """Rank 1 never finishes step 4 (a peer gone silent, a long compile); rank 0 waits for it inside
+    the all-reduce of step 4, where Python runs no signal handler. A SIGTERM to node_launch still
+    ends every process within the bound, with one line saying no checkpoint was saved."""
+    from distrain_cloud.training.stopping import LAUNCHER_MARGIN_S, STOP_UNSAVED_EXIT_CODE
+
+    flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", "1", "--report-to", "none"]
+    flags += ["--stop-grace", str(GRACE_S)]
+    env = {"DISTRAIN_TEST_HANG_AT_STEP": "3:1"}
+    proc, c, argv = train.popen(*flags, name="stuck", processes=2, env=env)
+    metrics = c.output_dir / "metrics.jsonl"
+    tree: list[int] = []
+    try:
+        deadline = time.monotonic() + 180
+        while (not metrics.is_file() or metrics.read_text().count("\n") < 3) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the run ended before it was signalled"
+            time.sleep(0.1)
+        time.sleep(1.0)  # rank 0 is inside step 4's all-reduce, rank 1 asleep after step 3
+        tree = _tree(proc.pid)  # node_launch, accelerate's launcher, both training processes
+        assert len(tree) >= 4, tree
+        os.kill(proc.pid, signal.SIGTERM)
+        started = time.monotonic()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=GRACE_S + LAUNCHER_MARGIN_S + 10)
+        took = time.monotonic() - started
+        time.sleep(0.5)  # node_launch has exited; what it killed is being reaped
+        left = _running(tree)
+    finally:
+        for pid in _running(tree):  # today's code left the training processes running, orphaned
+            os.kill(pid, signal.SIGKILL)
+    run = train.finish(proc, c, argv, timeout=30)
+    assert left == [], f"still running: {left}\n" + run.describe()
+    assert took < GRACE_S + LAUNCHER_MARGIN_S, run.describe()
+    assert run.returncode == STOP_UNSAVED_EXIT_CODE, run.describe()
+    stopped = [line for line in (run.stdout + run.stderr).splitlines() if line.startswith("stopped=")]
+    assert stopped == [
+        f"stopped=SIGTERM checkpoint_saved=0: the run did not reach a step boundary and save within {GRACE_S:g} s "
+        "of the stop (--stop-grace); a resume starts from the checkpoint saved before"
+    ], run.describe()
+    assert c.complete_checkpoints() == [] and "Traceback" not in run.stderr, run.describe()
