@@ -96,6 +96,8 @@ class StopRequest:
             # has nothing to do (and keeps Ctrl-C from raising KeyboardInterrupt mid-step).
             signal.signal(sig, _noted)
         signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        # A fork (a data loader worker) would otherwise write its own signals into this pipe.
+        os.register_at_fork(after_in_child=_forget_wakeup_fd)
         threading.Thread(target=self._watch, args=(read,), name="distrain-stop", daemon=True).start()
 
     def saved(self) -> None:
@@ -129,6 +131,13 @@ class StopRequest:
 
 def _noted(signum: int, frame: Any) -> None:
     pass
+
+
+def _forget_wakeup_fd() -> None:
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:  # forked from a thread other than the main one: it has no main thread
+        pass
 
 
 def exit_now(line: str | None, code: int) -> None:

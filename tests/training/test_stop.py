@@ -57,7 +57,7 @@ def test_copies_are_one_stop_and_a_second_ctrl_c_ends_at_once():
     assert r.stderr.strip().splitlines() == ["stopped at once (second interrupt): this step is not saved"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_whose_step_never_ends_exits_after_the_grace_saying_nothing_was_saved(sig):
     from distrain_cloud.training.stopping import STOP_UNSAVED_EXIT_CODE
 
@@ -140,3 +140,58 @@ def test_a_stop_ends_every_process_of_a_run_whose_step_never_ends(train):
         "of the stop (--stop-grace); a resume starts from the checkpoint saved before"
     ], run.describe()
     assert c.complete_checkpoints() == [] and "Traceback" not in run.stderr, run.describe()
+
+
+# Two processes as node_launch starts them on CPU (gloo, through accelerate); rank 1 never joins
+# the all-reduce.
+COLLECTIVE = """
+import os, sys, time
+from accelerate import Accelerator
+from distrain_cloud.training.stopping import collective_timeout_handler
+
+acc = Accelerator(cpu=True, kwargs_handlers=[collective_timeout_handler(float(sys.argv[1]))])
+import torch
+
+if acc.process_index == 1:
+    time.sleep(120)
+started = time.monotonic()
+try:
+    acc.reduce(torch.ones(1), "sum")
+except Exception as e:
+    print(f"failed after {time.monotonic() - started:.0f} s: {type(e).__name__}", flush=True)
+    os._exit(3)
+"""
+
+
+@pytest.mark.slow  # two processes importing torch and accelerate: about 5 s
+def test_a_collective_whose_peer_never_comes_fails_after_the_collective_timeout():
+    """Not gloo's 30 minutes of silence (nor DeepSpeed's); accelerate drops an InitProcessGroupKwargs
+    timeout equal to its class default (600 s), so the handler always passes it on."""
+    import datetime
+
+    from distrain_cloud.training.contract import free_port
+    from distrain_cloud.training.stopping import DEFAULT_COLLECTIVE_TIMEOUT_S, collective_timeout_handler
+
+    assert collective_timeout_handler(DEFAULT_COLLECTIVE_TIMEOUT_S).to_kwargs() == {
+        "timeout": datetime.timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT_S)
+    }
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "DISTRAIN_"))}
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", COLLECTIVE, "2"],
+            env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        out, err = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    assert procs[0].returncode == 3, out + err
+    assert out.strip() in ("failed after 2 s: RuntimeError", "failed after 3 s: RuntimeError"), out + err
