@@ -195,3 +195,49 @@ def test_a_collective_whose_peer_never_comes_fails_after_the_collective_timeout(
             p.communicate()
     assert procs[0].returncode == 3, out + err
     assert out.strip() in ("failed after 2 s: RuntimeError", "failed after 3 s: RuntimeError"), out + err
+
+
+# node_launch's own bound, when a training process does not end itself (its watchdog cannot run:
+# a process in uninterruptible sleep, say): a stand-in launcher that ignores SIGTERM (as node_launch
+# starts it) with a deaf "training process" in a session of its own, as torchrun starts them.
+NODE_LAUNCH_BOUND = """
+import os, sys
+from pathlib import Path
+from distrain_cloud.training.node_launch import _run_forwarding_signals
+
+deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+launcher = (
+    "import subprocess, sys, time; "
+    f"p = subprocess.Popen([sys.executable, '-c', {deaf!r}], start_new_session=True); "
+    "open(sys.argv[1], 'w').write(str(p.pid)); time.sleep(600)"
+)
+code = _run_forwarding_signals([sys.executable, "-c", launcher, sys.argv[1]], dict(os.environ), Path("none"), 1.0)
+sys.exit(code)
+"""
+
+
+def test_node_launch_kills_the_whole_tree_that_outlives_its_bound(tmp_path):
+    from distrain_cloud.training.stopping import STOP_UNSAVED_EXIT_CODE
+
+    pid_file = tmp_path / "worker.pid"
+    proc = subprocess.Popen([sys.executable, "-c", NODE_LAUNCH_BOUND, str(pid_file)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        worker = int(pid_file.read_text())
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        time.sleep(0.2)
+        left = _running([worker])
+    finally:
+        proc.kill()
+        if pid_file.is_file():
+            for pid in _running([int(pid_file.read_text())]):
+                os.kill(pid, signal.SIGKILL)
+    assert left == [], err
+    assert proc.returncode == STOP_UNSAVED_EXIT_CODE, err
+    assert err.splitlines() == [
+        "node_launch: training processes still running 1 s after the stop: killing them (no checkpoint saved)"
+    ]
