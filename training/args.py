@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, NoReturn
 
+from .stopping import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_STOP_GRACE_S
 from .strategies import AUTO, BLOCK_COMPILED, PRECISIONS, STRATEGY_CHOICES, provisional_strategy
 
 TASKS = ("classification", "causal-lm", "masked-lm")
@@ -83,6 +84,8 @@ class TrainArgs:
     eval_every: int | None = None
     save_every: int | None = None
     keep_checkpoints: int = 2
+    stop_grace: float = DEFAULT_STOP_GRACE_S  # seconds a stop waits for the step boundary and its save
+    collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # seconds a collective waits for a peer
     # where results go
     report_to: str = "wandb"
     wandb_project: str = "distrain-cloud"
@@ -285,6 +288,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-every", type=int, help="steps between evaluations (always one at the end)")
     g.add_argument("--save-every", type=int, help="steps between checkpoints (also saved on SIGTERM)")
     g.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    g.add_argument(
+        "--stop-grace",
+        type=float,
+        default=d.stop_grace,
+        metavar="SECONDS",
+        help="on SIGTERM/Ctrl-C, how long the step in progress may take to end and its checkpoint to be "
+        "saved; after that every process exits (code 124) saying no checkpoint was saved (default: %(default)g)",
+    )
+    g.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=d.collective_timeout,
+        metavar="SECONDS",
+        help="how long a collective (all-reduce, barrier) waits for a peer that never comes before the job "
+        "fails; also bounds what the main process does while the others wait, such as preparing the data "
+        "(default: %(default)g)",
+    )
     g.add_argument("--report-to", choices=("wandb", "none"), default=d.report_to)
     g.add_argument("--wandb-project", default=d.wandb_project)
     g.add_argument("--wandb-entity")
@@ -434,6 +454,10 @@ def validate(a: TrainArgs) -> None:
         start, sep, end = a.profile_steps.partition(":")
         if not (sep and start.isdigit() and end.isdigit() and int(start) < int(end)):
             raise ArgumentError(f"--profile-steps expects START:END with START < END, got {a.profile_steps!r}")
+    for name in ("stop_grace", "collective_timeout"):
+        value = getattr(a, name)
+        if not 0 < value < float("inf"):  # also refuses nan
+            raise ArgumentError(f"--{name.replace('_', '-')} must be a positive number of seconds, got {value}")
     if not 0.0 < a.validation_fraction < 1.0:
         raise ArgumentError(f"--validation-fraction must be between 0 and 1, got {a.validation_fraction}")
     if a.epochs <= 0:

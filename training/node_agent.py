@@ -1122,7 +1122,14 @@ class Agent:
         return env
 
     def supervise(self, sync: CheckpointSync) -> int:
-        """Run the launcher until it exits, watching for stops and syncing checkpoints beside it."""
+        """Run the launcher until it exits, watching for stops and syncing checkpoints beside it.
+
+        A stop sends SIGTERM to the launcher (node_launch bounds the trainers' stop by their
+        --stop-grace); whatever still runs `stop_grace_s` later is killed, the whole process tree,
+        wherever its processes moved (torchrun's workers lead sessions of their own). The launcher
+        gets SIGTERM too when this agent dies, so no training process outlives it."""
+        from .stopping import ProcessTree, child_dies_with_us
+
         self.contract.output_dir.mkdir(parents=True, exist_ok=True)
         self.work.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
@@ -1131,8 +1138,10 @@ class Agent:
             cwd=self.work,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # a launcher that ignores SIGTERM is killed with all it started
+            start_new_session=True,
+            preexec_fn=child_dies_with_us(signal.SIGTERM),
         )
+        tree, killed = ProcessTree(proc.pid), False
         reader = threading.Thread(target=self._read_output, args=(proc,), daemon=True)
         reader.start()
         syncing = _Periodic(self.settings.poll_s, lambda: sync.tick(), self.sink.agent, "checkpoint sync")
@@ -1144,13 +1153,20 @@ class Agent:
                 if self.stop is None:
                     self.check_stop(training=True)
                 if self.stop is not None and signalled_at is None:
+                    tree.refresh()
                     proc.send_signal(signal.SIGTERM)  # node_launch forwards it to every training process
                     signalled_at = time.monotonic()
-                elif signalled_at is not None and time.monotonic() - signalled_at > self.settings.stop_grace_s:
-                    self.sink.agent(f"the launcher did not stop within {self.settings.stop_grace_s:.0f} s: killing it")
-                    os.killpg(proc.pid, signal.SIGKILL)
+                elif signalled_at is not None:
+                    tree.refresh()  # processes that lost their parent meanwhile stay in sight
+                    if time.monotonic() - signalled_at > self.settings.stop_grace_s and not killed:
+                        grace = self.settings.stop_grace_s
+                        self.sink.agent(f"the launcher did not stop within {grace:.0f} s: killing its processes")
+                        tree.kill()
+                        killed = True
                 self.heartbeat("training")
                 _wait(proc, self.settings.poll_s)
+            if signalled_at is not None and tree.alive():  # left behind by a launcher that exited
+                tree.kill()
         finally:
             reader.join(timeout=30)
             syncing.stop()

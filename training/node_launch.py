@@ -20,6 +20,7 @@ from pathlib import Path
 from . import quiet
 from .args import parse_args
 from .contract import STOP_EXIT_CODES, Contract
+from .stopping import DEFAULT_STOP_GRACE_S, LAUNCHER_MARGIN_S
 from .strategies import ClusterShape, accelerate_config, provisional_strategy
 
 
@@ -28,6 +29,7 @@ class NodeLaunch:
     config: dict
     command: list[str]  # with CONFIG_FILE standing for the rendered config's path
     env: dict[str, str]
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S  # the trainers' --stop-grace
 
 
 CONFIG_FILE = "{config_file}"
@@ -67,7 +69,7 @@ def plan_node(
         "distrain_cloud.training",
         *train_argv,
     ]
-    return NodeLaunch(config, command, env)
+    return NodeLaunch(config, command, env, args.stop_grace)
 
 
 def _count_gpus() -> int:
@@ -122,16 +124,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         flush=True,
     )
     try:
-        code = _run_forwarding_signals(command, {**os.environ, **launch.env}, contract.failure_file)
+        env = {**os.environ, **launch.env, "DISTRAIN_DIE_WITH_LAUNCHER": "1"}  # see Trainer.__init__
+        code = _run_forwarding_signals(command, env, contract.failure_file, launch.stop_grace_s + LAUNCHER_MARGIN_S)
     finally:
         os.unlink(path)
     sys.exit(_exit_code(code, contract))
 
 
-def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_file: Path) -> int:
+def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_file: Path, bound_s: float) -> int:
     """Run accelerate's launcher as a child; SIGTERM/SIGINT (spot interruption, stop, Ctrl-C) go to
-    every training process, which save a checkpoint and exit 143 (SIGTERM) or 130 (SIGINT). A
-    second signal ends them at once (SIGKILL).
+    every training process, which save a checkpoint and exit 143 (SIGTERM) or 130 (SIGINT), or,
+    when their step does not end within --stop-grace, exit 124 saying nothing was saved. A
+    second Ctrl-C ends them at once (SIGKILL). Whatever still runs `bound_s` after the stop (the
+    grace and the launcher's time to exit) is killed, the whole tree, and this exits 124.
+
+    The launcher dies with this process (and the trainers with the launcher: Trainer.__init__), so
+    a node_launch killed outright leaves no training process holding a GPU.
 
     The signal goes to the training processes themselves (found under the launcher), and the
     launcher's own process ignores both signals (the training processes take the defaults
@@ -151,6 +159,7 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
     import time
 
     from .contract import SECOND_INTERRUPT_S
+    from .stopping import STOP_UNSAVED_EXIT_CODE, ProcessTree, child_dies_with_us, is_unsaved_line
 
     def ignore_stops() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -158,15 +167,19 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
 
     # Without /proc the training processes cannot be found: the launcher then keeps the defaults.
     reachable = Path("/proc/self").is_dir()
-    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, preexec_fn=ignore_stops if reachable else None)
+    preexec = child_dies_with_us(signal.SIGKILL, then=ignore_stops if reachable else None)
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, preexec_fn=preexec)
+    tree = ProcessTree(proc.pid)
     stopping: list[tuple[int, float]] = []  # (signal, when)
     held: list[str] = []
+    unsaved: list[str] = []  # a trainer's line saying its stop saved nothing
 
     def forward(signum, frame):
         # A second Ctrl-C (not a copy of the first: see SECOND_INTERRUPT_S) kills.
         now = time.monotonic()
         second = bool(stopping) and signum == signal.SIGINT and now - stopping[0][1] >= SECOND_INTERRUPT_S
         stopping.append((signum, now))
+        tree.refresh()  # while every process still hangs below the launcher
         for pid in [proc.pid, *_training_processes(proc.pid)]:
             try:
                 os.kill(pid, signal.SIGKILL if second else signum)
@@ -179,24 +192,44 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
             line = raw.decode(errors="replace")
             if quiet.is_noise(line):
                 continue
-            if held or "torch/distributed/elastic" in line or line.startswith("Traceback (most recent call"):
+            if is_unsaved_line(line):  # the stop's one line: shown even among held lines
+                unsaved.append(line)
+            elif held or "torch/distributed/elastic" in line or line.startswith("Traceback (most recent call"):
                 held.append(line)
-            else:
-                sys.stderr.write(line)
-                sys.stderr.flush()
+                continue
+            sys.stderr.write(line)
+            sys.stderr.flush()
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     reader = threading.Thread(target=relay, daemon=True)
     reader.start()
+    killed = False
     try:
-        code = proc.wait()
-        reader.join()
+        while True:
+            try:
+                code = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if stopping:
+                tree.refresh()  # processes that left the launcher's group or lost their parent meanwhile
+                if time.monotonic() - stopping[0][1] > bound_s and not killed:
+                    sys.stderr.write(
+                        f"node_launch: training processes still running {bound_s:g} s after the stop: "
+                        "killing them (no checkpoint saved)\n"
+                    )
+                    sys.stderr.flush()
+                    tree.kill()
+                    killed = True
+        reader.join(timeout=10)  # the pipe ends when every process holding it has
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if held and not (code != 0 and (failure_file.is_file() or stopping)):
         sys.stderr.write("".join(held))
-    return 128 + stopping[0][0] if stopping and code != 0 else code
+    if stopping and code != 0:
+        return STOP_UNSAVED_EXIT_CODE if unsaved or killed else 128 + stopping[0][0]
+    return code
 
 
 def _training_processes(root: int) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import functools
 import importlib.util
 import json
@@ -22,8 +23,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .args import ArgumentError, TrainArgs, default_lr
-from .contract import INTERRUPT_EXIT_CODE, SECOND_INTERRUPT_S, STOP_EXIT_CODE, Contract, free_port
+from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .profiling import Profiler
+from .stopping import StopRequest, collective_timeout_handler, die_with_parent
 from .strategies import (
     AUTO,
     Strategy,
@@ -74,11 +76,11 @@ class Trainer:
         self.strategy = provisional_strategy(args.strategy)
         self.auto_why: str | None = None
         self.graph_sharded = False  # fsdp sharded inside the compiled graph (graph_fsdp.py): setup decides
-        self.signal_received = False  # set by the SIGTERM/SIGINT handler, at any moment
-        self.stop_signal: signal.Signals | None = None  # the first of them, which names the stop
-        self._stop_signal_at = 0.0
+        self.stopping = StopRequest(args.stop_grace)  # SIGTERM/SIGINT, at any moment, bounded (stopping.py)
         self.stop_requested = False  # acted on at step boundaries, by every process at once
         self._born = time.perf_counter()
+        if os.environ.get("DISTRAIN_DIE_WITH_LAUNCHER"):  # node_launch's: no trainer outlives its launcher
+            die_with_parent(signal.SIGKILL)
 
     # ------------------------------------------------------------------ setup
 
@@ -215,7 +217,6 @@ class Trainer:
             DataLoaderConfiguration,
             DeepSpeedPlugin,
             FullyShardedDataParallelPlugin,
-            InitProcessGroupKwargs,
         )
 
         a = self.args
@@ -223,14 +224,16 @@ class Trainer:
         # them for a compiled step wherever the default may compile (CUDA).
         compiling = a.compile if a.compile is not None else cuda
         bucket_mb, slow_link = ddp_buckets_for(a, compiling, self.slow_link)
-        handlers: list[Any] = [_ddp_kwargs(a.ddp_reduce_dtype, bucket_mb)]
-        ds_plugin = None
+        ds_plugin, backend = None, None
         if self.strategy.uses_deepspeed:
             ds_plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config_for(a, world))
             if not cuda:
                 # Without a named backend accelerate counts one process under DeepSpeed on
                 # CPU while DeepSpeed sees them all; gloo makes both agree.
-                handlers.append(InitProcessGroupKwargs(backend="gloo"))
+                backend = "gloo"
+        # A collective whose peer never comes fails after --collective-timeout instead of hanging.
+        handlers: list[Any] = [_ddp_kwargs(a.ddp_reduce_dtype, bucket_mb)]
+        handlers.append(collective_timeout_handler(a.collective_timeout, backend))
         fsdp_plugin = None
         if self.strategy is Strategy.fsdp and not self.graph_sharded:
             fsdp_plugin = FullyShardedDataParallelPlugin(**fsdp_plugin_settings())
@@ -489,7 +492,8 @@ class Trainer:
 
         acc = self.accelerator
         if not dist.is_initialized():  # one process: Accelerate starts no group, the gathers need one
-            dist.init_process_group("nccl" if acc.device.type == "cuda" else "gloo")
+            timeout = datetime.timedelta(seconds=self.args.collective_timeout)
+            dist.init_process_group("nccl" if acc.device.type == "cuda" else "gloo", timeout=timeout)
         model.to(acc.device)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(acc.mixed_precision, torch.float32)
         weights = graph_fsdp.shard_model(model, dtype)
@@ -589,7 +593,7 @@ class Trainer:
                     "rest of this epoch may repeat examples already trained on, or skip some"
                 )
         self._start_tracking(state)
-        self._install_signal_handler()
+        self.stopping.install(self._print, speaks=acc.is_local_main_process)
         self.contract.output_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_file = self.contract.output_dir / "metrics.jsonl"
 
@@ -671,7 +675,8 @@ class Trainer:
         profiler.close()
         if self.stop_requested:  # the loop saved a checkpoint at the step it stopped
             # A process told by the others (it saw no signal itself) stops as SIGTERM would.
-            sig = self.stop_signal or signal.SIGTERM
+            self.stopping.saved()
+            sig = self.stopping.signal or signal.SIGTERM
             self._print(f"stopped={sig.name} step={state.step} checkpoint_saved=1")
             acc.end_training()
             sys.exit(INTERRUPT_EXIT_CODE if sig == signal.SIGINT else STOP_EXIT_CODE)
@@ -939,37 +944,17 @@ class Trainer:
         if url:  # once, where the job's log shows it: the launcher may not know the entity
             self._print(f"wandb_run={url}")
 
-    def _install_signal_handler(self) -> None:
-        """SIGTERM (a backend's stop, a spot notice) and SIGINT (Ctrl-C) both stop at the next step
-        with a checkpoint. A second Ctrl-C ends the process at once. The same signal relayed by
-        each launcher in between (accelerate's, torchrun's agent) arrives within milliseconds of
-        the first: only one a second or more later counts as the user's second Ctrl-C."""
-
-        def request_stop(signum, frame):
-            now = time.monotonic()
-            if self.stop_signal is None:
-                self.stop_signal, self._stop_signal_at = signal.Signals(signum), now
-                if signum == signal.SIGINT:
-                    self._print("stopping: saving a checkpoint at the end of this step (Ctrl-C again ends at once)")
-            elif signum == signal.SIGINT and now - self._stop_signal_at >= SECOND_INTERRUPT_S:
-                print("stopped at once (second interrupt): this step is not saved", file=sys.stderr, flush=True)
-                os._exit(INTERRUPT_EXIT_CODE)
-            self.signal_received = True
-
-        signal.signal(signal.SIGTERM, request_stop)
-        signal.signal(signal.SIGINT, request_stop)
-
     def _check_stop(self, step: int) -> None:
         acc = self.accelerator
         if acc.num_processes == 1:
-            self.stop_requested = self.signal_received
+            self.stop_requested = self.stopping.received
             return
         # Every process must agree before a collective save; agree at log steps only,
         # so the common case costs no extra synchronisation.
         if step % self.args.log_every == 0:
             import torch
 
-            flag = torch.tensor(float(self.signal_received), device=acc.device)
+            flag = torch.tensor(float(self.stopping.received), device=acc.device)
             self.stop_requested = acc.reduce(flag, "sum").item() > 0
 
     def _log_train(self, step: int, window: _Window) -> None:
@@ -1270,6 +1255,12 @@ def _maybe_die_for_test(step: int) -> None:
     # And a failure no check foresaw (a library's error, a bug), to prove it is still one line.
     if os.environ.get("DISTRAIN_TEST_RAISE_AT_STEP") == str(step):
         raise RuntimeError(f"injected failure at step {step}")
+    # And a process whose next step never ends (a peer gone silent, a stuck collective): the others
+    # wait for it inside their next collective.
+    hang = os.environ.get("DISTRAIN_TEST_HANG_AT_STEP", "").split(":")  # STEP[:RANK]
+    if hang[0] == str(step) and os.environ.get("RANK", "0") == (hang[1:] or ["0"])[0]:
+        while True:
+            time.sleep(3600)
 
 
 def _inductor_or_eager(mode: str, say):

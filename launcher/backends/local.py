@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,12 @@ from typing import TYPE_CHECKING, Any
 from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 from distrain_cloud.training.contract import STOP_EXIT_CODES, Contract, free_port
 from distrain_cloud.training.node_launch import plan_node
+from distrain_cloud.training.stopping import (
+    LAUNCHER_MARGIN_S,
+    STOP_UNSAVED_EXIT_CODE,
+    ProcessTree,
+    child_dies_with_us,
+)
 from distrain_cloud.training.strategies import choose_precision, parse_strategy, plan_configs
 
 from ..jobs import JobRef
@@ -101,9 +108,13 @@ class LocalBackend:
 
         from ..memory import planned_run
 
+        train_args = parse_args(argv)
+        # How long a stop may take before this process kills what is left: the trainers' grace,
+        # node_launch's margin, and one more for node_launch's own end.
+        stop_bound_s = train_args.stop_grace + 2 * LAUNCHER_MARGIN_S
         # As the job will resolve --strategy auto, but for the GPUs' link, which the job checks itself.
         train, shown = planned_run(
-            parse_args(argv),
+            train_args,
             world_size=processes,
             nodes=1,
             gpu_model=None,
@@ -137,7 +148,7 @@ class LocalBackend:
                 **({"resumes": f"{spec.resume_from} (lineage {lineage}: {checkpoints})"} if spec.resume_from else {}),
                 **({"wandb": wandb} if wandb else {}),
             },
-            request={"command": command, "env": env, "cwd": str(root)},
+            request={"command": command, "env": env, "cwd": str(root), "stop_bound_s": stop_bound_s},
             configs=configs,
             checks=checks,
             payload={"spec": spec, "record": {"lineage": lineage, "resumed_from": spec.resume_from}},
@@ -155,7 +166,8 @@ class LocalBackend:
         env = {**os.environ, **plan.request["env"]}
         with open(root / "job.log", "wb") as log:
             # A process group of its own: a terminal's Ctrl-C reaches this process only, which
-            # passes it on once (the node launcher signals each training process).
+            # passes it on once (the node launcher signals each training process). This process
+            # ending any other way (killed, its terminal closed) stops the job as SIGTERM does.
             proc = subprocess.Popen(
                 plan.request["command"],
                 cwd=root,
@@ -163,11 +175,28 @@ class LocalBackend:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 process_group=0,
+                preexec_fn=child_dies_with_us(signal.SIGTERM),
             )
             lineage_launched(plan)  # the job's process exists: its status decides the lease from now on
             # Who runs it, so that `status` can tell a job still running from one killed with us.
             _write_status(root, "InProgress", pid=proc.pid, host=socket.gethostname())
-            forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
+            tree, killed, timers = ProcessTree(proc.pid), threading.Event(), list[threading.Timer]()
+            bound = float(plan.request.get("stop_bound_s", 80.0))
+
+            def kill_after_bound() -> None:
+                if proc.poll() is None:
+                    print(f"job {plan.job_name}: still running {bound:g} s after the stop: killing it", file=sys.stderr)
+                    killed.set()
+                    tree.kill()  # every process, in whatever group or session it moved to
+
+            def forward(signum: int, frame: Any) -> None:
+                if not timers:  # the first stop starts the clock
+                    tree.refresh()
+                    timers.append(threading.Timer(bound, kill_after_bound))
+                    timers[0].daemon = True
+                    timers[0].start()
+                proc.send_signal(signum)
+
             previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
             shown = TerminalProgress(sys.stdout)
             try:
@@ -176,15 +205,19 @@ class LocalBackend:
                     shown.write(line)
                     log.write(line)
                 code = proc.wait()
+                if killed.is_set():
+                    code = STOP_UNSAVED_EXIT_CODE
             finally:
                 shown.close()
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
         failure = root / "output" / "failure"
         detail = failure.read_text().strip().removeprefix("error: ") if code and failure.is_file() else ""
-        status = "Completed" if code == 0 else ("Stopped" if code in STOP_EXIT_CODES else "Failed")
+        stopped = code in STOP_EXIT_CODES or (code == STOP_UNSAVED_EXIT_CODE and bool(timers))
+        status = "Completed" if code == 0 else ("Stopped" if stopped else "Failed")
         if status == "Stopped":
-            detail = "stopped on request (Ctrl-C or SIGTERM); resume with --resume-from " + plan.job_name
+            saved = "" if code in STOP_EXIT_CODES else ", no checkpoint saved: the step in progress did not end in time"
+            detail = f"stopped on request (Ctrl-C or SIGTERM){saved}; resume with --resume-from " + plan.job_name
         elif status == "Failed" and not detail:
             detail = f"training exited with code {code} (see {root / 'job.log'})"
         _write_status(root, status, code, detail=detail)

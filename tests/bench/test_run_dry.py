@@ -271,3 +271,42 @@ def test_graph_sharding_trains_like_ddp_with_its_collectives_in_one_graph():
     for side in sides:
         assert (rows[side]["graphs"], rows[side]["graph breaks"]) == ("1", "0"), rows[side]
         assert rows[side]["last losses"] == rows["ddp"]["last losses"]  # to 4 decimals
+
+
+# A run that outlives its timeout: it dies of the bench's SIGTERM, but its worker moved to a session
+# of its own (as torchrun's workers do) and ignores SIGTERM.
+STUCK_RUN = """
+import signal, subprocess, sys, time
+deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+worker = subprocess.Popen([sys.executable, "-c", deaf], start_new_session=True)
+open(sys.argv[1], "w").write(str(worker.pid))
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow  # a 2 s timeout and a 0.5 s grace
+def test_a_runs_timeout_ends_its_whole_process_tree(tmp_path):
+    """A timed-out run's rank stayed alive over 14 minutes holding 8.8 GiB of a GPU: the bench
+    killed the run's process group, and torchrun's workers lead sessions of their own."""
+    import argparse
+    import time
+
+    bench = _bench()
+    pid_file = tmp_path / "worker.pid"
+    ctx = bench.Ctx(argparse.Namespace(), 0, tmp_path, tmp_path, tmp_path, tmp_path, cpu=True, peak=1.0)
+    runner = bench.Runner(ctx, tmp_path / "out", None, None)
+    runner.stop_grace_s = 0.5
+    cmd = [sys.executable, "-c", STUCK_RUN, str(pid_file)]
+    run = bench.Run("stuck", "hf_trainer", "stuck", cmd, 1, "tiny-gpt2", "lm", "ddp", 128, 1, 1, 1, 0, 1, timeout=2)
+    started = time.monotonic()
+    try:
+        res = runner.execute(run)
+        worker = int(pid_file.read_text())
+        time.sleep(0.2)
+        alive = Path(f"/proc/{worker}").exists() and " Z " not in Path(f"/proc/{worker}/stat").read_text()
+    finally:
+        if pid_file.is_file():
+            subprocess.run(["kill", "-9", pid_file.read_text()], capture_output=True, check=False)
+    assert res["status"] == "TIMEOUT (2s)"
+    assert not alive, "the run's worker outlived its timeout"
+    assert time.monotonic() - started < 10

@@ -409,3 +409,39 @@ def test_an_unforeseen_failure_is_one_line_with_its_traceback_in_a_file(cli, tmp
     status = json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)
     assert (status["status"], status["exit_code"]) == ("Failed", 1)
     assert status["detail"].startswith("RuntimeError: injected failure at step 2")
+
+
+@pytest.mark.slow
+def test_a_job_whose_cli_is_killed_does_not_run_on(cli, tmp_path):
+    """The job leads a process group of its own (a terminal's Ctrl-C reaches the CLI alone); a CLI
+    killed outright (kill -9, the OOM killer) left it training with nobody to stop it or read its
+    output. Now its node launcher gets SIGTERM when the CLI dies: every process of the job ends
+    within the stop's bound."""
+    from distrain_cloud.training.stopping import ProcessTree
+
+    # Silent (no step lines, which would fail on the CLI's closed pipe); a checkpoint a step shows progress.
+    flags = ["--max-steps", "100000", "--save-every", "1", "--log-every", "1000", "--stop-grace", "10"]
+    proc = _start_cli(tmp_path, *flags)
+    root, job = None, None
+    try:
+
+        def training() -> bool:
+            nonlocal root
+            root = _job_root(tmp_path)
+            return root is not None and any((root / "checkpoints").glob("checkpoint-*/COMPLETE"))
+
+        _wait_for(training, proc)
+        assert root is not None
+        job = ProcessTree(json.loads((root / "status.json").read_text())["pid"])
+        job.refresh()  # node_launch, accelerate's launcher, the trainer
+        assert len(job.alive()) >= 3, job.seen
+        os.kill(proc.pid, signal.SIGKILL)  # the CLI alone
+        proc.communicate(timeout=30)
+        gone = job.wait_gone(10 + 20)  # --stop-grace and the launchers' margins
+        left = job.alive()
+    finally:
+        if proc.poll() is None:
+            _kill_everything(proc, root)
+        if job is not None:
+            job.kill()  # what a failed assertion (or today's code) left running
+    assert gone, f"the job's processes outlived its CLI: {left}"

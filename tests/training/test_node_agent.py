@@ -526,6 +526,13 @@ print(f"main_addr={os.environ['DISTRAIN_MAIN_ADDR']} resumed={start} secrets={se
 for step in range(start + 1, int(os.environ.get("FAKE_STEPS", "1000")) + 1):
     time.sleep(0.05)
     print(f"step={step} train_loss=1.0", flush=True)
+    if os.environ.get("FAKE_STUCK"):  # deaf to SIGTERM, with a worker in a session of its own (as torchrun's)
+        import subprocess
+        deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+        worker = subprocess.Popen([sys.executable, "-c", deaf], start_new_session=True)
+        Path(os.environ["FAKE_STUCK"]).write_text(str(worker.pid))
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(600)
     if os.environ.get("FAKE_PEER_LOST_AT") == str(step):  # what gloo says when the other node's process died
         print("RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1", flush=True)
         sys.exit(1)
@@ -941,6 +948,27 @@ def test_sigterm_to_the_agent_stops_every_node(cluster):
         0: ("Stopped", "node 0's instance is shutting down"),
         1: ("Stopped", "node 0's instance is shutting down"),
     }
+
+
+@pytest.mark.slow  # a spot notice and a 1 s grace: about 8 s on 2 busy cores
+def test_a_launcher_deaf_to_the_stop_is_killed_with_every_process_below_it(cluster):
+    """After stop_grace_s the agent kills the launcher's whole tree: a process that left the
+    launcher's session (torchrun's workers lead their own) survived the kill of its group."""
+    c = cluster(nodes=1)
+    c.settings = dataclasses.replace(c.settings, stop_grace_s=1)
+    pid_file = c.tmp_path / "worker.pid"
+    c.env[0]["FAKE_STUCK"] = str(pid_file)
+    c.once_training(c.imds[0].set_spot_notice)
+    started = time.monotonic()
+    results = c.run(timeout=60)
+    worker = int(pid_file.read_text())
+    try:
+        assert not Path(f"/proc/{worker}").exists() or " Z" in Path(f"/proc/{worker}/stat").read_text()[:64]
+    finally:
+        subprocess.run(["kill", "-9", str(worker)], capture_output=True, check=False)
+    assert results[0].status == "Interrupted"
+    assert time.monotonic() - started < 30  # not the reader's 30 s wait on a pipe the worker held
+    assert "did not stop within 1 s: killing its processes" in (c.tmp_path / "node0" / "node-agent.log").read_text()
 
 
 def agent_process(env: dict[str, str], job_uri: str, job_sha256: str = "0" * 64) -> subprocess.CompletedProcess[str]:
