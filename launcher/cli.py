@@ -125,7 +125,7 @@ def submit(
     input_: Annotated[list[str] | None, typer.Option("--input", help="CHANNEL=S3-URI-or-path; repeatable")] = None,
     image_uri: Annotated[str | None, typer.Option("--image-uri", help="SageMaker: explicit training image")] = None,
     role: Annotated[
-        str | None, typer.Option("--role", help="SageMaker: execution role name or ARN (default: the stack's)")
+        str | None, typer.Option("--role", help="SageMaker: execution role name or ARN (default: the job's own)")
     ] = None,
     stack: Annotated[
         str | None,

@@ -6,7 +6,7 @@ a lineage (the first submit, `resume`, `submit --resume-from`, a `--spot --wait`
 the lineage's lease in `api.submit_job`, and a start that finds it held by a live attempt is
 refused in one line naming that attempt.
 
-Where the lease lives (docs/fragments/lease.md says why):
+Where the lease lives (docs/decisions.md says why):
 - cloud lineages: `s3://<bucket>/<prefix>/leases/<lineage>.json`, beside the lineage's
   `<prefix>/checkpoints/<lineage>/`, not inside it: only launchers write there (a job's own
   credentials reach its lineage's checkpoints, and SageMaker syncs that whole folder into the job);

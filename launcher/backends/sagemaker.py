@@ -81,7 +81,7 @@ class SageMakerBackend:
 
     def plan(self, spec: JobSpec) -> Plan:
         """Everything that will be sent, without one AWS call. What only AWS knows (the account,
-        the stack's role and bucket, a previous job's checkpoints) is a placeholder until preflight."""
+        so the job role's ARN, the stack's bucket, a previous job's checkpoints) is a placeholder until preflight."""
         from ..bundle import build_bundle
         from ..catalog import lookup
         from ..images import choose_training_image
@@ -207,8 +207,8 @@ class SageMakerBackend:
         )
 
     def preflight(self, plan: Plan) -> Plan:
-        """The plan checked against AWS (read-only calls): region, account, the role (or the
-        stack's), the bucket, a resumed job's checkpoints, the instance quota."""
+        """The plan checked against AWS (read-only calls): region, account, the role (--role's, or
+        the job's own), the bucket, a resumed job's checkpoints, the instance quota."""
         from distrain_cloud.infra import aws, resources
 
         spec, parts = plan.payload["spec"], plan.payload["parts"]
