@@ -204,8 +204,7 @@ def _ec2_state(holder: dict[str, Any], where: str) -> tuple[bool, str] | None:
     region, bucket, prefix, name = holder["region"], holder["bucket"], holder["prefix"], holder["job"]
     try:
         with aws.translate_errors():
-            key = f"{ec2._job_prefix(prefix, name)}/job.json"
-            description = ec2._read_json(aws.client("s3", region), bucket, key)
+            description = ec2.read_description(aws.client("s3", region), bucket, prefix, name)
             if description is None:
                 return None
             info = ec2.BACKEND._status(JobRef(name, "ec2", region), region, bucket, prefix, description)

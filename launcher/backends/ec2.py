@@ -431,13 +431,17 @@ class Ec2Backend:
         job_role.create(role)  # the job's own identity first: nothing below runs without it
         try:
             with aws.translate_errors():
-                # Written before RunInstances: every instance that may exist has its description.
-                aws.client("s3", parts.region).put_object(
-                    Bucket=where.bucket,
-                    Key=key,
-                    Body=plan.payload["job_json"],  # exactly the bytes whose sha256 the user data pins
-                    ContentType="application/json",
-                )
+                # Written before RunInstances: every instance that may exist has its description. The
+                # launcher's own copy (out of the job role's reach) is what status and resume trust;
+                # the job's copy is what its nodes read, pinned by its sha256 in the user data.
+                s3 = aws.client("s3", parts.region)
+                for at in (submitted_key(parts.prefix, parts.job_name), key):
+                    s3.put_object(
+                        Bucket=where.bucket,
+                        Key=at,
+                        Body=plan.payload["job_json"],  # exactly the bytes whose sha256 the user data pins
+                        ContentType="application/json",
+                    )
             ids = launch(plan.request, where, parts)
         except BaseException:
             _retire_quietly(role.name)  # nothing was launched: its role goes too
@@ -503,12 +507,10 @@ class Ec2Backend:
                 names += [(n, bucket, prefix) for n in _job_names(s3, bucket, prefix)]
             names.sort(key=lambda item: _created_key(item[0]), reverse=True)
             for name, bucket, prefix in names[:limit]:
-                key = f"{_job_prefix(prefix, name)}/job.json"
                 try:
-                    description = _read_json(s3, bucket, key)
+                    description = read_description(s3, bucket, prefix, name)
                     if description is None:
                         continue
-                    check_description(description, name, f"s3://{bucket}/{key}")
                     found = job_files(s3, bucket, prefix, name)
                 except UserError as e:  # one broken job must not hide the others
                     print(printable(f"note: skipped EC2 job {name}: {e}"), file=sys.stderr)
@@ -879,7 +881,7 @@ def _previous_attempt(job_name: str, bucket: str, parts: _Parts, checks: list[Ch
     from distrain_cloud.infra import aws
 
     s3 = aws.client("s3", parts.region)
-    previous = _read_json(s3, bucket, f"{_job_prefix(parts.prefix, job_name)}/job.json")
+    previous = read_description(s3, bucket, parts.prefix, job_name)
     if previous is None:
         raise UserError(
             f"--resume-from {job_name}: no EC2 job of that name in s3://{bucket}/{parts.prefix}/jobs/ "
@@ -1044,14 +1046,30 @@ def described(job: JobRef) -> tuple[str, str, str, dict[str, Any]]:
 
     region = aws.region(job.region)
     bucket, prefix = job_location(job.name, region)
-    key = f"{_job_prefix(prefix, job.name)}/job.json"
     with aws.translate_errors():
-        description = _read_json(aws.client("s3", region), bucket, key)
+        description = read_description(aws.client("s3", region), bucket, prefix, job.name)
     if description is None:
         raise UserError(
             f"no EC2 job {job.name} in s3://{bucket}/{prefix}/jobs/ ({region}); `distrain-cloud ls` lists the jobs"
         )
-    return region, bucket, prefix, check_description(description, job.name, f"s3://{bucket}/{key}")
+    return region, bucket, prefix, description
+
+
+def submitted_key(prefix: str, job_name: str) -> str:
+    """The launcher's copy of job `job_name`'s job.json: outside `jobs/<job>/`, which the job's own
+    role may rewrite, so what `status`, `ls` and `resume` trust (the flags, instance and node count
+    of the next attempt among it) is what the launcher wrote."""
+    return "/".join(p for p in (prefix.strip("/"), "submitted", f"{job_name}.json") if p)
+
+
+def read_description(s3: Any, bucket: str, prefix: str, job_name: str) -> dict[str, Any] | None:
+    """Job `job_name`'s description, checked: the launcher's copy, else (a job submitted before
+    there was one) the job's own job.json; None when there is neither."""
+    for key in (submitted_key(prefix, job_name), f"{_job_prefix(prefix, job_name)}/job.json"):
+        description = _read_json(s3, bucket, key)
+        if description is not None:
+            return check_description(description, job_name, f"s3://{bucket}/{key}")
+    return None
 
 
 def _places(region: str) -> list[tuple[str, str]]:

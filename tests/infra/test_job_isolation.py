@@ -145,6 +145,12 @@ def _s3_isolation(bucket: str, creds: dict[str, str], own: dict[str, str], other
             # The lineage lease is the launcher's alone: a job can neither free nor forge its own or B's.
             "rewrite its own lineage's lease": lambda: s3.put_object(Bucket=bucket, Key=_lease(own), Body=b"{}"),
             "rewrite B's lineage lease": lambda: s3.put_object(Bucket=bucket, Key=_lease(other), Body=b"{}"),
+            # The launcher's copy of job.json (what status and resume trust) is out of its job's reach.
+            "rewrite its own job.json's launcher copy": lambda: s3.put_object(
+                Bucket=bucket,
+                Key=own["job.json"].replace("/jobs/", "/submitted/").replace("/job.json", ".json"),
+                Body=b"{}",
+            ),
         }
         for what, call in attempts.items():
             try:

@@ -176,6 +176,7 @@ def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once
     assert writes == [
         ("s3.PutObject", lease),
         ("s3.PutObject", code),
+        ("s3.PutObject", f"distrain-cloud/submitted/{job}.json"),  # the launcher's copy, out of the job's reach
         ("s3.PutObject", description),
         ("ec2.RunInstances", None),
     ]
@@ -193,6 +194,8 @@ def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once
 
     uploaded = boto3.client("s3").get_object(Bucket="stack-bucket", Key=f"distrain-cloud/jobs/{job}/job.json")
     pin = hashlib.sha256(uploaded["Body"].read()).hexdigest()
+    launchers = boto3.client("s3").get_object(Bucket="stack-bucket", Key=f"distrain-cloud/submitted/{job}.json")
+    assert hashlib.sha256(launchers["Body"].read()).hexdigest() == pin  # the same bytes
     assert f" --job-sha256 {pin} " in plan.request["UserData"]
     assert description["bucket"] == "stack-bucket" and description["log_group"] == LOG_GROUP
     assert description["checkpoint_uri"] == f"s3://stack-bucket/distrain-cloud/checkpoints/{job}/"
@@ -548,9 +551,19 @@ def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, caps
     assert node["ClientToken"] == f"{new}-a2" and node["InstanceLifecycle"] == "spot"
     assert {t["Key"]: t["Value"] for t in node["Tags"]}["distrain-cloud:lineage"] == job
 
-    # From a machine with no record of it, the spec comes from the job description in S3.
+    # From a machine with no record of it, the spec comes from the job description in S3: the
+    # launcher's copy, not the job.json the job's own code may rewrite (here: 8 nodes of p4d, another lineage).
     for record in job_records.glob("*.json"):
         record.unlink()
+    import boto3
+
+    hostile = s3_json(f"distrain-cloud/jobs/{new}/job.json")
+    hostile["spec"].update(nodes=8, instance="p4d.24xlarge")
+    hostile.update(lineage="someone-elses", nodes=8)
+    boto3.client("s3").put_object(
+        Bucket="stack-bucket", Key=f"distrain-cloud/jobs/{new}/job.json", Body=json.dumps(hostile).encode()
+    )
+    assert s3_json(f"distrain-cloud/submitted/{new}.json")["spec"]["nodes"] == 2
     code, out, err = run_cli(capsys, "resume", new, "--backend", "ec2", "--region", REGION, "--dry-run")
     assert code == 0 and f"lineage: <lineage of {new}>, attempt <next>" in out, err  # known only to AWS
     # While attempt 2 runs, the lineage's lease (and its holder's status, read from S3) refuses a third.
@@ -564,6 +577,7 @@ def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, caps
     third = next(line.split()[1].rstrip(":") for line in err.splitlines() if line.startswith("submitted "))
     description = s3_json(f"distrain-cloud/jobs/{third}/job.json")
     assert (description["lineage"], description["attempt"], description["nodes"]) == (job, 3, 2)
+    assert description["instance_type"] == "g4dn.12xlarge"
 
 
 @pytest.mark.slow
