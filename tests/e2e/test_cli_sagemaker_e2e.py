@@ -231,7 +231,10 @@ def test_status_of_an_unknown_job_is_one_line(cli, env, tmp_path):
     r = cli("status", "no-such-job", "--region", REGION, env=env, cwd=tmp_path)
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
-    assert line.startswith("error: AWS rejected DescribeTrainingJob:")
+    assert line.startswith("error: no job named no-such-job is known (no record on this machine and no folder ")
+    assert line.endswith(
+        f"none on SageMaker in {REGION}); an EC2 job submitted from another machine: add --backend ec2"
+    )
 
 
 def test_submit_with_only_region_flag_and_no_configured_region(cli, moto_server, env, role, tmp_path):
