@@ -196,3 +196,21 @@ def translate_errors() -> Iterator[None]:
         ) from exc
     except bx.ClientError as exc:
         raise _client_error(exc) from exc
+
+
+def configured() -> tuple[str | None, str]:
+    """(the configured region, "") when AWS is set up enough to look something up, else (None,
+    what is missing). Sends no AWS request (botocore's credential chain may ask an instance's
+    metadata service, as any client would)."""
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        name = _configured_region()
+        if not name:
+            return None, "no AWS region is configured"
+        import boto3
+
+        credentials = boto3.session.Session().get_credentials()
+    except BotoCoreError as e:  # a profile that is not there or does not parse
+        return None, f"the AWS configuration could not be read: {_one_line(str(e), 200)}"
+    return (name, "") if credentials is not None else (None, "no AWS credentials are configured")

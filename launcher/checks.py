@@ -25,11 +25,12 @@ _DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt")
 def offline_checks(spec: JobSpec, plan: Plan) -> list[Check]:
     from distrain_cloud.training.args import ArgumentError, parse_args
 
+    argv = spec.training_argv("no", plan.job_name)
     try:
-        args = parse_args(spec.training_argv("no", plan.job_name))
+        args = parse_args(argv)
     except ArgumentError:
         return []  # the backend's plan names the bad flag itself
-    checks = [_learning_rate(args), _task_fits_preset(args)]
+    checks = [_learning_rate(args), _task_fits_preset(args), _builtin_dataset(args), _config_overrides(args, argv)]
     if plan.backend == "local":
         checks += _local_data_files(args, Path(plan.request["cwd"]))
         checks.append(_processes_fit_cores(plan))
@@ -48,6 +49,58 @@ def _task_fits_preset(args: TrainArgs) -> Check | None:
     ok = preset not in _CAUSAL_PRESETS
     detail = "" if ok else f"preset {preset} is GPT-2, which has no masked-LM head: add --preset tiny-bert"
     return Check("task masked-lm fits the model", ok, detail)
+
+
+def _builtin_dataset(args: TrainArgs) -> Check | None:
+    from distrain_cloud.training.data import BUILTIN
+
+    dataset = args.dataset or ""
+    if not dataset.startswith("builtin:"):
+        return None
+    ok = dataset.removeprefix("builtin:") in BUILTIN
+    choices = " or ".join(f"builtin:{b}" for b in BUILTIN)
+    return Check(f"--dataset {dataset} is a builtin", ok, "" if ok else f"no such builtin: choose {choices}")
+
+
+# The child of _config_overrides: a config is read without torch (transformers imports it when it
+# can, 2-3 s) and without the Hub (a plan sends nothing).
+_OVERRIDES_CHILD = (
+    "import sys; sys.modules['torch'] = None; "
+    "from distrain_cloud.training.modeling import check_overrides_main; check_overrides_main()"
+)
+_OVERRIDES_TIMEOUT_S = 60.0
+
+
+def _config_overrides(args: TrainArgs, argv: list[str]) -> Check | None:
+    """--config-overrides names keys of the model's config: a typo is found here, not after the job
+    has started (and, on a cloud, been paid for). transformers reads the config in a process of its
+    own, so the launcher never imports it (nor the torch it brings); only plans with overrides pay
+    for it (about 1.5 s)."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    if not args.config_overrides:
+        return None
+    name = "--config-overrides fit the model's config"
+    if importlib.util.find_spec("transformers") is None:
+        return Check(name, None, "checked when the job starts (transformers is not installed here)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", _OVERRIDES_CHILD],
+            input=json.dumps(argv),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=_OVERRIDES_TIMEOUT_S,
+        )
+        answer = json.loads(child.stdout.strip().splitlines()[-1])
+        ok, detail = answer["ok"], str(answer["detail"])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, KeyError, TypeError):
+        return Check(name, None, "checked when the job starts (the offline check gave no answer)")
+    return Check(name, ok if isinstance(ok, bool) else None, detail)
 
 
 def _local_data_files(args: TrainArgs, job_folder: Path) -> list[Check]:

@@ -189,14 +189,15 @@ def submit(
     if previous is not None:
         plan.summary["resumes"] = f"{plan.summary.get('resumes') or resume_from}, with its spec and training flags"
         plan.summary["changed"] = "; ".join(spec_changes(previous, job)) or "nothing"
-    if dry_run or as_json:
+    if dry_run:  # a submit's --json document is printed once it returns (_act)
         typer.echo(plan.to_json() if as_json else _human(plan.render()))  # a resumed spec comes from S3
     if bundle_files:
         listing = plan.payload.get("bundle_listing")
         typer.echo(
             f"code bundle files:\n{listing}"
             if listing
-            else f"code bundle files: none ({plan.backend} jobs run the installed code, not a bundle)"
+            else f"code bundle files: none ({plan.backend} jobs run the installed code, not a bundle)",
+            err=as_json,  # stdout holds the JSON document alone
         )
     _act(plan, job, dry_run=dry_run, as_json=as_json, wait=wait, yes=yes)
 
@@ -366,7 +367,7 @@ def resume(
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
     spec = resume_spec(ref)
     plan = plan_job(spec, dry_run=dry_run)
-    if dry_run or as_json:
+    if dry_run:  # a submit's --json document is printed once it returns (_act)
         typer.echo(plan.to_json() if as_json else _human(plan.render()))  # a resumed spec comes from S3
     _act(plan, spec, dry_run=dry_run, as_json=as_json, wait=wait, yes=yes)
 
@@ -430,9 +431,9 @@ def _confirm(plan: Plan) -> None:
 
 def _act(plan: Plan, spec: JobSpec, *, dry_run: bool, as_json: bool, wait: bool, yes: bool) -> NoReturn:
     """A dry run ends after the plan (a failed check as its last line); a submit runs it. With
-    --json, stdout holds the plan and one result object: the job's own output goes to stderr."""
+    --json, stdout holds one JSON document once submit returns, the plan with its `result` (the
+    job's own output goes to stderr), so `| jq` and `| python -m json.tool` read it."""
     import contextlib
-    import json
 
     from .api import submit_job
     from .plan import refuse_failed_checks
@@ -454,14 +455,22 @@ def _act(plan: Plan, spec: JobSpec, *, dry_run: bool, as_json: bool, wait: bool,
         if dry_run or not as_json:
             raise
         refused = {"job": plan.job_name, "status": "NotSubmitted", "exit_code": e.exit_code, "error": str(e)}
-        typer.echo(json.dumps(refused))
+        _echo_document(plan, refused)
         raise
-    typer.echo(json.dumps(_result(plan, code), default=str))
+    _echo_document(plan, _result(plan, code))
     raise typer.Exit(code)
 
 
+def _echo_document(plan: Plan, result: dict[str, Any]) -> None:
+    import json
+
+    typer.echo(json.dumps({**plan.to_dict(), "result": result}, indent=2, default=str))
+
+
 def _result(plan: Plan, code: int) -> dict[str, Any]:
-    """What a script wants once submit returns: the job, its state, where the model is."""
+    """What a script wants once submit returns: the job, its state, where the model is, and its
+    last metrics (a local job's, read from its metrics.jsonl; a cloud job's reach S3 when it ends:
+    `distrain-cloud report JOB`)."""
     from .backends import get_backend
     from .jobs import find_job
 
@@ -469,18 +478,49 @@ def _result(plan: Plan, code: int) -> dict[str, Any]:
         info = get_backend(plan.backend).status(find_job(plan.job_name))
     except UserError as e:  # a cloud job just submitted may not be visible yet
         info = {"status": "Submitted", "detail": str(e)}
-    model = info.get("model_artifacts")
+    model, metrics = info.get("model_artifacts"), None
     if plan.backend == "local":
-        folder = Path(plan.request["cwd"]) / "model"
-        model = str(folder) if (folder / "config.json").is_file() else None
+        root = Path(plan.request["cwd"])
+        model = str(root / "model") if (root / "model" / "config.json").is_file() else None
+        metrics = last_metrics(root / "output" / "metrics.jsonl")
     return {
         "job": plan.job_name,
         "backend": plan.backend,
         "status": info.get("status"),
         "exit_code": code,
         "model": model,
+        "metrics": metrics,
         "detail": info.get("detail") or None,
     }
+
+
+def last_metrics(path: Path, limit: int = 64 << 20) -> dict[str, float | int] | None:
+    """Each metric's last value in a metrics.jsonl (the step it was logged at as `step`), or None
+    without one. Read as untrusted: lines that are not objects of numbers are skipped, and a file
+    past `limit` bytes is read from its end only."""
+    import json
+    import math
+
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - limit))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    last: dict[str, float | int] = {}
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(row, dict):
+            continue
+        for key, value in row.items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if isinstance(key, str) and len(key) <= 100 and number and math.isfinite(value):
+                last[key] = value
+    return last or None
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:

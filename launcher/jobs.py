@@ -125,7 +125,51 @@ def find_job(
         )
     if (workdir / name / "job.json").is_file():
         return JobRef(name, "local", region, workdir)
+    return _on_sagemaker(name, region, workdir)
+
+
+def _on_sagemaker(name: str, region: str | None, workdir: Path) -> JobRef:
+    """A job this machine knows nothing of may have been submitted from another one: it is
+    looked up on SageMaker where AWS is set up (or --region asks for it, whose set-up errors
+    then stand); a name found nowhere is a typo more often than not, and says so (exit 2)."""
+    from distrain_cloud.infra import aws
+
+    where = f"no record on this machine and no folder {workdir / name}"
+    if not region:
+        region, missing = aws.configured()
+        if region is None:
+            raise UserError(
+                f"no job named {name} is known here ({where}){_close_names(name, workdir)}; a job submitted "
+                f"from another machine: add --region REGION ({missing}), and --backend ec2 for an EC2 job"
+            )
+    region = aws.region(region)
+    try:
+        with aws.translate_errors():
+            aws.client("sagemaker", region).describe_training_job(TrainingJobName=name)
+    except UserError as e:
+        # SageMaker's "not found" (moto's "could not find"); any other error (no credentials after
+        # --region, denied, throttled) is the lookup's answer.
+        if aws.error_code(e.__cause__) not in ("ValidationException", "ValidationError"):
+            raise
+        raise UserError(
+            f"no job named {name} is known ({where}, none on SageMaker in {region}){_close_names(name, workdir)}; "
+            "an EC2 job submitted from another machine: add --backend ec2"
+        ) from None
     return JobRef(name, "sagemaker", region, workdir)
+
+
+def _close_names(name: str, workdir: Path) -> str:
+    """A hint naming the jobs this machine knows whose names are close to `name`, or nothing."""
+    import difflib
+
+    from .spec import JOB_NAME
+
+    # Names from file names, shown only if they are job names (nothing else is printed from there).
+    known = {p.stem for p in records_dir().glob("*.json")}
+    known |= {p.parent.name for p in workdir.glob("*/job.json")}
+    known = {k for k in known if JOB_NAME.fullmatch(k)}
+    close = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.8)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 def recorded_jobs() -> list[dict[str, Any]]:

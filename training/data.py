@@ -18,6 +18,7 @@ from typing import Any
 
 from .args import TrainArgs
 from .contract import Contract
+from .offline import hub_load
 
 ASSETS = Path(__file__).parent / "assets"
 BUILTIN = {"sentiment": ASSETS / "sentiment.jsonl", "corpus": ASSETS / "corpus.txt"}
@@ -138,8 +139,12 @@ def load_raw(args: TrainArgs, contract: Contract):
     datasets.disable_progress_bars()
     # Our one-line error says it: no Arrow stack, nor the "Failed to read" line logged before a raise.
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    hub_id = args.dataset if args.dataset and kwargs.get("path") == args.dataset else None
     try:
-        raw = datasets.load_dataset(**kwargs)
+        with hub_load("--dataset", hub_id, DataError, dataset=True):
+            raw = datasets.load_dataset(**kwargs)
+    except DataError:  # already one line that names the fix
+        raise
     except (FileNotFoundError, ValueError, OSError, datasets.exceptions.DatasetGenerationError) as e:
         # A csv of only a header, or a split whose files hold no rows between them.
         no_rows = re.match(r'Instruction "(\w+)" corresponds to no data', str(e))

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .args import ArgumentError, TrainArgs, config_overrides
+from .offline import hub_load
 
 ASSETS = Path(__file__).parent / "assets"
 SHIPPED_TOKENIZER = ASSETS / "tokenizer.json"
@@ -52,9 +53,11 @@ def load_tokenizer(args: TrainArgs):
 
     name = args.tokenizer or args.model
     if name:
-        tok = AutoTokenizer.from_pretrained(name, use_fast=True)
+        with hub_load("--tokenizer" if args.tokenizer else "--model", name, ArgumentError):
+            tok = AutoTokenizer.from_pretrained(name, use_fast=True)
     elif args.model_config and not Path(args.model_config).exists():
-        tok = AutoTokenizer.from_pretrained(args.model_config, use_fast=True)
+        with hub_load("--model-config", args.model_config, ArgumentError):
+            tok = AutoTokenizer.from_pretrained(args.model_config, use_fast=True)
     else:
         tok = shipped_tokenizer()
     # GPT-2 style tokenizers ship without a pad token; batching needs one.
@@ -89,14 +92,56 @@ def _override(config, pairs: dict[str, str]) -> None:
     """--config-overrides, each name checked against the config so a typo is an error, not a no-op."""
     for key, value in pairs.items():
         if not hasattr(config, key):
+            import difflib
+
+            keys = sorted(set(config.to_dict()) | set(getattr(config, "attribute_map", {})))
+            close = difflib.get_close_matches(key, keys, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
             raise ArgumentError(
                 f"--config-overrides {key}={value}: {type(config).__name__} has no '{key}' "
-                f"(its config.json names the keys it has)"
+                f"({hint}its config.json names the keys it has)"
             )
         try:
             config.update_from_string(f"{key}={value}")
         except ValueError as e:  # a value of the wrong type: transformers says which
             raise ArgumentError(f"--config-overrides {key}={value}: {e}") from e
+
+
+def check_overrides_offline(args: TrainArgs) -> tuple[bool | None, str]:
+    """Whether --config-overrides fit the model's config, known before the job starts, with no
+    download and no torch: (True, ""), (False, what is wrong), or (None, why it is checked only
+    when the job starts: a Hub model whose config is not in this machine's cache)."""
+    from transformers import AutoConfig
+
+    pairs = config_overrides(args)
+    name = args.model or args.model_config
+    if name:
+        try:
+            config = AutoConfig.from_pretrained(name, local_files_only=True)
+        except (OSError, ValueError, ImportError):  # not cached here; or a config only its own code reads
+            where = "could not be read here" if Path(name).exists() else "is not in this machine's Hugging Face cache"
+            return None, f"checked when the job starts: {name}'s config {where}"
+    else:
+        preset = dict(PRESETS[args.preset or "tiny-gpt2"])
+        config = AutoConfig.for_model(preset.pop("model_type"), **preset)
+    try:
+        _override(config, pairs)
+    except ArgumentError as e:
+        return False, str(e)
+    return True, ""
+
+
+def check_overrides_main() -> None:
+    """`check_overrides_offline` for a launcher that imports no transformers (nor torch, which
+    transformers would import): training flags as a JSON list on stdin, the answer as a JSON
+    object on stdout. Its caller blocks torch (only configs are read) and the Hub (HF_HUB_OFFLINE)."""
+    import json
+    import sys
+
+    from .args import parse_args
+
+    ok, detail = check_overrides_offline(parse_args(json.load(sys.stdin)))
+    print(json.dumps({"ok": ok, "detail": detail}))
 
 
 def _base_config(args: TrainArgs, tokenizer, num_labels: int | None, id2label: dict[int, str] | None):
@@ -122,15 +167,17 @@ def _base_config(args: TrainArgs, tokenizer, num_labels: int | None, id2label: d
 def load_model(args: TrainArgs, tokenizer, num_labels: int | None = None, id2label: dict[int, str] | None = None):
     import transformers
 
-    config = build_config(args, tokenizer, num_labels, id2label)
-    if config.pad_token_id is None:
-        config.pad_token_id = tokenizer.pad_token_id
-    auto = getattr(transformers, TASK_AUTO_CLASS[args.task])
-    kwargs = {"attn_implementation": "sdpa"} if _supports_sdpa(auto, config) else {}
-    if args.model:
-        model = auto.from_pretrained(args.model, config=config, **kwargs)
-    else:
-        model = auto.from_config(config, **kwargs)
+    flag, name = ("--model", args.model) if args.model else ("--model-config", args.model_config)
+    with hub_load(flag, name, ArgumentError):  # a preset (no name) needs no Hub
+        config = build_config(args, tokenizer, num_labels, id2label)
+        if config.pad_token_id is None:
+            config.pad_token_id = tokenizer.pad_token_id
+        auto = getattr(transformers, TASK_AUTO_CLASS[args.task])
+        kwargs = {"attn_implementation": "sdpa"} if _supports_sdpa(auto, config) else {}
+        if args.model:
+            model = auto.from_pretrained(args.model, config=config, **kwargs)
+        else:
+            model = auto.from_config(config, **kwargs)
     if args.task == "causal-lm" and getattr(model.config, "_attn_implementation", None) == "sdpa":
         _unmasked_causal_attention(model)
     if args.task == "causal-lm" and getattr(model, "loss_type", "") is None:

@@ -113,13 +113,10 @@ def role(moto_server):
     )["Role"]["Arn"]
 
 
-def json_objects(text: str) -> list[dict]:
-    """`submit --json`'s stdout: the plan, then the result; nothing else."""
-    decoder, objects, at = json.JSONDecoder(), [], 0
-    while text[at:].strip():
-        value, at = decoder.raw_decode(text, len(text) - len(text[at:].lstrip()))
-        objects.append(value)
-    return objects
+def plan_and_result(text: str) -> tuple[dict, dict]:
+    """`submit --json`'s stdout, one document: the plan with its `result`."""
+    plan = json.loads(text)
+    return plan, plan.pop("result")
 
 
 @pytest.mark.slow  # seven CLI processes against a moto server
@@ -127,7 +124,7 @@ def test_submit_the_example_then_status_ls_logs_and_cancel(cli, moto_server, env
     args = ["submit", str(EXAMPLE), "--region", REGION, "--role", role, "--max-cost", "100", "--json", "--yes"]
     r = cli(*args, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    plan, result = json_objects(r.stdout)
+    plan, result = plan_and_result(r.stdout)
     assert (result["job"], result["exit_code"]) == (plan["job_name"], 0)
     job_name = plan["job_name"]
     assert f"submitted {job_name} (code bundle uploaded)" in r.stderr
@@ -231,7 +228,10 @@ def test_status_of_an_unknown_job_is_one_line(cli, env, tmp_path):
     r = cli("status", "no-such-job", "--region", REGION, env=env, cwd=tmp_path)
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
-    assert line.startswith("error: AWS rejected DescribeTrainingJob:")
+    assert line.startswith("error: no job named no-such-job is known (no record on this machine and no folder ")
+    assert line.endswith(
+        f"none on SageMaker in {REGION}); an EC2 job submitted from another machine: add --backend ec2"
+    )
 
 
 def test_submit_with_only_region_flag_and_no_configured_region(cli, moto_server, env, role, tmp_path):
@@ -254,7 +254,7 @@ def test_after_infra_up_a_submit_needs_no_role(cli, moto_server, env, tmp_path):
     assert r.returncode == 0, r.stderr
     r = cli("submit", "--instance", "ml.g5.xlarge", "--stack", "e2e-stack", "--json", "--yes", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    plan, result = json_objects(r.stdout)
+    plan, result = plan_and_result(r.stdout)
     cf = aws_client("cloudformation", moto_server)
     physical = {
         res["LogicalResourceId"]: res["PhysicalResourceId"]

@@ -33,9 +33,12 @@ def test_help_imports_nothing_heavy(tmp_path):
     assert heavy_modules_after(action, tmp_path) == []
 
 
-def test_local_dry_run_imports_nothing_heavy(tmp_path):
+@pytest.mark.parametrize("train", [[], ["--", "--config-overrides", "n_layer=3"]], ids=["default", "overrides"])
+def test_local_dry_run_imports_nothing_heavy(tmp_path, train):
+    # --config-overrides are checked against the model's config by transformers in a process of
+    # its own: the launcher's stays free of transformers and the torch it brings.
     action = (
-        "try:\n    cli.main(['submit', '--instance', 'local', '--dry-run', '--json'])\n"
+        f"try:\n    cli.main(['submit', '--instance', 'local', '--dry-run', '--json', *{train!r}])\n"
         "except SystemExit as e:\n    assert e.code == 0, e.code"
     )
     assert heavy_modules_after(action, tmp_path) == []

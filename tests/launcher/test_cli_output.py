@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
-
-
-def json_objects(text: str) -> list[dict]:
-    """Every JSON value in `text`, which must hold nothing else."""
-    decoder, objects, at = json.JSONDecoder(), [], 0
-    while at < len(text.rstrip()):
-        while text[at].isspace():
-            at += 1
-        value, at = decoder.raw_decode(text, at)
-        objects.append(value)
-    return objects
+from clirun import run_cli
 
 
 @pytest.mark.slow
-def test_submit_json_prints_the_plan_then_one_result_and_logs_on_stderr(cli, tmp_path):
+def test_submit_json_is_one_document_the_plan_and_its_result_with_metrics(cli, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = cli(
         "submit",
@@ -36,8 +28,12 @@ def test_submit_json_prints_the_plan_then_one_result_and_logs_on_stderr(cli, tmp
         env=env,
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    plan, result = json_objects(r.stdout)  # raises on anything that is not JSON
+    tool = subprocess.run([sys.executable, "-m", "json.tool"], input=r.stdout, capture_output=True, text=True)
+    assert tool.returncode == 0, tool.stderr  # once "Extra data": a plan, then a result
+    plan = json.loads(r.stdout)
+    result = plan.pop("result")
     root = tmp_path / "runs" / plan["job_name"]
+    metrics = result.pop("metrics")
     assert result == {
         "job": plan["job_name"],
         "backend": "local",
@@ -46,15 +42,38 @@ def test_submit_json_prints_the_plan_then_one_result_and_logs_on_stderr(cli, tmp
         "model": str(root / "model"),
         "detail": None,
     }
+    assert metrics["step"] == 2 and {"train_loss", "eval_loss", "eval_accuracy"} <= set(metrics), metrics
+    assert plan["backend"] == "local" and plan["checks"]  # the plan, as --dry-run --json prints it
     assert "model_saved=" in r.stderr  # the training log, on stderr
 
 
-def test_submit_json_refused_by_a_check_still_ends_with_a_result(cli, tmp_path):
-    r = cli("submit", "--instance", "local", "--json", "--", "--lr", "-1", cwd=tmp_path)
-    plan, result = json_objects(r.stdout)
-    assert r.returncode == 2 and result["status"] == "NotSubmitted" and result["exit_code"] == 2
+def test_submit_json_refused_by_a_check_is_one_document_too(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "submit", "--instance", "local", "--json", "--", "--lr", "-1")
+    plan = json.loads(out)
+    result = plan["result"]
+    assert code == 2 and result["status"] == "NotSubmitted" and result["exit_code"] == 2
     assert result["job"] == plan["job_name"] and "learning rate is positive" in result["error"]
-    assert r.stderr.splitlines() == ["error: " + result["error"]]
+    assert err.splitlines() == ["error: " + result["error"]]
+    code, out, _ = run_cli(capsys, "submit", "--instance", "local", "--json", "--dry-run", "--", "--lr", "-1")
+    assert code == 1 and "result" not in json.loads(out)  # a dry run's document is the plan alone
+
+
+def test_last_metrics_reads_a_hostile_metrics_file_as_numbers_only(tmp_path):
+    from distrain_cloud.launcher.cli import last_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    assert last_metrics(path) is None
+    lines = [
+        '{"step": 10, "train_loss": 2.5, "lr": 0.001}',
+        "not json",
+        "[1, 2]",
+        '{"step": 20, "train_loss": 1.5, "eval_loss": NaN, "note": "text", "flag": true}',
+        '{"step": 20, "eval_loss": 1.75, "eval_accuracy": 0.5}',
+        "[" * 100_000,
+    ]
+    path.write_text("\n".join(lines))
+    assert last_metrics(path) == {"step": 20, "train_loss": 1.5, "lr": 0.001, "eval_loss": 1.75, "eval_accuracy": 0.5}
 
 
 def test_a_dry_run_with_a_failed_check_ends_with_one_error_line(cli, tmp_path):

@@ -61,18 +61,20 @@ def test_cli_report_finds_a_local_job_and_refuses_an_unknown_one_in_one_line(cli
     assert r.returncode == 0, r.stderr
     # The page's path (relative to where the CLI ran, when the work folder is).
     assert (tmp_path / r.stdout.strip()).resolve() == (tmp_path / "runs" / "job-2" / "report" / "report.html").resolve()
-    # A job with no record and no folder is looked for on SageMaker, as `status` does: here, with no
-    # credentials, that is one line (tests/launcher/test_cloud_report.py fetches cloud jobs' metrics).
+    # A job with no record and no folder is looked for on SageMaker where AWS is set up, as `status`
+    # does: here, with no credentials, it is not, and the name is the problem (exit 2, one line;
+    # tests/launcher/test_typos.py has the others, test_cloud_report.py fetches cloud jobs' metrics).
     empty = tmp_path / "aws-empty"
     empty.write_text("")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env |= {"AWS_CONFIG_FILE": str(empty), "AWS_SHARED_CREDENTIALS_FILE": str(empty)}
     env |= {"AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}
     r = cli("report", "no-such-job", cwd=tmp_path, env=env)
-    assert r.returncode == 3
+    assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        "error: no AWS credentials found: run `aws configure` or set AWS_PROFILE / "
-        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+        "error: no job named no-such-job is known here (no record on this machine and no folder "
+        "runs/no-such-job); a job submitted from another machine: add --region REGION (no AWS credentials "
+        "are configured), and --backend ec2 for an EC2 job"
     ]
 
 

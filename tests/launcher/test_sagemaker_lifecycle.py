@@ -587,8 +587,8 @@ def test_cancel_stops_a_running_job(stub, capsys):
     expect_describe(stub, described("InProgress", "Training"))
     stub.add_response("stop_training_job", {}, {"TrainingJobName": "job-1"})
     assert sm.BACKEND.cancel(ref("job-1")).startswith("stopping job-1: it saves a checkpoint first")
-    # and through the CLI
-    expect_describe(stub, described("InProgress", "Interrupted"))
+    # and through the CLI, which finds the job (no record here) before it asks for its status
+    expect_describe(stub, described("InProgress", "Interrupted"), described("InProgress", "Interrupted"))
     stub.add_response("stop_training_job", {}, {"TrainingJobName": "job-1"})
     code, out, _ = run_cli(capsys, "cancel", "job-1", "--region", REGION)
     assert code == 0 and out.startswith("stopping job-1")
@@ -598,7 +598,7 @@ def test_cancel_stops_a_running_job(stub, capsys):
 def test_cancel_refuses_politely_for_an_ended_job(stub, capsys, status):
     expect_describe(stub, described(status, status))  # and no StopTrainingJob: the Stubber would fail on one
     assert sm.BACKEND.cancel(ref("job-1")) == f"job-1 already ended: {status}"
-    expect_describe(stub, described(status, status))
+    expect_describe(stub, described(status, status), described(status, status))  # found, then asked
     code, out, err = run_cli(capsys, "cancel", "job-1", "--region", REGION)
     assert (code, out.strip(), err) == (0, f"job-1 already ended: {status}", "")
 

@@ -104,7 +104,18 @@ CASES = {
     ),
     "bf16-reduce-on-cpu": (["--ddp-reduce-dtype", "bf16"], ["--ddp-reduce-dtype bf16", "GPUs"]),
     # the Hub client's chained tracebacks, and transformers' for a model with no head for the task
-    "hub-model-offline": (["--model", "gpt2"], ["--model gpt2: cannot load", "HF_HUB_OFFLINE is set"]),
+    # a Hub model or data set that is not cached, with the Hub out of reach: at once, and the fix
+    "hub-model-offline": (
+        ["--model", "gpt2"],
+        ["--model gpt2 is not in this machine's Hugging Face cache", "(HF_HUB_OFFLINE is set)", "hf download gpt2"],
+    ),
+    "hub-dataset-offline": (
+        ["--dataset", "someone/absent-data"],
+        [
+            "--dataset someone/absent-data is not in this machine's Hugging Face cache",
+            "hf download --repo-type dataset someone/absent-data --local-dir absent-data",
+        ],
+    ),
     "task-without-a-head": (["--task", "masked-lm"], ["--task masked-lm with --model", "AutoModelForMaskedLM"]),
 }
 
