@@ -591,3 +591,35 @@ def test_cancel_signals_no_process_that_is_not_the_jobs(tmp_path, capsys):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+@pytest.mark.parametrize(
+    "left, status, exit_code, detail",
+    [
+        # its node launcher's record: stopped by the SIGTERM the CLI's death sends, checkpoint saved
+        ({"exit.json": '{"exit_code": 143, "stopped": 15}'}, "Stopped", 143, "stopped on request (Ctrl-C or SIGTERM)"),
+        ({"exit.json": '{"exit_code": 0, "stopped": null}'}, "Completed", 0, ""),
+        # `cancel --now` killed it, node launcher included: no record but the cancel's
+        ({"cancel.json": '{"now": true}'}, "Stopped", 137, "cancelled at once (cancel --now)"),
+        # a record that is not node_launch's (hand-made, cut short): nothing known
+        ({"exit.json": '{"exit_code": "143"}'}, "Lost", None, "ended without recording an exit status"),
+        ({"exit.json": "[" * 100_000}, "Lost", None, "ended without recording an exit status"),
+    ],
+    ids=["stopped", "completed", "cancel-now", "not-a-record", "deep-json"],
+)
+def test_a_job_that_ended_with_nobody_to_record_it_is_what_its_launcher_recorded(
+    tmp_path, capsys, left, status, exit_code, detail
+):
+    from clirun import run_cli
+
+    ended = subprocess.Popen([sys.executable, "-c", ""])
+    ended.wait()  # a pid that no longer runs, as the job's once its CLI is gone
+    runs = tmp_path / "runs"
+    root = _running_job(runs, ended.pid)
+    for name, text in left.items():
+        (root / name).write_text(text)
+    code, out, err = run_cli(capsys, "status", "job-1", "--workdir", str(runs), "--json")
+    assert (code, err) == (0, ""), err
+    info = json.loads(out)
+    assert (info["status"], info["exit_code"]) == (status, exit_code)
+    assert detail in info["detail"]
