@@ -327,22 +327,29 @@ def wait(
 def cancel(
     job: str,
     now: Annotated[
-        bool, typer.Option("--now", help="EC2: terminate the instances at once, without a checkpoint")
+        bool,
+        typer.Option("--now", help="EC2: terminate the instances at once; local: kill the job; neither saves"),
     ] = False,
     backend: Backend = None,
     region: Region = None,
     workdir: Workdir = Path("runs"),
 ) -> None:
-    """Stop a running job (it saves a checkpoint on the way out; --now does not wait for that)."""
+    """Stop a running job (it saves a checkpoint on the way out; --now does not wait for that).
+    A local job stops as Ctrl-C in its terminal would; this waits until it has."""
     from .backends import get_backend
     from .jobs import find_job
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
+    if ref.backend == "local":  # from any shell: it signals the job's processes, checked to be the job's
+        from .backends.local import BACKEND as local
+
+        typer.echo(_human(local.cancel(ref, now=now)))
+        return
     if not now:
         typer.echo(_human(get_backend(ref.backend).cancel(ref)))
         return
     if ref.backend != "ec2":
-        raise UserError(f"--now applies to EC2 jobs; {job} is a {ref.backend} job: drop --now")
+        raise UserError(f"--now applies to EC2 and local jobs; {job} is a {ref.backend} job: drop --now")
     from .backends.ec2 import BACKEND as ec2
 
     typer.echo(_human(ec2.cancel_now(ref)))

@@ -13,6 +13,7 @@ no such care: `json.dumps` escapes every control character itself.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -34,11 +35,19 @@ def printable(text: str) -> str:
 
 # The host of a local job's lines: this machine, one node. Its text lines go unprefixed.
 LOCAL_HOST = "local"
+# A local job's log line starts with the time it was written (training.node_launch.stamped).
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) ")
+
+
+def unstamp(line: str) -> tuple[str | None, str]:
+    """(time, message) of a local job's log line; no time for a line written without one."""
+    found = _STAMP.match(line)
+    return (found.group(1), line[found.end() :]) if found else (None, line)
 
 
 @dataclass(frozen=True)
 class LogLine:
-    time: str | None  # ISO 8601 UTC when the log says (CloudWatch does), else None
+    time: str | None  # ISO 8601 UTC when the log says (CloudWatch and local logs do), else None
     host: str  # the node ("algo-2", "node-1", "local")
     message: str  # one line, without its line ending
 

@@ -76,6 +76,15 @@ def _run(argv: Sequence[str] | None) -> None:
         trainer.save(metrics)
     except CheckpointError as e:  # a checkpoint that cannot be resumed, or a full disk
         _fail(e, contract, code=e.exit_code, every_process=e.every_process)
+    # For node_launch (each node's, so each node's first process): the job completed, whatever
+    # its launchers exit with on the way out.
+    completed = os.environ.get("DISTRAIN_COMPLETED_FILE")
+    if completed and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        try:
+            with open(completed, "w") as f:
+                f.write("completed\n")
+        except OSError:  # a full disk: the launchers' exit code decides alone
+            pass
 
 
 def _fail_unexpected(error: Exception) -> NoReturn:

@@ -10,7 +10,10 @@ Torch-free unless it has to count GPUs itself.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -19,7 +22,7 @@ from pathlib import Path
 
 from . import quiet
 from .args import parse_args
-from .contract import STOP_EXIT_CODES, Contract
+from .contract import Contract
 from .stopping import DEFAULT_STOP_GRACE_S, LAUNCHER_MARGIN_S
 from .strategies import ClusterShape, accelerate_config, provisional_strategy
 
@@ -33,6 +36,29 @@ class NodeLaunch:
 
 
 CONFIG_FILE = "{config_file}"
+# Names the file each node's first training process writes once the run finished (every step,
+# its model saved): the job completed, whatever its launchers exit with afterwards (one killed on
+# the way out). A file of node_launch's own, beside its rendered config: never in the job's outputs.
+COMPLETED_FILE_ENV = "DISTRAIN_COMPLETED_FILE"
+# A backend that wants this node's exit code (and whether it was stopped) after its own end names a
+# file here: the local backend, whose CLI may be gone by then.
+EXIT_FILE_ENV = "DISTRAIN_EXIT_FILE"
+# Set (by the local backend, whose log file has no times of its own): each line this process
+# writes starts with the time it was written, `2026-11-28T01:23:45.678Z ` (launcher.logs reads it).
+LOG_TIMES_ENV = "DISTRAIN_LOG_TIMES"
+# How a launcher reports a training process that a signal ended: accelerate's one-process launcher
+# (a CalledProcessError) and torchrun's agent (a ChildFailedError).
+_KILLED = re.compile(r"died with <Signals\.(SIG[A-Z0-9]+): \d+>|Signal \d+ \((SIG[A-Z0-9]+)\) received by PID")
+
+
+def stamped(line: str) -> str:
+    """`line` as this process writes it: with the time first where LOG_TIMES_ENV asks."""
+    if not os.environ.get(LOG_TIMES_ENV):
+        return line
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc)
+    return f"{now:%Y-%m-%dT%H:%M:%S}.{now.microsecond // 1000:03d}Z {line}"
 
 
 def plan_node(
@@ -97,8 +123,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ns = p.parse_args(ours)
     if ns.hyperparameters:
-        import json
-
         from .args import hyperparameters_to_argv
 
         with open(ns.hyperparameters) as f:
@@ -118,20 +142,63 @@ def main(argv: Sequence[str] | None = None) -> None:
         f.write(text)
     command = [path if c == CONFIG_FILE else c for c in launch.command]
     print(
-        f"node_launch node_rank={contract.node_rank} nodes={contract.num_nodes} "
-        f"processes={launch.config['num_processes']} distributed_type={launch.config['distributed_type']} "
-        f"code={Path(__file__).parent}",
+        stamped(
+            f"node_launch node_rank={contract.node_rank} nodes={contract.num_nodes} "
+            f"processes={launch.config['num_processes']} distributed_type={launch.config['distributed_type']} "
+            f"code={Path(__file__).parent}"
+        ),
         flush=True,
     )
+    completed = Path(path).with_suffix(".completed")
+    stops: list[int] = []
     try:
         env = {**os.environ, **launch.env, "DISTRAIN_DIE_WITH_LAUNCHER": "1"}  # see Trainer.__init__
-        code = _run_forwarding_signals(command, env, contract.failure_file, launch.stop_grace_s + LAUNCHER_MARGIN_S)
+        env[COMPLETED_FILE_ENV] = str(completed)
+        bound_s = launch.stop_grace_s + LAUNCHER_MARGIN_S
+        code = _run_forwarding_signals(command, env, contract.failure_file, bound_s, completed=completed, stops=stops)
     finally:
         os.unlink(path)
-    sys.exit(_exit_code(code, contract))
+        completed.unlink(missing_ok=True)
+    code = _exit_code(code, contract)
+    _record_exit(code, stops)
+    sys.exit(code)
 
 
-def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_file: Path, bound_s: float) -> int:
+def _record_exit(code: int, stops: list[int]) -> None:
+    """This node's exit code, and the stop signal it got, where the backend asked (EXIT_FILE_ENV)."""
+    path = os.environ.get(EXIT_FILE_ENV)
+    if path:
+        try:
+            Path(path).write_text(json.dumps({"exit_code": code, "stopped": stops[0] if stops else None}))
+        except OSError:  # a full disk: the backend then knows only that the job ended
+            pass
+
+
+def killed_line(sig: str) -> str:
+    """The one line for a training process that a signal ended, with its likely cause."""
+    job = os.environ.get("DISTRAIN_JOB_NAME") or os.environ.get("TRAINING_JOB_NAME") or "JOB"
+    cause = {
+        "SIGKILL": "likely the out-of-memory killer (the machine ran out of memory: a smaller --batch-size or "
+        "--block-size, or fewer --processes, needs less)",
+        "SIGSEGV": "a crash in native code (a library's or a driver's)",
+        "SIGBUS": "a crash in native code, or shared memory (/dev/shm) too small for the data loader",
+        "SIGABRT": "a library aborted the process (its message is in the lines above)",
+    }.get(sig, "something on this machine sent it")
+    return (
+        f"error: a training process was killed by {sig}: {cause}; resume from the last checkpoint with "
+        f"`distrain-cloud resume {job}`"
+    )
+
+
+def _run_forwarding_signals(
+    command: list[str],
+    env: dict[str, str],
+    failure_file: Path,
+    bound_s: float,
+    *,
+    completed: Path | None = None,
+    stops: list[int] | None = None,
+) -> int:
     """Run accelerate's launcher as a child; SIGTERM/SIGINT (spot interruption, stop, Ctrl-C) go to
     every training process, which save a checkpoint and exit 143 (SIGTERM) or 130 (SIGINT), or,
     when their step does not end within --stop-grace, exit 124 saying nothing was saved. A
@@ -151,9 +218,12 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
     Its stderr passes through as it comes, except the launcher's own failure report (the
     agent's log line and ChildFailedError traceback, accelerate's CalledProcessError), which is
     held back and dropped when the job already explained itself (the failure file) or stopped
-    on request: bad input and stops stay one line.
+    on request: bad input and stops stay one line. A training process that a signal ended (the
+    out-of-memory killer's SIGKILL) is one line too, naming the signal, its likely cause and the
+    resume command, in the failure file as well; the exit code is then 128 + the signal's number.
+    A run that wrote `completed` (every step done, its model saved) exits 0, whatever its
+    launcher did afterwards. `stops` gets the stop signals this process received.
     """
-    import signal
     import subprocess
     import threading
     import time
@@ -168,9 +238,12 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
     # Without /proc the training processes cannot be found: the launcher then keeps the defaults.
     reachable = Path("/proc/self").is_dir()
     preexec = child_dies_with_us(signal.SIGKILL, then=ignore_stops if reachable else None)
-    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, preexec_fn=preexec)
+    # Stamping each line needs its stdout too; otherwise it goes where this process's goes.
+    stdout = subprocess.PIPE if os.environ.get(LOG_TIMES_ENV) else None
+    proc = subprocess.Popen(command, env=env, stdout=stdout, stderr=subprocess.PIPE, preexec_fn=preexec)
     tree = ProcessTree(proc.pid)
     stopping: list[tuple[int, float]] = []  # (signal, when)
+    stops = [] if stops is None else stops
     held: list[str] = []
     unsaved: list[str] = []  # a trainer's line saying its stop saved nothing
 
@@ -179,6 +252,7 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
         now = time.monotonic()
         second = bool(stopping) and signum == signal.SIGINT and now - stopping[0][1] >= SECOND_INTERRUPT_S
         stopping.append((signum, now))
+        stops.append(signum)
         tree.refresh()  # while every process still hangs below the launcher
         for pid in [proc.pid, *_training_processes(proc.pid)]:
             try:
@@ -197,12 +271,19 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
             elif held or "torch/distributed/elastic" in line or line.startswith("Traceback (most recent call"):
                 held.append(line)
                 continue
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            _write(sys.stderr, line)
+
+    def relay_stdout():
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            _write(sys.stdout, raw.decode(errors="replace"))
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    reader = threading.Thread(target=relay, daemon=True)
-    reader.start()
+    readers = [threading.Thread(target=relay, daemon=True)]
+    if proc.stdout is not None:
+        readers.append(threading.Thread(target=relay_stdout, daemon=True))
+    for reader in readers:
+        reader.start()
     killed = False
     try:
         while True:
@@ -214,22 +295,67 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], failure_fil
             if stopping:
                 tree.refresh()  # processes that left the launcher's group or lost their parent meanwhile
                 if time.monotonic() - stopping[0][1] > bound_s and not killed:
-                    sys.stderr.write(
+                    _write(
+                        sys.stderr,
                         f"node_launch: training processes still running {bound_s:g} s after the stop: "
-                        "killing them (no checkpoint saved)\n"
+                        "killing them (no checkpoint saved)\n",
                     )
-                    sys.stderr.flush()
                     tree.kill()
                     killed = True
-        reader.join(timeout=10)  # the pipe ends when every process holding it has
+        for reader in readers:
+            reader.join(timeout=10)  # the pipe ends when every process holding it has
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if code != 0 and completed is not None and completed.is_file():
+        _write(
+            sys.stderr,
+            f"node_launch: the run finished (every step, its model saved), then its launcher ended "
+            f"({_describe(code)}): the job completed\n",
+        )
+        return 0
+    # Not for a stop, nor for a job that explained itself (a user's own traceback may quote one).
+    killer = None if stopping or failure_file.is_file() else _killing_signal(code, held)
+    if killer is not None:
+        line = killed_line(killer)
+        _write(sys.stderr, line + "\n")
+        try:
+            failure_file.parent.mkdir(parents=True, exist_ok=True)
+            failure_file.write_text(line + "\n")
+        except OSError:
+            pass
+        return 128 + signal.Signals[killer].value
     if held and not (code != 0 and (failure_file.is_file() or stopping)):
-        sys.stderr.write("".join(held))
+        for line in held:
+            _write(sys.stderr, line)
     if stopping and code != 0:
         return STOP_UNSAVED_EXIT_CODE if unsaved or killed else 128 + stopping[0][0]
     return code
+
+
+def _write(stream, line: str) -> None:
+    """One line, stamped where asked, in one write (lines of two streams sharing a file stay whole)."""
+    stream.write(stamped(line))
+    stream.flush()
+
+
+def _describe(code: int) -> str:
+    killed = code < 0 and -code in signal.valid_signals()
+    return f"killed by {signal.Signals(-code).name}" if killed else f"exit code {code}"
+
+
+def _killing_signal(code: int, held: list[str]) -> str | None:
+    """The signal that ended a training process (its launcher's report says), or the launcher
+    itself (a negative code: killed, not failed); None when none did."""
+    if code < 0 and -code in signal.valid_signals():
+        return signal.Signals(-code).name
+    if code == 0:
+        return None
+    for line in held:
+        found = _KILLED.search(line)
+        if found and (found.group(1) or found.group(2)) in signal.Signals.__members__:
+            return found.group(1) or found.group(2)
+    return None
 
 
 def _training_processes(root: int) -> list[int]:
@@ -262,7 +388,8 @@ def _training_processes(root: int) -> list[int]:
 def _exit_code(code: int, contract: Contract) -> int:
     # torchrun reports any worker failure as 1; the contract's failure file says it was bad input,
     # unless a traceback lies beside it (a failure no check foresaw: exit 1, see __main__).
-    if code != 0 and code not in STOP_EXIT_CODES and contract.failure_file.is_file():
+    # A code from 128 up is a signal's (node_launch's own line named it), never bad input.
+    if 0 < code < 128 and contract.failure_file.is_file():
         return 1 if (contract.output_dir / "traceback.txt").is_file() else 2
     return code
 

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 from distrain_cloud.training.contract import STOP_EXIT_CODES, Contract, free_port
-from distrain_cloud.training.node_launch import plan_node
+from distrain_cloud.training.node_launch import EXIT_FILE_ENV, LOG_TIMES_ENV, plan_node
 from distrain_cloud.training.stopping import (
     LAUNCHER_MARGIN_S,
     STOP_UNSAVED_EXIT_CODE,
     ProcessTree,
+    _start_time,
     child_dies_with_us,
 )
 from distrain_cloud.training.strategies import choose_precision, parse_strategy, plan_configs
@@ -163,8 +164,19 @@ class LocalBackend:
         root.parent.mkdir(parents=True, exist_ok=True)
         root.mkdir()  # exclusive: never reuse another job's folder
         (root / "job.json").write_text(plan.to_json())
-        env = {**os.environ, **plan.request["env"]}
-        with open(root / "job.log", "wb") as log:
+        env = {
+            **os.environ,
+            **plan.request["env"],
+            # Each line reaches job.log as it is printed, not 8 KB later: `logs` reads it live.
+            "PYTHONUNBUFFERED": "1",
+            # How the job ended, written by its node launcher: `status` reads it if this process is gone.
+            EXIT_FILE_ENV: str(root / EXIT_FILE),
+            "DISTRAIN_JOB_NAME": plan.job_name,  # for the resume command in a failure's line
+            LOG_TIMES_ENV: "1",  # each line with its time: `logs --json` gives it
+        }
+        # The job's processes write job.log themselves (append: one file offset for them all), so
+        # the log is whole however this process ends; this process shows it by reading it back.
+        with open(root / "job.log", "ab") as log, open(root / "job.log", "rb") as tail:
             # A process group of its own: a terminal's Ctrl-C reaches this process only, which
             # passes it on once (the node launcher signals each training process). This process
             # ending any other way (killed, its terminal closed) stops the job as SIGTERM does.
@@ -172,14 +184,16 @@ class LocalBackend:
                 plan.request["command"],
                 cwd=root,
                 env=env,
-                stdout=subprocess.PIPE,
+                stdout=log,
                 stderr=subprocess.STDOUT,
                 process_group=0,
                 preexec_fn=child_dies_with_us(signal.SIGTERM),
             )
             lineage_launched(plan)  # the job's process exists: its status decides the lease from now on
-            # Who runs it, so that `status` can tell a job still running from one killed with us.
-            _write_status(root, "InProgress", pid=proc.pid, host=socket.gethostname())
+            # Who runs it (its start time tells it from a later process given the same pid), so that
+            # `status` can tell a job still running from one killed with us, and `cancel` can stop it.
+            host = socket.gethostname()
+            _write_status(root, "InProgress", pid=proc.pid, host=host, started=_start_time(proc.pid))
             tree, killed, timers = ProcessTree(proc.pid), threading.Event(), list[threading.Timer]()
             bound = float(plan.request.get("stop_bound_s", 80.0))
 
@@ -200,26 +214,16 @@ class LocalBackend:
             previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
             shown = TerminalProgress(sys.stdout)
             try:
-                assert proc.stdout is not None
-                for line in iter(proc.stdout.readline, b""):
-                    shown.write(line)
-                    log.write(line)
-                code = proc.wait()
+                code = _show_until_exit(proc, tail, shown)
                 if killed.is_set():
                     code = STOP_UNSAVED_EXIT_CODE
+                elif code < 0:  # killed by a signal (cancel --now): as a shell reports it
+                    code = 128 - code
             finally:
                 shown.close()
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
-        failure = root / "output" / "failure"
-        detail = failure.read_text().strip().removeprefix("error: ") if code and failure.is_file() else ""
-        stopped = code in STOP_EXIT_CODES or (code == STOP_UNSAVED_EXIT_CODE and bool(timers))
-        status = "Completed" if code == 0 else ("Stopped" if stopped else "Failed")
-        if status == "Stopped":
-            saved = "" if code in STOP_EXIT_CODES else ", no checkpoint saved: the step in progress did not end in time"
-            detail = f"stopped on request (Ctrl-C or SIGTERM){saved}; resume with --resume-from " + plan.job_name
-        elif status == "Failed" and not detail:
-            detail = f"training exited with code {code} (see {root / 'job.log'})"
+        status, detail = _ending(root, plan.job_name, code, stop_asked=bool(timers))
         _write_status(root, status, code, detail=detail)
         model = root / "model"
         saved = f"model in {model}, " if (model / "config.json").is_file() else ""
@@ -245,10 +249,19 @@ class LocalBackend:
         root = self._root(job)
         info = _read_status(root)
         if info["status"] == "InProgress" and _gone(info):
-            # Killed with the command that ran it (kill -9, a closed terminal, a reboot): nobody
-            # is left to record how it ended. Recorded now, so a reused pid cannot revive it.
-            detail = f"its processes (pid {info['pid']}) ended without recording an exit status; see job.log"
-            _write_status(root, "Lost", detail=detail)
+            # Ended with nobody left to record how (its CLI killed, a closed terminal, a reboot):
+            # its node launcher's exit record says, if it lived to write one. Recorded now, so a
+            # reused pid cannot revive it.
+            code, stopped = _read_exit(root)
+            if code is not None:
+                status, detail = _ending(root, job.name, code, stop_asked=stopped)
+            elif _cancel_asked(root) == "now":  # killed at once, node_launch included
+                code = 128 + signal.SIGKILL
+                status, detail = _ending(root, job.name, code, stop_asked=True)
+            else:
+                status = "Lost"
+                detail = f"its processes (pid {info['pid']}) ended without recording an exit status; see job.log"
+            _write_status(root, status, code, detail=detail)
             info = _read_status(root)
         return {
             "job_name": job.name,
@@ -273,7 +286,7 @@ class LocalBackend:
         return sorted(jobs, key=lambda j: j.get("updated") or 0, reverse=True)[:limit]
 
     def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
-        from ..logs import LOCAL_HOST, split_lines
+        from ..logs import LOCAL_HOST, split_lines, unstamp
 
         path = self._root(job) / "job.log"  # here, not in the loop: an unknown job fails before any line
 
@@ -284,17 +297,159 @@ class LocalBackend:
                     ended = not follow or self.status(job)["terminal"]  # before reading: nothing is missed
                     *whole, partial = (partial + f.read()).split(b"\n")
                     for line in whole:
-                        yield from split_lines(line.decode(errors="replace"), LOCAL_HOST)
+                        when, text = unstamp(line.decode(errors="replace"))
+                        yield from split_lines(text, LOCAL_HOST, when)
                     if ended:
                         if partial:
-                            yield from split_lines(partial.decode(errors="replace"), LOCAL_HOST)
+                            when, text = unstamp(partial.decode(errors="replace"))
+                            yield from split_lines(text, LOCAL_HOST, when)
                         return
                     time.sleep(1)
 
         return lines()
 
-    def cancel(self, job: JobRef) -> str:
-        raise UserError("a local job runs in the foreground: stop it with Ctrl-C (it saves a checkpoint first)")
+    def cancel(self, job: JobRef, *, now: bool = False) -> str:
+        """Stop the job as Ctrl-C in its terminal would (SIGTERM to its node launcher, which
+        stops each training process at its step's end, with a checkpoint), or with `now` kill
+        its whole process tree at once; then wait, within the stop's bound, for its status."""
+        root = self._root(job).resolve()
+        info = self.status(job)
+        if info["terminal"]:
+            return f"{job.name} already ended: {info['status']}"
+        pid = info.get("pid")
+        if pid is None:
+            raise UserError(
+                f"{job.name} has not recorded its process yet (it is starting): cancel it again in a moment"
+            )
+        if info.get("host") != socket.gethostname():
+            raise UserError(f"{job.name} runs on host {info.get('host')}, not this one: cancel it there")
+        why = _not_this_job(root, pid, info.get("started"))
+        if why:  # status.json is a file anyone may edit, and pids are reused: signal nothing
+            raise UserError(f"{job.name}: its status.json names pid {pid}, {why}: nothing was signalled")
+        (root / CANCEL_FILE).write_text(json.dumps({"now": now, "at": time.time()}))
+        if now:
+            ProcessTree(pid).kill()  # every process of the job, wherever it moved
+            bound = 10.0
+        else:
+            os.kill(pid, signal.SIGTERM)
+            bound = _stop_bound(root) + LAUNCHER_MARGIN_S
+            print(
+                f"stopping {job.name}: it saves a checkpoint at the end of this step (at most {bound:g} s; "
+                f"`distrain-cloud cancel {job.name} --now` ends it at once)",
+                file=sys.stderr,
+            )
+        deadline = time.monotonic() + bound
+        while not (info := self.status(job))["terminal"]:
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"{job.name} is still running {bound:g} s after the stop: "
+                    f"`distrain-cloud cancel {job.name} --now` ends it at once"
+                )
+            time.sleep(0.2)
+        return f"{job.name}: {info['status'].lower()}" + (f" ({info['detail']})" if info["detail"] else "")
+
+
+# Beside job.log in a job's folder: the node launcher's exit record, and a cancel's request.
+EXIT_FILE = "exit.json"
+CANCEL_FILE = "cancel.json"
+
+
+def _show_until_exit(proc: subprocess.Popen, log: Any, shown: TerminalProgress) -> int:
+    """Show job.log (`log`, open for reading) as it grows until the job's process ends, then
+    the rest, each line without the time it starts with; its exit code."""
+    from ..logs import unstamp
+
+    partial = b""  # a line still being written: shown once whole, or at the end
+    while True:
+        code = proc.poll()  # before reading: lines written before the end are all read below
+        chunk = log.read()
+        *whole, partial = (partial + chunk).split(b"\n")
+        for line in whole:
+            shown.write(unstamp(line.decode(errors="replace"))[1].encode() + b"\n")
+        if code is not None:
+            if partial:
+                shown.write(unstamp(partial.decode(errors="replace"))[1].encode())
+            return code
+        if not chunk:
+            time.sleep(0.1)
+
+
+def _ending(root: Path, job_name: str, code: int, *, stop_asked: bool) -> tuple[str, str]:
+    """(status, detail) of a job that exited `code`; `stop_asked`: a stop signal reached it."""
+    cancel = _cancel_asked(root)
+    if code == 0:
+        return "Completed", ""
+    resume = f"resume with --resume-from {job_name}"
+    if cancel == "now":
+        return "Stopped", f"cancelled at once (cancel --now), no checkpoint of the step in progress; {resume}"
+    if code in STOP_EXIT_CODES or (code == STOP_UNSAVED_EXIT_CODE and (stop_asked or cancel is not None)):
+        saved = "" if code in STOP_EXIT_CODES else ", no checkpoint saved: the step in progress did not end in time"
+        how = "distrain-cloud cancel" if cancel else "Ctrl-C or SIGTERM"
+        return "Stopped", f"stopped on request ({how}){saved}; {resume}"
+    failure = root / "output" / "failure"
+    detail = _text(failure).strip().removeprefix("error: ") if failure.is_file() else ""
+    return "Failed", detail or f"training exited with code {code} (see {root / 'job.log'})"
+
+
+def _text(path: Path, limit: int = 4000) -> str:
+    """A file the job wrote, as text: its first `limit` bytes (a failure line, not a disk's worth)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _read_exit(root: Path) -> tuple[int | None, bool]:
+    """(exit code, whether it was stopped) from the node launcher's record; (None, False) if
+    there is none, or it is not what node_launch writes."""
+    try:
+        record = json.loads(_text(root / EXIT_FILE))
+    except (ValueError, RecursionError):
+        return None, False
+    code = record.get("exit_code") if isinstance(record, dict) else None
+    if not isinstance(code, int) or isinstance(code, bool) or not -256 < code < 256:
+        return None, False
+    return code, record.get("stopped") is not None
+
+
+def _cancel_asked(root: Path) -> str | None:
+    """`now` or `stop` when `cancel` asked this job to end, else None."""
+    try:
+        record = json.loads(_text(root / CANCEL_FILE))
+    except (ValueError, RecursionError):
+        return None
+    return ("now" if record.get("now") is True else "stop") if isinstance(record, dict) else None
+
+
+def _stop_bound(root: Path) -> float:
+    """The job's stop bound (`stop_bound_s` in its plan), 80 s where the plan does not say."""
+    try:
+        plan = json.loads(_text(root / "job.json", 10_000_000))
+        bound = plan["request"]["stop_bound_s"]
+    except (ValueError, RecursionError, KeyError, TypeError):
+        return 80.0
+    return float(bound) if isinstance(bound, (int, float)) and 0 < bound < 86_400 else 80.0
+
+
+def _not_this_job(root: Path, pid: int, started: int | None) -> str:
+    """Why process `pid` is not the job in `root` (empty when it is): a later process given a
+    reused pid starts at another time; the job's runs in its folder, a distrain-cloud command."""
+    start = _start_time(pid)
+    if start is None:
+        return "which no longer runs"
+    if started is not None and start != started:
+        return "now a later process reusing that pid"
+    try:
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "which this user cannot inspect (another user's process?)"
+    if cwd != root:
+        return "a process that runs elsewhere, not in this job's folder"
+    if b"distrain_cloud." not in cmdline:
+        return "a process that is not a distrain-cloud job"
+    return ""
 
 
 def _lineage(workdir: Path, job: str) -> tuple[Path, str]:
@@ -368,6 +523,7 @@ _STATUS_KEYS: dict[str, tuple[type, ...]] = {
     "host": (str,),
     "updated": (int, float),
     "detail": (str,),
+    "started": (int,),
 }
 
 

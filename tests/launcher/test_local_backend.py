@@ -15,6 +15,7 @@ import pytest
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.launcher.api import plan_job
 from distrain_cloud.launcher.spec import load_spec
+from distrain_cloud.training.stopping import ProcessTree
 
 
 def local_spec(tmp_path, **overrides):
@@ -122,7 +123,7 @@ def test_submit_local_runs_the_offline_default_end_to_end(cli, tmp_path):
     records = [json.loads(line) for line in logs.stdout.splitlines()]  # every stdout line is JSON
     # one record per line of job.log (a progress bar's "\r" stays inside its line, as it was written)
     assert logs.returncode == 0 and len(records) == (root / "job.log").read_bytes().count(b"\n")
-    assert {(r["time"], r["host"]) for r in records} == {(None, "local")}
+    assert {r["host"] for r in records} == {"local"} and all(r["time"] for r in records)  # when it was written
     assert any(r["message"].startswith("step=") and "eval_accuracy=" in r["message"] for r in records)
 
 
@@ -266,8 +267,9 @@ def _kill_everything(proc: subprocess.Popen, root: Path | None) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", ["0", "2"])  # 2: data loader workers, as on GPUs by default
-def test_ctrl_c_in_the_terminal_checkpoints_and_the_job_is_stopped(cli, tmp_path, workers):
+# 2: data loader workers, as on GPUs by default. `cancel` from another shell stops it as Ctrl-C does.
+@pytest.mark.parametrize("stop, workers", [("cancel", "0"), ("ctrl-c", "2")])
+def test_ctrl_c_in_the_terminal_checkpoints_and_the_job_is_stopped(cli, tmp_path, stop, workers):
     flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", "1", "--num-workers", workers]
     proc = _start_cli(tmp_path, *flags)
     root = None
@@ -280,23 +282,33 @@ def test_ctrl_c_in_the_terminal_checkpoints_and_the_job_is_stopped(cli, tmp_path
             return metrics is not None and metrics.is_file() and metrics.read_text().count("\n") >= 3
 
         _wait_for(three_steps_logged, proc)
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+        assert root is not None
+        if stop == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+        else:  # another shell: it returns once the job has stopped
+            cancel = cli("cancel", root.name, cwd=tmp_path)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             _kill_everything(proc, root)
     assert root is not None
-    assert proc.returncode == 130, out[-2000:] + err[-3000:]
+    sig = "SIGINT" if stop == "ctrl-c" else "SIGTERM"
+    assert proc.returncode == 128 + signal.Signals[sig], out[-2000:] + err[-3000:]
     (stopped,) = [line for line in out.splitlines() if line.startswith("stopped=")]
     step = int(stopped.split()[1].removeprefix("step="))
-    assert stopped == f"stopped=SIGINT step={step} checkpoint_saved=1"
+    assert stopped == f"stopped={sig} step={step} checkpoint_saved=1"
     (ckpt,) = (root / "checkpoints").glob("checkpoint-*")
     assert ckpt.name == f"checkpoint-{step:08d}" and (ckpt / "COMPLETE").is_file()
     assert "Traceback" not in out + err, err[-3000:]
     status = json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)
-    assert (status["status"], status["exit_code"]) == ("Stopped", 130)
+    assert (status["status"], status["exit_code"]) == ("Stopped", 128 + signal.Signals[sig])
     assert f"--resume-from {root.name}" in status["detail"]
     assert "model in" not in err  # stopped: no model was saved
+    if stop == "cancel":
+        assert cancel.returncode == 0, cancel.stderr
+        assert cancel.stdout == f"{root.name}: stopped ({status['detail']})\n"
+        assert "(distrain-cloud cancel)" in status["detail"]
+        assert cancel.stderr.startswith(f"stopping {root.name}: it saves a checkpoint at the end of this step")
 
 
 def test_a_local_job_killed_hard_is_lost_not_in_progress(cli, tmp_path):
@@ -422,10 +434,11 @@ def test_a_job_whose_cli_is_killed_does_not_run_on(cli, tmp_path):
     within the stop's bound."""
     from distrain_cloud.training.stopping import ProcessTree
 
-    # Silent (no step lines, which would fail on the CLI's closed pipe); a checkpoint a step shows progress.
-    flags = ["--max-steps", "100000", "--save-every", "1", "--log-every", "1000", "--stop-grace", "10"]
+    # A checkpoint a step shows progress. The job writes its own log: lines come as they are printed
+    # (`logs` from another shell shows them), and the log is whole after its CLI was killed.
+    flags = ["--max-steps", "100000", "--save-every", "1", "--log-every", "1", "--stop-grace", "10"]
     proc = _start_cli(tmp_path, *flags)
-    root, job = None, None
+    root, job, follow = None, None, None
     try:
 
         def training() -> bool:
@@ -438,13 +451,178 @@ def test_a_job_whose_cli_is_killed_does_not_run_on(cli, tmp_path):
         job = ProcessTree(json.loads((root / "status.json").read_text())["pid"])
         job.refresh()  # node_launch, accelerate's launcher, the trainer
         assert len(job.alive()) >= 3, job.seen
+        logs = cli("logs", root.name, cwd=tmp_path)  # another shell, while it runs
+        assert logs.returncode == 0, logs.stderr
+        assert logs.stdout.startswith("node_launch node_rank=0") and "\nstep=" in logs.stdout
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "distrain_cloud.launcher.cli", "logs", root.name, "--follow", "--json"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(1)  # inside its loop before the job ends
         os.kill(proc.pid, signal.SIGKILL)  # the CLI alone
         proc.communicate(timeout=30)
         gone = job.wait_gone(10 + 20)  # --stop-grace and the launchers' margins
         left = job.alive()
+        followed, follow_err = follow.communicate(timeout=30)  # it ends with the job
     finally:
         if proc.poll() is None:
             _kill_everything(proc, root)
         if job is not None:
             job.kill()  # what a failed assertion (or today's code) left running
+        if follow is not None and follow.poll() is None:
+            follow.kill()
     assert gone, f"the job's processes outlived its CLI: {left}"
+    # Its end is known, not Lost: the node launcher recorded it, and each line has its time.
+    assert follow.returncode == 0, follow_err
+    records = [json.loads(line) for line in followed.splitlines()]
+    assert records and all(r["time"] and r["host"] == "local" for r in records), records[:3]
+    (stopped,) = [r["message"] for r in records if r["message"].startswith("stopped=")]
+    assert stopped.startswith("stopped=SIGTERM step=") and stopped.endswith(" checkpoint_saved=1")
+    status = json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)
+    assert (status["status"], status["exit_code"]) == ("Stopped", 143), status
+    assert f"resume with --resume-from {root.name}" in status["detail"]
+
+
+def test_cancel_now_from_another_shell_kills_the_job_at_once(cli, tmp_path):
+    proc = _start_cli(tmp_path, "--max-steps", "100000")
+    root = None
+    try:
+
+        def started() -> bool:
+            nonlocal root
+            root = _job_root(tmp_path)
+            return root is not None and "pid" in json.loads((root / "status.json").read_text() or "{}")
+
+        _wait_for(started, proc, timeout=60)
+        assert root is not None
+        job = ProcessTree(json.loads((root / "status.json").read_text())["pid"])
+        cancel = cli("cancel", root.name, "--now", cwd=tmp_path)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        _kill_everything(proc, root)
+    assert not job.alive()
+    assert proc.returncode == 137, err[-3000:]
+    status = json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)
+    assert (status["status"], status["exit_code"]) == ("Stopped", 137)
+    assert status["detail"] == (
+        "cancelled at once (cancel --now), no checkpoint of the step in progress; "
+        f"resume with --resume-from {root.name}"
+    )
+    assert (cancel.returncode, cancel.stdout) == (0, f"{root.name}: stopped ({status['detail']})\n"), cancel.stderr
+
+
+@pytest.mark.slow  # starts a training job
+def test_a_training_process_the_oom_killer_ends_is_one_line_naming_it_and_the_resume(cli, tmp_path):
+    # The out-of-memory killer's SIGKILL, to the trainer alone: accelerate's launcher used to add
+    # its traceback and the job said only "exit code 1".
+    from distrain_cloud.training.node_launch import _training_processes
+
+    proc = _start_cli(tmp_path, "--max-steps", "100000")
+    root, trainers = None, []
+    try:
+
+        def trainer_started() -> bool:  # the launcher's report is the same at any step: no need to train
+            nonlocal root, trainers
+            root = _job_root(tmp_path)
+            info = json.loads((root / "status.json").read_text() or "{}") if root else {}
+            trainers = _training_processes(info["pid"]) if "pid" in info else []
+            return bool(trainers)
+
+        _wait_for(trainer_started, proc, timeout=60)
+        assert root is not None and len(trainers) == 1
+        os.kill(trainers[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            _kill_everything(proc, root)
+    assert root is not None
+    line = (
+        "error: a training process was killed by SIGKILL: likely the out-of-memory killer (the machine ran out of "
+        "memory: a smaller --batch-size or --block-size, or fewer --processes, needs less); resume from "
+        f"the last checkpoint with `distrain-cloud resume {root.name}`"
+    )
+    output = (out + err).splitlines()
+    assert [x for x in output if x.startswith("error:")] == [line], err[-3000:]
+    assert not any("Traceback" in x or "CalledProcessError" in x for x in output), err[-3000:]
+    assert proc.returncode == 137
+    status = json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)
+    assert (status["status"], status["exit_code"], status["detail"]) == ("Failed", 137, line.removeprefix("error: "))
+
+
+def _running_job(runs: Path, pid: int, **status) -> Path:
+    """A local job's folder whose status.json says pid `pid` runs it (anyone may write that file)."""
+    import socket
+
+    root = runs / "job-1"
+    root.mkdir(parents=True)
+    (root / "job.json").write_text("{}")
+    record = {"status": "InProgress", "exit_code": None, "pid": pid, "host": socket.gethostname(), **status}
+    (root / "status.json").write_text(json.dumps(record))
+    return root
+
+
+def test_cancel_signals_no_process_that_is_not_the_jobs(tmp_path, capsys):
+    # status.json is only a file, and pids are reused: cancel checks that the pid it names is the
+    # job's own process (started when it was, in the job's folder) before it signals anything.
+    from clirun import run_cli
+
+    from distrain_cloud.training.stopping import _start_time
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=tmp_path)
+    try:
+        runs = tmp_path / "runs"
+        root = _running_job(runs, bystander.pid)
+        code, out, err = run_cli(capsys, "cancel", "job-1", "--workdir", str(runs))
+        assert code != 0 and out == "", err
+        assert err == (
+            f"error: job-1: its status.json names pid {bystander.pid}, a process that runs elsewhere, not in this "
+            "job's folder: nothing was signalled\n"
+        )
+        # The same pid, recorded with another start time: a later process that reuses it.
+        started = _start_time(bystander.pid)
+        record = json.loads((root / "status.json").read_text()) | {"started": started + 1}
+        (root / "status.json").write_text(json.dumps(record))
+        code, out, err = run_cli(capsys, "cancel", "job-1", "--now", "--workdir", str(runs))
+        assert code != 0 and "a later process reusing that pid: nothing was signalled" in err
+        assert bystander.poll() is None  # neither cancel touched it
+        (root / "status.json").write_text(json.dumps({"status": "Completed", "exit_code": 0}))
+        code, out, err = run_cli(capsys, "cancel", "job-1", "--workdir", str(runs))
+        assert (code, out, err) == (0, "job-1 already ended: Completed\n", "")
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+@pytest.mark.parametrize(
+    "left, status, exit_code, detail",
+    [
+        # its node launcher's record: stopped by the SIGTERM the CLI's death sends, checkpoint saved
+        ({"exit.json": '{"exit_code": 143, "stopped": 15}'}, "Stopped", 143, "stopped on request (Ctrl-C or SIGTERM)"),
+        ({"exit.json": '{"exit_code": 0, "stopped": null}'}, "Completed", 0, ""),
+        # `cancel --now` killed it, node launcher included: no record but the cancel's
+        ({"cancel.json": '{"now": true}'}, "Stopped", 137, "cancelled at once (cancel --now)"),
+        # a record that is not node_launch's (hand-made, cut short): nothing known
+        ({"exit.json": '{"exit_code": "143"}'}, "Lost", None, "ended without recording an exit status"),
+        ({"exit.json": "[" * 100_000}, "Lost", None, "ended without recording an exit status"),
+    ],
+    ids=["stopped", "completed", "cancel-now", "not-a-record", "deep-json"],
+)
+def test_a_job_that_ended_with_nobody_to_record_it_is_what_its_launcher_recorded(
+    tmp_path, capsys, left, status, exit_code, detail
+):
+    from clirun import run_cli
+
+    ended = subprocess.Popen([sys.executable, "-c", ""])
+    ended.wait()  # a pid that no longer runs, as the job's once its CLI is gone
+    runs = tmp_path / "runs"
+    root = _running_job(runs, ended.pid)
+    for name, text in left.items():
+        (root / name).write_text(text)
+    code, out, err = run_cli(capsys, "status", "job-1", "--workdir", str(runs), "--json")
+    assert (code, err) == (0, ""), err
+    info = json.loads(out)
+    assert (info["status"], info["exit_code"]) == (status, exit_code)
+    assert detail in info["detail"]

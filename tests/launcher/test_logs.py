@@ -80,3 +80,27 @@ def test_logs_of_an_unknown_local_job_is_one_error_line_on_stderr(tmp_path, caps
     code, out, err = run_cli(capsys, "logs", "nope", "--backend", "local", "--workdir", str(tmp_path), "--json")
     assert code != 0 and out == ""
     assert err.startswith("error: no local job 'nope'") and len(err.splitlines()) == 1
+
+
+def test_local_lines_carry_the_time_the_job_wrote_them(tmp_path, capsys, monkeypatch):
+    # node_launch stamps each line it writes to a local job's log; `logs` gives the time apart.
+    from distrain_cloud.training.node_launch import LOG_TIMES_ENV, stamped
+
+    monkeypatch.setenv(LOG_TIMES_ENV, "1")
+    written = stamped("step=10 train_loss=2.0\n")
+    when = written.split(" ", 1)[0]
+    assert len(when) == len("2026-11-28T01:23:45.678Z") and when.endswith("Z")
+    monkeypatch.delenv(LOG_TIMES_ENV)
+    assert stamped("x\n") == "x\n"  # other backends' logs have times of their own
+    runs = tmp_path / "runs"
+    # A line written without one (the secret wrapper's, an older job's) has none.
+    local_job(runs, written.encode() + b"unstamped line\n2026-11-28T01:23:45.678Z model_saved=model")
+    code, out, err = run_cli(capsys, "logs", "job-1", "--workdir", str(runs), "--json")
+    assert (code, err) == (0, "")
+    assert json_lines(out) == [
+        {"time": when, "host": "local", "message": "step=10 train_loss=2.0"},
+        {"time": None, "host": "local", "message": "unstamped line"},
+        {"time": "2026-11-28T01:23:45.678Z", "host": "local", "message": "model_saved=model"},
+    ]
+    code, out, err = run_cli(capsys, "logs", "job-1", "--workdir", str(runs))
+    assert out == "step=10 train_loss=2.0\nunstamped line\nmodel_saved=model\n"

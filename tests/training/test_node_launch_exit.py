@@ -1,0 +1,54 @@
+"""How node_launch reports the end of its training processes: a process a signal killed (the
+out-of-memory killer) is one line naming the signal, its likely cause and the resume command;
+a run that finished is completed whatever its launcher exits with. Stand-in launchers, run in
+this process; the real CLI with a killed trainer: test_local_backend.py."""
+
+from __future__ import annotations
+
+import sys
+
+from distrain_cloud.training.node_launch import COMPLETED_FILE_ENV, _run_forwarding_signals
+
+# What accelerate's one-process launcher does when its training process dies: CalledProcessError.
+KILLED_TRAINER = (
+    "import subprocess, sys; "
+    "subprocess.run([sys.executable, '-c', 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'], check=True)"
+)
+
+
+def test_a_training_process_killed_by_sigkill_is_one_line_with_its_cause_and_the_resume_command(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("DISTRAIN_JOB_NAME", "job-7")
+    failure = tmp_path / "output" / "failure"
+    code = _run_forwarding_signals([sys.executable, "-c", KILLED_TRAINER], {}, failure, 5.0)
+    err = capsys.readouterr().err
+    line = (
+        "error: a training process was killed by SIGKILL: likely the out-of-memory killer (the machine ran out of "
+        "memory: a smaller --batch-size or --block-size, or fewer --processes, needs less); resume from "
+        "the last checkpoint with `distrain-cloud resume job-7`"
+    )
+    assert (code, err) == (137, line + "\n")  # no traceback, no "exit code 1"
+    assert failure.read_text() == line + "\n"  # what `status` shows
+
+
+def test_a_run_that_finished_is_completed_whatever_its_launcher_exits_with(tmp_path, capsys):
+    # The trainer wrote its marker; then its launcher was killed (exit 247 once, a failed job).
+    # (The trainer writes it where node_launch's COMPLETED_FILE_ENV says: training/__main__.py.)
+    completed = tmp_path / "launch.completed"
+    launcher = f"import os; open(os.environ[{COMPLETED_FILE_ENV!r}], 'w').write('completed'); os.kill(os.getpid(), 9)"
+    env = {COMPLETED_FILE_ENV: str(completed)}
+    code = _run_forwarding_signals(
+        [sys.executable, "-c", launcher], env, tmp_path / "failure", 5.0, completed=completed
+    )
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert err == (
+        "node_launch: the run finished (every step, its model saved), then its launcher ended (killed by SIGKILL): "
+        "the job completed\n"
+    )
+    # Without the marker, the same end is a failure that names the signal.
+    completed.unlink()
+    launcher = "import os; os.kill(os.getpid(), 9)"
+    code = _run_forwarding_signals([sys.executable, "-c", launcher], {}, tmp_path / "failure", 5.0, completed=completed)
+    assert code == 137 and "killed by SIGKILL" in capsys.readouterr().err
