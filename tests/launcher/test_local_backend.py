@@ -186,6 +186,15 @@ def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, 
         return root.name, {m["step"]: m["train_loss"] for m in records if "train_loss" in m}
 
     whole, uninterrupted = submit(*flags)
+    # GPT-2 ties its LM head to its embedding: saved as transformers saves it, Accelerate has nothing
+    # to warn about at each of the three checkpoints.
+    assert "Removed shared tensor" not in (tmp_path / "runs" / whole / "job.log").read_text()
+    # A completed job has nothing left to train: resuming it as it was is refused, naming the way on.
+    done = cli("resume", whole, cwd=tmp_path, env=env)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        f"error: {whole} completed: every step it was asked for is trained. To train further, resume it with a "
+        f"higher --max-steps: distrain-cloud submit --resume-from {whole} -- --max-steps N"
+    ]
     killed, first = submit(*flags, DISTRAIN_TEST_KILL_AT_STEP="3")
     assert max(first) == 3
     resumed, rest = submit("--resume-from", killed)  # no training flags retyped
