@@ -25,7 +25,8 @@ _DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt")
 def offline_checks(spec: JobSpec, plan: Plan) -> list[Check]:
     from distrain_cloud.training.args import ArgumentError, parse_args
 
-    argv = spec.training_argv("no", plan.job_name)
+    planned = plan.payload.get("spec") or spec  # as the backend planned it (local: data paths made absolute)
+    argv = planned.training_argv("no", plan.job_name)
     try:
         args = parse_args(argv)
     except ArgumentError:
@@ -34,6 +35,8 @@ def offline_checks(spec: JobSpec, plan: Plan) -> list[Check]:
     if plan.backend == "local":
         checks += _local_data_files(args, Path(plan.request["cwd"]))
         checks.append(_processes_fit_cores(plan))
+    else:
+        checks += _cloud_data_files(args)
     return [c for c in checks if c is not None]
 
 
@@ -120,6 +123,34 @@ def _local_data_files(args: TrainArgs, job_folder: Path) -> list[Check]:
         if not ok and not path.is_absolute() and path.exists():
             detail = f"{value} is relative and the job runs in {job_folder}: give {path.resolve()}"
         checks.append(Check(f"{flag} {value} exists", ok, detail if not ok else ""))
+    return checks
+
+
+def _cloud_data_files(args: TrainArgs) -> list[Check]:
+    """A data path that names a file of this machine, or a relative one: a cloud job runs on
+    another machine, in a folder of its own, with only training/ shipped in its code bundle.
+    Absolute paths that do not exist here may be the job's own (a channel's folder): not checked."""
+    from distrain_cloud.training.args import is_data_path
+
+    here = Path.cwd()
+    checks = []
+    for flag, value in (("--train-file", args.train_file), ("--validation-file", args.validation_file)) + (
+        ("--dataset", args.dataset),
+    ):
+        if not value or not is_data_path(flag, value, here):
+            continue
+        path = Path(value).expanduser()
+        if path.is_absolute() and not path.exists():
+            continue
+        checks.append(
+            Check(
+                f"{flag} {value} reaches the job",
+                False,
+                "a cloud job cannot read files of this machine (its code bundle holds training/ only): upload it "
+                "to S3 and pass --input train=s3://BUCKET/PREFIX/ instead of the flag (the job trains on its "
+                "train channel), or give the path inside the job (/opt/ml/input/data/<channel>/...)",
+            )
+        )
     return checks
 
 

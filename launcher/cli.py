@@ -233,30 +233,94 @@ def list_jobs(
             if backend:
                 raise
             print(_human(f"note: {name} jobs not listed: {e}"), file=sys.stderr)  # e.g. no credentials
-    jobs = sorted(jobs, key=lambda j: str(j.get("created") or j.get("updated") or ""), reverse=True)[:limit]
+    jobs = sorted(jobs, key=lambda j: _epoch(j.get("created")) or 0.0, reverse=True)[:limit]
     if as_json:
         import json
 
         typer.echo(json.dumps(jobs, indent=2, default=str))
         return
+    _print_jobs(jobs)
+
+
+# The `ls` table's columns after the job's name, with the least and the most characters each is
+# given: the least first, then each in this order grows to its content (up to its most).
+_LS_COLUMNS = {"status": (4, 12), "backend": (4, 9), "created": (4, 19), "instance": (4, 16), "detail": (8, 10_000)}
+_LS_ORDER = ("backend", "status", "instance", "created", "detail")
+_LS_GAP = 2  # between two columns: a space of padding and the (blank) divider
+
+
+def _ls_widths(room: int, natural: dict[str, int]) -> dict[str, int]:
+    """Each column's width in `room` characters (at least their least widths together)."""
+    widths = {name: min(_LS_COLUMNS[name][0], natural[name]) for name in natural}
+    room -= sum(widths.values())
+    for name in widths:
+        grow = max(0, min(min(natural[name], _LS_COLUMNS[name][1]) - widths[name], room))
+        widths[name] += grow
+        room -= grow
+    return widths
+
+
+def _print_jobs(jobs: list[dict[str, Any]]) -> None:
+    """The `ls` table. A job's name is what users copy into the next command: it is never cut or
+    wrapped, whatever the terminal's width; the other columns wrap to make room (one that is
+    empty for every job is left out), and where even that is not enough the table is wider than
+    the terminal (which wraps its lines, the name still whole)."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    table = Table("job", "backend", "status", "instance", "created", "detail")
-    for j in jobs:
+    rows = [
+        {
+            "job": _human(str(j.get("job_name") or "")),
+            **{k: _human(str(j.get(k) or "")) for k in ("backend", "status", "instance", "detail")},
+            "created": _created(j.get("created")),
+        }
+        for j in jobs
+    ]
+    shown = [c for c in _LS_ORDER if c in ("backend", "status") or any(r[c] for r in rows)]
+    natural = {c: max([len(c), *(len(r[c]) for r in rows)]) for c in _LS_COLUMNS if c in shown}
+    name_width = max([len("job"), *(len(r["job"]) for r in rows)])
+    console = Console()
+    frame = _LS_GAP * len(shown)
+    least = frame + name_width + sum(min(_LS_COLUMNS[c][0], natural[c]) for c in shown)
+    width = max(console.width, least)
+    widths = _ls_widths(width - frame - name_width, natural)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    table.add_column("job", no_wrap=True, min_width=name_width)
+    for column in shown:
+        table.add_column(column, max_width=widths[column], overflow="fold")
+    for r in rows:
         # Text cells, not strings: rich would read a job's "[...]" as markup (a stray closing
         # tag is an exception) and passes escape sequences through.
-        cells = (
-            j.get("job_name"),
-            j.get("backend"),
-            j.get("status"),
-            j.get("instance"),
-            _when(j.get("created") or j.get("updated") or ""),
-            j.get("detail"),
-        )
-        table.add_row(*(Text(_human(str(c or ""))) for c in cells))
-    Console().print(table)
+        table.add_row(*(Text(r[c]) for c in ("job", *shown)))
+    Console(width=width).print(table)
+
+
+def _epoch(value: object) -> float | None:
+    """A job's creation time as seconds since the epoch: local records keep that; EC2 writes UTC
+    as `YYYY-MM-DD HH:MM:SS`, SageMaker an ISO time with its zone. None when it is neither."""
+    from datetime import datetime, timezone
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _created(value: object) -> str:
+    """The creation time in this machine's local time, as `status` shows times; as given when
+    it is not a time."""
+    epoch = _epoch(value)
+    try:
+        return _when(epoch) if epoch is not None else str(value or "")
+    except (OverflowError, OSError, ValueError):  # a time no calendar holds
+        return str(value)
 
 
 @app.command()
@@ -372,11 +436,24 @@ def resume(
     from .jobs import find_job
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
+    _refuse_completed(ref)
     spec = resume_spec(ref)
     plan = plan_job(spec, dry_run=dry_run)
     if dry_run:  # a submit's --json document is printed once it returns (_act)
         typer.echo(plan.to_json() if as_json else _human(plan.render()))  # a resumed spec comes from S3
     _act(plan, spec, dry_run=dry_run, as_json=as_json, wait=wait, yes=yes)
+
+
+def _refuse_completed(ref: Any) -> None:
+    """A completed job has trained every step it was asked for: resumed as it was, its new job
+    would train none and report completed again."""
+    from .backends import get_backend
+
+    if get_backend(ref.backend).status(ref).get("status") == "Completed":
+        raise UserError(
+            f"{ref.name} completed: every step it was asked for is trained. To train further, resume it "
+            f"with a higher --max-steps: distrain-cloud submit --resume-from {ref.name} -- --max-steps N"
+        )
 
 
 @app.command()

@@ -441,8 +441,9 @@ def processes(strategy: str, instance: InstanceType, nodes: int) -> int:
 
 def compiled(args: TrainArgs) -> bool:
     """Whether the job will run compiled on a GPU, as the trainer decides it (compile_decision).
-    With neither --max-steps nor --compile the run's length is not known here: it is taken as
-    long enough to compile (a short run stays eager and needs more memory than estimated)."""
+    Without --max-steps the run's length is known here only where with_planned_steps counts it;
+    otherwise it is taken as long enough to compile (a short run stays eager and needs more
+    memory than estimated), and compile_words says the compile depends on it."""
     from distrain_cloud.training.strategies import COMPILE_MIN_STEPS, compile_decision, provisional_strategy
 
     try:
@@ -451,6 +452,44 @@ def compiled(args: TrainArgs) -> bool:
         return bool(args.compile)
     steps = COMPILE_MIN_STEPS if args.max_steps is None else args.max_steps
     return compile_decision(args.compile, cuda=True, strategy=strategy, max_steps=steps)[0]
+
+
+def compile_words(args: TrainArgs) -> str:
+    """How a plan names the compile decision after the strategy: ", compiled", nothing (eager),
+    or, where it turns on a run length not known here, the length it needs."""
+    from distrain_cloud.training.strategies import COMPILE_MIN_STEPS
+
+    if not compiled(args):
+        return ""
+    if args.max_steps is None and args.compile is None:
+        return f", compiled if it runs {COMPILE_MIN_STEPS:,}+ steps"
+    return ", compiled"
+
+
+def with_planned_steps(args: TrainArgs, *, world_size: int, channels: Mapping[str, Any]) -> TrainArgs:
+    """`args` with --max-steps set to the optimizer steps the job will run, where a plan can
+    count them: --epochs over the shipped builtin:sentiment data, the classification default,
+    whose rows are its examples, split and batched as the trainer does (data.load_raw,
+    data.make_loaders). Elsewhere (a Hub dataset, a file, a channel `channels` names, packed
+    language-model blocks) the job counts them once its data is loaded, and `args` come back
+    as they are. The compile decision and auto's pick then follow the trainer's own rule."""
+    import math
+
+    from distrain_cloud.training.data import BUILTIN
+
+    default = args.dataset is None and args.train_file is None and "train" not in channels
+    if args.max_steps is not None or args.task != "classification":
+        return args
+    if args.dataset != "builtin:sentiment" and not default:
+        return args
+    with open(BUILTIN["sentiment"], "rb") as f:
+        rows = sum(1 for line in f if line.strip())
+    # datasets' train_test_split with a fractional test_size takes ceil(size * rows) for the test split.
+    train = rows - math.ceil(args.validation_fraction * rows)
+    if args.max_train_samples:
+        train = min(train, args.max_train_samples)
+    per_epoch = max(1, train // (args.batch_size * world_size) // args.grad_accum)
+    return replace(args, max_steps=math.ceil(args.epochs * per_epoch))
 
 
 def _compile_unit(args: TrainArgs) -> str | None:
@@ -520,7 +559,7 @@ def fit_check(args: TrainArgs, instance: InstanceType, *, nodes: int = 1) -> Che
     need = estimate_job(args, shape, processes(args.strategy, instance, nodes)).device_gib
     have = usable_gib(instance)
     what = (
-        f"{_strategy_words(args)}{', compiled' if compiled(args) else ''}, micro-batch {args.batch_size} x "
+        f"{_strategy_words(args)}{compile_words(args)}, micro-batch {args.batch_size} x "
         f"{seq_len(args)} tokens, {shape.params / 1e6:,.0f}M params"
     )
     if need <= have:
@@ -665,7 +704,7 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
         rows.append(Fit(instance.name, gpus, need, have, hourly, cost, note, runs))
     what = (
         f"{shape.name} ({shape.params / 1e6:,.0f}M params), {args.task}, {_strategy_words(args)}"
-        f"{', compiled' if compiled(args) else ''}, micro-batch {args.batch_size} x {seq_len(args)} tokens, "
+        f"{compile_words(args)}, micro-batch {args.batch_size} x {seq_len(args)} tokens, "
         f"{spec.nodes} node(s), prices in {region}"
     )
     return what, sorted(rows, key=lambda r: (not r.fits, r.usd_per_million_tokens is None, r.hourly_usd or 0))

@@ -51,9 +51,45 @@ def wandb_run(
     if args.report_to != "wandb" or not _online(spec, os.environ if here is None else here):
         return None
     run_id = env["DISTRAIN_WANDB_RUN_ID"]
-    if args.wandb_entity:
-        return f"{WANDB_APP}/{args.wandb_entity}/{args.wandb_project}/runs/{run_id}"
+    app = _app_url(spec, os.environ if here is None else here)
+    if args.wandb_entity and app:
+        return f"{app}/{args.wandb_entity}/{args.wandb_project}/runs/{run_id}"
     return f"project {args.wandb_project}, run id {run_id} (the job's log prints its URL)"
+
+
+def _app_url(spec: JobSpec, here: Mapping[str, str]) -> str | None:
+    """The W&B web app the job's run will be on, as the W&B SDK finds it (wandb.util.app_url):
+    WANDB_APP_URL, else derived from the server WANDB_BASE_URL names (a self-hosted W&B), else
+    from `wandb login --host`'s settings file, else W&B's cloud. A local job inherits this
+    process's environment and settings; a cloud job sees only its secrets, so a server named
+    there is not known here (None: the job's log prints the URL)."""
+    if spec.backend != "local":
+        return None if {"WANDB_APP_URL", "WANDB_BASE_URL"} & set(spec.secrets) else WANDB_APP
+    if here.get("WANDB_APP_URL", "").strip():
+        return here["WANDB_APP_URL"].strip().rstrip("/")
+    base = here.get("WANDB_BASE_URL", "").strip() or _login_host(here)
+    if not base:
+        return WANDB_APP
+    base = base.rstrip("/")
+    if "://api.wandb." in base:  # W&B's cloud API: the app is the same host without api.
+        return base.replace("://api.", "://")
+    if "://api." in base:  # a dedicated deployment: app. beside api.
+        return base.replace("://api.", "://app.")
+    return base  # a self-hosted server serves its app and API at one address
+
+
+def _login_host(here: Mapping[str, str]) -> str | None:
+    """The server `wandb login --host` saved in W&B's settings file (its base_url), if any."""
+    import configparser
+    from pathlib import Path
+
+    folder = here.get("WANDB_CONFIG_DIR") or str(Path(here.get("HOME") or Path.home()) / ".config" / "wandb")
+    settings = configparser.ConfigParser()
+    try:
+        settings.read(Path(folder).expanduser() / "settings", encoding="utf-8")
+    except (configparser.Error, OSError, UnicodeDecodeError):
+        return None  # not W&B's file to fix here; the job's log prints the URL it gets
+    return settings.get("default", "base_url", fallback=None)
 
 
 def _online(spec: JobSpec, here: Mapping[str, str]) -> bool:

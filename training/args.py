@@ -10,6 +10,7 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any, NoReturn
 
 from .stopping import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_STOP_GRACE_S
@@ -114,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d = TrainArgs()
     g = p.add_argument_group("model")
-    g.add_argument("--task", choices=TASKS, default=d.task)
+    g.add_argument("--task", choices=TASKS, default=d.task, help="what to train the model for (default: %(default)s)")
     g.add_argument("--model", help="Hub id or local folder of a pretrained model")
     g.add_argument("--model-config", help="config.json path or Hub id: build the model with random weights")
     g.add_argument(
@@ -130,9 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dataset", help="Hub dataset id, local file or folder, or builtin:sentiment / builtin:corpus")
     g.add_argument("--dataset-config", help="the Hub dataset's config name")
     g.add_argument("--train-file", help="csv, json/jsonl, parquet or txt")
-    g.add_argument("--validation-file")
-    g.add_argument("--text-column", default=d.text_column)
-    g.add_argument("--label-column", default=d.label_column)
+    g.add_argument(
+        "--validation-file", help="evaluation data, in a format --train-file takes (default: carved out of it)"
+    )
+    g.add_argument("--text-column", default=d.text_column, help="the column holding the text (default: %(default)s)")
+    g.add_argument(
+        "--label-column",
+        default=d.label_column,
+        help="classification: the column holding the label (default: %(default)s)",
+    )
     g.add_argument(
         "--validation-fraction",
         type=float,
@@ -146,8 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.block_size,
         help="language models: pack text into blocks of this many tokens",
     )
-    g.add_argument("--max-train-samples", type=int)
-    g.add_argument("--max-eval-samples", type=int)
+    g.add_argument("--max-train-samples", type=int, help="train on at most this many examples (for quick runs)")
+    g.add_argument("--max-eval-samples", type=int, help="evaluate on at most this many examples")
     g = p.add_argument_group("optimisation")
     g.add_argument(
         "--strategy",
@@ -155,23 +162,52 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.strategy,
         help="auto (default): ddp, or fsdp sharded in the compiled graph for long compiled runs on GPUs of one node",
     )
-    g.add_argument("--precision", choices=PRECISIONS, default=d.precision)
+    g.add_argument(
+        "--precision", choices=PRECISIONS, default=d.precision, help="mixed precision (default: %(default)s, fp32)"
+    )
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="per device, per micro-step")
-    g.add_argument("--eval-batch-size", type=int)
-    g.add_argument("--grad-accum", type=int, default=d.grad_accum)
+    g.add_argument("--eval-batch-size", type=int, help="per device, for evaluation (default: --batch-size)")
+    g.add_argument(
+        "--grad-accum",
+        type=int,
+        default=d.grad_accum,
+        help="micro-steps whose gradients add up to one optimizer step (default: %(default)s)",
+    )
     g.add_argument(
         "--lr",
         type=float,
         default=d.lr,
         help="peak learning rate (default: 5e-5 for a pretrained --model, 1e-3 from a config)",
     )
-    g.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    g.add_argument(
+        "--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay (default: %(default)g)"
+    )
     g.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm, help="0 turns clipping off")
-    g.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    g.add_argument("--scheduler", choices=SCHEDULERS, default=d.scheduler)
-    g.add_argument("--epochs", type=float, default=d.epochs)
-    g.add_argument("--max-steps", type=int, help="optimizer steps; overrides --epochs")
-    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=d.warmup_steps,
+        help="optimizer steps over which the learning rate rises from 0 (default: %(default)s)",
+    )
+    g.add_argument(
+        "--scheduler",
+        choices=SCHEDULERS,
+        default=d.scheduler,
+        help="learning rate after warmup: decays to 0 (linear, cosine) or stays (default: %(default)s)",
+    )
+    g.add_argument(
+        "--epochs",
+        type=float,
+        default=d.epochs,
+        help="passes over the training data, fractions allowed (default: %(default)g; --max-steps overrides it)",
+    )
+    g.add_argument("--max-steps", type=int, help="optimizer steps to train, at least 1; overrides --epochs")
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=d.seed,
+        help="seeds the weights, dropout and the data order; a resumed run keeps its place (default: %(default)s)",
+    )
     g.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
@@ -277,17 +313,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="fsdp: consecutive transformer blocks sharded, gathered and reduced as one unit "
         "(default: units of about 100M parameters; 1 for the least memory)",
     )
-    g.add_argument("--mlm-probability", type=float, default=d.mlm_probability)
+    g.add_argument(
+        "--mlm-probability",
+        type=float,
+        default=d.mlm_probability,
+        help="masked-lm: the share of tokens masked (default: %(default)g)",
+    )
     g.add_argument(
         "--profile-steps",
         metavar="START:END",
         help="profile these optimizer steps with torch.profiler; the table goes to the output folder",
     )
     g = p.add_argument_group("logging, evaluation, checkpoints")
-    g.add_argument("--log-every", type=int, default=d.log_every)
+    g.add_argument(
+        "--log-every",
+        type=int,
+        default=d.log_every,
+        help="optimizer steps between step lines and metrics records (default: %(default)s)",
+    )
     g.add_argument("--eval-every", type=int, help="steps between evaluations (always one at the end)")
     g.add_argument("--save-every", type=int, help="steps between checkpoints (also saved on SIGTERM)")
-    g.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    g.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=d.keep_checkpoints,
+        help="the newest checkpoints kept; older ones are deleted as new ones are saved (default: %(default)s)",
+    )
     g.add_argument(
         "--stop-grace",
         type=float,
@@ -305,10 +356,15 @@ def build_parser() -> argparse.ArgumentParser:
         "fails; also bounds what the main process does while the others wait, such as preparing the data "
         "(default: %(default)g)",
     )
-    g.add_argument("--report-to", choices=("wandb", "none"), default=d.report_to)
-    g.add_argument("--wandb-project", default=d.wandb_project)
-    g.add_argument("--wandb-entity")
-    g.add_argument("--run-name")
+    g.add_argument(
+        "--report-to",
+        choices=("wandb", "none"),
+        default=d.report_to,
+        help="where metrics go besides metrics.jsonl: W&B (offline without a key) or nowhere (default: %(default)s)",
+    )
+    g.add_argument("--wandb-project", default=d.wandb_project, help="the W&B project (default: %(default)s)")
+    g.add_argument("--wandb-entity", help="the W&B team or user (default: the key's own)")
+    g.add_argument("--run-name", help="the W&B run's display name (default: the job's name)")
     g.add_argument(
         "--save-model",
         action=argparse.BooleanOptionalAction,
@@ -327,7 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BRANCH",
         help="the --push-to-hub branch to commit to, created from main if missing (default: main)",
     )
-    g.add_argument("--generate-prompt", default=d.generate_prompt)
+    g.add_argument(
+        "--generate-prompt",
+        default=d.generate_prompt,
+        help="causal-lm: the text the sample generated from the saved model starts with (default: %(default)r)",
+    )
     g.add_argument(
         "--generate-tokens",
         type=int,
@@ -342,11 +402,92 @@ def known_flags() -> set[str]:
     return {f.name.replace("_", "-") for f in fields(TrainArgs)}
 
 
+def _numbers_attached(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """`argv` with each negative number given to a numeric flag attached to it: `--lr -1e-4`
+    becomes `--lr=-1e-4`. argparse takes a value that starts with "-" for an option unless it
+    looks like a plain negative number (`-1`, `-0.5`, not `-1e-4` nor `-inf`) and then says
+    "expected one argument" instead of what is wrong with the number; attached, any value
+    reaches the flag's type and validate() names the problem."""
+    numeric = {
+        option: action.type
+        for action in parser._actions  # argparse has no public way to list its options
+        if action.type in (int, float) and action.nargs is None
+        for option in action.option_strings
+    }
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        kind = numeric.get(item)
+        if kind is not None and i + 1 < len(items) and items[i + 1].startswith("-") and _parses(kind, items[i + 1]):
+            out.append(f"{item}={items[i + 1]}")
+            i += 2
+            continue
+        if item == "--":  # what follows is not ours to read
+            out += items[i:]
+            break
+        out.append(item)
+        i += 1
+    return out
+
+
+def _parses(kind: Any, text: str) -> bool:
+    try:
+        kind(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = build_parser()
+    return parser.parse_args(_numbers_attached(parser, argv))
+
+
 def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
-    ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    ns = _parse(list(sys.argv[1:] if argv is None else argv))
     args = TrainArgs(**vars(ns))
     validate(args)
     return args
+
+
+# The flags that name data files; a --dataset is a path where one exists, or where it looks like one.
+DATA_FILE_FLAGS = ("--train-file", "--validation-file")
+DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt")
+
+
+def is_data_path(flag: str, value: str, cwd: Path) -> bool:
+    """Whether `value` given to `flag` names a file or folder (not a Hub id nor a builtin:),
+    read from `cwd`: what data.resolve_sources will take for a path."""
+    if flag in DATA_FILE_FLAGS:
+        return True
+    if flag != "--dataset" or value.startswith("builtin:"):
+        return False
+    path = Path(value).expanduser()
+    return value.startswith(("/", ".", "~")) or value.endswith(DATA_SUFFIXES) or (cwd / path).exists()
+
+
+def absolute_data_paths(argv: Sequence[str], cwd: Path) -> list[str]:
+    """`argv` with each relative data path (--train-file, --validation-file, a --dataset that
+    is_data_path) made absolute against `cwd`, where the user typed it: a local job runs in a
+    folder of its own, where the relative path would name nothing."""
+    out = list(argv)
+    for i, item in enumerate(out):
+        flag, eq, value = item.partition("=")
+        if eq:
+            index = i
+        elif i + 1 < len(out):
+            flag, value, index = item, out[i + 1], i + 1
+        else:
+            continue
+        if flag not in (*DATA_FILE_FLAGS, "--dataset") or not is_data_path(flag, value, cwd):
+            continue
+        path = Path(value).expanduser()
+        path = path if path.is_absolute() else (cwd / path).resolve()
+        if str(path) != value:
+            out[index] = f"{flag}={path}" if eq else str(path)
+    return out
 
 
 def config_overrides(a: TrainArgs) -> dict[str, str]:
@@ -392,7 +533,12 @@ def validate(a: TrainArgs) -> None:
         "max_eval_samples",
     ):
         value = getattr(a, name)
-        if value is not None and value < (0 if name == "max_steps" else 1):
+        if value is not None and value < 1:
+            if name == "max_steps":  # 0 would train nothing and report the job completed
+                raise ArgumentError(
+                    f"--max-steps {value} trains nothing: give at least 1 (e.g. --max-steps 100), "
+                    "or leave it out to train --epochs"
+                )
             raise ArgumentError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if a.fused_ce and (a.task != "causal-lm" or a.strategy.startswith("zero3")):
         raise ArgumentError("--fused-ce applies to --task causal-lm without ZeRO-3 (whose LM head is sharded)")
@@ -504,7 +650,7 @@ def argv_to_hyperparameters(argv: Sequence[str]) -> dict[str, str]:
 
     Round-trips with hyperparameters_to_argv: the job turns the map back into the same flags.
     """
-    ns = vars(build_parser().parse_args(list(argv)))
+    ns = vars(_parse(list(argv)))
     defaults = TrainArgs().to_dict()
     out = {}
     for key, value in ns.items():

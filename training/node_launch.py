@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import quiet
 from .args import parse_args
 from .contract import Contract
 from .stopping import DEFAULT_STOP_GRACE_S, LAUNCHER_MARGIN_S
@@ -98,6 +97,36 @@ def plan_node(
     return NodeLaunch(config, command, env, args.stop_grace)
 
 
+def running_type(launch: NodeLaunch) -> str:
+    """What the processes run as, for the log line: the config's distributed_type, except that
+    processes on CPUs launched through torchrun (a config of MULTI_GPU, which accelerate's
+    launcher needs for torchrun) run as MULTI_CPU, or DeepSpeed on CPU."""
+    kind = launch.config["distributed_type"]
+    if kind == "MULTI_GPU" and launch.config["use_cpu"]:
+        return "MULTI_CPU"
+    if kind == "MULTI_GPU" and launch.env.get("DS_ACCELERATOR") == "cpu":
+        return "DEEPSPEED (CPU)"
+    return kind
+
+
+def _threads_per_process(config: dict) -> int:
+    """What accelerate launch would pick for --num_cpu_threads_per_process: OMP_NUM_THREADS
+    where set, else on CPUs the physical cores shared among this node's processes, else 1."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    if not config["use_cpu"]:
+        return 1
+    try:
+        import psutil
+
+        cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:
+        cores = os.cpu_count() or 1
+    per_node = max(1, config["num_processes"] // max(1, config["num_machines"]))
+    return max(1, cores // per_node)
+
+
 def _count_gpus() -> int:
     try:
         import torch
@@ -141,10 +170,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     command = [path if c == CONFIG_FILE else c for c in launch.command]
+    # Given, so accelerate launch does not pick it itself and print a note saying so on every launch.
+    at = command.index("--config_file")
+    command[at:at] = ["--num_cpu_threads_per_process", str(_threads_per_process(launch.config))]
     print(
         stamped(
             f"node_launch node_rank={contract.node_rank} nodes={contract.num_nodes} "
-            f"processes={launch.config['num_processes']} distributed_type={launch.config['distributed_type']} "
+            f"processes={launch.config['num_processes']} distributed_type={running_type(launch)} "
             f"code={Path(__file__).parent}"
         ),
         flush=True,
@@ -264,8 +296,6 @@ def _run_forwarding_signals(
         assert proc.stderr is not None
         for raw in iter(proc.stderr.readline, b""):
             line = raw.decode(errors="replace")
-            if quiet.is_noise(line):
-                continue
             if is_unsaved_line(line):  # the stop's one line: shown even among held lines
                 unsaved.append(line)
             elif held or "torch/distributed/elastic" in line or line.startswith("Traceback (most recent call"):

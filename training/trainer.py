@@ -180,6 +180,8 @@ class Trainer:
     def _check_environment(self, world: int, *, cuda: bool) -> None:
         """Flags this machine or this launch cannot serve, refused before anything is built."""
         a = self.args
+        if not self.lr > 0:  # also nan; the launcher's plan check says it before a job starts
+            raise ArgumentError(f"--lr {a.lr:g}: the learning rate must be positive, e.g. --lr 3e-4")
         if a.fused_ce and a.ce_kernel == "liger" and importlib.util.find_spec("liger_kernel") is None:
             raise ArgumentError("--ce-kernel liger needs the liger-kernel package (pip install liger-kernel)")
         if a.ddp_reduce_dtype == "bf16" and not cuda:
@@ -255,6 +257,7 @@ class Trainer:
         )
         if fsdp_plugin is not None:
             _select_fsdp(accelerator, fsdp_plugin)
+        accelerator.register_save_state_pre_hook(_drop_tied_copies)
         self._ddp_buckets = bucket_mb, slow_link
         return accelerator
 
@@ -585,6 +588,11 @@ class Trainer:
                 a = self.args
             if batches.note:
                 self._print(batches.note)
+            if state.step >= self.max_steps:  # a finished run, resumed as it was: nothing to train
+                raise checkpoint.CheckpointError(
+                    f"{path.name} is at step {state.step} and this run trains {self.max_steps} steps: it completed; "
+                    f"to train further, resume with a higher --max-steps (e.g. --max-steps {2 * state.step})"
+                )
             if batches.regrouped and state.batch_in_epoch and self.data.lengths is not None:
                 # Length-grouped batches are formed in pools of whole batches: another batch size
                 # groups the rest of this epoch anew (later epochs are whole again).
@@ -1358,6 +1366,25 @@ def _eager(torch) -> Any:
     where this does nothing (and Accelerate refuses FSDP2, so fsdp, anyway)."""
     set_stance = getattr(torch.compiler, "set_stance", None)
     return set_stance("force_eager") if set_stance else contextlib.nullcontext()
+
+
+def _drop_tied_copies(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
+    """Accelerate's save_state hook: each model's state dict without the second name of a tied
+    weight (GPT-2's lm_head.weight is wte.weight), as transformers saves tied weights and
+    safetensors needs them. Accelerate would drop the same names itself, with a warning at
+    every checkpoint ("Removed shared tensor"); loading ties them again. The first name of each
+    storage is kept, as Accelerate keeps it, so the files are the same."""
+    import torch
+    from accelerate.utils import id_tensor_storage  # Accelerate's own test of a shared storage
+
+    for state in weights:
+        seen: set[Any] = set()
+        for name in list(state):
+            if isinstance(state[name], torch.Tensor):
+                storage = id_tensor_storage(state[name])
+                if storage in seen:
+                    del state[name]
+                seen.add(storage)
 
 
 def _transformer_blocks(model) -> list[Any]:

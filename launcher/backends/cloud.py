@@ -9,7 +9,7 @@ request. The pieces here are those steps, so SageMaker and EC2 use the same ones
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +57,7 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
         planned_ddp_buckets,
     )
 
-    from ..memory import compiled, fit_check, planned_run
+    from ..memory import compiled, fit_check, planned_run, with_planned_steps
 
     hardware = instance.name
     if instance.gpus:
@@ -67,8 +67,10 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
     job_name = unique_job_name(spec.name)
     argv = spec.check_training_args(precision, job_name)
     processes = max(instance.gpus, 1)
+    # The run's length where the plan can count it: the compile and auto's pick turn on it.
+    steps = with_planned_steps(parse_args(argv), world_size=spec.nodes * processes, channels=spec.inputs)
     train, shown = planned_run(
-        parse_args(argv),
+        steps,
         world_size=spec.nodes * processes,
         nodes=spec.nodes,
         gpu_model=instance.gpu_model if instance.gpus else None,
@@ -199,65 +201,83 @@ def upload_code(plan: Plan) -> bool:
         return resources.upload_if_absent(bucket, plan.payload["code_key"], plan.payload["bundle"], region)
 
 
+# How far back each poll of a followed log reads again. CloudWatch orders events by the time the
+# node stamped them, and one node's agent may deliver a batch stamped before another node's newest
+# event after that event was read: read from the newest time seen, that batch would be lost.
+# What was printed already is known by its eventId and not printed again.
+LOG_LOOKBACK_MS = 30_000
+_NEVER_FORGOTTEN = 2**63  # the key of an event without a time: kept, as no round can tell its age
+
+
 def log_lines(
     region: str, group: str, job_name: str, host: Callable[[str], str], done: Callable[[], bool], poll: float = 5.0
 ) -> Iterator[LogLine]:
-    """The lines of every stream `<job_name>/...` of log group `group`, stream by stream, each
-    with its host and time; until `done()` says the job ended (called once per round: pass
-    `lambda: True` for what is there now)."""
+    """The lines of every stream `<job_name>/...` of log group `group`, in the order CloudWatch
+    gives them (by time; each stream's lines in their order), each with its host and time; until
+    `done()` says the job ended (called once per round: pass `lambda: True` for what is there
+    now). One FilterLogEvents call a round for all the streams (more only for more than a page),
+    not one GetLogEvents call per stream."""
     from distrain_cloud.infra import aws
 
-    tokens: dict[str, str | None] = {}
+    from ..logs import iso_utc, split_lines
+
+    printed: dict[Any, int] = {}  # event key -> timestamp, for the events inside the lookback
+    newest: int | None = None
     with aws.translate_errors():
         client = aws.client("logs", region)
         while True:
-            # asked before listing and reading: whatever was written before the end is read this round
+            # asked before reading: whatever was written before the end is read this round
             ended = done()
-            for stream in _log_streams(client, group, job_name):
-                tokens.setdefault(stream, None)
-            for stream in sorted(tokens):
-                tokens[stream] = yield from _events(client, group, stream, tokens[stream], host(stream))
+            since = None if newest is None else max(0, newest - LOG_LOOKBACK_MS)
+            for stream, stamp, message, key in _filter_events(client, group, f"{job_name}/", since):
+                if key in printed:
+                    continue
+                printed[key] = stamp if stamp is not None else _NEVER_FORGOTTEN
+                if stamp is not None:
+                    newest = stamp if newest is None else max(newest, stamp)
+                yield from split_lines(message, host(stream), iso_utc(stamp) if stamp is not None else None)
             if ended:
                 return
+            if newest is not None:  # what the next round cannot read again need not be remembered
+                printed = {k: t for k, t in printed.items() if t >= newest - LOG_LOOKBACK_MS}
             time.sleep(poll)
 
 
-def _log_streams(client: Any, group: str, job_name: str) -> list[str]:
+def _filter_events(
+    client: Any, group: str, prefix: str, since: int | None
+) -> Iterator[tuple[str, int | None, str, Any]]:
+    """(stream, timestamp, message, key) of each event of the streams named `prefix...` from
+    `since` (ms) on, page by page; nothing while the group does not exist yet. Every field is
+    checked: an event that is not what the API model says is skipped, not trusted."""
     from botocore.exceptions import ClientError
 
     from distrain_cloud.infra.aws import error_code
 
-    streams: list[str] = []
-    kwargs: dict[str, Any] = {"logGroupName": group, "logStreamNamePrefix": f"{job_name}/"}
+    kwargs: dict[str, Any] = {"logGroupName": group, "logStreamNamePrefix": prefix}
+    if since is not None:
+        kwargs["startTime"] = since
     while True:
         try:
-            out = client.describe_log_streams(**kwargs)
+            out = client.filter_log_events(**kwargs)
         except ClientError as e:
             if error_code(e) == "ResourceNotFoundException":
-                return streams  # no logs yet (the job is still starting)
+                return  # no logs yet (the job is still starting)
             raise
-        streams += [s["logStreamName"] for s in out.get("logStreams", [])]
-        if not out.get("nextToken"):
-            return streams
-        kwargs["nextToken"] = out["nextToken"]
-
-
-def _events(client: Any, group: str, stream: str, token: str | None, host: str) -> Generator[LogLine, None, str | None]:
-    """The stream's lines after `token`; returns the token to read on from."""
-    from ..logs import iso_utc, split_lines
-
-    while True:
-        kwargs: dict[str, Any] = {"logGroupName": group, "logStreamName": stream, "startFromHead": True}
-        if token:
-            kwargs["nextToken"] = token
-        out = client.get_log_events(**kwargs)
-        for event in out.get("events", []):
+        events = out.get("events")
+        for event in events if isinstance(events, list) else []:
+            stream, message = event.get("logStreamName"), event.get("message")
+            if not (isinstance(stream, str) and stream.startswith(prefix) and isinstance(message, str)):
+                continue  # another job's stream (a name sharing the prefix is not ours), or no text
             stamp = event.get("timestamp")
-            yield from split_lines(event["message"], host, iso_utc(stamp) if stamp is not None else None)
-        new: str | None = out.get("nextForwardToken")
-        if not out.get("events") or new == token:
-            return new
-        token = new
+            stamp = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) and stamp >= 0 else None
+            event_id = event.get("eventId")
+            key = event_id if isinstance(event_id, str) and event_id else (stream, stamp, message)
+            yield stream, stamp, message, key
+        # A page may be empty with a token after it (the search goes on): only no token ends it.
+        token = out.get("nextToken")
+        if not isinstance(token, str) or not token or token == kwargs.get("nextToken"):
+            return
+        kwargs["nextToken"] = token
 
 
 # What `report` reads of a job's output folder (metrics.jsonl is the one it cannot do without),

@@ -74,6 +74,7 @@ class LocalBackend:
         with value_errors_as_user_errors():
             precision = choose_precision(spec.precision, gpus, capability, "this machine")
         job_name = unique_job_name(spec.name)
+        spec = _with_absolute_data_paths(spec)
         argv = spec.check_training_args(precision, job_name)
         root = (spec.local.workdir / job_name).resolve()
         # A lineage shares one checkpoint folder: the first job's.
@@ -280,10 +281,12 @@ class LocalBackend:
             if not (p / "job.json").is_file() or not (p / "status.json").is_file():
                 continue  # not a job folder
             try:
-                jobs.append({**self.status(JobRef(p.name, self.name, workdir=workdir)), "backend": self.name})
-            except UserError as e:  # one broken folder must not hide the others
+                info = self.status(JobRef(p.name, self.name, workdir=workdir))
+                # Created when submit wrote its plan, which nothing writes again.
+                jobs.append({**info, "created": (p / "job.json").stat().st_mtime, "backend": self.name})
+            except (UserError, OSError) as e:  # one broken folder must not hide the others
                 print(printable(f"note: skipped local job {p.name}: {e}"), file=sys.stderr)
-        return sorted(jobs, key=lambda j: j.get("updated") or 0, reverse=True)[:limit]
+        return sorted(jobs, key=lambda j: j["created"], reverse=True)[:limit]
 
     def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
         from ..logs import LOCAL_HOST, split_lines, unstamp
@@ -525,6 +528,22 @@ _STATUS_KEYS: dict[str, tuple[type, ...]] = {
     "detail": (str,),
     "started": (int,),
 }
+
+
+def _with_absolute_data_paths(spec: JobSpec) -> JobSpec:
+    """`spec` with its relative data paths made absolute against this working directory, where
+    the user named them (args.absolute_data_paths): the job runs in a folder of its own, and a
+    resume from another folder reads the same files."""
+    from distrain_cloud.training.args import absolute_data_paths
+
+    here = Path.cwd()
+    hyperparameters = dict(spec.hyperparameters)
+    for key, value in spec.hyperparameters.items():
+        flag = "--" + key.replace("_", "-")
+        if flag in ("--train-file", "--validation-file", "--dataset") and isinstance(value, str):
+            hyperparameters[key] = absolute_data_paths([flag, value], here)[1]
+    update = {"train_args": absolute_data_paths(spec.train_args, here), "hyperparameters": hyperparameters}
+    return spec.model_copy(update=update)
 
 
 def _read_status(root: Path) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from importlib.metadata import version
@@ -52,5 +53,38 @@ def test_status_and_ls_show_local_times_not_epoch_seconds(cli, tmp_path):
     shown = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1795703390.5))
     status = cli("status", "job-1", "--backend", "local", cwd=tmp_path)
     assert f"updated: {shown}\n" in status.stdout, status.stderr
+    os.utime(root / "job.json", (1795600000, 1795600000))  # submitted a day before it ended
     listing = cli("ls", "--backend", "local", cwd=tmp_path, env={**os.environ, "COLUMNS": "200"})
-    assert shown in listing.stdout, listing.stderr
+    created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1795600000))
+    assert created in listing.stdout and shown not in listing.stdout, listing.stdout + listing.stderr
+
+
+@pytest.mark.parametrize(
+    "columns, name",
+    [(80, "distrain-cloud-20261128-012345-abcdef"), (60, "a" * 20 + "-20261128-012345-abcdef" + "-b" * 10)],
+    ids=["a-usual-name-in-80-columns", "the-longest-name-in-60-columns"],
+)
+def test_ls_never_cuts_a_job_name_and_shows_when_each_was_created(capsys, monkeypatch, tmp_path, columns, name):
+    """The name is what users copy into the next command: whole on one line, the other columns
+    wrapping to fit the terminal, and where even that cannot fit (SageMaker's 63 characters in
+    60 columns), whole in a table wider than the terminal."""
+    from clirun import run_cli
+
+    names = [name, "short-1"]
+    for created, name in zip((1795600000, 1795500000), names, strict=True):
+        root = tmp_path / "runs" / name
+        root.mkdir(parents=True)
+        (root / "job.json").write_text("{}")
+        status = {"status": "Failed", "exit_code": 1, "updated": 1795703390.5, "detail": "training exited " * 8}
+        (root / "status.json").write_text(json.dumps(status))
+        os.utime(root / "job.json", (created, created))
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "ls", "--backend", "local")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert [n for n in names if any(n in line for line in lines)] == names, out
+    assert out.index(names[0]) < out.index(names[1])  # the newest first, by creation
+    if columns == 80:
+        assert max(map(len, lines)) <= 80, out
+    assert "training" in out and "1795" not in out

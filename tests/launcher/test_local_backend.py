@@ -188,6 +188,9 @@ def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, 
         return root.name, {m["step"]: m["train_loss"] for m in records if "train_loss" in m}
 
     whole, uninterrupted = submit(*flags)
+    # GPT-2 ties its LM head to its embedding: saved as transformers saves it, Accelerate has nothing
+    # to warn about at each of the three checkpoints.
+    assert "Removed shared tensor" not in (tmp_path / "runs" / whole / "job.log").read_text()
     killed, first = submit(*flags, DISTRAIN_TEST_KILL_AT_STEP="3")
     assert max(first) == 3
     resumed, rest = submit("--resume-from", killed)  # no training flags retyped
@@ -201,7 +204,7 @@ def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, 
         for ckpt in kept:
             assert sorted(p.name for p in ckpt.glob("graph_shards_*.pt")) == ["graph_shards_0.pt", "graph_shards_1.pt"]
         # back on one GPU, as a spot job may come back on a smaller instance: the shards are cut anew
-        alone, _ = submit("--resume-from", killed, "--processes", "1")
+        alone, _ = submit("--resume-from", killed, "--processes", "1", "--", "--max-steps", "7")
         log = (tmp_path / "runs" / alone / "job.log").read_text()
         assert "resumed_from=checkpoint-00000006 step=6" in log and "processes=1" in log, log[-2000:]
         assert "resumed on 1 process from a checkpoint of 2: --grad-accum 2 keeps its global batch of 32" in log
@@ -214,14 +217,23 @@ def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, 
         assert r.returncode == 2 and len(errors) == 1, r.stdout[-2000:] + r.stderr[-2000:]
         assert "was trained with a global batch of 16" in errors[0]
         assert "resume with --batch-size 8 --grad-accum 1" in errors[0]
-        both, _ = submit(*wider, "--", "--batch-size", "8", "--grad-accum", "1")
+        # The lineage completed its 6 steps: resumed, it trains on to a higher --max-steps.
+        both, more = submit(*wider, "--", "--batch-size", "8", "--grad-accum", "1", "--max-steps", "7")
         log = (tmp_path / "runs" / both / "job.log").read_text()
-        assert "resumed_from=checkpoint-00000006 step=6" in log, log[-2000:]
+        assert "resumed_from=checkpoint-00000006 step=6" in log and sorted(more) == [7], log[-2000:]
     plan = json.loads((tmp_path / "runs" / resumed / "job.json").read_text())
     shared = str((tmp_path / "runs" / killed / "checkpoints").resolve())
     assert plan["request"]["env"]["DISTRAIN_CHECKPOINT_DIR"] == shared
-    # `resume` of the resumed job stays in the lineage: the first job's checkpoint folder
-    again = cli("resume", resumed, "--dry-run", "--json", cwd=tmp_path, env=env)
+    # The resumed job completed: `resume` as it was would train nothing, and is refused naming the way on,
+    done = cli("resume", resumed, "--dry-run", cwd=tmp_path, env=env)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        f"error: {resumed} completed: every step it was asked for is trained. To train further, resume it with a "
+        f"higher --max-steps: distrain-cloud submit --resume-from {resumed} -- --max-steps N"
+    ]
+    # which stays in the lineage: the first job's checkpoint folder.
+    again = cli(
+        "submit", "--resume-from", resumed, "--dry-run", "--json", "--", "--max-steps", "9", cwd=tmp_path, env=env
+    )
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["request"]["env"]["DISTRAIN_CHECKPOINT_DIR"] == shared
 

@@ -286,6 +286,47 @@ def test_a_zero3_plan_is_checked_as_the_job_will_run_compiled_or_not(capsys, no_
     assert ("(zero3, micro-batch" in line) is not compiled, line
 
 
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        ([], "(ddp, micro-batch 16"),  # the quick start's job: 3 epochs of builtin:sentiment, 252 steps, eager
+        (["--epochs", "12"], "(ddp, compiled, micro-batch 16"),  # 1,008 steps
+        (["--dataset", "dair-ai/emotion"], "(ddp, compiled if it runs 1,000+ steps, micro-batch 16"),
+    ],
+    ids=["252-steps", "1008-steps", "hub-data"],
+)
+def test_a_plan_says_compiled_only_where_the_trainer_will_compile(capsys, no_aws_config, flags, words):
+    """The plan counts the steps of --epochs over the shipped data, split and batched as the trainer
+    does, and decides by the trainer's rule (strategies.compile_decision); where the data is not
+    known before the job loads it, it says what the compile depends on."""
+    from distrain_cloud.launcher import cli
+
+    argv = ["submit", "--instance", "ml.g5.xlarge", "--region", "us-east-1", "--max-run", "1h", "--dry-run"]
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--", *flags])
+    line = next(x for x in capsys.readouterr().out.splitlines() if "fits in GPU memory" in x)
+    assert words in line, line
+
+
+def test_planned_steps_are_the_steps_the_trainer_counts(tmp_path):
+    """with_planned_steps against the trainer's own count: the data as data.load_raw splits it,
+    batched as data.make_loaders does, over --epochs (Trainer.setup)."""
+    import math
+
+    from distrain_cloud.training.contract import Contract
+    from distrain_cloud.training.data import EpochBatchSampler, load_raw
+
+    contract = Contract(model_dir=tmp_path / "m", output_dir=tmp_path / "o", checkpoint_dir=tmp_path / "c")
+    for flags, world in [([], 1), (["--batch-size", "8", "--grad-accum", "3", "--validation-fraction", "0.25"], 2)]:
+        args = parse_args(["--report-to", "none", *flags])
+        examples = len(load_raw(args, contract)["train"])
+        per_epoch = max(1, len(EpochBatchSampler(examples, args.batch_size * world, args.seed)) // args.grad_accum)
+        planned = memory.with_planned_steps(args, world_size=world, channels={}).max_steps
+        assert planned == math.ceil(args.epochs * per_epoch)
+    assert planned == 3 * (1125 // 16 // 3)
+    assert memory.with_planned_steps(parse_args([]), world_size=1, channels={"train": "s3://b/d/"}).max_steps is None
+
+
 # ---------------------------------------------------------------------------------- instances --fit
 
 

@@ -24,7 +24,7 @@ NOT_OURS = {
     "--quiet": "pip install, in the job's bootstrap script",
     "--disable-pip-version-check": "pip install, in the job's bootstrap script",
     "--config_file": "accelerate launch, in the command the node launcher runs",
-    "--num_cpu_threads_per_process": "accelerate launch, in a note of its that training/quiet.py drops",
+    "--num_cpu_threads_per_process": "accelerate launch, in the command the node launcher runs",
     "--query-gpu": "nvidia-smi, which the local backend asks for GPUs",
     "--format": "nvidia-smi, which the local backend asks for GPUs",
     "--ol-s3": "a suffix S3 reserves for bucket names",

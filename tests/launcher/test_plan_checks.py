@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
 # (training flags, launcher flags, the failed check's line in the plan)
 CASES = {
-    "missing data file": (["--train-file", "nowhere.csv"], [], "[FAIL] --train-file nowhere.csv exists: "),
-    "missing local dataset": (["--dataset", "./data"], [], "[FAIL] --dataset ./data exists: "),
+    # a relative path is read from where the user typed it ({here}), not from the job's own folder
+    "missing data file": (["--train-file", "nowhere.csv"], [], "[FAIL] --train-file {here}/nowhere.csv exists: "),
+    "missing local dataset": (["--dataset", "./data"], [], "[FAIL] --dataset {here}/data exists: "),
     "negative learning rate": (["--lr", "-1"], [], "[FAIL] learning rate is positive: --lr -1.0: give a positive"),
+    "negative learning rate as -1e-4": (["--lr", "-1e-4"], [], "[FAIL] learning rate is positive: --lr -0.0001"),
     "zero learning rate": (["--lr", "0"], [], "[FAIL] learning rate is positive"),
     "masked-lm on GPT-2": (
         ["--task", "masked-lm"],
@@ -26,6 +29,7 @@ def test_a_failed_offline_check_fails_the_dry_run_and_the_submit(cli, tmp_path, 
     if "processes" in line and os.cpu_count() >= 64:
         pytest.skip("this machine has 64 cores")
     args = ["submit", "--instance", "local", *launcher]
+    line = line.format(here=tmp_path)
     dry = cli(*args, "--dry-run", "--", *train, cwd=tmp_path)
     assert dry.returncode == 1 and line in dry.stdout, dry.stdout + dry.stderr
     real = cli(*args, "--", *train, cwd=tmp_path)
@@ -43,10 +47,37 @@ def test_what_passes_is_shown_as_passing(cli, tmp_path):
         assert f"[ok  ] {check}" in dry.stdout
 
 
-def test_a_relative_data_file_is_named_with_its_absolute_path(cli, tmp_path):
+def test_a_relative_data_file_is_read_from_where_the_user_typed_it(capsys, monkeypatch, tmp_path):
+    """The job runs in a folder of its own: the plan hands it the file's absolute path, and a
+    resume from another folder reads the same file (the record keeps that path)."""
+    from clirun import run_cli
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.csv").write_text("text,label\nhi,0\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(
+        capsys, "submit", "--instance", "local", "--dry-run", "--json", "--", "--train-file", "data/train.csv"
+    )
+    plan = json.loads(out)
+    assert (code, err) == (0, ""), out
+    absolute = str(tmp_path / "data" / "train.csv")
+    assert plan["request"]["command"][-2:] == ["--train-file", absolute]
+    assert {"name": f"--train-file {absolute} exists", "ok": True, "detail": ""} in plan["checks"]
+
+
+def test_a_cloud_job_is_told_its_data_must_come_through_a_channel(capsys, monkeypatch, tmp_path, no_aws_config):
+    from clirun import run_cli
+
     (tmp_path / "train.csv").write_text("text,label\nhi,0\n")
-    dry = cli("submit", "--instance", "local", "--dry-run", "--", "--train-file", "train.csv", cwd=tmp_path)
-    assert dry.returncode == 1 and f"give {tmp_path / 'train.csv'}" in dry.stdout
+    monkeypatch.chdir(tmp_path)
+    argv = ["submit", "--instance", "ml.g5.xlarge", "--region", "us-east-1", "--max-run", "1h", "--dry-run"]
+    code, out, _ = run_cli(capsys, *argv, "--", "--train-file", "train.csv")
+    assert code == 1
+    (line,) = [x for x in out.splitlines() if "--train-file" in x and "[FAIL]" in x]
+    assert "[FAIL] --train-file train.csv reaches the job: a cloud job cannot read files of this machine" in line
+    assert "--input train=s3://" in line
+    code, out, _ = run_cli(capsys, *argv, "--", "--train-file", "/opt/ml/input/data/train/train.csv")
+    assert code == 0 and "reaches the job" not in out  # a path inside the job: not this machine's
 
 
 def test_push_to_hub_needs_a_token_before_training(cli, tmp_path):

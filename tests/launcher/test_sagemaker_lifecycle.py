@@ -728,9 +728,20 @@ def test_logs_follow_prints_new_lines_once_until_the_job_ends(mocked_aws, stub_c
         ]
     )
     monkeypatch.setattr("time.sleep", lambda s: next(more)())
+    calls: list[str] = []  # every CloudWatch Logs call the command makes
+    real_client = aws.client
+
+    def counting_client(service, region=None, **kwargs):
+        client = real_client(service, region, **kwargs)
+        if service == "logs":
+            client.meta.events.register("before-call.logs.*", lambda model, **_: calls.append(model.name))
+        return client
+
+    monkeypatch.setattr(aws, "client", counting_client)
     argv = ["logs", "run-1", "--follow", "--backend", "sagemaker", "--region", REGION]
     code, out, err = run_cli(capsys, *argv, *(["--json"] if as_json else []))
     assert (code, err) == (0, "")
+    assert calls == ["FilterLogEvents"] * 3  # one search a round for both hosts, not one read per host
     expected = [
         ("algo-1", "step=10 train_loss=2.0"),
         ("algo-1", "step=20 train_loss=1.5"),
@@ -748,17 +759,15 @@ def test_logs_follow_prints_new_lines_once_until_the_job_ends(mocked_aws, stub_c
 def test_logs_json_gives_each_line_of_an_event_its_host_and_the_events_time(stub_client, capsys):
     logs = stub_client("logs", REGION)
     stream = "run-1/algo-2-1732600000"
-    logs.add_response(
-        "describe_log_streams",
-        {"logStreams": [{"logStreamName": stream}]},
-        {"logGroupName": LOG_GROUP, "logStreamNamePrefix": "run-1/"},
-    )
     events = [
         {"timestamp": 1732600000123, "message": "Traceback (most recent call last):\n  File x\nValueError: boom\n"},
         {"timestamp": 1732600001000, "message": 'a line with "quotes" and \\ and \t'},
     ]
-    logs.add_response("get_log_events", {"events": events, "nextForwardToken": "f/1"})
-    logs.add_response("get_log_events", {"events": [], "nextForwardToken": "f/1"})
+    logs.add_response(
+        "filter_log_events",
+        {"events": [{**e, "logStreamName": stream, "eventId": str(i)} for i, e in enumerate(events)]},
+        {"logGroupName": LOG_GROUP, "logStreamNamePrefix": "run-1/"},
+    )
     code, out, err = run_cli(capsys, "logs", "run-1", "--json", "--backend", "sagemaker", "--region", REGION)
     assert (code, err) == (0, "")
     first = {"time": "2024-11-26T05:46:40.123Z", "host": "algo-2"}
@@ -767,6 +776,61 @@ def test_logs_json_gives_each_line_of_an_event_its_host_and_the_events_time(stub
         {**first, "message": "  File x"},
         {**first, "message": "ValueError: boom"},
         {"time": "2024-11-26T05:46:41.000Z", "host": "algo-2", "message": 'a line with "quotes" and \\ and \t'},
+    ]
+
+
+def test_logs_read_every_page_of_one_search_over_all_streams_and_trust_no_field(stub_client, capsys, monkeypatch):
+    """One FilterLogEvents search a round, whatever the number of hosts, page by page: a page may
+    come back empty with a token after it (CloudWatch searches in chunks of time), and only a page
+    without a token ends the round. A followed log reads on from a little before the newest event,
+    printing no event twice. Every request passes the API model; events that are not what the
+    model says are skipped."""
+    from distrain_cloud.launcher.apimodel import problems
+
+    logs = stub_client("logs", REGION)
+    sagemaker = stub_client("sagemaker", REGION)
+    expect_describe(
+        sagemaker, described("InProgress", "Training", name="run-1"), described("Completed", "Completed", name="run-1")
+    )
+    t = 1732600000000
+
+    def event(i: int, host: str, message: str, at: int) -> dict:
+        return {"logStreamName": f"run-1/{host}-1732600000", "eventId": f"e{i}", "timestamp": at, "message": message}
+
+    base = {"logGroupName": LOG_GROUP, "logStreamNamePrefix": "run-1/"}
+    rounds = [
+        (base, {"events": [event(1, "algo-1", "step=10", t)], "nextToken": "p2"}),
+        ({**base, "nextToken": "p2"}, {"events": [], "nextToken": "p3"}),  # empty, and not the end
+        (
+            {**base, "nextToken": "p3"},
+            {"events": [event(2, "algo-2", "host two", t + 5), event(3, "algo-1", "step=20", t + 10)]},
+        ),
+        # the next round reads again from 30 s before the newest event: what it printed comes back
+        (
+            {**base, "startTime": t + 10 - 30_000},
+            {
+                "events": [
+                    event(1, "algo-1", "step=10", t),
+                    event(4, "algo-2", "late, stamped early", t + 7),  # delivered after step=20
+                    event(3, "algo-1", "step=20", t + 10),
+                    {**event(5, "algo-1", "x", t + 11), "logStreamName": "run-10/algo-1-1"},  # another job's
+                    event(6, "algo-1", "model_saved=/opt/ml/model", t + 20),
+                ]
+            },
+        ),
+    ]
+    for params, response in rounds:
+        assert problems("logs", "FilterLogEvents", params) == []
+        logs.add_response("filter_log_events", response, params)
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    code, out, err = run_cli(capsys, "logs", "run-1", "--follow", "--backend", "sagemaker", "--region", REGION)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "[algo-1] step=10",
+        "[algo-2] host two",
+        "[algo-1] step=20",
+        "[algo-2] late, stamped early",
+        "[algo-1] model_saved=/opt/ml/model",
     ]
 
 

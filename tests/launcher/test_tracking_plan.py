@@ -139,6 +139,45 @@ def test_an_offline_run_names_no_url(tmp_path):
     assert wandb_run(load_spec(None, {}), [], env, here={}) is None
 
 
+@pytest.mark.parametrize(
+    "here, app",
+    [
+        ({"WANDB_BASE_URL": "https://wandb.example.com/"}, "https://wandb.example.com"),  # self-hosted
+        ({"WANDB_BASE_URL": "https://api.wandb.ai"}, "https://wandb.ai"),  # W&B's cloud, named
+        ({"WANDB_BASE_URL": "https://api.example.com"}, "https://app.example.com"),  # W&B's rule for api. hosts
+        (
+            {"WANDB_BASE_URL": "https://api.example.com", "WANDB_APP_URL": "https://ui.example.com"},
+            "https://ui.example.com",
+        ),
+        ({}, "https://wandb.ai"),
+    ],
+)
+def test_the_run_url_is_on_the_w_and_b_server_the_job_logs_to(tmp_path, here, app):
+    """A local job inherits this environment: a self-hosted W&B (WANDB_BASE_URL, or the host
+    `wandb login --host` saved) gets a link to its own app, as the W&B SDK derives it."""
+    spec = load_spec(None, {"local.workdir": str(tmp_path)})
+    env = tracking_env(lineage="job-1", instance="local")
+    config = {"WANDB_CONFIG_DIR": str(tmp_path / "no-settings")}
+    url = wandb_run(spec, ["--wandb-entity", "team"], env, here={"WANDB_API_KEY": "k", **config, **here})
+    assert url == f"{app}/team/distrain-cloud/runs/job-1"
+
+
+def test_the_run_url_follows_wandb_login_host_and_is_unknown_for_a_cloud_jobs_secret_server(tmp_path):
+    (tmp_path / "settings").write_text("[default]\nbase_url = https://wandb.corp.example\n")
+    spec = load_spec(None, {"local.workdir": str(tmp_path)})
+    env = tracking_env(lineage="job-1", instance="local")
+    here = {"WANDB_API_KEY": "k", "WANDB_CONFIG_DIR": str(tmp_path)}
+    assert (
+        wandb_run(spec, ["--wandb-entity", "t"], env, here=here)
+        == "https://wandb.corp.example/t/distrain-cloud/runs/job-1"
+    )
+    secrets = {"WANDB_API_KEY": WANDB_REF, "WANDB_BASE_URL": "ssm:/distrain-cloud/wandb-url"}
+    cloud = load_spec(None, {"instance": "ml.g5.xlarge", "secrets": secrets})
+    assert wandb_run(cloud, ["--wandb-entity", "t"], env, here={}) == (
+        "project distrain-cloud, run id job-1 (the job's log prints its URL)"
+    )
+
+
 def test_submit_says_where_the_run_is_before_the_job_starts(capsys, monkeypatch, tmp_path):
     started: list[str] = []
     monkeypatch.setattr(api, "submit_job", lambda plan, wait=False: started.append(plan.job_name) or 0)

@@ -73,7 +73,9 @@ def world_size(run) -> int:
 def test_two_processes_really_run(ddp_pair):
     _, two = ddp_pair
     (launch,) = two.lines("node_launch ")
-    assert launch.startswith("node_launch node_rank=0 nodes=1 processes=2 "), launch
+    assert launch.startswith("node_launch node_rank=0 nodes=1 processes=2 distributed_type=MULTI_CPU "), launch
+    # node_launch passes the thread count accelerate launch would pick itself, so it notes nothing.
+    assert "were not passed to `accelerate launch`" not in two.stderr, two.describe()
     assert world_size(two) == 2, two.describe()
     # Only the main process prints and writes metrics.
     assert len(two.lines("model_saved=")) == 1

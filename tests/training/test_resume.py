@@ -298,8 +298,8 @@ def test_two_process_run_killed_and_resumed_matches_the_uninterrupted_one(train)
 
     # Back on 1 process (numbers: the next test), padded classification batches are grouped by
     # length in pools of whole batches, which halve here: the rest of the epoch is grouped anew.
-    train.with_checkpoint("on-one", whole, 12)
-    alone = train(*flags, name="on-one")
+    train.with_checkpoint("on-one", whole, 12)  # the run's last step: it trains one more (13)
+    alone = train(*flags, "--max-steps", "13", name="on-one")
     assert alone.returncode == 0 and alone.lines("resumed_from=") == [resumed_line(12)], alone.describe()
     assert alone.lines("note: batches of another size group this epoch's examples by length anew") != []
 

@@ -24,8 +24,10 @@ def trainer(tmp_path, *flags: str) -> Trainer:
             "--ddp-reduce-dtype bf16 needs GPUs (NCCL); gloo on CPU reduces fp32 or fp16",
         ),
         (["--strategy", "single"], 2, "--strategy single runs one process, but 2 were started; use --strategy ddp"),
+        (["--lr", "-1e-4"], 1, "--lr -0.0001: the learning rate must be positive, e.g. --lr 3e-4"),
+        (["--lr", "nan"], 1, "--lr nan: the learning rate must be positive, e.g. --lr 3e-4"),
     ],
-    ids=["bf16-reduce-on-cpu", "single-with-two-processes"],
+    ids=["bf16-reduce-on-cpu", "single-with-two-processes", "negative-lr", "nan-lr"],
 )
 def test_flags_the_environment_cannot_serve_are_argument_errors(tmp_path, flags, world, message):
     # Argument errors, not data errors: the data is fine, the flag does not fit this machine.
