@@ -1119,6 +1119,7 @@ class Agent:
     def launch_env(self) -> dict[str, str]:
         env = {**os.environ, **self.job.env, **self.contract.to_env(), "PYTHONUNBUFFERED": "1"}
         env["DISTRAIN_SECRETS"] = json.dumps(self.job.secrets)  # references: secret_env resolves them in the job
+        env["DISTRAIN_JOB_NAME"] = self.job.job  # for the resume command in a failure's line
         return env
 
     def supervise(self, sync: CheckpointSync) -> int:

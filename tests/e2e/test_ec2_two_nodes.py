@@ -415,7 +415,8 @@ def test_a_node_whose_training_dies_fails_the_job_and_the_other_node_stops(rehea
     nodes = rehearsal.run_nodes(instances, env={1: {"DISTRAIN_TEST_KILL_AT_STEP": "5"}})
     failed, stopped = rehearsal.record(job, 1), rehearsal.record(job, 0)
     assert failed["status"] == "Failed", describe(nodes)
-    assert failed["reason"].startswith("training exited with code 1: Signal 9 (SIGKILL) received by PID"), failed
+    assert failed["reason"].startswith("a training process was killed by SIGKILL: likely the out-of-memory"), failed
+    assert failed["reason"].endswith(f"`distrain-cloud resume {job}`") and failed["exit_code"] == 137, failed
     assert (stopped["status"], stopped["reason"]) == ("Stopped", f"node 1 failed: {failed['reason']}"), describe(nodes)
     status = rehearsal.status(job)
     assert status["status"] == "Failed", status

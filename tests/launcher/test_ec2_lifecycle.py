@@ -530,7 +530,7 @@ def test_cancel_of_a_job_that_gave_up_ends_what_it_could_not(stack, capsys):
 
 def test_cancel_now_is_refused_for_other_backends(mocked_aws, capsys):
     code, _, err = run_cli(capsys, "cancel", "job-1", "--now", "--backend", "sagemaker")
-    assert code == 2 and "--now applies to EC2 jobs; job-1 is a sagemaker job: drop --now" in err
+    assert code == 2 and "--now applies to EC2 and local jobs; job-1 is a sagemaker job: drop --now" in err
 
 
 @pytest.mark.slow

@@ -128,7 +128,11 @@ def test_g5_12xlarge_on_two_nodes_is_eight_processes_in_bf16(offline):
     ],
 )
 def test_the_plan_shows_the_ddp_buckets_the_training_processes_will_pick(offline, instance, nodes, buckets):
-    assert dry(instance=instance, nodes=nodes).configs.get("ddp_buckets") == buckets
+    # A run long enough to compile (the default's 252 steps of builtin:sentiment run eager: below).
+    compiled = dry(instance=instance, nodes=nodes, train_args=["--max-steps", "2000"])
+    assert compiled.configs.get("ddp_buckets") == buckets
+    eager = dry(instance=instance, nodes=nodes).configs.get("ddp_buckets")
+    assert eager == (None if buckets is None else "25 MB")  # eager DDP keeps the default buckets, no reason to give
 
 
 @pytest.mark.parametrize(
