@@ -611,6 +611,7 @@ class Trainer:
         self.model.train()
         started, first_step_done = time.perf_counter(), False
         self._clock = (started, state.step)  # for elapsed and remaining time in the step lines
+        self._training_started = started  # `done:` times training apart from setup (a first op build: minutes)
         while state.step < self.max_steps and not self.stop_requested:
             self.train_sampler.set_epoch(state.epoch)
             self.train_dl.set_epoch(state.epoch)
@@ -886,7 +887,12 @@ class Trainer:
         if getattr(self, "metrics_file", None) and self.metrics_file.is_file():
             rows = [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
             losses = [r["train_loss"] for r in rows if "train_loss" in r]
-        parts = [f"done: {self.max_steps} steps in {_hms(time.perf_counter() - self._born)}"]
+        now = time.perf_counter()
+        began = getattr(self, "_training_started", now)
+        parts = [
+            f"done: {self.max_steps} steps in {_hms(now - began)} of training, "
+            f"after {_hms(began - self._born)} of setup"
+        ]
         if losses:
             parts.append(f"train_loss {losses[0]:.4g} -> {losses[-1]:.4g}")
         shown = {k: v for k, v in eval_metrics.items() if k != "eval_samples"}
