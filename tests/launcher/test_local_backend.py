@@ -4,6 +4,7 @@ import fnmatch
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +108,8 @@ def test_submit_local_runs_the_offline_default_end_to_end(cli, tmp_path):
     ]
     assert losses[-1] < losses[0]
     assert "eval_accuracy=" in r.stdout
+    # The closing line times the steps apart from the setup before them (a first DeepSpeed op build: minutes).
+    assert re.search(r"^done: \d+ steps in \S+ of training, after \S+ of setup; ", r.stdout + r.stderr, re.M)
     assert list((root / "output" / "wandb").glob("offline-run-*"))
     # ls and status read the job back with no --backend: ls lists every backend (SageMaker, with no
     # credentials here, is noted and skipped); status follows the job's record, from any folder

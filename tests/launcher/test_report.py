@@ -100,7 +100,11 @@ def test_a_real_jobs_report_renders_in_headless_chromium(cli, tmp_path):
     ]
     r = cli("submit", "--instance", "local", "--", *flags, cwd=tmp_path, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert re.search(r"^done: 40 steps in \S+ of training, after \S+ of setup; train_loss \S+ -> \S+; eval_loss ", r.stderr + r.stdout, re.M)
+    assert re.search(
+        r"^done: 40 steps in \S+ of training, after \S+ of setup; train_loss \S+ -> \S+; eval_loss ",
+        r.stderr + r.stdout,
+        re.M,
+    )
     (root,) = (tmp_path / "runs").iterdir()
     r = cli("report", root.name, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
