@@ -540,9 +540,12 @@ for step in range(start + 1, int(os.environ.get("FAKE_STEPS", "1000")) + 1):
         out = Path(os.environ["DISTRAIN_OUTPUT_DIR"]); out.mkdir(parents=True, exist_ok=True)
         (out / "failure").write_text("error: fake trainer failed on purpose\n")
         sys.exit(2)
-    if signalled and not agreed.exists():  # atomically: the other node may read it at any moment
+    if signalled and not agreed.exists():  # atomically, and the first node's step wins (both may get here)
         (agreed.parent / f"stop-step.{rank}").write_text(str(step + 2))
-        os.replace(agreed.parent / f"stop-step.{rank}", agreed)
+        try:
+            os.link(agreed.parent / f"stop-step.{rank}", agreed)  # fails where the other node's is there
+        except FileExistsError:
+            pass
     if agreed.exists() and step >= int(agreed.read_text()):
         save(step)
         print(f"stopped=SIGTERM step={step}", flush=True)
