@@ -540,8 +540,12 @@ for step in range(start + 1, int(os.environ.get("FAKE_STEPS", "1000")) + 1):
         out = Path(os.environ["DISTRAIN_OUTPUT_DIR"]); out.mkdir(parents=True, exist_ok=True)
         (out / "failure").write_text("error: fake trainer failed on purpose\n")
         sys.exit(2)
+    (agreed.parent / f"at.{rank}.tmp").write_text(str(step))  # where this node is, for the agreement below
+    os.replace(agreed.parent / f"at.{rank}.tmp", agreed.parent / f"at.{rank}")
     if signalled and not agreed.exists():  # atomically, and the first node's step wins (both may get here)
-        (agreed.parent / f"stop-step.{rank}").write_text(str(step + 2))
+        # Past every node's step (a loaded machine lets one node run ahead): all stop at the same step.
+        ahead = max(int(p.read_text()) for p in agreed.parent.glob("at.[0-9]*") if not p.name.endswith(".tmp"))
+        (agreed.parent / f"stop-step.{rank}").write_text(str(ahead + 3))
         try:
             os.link(agreed.parent / f"stop-step.{rank}", agreed)  # fails where the other node's is there
         except FileExistsError:
