@@ -57,8 +57,13 @@ def _configured_region() -> str | None:
     if env:
         return env
     import boto3
+    from botocore.exceptions import ProfileNotFound
 
-    return boto3.session.Session().region_name or None
+    try:
+        return boto3.session.Session().region_name or None
+    except ProfileNotFound as exc:  # AWS_PROFILE names a profile that is not there
+        profile = exc.kwargs.get("profile")
+        raise UserError(f"AWS profile {profile!r} not found: check AWS_PROFILE / ~/.aws/config") from exc
 
 
 def client(service: str, region: str | None = None, *, max_attempts: int = MAX_ATTEMPTS) -> Any:
@@ -211,6 +216,6 @@ def configured() -> tuple[str | None, str]:
         import boto3
 
         credentials = boto3.session.Session().get_credentials()
-    except BotoCoreError as e:  # a profile that is not there or does not parse
+    except (BotoCoreError, UserError) as e:  # a profile that is not there or does not parse
         return None, f"the AWS configuration could not be read: {_one_line(str(e), 200)}"
     return (name, "") if credentials is not None else (None, "no AWS credentials are configured")

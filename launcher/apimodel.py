@@ -26,9 +26,13 @@ EXTRA_LIMITS: dict[tuple[str, str], list[tuple[str, int, str]]] = {
 
 @functools.lru_cache(maxsize=8)
 def _operation(service: str, operation: str) -> Any:
-    import botocore.session
+    # The bundled model straight from botocore's loader: a session would read the user's AWS
+    # config first, and a plan must not fail on a missing AWS_PROFILE before saying so itself.
+    from botocore.loaders import create_loader
+    from botocore.model import ServiceModel
 
-    return botocore.session.get_session().get_service_model(service).operation_model(operation)
+    model = create_loader().load_service_model(service, "service-2")
+    return ServiceModel(model, service_name=service).operation_model(operation)
 
 
 @functools.lru_cache(maxsize=512)

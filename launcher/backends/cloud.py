@@ -116,10 +116,12 @@ def plan_region(explicit: str | None) -> tuple[str, Check]:
 
     try:
         return aws.region(explicit), Check("region", True)
-    except UserError:
+    except UserError as exc:
         if explicit:
             raise  # a region was named and is unknown: that is an error, not an assumption
-        return ASSUMED_REGION, Check("region", None, f"none configured; assumed {ASSUMED_REGION} (pass --region)")
+        # A missing AWS_PROFILE also lands here: say which, so the real submit's refusal is no surprise.
+        why = "none configured" if "no AWS region" in str(exc) else str(exc)
+        return ASSUMED_REGION, Check("region", None, f"{why}; assumed {ASSUMED_REGION} (pass --region)")
 
 
 def estimate_cost(instance: InstanceType, region: str, nodes: int, max_run: int, spot: bool) -> dict[str, Any]:

@@ -297,3 +297,20 @@ def test_no_credentials_exits_3(no_aws_config):
     with pytest.raises(UserError, match="no AWS credentials found") as info, aws.translate_errors():
         aws.client("sts", "us-east-1").get_caller_identity()
     assert info.value.exit_code == 3
+
+
+def test_a_missing_profile_is_one_line_through_the_cli(no_aws_config, monkeypatch, capsys):
+    """AWS_PROFILE naming no profile: botocore raises ProfileNotFound while looking up the region,
+    before any client exists. The dry run (a pure plan) says so in its region check; a real
+    submit refuses in one line instead of a traceback."""
+    from clirun import run_cli
+
+    monkeypatch.setenv("AWS_PROFILE", "nope")
+    code, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.2xlarge", "--dry-run")
+    assert code == 0, out + err
+    assert "[skip] region: AWS profile 'nope' not found" in out
+    code, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.2xlarge", "--max-run", "1h")
+    assert code == 2, out + err
+    assert "AWS profile 'nope' not found" in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in out + err
+    assert aws.configured()[0] is None
