@@ -553,6 +553,8 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(f"--fsdp-blocks-per-unit applies to --strategy fsdp, not {a.strategy}")
     if a.fsdp_blocks_per_unit is not None and a.fsdp_blocks_per_unit < 1:
         raise ArgumentError(f"--fsdp-blocks-per-unit must be at least 1, got {a.fsdp_blocks_per_unit}")
+    if a.warmup_steps < 0:  # the schedule would start above the peak learning rate
+        raise ArgumentError(f"--warmup-steps must be 0 (no warmup) or more, got {a.warmup_steps}")
     if a.generate_tokens < 0:
         raise ArgumentError(f"--generate-tokens must be 0 (no sample) or more, got {a.generate_tokens}")
     if a.ddp_bucket_mb is not None and a.ddp_bucket_mb < 1:

@@ -97,6 +97,7 @@ CASES = {
     "compile-tuning-with-no-compile": (["--no-compile", "--compile-tuning"], ["--compile-tuning", "--no-compile"]),
     "zero-pad-multiple": (["--pad-to-multiple-of", "0"], ["--pad-to-multiple-of"]),
     "negative-generate-tokens": (["--generate-tokens", "-1"], ["--generate-tokens must be 0 (no sample) or more"]),
+    "negative-warmup-steps": (["--warmup-steps", "-5"], ["--warmup-steps must be 0 (no warmup) or more, got -5"]),
     "ce-kernel-without-fused-ce": (["--task", "causal-lm", "--ce-kernel", "liger"], ["--ce-kernel", "--fused-ce"]),
     "unknown-config-key": (
         ["--task", "causal-lm", "--preset", "tiny-gpt2", "--config-overrides", "attn_pdropp=0"],
