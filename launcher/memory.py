@@ -516,7 +516,7 @@ def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimat
     return estimate(
         shape,
         strategy=args.strategy,
-        precision=args.precision,
+        precision=args.precision or "bf16",  # not given: 16 bits on any GPU (precision.pick_precision)
         batch_size=args.batch_size,
         seq_len=seq_len(args),
         world_size=world_size,

@@ -51,7 +51,7 @@ class TrainArgs:
     max_eval_samples: int | None = None
     # how
     strategy: str = AUTO  # resolved where the job runs: strategies.resolve_auto
-    precision: str = "no"
+    precision: str | None = None  # None: chosen where the job runs (precision.resolve_precision)
     batch_size: int = 16
     eval_batch_size: int | None = None
     grad_accum: int = 1
@@ -163,7 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto (default): ddp, or fsdp sharded in the compiled graph for long compiled runs on GPUs of one node",
     )
     g.add_argument(
-        "--precision", choices=PRECISIONS, default=d.precision, help="mixed precision (default: %(default)s, fp32)"
+        "--precision",
+        choices=PRECISIONS,
+        default=d.precision,
+        help="mixed precision (default: the launcher's pick: bf16 on compute capability >= 8.0, fp16 below, "
+        "no (fp32) on CPU)",
     )
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="per device, per micro-step")
     g.add_argument("--eval-batch-size", type=int, help="per device, for evaluation (default: --batch-size)")

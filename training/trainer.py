@@ -745,7 +745,7 @@ class Trainer:
         # only; the LM head and loss run chunked in losses.py.
         out = self.model(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1)
         head = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.args.precision, torch.float32)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.accelerator.mixed_precision, torch.float32)
         if self.args.ce_kernel == "liger":
             return liger_causal_lm_loss(out.hidden_states[-1], head, input_ids, dtype=dtype)
         return fused_causal_lm_loss(out.hidden_states[-1], head, input_ids, dtype=dtype, compile_=self.compiled)
