@@ -566,6 +566,30 @@ def versions() -> dict:
     return out
 
 
+def gpu_holders() -> list[str]:
+    """The processes that hold memory on any GPU ("pid 123 (8800 MiB)"), from nvidia-smi; none
+    where it is missing or fails (the run is then timed as before)."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    holders = []
+    for line in out.stdout.splitlines():
+        pid, _, used = (part.strip() for part in line.partition(","))
+        if pid.isdigit():  # "No running processes found" and the like are not processes
+            holders.append(f"pid {pid} ({used})" if used else f"pid {pid}")
+    return holders
+
+
 def gpu_inventory() -> list[dict]:
     if not shutil.which("nvidia-smi"):
         return []
@@ -666,6 +690,7 @@ class Runner:
         self.port = 29600
         self.current: subprocess.Popen | None = None
         self.stop_grace_s = 20.0  # a timed-out or interrupted run's time to stop before it is killed
+        self.busy_wait_s = 30.0  # how long a run waits for other processes to leave the GPUs
         (out / "logs").mkdir(parents=True, exist_ok=True)
 
     def execute(self, run: Run) -> dict:
@@ -678,6 +703,9 @@ class Runner:
             if left < 60:
                 return {"status": "SKIPPED (deadline)"}
             timeout = int(min(timeout, left - 15))
+        busy = None if self.ctx.cpu else self.wait_for_free_gpus()
+        if busy and not self.ctx.a.allow_busy_gpus:
+            return {"status": f"SKIPPED (GPUs busy: {busy})", "gpus_busy": busy}
         rundir = Path(tempfile.mkdtemp(prefix=f"{run.id}-", dir=self.ctx.work))
         dirs = {k: rundir / k for k in ("model", "output", "checkpoints")}
         self.port += 1
@@ -731,9 +759,25 @@ class Runner:
             res["tracebacks"] = [str(t.relative_to(self.out)) for t in keep_tracebacks(dirs["output"], log)]
             if res.get("tokens_per_sec") is not None and res.get("complete"):
                 res["note"] = "all timed windows finished; the failure came after training (eval/save)"
+        if busy:  # --allow-busy-gpus: timed beside another process, and the row says so
+            res["gpus_busy"] = busy
+            status = f"{status} (GPUs busy: {busy})"
         res["status"] = status
         shutil.rmtree(rundir, ignore_errors=True)  # model files can be GBs
         return res
+
+    def wait_for_free_gpus(self) -> str | None:
+        """None when no process holds a GPU, else who does ("pid 123 (8800 MiB)"), after waiting
+        up to `busy_wait_s` for them to let go (a finished run's ranks may take a moment). A
+        stray rank of a timed-out run made a 2-GPU row read 46% weak scaling instead of 96.8%.
+        Any process on any GPU of the machine counts: a run's NCCL and host threads share more
+        than its own cards."""
+        end = time.monotonic() + self.busy_wait_s
+        while True:
+            holders = gpu_holders()
+            if not holders or time.monotonic() >= end:
+                return ", ".join(holders) or None
+            time.sleep(min(2.0, self.busy_wait_s))
 
     def stop_current(self):
         """SIGTERM the run's process group (ours saves and exits), then SIGKILL whatever of its
@@ -1145,6 +1189,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--only", metavar="REGEX", help="run only the runs whose id matches (ids: see --dry-run logs)")
     p.add_argument("--deadline-min", type=float, help="start no run after this many minutes; clamp timeouts to it")
+    p.add_argument(
+        "--allow-busy-gpus",
+        action="store_true",
+        help="time runs even while another process holds a GPU (the row's status says so); by default such a "
+        "run is skipped after waiting 30 s for the GPUs",
+    )
     g = p.add_argument_group("shapes and steps (124M suites)")
     g.add_argument("--seq-len", type=int, default=None, help="default 1024 (64 with --cpu-smoke)")
     g.add_argument("--batch-size", type=int, default=None, help="per-GPU micro-batch (default 16; 4 CPU)")
