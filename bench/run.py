@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _benchlib as lib  # noqa: E402
 
-SUITES = ("single", "accum", "scaling", "zero", "varlen", "xl")  # also the order they run in
+SUITES = ("single", "entry", "llama", "accum", "scaling", "zero", "varlen", "xl")  # also the order they run in
 BASELINE = lib.BENCH / "hf_trainer_baseline.py"
 PLACEHOLDER_WORK = "$WORK"  # shown instead of the temp folder in --dry-run
 
@@ -88,6 +88,11 @@ class Ctx:
 
 
 def gpt2_fpt(preset: str, seq_len: int) -> tuple[int, float]:
+    """(parameters, training FLOPs per token) of a preset: GPT-2's or llama-1b's."""
+    if preset in lib.LLAMA_SHAPES:
+        ls = lib.LLAMA_SHAPES[preset]
+        n = lib.llama_num_params(ls)
+        return n, lib.flops_per_token(n, ls["num_hidden_layers"], ls["hidden_size"], seq_len)
     s = lib.GPT2_SHAPES[preset]
     n = lib.gpt2_num_params(s["n_layer"], s["n_embd"], s["vocab_size"] or lib.SHIPPED_VOCAB, s["n_positions"])
     return n, lib.flops_per_token(n, s["n_layer"], s["n_embd"], seq_len)
@@ -178,12 +183,14 @@ def ours_lm(
     timeout: int | None = None,
     label: str | None = None,
     variant: tuple[str, list[str]] = ("", []),
+    seq_len: int | None = None,
 ) -> Run:
     a = ctx.a
     preset = "tiny-gpt2" if ctx.cpu else preset
     batch = batch or a.batch_size
+    seq_len = a.seq_len if ctx.cpu else (seq_len or a.seq_len)
     steps, warmup, log_every = steps or a.steps, a.warmup if warmup is None else warmup, log_every or a.log_every
-    n, fpt = gpt2_fpt(preset, a.seq_len)
+    n, fpt = gpt2_fpt(preset, seq_len)
     cmd = ours_cmd(
         ctx,
         gpus=gpus,
@@ -194,7 +201,7 @@ def ours_lm(
         total_steps=warmup + steps,
         log_every=log_every,
         model_flags=["--preset", preset],
-        data_flags=lm_data_flags(ctx, a.seq_len),
+        data_flags=lm_data_flags(ctx, seq_len),
         compile_=compile_,
         extra=variant[1],
     )
@@ -216,7 +223,7 @@ def ours_lm(
         preset,
         "lm",
         strategy,
-        a.seq_len,
+        seq_len,
         batch,
         accum,
         steps,
@@ -230,25 +237,96 @@ def ours_lm(
     )
 
 
-def hf_lm(ctx: Ctx, *, compile_: bool, gpus: int = 1) -> Run:
+def ours_entry(ctx: Ctx) -> Run:
+    """Our entry point alone (`python -m distrain_cloud.training`), as SkyPilot, torchrun, Batch and
+    Kubernetes start it: no node_launch, no --precision, no --compile, no --strategy. Its own
+    defaults pick the precision (bf16 on an H100), the strategy, and whether to compile: with
+    --entry-steps of at least 1,000 (strategies.COMPILE_MIN_STEPS) the default compiles."""
     a = ctx.a
     preset = "tiny-gpt2" if ctx.cpu else "gpt2-small"
+    steps = a.entry_steps
     n, fpt = gpt2_fpt(preset, a.seq_len)
+    cmd = [
+        sys.executable,
+        "-m",
+        "distrain_cloud.training",
+        "--task",
+        "causal-lm",
+        "--preset",
+        preset,
+        *lm_data_flags(ctx, a.seq_len),
+        "--batch-size",
+        str(a.batch_size),
+        "--max-steps",
+        str(a.warmup + steps),
+        "--log-every",
+        str(a.log_every),
+        "--report-to",
+        "none",
+        "--lr",
+        str(lib.LR),
+        "--max-eval-samples",
+        str(a.eval_samples),
+        "--generate-tokens",
+        "1",
+        "--no-save-model",
+    ]
+    return Run(
+        f"ours-{preset}-entry-g1-b{a.batch_size}-n{steps}",
+        "ours",
+        "ours, the entry point alone (no flags)",
+        cmd,
+        1,
+        preset,
+        "lm",
+        "auto",
+        a.seq_len,
+        a.batch_size,
+        1,
+        steps,
+        a.warmup,
+        a.log_every,
+        a.compile_timeout,
+        ("datasets", "accelerate"),
+        n,
+        fpt,
+    )
+
+
+def hf_lm(
+    ctx: Ctx,
+    *,
+    compile_: bool,
+    gpus: int = 1,
+    model: str = "gpt2-small",
+    batch: int | None = None,
+    seq_len: int | None = None,
+    steps: int | None = None,
+    warmup: int | None = None,
+    timeout: int | None = None,
+) -> Run:
+    a = ctx.a
+    preset = "tiny-gpt2" if ctx.cpu else model
+    batch = batch or a.batch_size
+    seq_len = a.seq_len if ctx.cpu else (seq_len or a.seq_len)
+    steps, warmup = steps or a.steps, a.warmup if warmup is None else warmup
+    n, fpt = gpt2_fpt(preset, seq_len)
     cmd = hf_launcher(gpus) + [
         str(BASELINE),
         "--tf32",
         "--mode",
         "lm",
+        *(["--model", model] if model != "gpt2-small" and not ctx.cpu else []),
         "--batch-size",
-        str(a.batch_size),
+        str(batch),
         "--seq-len",
-        str(a.seq_len),
+        str(seq_len),
         "--grad-accum",
         "1",
         "--steps",
-        str(a.steps),
+        str(steps),
         "--warmup-steps",
-        str(a.warmup),
+        str(warmup),
         "--data-file",
         str(ctx.lm_file),
         "--peak-tflops",
@@ -261,8 +339,9 @@ def hf_lm(ctx: Ctx, *, compile_: bool, gpus: int = 1) -> Run:
     if compile_:
         cmd.append("--compile")
     variant = "compile" if compile_ else "defaults"
+    seq_tag = f"-s{seq_len}" if seq_len != a.seq_len else ""
     return Run(
-        f"hf-{preset}-{variant}-g{gpus}-b{a.batch_size}",
+        f"hf-{preset}-{variant}-g{gpus}-b{batch}{seq_tag}",
         "hf_trainer",
         f"HF Trainer {variant}",
         cmd,
@@ -270,13 +349,13 @@ def hf_lm(ctx: Ctx, *, compile_: bool, gpus: int = 1) -> Run:
         preset,
         "lm",
         "ddp" if gpus > 1 else "single",
-        a.seq_len,
-        a.batch_size,
+        seq_len,
+        batch,
         1,
-        a.steps,
-        a.warmup,
+        steps,
+        warmup,
         None,
-        a.compile_timeout if compile_ else a.timeout,
+        timeout or (a.compile_timeout if compile_ else a.timeout),
         ("transformers",),
         n,
         fpt,
@@ -413,6 +492,36 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
             # baselines before variants: a deadline cuts variants, never the comparison
             runs += [hf_lm(ctx, compile_=False), hf_lm(ctx, compile_=True)]
             runs += [ours_lm(ctx, gpus=1, compile_=True, label="ours +compile", variant=v) for v in variants]
+        elif s == "entry":
+            # baseline first: a deadline cuts ours' long run, never the comparison's reference
+            runs = [hf_lm(ctx, compile_=True), ours_entry(ctx)]
+        elif s == "llama":
+            ll = dict(
+                gpus=1,
+                preset="llama-1b",
+                batch=a.llama_batch_size,
+                seq_len=a.llama_seq_len,
+                steps=a.llama_steps,
+                warmup=a.llama_warmup,
+                log_every=a.llama_log_every,
+                timeout=a.xl_timeout,
+            )
+            name = "tiny-gpt2" if ctx.cpu else "llama-1b"
+            runs = [
+                ours_lm(ctx, compile_=True, label=f"ours {name} +compile", **ll),
+                hf_lm(
+                    ctx,
+                    compile_=True,
+                    model="llama-1b",
+                    batch=a.llama_batch_size,
+                    seq_len=a.llama_seq_len,
+                    steps=a.llama_steps,
+                    warmup=a.llama_warmup,
+                    timeout=a.xl_timeout,
+                ),
+            ]
+            # e.g. fp8=--precision fp8: ours again with those flags, against ours and the Trainer
+            runs += [ours_lm(ctx, compile_=True, label=f"ours {name} +compile", variant=v, **ll) for v in variants]
         elif s == "scaling":
             counts = sorted({n for n in (1, 2, 4, 8, 16) if n <= G} | {G})
             runs = [ours_lm(ctx, gpus=n, label=f"ours ddp x{n}") for n in counts]
@@ -867,6 +976,8 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
         res["pad_frac"] = lib.median([r["pad_pct"] for r in pick]) / 100.0
     peaks = [r["peak_mem_gb"] for r in rows if "peak_mem_gb" in r]
     res["peak_mem_gb"] = max(peaks) if peaks else None
+    losses = [r["train_loss"] for r in rows if "train_loss" in r]
+    res["final_train_loss"] = losses[-1] if losses else None  # the last window's (fp8 vs bf16)
     res["complete"] = bool(windows) and windows[-1][1] >= run.warmup + run.steps
     prof = next((line for line in text.splitlines() if line.startswith("profile_steps=")), None)
     if prof:  # --profile-steps: per-step GPU busy, collective and exposed-collective milliseconds
@@ -983,7 +1094,7 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
     res = [r.result for r in runs]
     tps = [x.get("tokens_per_sec") for x in res]
     lines, out = [], {}
-    if suite == "single":
+    if suite in ("single", "entry", "llama"):
         for o in (r for r in runs if r.impl == "ours"):
             for h in (r for r in runs if r.impl == "hf_trainer"):
                 q = ratio(o.result.get("tokens_per_sec"), h.result.get("tokens_per_sec"))
@@ -996,6 +1107,18 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
                 f"- parameters (N in MFU): {runs[0].n_params:,} by formula"
                 + (", equal to the baseline's count" if same else f"; WARNING: the baseline counted {counted[0]:,}")
             )
+        if suite == "llama":  # each variant (fp8) against the plain run: speed and the loss it reached
+            base = next((r for r in runs if r.impl == "ours" and not r.variant), None)
+            for v in (r for r in runs if r.impl == "ours" and r.variant):
+                q = ratio(v.result.get("tokens_per_sec"), base.result.get("tokens_per_sec") if base else None)
+                bl, vl = (base.result.get("final_train_loss") if base else None), v.result.get("final_train_loss")
+                rel = (vl - bl) / bl if vl is not None and bl else None
+                out[f"{v.variant}_over_ours"], out[f"{v.variant}_loss_rel"] = q, rel
+                lines.append(
+                    f"- ours [{v.variant}] ÷ ours: **{xfmt(q)}** tokens/s; train loss at step "
+                    f"{v.warmup + v.steps}: {fmt(vl, '.4f')} vs {fmt(bl, '.4f')} "
+                    f"({fmt(rel, '+.2%') if rel is not None else '–'})"
+                )
     elif suite == "scaling":
         for r, t in zip(runs, tps, strict=True):
             base = next((t1 for r1, t1 in zip(runs, tps, strict=True) if max(1, r1.gpus) == 1), None)
@@ -1078,6 +1201,9 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
 
 SUITE_TITLES = {
     "single": "single — 1 GPU: ours vs transformers.Trainer (defaults, +torch_compile)",
+    "entry": "entry — 1 GPU: our entry point alone, no flags (its defaults pick precision and compile) vs "
+    "Trainer +torch_compile",
+    "llama": "llama — 1 GPU: llama-1b (Llama 3.2 1B shapes), ours +compile vs Trainer +torch_compile",
     "scaling": "scaling — ours DDP on 1..N GPUs (weak scaling: fixed micro-batch per GPU)",
     "zero": "zero — ours DDP vs ZeRO-2 vs ZeRO-3 vs FSDP on N GPUs, 124M",
     "xl": "xl — gpt2-xl (~1.56B) on N GPUs: DDP, ZeRO-2, ZeRO-3, ZeRO-3 + CPU offload",
@@ -1246,6 +1372,19 @@ def parse_args(argv=None):
         default=["ddp", "zero2", "zero3", "zero3-offload"],
         help="comma list (default: all four)",
     )
+    g = p.add_argument_group("entry suite")
+    g.add_argument(
+        "--entry-steps",
+        type=int,
+        default=None,
+        help="timed steps of the entry point's run (default 1000, so its default compiles; 4 CPU)",
+    )
+    g = p.add_argument_group("llama suite (llama-1b, 1 GPU)")
+    g.add_argument("--llama-batch-size", type=int, default=8)
+    g.add_argument("--llama-seq-len", type=int, default=2048)
+    g.add_argument("--llama-steps", type=int, default=30)
+    g.add_argument("--llama-warmup", type=int, default=10)
+    g.add_argument("--llama-log-every", type=int, default=10)
     g = p.add_argument_group("accum suite")
     g.add_argument("--accum-k", type=int, default=8)
     g.add_argument("--accum-steps", type=int, default=None, help="timed k-step optimizer steps (default 20; 4 CPU)")
@@ -1267,10 +1406,13 @@ def parse_args(argv=None):
         head, eq, flags = spec.partition("=")
         suite, colon, name = head.partition(":")
         if not (
-            eq and colon and name.replace("-", "").isalnum() and suite in ("single", "scaling", "zero", "xl", "varlen")
+            eq
+            and colon
+            and name.replace("-", "").isalnum()
+            and suite in ("single", "llama", "scaling", "zero", "xl", "varlen")
         ):
             p.error(
-                f"--variant expects SUITE:NAME=FLAGS with SUITE one of single, scaling, zero, xl, varlen and a "
+                f"--variant expects SUITE:NAME=FLAGS with SUITE one of single, llama, scaling, zero, xl, varlen and a "
                 f"NAME of letters, digits and '-', got {spec!r}"
             )
         words = shlex.split(flags)
@@ -1286,6 +1428,7 @@ def parse_args(argv=None):
         warmup=(2, 10),
         log_every=(2, 10),
         accum_steps=(4, 20),
+        entry_steps=(4, 1000),
         accum_warmup=(2, 5),
         accum_log_every=(2, 5),
         varlen_batch_size=(8, 32),
@@ -1359,7 +1502,10 @@ def main(argv=None) -> int:
 
     # data sized so that one epoch of ours covers the longest run
     lm = [r for r in all_runs if r.task == "lm"]
-    need_blocks = max([(r.warmup + r.steps) * r.batch_size * r.grad_accum * max(1, r.gpus) for r in lm], default=0)
+    need_blocks = max(
+        [-(-(r.warmup + r.steps) * r.batch_size * r.grad_accum * max(1, r.gpus) * r.seq_len // a.seq_len) for r in lm],
+        default=0,
+    )
     cls = [r for r in all_runs if r.task == "classification"]
     need_examples = max([(r.warmup + r.steps) * r.batch_size * r.grad_accum * max(1, r.gpus) for r in cls], default=0)
     n_varlen = math.ceil(need_examples * 1.15 / 0.9) + 64 if cls else 0

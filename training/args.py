@@ -18,7 +18,7 @@ from .strategies import AUTO, BLOCK_COMPILED, PRECISIONS, STRATEGY_CHOICES, prov
 
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
-PRESETS = ("tiny-gpt2", "tiny-bert", "gpt2-small", "gpt2-xl")
+PRESETS = ("tiny-gpt2", "tiny-bert", "gpt2-small", "gpt2-xl", "llama-1b")
 _BRANCH = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_./-]{0,199}")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 COMPILE_UNITS = ("model", "block")
@@ -164,10 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--precision",
-        choices=PRECISIONS,
+        choices=(*PRECISIONS, "fp8"),
         default=d.precision,
         help="mixed precision (default: the launcher's pick: bf16 on compute capability >= 8.0, fp16 below, "
-        "no (fp32) on CPU)",
+        "no (fp32) on CPU); fp8: bf16 with float8 matmuls (torchao, compute capability >= 8.9)",
     )
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="per device, per micro-step")
     g.add_argument("--eval-batch-size", type=int, help="per device, for evaluation (default: --batch-size)")

@@ -48,7 +48,15 @@ def pick_precision(requested: str | None, gpus: int, capability: tuple[int, int]
 
 
 def resolve_precision(args) -> str:
-    """Set args.precision (a TrainArgs) where it was not given; the log line saying what and why."""
+    """Set args.precision (a TrainArgs) where it was not given; the log line saying what and why.
+    --precision fp8 is checked against these GPUs here, before anything loads (ValueError)."""
+    if args.precision == "fp8":
+        from .fp8 import fp8_problem
+
+        problem = fp8_problem(*visible_gpus(), args.strategy)
+        if problem:
+            raise ValueError(problem)
+        return "precision=fp8 (--precision: bf16 autocast, the linear layers' matmuls in float8)"
     gpus, capability = visible_gpus() if args.precision is None else (0, None)
     args.precision, why = pick_precision(args.precision, gpus, capability)
     return f"precision={args.precision} ({why})"

@@ -130,6 +130,24 @@ def test_bench_model_shapes_are_the_trainers_presets():
     for name, shape in _benchlib.GPT2_SHAPES.items():
         preset = {k: v for k, v in PRESETS[name].items() if k != "model_type"}
         assert {k: v for k, v in shape.items() if v is not None} == preset, name
+    for name, shape in _benchlib.LLAMA_SHAPES.items():
+        assert {"model_type": "llama", **shape} == PRESETS[name], name
+
+
+def test_the_entry_and_llama_suites_plan_the_entry_point_alone_and_llama_against_the_trainer():
+    r = dry_run("--suite", "entry,llama", "--gpus", "1", "--variant", "llama:fp8=--precision fp8")
+    assert r.returncode == 0, r.stderr
+    plan = planned(r)
+    entry = plan["ours, the entry point alone (no flags)"]
+    assert "-m distrain_cloud.training --task" in entry and "node_launch" not in entry
+    # no flag that would decide what its defaults must: precision, compile, strategy
+    assert not any(f in entry.split() for f in ("--precision", "--compile", "--strategy"))
+    assert "--max-steps 1010" in entry  # 1,000 timed steps: long enough that the default compiles
+    assert "--model llama-1b --batch-size 8 --seq-len 2048" in plan["HF Trainer compile"]
+    assert plan["ours llama-1b +compile [fp8]"].endswith("--compile --precision fp8")
+    assert (
+        "--preset llama-1b" in plan["ours llama-1b +compile"] and "--block-size 2048" in plan["ours llama-1b +compile"]
+    )
 
 
 def test_recorded_commands_name_no_machine_paths(tmp_path):
