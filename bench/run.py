@@ -211,6 +211,7 @@ def ours_lm(
     batch, accum = int(last_value(cmd, "--batch-size", batch)), int(last_value(cmd, "--grad-accum", accum))
     strategy = last_value(cmd, "--strategy", strategy)
     needs = ("datasets", "accelerate", "yaml") + (("deepspeed",) if strategy.startswith("zero") else ())
+    needs += ("torchao",) if last_value(cmd, "--precision", "") == "fp8" else ()  # optional: training/fp8.py
     tag = f"ours-{preset}-{strategy}{'-compile' if compiled else ''}-g{gpus}-b{batch}-k{accum}"
     if variant[0]:
         tag, label = f"{tag}-{variant[0]}", f"{label or 'ours ' + strategy} [{variant[0]}]"
@@ -545,14 +546,16 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
         elif s == "xl":
             xl = dict(
                 gpus=G,
-                preset="gpt2-xl",
+                preset=a.xl_preset,
                 batch=a.xl_batch_size,
                 steps=a.xl_steps,
                 warmup=a.xl_warmup,
                 log_every=a.xl_log_every,
                 timeout=a.xl_timeout,
+                # llama-1b trains on sequences of 2048 (--llama-seq-len), GPT-2's positions stop at 1024
+                seq_len=a.llama_seq_len if a.xl_preset in lib.LLAMA_SHAPES else None,
             )
-            name = "tiny-gpt2" if ctx.cpu else "gpt2-xl"
+            name = "tiny-gpt2" if ctx.cpu else a.xl_preset
             runs = [ours_lm(ctx, strategy=st, label=f"ours {name} {st} x{G}", **xl) for st in a.xl_strategies]
             for vname, flags in variants:
                 st, rest = variant_strategy(flags, "zero3")
@@ -667,7 +670,8 @@ def versions() -> dict:
     from importlib import metadata
 
     out = {"python": sys.version.split()[0]}
-    for pkg in ("torch", "transformers", "accelerate", "deepspeed", "datasets", "tokenizers"):
+    packages = ("torch", "transformers", "accelerate", "deepspeed", "datasets", "tokenizers", "torchao", "liger-kernel")
+    for pkg in packages:
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -1361,6 +1365,12 @@ def parse_args(argv=None):
         help="comma list: these strategies also run with --compile, each against compiled ddp (e.g. ddp,fsdp)",
     )
     g = p.add_argument_group("xl suite")
+    g.add_argument(
+        "--xl-preset",
+        choices=("gpt2-xl", "llama-1b"),
+        default="gpt2-xl",
+        help="the model of the xl suite: gpt2-xl (default) or llama-1b (sequences of --llama-seq-len)",
+    )
     g.add_argument("--xl-batch-size", type=int, default=4)
     g.add_argument("--xl-steps", type=int, default=15)
     g.add_argument("--xl-warmup", type=int, default=5)
@@ -1377,7 +1387,8 @@ def parse_args(argv=None):
         "--entry-steps",
         type=int,
         default=None,
-        help="timed steps of the entry point's run (default 1000, so its default compiles; 4 CPU)",
+        help="timed steps of the entry point's run (default 990: with --warmup 10 a 1,000-step run, long enough "
+        "that its default compiles; 4 CPU)",
     )
     g = p.add_argument_group("llama suite (llama-1b, 1 GPU)")
     g.add_argument("--llama-batch-size", type=int, default=8)
@@ -1428,7 +1439,7 @@ def parse_args(argv=None):
         warmup=(2, 10),
         log_every=(2, 10),
         accum_steps=(4, 20),
-        entry_steps=(4, 1000),
+        entry_steps=(4, 990),
         accum_warmup=(2, 5),
         accum_log_every=(2, 5),
         varlen_batch_size=(8, 32),
