@@ -117,3 +117,33 @@ def test_fp8_converts_every_block_linear_but_the_head_and_still_trains():
         opt.zero_grad()
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+
+
+@pytest.mark.slow  # an entry-point run with torchao
+def test_the_trainer_converts_the_model_and_trains_in_fp8(train):
+    """The trainer's fp8 path on CPU processes told they are on an H100 (fp8_shim): the model's
+    block linears become Float8Linear before prepare, under bf16 autocast, and the loss is finite."""
+    import os
+    from pathlib import Path
+
+    pytest.importorskip("torchao")
+    shim = str(Path(__file__).parent / "fp8_shim")
+    narrow = (
+        "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
+        "num_key_value_heads=2,vocab_size=1024"
+    )
+    run = train(
+        "--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", narrow, "--precision", "fp8",
+        "--strategy", "ddp", "--dataset", "builtin:corpus", "--block-size", "32", "--batch-size", "4",
+        "--max-steps", "4", "--log-every", "2", "--report-to", "none", "--no-save-model",
+        "--max-eval-samples", "8", "--generate-tokens", "2",
+        env={"PYTHONPATH": os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))},
+    )  # fmt: skip
+    assert run.returncode == 0, run.describe()
+    assert run.lines("precision=") == [
+        "precision=fp8 (--precision: bf16 autocast, the linear layers' matmuls in float8)"
+    ]
+    assert run.lines("fp8=") == [
+        "fp8=on linear_layers=14 (torchao float8, tensorwise scaling; the LM head stays bf16)"
+    ], run.describe()
+    assert len(run.train_losses) == 2 and all(0 < v < 20 for v in run.train_losses.values()), run.train_losses
