@@ -22,15 +22,12 @@ from .args import ArgumentError
 
 # float8 matrix units: Ada (8.9: L4, L40S) and Hopper (9.0: H100, H200) or later.
 FP8_CAPABILITY = (8, 9)
-# The replicated model's layers; the sharded engines hold their weights their own way (not tried with fp8).
-FP8_STRATEGIES = ("ddp", "single")
 TORCHAO_PIN = "torchao==0.17.0"
 
 
-def fp8_problem(gpus: int, capability: tuple[int, int] | None, strategy: str) -> str | None:
-    """Why --precision fp8 cannot run here (one line naming the fix), or None. Torch-free."""
-    if strategy not in FP8_STRATEGIES:
-        return f"--precision fp8 runs under --strategy ddp or single, not {strategy}: add --strategy ddp"
+def fp8_problem(gpus: int, capability: tuple[int, int] | None) -> str | None:
+    """Why --precision fp8 cannot run on these GPUs (one line naming the fix), or None. Torch-free.
+    The strategy is checked with the other flags (args.py: ddp or single)."""
     if gpus == 0:
         return (
             "--precision fp8 needs a CUDA GPU with float8 matrix units (H100, L4); this machine has none: "

@@ -83,8 +83,7 @@ def plan_node(
         from .precision import pick_precision, visible_gpus
 
         precision = pick_precision(None, *(visible_gpus() if gpus else (0, None)))[0]
-    # fp8 is bf16 autocast to Accelerate: each process converts its model's layers itself (fp8.py)
-    config = accelerate_config(strategy, cluster, precision="bf16" if precision == "fp8" else precision)
+    config = accelerate_config(strategy, cluster, precision=precision)
     env = {}
     if strategy.uses_deepspeed and use_cpu:
         env["DS_ACCELERATOR"] = "cpu"

@@ -53,7 +53,7 @@ def resolve_precision(args) -> str:
     if args.precision == "fp8":
         from .fp8 import fp8_problem
 
-        problem = fp8_problem(*visible_gpus(), args.strategy)
+        problem = fp8_problem(*visible_gpus())
         if problem:
             raise ValueError(problem)
         return "precision=fp8 (--precision: bf16 autocast, the linear layers' matmuls in float8)"

@@ -30,24 +30,38 @@ def gpus(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "caps, flags, message",
+    "caps, message",
     [
-        ((A100,), [], "--precision fp8 needs compute capability >= 8.9 (H100, H200, L4, L40S); these GPUs are 8.0: "
+        ((A100,), "--precision fp8 needs compute capability >= 8.9 (H100, H200, L4, L40S); these GPUs are 8.0: "
          "use --precision bf16"),
-        ((H100, A100), [], "these GPUs are 8.0: use --precision bf16"),  # the lowest decides
-        ((), [], "--precision fp8 needs a CUDA GPU with float8 matrix units (H100, L4); this machine has none: "
+        ((H100, A100), "these GPUs are 8.0: use --precision bf16"),  # the lowest decides
+        ((), "--precision fp8 needs a CUDA GPU with float8 matrix units (H100, L4); this machine has none: "
          "use --precision no"),
-        ((H100,), ["--strategy", "fsdp"], "--precision fp8 runs under --strategy ddp or single, not fsdp: "
-         "add --strategy ddp"),
-        ((H100,), ["--strategy", "auto"], "not auto: add --strategy ddp"),
     ],
 )  # fmt: skip
-def test_fp8_is_refused_in_one_line_where_it_cannot_run(gpus, caps, flags, message):
+def test_fp8_is_refused_in_one_line_where_it_cannot_run(gpus, caps, message):
     gpus(*caps)
-    args = parse_args(["--precision", "fp8", "--strategy", "ddp", *flags])
+    args = parse_args(["--precision", "fp8", "--strategy", "ddp"])
     with pytest.raises(ValueError) as e:
         resolve_precision(args)
     assert message in str(e.value) and str(e.value).startswith("--precision fp8 ") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "fsdp", "zero2", "zero3"])
+def test_fp8_is_refused_under_strategies_that_hold_weights_their_own_way(strategy):
+    """Checked with the other flags, so the launcher refuses it while planning too."""
+    with pytest.raises(ArgumentError, match=rf"^--precision fp8 runs under --strategy ddp or single, not {strategy}: "):
+        parse_args(["--precision", "fp8", "--strategy", strategy])
+
+
+def test_the_launchers_rule_refuses_fp8_below_compute_capability_8_9():
+    from distrain_cloud.training.strategies import choose_precision
+
+    assert choose_precision("fp8", 8, H100, "ml.p5.48xlarge") == "fp8"
+    with pytest.raises(ValueError, match=r"^--precision fp8 needs compute capability >= 8.9 \(H100, L4\); a100: "):
+        choose_precision("fp8", 8, A100, "a100")
+    with pytest.raises(ValueError, match=r"^--precision fp8 needs a GPU"):
+        choose_precision("fp8", 0, None, "this machine")
 
 
 def test_fp8_needs_torchao_and_says_which(gpus, monkeypatch):
