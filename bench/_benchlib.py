@@ -36,6 +36,25 @@ GPT2_SHAPES = {
     "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50304},
     "gpt2-xl": {"n_layer": 48, "n_head": 25, "n_embd": 1600, "n_positions": 1024, "vocab_size": 50304},
 }
+# The llama-1b preset (Llama 3.2 1B's shapes), restated as above.
+LLAMA_SHAPES = {
+    "llama-1b": {
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 8192,
+        "vocab_size": 128256,
+        "max_position_embeddings": 2048,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
+        "attention_dropout": 0.0,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
+}
 SHIPPED_VOCAB = 746  # len() of the shipped tokenizer; tiny-gpt2 uses it as its vocabulary size
 
 BERT_BASE = {
@@ -61,6 +80,15 @@ def gpt2_num_params(n_layer: int, n_embd: int, vocab_size: int, n_positions: int
     d = n_embd
     per_layer = 12 * d * d + 13 * d  # c_attn, attn c_proj, c_fc, mlp c_proj (+ biases), ln_1, ln_2
     return vocab_size * d + n_positions * d + n_layer * per_layer + 2 * d  # + ln_f
+
+
+def llama_num_params(shape: dict) -> int:
+    """All parameters of LlamaForCausalLM with tied embeddings: q and o (d x d), k and v (d x kv),
+    SwiGLU's three (d x I), two RMSNorms a layer, the final RMSNorm and the embeddings."""
+    d, inner = shape["hidden_size"], shape["intermediate_size"]
+    kv = d * shape["num_key_value_heads"] // shape["num_attention_heads"]
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * inner + 2 * d
+    return shape["vocab_size"] * d + shape["num_hidden_layers"] * per_layer + d
 
 
 def flops_per_token(n_params: int, n_layer: int, hidden: int, seq_len: int) -> float:

@@ -52,7 +52,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--cls-model", choices=("gpt2-small", "bert-base"), default="gpt2-small", help="classification model shape"
     )
-    p.add_argument("--model", choices=("gpt2-small", "gpt2-xl"), default="gpt2-small", help="LM model shape")
+    p.add_argument(
+        "--model", choices=("gpt2-small", "gpt2-xl", "llama-1b"), default="gpt2-small", help="LM model shape"
+    )
     p.add_argument("--compile", action="store_true", help="TrainingArguments(torch_compile=True)")
     p.add_argument("--optim", default="adamw_torch_fused")
     p.add_argument("--steps", type=int, default=None, help="timed optimizer steps (default 60; 3 with --tiny)")
@@ -139,6 +141,16 @@ def build_model(a, tokenizer, num_labels: int | None):
                 num_labels=num_labels,
             )
         auto = transformers.BertForSequenceClassification
+        shape = {"n_layer": config.num_hidden_layers, "n_embd": config.hidden_size}
+    elif a.mode == "lm" and a.model in lib.LLAMA_SHAPES and not a.tiny:
+        # the llama-1b preset's config, as our trainer builds it (training/modeling.py)
+        config = transformers.LlamaConfig(
+            **lib.LLAMA_SHAPES[a.model],
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.eos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        auto = transformers.LlamaForCausalLM
         shape = {"n_layer": config.num_hidden_layers, "n_embd": config.hidden_size}
     else:
         shape = dict(lib.GPT2_SHAPES["tiny-gpt2" if a.tiny else (a.model if a.mode == "lm" else "gpt2-small")])

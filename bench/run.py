@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _benchlib as lib  # noqa: E402
 
-SUITES = ("single", "accum", "scaling", "zero", "varlen", "xl")  # also the order they run in
+SUITES = ("single", "entry", "llama", "accum", "scaling", "zero", "varlen", "xl")  # also the order they run in
 BASELINE = lib.BENCH / "hf_trainer_baseline.py"
 PLACEHOLDER_WORK = "$WORK"  # shown instead of the temp folder in --dry-run
 
@@ -88,6 +88,11 @@ class Ctx:
 
 
 def gpt2_fpt(preset: str, seq_len: int) -> tuple[int, float]:
+    """(parameters, training FLOPs per token) of a preset: GPT-2's or llama-1b's."""
+    if preset in lib.LLAMA_SHAPES:
+        ls = lib.LLAMA_SHAPES[preset]
+        n = lib.llama_num_params(ls)
+        return n, lib.flops_per_token(n, ls["num_hidden_layers"], ls["hidden_size"], seq_len)
     s = lib.GPT2_SHAPES[preset]
     n = lib.gpt2_num_params(s["n_layer"], s["n_embd"], s["vocab_size"] or lib.SHIPPED_VOCAB, s["n_positions"])
     return n, lib.flops_per_token(n, s["n_layer"], s["n_embd"], seq_len)
@@ -178,12 +183,14 @@ def ours_lm(
     timeout: int | None = None,
     label: str | None = None,
     variant: tuple[str, list[str]] = ("", []),
+    seq_len: int | None = None,
 ) -> Run:
     a = ctx.a
     preset = "tiny-gpt2" if ctx.cpu else preset
     batch = batch or a.batch_size
+    seq_len = a.seq_len if ctx.cpu else (seq_len or a.seq_len)
     steps, warmup, log_every = steps or a.steps, a.warmup if warmup is None else warmup, log_every or a.log_every
-    n, fpt = gpt2_fpt(preset, a.seq_len)
+    n, fpt = gpt2_fpt(preset, seq_len)
     cmd = ours_cmd(
         ctx,
         gpus=gpus,
@@ -194,7 +201,7 @@ def ours_lm(
         total_steps=warmup + steps,
         log_every=log_every,
         model_flags=["--preset", preset],
-        data_flags=lm_data_flags(ctx, a.seq_len),
+        data_flags=lm_data_flags(ctx, seq_len),
         compile_=compile_,
         extra=variant[1],
     )
@@ -204,6 +211,7 @@ def ours_lm(
     batch, accum = int(last_value(cmd, "--batch-size", batch)), int(last_value(cmd, "--grad-accum", accum))
     strategy = last_value(cmd, "--strategy", strategy)
     needs = ("datasets", "accelerate", "yaml") + (("deepspeed",) if strategy.startswith("zero") else ())
+    needs += ("torchao",) if last_value(cmd, "--precision", "") == "fp8" else ()  # optional: training/fp8.py
     tag = f"ours-{preset}-{strategy}{'-compile' if compiled else ''}-g{gpus}-b{batch}-k{accum}"
     if variant[0]:
         tag, label = f"{tag}-{variant[0]}", f"{label or 'ours ' + strategy} [{variant[0]}]"
@@ -216,7 +224,7 @@ def ours_lm(
         preset,
         "lm",
         strategy,
-        a.seq_len,
+        seq_len,
         batch,
         accum,
         steps,
@@ -230,25 +238,96 @@ def ours_lm(
     )
 
 
-def hf_lm(ctx: Ctx, *, compile_: bool, gpus: int = 1) -> Run:
+def ours_entry(ctx: Ctx) -> Run:
+    """Our entry point alone (`python -m distrain_cloud.training`), as SkyPilot, torchrun, Batch and
+    Kubernetes start it: no node_launch, no --precision, no --compile, no --strategy. Its own
+    defaults pick the precision (bf16 on an H100), the strategy, and whether to compile: with
+    --entry-steps of at least 1,000 (strategies.COMPILE_MIN_STEPS) the default compiles."""
     a = ctx.a
     preset = "tiny-gpt2" if ctx.cpu else "gpt2-small"
+    steps = a.entry_steps
     n, fpt = gpt2_fpt(preset, a.seq_len)
+    cmd = [
+        sys.executable,
+        "-m",
+        "distrain_cloud.training",
+        "--task",
+        "causal-lm",
+        "--preset",
+        preset,
+        *lm_data_flags(ctx, a.seq_len),
+        "--batch-size",
+        str(a.batch_size),
+        "--max-steps",
+        str(a.warmup + steps),
+        "--log-every",
+        str(a.log_every),
+        "--report-to",
+        "none",
+        "--lr",
+        str(lib.LR),
+        "--max-eval-samples",
+        str(a.eval_samples),
+        "--generate-tokens",
+        "1",
+        "--no-save-model",
+    ]
+    return Run(
+        f"ours-{preset}-entry-g1-b{a.batch_size}-n{steps}",
+        "ours",
+        "ours, the entry point alone (no flags)",
+        cmd,
+        1,
+        preset,
+        "lm",
+        "auto",
+        a.seq_len,
+        a.batch_size,
+        1,
+        steps,
+        a.warmup,
+        a.log_every,
+        a.compile_timeout,
+        ("datasets", "accelerate"),
+        n,
+        fpt,
+    )
+
+
+def hf_lm(
+    ctx: Ctx,
+    *,
+    compile_: bool,
+    gpus: int = 1,
+    model: str = "gpt2-small",
+    batch: int | None = None,
+    seq_len: int | None = None,
+    steps: int | None = None,
+    warmup: int | None = None,
+    timeout: int | None = None,
+) -> Run:
+    a = ctx.a
+    preset = "tiny-gpt2" if ctx.cpu else model
+    batch = batch or a.batch_size
+    seq_len = a.seq_len if ctx.cpu else (seq_len or a.seq_len)
+    steps, warmup = steps or a.steps, a.warmup if warmup is None else warmup
+    n, fpt = gpt2_fpt(preset, seq_len)
     cmd = hf_launcher(gpus) + [
         str(BASELINE),
         "--tf32",
         "--mode",
         "lm",
+        *(["--model", model] if model != "gpt2-small" and not ctx.cpu else []),
         "--batch-size",
-        str(a.batch_size),
+        str(batch),
         "--seq-len",
-        str(a.seq_len),
+        str(seq_len),
         "--grad-accum",
         "1",
         "--steps",
-        str(a.steps),
+        str(steps),
         "--warmup-steps",
-        str(a.warmup),
+        str(warmup),
         "--data-file",
         str(ctx.lm_file),
         "--peak-tflops",
@@ -261,8 +340,9 @@ def hf_lm(ctx: Ctx, *, compile_: bool, gpus: int = 1) -> Run:
     if compile_:
         cmd.append("--compile")
     variant = "compile" if compile_ else "defaults"
+    seq_tag = f"-s{seq_len}" if seq_len != a.seq_len else ""
     return Run(
-        f"hf-{preset}-{variant}-g{gpus}-b{a.batch_size}",
+        f"hf-{preset}-{variant}-g{gpus}-b{batch}{seq_tag}",
         "hf_trainer",
         f"HF Trainer {variant}",
         cmd,
@@ -270,13 +350,13 @@ def hf_lm(ctx: Ctx, *, compile_: bool, gpus: int = 1) -> Run:
         preset,
         "lm",
         "ddp" if gpus > 1 else "single",
-        a.seq_len,
-        a.batch_size,
+        seq_len,
+        batch,
         1,
-        a.steps,
-        a.warmup,
+        steps,
+        warmup,
         None,
-        a.compile_timeout if compile_ else a.timeout,
+        timeout or (a.compile_timeout if compile_ else a.timeout),
         ("transformers",),
         n,
         fpt,
@@ -413,6 +493,36 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
             # baselines before variants: a deadline cuts variants, never the comparison
             runs += [hf_lm(ctx, compile_=False), hf_lm(ctx, compile_=True)]
             runs += [ours_lm(ctx, gpus=1, compile_=True, label="ours +compile", variant=v) for v in variants]
+        elif s == "entry":
+            # baseline first: a deadline cuts ours' long run, never the comparison's reference
+            runs = [hf_lm(ctx, compile_=True), ours_entry(ctx)]
+        elif s == "llama":
+            ll = dict(
+                gpus=1,
+                preset="llama-1b",
+                batch=a.llama_batch_size,
+                seq_len=a.llama_seq_len,
+                steps=a.llama_steps,
+                warmup=a.llama_warmup,
+                log_every=a.llama_log_every,
+                timeout=a.xl_timeout,
+            )
+            name = "tiny-gpt2" if ctx.cpu else "llama-1b"
+            runs = [
+                ours_lm(ctx, compile_=True, label=f"ours {name} +compile", **ll),
+                hf_lm(
+                    ctx,
+                    compile_=True,
+                    model="llama-1b",
+                    batch=a.llama_batch_size,
+                    seq_len=a.llama_seq_len,
+                    steps=a.llama_steps,
+                    warmup=a.llama_warmup,
+                    timeout=a.xl_timeout,
+                ),
+            ]
+            # e.g. fp8=--precision fp8: ours again with those flags, against ours and the Trainer
+            runs += [ours_lm(ctx, compile_=True, label=f"ours {name} +compile", variant=v, **ll) for v in variants]
         elif s == "scaling":
             counts = sorted({n for n in (1, 2, 4, 8, 16) if n <= G} | {G})
             runs = [ours_lm(ctx, gpus=n, label=f"ours ddp x{n}") for n in counts]
@@ -436,14 +546,16 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
         elif s == "xl":
             xl = dict(
                 gpus=G,
-                preset="gpt2-xl",
+                preset=a.xl_preset,
                 batch=a.xl_batch_size,
                 steps=a.xl_steps,
                 warmup=a.xl_warmup,
                 log_every=a.xl_log_every,
                 timeout=a.xl_timeout,
+                # llama-1b trains on sequences of 2048 (--llama-seq-len), GPT-2's positions stop at 1024
+                seq_len=a.llama_seq_len if a.xl_preset in lib.LLAMA_SHAPES else None,
             )
-            name = "tiny-gpt2" if ctx.cpu else "gpt2-xl"
+            name = "tiny-gpt2" if ctx.cpu else a.xl_preset
             runs = [ours_lm(ctx, strategy=st, label=f"ours {name} {st} x{G}", **xl) for st in a.xl_strategies]
             for vname, flags in variants:
                 st, rest = variant_strategy(flags, "zero3")
@@ -558,12 +670,37 @@ def versions() -> dict:
     from importlib import metadata
 
     out = {"python": sys.version.split()[0]}
-    for pkg in ("torch", "transformers", "accelerate", "deepspeed", "datasets", "tokenizers"):
+    packages = ("torch", "transformers", "accelerate", "deepspeed", "datasets", "tokenizers", "torchao", "liger-kernel")
+    for pkg in packages:
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = None
     return out
+
+
+def gpu_holders() -> list[str]:
+    """The processes that hold memory on any GPU ("pid 123 (8800 MiB)"), from nvidia-smi; none
+    where it is missing or fails (the run is then timed as before)."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    holders = []
+    for line in out.stdout.splitlines():
+        pid, _, used = (part.strip() for part in line.partition(","))
+        if pid.isdigit():  # "No running processes found" and the like are not processes
+            holders.append(f"pid {pid} ({used})" if used else f"pid {pid}")
+    return holders
 
 
 def gpu_inventory() -> list[dict]:
@@ -666,6 +803,7 @@ class Runner:
         self.port = 29600
         self.current: subprocess.Popen | None = None
         self.stop_grace_s = 20.0  # a timed-out or interrupted run's time to stop before it is killed
+        self.busy_wait_s = 30.0  # how long a run waits for other processes to leave the GPUs
         (out / "logs").mkdir(parents=True, exist_ok=True)
 
     def execute(self, run: Run) -> dict:
@@ -678,6 +816,9 @@ class Runner:
             if left < 60:
                 return {"status": "SKIPPED (deadline)"}
             timeout = int(min(timeout, left - 15))
+        busy = None if self.ctx.cpu else self.wait_for_free_gpus()
+        if busy and not self.ctx.a.allow_busy_gpus:
+            return {"status": f"SKIPPED (GPUs busy: {busy})", "gpus_busy": busy}
         rundir = Path(tempfile.mkdtemp(prefix=f"{run.id}-", dir=self.ctx.work))
         dirs = {k: rundir / k for k in ("model", "output", "checkpoints")}
         self.port += 1
@@ -731,9 +872,25 @@ class Runner:
             res["tracebacks"] = [str(t.relative_to(self.out)) for t in keep_tracebacks(dirs["output"], log)]
             if res.get("tokens_per_sec") is not None and res.get("complete"):
                 res["note"] = "all timed windows finished; the failure came after training (eval/save)"
+        if busy:  # --allow-busy-gpus: timed beside another process, and the row says so
+            res["gpus_busy"] = busy
+            status = f"{status} (GPUs busy: {busy})"
         res["status"] = status
         shutil.rmtree(rundir, ignore_errors=True)  # model files can be GBs
         return res
+
+    def wait_for_free_gpus(self) -> str | None:
+        """None when no process holds a GPU, else who does ("pid 123 (8800 MiB)"), after waiting
+        up to `busy_wait_s` for them to let go (a finished run's ranks may take a moment). A
+        stray rank of a timed-out run made a 2-GPU row read 46% weak scaling instead of 96.8%.
+        Any process on any GPU of the machine counts: a run's NCCL and host threads share more
+        than its own cards."""
+        end = time.monotonic() + self.busy_wait_s
+        while True:
+            holders = gpu_holders()
+            if not holders or time.monotonic() >= end:
+                return ", ".join(holders) or None
+            time.sleep(min(2.0, self.busy_wait_s))
 
     def stop_current(self):
         """SIGTERM the run's process group (ours saves and exits), then SIGKILL whatever of its
@@ -823,6 +980,8 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
         res["pad_frac"] = lib.median([r["pad_pct"] for r in pick]) / 100.0
     peaks = [r["peak_mem_gb"] for r in rows if "peak_mem_gb" in r]
     res["peak_mem_gb"] = max(peaks) if peaks else None
+    losses = [r["train_loss"] for r in rows if "train_loss" in r]
+    res["final_train_loss"] = losses[-1] if losses else None  # the last window's (fp8 vs bf16)
     res["complete"] = bool(windows) and windows[-1][1] >= run.warmup + run.steps
     prof = next((line for line in text.splitlines() if line.startswith("profile_steps=")), None)
     if prof:  # --profile-steps: per-step GPU busy, collective and exposed-collective milliseconds
@@ -939,7 +1098,7 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
     res = [r.result for r in runs]
     tps = [x.get("tokens_per_sec") for x in res]
     lines, out = [], {}
-    if suite == "single":
+    if suite in ("single", "entry", "llama"):
         for o in (r for r in runs if r.impl == "ours"):
             for h in (r for r in runs if r.impl == "hf_trainer"):
                 q = ratio(o.result.get("tokens_per_sec"), h.result.get("tokens_per_sec"))
@@ -952,6 +1111,18 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
                 f"- parameters (N in MFU): {runs[0].n_params:,} by formula"
                 + (", equal to the baseline's count" if same else f"; WARNING: the baseline counted {counted[0]:,}")
             )
+        if suite == "llama":  # each variant (fp8) against the plain run: speed and the loss it reached
+            base = next((r for r in runs if r.impl == "ours" and not r.variant), None)
+            for v in (r for r in runs if r.impl == "ours" and r.variant):
+                q = ratio(v.result.get("tokens_per_sec"), base.result.get("tokens_per_sec") if base else None)
+                bl, vl = (base.result.get("final_train_loss") if base else None), v.result.get("final_train_loss")
+                rel = (vl - bl) / bl if vl is not None and bl else None
+                out[f"{v.variant}_over_ours"], out[f"{v.variant}_loss_rel"] = q, rel
+                lines.append(
+                    f"- ours [{v.variant}] ÷ ours: **{xfmt(q)}** tokens/s; train loss at step "
+                    f"{v.warmup + v.steps}: {fmt(vl, '.4f')} vs {fmt(bl, '.4f')} "
+                    f"({fmt(rel, '+.2%') if rel is not None else '–'})"
+                )
     elif suite == "scaling":
         for r, t in zip(runs, tps, strict=True):
             base = next((t1 for r1, t1 in zip(runs, tps, strict=True) if max(1, r1.gpus) == 1), None)
@@ -1034,6 +1205,9 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
 
 SUITE_TITLES = {
     "single": "single — 1 GPU: ours vs transformers.Trainer (defaults, +torch_compile)",
+    "entry": "entry — 1 GPU: our entry point alone, no flags (its defaults pick precision and compile) vs "
+    "Trainer +torch_compile",
+    "llama": "llama — 1 GPU: llama-1b (Llama 3.2 1B shapes), ours +compile vs Trainer +torch_compile",
     "scaling": "scaling — ours DDP on 1..N GPUs (weak scaling: fixed micro-batch per GPU)",
     "zero": "zero — ours DDP vs ZeRO-2 vs ZeRO-3 vs FSDP on N GPUs, 124M",
     "xl": "xl — gpt2-xl (~1.56B) on N GPUs: DDP, ZeRO-2, ZeRO-3, ZeRO-3 + CPU offload",
@@ -1145,6 +1319,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--only", metavar="REGEX", help="run only the runs whose id matches (ids: see --dry-run logs)")
     p.add_argument("--deadline-min", type=float, help="start no run after this many minutes; clamp timeouts to it")
+    p.add_argument(
+        "--allow-busy-gpus",
+        action="store_true",
+        help="time runs even while another process holds a GPU (the row's status says so); by default such a "
+        "run is skipped after waiting 30 s for the GPUs",
+    )
     g = p.add_argument_group("shapes and steps (124M suites)")
     g.add_argument("--seq-len", type=int, default=None, help="default 1024 (64 with --cpu-smoke)")
     g.add_argument("--batch-size", type=int, default=None, help="per-GPU micro-batch (default 16; 4 CPU)")
@@ -1185,6 +1365,12 @@ def parse_args(argv=None):
         help="comma list: these strategies also run with --compile, each against compiled ddp (e.g. ddp,fsdp)",
     )
     g = p.add_argument_group("xl suite")
+    g.add_argument(
+        "--xl-preset",
+        choices=("gpt2-xl", "llama-1b"),
+        default="gpt2-xl",
+        help="the model of the xl suite: gpt2-xl (default) or llama-1b (sequences of --llama-seq-len)",
+    )
     g.add_argument("--xl-batch-size", type=int, default=4)
     g.add_argument("--xl-steps", type=int, default=15)
     g.add_argument("--xl-warmup", type=int, default=5)
@@ -1196,6 +1382,20 @@ def parse_args(argv=None):
         default=["ddp", "zero2", "zero3", "zero3-offload"],
         help="comma list (default: all four)",
     )
+    g = p.add_argument_group("entry suite")
+    g.add_argument(
+        "--entry-steps",
+        type=int,
+        default=None,
+        help="timed steps of the entry point's run (default 990: with --warmup 10 a 1,000-step run, long enough "
+        "that its default compiles; 4 CPU)",
+    )
+    g = p.add_argument_group("llama suite (llama-1b, 1 GPU)")
+    g.add_argument("--llama-batch-size", type=int, default=8)
+    g.add_argument("--llama-seq-len", type=int, default=2048)
+    g.add_argument("--llama-steps", type=int, default=30)
+    g.add_argument("--llama-warmup", type=int, default=10)
+    g.add_argument("--llama-log-every", type=int, default=10)
     g = p.add_argument_group("accum suite")
     g.add_argument("--accum-k", type=int, default=8)
     g.add_argument("--accum-steps", type=int, default=None, help="timed k-step optimizer steps (default 20; 4 CPU)")
@@ -1217,10 +1417,13 @@ def parse_args(argv=None):
         head, eq, flags = spec.partition("=")
         suite, colon, name = head.partition(":")
         if not (
-            eq and colon and name.replace("-", "").isalnum() and suite in ("single", "scaling", "zero", "xl", "varlen")
+            eq
+            and colon
+            and name.replace("-", "").isalnum()
+            and suite in ("single", "llama", "scaling", "zero", "xl", "varlen")
         ):
             p.error(
-                f"--variant expects SUITE:NAME=FLAGS with SUITE one of single, scaling, zero, xl, varlen and a "
+                f"--variant expects SUITE:NAME=FLAGS with SUITE one of single, llama, scaling, zero, xl, varlen and a "
                 f"NAME of letters, digits and '-', got {spec!r}"
             )
         words = shlex.split(flags)
@@ -1236,6 +1439,7 @@ def parse_args(argv=None):
         warmup=(2, 10),
         log_every=(2, 10),
         accum_steps=(4, 20),
+        entry_steps=(4, 990),
         accum_warmup=(2, 5),
         accum_log_every=(2, 5),
         varlen_batch_size=(8, 32),
@@ -1309,7 +1513,10 @@ def main(argv=None) -> int:
 
     # data sized so that one epoch of ours covers the longest run
     lm = [r for r in all_runs if r.task == "lm"]
-    need_blocks = max([(r.warmup + r.steps) * r.batch_size * r.grad_accum * max(1, r.gpus) for r in lm], default=0)
+    need_blocks = max(
+        [-(-(r.warmup + r.steps) * r.batch_size * r.grad_accum * max(1, r.gpus) * r.seq_len // a.seq_len) for r in lm],
+        default=0,
+    )
     cls = [r for r in all_runs if r.task == "classification"]
     need_examples = max([(r.warmup + r.steps) * r.batch_size * r.grad_accum * max(1, r.gpus) for r in cls], default=0)
     n_varlen = math.ceil(need_examples * 1.15 / 0.9) + 64 if cls else 0

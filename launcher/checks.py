@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .spec import JobSpec
 
 # Presets whose model has no masked-LM head (GPT-2 is causal); no preset or model means tiny-gpt2.
-_CAUSAL_PRESETS = ("tiny-gpt2", "gpt2-small", "gpt2-xl")
+_CAUSAL_PRESETS = ("tiny-gpt2", "gpt2-small", "gpt2-xl", "llama-1b")
 _DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt")
 
 
@@ -50,7 +50,8 @@ def _task_fits_preset(args: TrainArgs) -> Check | None:
         return None  # a Hub model's head is known only where it is downloaded
     preset = args.preset or "tiny-gpt2"
     ok = preset not in _CAUSAL_PRESETS
-    detail = "" if ok else f"preset {preset} is GPT-2, which has no masked-LM head: add --preset tiny-bert"
+    family = "Llama" if preset.startswith("llama") else "GPT-2"
+    detail = "" if ok else f"preset {preset} is {family}, which has no masked-LM head: add --preset tiny-bert"
     return Check("task masked-lm fits the model", ok, detail)
 
 

@@ -91,7 +91,9 @@ def submit(
             "zero3, zero2-offload, zero3-offload, fsdp, single",
         ),
     ] = None,
-    precision: Annotated[str | None, typer.Option("--precision", help="no, fp16 or bf16 (default: by GPU)")] = None,
+    precision: Annotated[
+        str | None, typer.Option("--precision", help="no, fp16, bf16 or fp8 (default: by GPU)")
+    ] = None,
     spot: Annotated[
         bool | None, typer.Option("--spot/--on-demand", help="spot capacity, resumed from checkpoints")
     ] = None,

@@ -41,13 +41,14 @@ class ModelShape:
     """What the estimate needs to know about a model."""
 
     name: str
-    family: str  # "gpt2" or "bert": which parameter formula applies
+    family: str  # "gpt2", "bert" or "llama": which parameter formula applies
     layers: int
     hidden: int
     heads: int
     vocab: int
     positions: int
     intermediate: int  # the MLP's inner width (4 d for GPT-2)
+    kv_heads: int | None = None  # llama: key/value heads (grouped-query attention)
 
     @property
     def params(self) -> int:
@@ -58,6 +59,8 @@ class ModelShape:
         LayerNorm and its pooler. Task heads are left out: under 1% of any model here.
         """
         d = self.hidden
+        if self.family == "llama":  # a final RMSNorm
+            return self.embeddings + self.layers * self.per_layer + d
         extra = 2 * d if self.family == "gpt2" else 2 * d + 2 * d + d * d + d
         return self.embeddings + self.layers * self.per_layer + extra
 
@@ -65,11 +68,15 @@ class ModelShape:
     def per_layer(self) -> int:
         """Parameters of one transformer block."""
         d, inner = self.hidden, self.intermediate
+        if self.family == "llama":  # q and o, k and v over the kv heads, SwiGLU's three, two RMSNorms
+            kv = d * (self.kv_heads or self.heads) // self.heads
+            return 2 * d * d + 2 * d * kv + 3 * d * inner + 2 * d
         return 4 * d * d + 4 * d + 2 * d * inner + inner + d + 4 * d
 
     @property
     def embeddings(self) -> int:
-        return (self.vocab + self.positions) * self.hidden
+        positions = 0 if self.family == "llama" else self.positions  # RoPE: no position table
+        return (self.vocab + positions) * self.hidden
 
 
 # The shipped tokenizer's size: presets without a vocab_size take it (training/modeling.py).
@@ -86,6 +93,7 @@ def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape | None
         return int(value)
 
     family = "gpt2" if config.get("model_type") == "gpt2" or "n_embd" in config else "bert"
+    family = "llama" if config.get("model_type") == "llama" else family
     try:
         hidden = first("n_embd", "hidden_size", "dim")
         return ModelShape(
@@ -98,6 +106,7 @@ def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape | None
             # transformers' defaults: GPT2Config 1024, BertConfig 512
             positions=first("n_positions", "max_position_embeddings", default=1024 if family == "gpt2" else 512),
             intermediate=first("n_inner", "intermediate_size", "hidden_dim", default=4 * hidden),
+            kv_heads=first("num_key_value_heads", default=0) or None,
         )
     except (TypeError, ValueError):
         return None
@@ -257,7 +266,7 @@ def usable_gib(instance: InstanceType) -> float:
 
 def mode(strategy: str, precision: str, compiled: bool, in_graph: bool = False) -> str:
     """Which constants apply: how the model's tensors are kept decides what stays on the GPU."""
-    sixteen = precision in ("bf16", "fp16")
+    sixteen = precision in ("bf16", "fp16", "fp8")  # fp8: bf16 autocast around fp8 matmuls (training/fp8.py)
     # DeepSpeed's model is 16-bit itself. So is FSDP2's, in effect: its MixedPrecisionPolicy
     # gathers the weights in 16 bits, and Accelerate's FSDP2 path wraps no autocast around it.
     # fsdp sharded in the graph (`in_graph`) runs under autocast, as DDP does.
@@ -320,13 +329,15 @@ def estimate(
     """
     P, W, tokens = shape.params, world_size, batch_size * seq_len
     L, d, V = shape.layers, shape.hidden, shape.vocab
-    mixed = precision in ("bf16", "fp16")
+    mixed = precision in ("bf16", "fp16", "fp8")
     stage = _zero_stage(strategy)
     offload = strategy.endswith("-offload")
     low = 2 if mixed else 4  # bytes of the model's own (or gathered) copy of a weight
     in_graph = strategy == "fsdp" and compile_unit == "model"  # strategies.fsdp_in_graph
     how = mode(strategy, precision, compiled, in_graph)
     notes: list[str] = []
+    if shape.family == "llama" or precision == "fp8":  # GPT-2's constants until a peak is measured
+        notes.append(f"{'fp8' if precision == 'fp8' else shape.family}: not yet calibrated (GPT-2's constants)")
 
     terms: dict[str, float] = {}
     if in_graph:
@@ -516,7 +527,7 @@ def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimat
     return estimate(
         shape,
         strategy=args.strategy,
-        precision=args.precision,
+        precision=args.precision or "bf16",  # not given: 16 bits on any GPU (precision.pick_precision)
         batch_size=args.batch_size,
         seq_len=seq_len(args),
         world_size=world_size,

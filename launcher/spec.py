@@ -320,8 +320,10 @@ class JobSpec(BaseModel):
     )
     nodes: int = Field(1, ge=1, le=64, description="instances; each runs one process per GPU")
     strategy: str = Field(AUTO, description="one of " + ", ".join(STRATEGY_CHOICES))
-    precision: Literal["no", "fp16", "bf16"] | None = Field(
-        None, description="default: bf16 where the GPU supports it, fp16 on older GPUs, no on CPU"
+    precision: Literal["no", "fp16", "bf16", "fp8"] | None = Field(
+        None,
+        description="default: bf16 where the GPU supports it, fp16 on older GPUs, no on CPU; fp8: float8 matmuls "
+        "(torchao; compute capability >= 8.9, --strategy ddp or single)",
     )
     region: str | None = Field(None, description="AWS region; default from AWS_REGION / the profile")
     stack: str = Field(

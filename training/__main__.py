@@ -55,13 +55,17 @@ def _leave(code: int) -> NoReturn:
 def _run(argv: Sequence[str] | None) -> None:
     from .args import ArgumentError, parse_args
     from .contract import Contract
+    from .precision import resolve_precision
 
     contract = None  # a bad argument is reported in the contract's failure file too
     try:
         contract = Contract.from_env()
         args = parse_args(argv)
+        chose = resolve_precision(args)  # before anything reads it; the launcher always gives it
     except (ArgumentError, ValueError) as e:
         _fail(e, contract)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(chose, flush=True)
     from .checkpoint import CheckpointError
     from .data import DataError
     from .trainer import Trainer

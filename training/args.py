@@ -18,7 +18,7 @@ from .strategies import AUTO, BLOCK_COMPILED, PRECISIONS, STRATEGY_CHOICES, prov
 
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
-PRESETS = ("tiny-gpt2", "tiny-bert", "gpt2-small", "gpt2-xl")
+PRESETS = ("tiny-gpt2", "tiny-bert", "gpt2-small", "gpt2-xl", "llama-1b")
 _BRANCH = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_./-]{0,199}")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 COMPILE_UNITS = ("model", "block")
@@ -51,7 +51,7 @@ class TrainArgs:
     max_eval_samples: int | None = None
     # how
     strategy: str = AUTO  # resolved where the job runs: strategies.resolve_auto
-    precision: str = "no"
+    precision: str | None = None  # None: chosen where the job runs (precision.resolve_precision)
     batch_size: int = 16
     eval_batch_size: int | None = None
     grad_accum: int = 1
@@ -163,7 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto (default): ddp, or fsdp sharded in the compiled graph for long compiled runs on GPUs of one node",
     )
     g.add_argument(
-        "--precision", choices=PRECISIONS, default=d.precision, help="mixed precision (default: %(default)s, fp32)"
+        "--precision",
+        choices=(*PRECISIONS, "fp8"),
+        default=d.precision,
+        help="mixed precision (default: the launcher's pick: bf16 on compute capability >= 8.0, fp16 below, "
+        "no (fp32) on CPU); fp8: bf16 with float8 matmuls (torchao, compute capability >= 8.9)",
     )
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="per device, per micro-step")
     g.add_argument("--eval-batch-size", type=int, help="per device, for evaluation (default: --batch-size)")
@@ -577,6 +581,11 @@ def validate(a: TrainArgs) -> None:
                 f"--compile-unit block applies to --strategy ddp, single, fsdp, zero3 or zero3-offload, "
                 f"not {a.strategy} (ZeRO-1/2 compile the whole model inside DeepSpeed's engine)"
             )
+    if a.precision == "fp8" and a.strategy not in ("ddp", "single"):
+        # the replicated model's linears; the sharded engines hold their weights their own way (fp8.py)
+        raise ArgumentError(
+            f"--precision fp8 runs under --strategy ddp or single, not {a.strategy}: add --strategy ddp"
+        )
     if a.compiled_autograd:
         if a.strategy not in ("ddp", "single", AUTO):
             raise ArgumentError(f"--compiled-autograd applies to --strategy ddp or single, not {a.strategy}")

@@ -39,6 +39,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         "n_positions": 1024,
         "vocab_size": 50304,
     },
+    # Llama 3.2 1B's shapes (1.24B parameters): grouped-query attention (32 query heads, 8 key/value
+    # heads), RoPE (theta 500,000), SwiGLU, RMSNorm, tied embeddings, no dropout; its real
+    # vocabulary size with the shipped tokenizer. Sequences of 2048 (--block-size 2048).
+    "llama-1b": {
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 8192,
+        "vocab_size": 128256,
+        "max_position_embeddings": 2048,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
+        "attention_dropout": 0.0,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
 }
 
 TASK_AUTO_CLASS = {
@@ -159,7 +179,7 @@ def _base_config(args: TrainArgs, tokenizer, num_labels: int | None, id2label: d
     model_type = preset.pop("model_type")
     preset.setdefault("vocab_size", len(tokenizer))
     preset["pad_token_id"] = tokenizer.pad_token_id
-    if model_type == "gpt2":
+    if model_type in ("gpt2", "llama"):
         preset["bos_token_id"] = preset["eos_token_id"] = tokenizer.eos_token_id
     return AutoConfig.for_model(model_type, **preset, **extra)
 

@@ -78,7 +78,12 @@ def plan_node(
     )
     # On one process resuming an in-graph checkpoint, auto's trainer describes its one-process group itself.
     strategy = provisional_strategy(args.strategy)
-    config = accelerate_config(strategy, cluster, precision=args.precision)
+    precision = args.precision
+    if precision is None:  # what each training process will pick itself (precision.resolve_precision)
+        from .precision import pick_precision, visible_gpus
+
+        precision = pick_precision(None, *(visible_gpus() if gpus else (0, None)))[0]
+    config = accelerate_config(strategy, cluster, precision=precision)
     env = {}
     if strategy.uses_deepspeed and use_cpu:
         env["DS_ACCELERATOR"] = "cpu"

@@ -68,6 +68,8 @@ def choose_precision(requested: str | None, gpus: int, capability: tuple[int, in
         if requested not in (None, "no"):
             raise ValueError(f"--precision {requested} needs a GPU; {where} has none: use --precision no")
         return "no"
+    if requested == "fp8" and capability is not None and capability < (8, 9):  # training/fp8.py
+        raise ValueError(f"--precision fp8 needs compute capability >= 8.9 (H100, L4); {where}: use --precision bf16")
     bf16 = capability is None or capability >= (8, 0)  # unknown: let the job find out
     if requested == "bf16" and not bf16:
         raise ValueError(f"--precision bf16 needs compute capability >= 8.0; {where}: use --precision fp16")
@@ -547,7 +549,8 @@ def accelerate_config(
         "num_processes": cluster.world_size,
         "main_process_ip": cluster.main_addr,
         "main_process_port": cluster.main_port,
-        "mixed_precision": precision,
+        # fp8 is bf16 autocast to Accelerate; each process converts its model's linears (training/fp8.py)
+        "mixed_precision": "bf16" if precision == "fp8" else precision,
         "use_cpu": cluster.use_cpu and not strategy.uses_deepspeed,
         "gpu_ids": "all",
         "rdzv_backend": "static",

@@ -112,6 +112,10 @@ class Trainer:
             self._load_data()
         with _slow_phase(f"loading the model {a.model or a.model_config or ''} (downloaded on first use)", self._print):
             model = self._load_model()
+        if a.precision == "fp8":  # before prepare and compile: the linear layers multiply in float8
+            from .fp8 import use_fp8
+
+            self._print(use_fp8(model))
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
             a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda"
         )
@@ -240,7 +244,7 @@ class Trainer:
         if self.strategy is Strategy.fsdp and not self.graph_sharded:
             fsdp_plugin = FullyShardedDataParallelPlugin(**fsdp_plugin_settings())
         accelerator = Accelerator(
-            mixed_precision=a.precision,
+            mixed_precision="bf16" if a.precision == "fp8" else a.precision,  # fp8: bf16 autocast, see fp8.py
             gradient_accumulation_steps=a.grad_accum,
             deepspeed_plugin=ds_plugin,
             fsdp_plugin=fsdp_plugin,
@@ -745,7 +749,7 @@ class Trainer:
         # only; the LM head and loss run chunked in losses.py.
         out = self.model(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1)
         head = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.args.precision, torch.float32)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.accelerator.mixed_precision, torch.float32)
         if self.args.ce_kernel == "liger":
             return liger_causal_lm_loss(out.hidden_states[-1], head, input_ids, dtype=dtype)
         return fused_causal_lm_loss(out.hidden_states[-1], head, input_ids, dtype=dtype, compile_=self.compiled)

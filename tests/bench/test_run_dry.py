@@ -3,6 +3,7 @@ the errors for a malformed --variant."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,24 @@ def test_bench_model_shapes_are_the_trainers_presets():
     for name, shape in _benchlib.GPT2_SHAPES.items():
         preset = {k: v for k, v in PRESETS[name].items() if k != "model_type"}
         assert {k: v for k, v in shape.items() if v is not None} == preset, name
+    for name, shape in _benchlib.LLAMA_SHAPES.items():
+        assert {"model_type": "llama", **shape} == PRESETS[name], name
+
+
+def test_the_entry_and_llama_suites_plan_the_entry_point_alone_and_llama_against_the_trainer():
+    r = dry_run("--suite", "entry,llama", "--gpus", "1", "--variant", "llama:fp8=--precision fp8")
+    assert r.returncode == 0, r.stderr
+    plan = planned(r)
+    entry = plan["ours, the entry point alone (no flags)"]
+    assert "-m distrain_cloud.training --task" in entry and "node_launch" not in entry
+    # no flag that would decide what its defaults must: precision, compile, strategy
+    assert not any(f in entry.split() for f in ("--precision", "--compile", "--strategy"))
+    assert "--max-steps 1000" in entry  # 1,000 steps: long enough that the default compiles
+    assert "--model llama-1b --batch-size 8 --seq-len 2048" in plan["HF Trainer compile"]
+    assert plan["ours llama-1b +compile [fp8]"].endswith("--compile --precision fp8")
+    assert (
+        "--preset llama-1b" in plan["ours llama-1b +compile"] and "--block-size 2048" in plan["ours llama-1b +compile"]
+    )
 
 
 def test_recorded_commands_name_no_machine_paths(tmp_path):
@@ -310,3 +329,55 @@ def test_a_runs_timeout_ends_its_whole_process_tree(tmp_path):
     assert res["status"] == "TIMEOUT (2s)"
     assert not alive, "the run's worker outlived its timeout"
     assert time.monotonic() - started < 10
+
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+# --query-compute-apps: the lines of $FAKE_APPS while it exists; any other query: nothing
+case "$*" in *query-compute-apps*) [ -f "$FAKE_APPS" ] && cat "$FAKE_APPS";; esac
+exit 0
+"""
+
+
+def _busy_runner(tmp_path, monkeypatch, *, allow: bool):
+    """A GPU (not --cpu-smoke) Runner over a fake nvidia-smi whose compute apps are tmp_path/apps,
+    and a run that only leaves a mark that it started."""
+    import argparse
+
+    bench = _bench()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_APPS", str(tmp_path / "apps"))
+    ctx = bench.Ctx(argparse.Namespace(allow_busy_gpus=allow), 1, tmp_path, tmp_path, tmp_path, tmp_path, False, 1.0)
+    runner = bench.Runner(ctx, tmp_path / "out", None, None)
+    runner.busy_wait_s = 0.3
+    mark = tmp_path / "started"
+    cmd = [sys.executable, "-c", f"open({str(mark)!r}, 'w').write('x')"]
+    run = bench.Run("r", "hf_trainer", "r", cmd, 1, "gpt2-small", "lm", "single", 128, 1, 1, 1, 0, 1, timeout=60)
+    return runner, run, mark
+
+
+def test_a_run_is_not_timed_while_another_process_holds_the_gpus(tmp_path, monkeypatch):
+    """A stray rank of a timed-out run made a 2-GPU row read 46% weak scaling instead of 96.8%."""
+    runner, run, mark = _busy_runner(tmp_path, monkeypatch, allow=False)
+    (tmp_path / "apps").write_text("4242, 8800 MiB\n")
+    res = runner.execute(run)
+    assert res["status"] == "SKIPPED (GPUs busy: pid 4242 (8800 MiB))"
+    assert not mark.exists(), "the run started beside the other process"
+
+
+def test_allow_busy_gpus_times_the_run_and_marks_its_row(tmp_path, monkeypatch):
+    runner, run, mark = _busy_runner(tmp_path, monkeypatch, allow=True)
+    (tmp_path / "apps").write_text("4242, 8800 MiB\n4243, 1200 MiB\n")
+    res = runner.execute(run)
+    assert mark.exists()
+    assert res["status"].endswith("(GPUs busy: pid 4242 (8800 MiB), pid 4243 (1200 MiB))"), res["status"]
+
+
+def test_free_gpus_time_the_run_as_before(tmp_path, monkeypatch):
+    runner, run, mark = _busy_runner(tmp_path, monkeypatch, allow=False)
+    (tmp_path / "apps").write_text("No running processes found\n")
+    res = runner.execute(run)
+    assert mark.exists() and "busy" not in res["status"]

@@ -59,6 +59,15 @@ def encoded(request: dict) -> dict:
 # ---------------------------------------------------------------- shape: processes, AMI, precision
 
 
+@pytest.mark.slow  # a cloud plan (5 s on a loaded machine)
+def test_fp8_on_h100s_launches_bf16_processes_that_convert_their_linears():
+    """Accelerate sees bf16 autocast; --precision fp8 reaches the training processes (training/fp8.py)."""
+    plan = dry(instance="p5.48xlarge", precision="fp8", strategy="ddp")
+    assert plan.configs[ACCELERATE]["mixed_precision"] == "bf16"
+    argv = plan.configs["job.json"]["train_argv"]
+    assert argv[argv.index("--precision") + 1] == "fp8"
+
+
 def test_g4dn_12xlarge_runs_four_processes_in_fp16_on_a_t4_capable_ami():
     plan = dry(strategy="zero2")
     request, config = plan.request, plan.configs[ACCELERATE]
@@ -269,6 +278,14 @@ REFUSALS = {
         "--nodes 20: a cluster placement group launches at most 16",
     ),
     "bf16 on a T4": (["--instance", "g4dn.12xlarge", "--precision", "bf16"], "--precision bf16 needs compute"),
+    "fp8 on an A100": (
+        ["--instance", "p4d.24xlarge", "--precision", "fp8", "--strategy", "ddp"],
+        "--precision fp8 needs compute capability >= 8.9 (H100, L4)",
+    ),
+    "fp8 under a sharded strategy": (
+        ["--instance", "p5.48xlarge", "--precision", "fp8", "--strategy", "zero2"],
+        "--precision fp8 runs under --strategy ddp or single, not zero2",
+    ),
     "single on four GPUs": (["--instance", "g4dn.12xlarge", "--strategy", "single"], "strategy 'single'"),
     "input channels": (["--instance", "g5.xlarge", "--input", "train=s3://my-bucket/data"], "--input"),
 }

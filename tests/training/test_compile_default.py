@@ -147,6 +147,10 @@ def test_a_compile_failure_falls_back_to_eager_with_one_warning(train):
     assert eager.returncode == 0, eager.describe()
     assert failing.returncode == 0, failing.describe()
     assert eager.lines("compile=") == ["compile=off (default: no CUDA GPU)"]
+    # the entry point alone, no --precision: the launcher's pick for no GPU (test_precision.py: GPUs)
+    assert eager.lines("precision=") == [
+        "precision=no (default on no CUDA GPU: fp32, as the launcher picks; --precision to choose)"
+    ]
     assert failing.lines("compile=") == ["compile=on (--compile)"]
     # 16 evaluation samples: the evaluation runs eagerly, compiling nothing of its own.
     assert failing.lines("compile_eval=") == [

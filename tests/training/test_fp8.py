@@ -1,0 +1,163 @@
+"""--precision fp8 is refused in one line where it cannot run (no GPU, GPUs without float8
+matrix units, a sharded strategy, no torchao), through the entry point a user runs; where
+torchao is installed, its conversion of a narrow llama-1b trains on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from distrain_cloud.training import fp8
+from distrain_cloud.training.args import ArgumentError, parse_args
+from distrain_cloud.training.precision import resolve_precision
+
+A100, L4, H100 = (8, 0), (8, 9), (9, 0)
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """gpus(cap, ...): CUDA devices of those compute capabilities (torch's query replaced)."""
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+
+    def fake(*caps: tuple[int, int]) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: bool(caps))
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(caps))
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: caps[i])
+
+    return fake
+
+
+@pytest.mark.parametrize(
+    "caps, message",
+    [
+        ((A100,), "--precision fp8 needs compute capability >= 8.9 (H100, H200, L4, L40S); these GPUs are 8.0: "
+         "use --precision bf16"),
+        ((H100, A100), "these GPUs are 8.0: use --precision bf16"),  # the lowest decides
+        ((), "--precision fp8 needs a CUDA GPU with float8 matrix units (H100, L4); this machine has none: "
+         "use --precision no"),
+    ],
+)  # fmt: skip
+def test_fp8_is_refused_in_one_line_where_it_cannot_run(gpus, caps, message):
+    gpus(*caps)
+    args = parse_args(["--precision", "fp8", "--strategy", "ddp"])
+    with pytest.raises(ValueError) as e:
+        resolve_precision(args)
+    assert message in str(e.value) and str(e.value).startswith("--precision fp8 ") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "fsdp", "zero2", "zero3"])
+def test_fp8_is_refused_under_strategies_that_hold_weights_their_own_way(strategy):
+    """Checked with the other flags, so the launcher refuses it while planning too."""
+    with pytest.raises(ArgumentError, match=rf"^--precision fp8 runs under --strategy ddp or single, not {strategy}: "):
+        parse_args(["--precision", "fp8", "--strategy", strategy])
+
+
+def test_the_launchers_rule_refuses_fp8_below_compute_capability_8_9():
+    from distrain_cloud.training.strategies import choose_precision
+
+    assert choose_precision("fp8", 8, H100, "ml.p5.48xlarge") == "fp8"
+    with pytest.raises(ValueError, match=r"^--precision fp8 needs compute capability >= 8.9 \(H100, L4\); a100: "):
+        choose_precision("fp8", 8, A100, "a100")
+    with pytest.raises(ValueError, match=r"^--precision fp8 needs a GPU"):
+        choose_precision("fp8", 0, None, "this machine")
+
+
+def test_fp8_needs_torchao_and_says_which(gpus, monkeypatch):
+    gpus(H100)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    with pytest.raises(ValueError, match=r"^--precision fp8 needs torchao, which is not installed: pip install "):
+        resolve_precision(parse_args(["--precision", "fp8", "--strategy", "ddp"]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is optional")
+@pytest.mark.parametrize("caps", [(L4,), (H100, H100)])
+def test_fp8_is_accepted_on_float8_gpus(gpus, caps):
+    gpus(*caps)
+    args = parse_args(["--precision", "fp8", "--strategy", "ddp"])
+    assert resolve_precision(args).startswith("precision=fp8 (--precision")
+    assert args.precision == "fp8"
+
+
+@pytest.mark.slow  # an entry-point start
+def test_the_entry_point_refuses_fp8_on_cpu_in_one_line(train):
+    run = train("--task", "causal-lm", "--preset", "llama-1b", "--precision", "fp8", "--strategy", "ddp")
+    assert run.returncode == 2, run.describe()
+    assert run.stderr.strip().splitlines() == [
+        "error: --precision fp8 needs a CUDA GPU with float8 matrix units (H100, L4); this machine has none: "
+        "use --precision no"
+    ]
+    assert not run.contract.model_dir.exists() or not any(run.contract.model_dir.iterdir())
+
+
+def _narrow_llama():
+    from distrain_cloud.training import modeling
+
+    narrow = "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2"
+    args = parse_args(["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", f"{narrow},vocab_size=256"])
+    return modeling.load_model(args, modeling.load_tokenizer(args))
+
+
+@pytest.mark.slow  # importing torchao
+def test_gpt2_has_nothing_to_convert_and_says_so():
+    pytest.importorskip("torchao")
+    from distrain_cloud.training import modeling
+
+    args = parse_args(["--task", "causal-lm", "--preset", "tiny-gpt2"])
+    with pytest.raises(ArgumentError, match=r"GPT2LMHeadModel has no nn.Linear layer to run in float8 \(GPT-2's"):
+        fp8.use_fp8(modeling.load_model(args, modeling.load_tokenizer(args)))
+
+
+@pytest.mark.slow  # importing torchao and transformers' Llama
+def test_fp8_converts_every_block_linear_but_the_head_and_still_trains():
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    torch.manual_seed(0)
+    model = _narrow_llama()
+    line = fp8.use_fp8(model)
+    assert line.startswith("fp8=on linear_layers=14 ")  # 2 layers x q, k, v, o, gate, up, down
+    assert sum(isinstance(m, Float8Linear) for m in model.modules()) == 14
+    assert not isinstance(model.get_output_embeddings(), Float8Linear)  # the LM head stays in bf16
+    ids = torch.randint(0, 256, (2, 32))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(3):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+
+
+@pytest.mark.slow  # an entry-point run with torchao
+def test_the_trainer_converts_the_model_and_trains_in_fp8(train):
+    """The trainer's fp8 path on CPU processes told they are on an H100 (fp8_shim): the model's
+    block linears become Float8Linear before prepare, under bf16 autocast, and the loss is finite."""
+    import os
+    from pathlib import Path
+
+    pytest.importorskip("torchao")
+    shim = str(Path(__file__).parent / "fp8_shim")
+    narrow = (
+        "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
+        "num_key_value_heads=2,vocab_size=1024"
+    )
+    run = train(
+        "--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", narrow, "--precision", "fp8",
+        "--strategy", "ddp", "--dataset", "builtin:corpus", "--block-size", "32", "--batch-size", "4",
+        "--max-steps", "4", "--log-every", "2", "--report-to", "none", "--no-save-model",
+        "--max-eval-samples", "8", "--generate-tokens", "2",
+        env={"PYTHONPATH": os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))},
+    )  # fmt: skip
+    assert run.returncode == 0, run.describe()
+    assert run.lines("precision=") == [
+        "precision=fp8 (--precision: bf16 autocast, the linear layers' matmuls in float8)"
+    ]
+    assert run.lines("fp8=") == [
+        "fp8=on linear_layers=14 (torchao float8, tensorwise scaling; the LM head stays bf16)"
+    ], run.describe()
+    assert len(run.train_losses) == 2 and all(0 < v < 20 for v in run.train_losses.values()), run.train_losses

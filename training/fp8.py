@@ -1,0 +1,70 @@
+"""--precision fp8: the model's linear layers multiply in float8 (torchao's float8 training).
+
+bf16 autocast runs around them as under --precision bf16, with fp32 master weights and AdamW
+state. torchao's `convert_to_float8_training` swaps each eligible `nn.Linear` for a
+`Float8Linear`, which casts its input, weight and output gradient to float8 with one dynamic
+scale per tensor and multiplies with `torch._scaled_mm`: the H100's fp8 tensor cores, about
+twice the bf16 rate. Under torch.compile Inductor fuses the casts into neighbouring kernels.
+
+Not converted: the LM head (its vocabulary-wide logits are where fp8's error hurts most, and
+losses.head_loss reads its weight directly) and layers whose sizes are not multiples of 16
+(`_scaled_mm` needs them). GPT-2's layers are Conv1D, not nn.Linear: nothing to convert, refused.
+
+torchao is optional (not in requirements.txt): torchao 0.17.0 is the release built against
+torch 2.11 (docs/fragments/perf.md has the wheel's download line).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .args import ArgumentError
+
+# float8 matrix units: Ada (8.9: L4, L40S) and Hopper (9.0: H100, H200) or later.
+FP8_CAPABILITY = (8, 9)
+TORCHAO_PIN = "torchao==0.17.0"
+
+
+def fp8_problem(gpus: int, capability: tuple[int, int] | None) -> str | None:
+    """Why --precision fp8 cannot run on these GPUs (one line naming the fix), or None. Torch-free.
+    The strategy is checked with the other flags (args.py: ddp or single)."""
+    if gpus == 0:
+        return (
+            "--precision fp8 needs a CUDA GPU with float8 matrix units (H100, L4); this machine has none: "
+            "use --precision no"
+        )
+    if capability is not None and capability < FP8_CAPABILITY:
+        return (
+            f"--precision fp8 needs compute capability >= {FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} (H100, H200, L4, "
+            f"L40S); these GPUs are {capability[0]}.{capability[1]}: use --precision bf16"
+        )
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        return f"--precision fp8 needs torchao, which is not installed: pip install {TORCHAO_PIN}"
+    return None
+
+
+def use_fp8(model: Any) -> str:
+    """Convert `model`'s eligible linear layers to torchao's Float8Linear, in place, before the
+    model is prepared and compiled. Returns the log line; raises ArgumentError when nothing converts."""
+    import torch
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    eligible = {
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and m is not head and m.in_features % 16 == 0 and m.out_features % 16 == 0
+    }
+    if not eligible:
+        raise ArgumentError(
+            f"--precision fp8: {type(model).__name__} has no nn.Linear layer to run in float8 "
+            "(GPT-2's layers are Conv1D): use --precision bf16, or a Llama-style model such as --preset llama-1b"
+        )
+    convert_to_float8_training(
+        model,
+        config=Float8LinearConfig(),  # tensorwise dynamic scaling: the fastest recipe
+        module_filter_fn=lambda _module, fqn: fqn in eligible,
+    )
+    return f"fp8=on linear_layers={len(eligible)} (torchao float8, tensorwise scaling; the LM head stays bf16)"
