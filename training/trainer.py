@@ -24,22 +24,17 @@ from typing import Any
 
 from .args import ArgumentError, TrainArgs, default_lr
 from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
+from .decisions import Decisions, decide
 from .profiling import Profiler
 from .stopping import StopRequest, collective_timeout_handler, die_with_parent
 from .strategies import (
     AUTO,
     Strategy,
-    compile_decision,
-    compile_unit_for,
-    ddp_buckets_for,
     deepspeed_config_for,
     eval_compile_decision,
     fsdp_blocks_per_unit,
-    fsdp_in_graph,
     fsdp_plugin_settings,
-    parse_strategy,
     provisional_strategy,
-    resolve_auto,
     slow_gpu_link,
 )
 
@@ -71,10 +66,11 @@ class TrainState:
 class Trainer:
     def __init__(self, args: TrainArgs, contract: Contract):
         self.args, self.contract = args, contract
+        self.given_args = args  # as given: --strategy auto still auto (decisions.decide resolves it)
         self.lr = args.lr if args.lr is not None else default_lr(args)  # parse_args has filled it in
         # --strategy auto becomes ddp or fsdp in setup, where the processes and the checkpoint are known.
         self.strategy = provisional_strategy(args.strategy)
-        self.auto_why: str | None = None
+        self.decisions: Decisions  # setup's (decisions.py): the run's every choice and why
         self.graph_sharded = False  # fsdp sharded inside the compiled graph (graph_fsdp.py): setup decides
         self.stopping = StopRequest(args.stop_grace)  # SIGTERM/SIGINT, at any moment, bounded (stopping.py)
         self.stop_requested = False  # acted on at step boundaries, by every process at once
@@ -97,15 +93,16 @@ class Trainer:
         # checkpoint it resumes, if any (read by every process: one node's folder).
         self.slow_link = slow_gpu_link(os.environ, *_local_gpu(torch.cuda.is_available())) if world > 1 else None
         self.resumes = checkpoint.newest_state(self.contract.checkpoint_dir) if self.args.strategy == AUTO else None
-        self._resolve_auto(world, cuda=torch.cuda.is_available())
+        # Decided before the Accelerator, which the engine and DDP's buckets configure; auto may
+        # wait for the model's size and the run's length, decided again below.
+        self._decide(world, cuda=torch.cuda.is_available())
         a = self.args
         self._check_environment(world, cuda=torch.cuda.is_available())
         self._patch_environment(cuda=torch.cuda.is_available())
         _allow_tf32(torch)
-        self._pick_fsdp_engine(cuda=torch.cuda.is_available())  # before the Accelerator, which FSDP2 configures
         self.accelerator = self._make_accelerator(world, cuda=torch.cuda.is_available())
         acc = self.accelerator
-        if a.strategy != AUTO:  # else still undecided: said once the model is loaded
+        if self.decisions.decided:  # else still undecided: said once the model is loaded
             self._print_strategy()
         set_seed(a.seed)
         with _slow_phase("loading the tokenizer and data (tokenized once, then cached)", self._print):
@@ -117,18 +114,16 @@ class Trainer:
         )
         self.steps_per_epoch = max(1, len(self.train_sampler) // a.grad_accum)
         self.max_steps = a.max_steps if a.max_steps is not None else math.ceil(a.epochs * self.steps_per_epoch)
-        if self.args.strategy == AUTO:  # left to the model's size and the run's steps, known now
-            params = sum(p.numel() for p in model.parameters())
-            self._resolve_auto(world, cuda=torch.cuda.is_available(), params=params, steps=self.max_steps)
-            a = self.args
-            self._pick_fsdp_engine(cuda=torch.cuda.is_available())  # in-graph only: it takes no plugin
+        # Now with the model's size and the run's length: auto's pick, if it waited, and the compile.
+        undecided = not self.decisions.decided
+        params = sum(p.numel() for p in model.parameters())
+        blocks = bool(_transformer_blocks(model))
+        self._decide(world, cuda=torch.cuda.is_available(), params=params, steps=self.max_steps, has_blocks=blocks)
+        a = self.args
+        if undecided:  # in-graph fsdp or ddp, both of which take the Accelerator built above
             self._print_strategy()
         self.lm_loss_why_not = modeling.use_head_loss(model, a, self.strategy.value, self.graph_sharded)
-        cuda = acc.device.type == "cuda"
-        blocks = bool(_transformer_blocks(model))
-        self.compiled, self.compile_why = compile_decision(
-            a.compile, cuda=cuda, strategy=self.strategy, max_steps=self.max_steps, has_blocks=blocks
-        )
+        self.compiled, self.compile_why = self.decisions.compiled, self.decisions.compile_why
         if self.compiled and a.compiled_autograd:
             # Read when DDP wraps the model (acc.prepare): its reducer then leaves the all-reduces
             # to compiled autograd, which traces them into the backward graph.
@@ -157,25 +152,15 @@ class Trainer:
                 )
         self._compile(torch)
 
-    def _resolve_auto(self, world: int, *, cuda: bool, params: int | None = None, steps: int | None = None) -> None:
-        """Make --strategy auto concrete (strategies.resolve_auto) for this launch: its processes,
-        its GPUs' link, the checkpoint it resumes, if any, the model's size (`params`) and the
-        run's optimizer steps (`steps`). Before the model and data
-        are loaded, auto may stay undecided: ddp and fsdp sharded in the graph, its two picks,
-        build the same Accelerator and loaders."""
-        if self.args.strategy != AUTO:
-            return
-        args, self.auto_why = resolve_auto(
-            self.args, world=world, cuda=cuda, slow_link=self.slow_link, saved=self.resumes, params=params, steps=steps
+    def _decide(self, world: int, *, cuda: bool, **known: Any) -> None:
+        """The run's decisions (decisions.decide) for this launch: its processes, its GPUs' link,
+        the checkpoint auto resumes, if any, and what is `known` of the model and the run."""
+        # From the arguments as given, each time: the reasons stay those of the first decision.
+        d = self.decisions = decide(
+            self.given_args, world=world, cuda=cuda, slow_link=self.slow_link, saved=self.resumes, **known
         )
-        if args.strategy != AUTO:
-            self.args, self.strategy = args, parse_strategy(args.strategy)
-
-    def _pick_fsdp_engine(self, *, cuda: bool) -> None:
-        """fsdp's engine (strategies.fsdp_in_graph), and why: auto's reason where auto chose fsdp."""
-        if self.strategy is Strategy.fsdp:
-            self.graph_sharded, why = fsdp_in_graph(self.args, cuda=cuda)
-            self.fsdp_why = self.auto_why or why
+        self.args, self.strategy = d.args, d.strategy
+        self.graph_sharded, self.fsdp_why = d.in_graph, d.engine_why
 
     def _check_environment(self, world: int, *, cuda: bool) -> None:
         """Flags this machine or this launch cannot serve, refused before anything is built."""
@@ -221,11 +206,7 @@ class Trainer:
             FullyShardedDataParallelPlugin,
         )
 
-        a = self.args
-        # Buckets are fixed before the run length (and so the compile decision) is known: size
-        # them for a compiled step wherever the default may compile (CUDA).
-        compiling = a.compile if a.compile is not None else cuda
-        bucket_mb, slow_link = ddp_buckets_for(a, compiling, self.slow_link)
+        a, d = self.args, self.decisions
         ds_plugin, backend = None, None
         if self.strategy.uses_deepspeed:
             ds_plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config_for(a, world))
@@ -234,7 +215,7 @@ class Trainer:
                 # CPU while DeepSpeed sees them all; gloo makes both agree.
                 backend = "gloo"
         # A collective whose peer never comes fails after --collective-timeout instead of hanging.
-        handlers: list[Any] = [_ddp_kwargs(a.ddp_reduce_dtype, bucket_mb)]
+        handlers: list[Any] = [_ddp_kwargs(a.ddp_reduce_dtype, d.ddp_bucket_mb)]
         handlers.append(collective_timeout_handler(a.collective_timeout, backend))
         fsdp_plugin = None
         if self.strategy is Strategy.fsdp and not self.graph_sharded:
@@ -258,19 +239,11 @@ class Trainer:
         if fsdp_plugin is not None:
             _select_fsdp(accelerator, fsdp_plugin)
         accelerator.register_save_state_pre_hook(_drop_tied_copies)
-        self._ddp_buckets = bucket_mb, slow_link
         return accelerator
 
     def _print_strategy(self) -> None:
-        """What --strategy auto picked and why (one process running plain ddp says nothing: the
-        usual quick check), then DDP's buckets where it runs DDP."""
-        if self.auto_why and (self.accelerator.num_processes > 1 or self.strategy is not Strategy.ddp):
-            self._print(f"strategy={self.strategy.value} ({self.auto_why})")
-        bucket_mb, slow_link = self._ddp_buckets
-        if self.strategy is Strategy.ddp and self.accelerator.num_processes > 1:
-            self._print(f"ddp_bucket_mb={bucket_mb}")
-            if slow_link:  # it made the default small
-                self._print(f"ddp: {slow_link}: small gradient buckets, so the all-reduces overlap the backward")
+        for line in self.decisions.strategy_lines(self.accelerator.num_processes):
+            self._print(line)
 
     def _load_data(self) -> None:
         """The tokenizer and the tokenized splits (the main process first: it fills the caches)."""
@@ -330,7 +303,7 @@ class Trainer:
             import torch._inductor.config as inductor_config
 
             inductor_config.coordinate_descent_tuning = True
-        unit = compile_unit_for(self.strategy, a.compile_unit, self.graph_sharded)
+        unit = self.decisions.compile_unit
         if unit == "block" and self._compile_blocks(torch, backend):
             return
         if self.strategy.uses_deepspeed:
