@@ -2,8 +2,8 @@
 
 Torch-free and quick: every GPU plan calls it. The estimate is a sum of terms, each a count of
 bytes with its reason, and a few constants fitted to measured peaks. The runs they were fitted
-to, and how far off the estimate is for each, are in memory_calibration.py; the test checks
-every one against +-15% of its measured peak.
+to are in bench/memory_runs.py and the fit in bench/memory_fit.py (which says how far off the
+estimate is for each); the test checks every one against +-15% of its measured peak.
 
 Names: P parameters, W processes (one per GPU) in all, B micro-batch, T sequence length,
 L layers, d hidden size, V vocabulary. Bytes are per device.
@@ -205,7 +205,7 @@ class Constants:
     zero3_fixed_gib: float
 
 
-# Fitted by memory_calibration.fit() to the measured runs (least squares on relative error,
+# Fitted by bench/memory_fit.py to the measured runs (least squares on relative error,
 # one point per configuration) and rounded; the test fails when a new run moves the fit.
 # - autocast (ddp/single, bf16/fp16): activation 91.9. Eager GPT-2 keeps far more than 34: its
 #   gelu_new is seven elementwise ops, each saving a 4 d tensor, and under autocast the
@@ -692,7 +692,7 @@ def measured_tokens_per_sec(args: TrainArgs, shape: ModelShape, gpu_model: str) 
     Nothing is scaled from another model, card or micro-batch."""
     from distrain_cloud.training.modeling import PRESETS
 
-    from .memory_calibration import THROUGHPUT
+    from .throughput import THROUGHPUT
 
     for t in THROUGHPUT:
         same = (
