@@ -9,7 +9,7 @@ import pytest
 
 from distrain_cloud.training.args import ArgumentError, parse_args
 from distrain_cloud.training.contract import Contract
-from distrain_cloud.training.trainer import choose_wandb_run_id, code_hash, wandb_settings
+from distrain_cloud.training.tracking import choose_wandb_run_id, code_hash, wandb_settings
 
 
 def contract(root: Path, source: str) -> Contract:
