@@ -332,9 +332,11 @@ def plan_configs(strategy: Strategy, args, world_size: int) -> dict[str, Any]:
     if strategy.uses_deepspeed:
         return {"deepspeed_config": deepspeed_config_for(args, world_size)}
     if strategy is Strategy.fsdp:
-        in_graph, why = fsdp_in_graph(args, cuda=True)
-        if in_graph:
-            return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({why})"}
+        from .decisions import decide  # it reads this module's rules: imported where used, no loop
+
+        decided = decide(args, world=world_size, cuda=True)  # the engine the job picks on GPUs
+        if decided.in_graph:
+            return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({decided.engine_why})"}
         per_unit = args.fsdp_blocks_per_unit or f"auto (units of about {FSDP_UNIT_PARAMS // 10**6}M parameters)"
         return {"fsdp_plugin": fsdp_plugin_settings(), "fsdp_blocks_per_unit": per_unit}
     return {}

@@ -87,7 +87,6 @@ class Trainer:
     def setup(self) -> None:
         """Check and prepare this process's environment, then build the Accelerator, the data, the
         model and its optimizer, and compile where it pays: one named step each, in this order."""
-
         world = int(os.environ.get("WORLD_SIZE", "1"))  # processes the launcher started
         # Read once each: DDP's buckets and auto's pick (twice) depend on the link; auto's on the
         # checkpoint it resumes, if any (read by every process: one node's folder).
@@ -179,8 +178,7 @@ class Trainer:
             os.environ.update(self.engine.environment(cuda=cuda))
 
     def _make_accelerator(self, world: int, *, cuda: bool) -> Any:
-        """The Accelerator, with our DDP settings and, for ZeRO strategies, the DeepSpeed plugin, for
-        fsdp the FSDP2 one."""
+        """The Accelerator, with our DDP settings and the engine's plugin (DeepSpeed's, FSDP2's)."""
         a, d = self.args, self.decisions
         plugins, backend = self.engine.accelerator_settings(world, cuda=cuda)
         # A collective whose peer never comes fails after --collective-timeout instead of hanging.
@@ -206,6 +204,7 @@ class Trainer:
         return accelerator
 
     def _print_strategy(self) -> None:
+        """What auto picked and why, and DDP's buckets (Decisions.strategy_lines)."""
         for line in self.decisions.strategy_lines(self.accelerator.num_processes):
             self._print(line)
 
