@@ -2,8 +2,8 @@
 
 Torch-free and quick: every GPU plan calls it. The estimate is a sum of terms, each a count of
 bytes with its reason, and a few constants fitted to measured peaks. The runs they were fitted
-to, and how far off the estimate is for each, are in memory_calibration.py; the test checks
-every one against +-15% of its measured peak.
+to are in bench/memory_runs.py and the fit in bench/memory_fit.py (which says how far off the
+estimate is for each); the test checks every one against +-15% of its measured peak.
 
 Names: P parameters, W processes (one per GPU) in all, B micro-batch, T sequence length,
 L layers, d hidden size, V vocabulary. Bytes are per device.
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from distrain_cloud.training.args import TrainArgs
+    from distrain_cloud.training.decisions import Decisions
 
     from .catalog import InstanceType
     from .plan import Check
@@ -159,12 +160,12 @@ def planned_run(
     saved: dict[str, Any] | None = None,
 ) -> tuple[TrainArgs, str]:
     """`args` with --strategy auto as the job will resolve it on this hardware
-    (strategies.planned_strategy, with the model's size from model_shape), and the strategy as a
+    (training/decisions.planned, with the model's size from model_shape), and the strategy as a
     plan shows it: auto's pick and why."""
-    from distrain_cloud.training.strategies import planned_strategy
+    from distrain_cloud.training.decisions import planned, shown
 
     shape = model_shape(args)
-    resolved, why = planned_strategy(
+    decided = planned(
         args,
         world_size=world_size,
         nodes=nodes,
@@ -173,7 +174,17 @@ def planned_run(
         saved=saved,
         params=shape.params if shape else None,
     )
-    return resolved, f"{resolved.strategy} ({why})" if why else resolved.strategy
+    return decided.args, shown(decided)
+
+
+def decisions_for(args: TrainArgs) -> Decisions:
+    """The trainer's decisions (training/decisions.py) for `args`, as planned_run resolved them, on
+    GPUs. Without --max-steps the run's length is known here only where with_planned_steps counts
+    it; otherwise it is taken as long enough to compile (a short run stays eager and needs more
+    memory than estimated), and Decisions.compile_words says the compile depends on it."""
+    from distrain_cloud.training.decisions import decide
+
+    return decide(args, world=1, cuda=True)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -203,7 +214,7 @@ class Constants:
     zero3_fixed_gib: float
 
 
-# Fitted by memory_calibration.fit() to the measured runs (least squares on relative error,
+# Fitted by bench/memory_fit.py to the measured runs (least squares on relative error,
 # one point per configuration) and rounded; the test fails when a new run moves the fit.
 # - autocast (ddp/single, bf16/fp16): activation 91.9. Eager GPT-2 keeps far more than 34: its
 #   gelu_new is seven elementwise ops, each saving a 4 d tensor, and under autocast the
@@ -451,30 +462,12 @@ def processes(strategy: str, instance: InstanceType, nodes: int) -> int:
 
 
 def compiled(args: TrainArgs) -> bool:
-    """Whether the job will run compiled on a GPU, as the trainer decides it (compile_decision).
-    Without --max-steps the run's length is known here only where with_planned_steps counts it;
-    otherwise it is taken as long enough to compile (a short run stays eager and needs more
-    memory than estimated), and compile_words says the compile depends on it."""
-    from distrain_cloud.training.strategies import COMPILE_MIN_STEPS, compile_decision, provisional_strategy
-
-    try:
-        strategy = provisional_strategy(args.strategy)
-    except ValueError:
-        return bool(args.compile)
-    steps = COMPILE_MIN_STEPS if args.max_steps is None else args.max_steps
-    return compile_decision(args.compile, cuda=True, strategy=strategy, max_steps=steps)[0]
+    """Whether the job will run compiled on a GPU, as the trainer decides it (decisions_for)."""
+    return decisions_for(args).compiled
 
 
 def compile_words(args: TrainArgs) -> str:
-    """How a plan names the compile decision after the strategy: ", compiled", nothing (eager),
-    or, where it turns on a run length not known here, the length it needs."""
-    from distrain_cloud.training.strategies import COMPILE_MIN_STEPS
-
-    if not compiled(args):
-        return ""
-    if args.max_steps is None and args.compile is None:
-        return f", compiled if it runs {COMPILE_MIN_STEPS:,}+ steps"
-    return ", compiled"
+    return decisions_for(args).compile_words
 
 
 def with_planned_steps(args: TrainArgs, *, world_size: int, channels: Mapping[str, Any]) -> TrainArgs:
@@ -503,23 +496,11 @@ def with_planned_steps(args: TrainArgs, *, world_size: int, channels: Mapping[st
     return replace(args, max_steps=math.ceil(args.epochs * per_epoch))
 
 
-def _compile_unit(args: TrainArgs) -> str | None:
-    """What one compile covers, as the trainer decides it (strategies.compile_unit_for)."""
-    from distrain_cloud.training.strategies import Strategy, compile_unit_for, fsdp_in_graph
-
-    try:
-        strategy = Strategy(args.strategy)
-        in_graph = strategy is Strategy.fsdp and fsdp_in_graph(args, cuda=True)[0]
-        return compile_unit_for(strategy, args.compile_unit, in_graph)
-    except ValueError:
-        return args.compile_unit
-
-
 def _strategy_words(args: TrainArgs) -> str:
-    """The strategy as the check names it: fsdp with the engine it runs (strategies.fsdp_in_graph)."""
-    if args.strategy != "fsdp":
-        return args.strategy
-    return "fsdp sharded in the graph" if _compile_unit(args) == "model" else "fsdp (FSDP2)"
+    """The strategy as the check names it: fsdp with the engine it runs; auto as asked."""
+    from distrain_cloud.training.strategies import AUTO
+
+    return args.strategy if args.strategy == AUTO else decisions_for(args).strategy_words
 
 
 def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimate:
@@ -537,7 +518,7 @@ def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimat
         eval_batch_size=args.eval_batch_size,
         fused_ce=args.fused_ce,
         fsdp_blocks_per_unit=args.fsdp_blocks_per_unit,
-        compile_unit=_compile_unit(args),
+        compile_unit=decisions_for(args).compile_unit,
         compiled_autograd=args.compiled_autograd,
         head_loss=_head_loss(args, shape),
     )
@@ -545,13 +526,8 @@ def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimat
 
 def _head_loss(args: TrainArgs, shape: ModelShape) -> bool:
     """Whether the job computes training/losses.head_loss: its flags allow it (the trainer's own
-    rule) and the model is GPT-2 shaped, the causal LMs the size table holds."""
-    from distrain_cloud.training.modeling import head_loss_flags_why_not
-    from distrain_cloud.training.strategies import provisional_strategy
-
-    strategy = provisional_strategy(args.strategy).value
-    in_graph = strategy == "fsdp" and _compile_unit(args) == "model"
-    return shape.family == "gpt2" and head_loss_flags_why_not(args, strategy, in_graph) is None
+    decision) and the model is GPT-2 shaped, the causal LMs the size table holds."""
+    return shape.family == "gpt2" and decisions_for(args).head_loss_why_not is None
 
 
 # ---------------------------------------------------------------------------------- the check
@@ -628,7 +604,7 @@ def suggest_fixes(args: TrainArgs, shape: ModelShape, instance: InstanceType, no
     if best and smaller and best[0].batch_size <= smaller[0].batch_size:
         best = None  # another strategy helps only if it keeps a larger micro-batch than this one can
     fixes = [f"{flags(a)} (about {gib:.1f} GiB)" for a, gib in filter(None, (best, smaller))]
-    if args.strategy == "fsdp" and _compile_unit(args) == "model":
+    if args.strategy == "fsdp" and decisions_for(args).in_graph:
         # Sharded inside the graph, fsdp holds the whole 16-bit model at its peak; FSDP2 one unit of it.
         fsdp2 = need(replace(args, compile_unit="block"))
         if fsdp2 <= usable_gib(instance):
@@ -671,7 +647,8 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
     (SageMaker, EC2; both for local jobs) with the memory it needs there and its cost."""
     from distrain_cloud.infra.errors import UserError
     from distrain_cloud.training.args import parse_args
-    from distrain_cloud.training.strategies import choose_precision, planned_strategy
+    from distrain_cloud.training.decisions import planned
+    from distrain_cloud.training.strategies import choose_precision
 
     from .catalog import PRICE_REGIONS, all_instances
 
@@ -696,16 +673,16 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
         except ValueError as e:
             rows.append(Fit(instance.name, gpus, None, have, hourly, None, str(e)))
             continue
-        job, _ = planned_strategy(  # --strategy auto as the job would resolve it there
+        job = planned(  # --strategy auto as the job would resolve it there
             replace(args, precision=precision),
             world_size=spec.nodes * instance.gpus,
             nodes=spec.nodes,
             gpu_model=instance.gpu_model,
             params=shape.params,
-        )
+        ).args
         world = processes(job.strategy, instance, spec.nodes)
         need = estimate_job(job, shape, world).device_gib
-        runs = "fsdp in-graph" if job.strategy == "fsdp" and _compile_unit(job) == "model" else job.strategy
+        runs = "fsdp in-graph" if decisions_for(job).in_graph else job.strategy
         cost, note = None, "no measurement"
         measured = measured_tokens_per_sec(job, shape, instance.gpu_model or "")
         if measured and hourly is not None:
@@ -726,7 +703,7 @@ def measured_tokens_per_sec(args: TrainArgs, shape: ModelShape, gpu_model: str) 
     Nothing is scaled from another model, card or micro-batch."""
     from distrain_cloud.training.modeling import PRESETS
 
-    from .memory_calibration import THROUGHPUT
+    from .throughput import THROUGHPUT
 
     for t in THROUGHPUT:
         same = (

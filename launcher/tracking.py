@@ -1,7 +1,7 @@
 """What every job tells W&B about itself, and where its run will be.
 
 Each backend puts `tracking_env` in its job's environment: training's W&B run takes the lineage
-as its group and records where it ran (training/trainer.py `wandb_settings`). The launcher also
+as its group and records where it ran (training/tracking.py `wandb_settings`). The launcher also
 chooses the run id, so that it can say where the run is at submit instead of only in the job's
 log (`wandb_run`).
 """

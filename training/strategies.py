@@ -303,16 +303,16 @@ def resolve_auto(
         return ddp, f"auto: {why}"
     if params is None or length is None:
         return args, None
-    size = f"{_count(params)} parameters"
+    size = f"{count_words(params)} parameters"
     if params > AUTO_IN_GRAPH_MAX_PARAMS:
-        return ddp, f"auto: {size}: above {_count(AUTO_IN_GRAPH_MAX_PARAMS)} fsdp's in-graph engine is not faster"
+        return ddp, f"auto: {size}: above {count_words(AUTO_IN_GRAPH_MAX_PARAMS)} fsdp's in-graph engine is not faster"
     return in_graph, (
         f"auto: sharded in the compiled graph: {length:,} steps of {size} on {world} GPUs of one node "
         "repay its longer first compile (--strategy ddp to opt out)"
     )
 
 
-def _count(n: int) -> str:
+def count_words(n: int) -> str:
     return f"{n / 1e6:,.0f}M" if n >= 10**6 else f"{n:,}"
 
 
@@ -334,9 +334,11 @@ def plan_configs(strategy: Strategy, args, world_size: int) -> dict[str, Any]:
     if strategy.uses_deepspeed:
         return {"deepspeed_config": deepspeed_config_for(args, world_size)}
     if strategy is Strategy.fsdp:
-        in_graph, why = fsdp_in_graph(args, cuda=True)
-        if in_graph:
-            return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({why})"}
+        from .decisions import decide  # it reads this module's rules: imported where used, no loop
+
+        decided = decide(args, world=world_size, cuda=True)  # the engine the job picks on GPUs
+        if decided.in_graph:
+            return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({decided.engine_why})"}
         per_unit = args.fsdp_blocks_per_unit or f"auto (units of about {FSDP_UNIT_PARAMS // 10**6}M parameters)"
         return {"fsdp_plugin": fsdp_plugin_settings(), "fsdp_blocks_per_unit": per_unit}
     return {}
@@ -470,46 +472,16 @@ def ddp_buckets_for(args, compiled: bool, slow_link: str | None) -> tuple[int, s
     return mb, slow_link if mb != fast else None
 
 
-def _planned_link(world_size: int, nodes: int, gpu_model: str | None) -> str | None:
+def planned_link(world_size: int, nodes: int, gpu_model: str | None) -> str | None:
     """slow_gpu_link as the processes of `nodes` instances with `gpu_model` GPUs will find it."""
     env = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(max(1, world_size // nodes))}
     return slow_gpu_link(env, gpu_model)
 
 
-def planned_strategy(
-    args,
-    *,
-    world_size: int,
-    nodes: int,
-    gpu_model: str | None,
-    params: int | None,
-    cuda: bool | None = None,
-    saved: Mapping[str, Any] | None = None,
-) -> tuple[Any, str | None]:
-    """resolve_auto as the training processes will resolve it on `nodes` machines of `world_size`
-    processes in all with `gpu_model` GPUs (None: no GPUs, unless `cuda` says there are), resuming
-    the checkpoint `saved` if any (a cloud plan does not read it: a resumed job keeps its
-    checkpoint's pick). A model of unknown size (`params` None) is planned as ddp."""
-    cuda = gpu_model is not None if cuda is None else cuda
-    slow = _planned_link(world_size, nodes, gpu_model) if world_size > 1 else None
-    resolved, why = resolve_auto(args, world=world_size, cuda=cuda, slow_link=slow, saved=saved, params=params)
-    if resolved.strategy == AUTO:
-        unknown = " and ".join(
-            what
-            for what, missing in (("the model's size", params is None), ("the run's steps", args.max_steps is None))
-            if missing
-        )
-        return replace(args, strategy=Strategy.ddp.value), (
-            f"auto: ddp, or fsdp sharded in the compiled graph for {AUTO_IN_GRAPH_MIN_STEPS:,}+ steps of a model of "
-            f"at most {_count(AUTO_IN_GRAPH_MAX_PARAMS)} parameters: the job decides, once it knows {unknown}"
-        )
-    return resolved, why
-
-
 def planned_ddp_buckets(args, *, compiled: bool, world_size: int, nodes: int, gpu_model: str | None) -> str:
     """What a plan shows for ddp's gradient buckets on an instance (a TrainArgs `args`): the size the
     training processes will pick there (ddp_buckets_for), and why."""
-    mb, slow = ddp_buckets_for(args, compiled, _planned_link(world_size, nodes, gpu_model))
+    mb, slow = ddp_buckets_for(args, compiled, planned_link(world_size, nodes, gpu_model))
     if args.ddp_bucket_mb is not None:
         return f"{mb} MB (--ddp-bucket-mb)"
     if mb == DDP_BUCKET_MB_COMPILED:

@@ -12,8 +12,11 @@ import pytest
 
 from distrain_cloud.launcher import memory
 from distrain_cloud.launcher.catalog import all_instances, lookup
-from distrain_cloud.launcher.memory_calibration import CONFIGS, FITTED, TOLERANCE, errors, fit, report
 from distrain_cloud.training.args import parse_args
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))  # the calibration runs and their fit live there
+from memory_fit import FITTED, TOLERANCE, errors, fit, report  # noqa: E402
+from memory_runs import CONFIGS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 MEASUREMENTS = REPO / "bench" / "measurements"
@@ -422,7 +425,7 @@ def test_compiled_zero1_and_zero2_leave_their_gradient_buckets_out_of_the_peak()
 def test_compiled_zero3_blocks_are_estimated_as_its_whole_model():
     """--compile under ZeRO-3 compiles each block and the loss (strategies.compile_unit_for). Unlike
     fsdp's and DDP's blocks, no extra copy of the logits shows at its peak: GPT-2 small measured
-    9.62 GiB both ways (memory_calibration, sessions 10 and 11), so the estimates are equal and
+    9.62 GiB both ways (bench/memory_runs.py, sessions 10 and 11), so the estimates are equal and
     carry no note."""
     small = _args("--task", "causal-lm", "--preset", "gpt2-small", "--batch-size", "16", "--block-size", "1024")
     shape = memory.model_shape(small)

@@ -44,7 +44,7 @@ def test_every_flag_has_help_text(capsys, monkeypatch, tmp_path):
     [
         (["--lr", "-1e-4"], "lr", -1e-4),
         (["--lr", "-.5"], "lr", -0.5),
-        (["--warmup-steps", "-3", "--lr", "2e-4"], "lr", 2e-4),
+        (["--max-grad-norm", "-3", "--lr", "2e-4"], "lr", 2e-4),
         (["--max-grad-norm", "-inf"], "max_grad_norm", float("-inf")),
     ],
 )

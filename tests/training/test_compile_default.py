@@ -244,7 +244,7 @@ def test_the_compiled_autograd_graph_takes_no_scalar_from_the_accumulation_scali
     import torch
     from torch._dynamo import compiled_autograd
 
-    from distrain_cloud.training.trainer import _seeded_backward
+    from distrain_cloud.training.compiling import seeded_backward
 
     def backward_graph_inputs(backward) -> tuple[list, list]:
         torch.manual_seed(0)
@@ -265,7 +265,7 @@ def test_the_compiled_autograd_graph_takes_no_scalar_from_the_accumulation_scali
     scalars, grads = backward_graph_inputs(lambda loss: (loss / accum).backward())  # what Accelerate does
     assert [int(t) for t in scalars] == [accum]  # the input that failed under torch 2.11
     fake_accelerator = type("Acc", (), {"scaler": None, "gradient_accumulation_steps": accum})()
-    seeded_scalars, seeded_grads = backward_graph_inputs(lambda loss: _seeded_backward(fake_accelerator, loss))
+    seeded_scalars, seeded_grads = backward_graph_inputs(lambda loss: seeded_backward(fake_accelerator, loss))
     assert seeded_scalars == []
     for seeded, divided in zip(seeded_grads, grads, strict=True):
         torch.testing.assert_close(seeded, divided, rtol=0, atol=0)

@@ -9,7 +9,7 @@ import pytest
 
 from distrain_cloud.training.args import ArgumentError, parse_args
 from distrain_cloud.training.contract import Contract
-from distrain_cloud.training.trainer import choose_wandb_run_id, code_hash, wandb_settings
+from distrain_cloud.training.tracking import choose_wandb_run_id, code_hash, wandb_settings
 
 
 def contract(root: Path, source: str) -> Contract:
@@ -17,7 +17,8 @@ def contract(root: Path, source: str) -> Contract:
 
 
 def test_a_resumed_local_job_joins_its_lineage_group(tmp_path):
-    args = parse_args(["--run-name", "second-job", "--strategy", "zero2", "--task", "causal-lm"])
+    # --precision given: without it the entry point resolves one for the GPUs before W&B starts
+    args = parse_args(["--run-name", "second-job", "--strategy", "zero2", "--task", "causal-lm", "--precision", "no"])
     s = wandb_settings(args, contract(tmp_path, "distrain"), {})
     # The lineage's checkpoint folder is the first job's: both jobs land in its group.
     assert s["group"] == "first-job" and s["config"]["lineage"] == "first-job"

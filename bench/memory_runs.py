@@ -1,4 +1,4 @@
-"""The measured runs behind memory.py's constants, and the fit that gives them.
+"""The measured runs behind launcher/memory.py's constants (the data; memory_fit.py fits them).
 
 Every run below is in bench/measurements/ (the file, without its extension, and the run's id
 there; in a Markdown table or a log, its label). `peak` is the table's "peak GiB (torch)":
@@ -15,17 +15,15 @@ left the loss eager (`eager_loss`). The bench's transformers.Trainer baseline ("
 builds the cache and returns the logits, always. `flags` are training flags the estimator does not
 read: those rows test that ignoring them is right. `not_modelled` rows are expected misses.
 
-    python -m distrain_cloud.launcher.memory_calibration    # every run: measured, estimated, error
+    python bench/memory_fit.py    # every run: measured, estimated, error; the fit is in memory_fit.py
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from .memory import CONSTANTS, Constants, Estimate, estimate, mode, shape_from_config
-
-TOLERANCE = 0.15  # the issue's target: within +-15% of the measured peak
+from distrain_cloud.launcher.memory import CONSTANTS, Constants, Estimate, estimate, shape_from_config
+from distrain_cloud.launcher.throughput import H1, OURS_1, OURS_C1, S15_H100
 
 
 @dataclass(frozen=True)
@@ -110,18 +108,16 @@ def _runs(card: str, *rows: tuple[str, str, float, float | None]) -> tuple[Run, 
     return tuple(Run(source, run, card, peak, smi) for source, run, peak, smi in rows)
 
 
-H1, H1x200, H2, H4 = "2026-11-26-h100x1", "2026-11-26-h200x1", "2026-11-26-h200x2", "2026-11-26-h200x4"
+H1x200, H2, H4 = "2026-11-26-h200x1", "2026-11-26-h200x2", "2026-11-26-h200x4"
 H100x2, H100x4 = "2026-11-26-h100x2", "2026-11-26-h100x4"
 S10 = "2026-11-27-h200x4-session10"
 S11 = "2026-11-27-h200x4-session11"
 S12 = "2026-11-27-h200x4-session12"
 S13 = "2026-11-27-h200x4-session13"
 S14 = "2026-11-27-h200x4-session14"
-S15, S15_H100 = "2026-11-27-h200x2-session15", "2026-11-27-h100x1-session15"
+S15 = "2026-11-27-h200x2-session15"
 S16 = "2026-11-27-h200x4-session16"
 S17 = "2026-11-27-h100x1-session17"
-OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
-OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
 CLS, HF_CLS = "ours-cls-gpt2-small-g1-b32", "hf-cls-gpt2-small-g1-b32"
 
@@ -564,120 +560,3 @@ CONFIGS: tuple[Config, ...] = (
            runs=_runs("H100",
         (f"{S17}-headloss", f"{OURS_C1}-bf16res", 8.1076, 16.98))),
 )  # fmt: skip
-
-
-# ---------------------------------------------------------------------------------- throughput
-
-
-@dataclass(frozen=True)
-class Throughput:
-    """Measured tokens/s per GPU of one configuration on one card, for `instances --fit`."""
-
-    card: str  # the catalog's GPU model
-    model: str  # a training preset
-    compiled: bool
-    tokens_per_sec: tuple[float, ...]  # per GPU, one per run
-    runs: tuple[tuple[str, str], ...]  # (source, run id) of each
-    note: str = ""
-    batch_size: int = 16
-    seq_len: int = 1024
-    task: str = "causal-lm"
-
-
-# Only cards the catalog has (the H200 figures in bench/ have no instance type here yet).
-THROUGHPUT: tuple[Throughput, ...] = (
-    Throughput("H100", "gpt2-small", True, (422663.9, 423765.4, 424810.5),
-               ((f"{H1}-session4-loss-only-run1", OURS_C1), (f"{H1}-session4-loss-only-run2", OURS_C1),
-                (f"{S15_H100}-single", OURS_C1))),
-    Throughput("H100", "gpt2-small", False, (157376.7,), ((f"{H1}-session2-single-liger-varlen", OURS_1),),
-               note="before the loss-only training forwards"),
-)  # fmt: skip
-
-
-# ---------------------------------------------------------------------------------- the fit
-
-# What fit() solves for, per mode. The compiled logits terms stay at their prior (see memory.py).
-FITTED = {
-    "autocast": ("activation", "logits"),
-    "compiled": ("activation",),
-    "native": ("activation", "logits", "zero3"),
-    "native-compiled": ("activation",),
-}
-
-
-def _with(constants: Constants, how: str, name: str, value: float) -> Constants:
-    if name == "zero3":
-        return replace(constants, zero3_fixed_gib=value)
-    if name == "activation":
-        return replace(constants, activation={**constants.activation, how: value})
-    return replace(constants, logits={**constants.logits, how: value})
-
-
-def fit(configs: tuple[Config, ...] = CONFIGS, start: Constants = CONSTANTS) -> Constants:
-    """The constants that minimise the squared relative error over the plain configurations,
-    each weighted once (its runs averaged, across sessions: pooled). The estimate is linear in
-    each constant, so every mode is a small least-squares problem: solved by its normal equations."""
-    fitted = start
-    for how, names in FITTED.items():
-        rows = [c for c in pooled(configs) if c.plain and mode(c.strategy, "bf16", c.compiled) == how]
-        zero = start
-        for name in names:
-            zero = _with(zero, how, name, 0.0)
-        normal = [[0.0] * (len(names) + 1) for _ in names]
-        for c in rows:
-            measured = sum(r.peak for r in c.runs) / len(c.runs)
-            base = c.estimate(zero).train_gib
-            columns = [c.estimate(_with(zero, how, n, 1.0)).train_gib - base for n in names]
-            for i, ci in enumerate(columns):
-                for j, cj in enumerate(columns):
-                    normal[i][j] += ci * cj / measured**2
-                normal[i][-1] += ci * (measured - base) / measured**2
-        for name, value in zip(names, _solve(normal), strict=True):
-            fitted = _with(fitted, how, name, value)
-    return fitted
-
-
-def pooled(configs: tuple[Config, ...]) -> tuple[Config, ...]:
-    """One Config per configuration: CONFIGS lists runs by session, so a configuration measured in
-    several sessions appears once per session; pooled, its runs are averaged into one point."""
-    runs: dict[Config, list[Run]] = {}
-    for c in configs:
-        runs.setdefault(replace(c, runs=()), []).extend(c.runs)
-    return tuple(replace(settings, runs=tuple(r)) for settings, r in runs.items())
-
-
-def _solve(augmented: list[list[float]]) -> list[float]:
-    """Gauss-Jordan elimination of a small, well-conditioned system [A | b]."""
-    n = len(augmented)
-    m = [row[:] for row in augmented]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(n):
-            if r != col:
-                factor = m[r][col] / m[col][col]
-                m[r] = [a - factor * b for a, b in zip(m[r], m[col], strict=True)]
-    return [m[i][-1] / m[i][i] for i in range(n)]
-
-
-def errors(constants: Constants = CONSTANTS) -> list[tuple[Config, Run, float, float]]:
-    """(config, run, estimate GiB, relative error) for every run."""
-    out = []
-    for c in CONFIGS:
-        gib = c.estimate(constants).train_gib
-        out += [(c, r, gib, gib / r.peak - 1) for r in c.runs]
-    return out
-
-
-def report(constants: Constants = CONSTANTS) -> str:
-    lines = [f"{'measured':>8} {'estimate':>8} {'error':>7}  configuration / source run"]
-    for c, r, gib, err in errors(constants):
-        mark = "" if abs(err) <= TOLERANCE else ("  (expected: " + c.not_modelled + ")" if c.not_modelled else "  MISS")
-        lines.append(f"{r.peak:8.2f} {gib:8.2f} {err:+7.1%}  {c.label} / {r.source} {r.run}{mark}")
-    worst = max((abs(e) for c, _, _, e in errors(constants) if not c.not_modelled), default=math.nan)
-    lines.append(f"largest error outside the expected misses: {worst:.1%}")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(report())

@@ -1,0 +1,194 @@
+"""The run's decisions, as one value: which strategy and engine, compiled how, with which loss and
+buckets, and why each.
+
+Torch-free and pure: the trainer decides here (twice: before the model is loaded, then with its
+size and the run's length), the launcher's plan and its memory estimate decide here with what a
+plan knows, and so the three cannot disagree. The rules themselves (each with the measurements
+behind it) live in strategies.py; this file is the only caller that puts them together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from . import strategies  # by module: a test's shim replaces strategies.resolve_auto (tests/training/auto_shim)
+from .modeling import head_loss_flags_why_not
+from .strategies import AUTO, COMPILE_MIN_STEPS, Strategy
+
+if TYPE_CHECKING:
+    from .args import TrainArgs
+
+# How the model is sharded and wrapped, one file each in training/engines/.
+SINGLE, DDP, DEEPSPEED, FSDP2, GRAPH_FSDP = "single", "ddp", "deepspeed", "fsdp2", "graph_fsdp"
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What the run does and why. `args` are the arguments as decided: --strategy auto made
+    concrete (and --compile-unit model where auto picked fsdp sharded in the graph)."""
+
+    args: TrainArgs
+    strategy: Strategy  # as the processes launch: ddp while auto is still undecided
+    strategy_why: str | None  # auto's reason; None for a strategy the user named
+    decided: bool  # False: auto waits for the model's size or the run's length
+    engine: str  # SINGLE, DDP, DEEPSPEED, FSDP2 or GRAPH_FSDP
+    engine_why: str | None  # fsdp's: why this engine of its two
+    compiled: bool
+    compile_why: str
+    compile_length_known: bool  # False: the run's length was not known, so taken as long enough to compile
+    compile_unit: str  # "model" or "block": what one torch.compile covers, if compiled
+    head_loss_why_not: str | None  # None: the flags allow losses.head_loss (the model may still not)
+    ddp_bucket_mb: int
+    ddp_slow_link: str | None  # the slow link that made the buckets small, if it did
+
+    @property
+    def zero_stage(self) -> int | None:
+        return self.strategy.zero_stage
+
+    @property
+    def in_graph(self) -> bool:
+        """fsdp sharded inside the compiled graph (graph_fsdp.py) rather than by FSDP2."""
+        return self.engine == GRAPH_FSDP
+
+    @property
+    def sharding(self) -> str | None:
+        """How a checkpoint holds sharded weights, where two engines share a strategy."""
+        return "in-graph" if self.in_graph else None
+
+    @property
+    def strategy_words(self) -> str:
+        """The strategy as the memory check names it: fsdp with the engine it runs."""
+        if self.strategy is not Strategy.fsdp:
+            return self.args.strategy
+        return "fsdp sharded in the graph" if self.in_graph else "fsdp (FSDP2)"
+
+    @property
+    def compile_words(self) -> str:
+        """How a plan names the compile decision after the strategy: ", compiled", nothing (eager),
+        or, where it turns on a run length not known, the length it needs."""
+        if not self.compiled:
+            return ""
+        if not self.compile_length_known and self.args.compile is None:
+            return f", compiled if it runs {COMPILE_MIN_STEPS:,}+ steps"
+        return ", compiled"
+
+    def strategy_lines(self, processes: int) -> list[str]:
+        """What the job logs about its strategy: auto's pick and why (one process running plain ddp
+        says nothing: the usual quick check), then DDP's buckets where it runs DDP."""
+        lines = []
+        if self.strategy_why and (processes > 1 or self.strategy is not Strategy.ddp):
+            lines.append(f"strategy={self.strategy.value} ({self.strategy_why})")
+        if self.strategy is Strategy.ddp and processes > 1:
+            lines.append(f"ddp_bucket_mb={self.ddp_bucket_mb}")
+            if self.ddp_slow_link:  # it made the default small
+                why = "small gradient buckets, so the all-reduces overlap the backward"
+                lines.append(f"ddp: {self.ddp_slow_link}: {why}")
+        return lines
+
+
+def decide(
+    args: TrainArgs,
+    *,
+    world: int,
+    cuda: bool,
+    slow_link: str | None = None,
+    saved: Mapping[str, Any] | None = None,
+    params: int | None = None,
+    steps: int | None = None,
+    has_blocks: bool = True,
+) -> Decisions:
+    """The decisions for `args` on `world` processes (`cuda`: on CUDA GPUs; `slow_link`: why their
+    all-reduce crosses a link slower than NVLink, strategies.slow_gpu_link), resuming the trainer
+    state `saved` if any, for a model of `params` parameters (None: not known yet) over `steps`
+    optimizer steps (None: only --max-steps, if given, says). `has_blocks`: the model names its
+    transformer block class (ZeRO-3's default compile needs it)."""
+    resolved, strategy_why = strategies.resolve_auto(
+        args, world=world, cuda=cuda, slow_link=slow_link, saved=saved, params=params, steps=steps
+    )
+    strategy = strategies.provisional_strategy(resolved.strategy)
+    in_graph, engine_why = False, None
+    if strategy is Strategy.fsdp:
+        in_graph, fsdp_why = strategies.fsdp_in_graph(resolved, cuda=cuda)
+        engine_why = strategy_why or fsdp_why
+    engine = (
+        (GRAPH_FSDP if in_graph else FSDP2)
+        if strategy is Strategy.fsdp
+        else DEEPSPEED
+        if strategy.uses_deepspeed
+        else SINGLE
+        if strategy is Strategy.single
+        else DDP
+    )
+    length = resolved.max_steps if resolved.max_steps is not None else steps
+    compiled, compile_why = strategies.compile_decision(
+        resolved.compile,
+        cuda=cuda,
+        strategy=strategy,
+        max_steps=COMPILE_MIN_STEPS if length is None else length,
+        has_blocks=has_blocks,
+    )
+    # DDP's buckets are fixed when the Accelerator is built, before the data says how long a run
+    # counted in --epochs is: sized for the compile --max-steps alone decides.
+    sized_for, _ = strategies.compile_decision(
+        resolved.compile,
+        cuda=cuda,
+        strategy=strategy,
+        max_steps=COMPILE_MIN_STEPS if resolved.max_steps is None else resolved.max_steps,
+    )
+    bucket_mb, bucket_link = strategies.ddp_buckets_for(resolved, sized_for, slow_link)
+    return Decisions(
+        args=resolved,
+        strategy=strategy,
+        strategy_why=strategy_why,
+        decided=resolved.strategy != AUTO,
+        engine=engine,
+        engine_why=engine_why,
+        compiled=compiled,
+        compile_why=compile_why,
+        compile_length_known=length is not None,
+        compile_unit=strategies.compile_unit_for(strategy, resolved.compile_unit, in_graph),
+        head_loss_why_not=head_loss_flags_why_not(resolved, strategy.value, in_graph),
+        ddp_bucket_mb=bucket_mb,
+        ddp_slow_link=bucket_link,
+    )
+
+
+def planned(
+    args: TrainArgs,
+    *,
+    world_size: int,
+    nodes: int,
+    gpu_model: str | None,
+    params: int | None,
+    cuda: bool | None = None,
+    saved: Mapping[str, Any] | None = None,
+) -> Decisions:
+    """decide() as the training processes will on `nodes` machines of `world_size` processes in
+    all with `gpu_model` GPUs (None: no GPUs, unless `cuda` says there are), resuming the
+    checkpoint `saved` if any (a cloud plan does not read it: a resumed job keeps its checkpoint's
+    pick). Where auto waits for what only the job knows, it is planned as ddp, and the reason says
+    what the job will decide."""
+    cuda = gpu_model is not None if cuda is None else cuda
+    link = strategies.planned_link(world_size, nodes, gpu_model) if world_size > 1 else None
+    decided = decide(args, world=world_size, cuda=cuda, slow_link=link, saved=saved, params=params)
+    if decided.decided:
+        return decided
+    unknown = " and ".join(
+        what
+        for what, missing in (("the model's size", params is None), ("the run's steps", args.max_steps is None))
+        if missing
+    )
+    why = (
+        f"auto: ddp, or fsdp sharded in the compiled graph for {strategies.AUTO_IN_GRAPH_MIN_STEPS:,}+ steps of a "
+        f"model of at most {strategies.count_words(strategies.AUTO_IN_GRAPH_MAX_PARAMS)} parameters: the job "
+        f"decides, once it knows {unknown}"
+    )
+    return replace(decided, args=replace(decided.args, strategy=Strategy.ddp.value), strategy_why=why)
+
+
+def shown(decisions: Decisions) -> str:
+    """The strategy as a plan shows it: auto's pick and why."""
+    d = decisions
+    return f"{d.args.strategy} ({d.strategy_why})" if d.strategy_why else d.args.strategy

@@ -1,0 +1,91 @@
+"""The interface every engine keeps, and what most of them share.
+
+An engine is how the model is sharded and wrapped: plain DDP (and one process), DeepSpeed's
+ZeRO, PyTorch's FSDP2, or fsdp sharded inside the compiled graph. The trainer holds one and never
+asks which; each engine gets the run's decisions (training/decisions.py) and a `say` callback
+for its log lines, never the trainer, so an engine file imports nothing of the recipe.
+
+The order the trainer calls them in: environment, accelerator_settings (before the Accelerator),
+accelerator_built, loaded (the model, before it moves), shard, optimizer, prepare, compile, then
+per step clip, and at checkpoints save_extras / load_extras, at the end full_state_dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..decisions import Decisions
+
+Say = Callable[[str], None]
+
+
+class Engine:
+    """DDP's way, the default of every method: Accelerate wraps the model, nothing is sharded."""
+
+    setup_words = ""  # said while the model is prepared, where that may take minutes
+    clips_gradients = True  # False: the engine clips inside its own optimizer step
+    weights_sharded = False  # every process must run each forward of a generation together
+    loss_alone_without_blocks = False  # compiled block by block, a model without blocks compiles its loss only
+    eager_fallback = False  # a failed compiled backward may turn the whole job eager (Trainer._backward)
+    ddp_wrapped = False  # DDP's reducer hooks overlap the all-reduces with the backward
+
+    def __init__(self, decisions: Decisions, say: Say):
+        self.decisions, self.args, self.say = decisions, decisions.args, say
+
+    def environment(self, *, cuda: bool) -> dict[str, str]:
+        """Variables to set before the Accelerator reads them."""
+        return {}
+
+    def accelerator_settings(self, world: int, *, cuda: bool) -> tuple[dict[str, Any], str | None]:
+        """The Accelerator's plugin arguments for this engine, and the process group's backend
+        where it must be named (None: Accelerate's pick)."""
+        return {}, None
+
+    def accelerator_built(self, accelerator: Any) -> None:
+        """What the engine checks or sets on the Accelerator once it exists."""
+
+    def loaded(self, model: Any) -> None:
+        """What the engine marks on the model right after it is loaded."""
+
+    def shard(self, model: Any, accelerator: Any) -> None:
+        """Shard the model before its optimizer is built (engines that shard it themselves)."""
+
+    def optimizer(self, groups: list[dict[str, Any]], lr: float, accelerator: Any) -> Any:
+        # Fused AdamW is one kernel per step instead of several per parameter.
+        return torch.optim.AdamW(groups, lr=lr, fused=accelerator.device.type == "cuda")
+
+    def prepare(self, accelerator: Any, model: Any, optimizer: Any, train_dl: Any, eval_dl: Any) -> tuple:
+        """The model, optimizer and loaders as the engine runs them."""
+        return accelerator.prepare(model, optimizer, train_dl, eval_dl)
+
+    def compile(self, accelerator: Any, model: Any, backend: Any) -> tuple[Any, Any]:
+        """The model compiled whole, and a compiler for the backward (--compiled-autograd), or None."""
+        compiled = torch.compile(model, backend=backend)
+        self.say("compile_unit=model")
+        return compiled, None
+
+    def clip(self, accelerator: Any, model: Any, max_norm: float) -> None:
+        """Clip the gradients' total norm."""
+        accelerator.clip_grad_norm_(model.parameters(), max_norm)
+
+    def save_extras(self, folder: Any, accelerator: Any, model: Any, optimizer: Any) -> None:
+        """This process's part of a checkpoint beside Accelerate's save_state."""
+
+    def load_extras(self, folder: Any, accelerator: Any, model: Any, optimizer: Any, saved: dict[str, Any]) -> None:
+        """This process's part of a checkpoint beside Accelerate's load_state."""
+
+    def full_state_dict(self, accelerator: Any, model: Any, optimizer: Any) -> tuple[Any, dict[str, Any]]:
+        """The unwrapped model and its full state dict, for save_pretrained (collective)."""
+        return accelerator.unwrap_model(model), accelerator.get_state_dict(model)
+
+
+def transformer_blocks(model: Any) -> list[Any]:
+    """The model's transformer blocks: modules of the classes it names in _no_split_modules (GPT2Block,
+    BertLayer), the unit FSDP shards and ZeRO-3 fetches whole. FSDP2 renames a sharded block's class
+    (FSDPGPT2Block, a subclass), so base classes count too."""
+    model = getattr(model, "_orig_mod", model)
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]

@@ -1,0 +1,71 @@
+"""fsdp by PyTorch's FSDP2: the trainer's units of consecutive transformer blocks, then
+Accelerate's unit of the rest, each gathered for its forward and backward and freed after;
+gradients and the fp32 weights and AdamW state stay sharded (checkpoints: one file per process)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerate.state import PartialState
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+from ..args import ArgumentError
+from ..modeling import count_parameters
+from ..sharded import clip_sharded_grads_, shard_block_units, shard_local_adamw, sharded_grads
+from ..strategies import fsdp_blocks_per_unit, fsdp_plugin_settings
+from .base import Engine, transformer_blocks
+
+
+class FSDP2Engine(Engine):
+    weights_sharded = True
+    loss_alone_without_blocks = True
+
+    def environment(self, *, cuda: bool) -> dict[str, str]:
+        return {} if cuda else {"ACCELERATE_USE_CPU": "true"}  # gloo, as node_launch asks on CPU
+
+    def accelerator_settings(self, world: int, *, cuda: bool) -> tuple[dict[str, Any], str | None]:
+        self.plugin = FullyShardedDataParallelPlugin(**fsdp_plugin_settings())
+        return {"fsdp_plugin": self.plugin}, None
+
+    def accelerator_built(self, accelerator: Any) -> None:
+        """Make sure accelerate runs `fsdp` as FSDP. Accelerate 1.x turns its plugin on only for
+        GPU-like devices (its state lists MULTI_GPU, MULTI_XPU, ... but not MULTI_CPU) and otherwise
+        quietly runs plain DDP, while FSDP2 itself shards over gloo on CPU: on CPU the state is set to
+        FSDP here, in both of accelerate's shared states (AcceleratorState copies PartialState's on
+        every construction), so CPU jobs and tests run the sharding, checkpoints and saves of GPU jobs."""
+        state = accelerator.state
+        if state.distributed_type == DistributedType.FSDP:
+            return
+        if state.distributed_type != DistributedType.MULTI_CPU:
+            raise ArgumentError(
+                f"--strategy fsdp needs a process group, but accelerate runs {state.distributed_type.value}: "
+                "start it with distrain-cloud submit or node_launch"
+            )
+        state.fsdp_plugin = self.plugin
+        state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    def shard(self, model: Any, accelerator: Any) -> None:
+        """Shard the transformer blocks in units of several consecutive blocks
+        (strategies.fsdp_blocks_per_unit), before Accelerate shards the rest of the model."""
+        blocks = transformer_blocks(model)
+        if not blocks:
+            self.say("fsdp_shard_unit=model blocks=0")
+            return
+        per_unit = fsdp_blocks_per_unit(self.args.fsdp_blocks_per_unit, len(blocks), count_parameters(blocks[0]))
+        acc, name = accelerator, type(blocks[0]).__name__  # before FSDP renames it FSDP<name>
+        units = shard_block_units(blocks, per_unit, acc.state.fsdp_plugin, mixed_precision=acc.mixed_precision != "no")
+        self.say(f"fsdp_shard_unit={name} blocks={len(blocks)} blocks_per_unit={per_unit} units={units}")
+        if acc.device.type == "cuda":  # where the other engine is an option worth naming
+            self.say(f"fsdp: FSDP2 ({self.decisions.engine_why})")
+
+    def optimizer(self, groups: list[dict[str, Any]], lr: float, accelerator: Any) -> Any:
+        return shard_local_adamw(groups, lr=lr)
+
+    def clip(self, accelerator: Any, model: Any, max_norm: float) -> None:
+        """On the local shards (training/sharded.py)."""
+        grads = sharded_grads(model.parameters())
+        if grads is None:
+            accelerator.clip_grad_norm_(model.parameters(), max_norm)
+            return
+        accelerator.unscale_gradients()  # fp16's loss scale first, once, as Accelerate's own clipping does
+        clip_sharded_grads_(grads, max_norm)
