@@ -414,7 +414,7 @@ def cancel(
         return
     if ref.backend != "ec2":
         raise UserError(f"--now applies to EC2 and local jobs; {job} is a {ref.backend} job: drop --now")
-    from .backends.ec2 import BACKEND as ec2
+    from .backends.ec2.backend import BACKEND as ec2
 
     typer.echo(_human(ec2.cancel_now(ref)))
 
