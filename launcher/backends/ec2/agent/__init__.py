@@ -2,5 +2,5 @@
 
 It ships in the code bundle (launcher/bundle.py) and runs before the training requirements matter:
 stdlib and boto3 only (through infra.aws), and nothing of the launcher but this folder, the S3
-key layout beside it and the empty package files above them.
+key layout beside it and the light package files above them.
 """
