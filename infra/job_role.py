@@ -331,6 +331,45 @@ def for_job(
     )
 
 
+def for_job_at(
+    kind: str,
+    *,
+    partition: str,
+    region: str,
+    account: str,
+    stack: str,
+    bucket: str,
+    prefix: str,
+    job: str,
+    lineage: str,
+    boundary_arn: str,
+    log_group: str = "",
+    secret_prefix: str = "distrain-cloud/",
+    inputs: Iterable[str] = (),
+    ssm: bool = False,
+) -> JobRole:
+    """`for_job` with its Place spelled out: what each backend calls with the names it planned."""
+    place = Place(
+        partition=partition,
+        region=region,
+        account=account,
+        stack=stack,
+        bucket=bucket,
+        prefix=prefix,
+        job=job,
+        lineage=lineage,
+    )
+    return for_job(
+        kind,
+        place,
+        boundary_arn=boundary_arn,
+        log_group=log_group,
+        secret_prefix=secret_prefix,
+        inputs=inputs,
+        ssm=ssm,
+    )
+
+
 # --- acting -------------------------------------------------------------------------------------
 
 

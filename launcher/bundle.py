@@ -2,7 +2,8 @@
 
 Layout: every kept file under `<repo>/training/` sits at `distrain_cloud/training/<rel>`
 (imported as `distrain_cloud.training`; `distrain_cloud` is a PEP 420 namespace package), plus
-`requirements.txt` at the root when `training/requirements.txt` exists.
+`requirements.txt` at the root when `training/requirements.txt` exists, infra's secret resolver,
+and the EC2 node agent (`launcher/backends/ec2/agent/` and the files it imports).
 
 Kept: not matched by a `.gitignore` (the repo root's and any under training/; git semantics,
 deeper files win) nor by ALWAYS_EXCLUDED (VCS, caches, virtualenvs incl. any dir with
@@ -35,6 +36,16 @@ from distrain_cloud.infra.errors import UserError
 ARCHIVE_ROOT = "distrain_cloud/training"
 # The job also runs infra's secret resolver (it imports only these siblings).
 JOB_INFRA_FILES = ("__init__.py", "errors.py", "aws.py", "secret_env.py")
+# An EC2 node runs its agent from the bundle (`python -m`, backends/ec2/user_data.py: NODE_AGENT):
+# the agent's folder, the key layout it shares with the launcher, and the light package files above
+# them (the agent imports nothing else of the launcher).
+NODE_AGENT_DIR = "launcher/backends/ec2/agent"
+NODE_AGENT_FILES = (
+    "launcher/__init__.py",
+    "launcher/backends/__init__.py",
+    "launcher/backends/ec2/__init__.py",
+    "launcher/backends/ec2/layout.py",
+)
 # Never shipped, whatever a .gitignore says. Gitignore syntax, matched against paths relative to the
 # repo root: a pattern with a "/" before its end is anchored there, hence the "**/" prefixes. Matches are
 # dropped silently (Bundle.listing shows what does ship). One pattern per name: a test checks that each
@@ -198,6 +209,10 @@ def build_bundle(repo_root: Path, *, allow_large: Sequence[str] = ()) -> Bundle:
     for name in JOB_INFRA_FILES:
         if (repo_root / "infra" / name).is_file():
             sources[f"distrain_cloud/infra/{name}"] = repo_root / "infra" / name
+    agent = repo_root / NODE_AGENT_DIR
+    for rel in (*NODE_AGENT_FILES, *(f"{NODE_AGENT_DIR}/{f.name}" for f in sorted(agent.glob("*.py")))):
+        if (repo_root / rel).is_file():
+            sources[f"distrain_cloud/{rel}"] = repo_root / rel
     if f"{ARCHIVE_ROOT}/requirements.txt" in sources:
         sources["requirements.txt"] = sources[f"{ARCHIVE_ROOT}/requirements.txt"]
     _check_sizes(repo_root, sources, allow_large)  # before reading anything

@@ -80,6 +80,10 @@ def submit(
     instance: Annotated[
         str | None, typer.Option("--instance", "-i", help="local, ml.p3.8xlarge (SageMaker), g4dn.12xlarge (EC2), ...")
     ] = None,
+    backend_: Annotated[
+        str | None,
+        typer.Option("--backend", help="where the job runs: local, sagemaker or ec2 (default: from --instance)"),
+    ] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="instances (each: one process per GPU)")] = None,
     processes: Annotated[int | None, typer.Option("--processes", help="local: processes to start")] = None,
     strategy: Annotated[
@@ -157,6 +161,7 @@ def submit(
 
     overrides = {
         "instance": instance,
+        "backend": backend_,
         "nodes": nodes,
         "strategy": strategy,
         "precision": precision,
@@ -416,7 +421,7 @@ def cancel(
         return
     if ref.backend != "ec2":
         raise UserError(f"--now applies to EC2 and local jobs; {job} is a {ref.backend} job: drop --now")
-    from .backends.ec2 import BACKEND as ec2
+    from .backends.ec2.backend import BACKEND as ec2
 
     typer.echo(_human(ec2.cancel_now(ref)))
 

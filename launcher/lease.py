@@ -198,19 +198,16 @@ def _holder_status(holder: dict[str, Any], age: float, where: str) -> str | None
 def _ec2_state(holder: dict[str, Any], where: str) -> tuple[bool, str] | None:
     from distrain_cloud.infra import aws
 
-    from .backends import ec2
+    from .backends.ec2.backend import status_at
     from .jobs import JobRef
 
     region, bucket, prefix, name = holder["region"], holder["bucket"], holder["prefix"], holder["job"]
     try:
         with aws.translate_errors():
-            description = ec2.read_description(aws.client("s3", region), bucket, prefix, name)
-            if description is None:
-                return None
-            info = ec2.BACKEND._status(JobRef(name, "ec2", region), region, bucket, prefix, description)
+            info = status_at(JobRef(name, "ec2", region), bucket, prefix)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise UserError(f"its job.json is malformed ({type(e).__name__})") from None
-    return bool(info["terminal"]), str(info["status"])
+    return None if info is None else (bool(info["terminal"]), str(info["status"]))
 
 
 def _sagemaker_state(holder: dict[str, Any], where: str) -> tuple[bool, str] | None:
@@ -230,7 +227,7 @@ def _sagemaker_state(holder: dict[str, Any], where: str) -> tuple[bool, str] | N
             if aws.error_code(e) == "ValidationException" and ("not found" in said or "could not find" in said):
                 return None
             raise
-    info = sagemaker._status(holder["job"], job)
+    info = sagemaker.status_of(holder["job"], job)
     return bool(info["terminal"]), str(info["status"])
 
 

@@ -13,7 +13,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.secret_env import REFERENCE
@@ -44,6 +53,7 @@ _ROLE = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}|[\w+=,.@
 FLAGS = {
     "name": "--name",
     "instance": "--instance",
+    "backend": "--backend",
     "nodes": "--nodes",
     "strategy": "--strategy",
     "precision": "--precision",
@@ -309,6 +319,22 @@ class Ec2Spec(_Section):
         return self
 
 
+def inferred_backend(instance: str) -> str:
+    """The backend an instance name implies when the spec names none: 'local', ml.* SageMaker, else EC2."""
+    if instance == "local":
+        return "local"
+    return "sagemaker" if instance.startswith("ml.") else "ec2"
+
+
+# backend -> (whether it runs an instance of that name, what that is, where it runs): a new backend adds a row.
+INSTANCE_KINDS: dict[str, tuple[Any, str, str]] = {
+    "local": (lambda i: i == "local", "'local'", "on this machine"),
+    "sagemaker": (lambda i: i.startswith("ml."), "a SageMaker type", "on SageMaker"),
+    "ec2": (lambda i: i != "local" and not i.startswith("ml."), "an EC2 type", "on EC2"),
+}
+_EXAMPLES = {"local": "--instance local", "sagemaker": "--instance ml.g5.12xlarge", "ec2": "--instance g5.12xlarge"}
+
+
 class JobSpec(BaseModel):
     """What to run and where. Every field can be set in YAML; common ones also by CLI flags."""
 
@@ -317,6 +343,11 @@ class JobSpec(BaseModel):
     name: str = Field("distrain", description="job name prefix; a timestamp and suffix make each job unique")
     instance: str = Field(
         "local", description="'local', a SageMaker type (ml.p3.8xlarge) or an EC2 type (p4d.24xlarge)"
+    )
+    backend: Literal["local", "sagemaker", "ec2"] = Field(
+        "local",
+        description="where the job runs: local, sagemaker or ec2; default from the instance "
+        "('local', ml.* for SageMaker, any other type for EC2)",
     )
     nodes: int = Field(1, ge=1, le=64, description="instances; each runs one process per GPU")
     strategy: str = Field(AUTO, description="one of " + ", ".join(STRATEGY_CHOICES))
@@ -432,6 +463,39 @@ class JobSpec(BaseModel):
                 )
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_backend(cls, data: Any) -> Any:
+        # Unset, the backend follows the instance, as it always did: every existing spec keeps working.
+        if isinstance(data, dict) and data.get("backend") is None:
+            instance = data.get("instance", cls.model_fields["instance"].default)
+            if isinstance(instance, str):
+                data = {**data, "backend": inferred_backend(instance.strip().lower())}
+        return data
+
+    @model_validator(mode="after")
+    def _backend_runs_instance(self) -> JobSpec:
+        if not INSTANCE_KINDS[self.backend][0](self.instance):
+            inferred = inferred_backend(self.instance)
+            fix = _EXAMPLES[self.backend]
+            if {self.backend, inferred} == {"ec2", "sagemaker"}:  # the same type, spelled for the other
+                other = self.instance.removeprefix("ml.") if self.backend == "ec2" else f"ml.{self.instance}"
+                fix = f"--instance {other}"
+            raise ValueError(
+                f"--backend {self.backend} cannot run --instance {self.instance} ({INSTANCE_KINDS[inferred][1]}): "
+                f"give {fix}, or drop --backend to run it {INSTANCE_KINDS[inferred][2]}"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A backend the instance implies is left out of dumps (job records, job.json, resumed specs),
+        # so they read as before this field existed; an explicit other one is kept.
+        data: dict[str, Any] = handler(self)
+        if data.get("backend") == inferred_backend(self.instance):
+            data.pop("backend")
+        return data
+
     @model_validator(mode="after")
     def _spot_wait(self) -> JobSpec:
         if self.max_wait is not None and not self.spot:
@@ -441,12 +505,6 @@ class JobSpec(BaseModel):
         return self
 
     # ------------------------------------------------------------------ derived
-
-    @property
-    def backend(self) -> str:
-        if self.instance == "local":
-            return "local"
-        return "sagemaker" if self.instance.startswith("ml.") else "ec2"
 
     def training_argv(self, precision: str, run_name: str) -> list[str]:
         """The training flags every node's entry point receives."""

@@ -20,6 +20,8 @@ from ..plan import Check, Plan, unique_job_name
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from distrain_cloud.infra.job_role import JobRole
+
     from ..catalog import InstanceType
     from ..logs import LogLine
     from ..spec import JobSpec
@@ -169,6 +171,30 @@ def refuse_api_problems(
         parts.append(f"{source}: {path} {problem}")
     more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
     raise UserError(f"{label} would refuse this job, nothing was sent: " + "; ".join(parts) + more)
+
+
+# Which part of a job role's IAM requests a flag sets (the job name is the role's name).
+ROLE_SOURCES = (("RoleName", "--name"), ("InstanceProfileName", "--name"), ("Path", "--stack"))
+
+
+def refuse_role_problems(role: JobRole) -> JobRole:
+    """`role`, once its IAM requests pass IAM's API model; else one UserError (a name over 64
+    characters, a path outside IAM's pattern, a policy document over its limit)."""
+    for operation, params in role.requests():
+        refuse_api_problems("iam", operation, params, ROLE_SOURCES, "IAM")
+    return role
+
+
+def retire_role_quietly(name: str) -> None:
+    """Delete job role `name` if it is there; a failure is a note, not an error."""
+    import sys
+
+    from distrain_cloud.infra import job_role
+
+    try:
+        job_role.retire(name)
+    except UserError as e:  # status still answers; the role goes at the next look or `infra down`
+        print(f"note: job role {name} was not deleted: {e}", file=sys.stderr)
 
 
 def bucket_check(

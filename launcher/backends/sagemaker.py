@@ -362,7 +362,7 @@ class SageMakerBackend:
                 )
         except BaseException:
             if role is not None:
-                _retire_quietly(role.name)  # no job was made: its role goes too
+                cloud.retire_role_quietly(role.name)  # no job was made: its role goes too
             raise
         lineage_launched(plan)  # the job exists: the lineage's lease stays its own whatever follows
         print(f"submitted {plan.job_name} (code bundle {'uploaded' if uploaded else 'already in S3'})", file=sys.stderr)
@@ -378,9 +378,9 @@ class SageMakerBackend:
 
         with aws.translate_errors():
             described = aws.client("sagemaker", aws.region(job.region)).describe_training_job(TrainingJobName=job.name)
-        info = _status(job.name, described)
+        info = status_of(job.name, described)
         if info["terminal"] and _own_role(job.name, str(described.get("RoleArn", ""))):
-            _retire_quietly(job.name)  # the job ended: nothing uses its role any more
+            cloud.retire_role_quietly(job.name)  # the job ended: nothing uses its role any more
         return info
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
@@ -432,10 +432,10 @@ class SageMakerBackend:
             described = aws.client("sagemaker", region).describe_training_job(TrainingJobName=job.name)
         root = described["OutputDataConfig"]["S3OutputPath"].rstrip("/")
         output = f"{root}/{job.name}/output/output.tar.gz"
-        return cloud.fetch_outputs(job.name, _status(job.name, described), region, dest, output=output)
+        return cloud.fetch_outputs(job.name, status_of(job.name, described), region, dest, output=output)
 
 
-def _status(job_name: str, job: dict[str, Any]) -> dict[str, Any]:
+def status_of(job_name: str, job: dict[str, Any]) -> dict[str, Any]:
     status = job["TrainingJobStatus"]
     secondary = job.get("SecondaryStatus")
     resources = job.get("ResourceConfig") or {}
@@ -487,25 +487,22 @@ def _previous_checkpoints(job_name: str, region: str, checks: list[Check]) -> tu
 
 def _job_role(spec: JobSpec, parts: _Parts, account: str, bucket: str, stack: StackResources | None) -> JobRole:
     """The job's own IAM role: its S3 prefixes (and input channels, read-only), nothing of another job's."""
-    place = job_role.Place(
-        partition=stack.partition if stack else "aws",
-        region=parts.region,
-        account=account,
-        stack=spec.stack,
-        bucket=bucket,
-        prefix=parts.prefix,
-        job=parts.job_name,
-        lineage=parts.lineage,
+    return cloud.refuse_role_problems(
+        job_role.for_job_at(
+            "sagemaker",
+            partition=stack.partition if stack else "aws",
+            region=parts.region,
+            account=account,
+            stack=spec.stack,
+            bucket=bucket,
+            prefix=parts.prefix,
+            job=parts.job_name,
+            lineage=parts.lineage,
+            boundary_arn=stack.job_boundary_arn if stack else f"<stack {spec.stack}'s JobBoundary policy>",
+            secret_prefix=stack.secret_prefix if stack else "distrain-cloud/",
+            inputs=spec.inputs.values(),
+        )
     )
-    role = job_role.for_job(
-        "sagemaker",
-        place,
-        boundary_arn=stack.job_boundary_arn if stack else f"<stack {spec.stack}'s JobBoundary policy>",
-        secret_prefix=stack.secret_prefix if stack else "distrain-cloud/",
-        inputs=spec.inputs.values(),
-    )
-    refuse_role_problems(role)
-    return role
 
 
 def _isolation_check(role: JobRole, parts: _Parts) -> Check:
@@ -515,17 +512,6 @@ def _isolation_check(role: JobRole, parts: _Parts) -> Check:
         True,
         f"{role.path}{role.name}: {own} (read-write), {parts.prefix}/code/ and inputs (read); made at submit",
     )
-
-
-# Which part of a job role's IAM requests a flag sets (the job name is the role's name).
-ROLE_SOURCES = (("RoleName", "--name"), ("InstanceProfileName", "--name"), ("Path", "--stack"))
-
-
-def refuse_role_problems(role: JobRole) -> None:
-    """Raise one UserError where the job role's IAM requests break IAM's API model (a name over
-    64 characters, a path outside IAM's pattern, a policy document over its limit)."""
-    for operation, params in role.requests():
-        cloud.refuse_api_problems("iam", operation, params, ROLE_SOURCES, "IAM")
 
 
 def _role_not_yet_assumable(e: Exception) -> bool:
@@ -540,13 +526,6 @@ def _own_role(job_name: str, role_arn: str) -> bool:
     """Whether `role_arn` is the role the launcher made for this job (never a --role of the user's)."""
     resource = role_arn.split(":", 5)[-1]
     return resource.startswith(f"role{job_role.PATH_ROOT}") and resource.rsplit("/", 1)[-1] == job_name
-
-
-def _retire_quietly(name: str) -> None:
-    try:
-        job_role.retire(name)
-    except UserError as e:  # status still answers; the role goes at the next look or `infra down`
-        print(f"note: job role {name} was not deleted: {e}", file=sys.stderr)
 
 
 def _stack_resources(stack: str, region: str) -> Any:

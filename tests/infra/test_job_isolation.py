@@ -27,7 +27,7 @@ from botocore.exceptions import ClientError
 
 from distrain_cloud.infra import stack
 from distrain_cloud.launcher.api import plan_job, submit_job
-from distrain_cloud.launcher.backends import ec2
+from distrain_cloud.launcher.backends.ec2 import backend as ec2
 from distrain_cloud.launcher.spec import load_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:Tried to parse AWS::")]

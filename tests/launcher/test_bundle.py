@@ -348,3 +348,27 @@ def test_listing_shows_every_file_with_its_size(repo):
     assert lines[-1] == (
         f"{len(bundle.files)} files, {sum(bundle.file_sizes)} B ({bundle.size} B compressed), sha256 {bundle.sha256}"
     )
+
+
+def test_the_node_agent_imports_from_the_bundle_alone(tmp_path):
+    """What an EC2 node runs (`python -m` NODE_AGENT) imports from the unpacked bundle with no site
+    packages at all (-S: no installed distrain_cloud, no editable finder to fall back on), so an
+    import of a launcher module the bundle does not carry fails here, not on a node."""
+    import subprocess
+    import sys
+
+    from distrain_cloud.launcher.backends.ec2.user_data import NODE_AGENT
+
+    with tarfile.open(fileobj=io.BytesIO(build_bundle(REPO).data)) as tar:
+        tar.extractall(tmp_path, filter="data")
+    probe = f"import sys, {NODE_AGENT}.node; print(sorted(m for m in sys.modules if m.startswith('distrain_cloud')))"
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": os.environ.get("PATH", "")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "distrain_cloud.launcher.backends.ec2.agent.node" in done.stdout

@@ -23,7 +23,9 @@ from clirun import run_cli
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.stack import StackResources
 from distrain_cloud.launcher.api import plan_job, submit_job
-from distrain_cloud.launcher.backends import ec2
+from distrain_cloud.launcher.backends.ec2 import backend as ec2
+from distrain_cloud.launcher.backends.ec2 import request as ec2_request
+from distrain_cloud.launcher.backends.ec2 import status as ec2_status
 from distrain_cloud.launcher.jobs import JobRef
 from distrain_cloud.launcher.spec import load_spec
 
@@ -783,7 +785,7 @@ RUNNING = [{"id": "i-1", "state": "running", "reason": ""}, {"id": "i-2", "state
 ENDED = [{"id": "i-1", "state": "terminated", "reason": ""}, {"id": "i-2", "state": "terminated", "reason": ""}]
 RESUME = "`distrain-cloud resume job-1` continues it"
 STOPPING = ("InProgress", "stopping (cancel): every node saves a checkpoint, then ends")
-SPOT_ENDED = [{"id": "i-1", "state": "terminated", "reason": ec2.SPOT_TERMINATION}]
+SPOT_ENDED = [{"id": "i-1", "state": "terminated", "reason": ec2_status.SPOT_TERMINATION}]
 GAVE_UP = "node 1 of 2 never joined the rendezvous within 600 s"
 HEARTBEAT = {"status": "InProgress", "phase": "training", "step": 5}
 
@@ -965,7 +967,7 @@ case "$2" in *"import torch"*) echo "torch==2.7.0+cu128"; exit 0 ;; esac
 for arg in "$@"; do
   case "$arg" in
     pip) echo "pip $*" >> "$REHEARSAL_LOG"; exit 0 ;;
-    distrain_cloud.training.node_agent)
+    distrain_cloud.launcher.backends.ec2.agent)
       echo "agent $* cwd=$(pwd) PYTHONPATH=$PYTHONPATH" >> "$REHEARSAL_LOG"; exit 0 ;;
   esac
 done
@@ -1033,11 +1035,11 @@ def test_the_user_data_runs_here_up_to_the_agent_and_a_swapped_bundle_stops_the_
 
     uploaded = boto3.client("s3").get_object(Bucket="stack-bucket", Key=f"distrain-cloud/jobs/{job}/job.json")
     assert agent.startswith(
-        f"agent -m distrain_cloud.training.node_agent --job s3://stack-bucket/distrain-cloud/jobs/{job}/job.json"
+        f"agent -m distrain_cloud.launcher.backends.ec2.agent --job s3://stack-bucket/distrain-cloud/jobs/{job}/job.json"
         f" --job-sha256 {hashlib.sha256(uploaded['Body'].read()).hexdigest()} "
     )
     assert agent.endswith(f"cwd={code} PYTHONPATH={code}")
-    assert (code / "distrain_cloud" / "training" / "node_agent.py").is_file()
+    assert (code / "distrain_cloud" / "launcher" / "backends" / "ec2" / "agent" / "__main__.py").is_file()
     assert (tmp_path / "node-1" / "constraints.txt").read_text() == "torch==2.7.0+cu128\n"  # the AMI's stays
     # A reboot loses the pending hard stop and does not run the user data again: cloud-init runs the
     # per-boot hook it installed, which re-arms the stop with the minutes left, or powers off.
@@ -1151,7 +1153,7 @@ def test_a_node_that_never_runs_its_user_data_is_terminated_by_the_node_that_giv
     Failed with the reason instead of InProgress forever."""
     _on_the_moto_server(monkeypatch, moto_server)
     hand_made_stack(monkeypatch)
-    monkeypatch.setattr(ec2, "RENDEZVOUS_TIMEOUT_S", 1)  # job.json carries it; 600 s on EC2
+    monkeypatch.setattr(ec2_request, "RENDEZVOUS_TIMEOUT_S", 1)  # job.json carries it; 600 s on EC2
     job, _ = submitted(instance="c5.2xlarge", nodes=2, max_run="30m")
     nodes = sorted(instances(job), key=lambda i: i["AmiLaunchIndex"])
     python = tmp_path / "python"

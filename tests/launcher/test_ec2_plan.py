@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.launcher import apimodel, bundle, catalog
 from distrain_cloud.launcher.api import plan_job
-from distrain_cloud.launcher.backends import ec2
-from distrain_cloud.launcher.bootstrap import EC2_REHEARSAL_SWITCHES
+from distrain_cloud.launcher.backends.ec2 import backend as ec2
+from distrain_cloud.launcher.backends.ec2 import request as ec2_request
+from distrain_cloud.launcher.backends.ec2.user_data import EC2_REHEARSAL_SWITCHES
 from distrain_cloud.launcher.cli import main
 from distrain_cloud.launcher.spec import load_spec
 
@@ -183,7 +184,7 @@ def test_user_data_stops_hard_first_verifies_the_bundle_and_hands_over_to_the_ag
     text = plan.request["UserData"]
     assert plan.bundle["sha256"] in text and "bundle hash mismatch" in text
     agent = lines[-2]
-    assert agent.startswith('"$PY" -m distrain_cloud.training.node_agent --job ')
+    assert agent.startswith('"$PY" -m distrain_cloud.launcher.backends.ec2.agent --job ')
     # job.json's bytes pinned as the bundle's are: the agent checks them before it trusts any of them.
     import hashlib
 
@@ -191,7 +192,8 @@ def test_user_data_stops_hard_first_verifies_the_bundle_and_hands_over_to_the_ag
     assert json.loads(plan.payload["job_json"]) == plan.configs["job.json"]
     assert f"/distrain-cloud/jobs/{plan.job_name}/job.json' --job-sha256 {pin} || fail " in agent
     assert lines[-1] == "$POWEROFF"  # whatever the agent did, the node ends
-    assert text.index("shutdown -h") < text.index("boot.py") < text.index("pip install") < text.index("node_agent")
+    order = [text.index(s) for s in ("shutdown -h", "boot.py", "pip install", "-m distrain_cloud.launcher")]
+    assert order == sorted(order)
     for switch in EC2_REHEARSAL_SWITCHES:
         assert "${" + switch + ":-" in text
 
@@ -225,10 +227,10 @@ def test_user_data_holds_no_secret_and_job_json_only_references(monkeypatch):
 
 def test_the_secret_check_fails_when_a_credential_would_travel(monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "fake-wandb-value-0123456789")
-    check = ec2._secret_free_check("echo fake-wandb-value-0123456789", {}, {"HF_TOKEN": HF_REF})
+    check = ec2_request.secret_free_check("echo fake-wandb-value-0123456789", {}, {"HF_TOKEN": HF_REF})
     assert check.ok is False and check.detail.startswith("WANDB_API_KEY would be sent")
     assert "fake-wandb-value" not in check.detail
-    assert ec2._secret_free_check(f"x {HF_REF}", {}, {"HF_TOKEN": HF_REF}).ok is False
+    assert ec2_request.secret_free_check(f"x {HF_REF}", {}, {"HF_TOKEN": HF_REF}).ok is False
 
 
 def test_user_data_stays_under_16_kb_and_a_bigger_one_fails_the_check(monkeypatch):
@@ -255,13 +257,12 @@ def test_the_client_token_is_stable_for_one_job_and_attempt():
     where = plan.payload["where"]
     again = ec2.BACKEND._place(plan, where)  # what preflight does: render the same job again
     assert again.request["ClientToken"] == plan.request["ClientToken"] == f"{plan.job_name}-a1"
-    assert ec2.client_token(plan.job_name, 1) == ec2.client_token(plan.job_name, 1)
-    tokens = {ec2.client_token(plan.job_name, a, z) for a in (1, 2) for z in (0, 1)}
+    assert ec2_request.client_token(plan.job_name, 1) == ec2_request.client_token(plan.job_name, 1)
+    tokens = {ec2_request.client_token(plan.job_name, a, z) for a in (1, 2) for z in (0, 1)}
     assert len(tokens) == 4  # another attempt or zone is another launch
     longest = "a" * 63
-    assert len(ec2.client_token(longest, 12, 3)) == 64 and ec2.client_token(longest, 12, 3) != ec2.client_token(
-        longest, 12, 4
-    )
+    token = ec2_request.client_token(longest, 12, 3)
+    assert len(token) == 64 and token != ec2_request.client_token(longest, 12, 4)
 
 
 # ---------------------------------------------------------------- refusals before any AWS call
@@ -427,6 +428,6 @@ def test_every_ec2_spec_that_plans_yields_a_request_the_api_accepts(monkeypatch,
     except UserError:
         return  # refused before anything was sent: the other half of the contract
     assert apimodel.problems("ec2", "RunInstances", encoded(plan.request)) == []
-    assert len(plan.request["UserData"].encode()) <= ec2.USER_DATA_LIMIT
+    assert len(plan.request["UserData"].encode()) <= ec2_request.USER_DATA_LIMIT
     assert len(plan.request["ClientToken"]) <= 64
     assert not plan.failed_checks or all(c.name.startswith("cost") for c in plan.failed_checks)

@@ -7,6 +7,8 @@ plan sends fits SageMaker's API model (lengths, ranges, patterns), which moto ne
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -56,6 +58,13 @@ FLAG_CASES = {
     "hub-revision after --": (["--", "--hub-revision", "x"], "give --hub-revision before `--`"),
     "hub-private after --": (["--", "--hub-private"], "before `--`, not after it (in a spec file: hub.private)"),
     "hyperparameter value over 2500": (["--", "--generate-prompt", "x" * 2600], "HyperParameters"),
+    # The backend is chosen, not guessed from the name, so a choice the instance contradicts is refused.
+    "backend against the instance": (
+        ["--backend", "ec2"],
+        "--backend ec2 cannot run --instance ml.g5.xlarge (a SageMaker type): give --instance g5.xlarge, "
+        "or drop --backend to run it on SageMaker",
+    ),
+    "unknown backend": (["--backend", "batch"], "backend (--backend): Input should be 'local', 'sagemaker' or 'ec2'"),
 }
 SPEC_CASES = {
     "bucket name": ("sagemaker:\n  bucket: My_Bucket\n", "sagemaker.bucket"),
@@ -76,6 +85,7 @@ SPEC_CASES = {
     "billion laughs": (BILLION_LAUGHS, "aliases expand it"),
     "recursive alias": ("a: &a [*a]\n", "refers to itself"),
     "a list, not a mapping": ("- a\n- b\n", "must be a mapping"),
+    "backend against the instance": ("backend: local\n", "--backend local cannot run --instance ml.g5.xlarge"),
 }
 
 
@@ -244,3 +254,20 @@ def test_dry_run_lists_the_bundle_files_and_a_big_file_needs_allow_large(capsys,
     assert end.value.code == 0
     listing = out[out.index("code bundle files:") :]
     assert "distrain_cloud/training/assets/big.bin" in listing and "4.0 KiB" in listing
+
+
+def test_the_backend_routes_the_job_and_one_the_instance_implies_is_not_recorded(aws_calls, capsys, tmp_path):
+    """`backend:` (or --backend) picks the backend; left out, the instance picks it as before, and a
+    backend the instance implies stays out of the recorded spec (job records and job.json read as before)."""
+    ec2 = ["submit", "--dry-run", "--json", "--instance", "g5.xlarge", "--region", "us-east-1"]
+    plans = []
+    for extra in (["--backend", "ec2"], [spec_file(tmp_path, "backend: ec2\n")]):
+        with pytest.raises(SystemExit) as end:
+            main(ec2 + extra + ["--", "--task", "causal-lm"])
+        assert end.value.code in (0, None)
+        plans.append(json.loads(capsys.readouterr().out))
+    for plan in plans:
+        assert plan["backend"] == "ec2" and "backend" not in plan["configs"]["job.json"]["spec"]
+    assert load_spec(None, {"instance": "ml.g5.xlarge"}).backend == "sagemaker"
+    assert load_spec(None, {}).backend == "local"
+    assert aws_calls == []

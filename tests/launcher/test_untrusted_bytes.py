@@ -107,7 +107,7 @@ def stack(mocked_aws, monkeypatch, job_records):
     import boto3
 
     from distrain_cloud.infra.stack import StackResources
-    from distrain_cloud.launcher.backends import ec2
+    from distrain_cloud.launcher.backends.ec2 import backend as ec2
 
     boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET)
     boto3.client("logs", region_name=REGION).create_log_group(logGroupName=LOG_GROUP)

@@ -1,4 +1,4 @@
-"""The EC2 node agent (training/node_agent.py) against moto in-process and fake metadata servers.
+"""The EC2 node agent (launcher/backends/ec2/agent/) against moto in-process and fake metadata servers.
 
 Agents run on threads here with a stand-in for the node launcher (a small script that prints
 steps, writes checkpoint files like the trainer and exits 143 on SIGTERM), so rendezvous, stops,
@@ -24,26 +24,25 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ is not a package
 from imds import FakeImds  # noqa: E402
 
-from distrain_cloud.training import node_agent  # noqa: E402
-from distrain_cloud.training.node_agent import (  # noqa: E402
-    Agent,
+from distrain_cloud.launcher.backends.ec2.agent import node as node_agent  # noqa: E402
+from distrain_cloud.launcher.backends.ec2.agent.checkpoints import (  # noqa: E402
     CheckpointSync,
-    Imds,
+    restore_checkpoint,
+    restore_compile_cache,
+)
+from distrain_cloud.launcher.backends.ec2.agent.imds import Imds  # noqa: E402
+from distrain_cloud.launcher.backends.ec2.agent.job import (  # noqa: E402
+    MAX_MESSAGE_BYTES,
     Job,
-    LogSink,
     NodeFailure,
     NodeIdentity,
     Settings,
-    Stop,
-    Store,
-    log_batches,
-    log_event,
-    outcome,
-    rendezvous,
-    restore_checkpoint,
-    restore_compile_cache,
-    unexplained_failure,
 )
+from distrain_cloud.launcher.backends.ec2.agent.logs import LogSink, log_batches, log_event  # noqa: E402
+from distrain_cloud.launcher.backends.ec2.agent.node import Agent, Stop, outcome, unexplained_failure  # noqa: E402
+from distrain_cloud.launcher.backends.ec2.agent.rendezvous import rendezvous  # noqa: E402
+from distrain_cloud.launcher.backends.ec2.agent.store import Store  # noqa: E402
+from distrain_cloud.launcher.backends.ec2.user_data import NODE_AGENT  # noqa: E402
 
 REGION = "us-east-1"
 BUCKET = "distrain-test-bucket"
@@ -443,7 +442,7 @@ def test_log_batches_respect_cloudwatch_limits_and_time_order():
     assert [len(b) for b in log_batches(events, max_events=10)] == [10, 10, 5]
     assert log_event("")["message"] == " "  # CloudWatch refuses empty messages
     huge = log_event("é" * 300_000)["message"]
-    assert len(huge.encode()) <= node_agent.MAX_MESSAGE_BYTES and huge.endswith("[line truncated]")
+    assert len(huge.encode()) <= MAX_MESSAGE_BYTES and huge.endswith("[line truncated]")
 
 
 @pytest.mark.parametrize(
@@ -983,7 +982,7 @@ def agent_process(env: dict[str, str], job_uri: str, job_sha256: str = "0" * 64)
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DISTRAIN_"))}
     return subprocess.run(
-        [sys.executable, "-m", "distrain_cloud.training.node_agent", "--job", job_uri, "--job-sha256", job_sha256],
+        [sys.executable, "-m", NODE_AGENT, "--job", job_uri, "--job-sha256", job_sha256],
         env={**base, **env},
         capture_output=True,
         text=True,

@@ -1,0 +1,52 @@
+"""Where an EC2 job's objects live in its bucket: the one key layout the launcher writes and reads
+and the node agent uses. It ships in the code bundle beside agent/ (stdlib only: it runs on the node).
+
+    <prefix>/code/<sha256>.tar.gz                       the bundle (launcher/bundle.py: bundle_key)
+    <prefix>/submitted/<job>.json                       the launcher's copy of job.json
+    <prefix>/jobs/<job>/job.json                        what every node reads (its sha256 is pinned)
+    <prefix>/jobs/<job>/launch.json                     a launch that failed after the upload
+    <prefix>/jobs/<job>/rendezvous/<reservation>/<i>.json   how the nodes meet
+    <prefix>/jobs/<job>/nodes/<rank>.json               each node's heartbeat, then its final record
+    <prefix>/jobs/<job>/stop                            the stop marker every node polls
+    <prefix>/jobs/<job>/model/, output/                 what training leaves (job.json names them)
+    <prefix>/checkpoints/<lineage>/                     shared by every attempt of a lineage
+
+`prefix` is the spec's key prefix with no slash at either end ("" for the bucket's root).
+"""
+
+from __future__ import annotations
+
+JOB_JSON = "job.json"
+LAUNCH = "launch.json"
+NODES = "nodes"
+STOP = "stop"
+RENDEZVOUS = "rendezvous"
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p.strip("/"))
+
+
+def jobs_folder(prefix: str) -> str:
+    """The folder that holds one folder per job, with its trailing slash."""
+    return _join(prefix, "jobs") + "/"
+
+
+def job_key(prefix: str, job: str, *parts: str) -> str:
+    """The key of jobs/<job>/<parts...> under `prefix` (the job's folder itself without parts)."""
+    return _join(prefix, "jobs", job, *parts)
+
+
+def node_record(prefix: str, job: str, rank: int) -> str:
+    return job_key(prefix, job, NODES, f"{rank}.json")
+
+
+def submitted_key(prefix: str, job: str) -> str:
+    """The launcher's copy of job `job`'s job.json: outside `jobs/<job>/`, which the job's own
+    role may write, so a job cannot rewrite what status, ls and resume trust."""
+    return _join(prefix, "submitted", f"{job}.json")
+
+
+def checkpoint_folder(prefix: str, lineage: str) -> str:
+    """A lineage's checkpoints, with its trailing slash: resumed attempts read what earlier ones wrote."""
+    return _join(prefix, "checkpoints", lineage) + "/"
