@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from clirun import run_cli
 
-from distrain_cloud.launcher import quotas
+from distrain_cloud.launcher import apimodel, quotas
 from distrain_cloud.launcher.spec import load_spec
 
 REGION = "us-east-1"
@@ -41,6 +41,32 @@ def _instances() -> int:
 
 
 @pytest.fixture
+def calls(monkeypatch):
+    import botocore.session
+    from test_ec2_lifecycle import Calls
+
+    seen = Calls()
+    real = botocore.session.Session.create_client
+
+    def create_client(self, *args, **kwargs):
+        client = real(self, *args, **kwargs)
+        client.meta.events.register("provide-client-params", seen)
+        return client
+
+    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+    return seen
+
+
+def _requests_pass_the_api_model(calls, operations: set[str]) -> None:
+    """Every request the quota checks sent is one the service's API model accepts."""
+    sent = [(op, params) for op, params in zip(calls.ops, calls.params, strict=True) if op in operations]
+    assert {op for op, _ in sent} == operations
+    for op, params in sent:
+        service, operation = op.split(".")
+        assert apimodel.problems(service, operation, params) == [], op
+
+
+@pytest.fixture
 def stack(mocked_aws, monkeypatch):
     from test_ec2_lifecycle import hand_made_stack
 
@@ -48,7 +74,7 @@ def stack(mocked_aws, monkeypatch):
 
 
 @pytest.mark.slow  # a plan through the CLI against moto
-def test_ec2_vcpus_already_running_count_against_the_quota(stack, stub_client, capsys):
+def test_ec2_vcpus_already_running_count_against_the_quota(stack, stub_client, capsys, calls):
     _run("g4dn.12xlarge", 2)  # 96 on-demand G vCPUs
     _run("g5.xlarge", 1, spot=True)  # 4 spot G vCPUs: the spot quota's, not the on-demand one's
     _run("p3.2xlarge", 1)  # 8 P vCPUs: another quota
@@ -71,6 +97,7 @@ def test_ec2_vcpus_already_running_count_against_the_quota(stack, stub_client, c
         "the Service Quotas console (quota L-DB2E81BA))"
     )
     assert _instances() == before
+    _requests_pass_the_api_model(calls, {"ec2.DescribeInstances", "service-quotas.GetServiceQuota"})
 
     # The spot quota counts the spot instances only: 4 in use + 48 <= 64.
     spot = quotas.ec2_vcpu_check(load_spec(None, {"instance": "g4dn.12xlarge", "spot": True}), REGION)
@@ -121,7 +148,7 @@ def _training_job(name: str, instance_type: str, count: int, *, spot: bool, role
 
 
 @pytest.mark.slow  # a plan through the CLI against moto
-def test_sagemaker_in_progress_jobs_on_the_type_count_against_the_quota(mocked_aws, stub_client, capsys):
+def test_sagemaker_in_progress_jobs_on_the_type_count_against_the_quota(mocked_aws, stub_client, capsys, calls):
     import boto3
 
     role = boto3.client("iam").create_role(
@@ -152,6 +179,9 @@ def test_sagemaker_in_progress_jobs_on_the_type_count_against_the_quota(mocked_a
         "2 in use by 1 in-progress job(s), 2 needed: 4 > 3; wait for those jobs, stop one (`distrain-cloud cancel "
         'JOB`) or request an increase to at least 4 for "ml.g5.12xlarge for training job usage" in the Service '
         "Quotas console)"
+    )
+    _requests_pass_the_api_model(
+        calls, {"sagemaker.ListTrainingJobs", "sagemaker.DescribeTrainingJob", "service-quotas.ListServiceQuotas"}
     )
     spot = quotas.sagemaker_instance_check(
         load_spec(None, {"instance": "ml.g5.12xlarge", "nodes": 2, "spot": True}), REGION
