@@ -66,8 +66,8 @@ FLAGS = {
     "wandb.entity": "--wandb-entity",
     "wandb.run_name": "--run-name",
 }
-# The warm pool bound SageMaker's API reference gives for KeepAlivePeriodInSeconds. botocore
-# 1.44's model allows 21600 (6 h): raise this once AWS documents the longer bound.
+# The warm pool bound SageMaker's developer guide (train-warm-pools) and API reference give for
+# KeepAlivePeriodInSeconds. botocore 1.44's model allows 21600 (6 h): raise this once AWS documents it.
 KEEP_ALIVE_MAX_S = 3600
 MAX_SPEC_BYTES = 1 << 20  # a job spec is a page of YAML; anything near this is a mistake
 MAX_SPEC_NODES = 100_000  # YAML aliases may not expand a spec past this ("billion laughs")
