@@ -160,13 +160,56 @@ def sagemaker_instance_check(spec: JobSpec, region: str) -> Check:
     return Check(name, ok, detail)
 
 
-def _sagemaker_quota(region: str, console: str) -> float | None:
+def sagemaker_checks(spec: JobSpec, region: str) -> list[Check]:
+    """The SageMaker preflight's quota checks: the instance quota, and with --keep-alive the
+    warm pool's."""
+    checks = [sagemaker_instance_check(spec, region)]
+    if spec.sagemaker.keep_alive:
+        checks.append(sagemaker_warm_pool_check(spec, region))
+    return checks
+
+
+def sagemaker_warm_pool_check(spec: JobSpec, region: str) -> Check:
+    """Advisory: SageMaker keeps a warm pool only within the account's warm pool quota for the
+    type (0 until raised), and otherwise runs the job and keeps nothing; so a short quota is
+    said, not refused (it costs nothing)."""
+    from distrain_cloud.infra import aws
+
+    name = f"warm pool quota: {spec.instance}"
+    try:
+        found = _sagemaker_quota(region, None, warm_pool_of=spec.instance)
+    except Exception as e:
+        return Check(name, None, f"not checked ({aws.error_code(e) or type(e).__name__})")
+    if found is None:
+        return Check(name, None, "Service Quotas listed no warm pool quota for it")
+    console, limit = found
+    if limit >= spec.nodes:
+        return Check(name, True, f"{console}: {limit:g} allowed, {spec.nodes} needed")
+    return Check(
+        name,
+        None,
+        f"{console}: {limit:g} allowed, {spec.nodes} needed: the job runs but SageMaker keeps no warm pool after it; "
+        f"request an increase in the Service Quotas console, or drop --keep-alive",
+    )
+
+
+def _sagemaker_quota(region: str, console: str | None, *, warm_pool_of: str = "") -> Any:
+    """The value of SageMaker quota `console`; or, with `warm_pool_of`, (name, value) of the warm
+    pool quota of that instance type (its name holds the type and "warm pool"). None: not listed."""
     from distrain_cloud.infra import aws
 
     quotas = aws.client("service-quotas", region, max_attempts=2)
     for page in quotas.get_paginator("list_service_quotas").paginate(ServiceCode="sagemaker"):
         for q in _list(page.get("Quotas")):
-            if isinstance(q, dict) and q.get("QuotaName") == console:
+            if not isinstance(q, dict) or not isinstance(q.get("QuotaName"), str):
+                continue
+            quota_name = q["QuotaName"]
+            if warm_pool_of:
+                words = quota_name.lower().split()
+                if warm_pool_of in words and "warm" in words and "pool" in words:
+                    value = _number(q.get("Value"))
+                    return None if value is None else (quota_name[:200], value)
+            elif quota_name == console:
                 return _number(q.get("Value"))
     return None
 

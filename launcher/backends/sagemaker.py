@@ -241,7 +241,7 @@ class SageMakerBackend:
         checks = placed.checks
         refuse_api_problems(placed.request)  # the looked-up parts too (a previous job's checkpoint URI)
         checks.append(cloud.bucket_check(placed.payload["bucket"], region, named_by_user=bool(spec.sagemaker.bucket)))
-        checks.append(quotas.sagemaker_instance_check(spec, region))  # counts in-progress jobs
+        checks += quotas.sagemaker_checks(spec, region)  # counts in-progress jobs; --keep-alive's warm pool
         return dataclasses.replace(placed, checks=checks)
 
     def _request(

@@ -188,3 +188,25 @@ def test_sagemaker_in_progress_jobs_on_the_type_count_against_the_quota(mocked_a
     )
     assert (spot.name, spot.ok) == ("quota: ml.g5.12xlarge for spot training job usage", True)
     assert spot.detail == "4 allowed, 1 in use by 1 in-progress job(s), 2 needed"
+
+
+def test_a_warm_pool_beyond_its_quota_is_said_not_refused(stub_client):
+    stub = stub_client("service-quotas", REGION)
+    page = {
+        "Quotas": [
+            {"QuotaName": "ml.g5.12xlarge for training job usage", "Value": 4.0},
+            {"QuotaName": "ml.g5.12xlarge for training warm pool usage", "Value": 0.0},  # AWS's default
+            {"QuotaName": "ml.g5.2xlarge for training warm pool usage", "Value": 8.0},
+        ]
+    }
+    stub.add_response("list_service_quotas", page, {"ServiceCode": "sagemaker"})
+    spec = load_spec(None, {"instance": "ml.g5.12xlarge", "nodes": 2, "sagemaker.keep_alive": "30m"})
+    check = quotas.sagemaker_warm_pool_check(spec, REGION)
+    assert (check.name, check.ok) == ("warm pool quota: ml.g5.12xlarge", None)  # the job runs; no pool is kept
+    assert check.detail.startswith(
+        "ml.g5.12xlarge for training warm pool usage: 0 allowed, 2 needed: the job runs but SageMaker keeps no "
+        "warm pool after it; request an increase"
+    )
+    stub.add_response("list_service_quotas", page, {"ServiceCode": "sagemaker"})
+    spec = load_spec(None, {"instance": "ml.g5.2xlarge", "sagemaker.keep_alive": 600})
+    assert quotas.sagemaker_warm_pool_check(spec, REGION).ok is True
