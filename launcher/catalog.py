@@ -4,9 +4,9 @@ Torch-free and boto3-free on purpose: the CLI renders plans, cost estimates and 
 `distrain-cloud instances` listing from this table without touching AWS.
 
 Where the figures come from, how old they are and how to update them: docs/catalog.md.
-Prices are public on-demand list prices recalled as of PRICES_AS_OF; they drift, differ
-per account (savings plans, private pricing) and must be checked before anyone budgets
-with them.
+Prices are the on-demand list prices of the snapshot launcher/data/prices.json (its date is
+PRICES_AS_OF; `python -m distrain_cloud.launcher.pricelist` regenerates it from the AWS Price
+List); they drift and differ per account (savings plans, private pricing).
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 
 from distrain_cloud.infra.errors import UserError
 
-PRICES_AS_OF = "2025-07"
+from .pricing import load_snapshot
+
+_SNAPSHOT = load_snapshot()
+PRICES_AS_OF: str = _SNAPSHOT.as_of
+PRICES: dict[str, dict[str, float]] = _SNAPSHOT.prices
+PRICES_UNVERIFIED: dict[str, dict[str, str]] = _SNAPSHOT.unverified
+
 PRICE_REGIONS = ("us-east-1", "us-west-2", "eu-west-1")
 
 # NVIDIA compute capability per GPU model (developer.nvidia.com/cuda-gpus).
@@ -66,32 +72,30 @@ class InstanceType:
 
 
 # One row per instance shape; it yields the SageMaker type (ml.<name>) and the EC2 type
-# (<name>) with the same hardware and their own prices. Prices are USD per hour, on-demand,
-# Linux, in PRICE_REGIONS order: (us-east-1, us-west-2, eu-west-1). docs/catalog.md says
-# which figures are recalled list prices and which are estimates.
+# (<name>) with the same hardware. Their prices come from the snapshot (launcher/pricing.py).
 _ROWS = (
-    # name           vCPU  mem GiB GPUs  GPU     GPU GiB  EFA    SageMaker $/h                 EC2 $/h
-    ("p3.2xlarge", 8, 61, 1, "V100", 16, False, (3.825, 3.825, 4.284), (3.06, 3.06, 3.305)),
-    ("p3.8xlarge", 32, 244, 4, "V100", 16, False, (14.688, 14.688, 16.451), (12.24, 12.24, 13.22)),
-    ("p3.16xlarge", 64, 488, 8, "V100", 16, False, (28.152, 28.152, 31.53), (24.48, 24.48, 26.44)),
-    ("p3dn.24xlarge", 96, 768, 8, "V100", 32, True, (35.894, 35.894, 40.2), (31.212, 31.212, 33.71)),
-    ("g4dn.xlarge", 4, 16, 1, "T4", 16, False, (0.736, 0.736, 0.824), (0.526, 0.526, 0.587)),
-    ("g4dn.12xlarge", 48, 192, 4, "T4", 16, True, (4.89, 4.89, 5.477), (3.912, 3.912, 4.362)),
-    ("g5.xlarge", 4, 16, 1, "A10G", 24, False, (1.408, 1.408, 1.577), (1.006, 1.006, 1.123)),
-    ("g5.2xlarge", 8, 32, 1, "A10G", 24, False, (1.515, 1.515, 1.697), (1.212, 1.212, 1.353)),
-    ("g5.12xlarge", 48, 192, 4, "A10G", 24, True, (7.09, 7.09, 7.941), (5.672, 5.672, 6.332)),
-    ("g5.48xlarge", 192, 768, 8, "A10G", 24, True, (20.36, 20.36, 22.803), (16.288, 16.288, 18.184)),
-    ("g6.xlarge", 4, 16, 1, "L4", 24, False, (1.1267, 1.1267, 1.262), (0.8048, 0.8048, 0.898)),
-    ("g6.12xlarge", 48, 192, 4, "L4", 24, True, (6.4422, 6.4422, 7.215), (4.6016, 4.6016, 5.135)),
-    ("g6.48xlarge", 192, 768, 8, "L4", 24, True, (18.6906, 18.6906, 20.933), (13.3504, 13.3504, 14.899)),
-    ("g6e.xlarge", 4, 32, 1, "L40S", 48, False, (2.6054, 2.6054, 2.918), (1.861, 1.861, 2.077)),
-    ("g6e.12xlarge", 48, 384, 4, "L40S", 48, True, (14.6902, 14.6902, 16.453), (10.493, 10.493, 11.71)),
-    ("g6e.48xlarge", 192, 1536, 8, "L40S", 48, True, (42.1834, 42.1834, 47.245), (30.131, 30.131, 33.63)),
-    ("p4d.24xlarge", 96, 1152, 8, "A100", 40, True, (37.688, 37.688, 42.211), (21.958, 21.958, 23.72)),
-    ("p4de.24xlarge", 96, 1152, 8, "A100", 80, True, (47.11, 47.11, 52.763), (27.447, 27.447, 29.64)),
-    ("p5.48xlarge", 192, 2048, 8, "H100", 80, True, (113.068, 113.068, 126.636), (55.04, 55.04, 59.44)),
-    ("m5.xlarge", 4, 16, 0, None, 0, False, (0.23, 0.23, 0.258), (0.192, 0.192, 0.214)),
-    ("c5.2xlarge", 8, 16, 0, None, 0, False, (0.408, 0.408, 0.457), (0.34, 0.34, 0.384)),
+    # name           vCPU  mem GiB GPUs  GPU     GPU GiB  EFA
+    ("p3.2xlarge", 8, 61, 1, "V100", 16, False),
+    ("p3.8xlarge", 32, 244, 4, "V100", 16, False),
+    ("p3.16xlarge", 64, 488, 8, "V100", 16, False),
+    ("p3dn.24xlarge", 96, 768, 8, "V100", 32, True),
+    ("g4dn.xlarge", 4, 16, 1, "T4", 16, False),
+    ("g4dn.12xlarge", 48, 192, 4, "T4", 16, True),
+    ("g5.xlarge", 4, 16, 1, "A10G", 24, False),
+    ("g5.2xlarge", 8, 32, 1, "A10G", 24, False),
+    ("g5.12xlarge", 48, 192, 4, "A10G", 24, True),
+    ("g5.48xlarge", 192, 768, 8, "A10G", 24, True),
+    ("g6.xlarge", 4, 16, 1, "L4", 24, False),
+    ("g6.12xlarge", 48, 192, 4, "L4", 24, True),
+    ("g6.48xlarge", 192, 768, 8, "L4", 24, True),
+    ("g6e.xlarge", 4, 32, 1, "L40S", 48, False),
+    ("g6e.12xlarge", 48, 384, 4, "L40S", 48, True),
+    ("g6e.48xlarge", 192, 1536, 8, "L40S", 48, True),
+    ("p4d.24xlarge", 96, 1152, 8, "A100", 40, True),
+    ("p4de.24xlarge", 96, 1152, 8, "A100", 80, True),
+    ("p5.48xlarge", 192, 2048, 8, "H100", 80, True),
+    ("m5.xlarge", 4, 16, 0, None, 0, False),
+    ("c5.2xlarge", 8, 16, 0, None, 0, False),
 )
 
 
@@ -177,8 +181,8 @@ def _fits(gpu: str) -> str:
 
 def _build() -> dict[str, InstanceType]:
     table: dict[str, InstanceType] = {}
-    for name, vcpus, mem, gpus, gpu, gpu_gib, efa, sm_prices, ec2_prices in _ROWS:
-        for full_name, prices in ((f"ml.{name}", sm_prices), (name, ec2_prices)):
+    for name, vcpus, mem, gpus, gpu, gpu_gib, efa in _ROWS:
+        for full_name in (f"ml.{name}", name):
             table[full_name] = InstanceType(
                 name=full_name,
                 vcpus=vcpus,
@@ -188,7 +192,7 @@ def _build() -> dict[str, InstanceType]:
                 compute_capability=GPU_COMPUTE_CAPABILITY[gpu] if gpu else None,
                 gpu_memory_gib=gpu_gib,
                 efa=efa,
-                hourly_usd=dict(zip(PRICE_REGIONS, prices, strict=True)),
+                hourly_usd=dict(PRICES.get(full_name, {})),
             )
     return table
 

@@ -130,6 +130,12 @@ def submit(
     ] = None,
     input_: Annotated[list[str] | None, typer.Option("--input", help="CHANNEL=S3-URI-or-path; repeatable")] = None,
     image_uri: Annotated[str | None, typer.Option("--image-uri", help="SageMaker: explicit training image")] = None,
+    keep_alive: Annotated[
+        str | None,
+        typer.Option(
+            "--keep-alive", help="SageMaker: keep the instances warm this long after the job (at most 1h), billed"
+        ),
+    ] = None,
     role: Annotated[
         str | None, typer.Option("--role", help="SageMaker: execution role name or ARN (default: the job's own)")
     ] = None,
@@ -183,6 +189,7 @@ def submit(
         "wandb.entity": wandb_entity,
         "wandb.run_name": run_name,
         "sagemaker.image_uri": image_uri,
+        "sagemaker.keep_alive": keep_alive,
         "sagemaker.role": role,
         "train_args": list(_TRAIN_ARGS) or None,
     }
@@ -471,7 +478,7 @@ def instances(
     as_json: Json = False,
 ) -> None:
     """The instance catalog: GPUs, memory, price (--fit JOB.yaml: which types fit that job)."""
-    from .catalog import all_instances
+    from .catalog import PRICES_AS_OF, all_instances
 
     if fit is not None:
         from .memory import fit_table, render_fit_table
@@ -496,7 +503,7 @@ def instances(
         price = i.hourly_usd.get("us-east-1")
         typer.echo(
             f"{i.name:22} {i.gpus} x {i.gpu_model:5} {i.gpu_memory_gib:4} GiB  "
-            f"cc {i.compute_capability_str}  ${price if price else '?'}/h (us-east-1)"
+            f"cc {i.compute_capability_str}  ${price if price else '?'}/h (us-east-1, list price as of {PRICES_AS_OF})"
         )
 
 
@@ -505,7 +512,7 @@ def _notice_default_limit(spec: JobSpec, plan: Plan) -> None:
     if plan.backend == "local" or "max_run" in spec.model_fields_set:
         return
     worst = (plan.cost or {}).get("worst_case_usd")
-    cost = f" (worst case ${worst:.2f})" if worst is not None else ""
+    cost = f" (worst case ${worst:.2f}, {plan.cost['basis']})" if plan.cost and worst is not None else ""
     hours = spec.max_run / 3600
     print(f"note: no --max-run given: the job may run {hours:g} h{cost}; set --max-run, e.g. 2h", file=sys.stderr)
 
@@ -513,7 +520,8 @@ def _notice_default_limit(spec: JobSpec, plan: Plan) -> None:
 def _confirm(plan: Plan) -> None:
     """Paid work starts only on a yes: --yes, or an answer at the terminal."""
     worst = (plan.cost or {}).get("worst_case_usd")
-    what = f"{plan.job_name} on {plan.summary.get('instance')}" + (f", worst case ${worst:.2f}" if worst else "")
+    basis = f" ({plan.cost['basis']})" if plan.cost and worst else ""
+    what = f"{plan.job_name} on {plan.summary.get('instance')}" + (f", worst case ${worst:.2f}{basis}" if worst else "")
     if not sys.stdin.isatty():
         raise UserError(f"submitting {what} costs money: add --yes to submit without a terminal to confirm")
     if not typer.confirm(f"Submit {what}?", default=False, err=True):

@@ -67,6 +67,7 @@ FLAGS = {
     "secrets": "--secret",
     "sagemaker.role": "--role",
     "sagemaker.image_uri": "--image-uri",
+    "sagemaker.keep_alive": "--keep-alive",
     "local.processes": "--processes",
     "hub.repo_id": "--push-to-hub",
     "hub.revision": "--hub-revision",
@@ -75,6 +76,9 @@ FLAGS = {
     "wandb.entity": "--wandb-entity",
     "wandb.run_name": "--run-name",
 }
+# The warm pool bound SageMaker's developer guide (train-warm-pools) and API reference give for
+# KeepAlivePeriodInSeconds. botocore 1.44's model allows 21600 (6 h): raise this once AWS documents it.
+KEEP_ALIVE_MAX_S = 3600
 MAX_SPEC_BYTES = 1 << 20  # a job spec is a page of YAML; anything near this is a mistake
 MAX_SPEC_NODES = 100_000  # YAML aliases may not expand a spec past this ("billion laughs")
 # Flags the spec owns at the top level; setting them as hyperparameters would fork the truth.
@@ -194,6 +198,26 @@ class SageMakerSpec(_Section):
     subnets: list[str] = Field(default_factory=list)
     security_group_ids: list[str] = Field(default_factory=list)
     tags: dict[str, str] = Field(default_factory=dict)
+    keep_alive: int | None = Field(
+        None,
+        description="warm pool: keep the instances this long after the job ends (at most 1h, "
+        "ResourceConfig.KeepAlivePeriodInSeconds) so the next job of the same instance settings starts at once; "
+        "billed at the instance price meanwhile",
+    )
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _keep_alive_duration(cls, v: str | int | float | None) -> int | None:
+        return None if v is None else parse_duration(v)
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v <= KEEP_ALIVE_MAX_S:
+            raise ValueError(
+                f"{v} s: SageMaker keeps a warm pool at most {KEEP_ALIVE_MAX_S} s (1h); give e.g. 30m, or 0 for none"
+            )
+        return v or None  # 0: no warm pool
 
     @field_validator("role")
     @classmethod
@@ -495,6 +519,15 @@ class JobSpec(BaseModel):
         if data.get("backend") == inferred_backend(self.instance):
             data.pop("backend")
         return data
+
+    @model_validator(mode="after")
+    def _keep_alive_on_sagemaker(self) -> JobSpec:
+        if self.sagemaker.keep_alive and not self.instance.startswith("ml."):
+            raise ValueError(
+                f"--keep-alive keeps a SageMaker warm pool; {self.instance} is not a SageMaker (ml.*) instance: "
+                "drop --keep-alive"
+            )
+        return self
 
     @model_validator(mode="after")
     def _spot_wait(self) -> JobSpec:

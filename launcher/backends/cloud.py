@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from ..logs import LogLine
     from ..spec import JobSpec
 
-SPOT_PRICE_RANGE = (0.3, 0.7)  # typical spot price as a fraction of on-demand; never above 1.0
 ASSUMED_REGION = "us-east-1"
 
 
@@ -126,32 +125,22 @@ def plan_region(explicit: str | None) -> tuple[str, Check]:
         return ASSUMED_REGION, Check("region", None, f"{why}; assumed {ASSUMED_REGION} (pass --region)")
 
 
-def estimate_cost(instance: InstanceType, region: str, nodes: int, max_run: int, spot: bool) -> dict[str, Any]:
-    """The worst case (every node for the whole of max_run at the list price), and the spot range."""
-    from ..catalog import hourly_price
+def estimate_cost(
+    instance: InstanceType, region: str, nodes: int, max_run: int, spot: bool, *, keep_alive: int = 0
+) -> dict[str, Any]:
+    """The worst case (every node for the whole of max_run at the snapshot's list price; pricing.py)."""
+    from .. import pricing
 
-    price = hourly_price(instance, region)
-    if price is None:
-        return {"hourly_usd": None, "note": f"no list price for {instance.name} in {region}"}
-    hours = max_run / 3600
-    worst = round(nodes * price * hours, 2)
-    cost: dict[str, Any] = {
-        "hourly_usd": round(nodes * price, 2),
-        "max_run_hours": round(hours, 2),
-        "worst_case_usd": worst,
-    }
-    if spot:
-        lo, hi = SPOT_PRICE_RANGE
-        cost["spot_typical_usd"] = f"{worst * lo:.2f}-{worst * hi:.2f}"
-    return cost
+    note = "" if not spot else "the current spot price is read at submit (or --dry-run --check)"
+    if spot and instance.sagemaker:
+        note = "SageMaker publishes no current managed-spot price: the worst case is on-demand"
+    return pricing.estimate(instance, region, nodes, max_run, spot, keep_alive=keep_alive, spot_note=note)
 
 
 def budget_check(max_cost: float, cost: dict[str, Any], nodes: int) -> Check:
-    name = f"cost <= --max-cost {max_cost}"
-    worst = cost.get("worst_case_usd")
-    if worst is None:
-        return Check(name, False, "no price known to compare")
-    return Check(name, worst <= max_cost, f"worst case ${worst} ({nodes} node(s) x max_run)")
+    from .. import pricing
+
+    return pricing.budget_check(max_cost, cost, nodes)
 
 
 def refuse_api_problems(

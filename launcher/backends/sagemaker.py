@@ -22,10 +22,12 @@ from distrain_cloud.infra.resources import default_bucket
 from distrain_cloud.training.args import argv_to_hyperparameters
 from distrain_cloud.training.contract import SAGEMAKER_CHECKPOINT_DIR
 
+from .. import quotas
 from ..bootstrap import sagemaker_entrypoint
 from ..jobs import JobRef
 from ..lease import launched as lineage_launched
 from ..plan import Check, Plan, refuse_failed_checks
+from ..pricing import warm_pool
 from ..tracking import tracking_env, wandb_run
 from . import cloud, wait_for
 
@@ -129,7 +131,9 @@ class SageMakerBackend:
             )
         )
         checks.append(Check("image runs on the GPU", True, image.reason))
-        cost = cloud.estimate_cost(instance, region, spec.nodes, spec.max_run, spec.spot)
+        cost = cloud.estimate_cost(
+            instance, region, spec.nodes, spec.max_run, spec.spot, keep_alive=spec.sagemaker.keep_alive or 0
+        )
         if spec.max_cost is not None:
             checks.append(cloud.budget_check(spec.max_cost, cost, spec.nodes))
         checks.append(training.fit)
@@ -146,6 +150,7 @@ class SageMakerBackend:
                 "image": image.uri,
                 "image_reason": image.reason,
                 "spot": spec.spot,
+                **({"keep_alive": warm_pool(spec, cost)} if spec.sagemaker.keep_alive else {}),
             },
             request={},
             configs=configs,
@@ -236,7 +241,7 @@ class SageMakerBackend:
         checks = placed.checks
         refuse_api_problems(placed.request)  # the looked-up parts too (a previous job's checkpoint URI)
         checks.append(cloud.bucket_check(placed.payload["bucket"], region, named_by_user=bool(spec.sagemaker.bucket)))
-        checks.append(self._quota_check(spec, region))
+        checks += quotas.sagemaker_checks(spec, region)  # counts in-progress jobs; --keep-alive's warm pool
         return dataclasses.replace(placed, checks=checks)
 
     def _request(
@@ -315,6 +320,7 @@ class SageMakerBackend:
                 "InstanceType": spec.instance,
                 "InstanceCount": spec.nodes,
                 "VolumeSizeInGB": spec.sagemaker.volume_size_gb,
+                **({"KeepAlivePeriodInSeconds": spec.sagemaker.keep_alive} if spec.sagemaker.keep_alive else {}),
             },
             "StoppingCondition": stopping,
             "EnableManagedSpotTraining": spec.spot,
@@ -328,21 +334,6 @@ class SageMakerBackend:
                 "SecurityGroupIds": spec.sagemaker.security_group_ids,
             }
         return request
-
-    def _quota_check(self, spec: JobSpec, region: str) -> Check:
-        from distrain_cloud.infra import aws
-
-        name = f"{spec.instance} for {'spot ' if spec.spot else ''}training job usage"
-        try:
-            quotas = aws.client("service-quotas", region, max_attempts=2)
-            for page in quotas.get_paginator("list_service_quotas").paginate(ServiceCode="sagemaker"):
-                for q in page.get("Quotas", []):
-                    if q.get("QuotaName") == name:
-                        value = int(q.get("Value", 0))
-                        return Check(f"quota: {name}", value >= spec.nodes, f"{value} allowed, {spec.nodes} needed")
-        except Exception as e:  # no permission or not answered: say so, don't block
-            return Check(f"quota: {name}", None, f"not checked ({type(e).__name__})")
-        return Check(f"quota: {name}", None, "Service Quotas did not list it")
 
     # ------------------------------------------------------------------ act
 
@@ -591,6 +582,7 @@ REQUEST_SOURCES = (
     ("ResourceConfig.InstanceType", "--instance"),
     ("ResourceConfig.InstanceCount", "--nodes"),
     ("ResourceConfig.VolumeSizeInGB", "sagemaker.volume_size_gb"),
+    ("ResourceConfig.KeepAlivePeriodInSeconds", "--keep-alive"),
     ("StoppingCondition.MaxRuntimeInSeconds", "--max-run"),
     ("StoppingCondition.MaxWaitTimeInSeconds", "--max-wait"),
     ("VpcConfig", "sagemaker.subnets / sagemaker.security_group_ids"),

@@ -131,7 +131,8 @@ def test_submit_the_example_then_status_ls_logs_and_cancel(cli, moto_server, env
     assert not [c for c in plan["checks"] if c["ok"] is False]
     checks = {c["name"]: (c["ok"], c["detail"]) for c in plan["checks"]}
     assert checks["role exists and trusts SageMaker"] == (True, role)
-    assert checks["quota: ml.p3.8xlarge for spot training job usage"] == (True, "2 allowed, 1 needed")
+    quota = checks["quota: ml.p3.8xlarge for spot training job usage"]  # no job in progress before this one
+    assert quota == (True, "2 allowed, 0 in use by 0 in-progress job(s), 1 needed")
     assert checks["bucket exists"][0] is True and checks["request fits the SageMaker API model"][0] is True
     assert (
         plan["request"]["StoppingCondition"]["MaxWaitTimeInSeconds"]

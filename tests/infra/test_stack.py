@@ -140,6 +140,9 @@ def test_template_terminate_and_tag_only_stack_instances():
         "StringEquals": {"aws:RequestTag/distrain-cloud:stack": {"Ref": "AWS::StackName"}}
     }
     assert launcher["TagAtLaunch"]["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
+    # What the plan's price and quota checks read (launcher/pricing.py, launcher/quotas.py): read-only.
+    assert "ec2:DescribeSpotPriceHistory" in launcher["DescribeEc2"]["Action"]
+    assert launcher["ReadQuotas"]["Action"] == ["servicequotas:GetServiceQuota", "servicequotas:ListServiceQuotas"]
     # Job roles: made only under the stack's path and only with its boundary; passed only to EC2/SageMaker.
     on_path = {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:role/distrain-cloud/${AWS::StackName}/*"}
     iam = {s["Sid"] for s in launcher.values() if any(a.startswith("iam:") for a in _actions(s))}

@@ -37,7 +37,8 @@ def test_a_cloud_job_on_the_default_limit_gets_a_cost_notice(cli, tmp_path):
     r = cli(*CLOUD_DRY_RUN, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines() == [
-        "note: no --max-run given: the job may run 24 h (worst case $33.79); set --max-run, e.g. 2h"
+        "note: no --max-run given: the job may run 24 h (worst case $33.79, AWS list price as of 2025-07, recalled, "
+        "not read from the Price List); set --max-run, e.g. 2h"
     ]
     chosen = cli(*CLOUD_DRY_RUN, "--max-run", "2h", cwd=tmp_path)
     assert chosen.returncode == 0 and chosen.stderr == ""

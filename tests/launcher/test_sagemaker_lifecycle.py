@@ -261,9 +261,12 @@ def test_a_paid_submit_without_a_terminal_needs_yes_and_says_what_it_would_cost(
     code, out, err = run_cli(capsys, "submit", "--instance", "ml.p3.8xlarge", "--role", role, "--region", REGION)
     assert code == 2 and out == ""
     note, error = err.strip().splitlines()
-    assert note == "note: no --max-run given: the job may run 24 h (worst case $352.51); set --max-run, e.g. 2h"
+    basis = "AWS list price as of 2025-07, recalled, not read from the Price List"  # every cost line says the date
+    assert note == (
+        f"note: no --max-run given: the job may run 24 h (worst case $352.51, {basis}); set --max-run, e.g. 2h"
+    )
     assert error.startswith("error: submitting distrain-") and error.endswith(
-        "worst case $352.51 costs money: add --yes to submit without a terminal to confirm"
+        f"worst case $352.51 ({basis}) costs money: add --yes to submit without a terminal to confirm"
     )
     nothing_created()
 
@@ -376,9 +379,9 @@ def test_a_spot_job_is_checked_against_the_spot_quota(role, stub_client):
         stub.add_response("list_service_quotas", page, {"ServiceCode": "sagemaker"})
 
     spot = plan_job(spec(role, instance="ml.g5.12xlarge", nodes=2, spot=True))
-    assert [(c.name, c.detail) for c in spot.failed_checks] == [
-        ("quota: ml.g5.12xlarge for spot training job usage", "1 allowed, 2 needed")
-    ]
+    ((name, detail),) = [(c.name, c.detail) for c in spot.failed_checks]
+    assert name == "quota: ml.g5.12xlarge for spot training job usage"
+    assert detail.startswith("1 allowed, 0 in use by 0 in-progress job(s), 2 needed: 2 > 1;")
     on_demand = plan_job(spec(role, instance="ml.g5.12xlarge", nodes=2))
     assert [c.ok for c in on_demand.checks if c.name.startswith("quota:")] == [True]
 

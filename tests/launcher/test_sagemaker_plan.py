@@ -244,7 +244,7 @@ def test_spot_sets_managed_spot_and_a_max_wait_beyond_max_run(offline):
         "LocalPath": "/opt/ml/checkpoints",
     }
     assert {"Key": "distrain-cloud:lineage", "Value": plan.job_name} in r["Tags"]
-    assert "spot_typical_usd" in plan.cost
+    assert "no current managed-spot price" in plan.cost["spot"]  # not a made-up band
 
 
 def test_explicit_max_wait_is_sent(offline):
@@ -559,3 +559,54 @@ def test_a_malformed_secret_flag_never_echoes_what_was_pasted(cli, tmp_path):
     assert r.returncode != 0
     assert "--secret expects NAME=VALUE" in r.stderr
     assert "pastedtokenvalue" not in r.stderr + r.stdout
+
+
+# ---------------------------------------------------------------------- warm pools (--keep-alive)
+
+
+@pytest.mark.slow  # a plan with its code bundle, through the CLI
+def test_keep_alive_keeps_a_warm_pool_and_the_plan_shows_what_it_costs(offline, capsys):
+    from clirun import run_cli
+
+    code, out, err = run_cli(
+        capsys, "submit", "--instance", "ml.g5.12xlarge", "--nodes", "2", "--keep-alive", "30m", "--role", ROLE,
+        "--region", "us-east-1", "--max-run", "2h", "--dry-run", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["request"]["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 1800
+    assert apimodel.problems("sagemaker", "CreateTrainingJob", plan["request"]) == []
+    # 2 nodes x $7.09/h for 2 h, then 2 x $7.09/h for the half hour they stay warm
+    assert plan["cost"]["keep_alive_usd"] == 7.09 and plan["cost"]["worst_case_usd"] == 35.45
+    assert plan["summary"]["keep_alive"].startswith(
+        "1800 s after the job ends, 2 x ml.g5.12xlarge stay warm for the next job of the same instance settings "
+        "($7.09 if no job reuses it, AWS list price as of"
+    )
+    # The field is checked against the API model like the rest of the request.
+    wrong = json.loads(json.dumps(plan["request"]))
+    wrong["ResourceConfig"]["KeepAlivePeriodInSeconds"] = -1
+    assert apimodel.problems("sagemaker", "CreateTrainingJob", wrong) == [
+        ("ResourceConfig.KeepAlivePeriodInSeconds", "-1 is below the minimum 0")
+    ]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--instance", "ml.g5.xlarge", "--keep-alive", "2h"],
+            "error: the command line: sagemaker.keep_alive (--keep-alive): 7200 s: SageMaker keeps a warm pool at "
+            "most 3600 s (1h); give e.g. 30m, or 0 for none",
+        ),
+        (
+            ["--instance", "g5.xlarge", "--keep-alive", "20m"],
+            "error: the command line: --keep-alive keeps a SageMaker warm pool; g5.xlarge is not a SageMaker (ml.*) "
+            "instance: drop --keep-alive",
+        ),
+    ],
+)
+def test_keep_alive_beyond_an_hour_or_off_sagemaker_is_refused_in_one_line(offline, capsys, flags, message):
+    from clirun import run_cli
+
+    code, out, err = run_cli(capsys, "submit", *flags, "--region", "us-east-1", "--dry-run")
+    assert code == 2 and out == "" and err.strip().splitlines() == [message]

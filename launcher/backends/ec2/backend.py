@@ -32,6 +32,7 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.stack import ALIVE_STATES
 from distrain_cloud.training.strategies import AUTO, parse_strategy
 
+from ... import pricing, quotas
 from ...jobs import JobRef
 from ...lease import launched as lineage_launched
 from ...plan import Check, Plan, refuse_failed_checks
@@ -80,15 +81,6 @@ CANCEL_POLL_S = 3
 # A cluster placement group is one zone's capacity, launched all or nothing: past this many
 # nodes such a launch rarely finds room (our choice, not an AWS limit; docs/ec2.md).
 PLACEMENT_GROUP_MAX_NODES = 16
-# Service Quotas codes of EC2's vCPU quotas: (instance class, spot) -> code.
-VCPU_QUOTAS = {
-    ("G and VT", False): "L-DB2E81BA",
-    ("P", False): "L-417A185B",
-    ("Standard", False): "L-1216C47A",
-    ("G and VT", True): "L-3819A6DF",
-    ("P", True): "L-7212CCBC",
-    ("Standard", True): "L-34B43A08",
-}
 
 
 class Ec2Backend:
@@ -336,6 +328,7 @@ class Ec2Backend:
             ssm=stack.ssm,
         )
         placed = self._place(dataclasses.replace(plan, checks=checks), where)
+        placed = pricing.with_current_spot_price(placed, spec, region)  # a spot job's price now
         extra = [
             cloud.bucket_check(
                 stack.bucket,
@@ -343,7 +336,7 @@ class Ec2Backend:
                 named_by_user=True,
                 fix="the stack's bucket is gone: run `distrain-cloud infra up`",
             ),
-            _quota_check(spec, region),
+            quotas.ec2_vcpu_check(spec, region),  # counts what already runs
         ]
         return dataclasses.replace(placed, checks=placed.checks + extra)
 
@@ -649,26 +642,6 @@ def _previous_attempt(job_name: str, bucket: str, parts: Parts, checks: list[Che
     lineage, attempt, uri = str(previous["lineage"]), int(previous["attempt"]) + 1, str(previous["checkpoint_uri"])
     checks.append(Check(f"resume from {job_name}", True, f"lineage {lineage}, attempt {attempt}, {uri}"))
     return lineage, attempt, uri
-
-
-def _quota_check(spec: JobSpec, region: str) -> Check:
-    """The account's vCPU quota for this class of instance, where Service Quotas answers
-    (advisory: running instances count against it too, and it is not read everywhere)."""
-    from distrain_cloud.infra import aws
-
-    from ...catalog import lookup
-
-    instance = lookup(spec.instance)
-    family = instance.name.split(".")[0]
-    kind = "P" if family.startswith("p") else "G and VT" if family.startswith(("g", "vt")) else "Standard"
-    name = f"vCPU quota: {'spot' if spec.spot else 'on-demand'} {kind} instances"
-    need = spec.nodes * instance.vcpus
-    try:
-        quotas = aws.client("service-quotas", region, max_attempts=2)
-        value = quotas.get_service_quota(ServiceCode="ec2", QuotaCode=VCPU_QUOTAS[(kind, spec.spot)])["Quota"]["Value"]
-    except Exception as e:  # no permission (the launcher policy grants none) or not answered: say so
-        return Check(name, None, f"not checked ({type(e).__name__})")
-    return Check(name, value >= need, f"{int(value)} vCPUs allowed, {need} needed (running instances count too)")
 
 
 # ---------------------------------------------------------------------- launch

@@ -1,0 +1,210 @@
+"""Prices a user can trust: the snapshot's generator run on recorded Price List files, the date in
+every cost line, and the current EC2 spot price read (under moto) where AWS is asked.
+
+The two files in tests/launcher/data follow the AWS Price List's real schemas: a bulk offer file
+(products by sku, terms.OnDemand by sku, priceDimensions with pricePerUnit.USD) and a saved
+GetProducts answer (PriceList items as JSON strings). They are small excerpts written after that
+schema, with the distractors a real file is full of (Windows, dedicated tenancy, unused
+reservations, pre-installed software, hosting and notebook prices, other regions, data transfer).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+from clirun import run_cli
+
+from distrain_cloud.launcher import apimodel, catalog, pricelist, pricing
+
+DATA = Path(__file__).parent / "data"
+EC2_OFFER = DATA / "pricelist-AmazonEC2-excerpt.json"
+SAGEMAKER_ANSWER = DATA / "pricelist-AmazonSageMaker-get-products.json"
+REGION = "us-east-1"
+
+
+# ------------------------------------------------------------------ the generator
+
+
+def test_the_generator_reads_on_demand_linux_prices_from_recorded_price_list_files(tmp_path, capsys):
+    out = tmp_path / "prices.json"
+    code = pricelist.main(
+        ["--offer", f"AmazonEC2={EC2_OFFER}", "--offer", f"AmazonSageMaker={SAGEMAKER_ANSWER}", "--out", str(out)]
+    )
+    assert code == 0
+    snap = json.loads(out.read_text())
+    assert snap["as_of"] == "2025-11-01"  # the offer file's publicationDate
+    assert "AmazonEC2 20251101000000" in snap["source"] and "AmazonSageMaker" in snap["source"]
+    assert snap["prices"] == {
+        # Windows 0.71, dedicated 0.578, SQL 1.006, RHEL 0.5836, Tokyo 0.71 and unused reservations left out
+        "g4dn.xlarge": {"eu-west-1": 0.587, "us-east-1": 0.526, "us-west-2": 0.526},
+        "g5.12xlarge": {"eu-west-1": 6.33167},
+        "p4d.24xlarge": {"us-east-1": 21.9576},  # its Reserved term (13.40) is not on-demand
+        "ml.g5.12xlarge": {"us-east-1": 7.09},  # Training, not Hosting or Notebook
+        "ml.g4dn.xlarge": {"eu-west-1": 0.824},
+    }
+    assert "g4dn.metal" not in snap["prices"]  # not a catalog type
+    assert snap["unverified"] == {}
+    err = capsys.readouterr().err
+    assert "7 prices as of 2025-11-01" in err and "no on-demand price for" in err  # what is missing is said
+
+    # What the catalog would make of it: the date, and no "recalled" label on Price List figures.
+    loaded = pricing.load_snapshot(str(out))
+    assert loaded.as_of == "2025-11-01" and loaded.prices["p4d.24xlarge"]["us-east-1"] == 21.9576
+
+
+def test_a_product_with_two_on_demand_prices_is_refused_in_one_line(tmp_path, capsys):
+    offer = json.loads(EC2_OFFER.read_text())
+    twin = json.loads(json.dumps(offer["products"]["8ZQ4J3KDV6H2YMPC"]))
+    twin["sku"] = "TWIN000000000000"
+    offer["products"]["TWIN000000000000"] = twin
+    term = json.loads(json.dumps(offer["terms"]["OnDemand"]["8ZQ4J3KDV6H2YMPC"]).replace("0.5260000000", "0.61"))
+    offer["terms"]["OnDemand"]["TWIN000000000000"] = term
+    path = tmp_path / "offer.json"
+    path.write_text(json.dumps(offer))
+    assert pricelist.main(["--offer", f"AmazonEC2={path}", "--out", str(tmp_path / "p.json")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == "error: AmazonEC2: g4dn.xlarge in us-east-1 has two on-demand prices (0.526 and 0.61)"
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_the_price_list_api_requests_pass_the_api_model_and_are_read_alike(stub_client):
+    for service, name in (("AmazonEC2", "p5.48xlarge"), ("AmazonSageMaker", "ml.g5.12xlarge")):
+        assert apimodel.problems("pricing", "GetProducts", pricelist.get_products_requests(service, name, REGION)) == []
+    stub = stub_client("pricing", "us-east-1")
+    answer = json.loads(SAGEMAKER_ANSWER.read_text())
+    stub.add_response(
+        "get_products", answer, pricelist.get_products_requests("AmazonSageMaker", "ml.g5.12xlarge", REGION)
+    )
+    tables = pricelist.from_api({"AmazonSageMaker": ["ml.g5.12xlarge"]}, [REGION])
+    assert tables == {"AmazonSageMaker": {"ml.g5.12xlarge": {REGION: 7.09}}}
+
+
+# ------------------------------------------------------------------ the shipped snapshot
+
+
+def test_the_catalog_reads_its_prices_from_the_shipped_snapshot():
+    snap = json.loads(Path(pricing.SNAPSHOT_PATH).read_text())
+    assert snap["as_of"] == catalog.PRICES_AS_OF and snap["source"]
+    for instance in catalog.all_instances():
+        assert instance.hourly_usd == snap["prices"][instance.name], instance.name
+    # A figure not read from the Price List says so, and why.
+    for name, by_region in snap["unverified"].items():
+        for region, why in by_region.items():
+            assert why and region in snap["prices"][name]
+            assert "not read from the Price List" in pricing.list_price_basis(name, region)
+
+
+# ------------------------------------------------------------------ cost lines
+
+
+@pytest.mark.slow  # a plan with its code bundle: about 3 s here
+def test_every_cost_line_of_a_dry_run_says_the_snapshot_date(capsys, no_aws_config):
+    code, out, err = run_cli(capsys, "submit", "--instance", "ml.g5.12xlarge", "--region", REGION, "--dry-run")
+    assert code == 0
+    (cost,) = [line for line in out.splitlines() if line.startswith("cost: ")]
+    assert f"AWS list price as of {catalog.PRICES_AS_OF}" in cost and "worst_case_usd=170.16" in cost
+    assert f"worst case $170.16, AWS list price as of {catalog.PRICES_AS_OF}" in err  # the default-limit note
+    code, out, _ = run_cli(capsys, "instances")
+    assert all(f"list price as of {catalog.PRICES_AS_OF}" in line for line in out.splitlines())
+
+
+def test_a_spot_plan_without_aws_says_the_on_demand_figure_stands_in(capsys, no_aws_config):
+    code, out, _ = run_cli(
+        capsys, "submit", "--instance", "g5.xlarge", "--spot", "--max-run", "10h", "--region", REGION, "--dry-run"
+    )
+    assert code == 0
+    (cost,) = [line for line in out.splitlines() if line.startswith("cost: ")]
+    assert "on-demand, AWS list price as of" in cost and "current spot price is read at submit" in cost
+
+
+# ------------------------------------------------------------------ the current spot price
+
+
+def _spot_history(monkeypatch, entries):
+    """Answer DescribeSpotPriceHistory with `entries` (moto answers 0.00001 for every type), and
+    record the requests; every other call goes to moto."""
+    from botocore.awsrequest import AWSResponse
+
+    from distrain_cloud.infra import aws
+
+    real, asked = aws.client, []
+
+    def answer(**_):
+        return AWSResponse("https://ec2.amazonaws.com/", 200, {}, None), {"SpotPriceHistory": entries}
+
+    def client(service, region=None, **kwargs):
+        made = real(service, region, **kwargs)
+        if service == "ec2":
+            made.meta.events.register(
+                "before-parameter-build.ec2.DescribeSpotPriceHistory", lambda params, **_: asked.append(dict(params))
+            )
+            made.meta.events.register("before-call.ec2.DescribeSpotPriceHistory", answer)
+        return made
+
+    monkeypatch.setattr(aws, "client", client)
+    return asked
+
+
+def _entry(zone, price, product="Linux/UNIX", instance="g4dn.12xlarge", minutes_ago=30):
+    stamp = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=minutes_ago)
+    return {
+        "AvailabilityZone": zone,
+        "InstanceType": instance,
+        "ProductDescription": product,
+        "SpotPrice": price,
+        "Timestamp": stamp,
+    }
+
+
+@pytest.fixture
+def stack(mocked_aws, monkeypatch):
+    from test_ec2_lifecycle import hand_made_stack
+
+    return hand_made_stack(monkeypatch)
+
+
+@pytest.mark.slow  # two plans through the CLI against moto
+def test_a_spot_check_uses_the_current_spot_price_for_the_worst_case_and_max_cost(stack, monkeypatch, capsys):
+    asked = _spot_history(
+        monkeypatch,
+        [
+            _entry("us-east-1a", "1.4000", minutes_ago=90),  # superseded in its zone
+            _entry("us-east-1a", "1.2100"),
+            _entry("us-east-1b", "1.6321"),
+            _entry("us-east-1c", "NaN"),  # not a price
+            _entry("us-east-1d", "-3"),
+            _entry("us-east-1e\x1b[2J", "0.1"),  # not a zone
+            _entry("us-east-1f", "0.2", product="Windows"),
+            _entry("us-east-1a", "0.3", instance="p5.48xlarge"),  # not the type asked for
+        ],
+    )
+    flags = ["submit", "--instance", "g4dn.12xlarge", "--nodes", "2", "--spot", "--max-run", "10h"]
+    flags += ["--region", REGION, "--max-cost", "40", "--dry-run"]
+    # Without AWS the on-demand price stands in: 2 x 3.912 x 10 h = $78.24 > $40.
+    code, out, err = run_cli(capsys, *flags)
+    assert code == 1 and "cost <= --max-cost 40.0 (worst case $78.24: 2 node(s) x max_run, AWS list price" in err
+    assert asked == []
+    # With --check, the highest current price of the zones: 2 x 1.6321 x 10 h = $32.64 <= $40.
+    code, out, err = run_cli(capsys, *flags, "--check")
+    assert code == 0, err
+    (cost,) = [line for line in out.splitlines() if line.startswith("cost: ")]
+    assert "$1.632/h per node, EC2 spot price now (highest of us-east-1a, us-east-1b at " in cost
+    assert "worst_case_usd=32.64" in cost and "spot_ceiling_usd=78.24" in cost
+    assert "[ok  ] cost <= --max-cost 40.0: worst case $32.64: 2 node(s) x max_run, EC2 spot price now" in out
+    (request,) = asked
+    assert request["InstanceTypes"] == ["g4dn.12xlarge"] and request["ProductDescriptions"] == ["Linux/UNIX"]
+    assert apimodel.problems("ec2", "DescribeSpotPriceHistory", request) == []
+
+
+def test_a_spot_price_ec2_does_not_give_leaves_the_list_price_labelled(stack, monkeypatch, capsys):
+    _spot_history(monkeypatch, [_entry("us-east-1a", "1e400"), _entry("us-east-1b", "abc")])
+    code, out, _ = run_cli(
+        capsys, "submit", "--instance", "g4dn.12xlarge", "--spot", "--region", REGION, "--dry-run", "--check"
+    )
+    assert code == 0
+    (cost,) = [line for line in out.splitlines() if line.startswith("cost: ")]
+    assert "EC2 gave no current spot price for g4dn.12xlarge in us-east-1: the worst case uses the on-demand" in cost
+    assert f"AWS list price as of {catalog.PRICES_AS_OF}" in cost
