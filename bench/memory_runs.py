@@ -117,6 +117,7 @@ S13 = "2026-11-27-h200x4-session13"
 S14 = "2026-11-27-h200x4-session14"
 S15 = "2026-11-27-h200x2-session15"
 S16 = "2026-11-27-h200x4-session16"
+S18 = "2026-11-28-h200x4-session18"
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
 CLS, HF_CLS = "ours-cls-gpt2-small-g1-b32", "hf-cls-gpt2-small-g1-b32"
@@ -559,4 +560,16 @@ CONFIGS: tuple[Config, ...] = (
            flags="env DISTRAIN_EXPERIMENT_BF16_RESIDUAL=1 (an uncommitted hook: a bf16 residual stream)",
            runs=_runs("H100",
         (f"{S17}-headloss", f"{OURS_C1}-bf16res", 8.1076, 16.98))),
+    # session 18 (4xH200, one host): compiled DDP and compiled FSDP2 on 4 GPUs with today's head loss,
+    # and the llama-1b preset (seq 2048, micro-batch 8) in bf16 and in fp8 (torchao float8)
+    Config("gpt2-small", 4, "ddp", compiled=True, kv_cache=False, logits_output=False, head_loss=True,
+           runs=_runs("H200", (f"{S18}-scaling-zero", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.6736, 20.16))),
+    Config("gpt2-small", 4, "fsdp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
+        (f"{S18}-scaling-zero", "ours-gpt2-small-fsdp-compile-g4-b16-k1", 8.5723, 20.78))),
+    Config("llama-1b", 1, "ddp", batch_size=8, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, runs=_runs("H200",
+        (f"{S18}-llama-ours", "ours-llama-1b-ddp-compile-g1-b8-k1", 40.8118, 63.12))),
+    Config("llama-1b", 1, "ddp", batch_size=8, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, not_modelled="fp8: the estimate counts bf16 activations for the float8 linears",
+           runs=_runs("H200", (f"{S18}-llama-ours", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8", 33.0014, 55.69))),
 )  # fmt: skip
