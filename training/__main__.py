@@ -56,11 +56,13 @@ def _run(argv: Sequence[str] | None) -> None:
     from .args import ArgumentError, parse_args
     from .contract import Contract
 
-    contract = None  # a bad argument is reported in the contract's failure file too
     try:
         contract = Contract.from_env()
+    except ValueError as e:  # every node says it: RANK, which picks the one that prints, is the engine's
+        _fail(e, None, every_process=True)
+    try:
         args = parse_args(argv)
-    except (ArgumentError, ValueError) as e:
+    except (ArgumentError, ValueError) as e:  # reported in the contract's failure file too
         _fail(e, contract)
     from .checkpoint import CheckpointError
     from .data import DataError
