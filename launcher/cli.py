@@ -216,6 +216,91 @@ def submit(
     _act(plan, job, dry_run=dry_run, as_json=as_json, wait=wait, yes=yes)
 
 
+@app.command("export")
+def export_(
+    engine: Annotated[str, typer.Argument(help="skypilot, trainjob (Kubeflow Trainer v2) or pytorchjob (Kubeflow)")],
+    spec: Annotated[Path | None, typer.Argument(help="job spec YAML (optional); flags override it")] = None,
+    accelerator: Annotated[
+        str | None, typer.Option("--accelerator", "-a", help="GPUs per node, A100:8, L4:4, H100-80GB:8, or cpu")
+    ] = None,
+    instance: Annotated[
+        str | None, typer.Option("--instance", "-i", help="or a catalog instance type whose GPUs to use")
+    ] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="nodes (each: one process per GPU)")] = None,
+    processes: Annotated[int | None, typer.Option("--processes", help="CPU processes per node (cpu)")] = None,
+    strategy: Annotated[str | None, typer.Option("--strategy", "-s", help="as for submit")] = None,
+    precision: Annotated[str | None, typer.Option("--precision", help="no, fp16 or bf16 (default: by GPU)")] = None,
+    spot: Annotated[bool | None, typer.Option("--spot/--on-demand", help="SkyPilot: spot capacity")] = None,
+    max_run: Annotated[str | None, typer.Option("--max-run", help="Kubernetes: wall-clock limit")] = None,
+    max_wait: Annotated[str | None, typer.Option("--max-wait", help="refused: no engine expresses it")] = None,
+    max_cost: Annotated[float | None, typer.Option("--max-cost", help="refused: no engine expresses it")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="job name prefix")] = None,
+    region: Annotated[str | None, typer.Option("--region", help="SkyPilot: the AWS region")] = None,
+    push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", metavar="REPO")] = None,
+    hub_revision: Annotated[str | None, typer.Option("--hub-revision", metavar="BRANCH")] = None,
+    hub_private: Annotated[bool | None, typer.Option("--hub-private/--no-hub-private")] = None,
+    wandb_project: Annotated[str | None, typer.Option("--wandb-project", help="W&B project")] = None,
+    wandb_entity: Annotated[str | None, typer.Option("--wandb-entity", help="W&B team or user")] = None,
+    run_name: Annotated[str | None, typer.Option("--run-name", help="W&B run name (default: the job name)")] = None,
+    resume_from: Annotated[str | None, typer.Option("--resume-from", help="refused: see --checkpoints")] = None,
+    input_: Annotated[list[str] | None, typer.Option("--input", help="SkyPilot: CHANNEL=BUCKET-URI")] = None,
+    secret: Annotated[
+        list[str] | None,
+        typer.Option("--secret", help="ENV (SkyPilot, given at launch) or ENV=SECRET/KEY (Kubernetes); repeatable"),
+    ] = None,
+    image: Annotated[str | None, typer.Option("--image", help="a container image with distrain-cloud[train]")] = None,
+    checkpoints: Annotated[
+        str | None, typer.Option("--checkpoints", help="s3://BUCKET/prefix (SkyPilot) or pvc:CLAIM (Kubernetes)")
+    ] = None,
+    runtime: Annotated[str, typer.Option("--runtime", help="trainjob: its ClusterTrainingRuntime")] = (
+        "torch-distributed"
+    ),
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="file (default: JOB.ENGINE.yaml)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the manifest; write nothing")] = False,
+) -> None:
+    """Write the manifest of the job `submit` would run, for SkyPilot or Kubernetes.
+
+    The same entry point and training flags, with precision and strategy resolved for
+    --accelerator. Training flags go after `--`, as for submit.
+    """
+    from .export import ExportOptions, export_job
+    from .spec import load_spec
+
+    overrides = {
+        "instance": instance,
+        "nodes": nodes,
+        "strategy": strategy,
+        "precision": precision,
+        "spot": spot,
+        "max_run": max_run,
+        "max_wait": max_wait,
+        "max_cost": max_cost,
+        "name": name,
+        "region": region,
+        "resume_from": resume_from,
+        "inputs": _pairs(input_, "--input"),
+        "hub.repo_id": push_to_hub,
+        "hub.revision": hub_revision,
+        "hub.private": hub_private,
+        "wandb.project": wandb_project,
+        "wandb.entity": wandb_entity,
+        "wandb.run_name": run_name,
+        "train_args": list(_TRAIN_ARGS) or None,
+    }
+    job = load_spec(spec, overrides)
+    secrets = dict(item.partition("=")[::2] for item in secret or [])
+    options = ExportOptions(engine, accelerator, processes, image, checkpoints, secrets, runtime)
+    exported = export_job(job, options)
+    for note in exported.notes:
+        print(_human(f"note: {note}"), file=sys.stderr)
+    if dry_run:
+        typer.echo(exported.text(), nl=False)
+        return
+    path = output or Path(f"{exported.job_name}.{engine}.yaml")
+    path.write_text(exported.text())
+    typer.echo(f"wrote {path}\nstart it: {exported.next_step.replace(f'{exported.job_name}.{engine}.yaml', str(path))}")
+
+
 @app.command()
 def status(
     job: str, backend: Backend = None, region: Region = None, workdir: Workdir = Path("runs"), as_json: Json = False

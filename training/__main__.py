@@ -57,12 +57,14 @@ def _run(argv: Sequence[str] | None) -> None:
     from .contract import Contract
     from .precision import resolve_precision
 
-    contract = None  # a bad argument is reported in the contract's failure file too
     try:
         contract = Contract.from_env()
+    except ValueError as e:  # every node says it: RANK, which picks the one that prints, is the engine's
+        _fail(e, None, every_process=True)
+    try:
         args = parse_args(argv)
         chose = resolve_precision(args)  # before anything reads it; the launcher always gives it
-    except (ArgumentError, ValueError) as e:
+    except (ArgumentError, ValueError) as e:  # reported in the contract's failure file too
         _fail(e, contract)
     if int(os.environ.get("RANK", "0")) == 0:
         print(chose, flush=True)

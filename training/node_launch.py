@@ -161,7 +161,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         with open(ns.hyperparameters) as f:
             train_argv = hyperparameters_to_argv(json.load(f)) + train_argv
-    contract = Contract.from_env()
+    try:
+        contract = Contract.from_env()
+    except ValueError as e:  # an engine's variables incomplete or contradictory: one line on every node
+        _fail(e, None, every_process=True)
     gpus = contract.gpus_per_node or _count_gpus()
     try:
         launch = plan_node(train_argv, contract, processes=ns.processes, gpus=gpus)

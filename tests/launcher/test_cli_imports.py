@@ -57,3 +57,11 @@ def test_local_dry_run_imports_nothing_heavy(tmp_path, train):
 )
 def test_catalog_and_images_import_nothing_heavy(tmp_path, action):
     assert heavy_modules_after(action, tmp_path) == []
+
+
+def test_export_dry_run_imports_nothing_heavy(tmp_path):
+    action = (
+        "try:\n    cli.main(['export', 'trainjob', '-a', 'A100:8', '--image', 'x', '--dry-run'])\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code"
+    )
+    assert heavy_modules_after(action, tmp_path) == []
