@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -127,11 +128,32 @@ def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     return run
 
 
+# pyproject's addopts give the two xdist workers whole files (--dist loadfile) in the order
+# collected (--no-loadscope-reorder; xdist's own order puts files of many tests first, which left
+# the long training files to start last while the other worker had nothing left). Longest first:
+# each file's seconds in the last full run, recorded by bench/suite_time.py. A file not recorded
+# yet counts as a middling one.
+DURATIONS = Path(__file__).with_name("durations.json")
+UNRECORDED_FILE_S = 10.0
+
+
+def recorded_file_seconds() -> dict[str, float]:
+    try:
+        files = json.loads(DURATIONS.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # no record: collection order
+    return {str(k): float(v) for k, v in files.items()} if isinstance(files, dict) else {}
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "cli" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    seconds = recorded_file_seconds()
+    if seconds:
+        # stable: each file's tests stay together and in their order
+        items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], UNRECORDED_FILE_S))
 
 
 # The fast lane (`-m "not slow"`) stays fast only if slow tests are marked: name the ones that are not.

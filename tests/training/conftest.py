@@ -220,6 +220,14 @@ class Runner:
         shutil.copytree(run.contract.checkpoint_dir / folder, c.checkpoint_dir / folder)
         return c
 
+    def copy(self, name: str, run: TrainRun) -> Contract:
+        """A new run folder holding all that `run` left (checkpoints, metrics, model): the same job,
+        to start again (or to damage first) without training its steps once more."""
+        import shutil
+
+        shutil.copytree(run.contract.root, self.root / name)
+        return self.contract(name)
+
     def popen(
         self, *flags: str, name: str = "run", processes: int | None = None, env: dict[str, str] | None = None
     ) -> tuple[subprocess.Popen, Contract, list[str]]:

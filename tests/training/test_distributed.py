@@ -99,31 +99,9 @@ def test_two_processes_give_the_numbers_of_one(ddp_pair):
 FAIL_BACKWARD = "DISTRAIN_TEST_COMPILED_BACKWARD_FAIL"  # trainer._backward's test hook: its first backward fails
 
 
-@pytest.mark.parametrize(
-    "unit,bucket_mb,unit_line,graphs,fails,slow_link",
-    [
-        ("model", 1000, "compile_unit=model", 1, False, False),
-        # NCCL's peer-to-peer off stands for a slow link (strategies.slow_gpu_link): small buckets
-        ("model", 25, "compile_unit=model", 1, False, True),
-        # One graph serves both blocks (their weights are its inputs); the loss is the one-pass
-        # head loss (--lm-loss fast), a kernel of its own, not compiled.
-        ("block", 25, "compile_unit=block blocks=2 loss=fast", 1, False, False),
-        ("model", 1000, "compile_unit=model", 1, True, False),
-    ],
-    ids=["model", "model-slow-link", "block", "model-backward-fails"],
-)
-def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
-    train, no_dropout_config, aot_eager, auto_as_on_gpus, unit, bucket_mb, unit_line, graphs, fails, slow_link
-):
-    """--compile under DDP trains like one eager process on the same global batches, whichever
-    --compile-unit: the whole model (Dynamo's DDP graph splitting, with the compiled default of one
-    large bucket, training/strategies.ddp_bucket_mb) or each block and the loss (no splitting:
-    DDP's reducer takes each block's gradients as its backward ends, in eager-sized buckets). Over
-    a slow link (here NCCL's peer-to-peer off) the whole model keeps eager-sized buckets, and says why.
-    Where the first compiled backward fails (its graph is compiled then, out of reach of the
-    backend's guard), the job says so once and goes on eagerly, DDP's reducer reset for the forward
-    whose backward failed, to the same numbers."""
-    flags = [
+def lm_flags(no_dropout_config) -> list[str]:
+    """The causal-LM job of the compiled-DDP comparisons (the global batch is added per run)."""
+    return [
         "--task",
         "causal-lm",
         "--model-config",
@@ -144,7 +122,60 @@ def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
         "--max-eval-samples",
         "32",
     ]
-    one = train(*flags, "--batch-size", "16", name="lm-one")
+
+
+@pytest.fixture(scope="module")
+def lm_one(module_train, no_dropout_config):
+    """One eager process on batches of 16: the numbers every compiled 2-process variant must give."""
+    one = module_train(*lm_flags(no_dropout_config), "--batch-size", "16", name="lm-one")
+    assert one.returncode == 0, one.describe()
+    return one
+
+
+ACCUM = 2
+
+
+def accum_flags(no_dropout_config) -> list[str]:
+    """The causal-LM job with accumulation (--grad-accum 2) of the eager and compiled-autograd DDP comparisons."""
+    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64", "--lr", "2e-3"]
+    flags += ["--max-steps", "6", "--log-every", "2", "--report-to", "none", "--no-save-model"]
+    flags += ["--generate-tokens", "0", "--max-eval-samples", "32", "--grad-accum", str(ACCUM)]
+    return flags
+
+
+@pytest.fixture(scope="module")
+def accum_one(module_train, no_dropout_config):
+    """One eager process, micro-batches of 8 (global 16): the numbers of the 2-process runs with accumulation."""
+    one = module_train(*accum_flags(no_dropout_config), "--batch-size", str(16 // ACCUM), name="accum-one")
+    assert one.returncode == 0, one.describe()
+    return one
+
+
+@pytest.mark.parametrize(
+    "unit,bucket_mb,unit_line,graphs,fails,slow_link",
+    [
+        ("model", 1000, "compile_unit=model", 1, False, False),
+        # NCCL's peer-to-peer off stands for a slow link (strategies.slow_gpu_link): small buckets
+        ("model", 25, "compile_unit=model", 1, False, True),
+        # One graph serves both blocks (their weights are its inputs); the loss is the one-pass
+        # head loss (--lm-loss fast), a kernel of its own, not compiled.
+        ("block", 25, "compile_unit=block blocks=2 loss=fast", 1, False, False),
+        ("model", 1000, "compile_unit=model", 1, True, False),
+    ],
+    ids=["model", "model-slow-link", "block", "model-backward-fails"],
+)
+def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
+    train, lm_one, no_dropout_config, aot_eager, auto_as_on_gpus, unit, bucket_mb, unit_line, graphs, fails, slow_link
+):
+    """--compile under DDP trains like one eager process on the same global batches, whichever
+    --compile-unit: the whole model (Dynamo's DDP graph splitting, with the compiled default of one
+    large bucket, training/strategies.ddp_bucket_mb) or each block and the loss (no splitting:
+    DDP's reducer takes each block's gradients as its backward ends, in eager-sized buckets). Over
+    a slow link (here NCCL's peer-to-peer off) the whole model keeps eager-sized buckets, and says why.
+    Where the first compiled backward fails (its graph is compiled then, out of reach of the
+    backend's guard), the job says so once and goes on eagerly, DDP's reducer reset for the forward
+    whose backward failed, to the same numbers."""
+    flags, one = lm_flags(no_dropout_config), lm_one
     compiled = ["--compile", "--compile-unit", unit]
     env = {**aot_eager, **({FAIL_BACKWARD: "1"} if fails else {}), **({"NCCL_P2P_DISABLE": "1"} if slow_link else {})}
     if (unit, fails, slow_link) == ("model", False, False):
@@ -152,7 +183,6 @@ def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
         # is ddp once the model is loaded, and its buckets are said then.
         env |= auto_as_on_gpus(min_steps=8, max_params=1000)
     two = train(*flags, "--batch-size", "8", *compiled, name="lm-two-compiled", processes=2, env=env)
-    assert one.returncode == 0, one.describe()
     assert two.returncode == 0, two.describe()
     assert two.lines("warning: the compiled backward failed") == (
         ["warning: the compiled backward failed (injected failure in the compiled backward); the job runs eagerly "
@@ -181,24 +211,22 @@ def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
 
 
 @pytest.mark.parametrize("fails", [False, True], ids=["compiled", "compiled-backward-fails"])
-def test_compiled_autograd_ddp_gives_the_numbers_of_one_eager_process(train, no_dropout_config, aot_eager, fails):
+def test_compiled_autograd_ddp_gives_the_numbers_of_one_eager_process(
+    train, accum_one, no_dropout_config, aot_eager, fails
+):
     """--compiled-autograd (P3's candidate: DDP's all-reduces traced into one compiled backward,
     where the compiler may overlap them) trains like one eager process on the same global batches,
     through accumulation's no-sync micro-steps and its synchronising ones. Where the compiled
     backward fails (as it did on 4 H200s under torch 2.11), the job says so once and goes on
     eagerly from a fresh forward, to the same numbers."""
-    accum = 2
-    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64", "--lr", "2e-3"]
-    flags += ["--max-steps", "6", "--log-every", "2", "--report-to", "none", "--no-save-model"]
-    flags += ["--generate-tokens", "0", "--max-eval-samples", "32", "--grad-accum", str(accum)]
-    one = train(*flags, "--batch-size", str(16 // accum), name=f"ca-one-{accum}")
+    one = accum_one
     two = train(
-        *flags,
+        *accum_flags(no_dropout_config),
         "--batch-size",
-        str(8 // accum),
+        str(8 // ACCUM),
         "--compile",
         "--compiled-autograd",
-        name=f"ca-two-{accum}",
+        name="ca-two",
         processes=2,
         env={
             **aot_eager,
@@ -206,7 +234,6 @@ def test_compiled_autograd_ddp_gives_the_numbers_of_one_eager_process(train, no_
             **({FAIL_BACKWARD: "1"} if fails else {}),
         },
     )
-    assert one.returncode == 0, one.describe()
     assert two.returncode == 0, two.describe()
     assert two.lines("compiled_autograd=") == ["compiled_autograd=on (the backward one graph, DDP's all-reduces in it)"]
     assert two.lines("ddp_bucket_mb=") == ["ddp_bucket_mb=25"]
@@ -225,17 +252,12 @@ def test_compiled_autograd_ddp_gives_the_numbers_of_one_eager_process(train, no_
         assert two.train_losses[step] == pytest.approx(loss, rel=1e-3), (step, one.train_losses, two.train_losses)
 
 
-def test_ddp_with_accumulation_averages_over_micro_batches_and_processes(train, no_dropout_config):
+def test_ddp_with_accumulation_averages_over_micro_batches_and_processes(train, accum_one, no_dropout_config):
     """Eager DDP through accumulation's no-sync micro-steps and its synchronising ones: the numbers
     of one process on the same global batches. (AdamW and the clipping would hide a uniform scale
     of every gradient; the order and the averaging of the micro-batches they do not.)"""
-    accum = 2
-    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64", "--lr", "2e-3"]
-    flags += ["--max-steps", "6", "--log-every", "2", "--report-to", "none", "--no-save-model"]
-    flags += ["--generate-tokens", "0", "--max-eval-samples", "32", "--grad-accum", str(accum)]
-    one = train(*flags, "--batch-size", str(16 // accum), name="accum-one")
-    two = train(*flags, "--batch-size", str(8 // accum), name="accum-two", processes=2)
-    assert one.returncode == 0, one.describe()
+    one = accum_one
+    two = train(*accum_flags(no_dropout_config), "--batch-size", str(8 // ACCUM), name="accum-two", processes=2)
     assert two.returncode == 0, two.describe()
     assert one.train_losses.keys() == two.train_losses.keys() == {2, 4, 6}
     for step, loss in one.train_losses.items():

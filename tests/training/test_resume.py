@@ -100,12 +100,21 @@ def test_checkpoint_killed_mid_save_is_never_loaded(train, baseline):
     assert_same_result(rerun, baseline)
 
 
-def test_incomplete_latest_checkpoint_falls_back_to_the_previous_one(train, baseline):
-    flags = [*FLAGS, "--keep-checkpoints", "5"]  # keeping more checkpoints does not change training
-    first = train(*flags, name="fallback", env={"DISTRAIN_TEST_KILL_AT_STEP": "4"})
+KEEP_5 = [*FLAGS, "--keep-checkpoints", "5"]  # keeping more checkpoints does not change training
+
+
+@pytest.fixture(scope="module")
+def killed_after_4(module_train):
+    """A run killed after step 4 with checkpoints 2 and 4 complete. Each test that damages them
+    starts from a copy of its folder (killed_after_step_4), so the run is made once."""
+    first = module_train(*KEEP_5, name="killed-after-4", env={"DISTRAIN_TEST_KILL_AT_STEP": "4"})
     assert first.returncode in KILLED, first.describe()
-    c = first.contract
-    assert [p.name for p in c.complete_checkpoints()] == ["checkpoint-00000002", "checkpoint-00000004"]
+    assert [p.name for p in first.contract.complete_checkpoints()] == ["checkpoint-00000002", "checkpoint-00000004"]
+    return first
+
+
+def test_incomplete_latest_checkpoint_falls_back_to_the_previous_one(train, baseline, killed_after_4):
+    flags, c = KEEP_5, train.copy("fallback", killed_after_4)
     # Make checkpoint 4 look like a save killed half-way: no marker, garbage in its files.
     newest = c.complete_checkpoints()[-1]
     (newest / "COMPLETE").unlink()
@@ -120,13 +129,9 @@ def test_incomplete_latest_checkpoint_falls_back_to_the_previous_one(train, base
     assert (newest / "COMPLETE").read_text() == "4"
 
 
-def killed_after_step_4(train, name: str):
-    """A run killed after step 4 with checkpoints 2 and 4 complete (keeping 5 changes no number)."""
-    flags = [*FLAGS, "--keep-checkpoints", "5"]
-    first = train(*flags, name=name, env={"DISTRAIN_TEST_KILL_AT_STEP": "4"})
-    assert first.returncode in KILLED, first.describe()
-    assert [p.name for p in first.contract.complete_checkpoints()] == ["checkpoint-00000002", "checkpoint-00000004"]
-    return flags, first.contract.complete_checkpoints()[-1]
+def killed_after_step_4(train, killed_after_4, name: str):
+    """The flags and the newest checkpoint (4) of a copy, under `name`, of the run killed after step 4."""
+    return KEEP_5, train.copy(name, killed_after_4).complete_checkpoints()[-1]
 
 
 def truncate(path) -> str:
@@ -148,8 +153,8 @@ def flip_one_byte(path) -> str:
     [("model.safetensors", truncate), ("optimizer.bin", truncate), ("model.safetensors", flip_one_byte)],
     ids=["truncated-weights", "truncated-optimizer", "flipped-weights"],
 )
-def test_damaged_complete_checkpoint_is_skipped_for_the_previous_one(train, baseline, name, damage):
-    flags, newest = killed_after_step_4(train, "damaged")
+def test_damaged_complete_checkpoint_is_skipped_for_the_previous_one(train, baseline, killed_after_4, name, damage):
+    flags, newest = killed_after_step_4(train, killed_after_4, "damaged")
     assert (newest / "MANIFEST.json").is_file()
     problem = damage(newest / name)
 
@@ -167,9 +172,9 @@ def test_damaged_complete_checkpoint_is_skipped_for_the_previous_one(train, base
     assert (newest / "COMPLETE").read_text() == "4"  # saved again, whole, when step 4 came round
 
 
-def test_checkpoint_without_manifest_still_resumes(train, baseline):
+def test_checkpoint_without_manifest_still_resumes(train, baseline, killed_after_4):
     """Checkpoints saved before manifests existed load as before, unverified, with one note."""
-    flags, newest = killed_after_step_4(train, "legacy")
+    flags, newest = killed_after_step_4(train, killed_after_4, "legacy")
     (newest / "MANIFEST.json").unlink()
     state = json.loads((newest / "trainer_state.json").read_text())
     for key in ("world_size", "strategy"):  # not recorded then either
