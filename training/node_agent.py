@@ -157,6 +157,7 @@ class Job:
     rendezvous_timeout_s: int = 600
     stack_tag: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # for training: its W&B lineage, instance, run id
+    recovery: dict[str, Any] = field(default_factory=dict)  # a lineage AWS keeps going (training/elastic.py)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Job:
@@ -180,6 +181,10 @@ class Job:
     def stream(self, rank: int) -> str:
         return f"{self.job}/node-{rank}"
 
+    def sync_id(self) -> str:
+        """What this job's checkpoint markers name (an attempt of a lineage names itself: elastic.py)."""
+        return self.job
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -195,6 +200,7 @@ _SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: isinstance(v, dict) and all(isinstance(x, str) for kv in v.items() for x in kv),
         "an object of strings",
     ),
+    "dict[str, Any]": (lambda v: isinstance(v, dict), "an object"),
 }
 _AT_LEAST_ONE = {"nodes", "processes_per_node"}
 
@@ -1089,7 +1095,7 @@ class Agent:
             self.contract.checkpoint_dir,
             rank=self.rank,
             nodes=job.nodes,
-            job=job.job,
+            job=job.sync_id(),
             keep=keep_checkpoints(job.train_argv),
             log=self.sink.agent,
         )
@@ -1413,6 +1419,10 @@ def run_node(job_uri: str, job_sha256: str, settings: Settings, sink: LogSink, s
         except Exception as e:  # the record says it all; the peers also see it through failed_peer
             sink.agent(f"could not write the stop marker ({_short(e)})")
         return 0
+    if job.recovery:  # a spot lineage AWS keeps going: its attempts, in training/elastic.py
+        from .elastic import run_lineage
+
+        return run_lineage(job, me, settings, store, imds, sink, signalled)
     sink.to_cloudwatch(client("logs", job.region), job.log_group, job.stream(me.launch_index), settings.log_flush_s)
     agent = Agent(job, me, settings, store=store, imds=imds, sink=sink, ec2=client("ec2", job.region))
     agent.signalled = signalled
