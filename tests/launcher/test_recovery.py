@@ -132,6 +132,7 @@ def test_the_worst_case_and_max_cost_cover_the_whole_lineage(stack, capsys):
     assert boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups()["AutoScalingGroups"] == []
 
 
+@pytest.mark.slow
 def test_status_shows_each_attempt_and_the_lineages_cost_and_ls_one_row(stack, capsys):
     job = submitted(capsys)
     root = f"jobs/{job}/attempts"
@@ -169,6 +170,7 @@ def test_status_shows_each_attempt_and_the_lineages_cost_and_ls_one_row(stack, c
     assert len(rows) == 1 and rows[0]["attempt"] == 2
 
 
+@pytest.mark.slow
 def test_cancel_stops_the_lineage_not_only_the_live_attempt(stack, capsys):
     import boto3
 
