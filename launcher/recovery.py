@@ -418,6 +418,19 @@ def _cost(description: dict[str, Any], node_seconds: float) -> str:
     return f"at most ${hours * price:.2f}: {hours:.2f} node-hours at the on-demand list price (spot costs less)"
 
 
+def one_row_per_lineage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`ls`: the newest job of each lineage (rows come newest first), with how many jobs it has had
+    (a recovering lineage is one job however many attempts; a resumed one, one job per `resume`)."""
+    kept: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        lineage = str(row.get("lineage") or row["job_name"])
+        if lineage in kept:
+            kept[lineage]["jobs_in_lineage"] += 1
+        else:
+            kept[lineage] = {**row, "jobs_in_lineage": 1}
+    return list(kept.values())
+
+
 # ---------------------------------------------------------------------- cancel and clean-up
 
 
@@ -468,7 +481,7 @@ def retire_when_done(region: str, name: str, info: dict[str, Any]) -> None:
     empty group costs nothing, but it is litter; `infra down` needs it gone)."""
     from distrain_cloud.infra import aws
 
-    if not info["terminal"] or any(s in ("pending", "running") for s in info["instances"].values()):
+    if not info["terminal"] or any(s in ("pending", "running", "shutting-down") for s in info["instances"].values()):
         return
     try:
         aws.client("autoscaling", region).delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)

@@ -509,7 +509,7 @@ class Ec2Backend:
         if recovery.is_lineage(description):
             info = recovery.lineage_status(job.name, region, bucket, prefix, description)
             recovery.retire_when_done(region, job.name, info)
-            retire_role_when_done(job.name, description, info, [])
+            retire_role_when_done(job.name, description, info, [{"state": s} for s in info["instances"].values()])
             return info
         with aws.translate_errors():
             found = job_files(aws.client("s3", region), bucket, prefix, job.name)
@@ -547,7 +547,7 @@ class Ec2Backend:
                 if instances.get(name):  # ended within the hour EC2 still lists its instances
                     retire_role_when_done(name, description, info, instances[name])
                 rows.append({**info, "backend": self.name})
-        return rows
+        return recovery.one_row_per_lineage(rows)
 
     def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
         region, bucket, prefix, description = described(job)

@@ -190,3 +190,24 @@ def test_cancel_stops_the_lineage_not_only_the_live_attempt(stack, capsys):
     assert {i["State"]["Name"] for r in reservations for i in r["Instances"]} == {"terminated"}
     code, out, _ = run_cli(capsys, "status", job, "--json")
     assert json.loads(out)["status"] == "Stopped"
+
+
+@pytest.mark.slow
+def test_ls_shows_one_row_per_lineage_for_resumed_jobs_too(stack, capsys):
+    import boto3
+
+    job = submitted(capsys, "--max-restarts", "0")
+    put(
+        f"jobs/{job}/nodes/0.json",
+        {"status": "Interrupted", "exit_code": 143, "reason": "spot-interruption", "step": 6, "time": time.time()},
+    )
+    reservations = boto3.client("ec2", region_name=REGION).describe_instances()["Reservations"]
+    boto3.client("ec2", region_name=REGION).terminate_instances(
+        InstanceIds=[i["InstanceId"] for r in reservations for i in r["Instances"]]
+    )
+    code, _, err = run_cli(capsys, "resume", job, "--yes")
+    assert code == 0, err
+    again = re.search(r"^submitted (\S+):", err, re.M).group(1)  # type: ignore[union-attr]
+    code, out, _ = run_cli(capsys, "ls", "--backend", "ec2", "--region", REGION, "--json")
+    rows = [r for r in json.loads(out) if r["lineage"] == job]
+    assert [(r["job_name"], r["jobs_in_lineage"]) for r in rows] == [(again, 2)]
