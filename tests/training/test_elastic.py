@@ -231,3 +231,19 @@ def test_a_cancelled_lineage_starts_no_attempt_and_a_completed_one_ends_for_ever
     assert done.run() == 0
     assert done.attempts == [(1, 0)] and lineage_record()["status"] == "Completed"
     assert instances(group) == []
+
+
+def test_when_every_node_was_reclaimed_the_replacements_start_the_next_attempt(group, tmp_path):
+    """No survivor is left to say attempt 1 ended: its stop marker (written by the noticed nodes)
+    closes it, and the group's replacements meet as attempt 2."""
+    import boto3
+
+    job = make_job()
+    s3 = boto3.client("s3", region_name=REGION)
+    root = f"distrain/jobs/{GROUP}/attempts/1"
+    for rank in (0, 1):
+        s3.put_object(Bucket=BUCKET, Key=f"{root}/claims/{rank}.json", Body=b'{"instance_id": "i-gone"}')
+    s3.put_object(Bucket=BUCKET, Key=f"{root}/stop", Body=b'{"reason": "spot-interruption"}')
+    first, second = instances(group)
+    replacement = Node(tmp_path, job, first, ends_attempt="Completed")
+    assert replacement.run() == 0 and replacement.attempts == [(2, 0)]
