@@ -145,12 +145,17 @@ class Lineage:
         return True
 
     def newest_attempt(self) -> int:
+        """The highest attempt number with anything in S3 (1 when none): folders only, not their files."""
         folder = self.key(ATTEMPTS) + "/"
         numbers = [1]
-        for key in self.store.list(folder):
-            head = key[len(folder) :].split("/", 1)[0]
-            if head.isdigit() and len(head) < 5:
-                numbers.append(int(head))
+        pages = self.store.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.store.bucket, Prefix=folder, Delimiter="/"
+        )
+        for page in pages:
+            for found in page.get("CommonPrefixes", []):
+                head = found["Prefix"][len(folder) :].rstrip("/")
+                if head.isdigit() and len(head) < 5:
+                    numbers.append(int(head))
         return max(numbers)
 
     def closed(self, k: int) -> bool:
