@@ -641,6 +641,11 @@ def _show(info: dict, as_json: bool) -> None:
         typer.echo(json.dumps(info, indent=2, default=str))
     else:
         for k, v in info.items():
+            if isinstance(v, list) and v and all(isinstance(item, dict) for item in v):  # a lineage's attempts
+                typer.echo(f"{k}:")
+                for item in v:
+                    typer.echo(_human("  " + ", ".join(f"{a}: {b}" for a, b in item.items() if b not in ("", None))))
+                continue
             typer.echo(_human(f"{k}: {_when(v) if k in ('created', 'updated') else v}"))
 
 

@@ -162,6 +162,9 @@ def test_status_shows_each_attempt_and_the_lineages_cost_and_ls_one_row(stack, c
     assert 0.95 <= hours <= 0.99, status["cost_so_far"]
     usd = float(re.match(r"at most \$([0-9.]+): ", status["cost_so_far"]).group(1))  # type: ignore[union-attr]
     assert usd == pytest.approx(hours * 3.912, abs=0.03)  # g4dn.12xlarge's list price
+    code, out, _ = run_cli(capsys, "status", job)  # for people: one line per attempt
+    assert "attempts:\n  attempt: 1, status: Interrupted, started: " in out, out
+    assert "  attempt: 2, status: InProgress, started: " in out and "cost_so_far: at most $" in out, out
     # The lineage holds its lease while the group keeps it going: a resume is refused, naming it.
     code, _, err = run_cli(capsys, "resume", job, "--yes")
     assert code == 2 and f"lineage {job} has a live attempt: {job}" in err, err
