@@ -447,8 +447,10 @@ def cancel(job: JobRef, now_: bool = False) -> str:
     marker = {"reason": "cancel", "by": "launcher", "time": time.time()}
     with aws.translate_errors():
         s3 = aws.client("s3", region)
-        s3.put_object(Bucket=bucket, Key=f"{root}/stop", Body=json.dumps(marker).encode())
         numbers = _attempt_numbers(s3, bucket, root)
+        live = f"{job.name}/{ATTEMPTS}/{numbers[-1]}" if numbers else None
+        before = ec2._record_etags(s3, bucket, prefix, live) if live else {}
+        s3.put_object(Bucket=bucket, Key=f"{root}/stop", Body=json.dumps(marker).encode())
         if numbers:
             s3.put_object(Bucket=bucket, Key=f"{root}/{ATTEMPTS}/{numbers[-1]}/stop", Body=json.dumps(marker).encode())
         asg = aws.client("autoscaling", region)
@@ -469,11 +471,64 @@ def cancel(job: JobRef, now_: bool = False) -> str:
         if alive:
             ec2._terminate(region, alive)
         return f"stopping lineage {job.name} at once: its Auto Scaling group and {len(alive)} instance(s) are deleted"
-    return (
+    # Only a live agent acts on the markers: with the laptop closed right after, a node whose agent
+    # is dead would run until the hard stop. Wait for each to answer, as a plain job's cancel does.
+    print(f"note: waiting up to {ec2.CANCEL_ANSWER_S} s for the node agents to answer the stop", file=sys.stderr)
+    with aws.translate_errors():
+        silent = _unanswered(s3, bucket, prefix, job.name, live, region, before)
+    said = (
         f"stopping lineage {job.name}: its Auto Scaling group launches nothing more; the nodes of the live "
         f"attempt save a checkpoint and end (distrain-cloud status {job.name}; `cancel {job.name} --now` "
         "ends them at once)"
     )
+    if not silent:
+        return said
+    _leave(region, silent)
+    return (
+        f"{said}; no node agent answered the stop within {ec2.CANCEL_ANSWER_S} s on {', '.join(silent)}: "
+        "terminated them, without a checkpoint"
+    )
+
+
+def _unanswered(
+    s3: Any, bucket: str, prefix: str, name: str, live: str | None, region: str, before: dict[str, str]
+) -> list[str]:
+    """The lineage's running instances whose agent has not answered within CANCEL_ANSWER_S: no
+    record of the live attempt moved, none is final or in its final sync. A node that leaves the
+    group (a waiting or booting one sees the lineage's stop and does) answered by ending."""
+    from .backends import ec2
+
+    until = time.monotonic() + ec2.CANCEL_ANSWER_S
+    while True:
+        alive = {
+            i["id"] for i in ec2.tagged_instances(region, name).get(name, []) if i["state"] in ("pending", "running")
+        }
+        answered = set()
+        for key, etag in (ec2._record_etags(s3, bucket, prefix, live) if live else {}).items():
+            record = ec2._read_json(s3, bucket, key) or {}
+            ending = record.get("status") != "InProgress" or record.get("phase") == "final-sync"
+            if etag != before.get(key) or ending:
+                answered.add(str(record.get("instance_id")))
+        silent = sorted(alive - answered)
+        if not silent or time.monotonic() >= until:
+            return silent
+        time.sleep(min(ec2.CANCEL_POLL_S, max(0.0, until - time.monotonic())))
+
+
+def _leave(region: str, ids: list[str]) -> None:
+    """Terminate `ids` out of the group, lowering its desired capacity: nothing replaces them."""
+    from botocore.exceptions import ClientError
+
+    from distrain_cloud.infra import aws
+
+    from .backends import ec2
+
+    asg = aws.client("autoscaling", region)
+    for instance in ids:
+        try:
+            asg.terminate_instance_in_auto_scaling_group(InstanceId=instance, ShouldDecrementDesiredCapacity=True)
+        except ClientError:  # no longer in the group (it left meanwhile): an ordinary terminate
+            ec2._terminate(region, [instance])
 
 
 def retire_when_done(region: str, name: str, info: dict[str, Any]) -> None:

@@ -174,14 +174,22 @@ def test_status_shows_each_attempt_and_the_lineages_cost_and_ls_one_row(stack, c
 
 
 @pytest.mark.slow
-def test_cancel_stops_the_lineage_not_only_the_live_attempt(stack, capsys):
+def test_cancel_stops_the_lineage_not_only_the_live_attempt(stack, capsys, monkeypatch):
     import boto3
 
+    from distrain_cloud.launcher.backends import ec2
+
+    monkeypatch.setattr(ec2, "CANCEL_ANSWER_S", 1)  # 45 s for real
     job = submitted(capsys)
-    put(f"jobs/{job}/attempts/1/claims/0.json", {"instance_id": "i-0aaa", "time": time.time()})
+    (node,) = [i["InstanceId"] for i in group(job)["Instances"]]
+    put(f"jobs/{job}/attempts/1/claims/0.json", {"instance_id": node, "time": time.time()})
+    put(f"jobs/{job}/attempts/1/nodes/0.json", {"status": "InProgress", "phase": "training", "instance_id": node})
     code, out, err = run_cli(capsys, "cancel", job)
     assert code == 0 and "launches nothing more" in out + err, out + err
     assert [p["ProcessName"] for p in group(job)["SuspendedProcesses"]] == ["Launch"]
+    # Its agent never answered (there is none here): it left the group, so nothing replaces it.
+    assert f"no node agent answered the stop within 1 s on {node}: terminated them" in out, out
+    assert group(job)["Instances"] == [] and group(job)["DesiredCapacity"] == 0
     for key in (f"jobs/{job}/stop", f"jobs/{job}/attempts/1/stop"):  # the lineage's, the attempt's
         marker = json.loads(s3().get_object(Bucket=BUCKET, Key=f"distrain-cloud/{key}")["Body"].read())
         assert marker["reason"] == "cancel"
