@@ -39,6 +39,9 @@ def _operation(service: str, operation: str) -> Any:
 def _pattern(pattern: str) -> Callable[[str], Any]:
     import regex
 
+    # Java writes the supplementary planes as a range of surrogate pairs (EC2 Auto Scaling's name
+    # patterns do); Python's strings hold those characters whole.
+    pattern = pattern.replace("\\uD800\\uDC00-\\uDBFF\\uDFFF", "\\U00010000-\\U0010FFFF")
     matcher: Callable[[str], Any] = regex.compile(pattern).fullmatch
     return matcher
 

@@ -104,6 +104,18 @@ def submit(
     max_run: Annotated[str | None, typer.Option("--max-run", help="wall-clock limit: 3600, 90m, 6h")] = None,
     max_wait: Annotated[str | None, typer.Option("--max-wait", help="spot: limit including waiting")] = None,
     max_cost: Annotated[float | None, typer.Option("--max-cost", help="refuse if worst-case USD exceeds this")] = None,
+    max_restarts: Annotated[
+        int | None,
+        typer.Option(
+            "--max-restarts", help="EC2 spot: new attempts after interruptions, on AWS's side (0: none; default 3)"
+        ),
+    ] = None,
+    on_demand_after: Annotated[
+        int | None,
+        typer.Option(
+            "--on-demand-after", metavar="K", help="EC2 spot: replacements are on-demand after K interruptions"
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option("--name", help="job name prefix")] = None,
     push_to_hub: Annotated[
         str | None, typer.Option("--push-to-hub", metavar="REPO", help="push the final model to this Hub repo")
@@ -175,6 +187,8 @@ def submit(
         "max_run": max_run,
         "max_wait": max_wait,
         "max_cost": max_cost,
+        "ec2.max_restarts": max_restarts,
+        "ec2.on_demand_after": on_demand_after,
         "name": name,
         "region": region,
         "resume_from": resume_from,
@@ -727,6 +741,11 @@ def _show(info: dict, as_json: bool) -> None:
         typer.echo(json.dumps(info, indent=2, default=str))
     else:
         for k, v in info.items():
+            if isinstance(v, list) and v and all(isinstance(item, dict) for item in v):  # a lineage's attempts
+                typer.echo(f"{k}:")
+                for item in v:
+                    typer.echo(_human("  " + ", ".join(f"{a}: {b}" for a, b in item.items() if b not in ("", None))))
+                continue
             typer.echo(_human(f"{k}: {_when(v) if k in ('created', 'updated') else v}"))
 
 

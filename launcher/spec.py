@@ -62,6 +62,8 @@ FLAGS = {
     "max_run": "--max-run",
     "max_wait": "--max-wait",
     "max_cost": "--max-cost",
+    "ec2.max_restarts": "--max-restarts",
+    "ec2.on_demand_after": "--on-demand-after",
     "resume_from": "--resume-from",
     "inputs": "--input",
     "secrets": "--secret",
@@ -309,6 +311,19 @@ class Ec2Spec(_Section):
     )
     placement: bool = Field(True, description="multi-node jobs use the stack's cluster placement group, if it has one")
     efa: bool = Field(True, description="multi-node jobs get an EFA interface where the instance type supports it")
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="spot jobs: new attempts after spot interruptions, on AWS's side (an Auto Scaling group); "
+        "0: none (an interrupted job stays Interrupted until `resume`)",
+    )
+    on_demand_after: int | None = Field(
+        None,
+        ge=1,
+        le=100,
+        description="spot jobs: after this many interruptions the replacements are on-demand (opt-in)",
+    )
 
     @field_validator("ami_id")
     @classmethod
@@ -535,6 +550,14 @@ class JobSpec(BaseModel):
             raise ValueError("max_wait applies to spot jobs only; add spot: true or drop max_wait")
         if self.max_wait is not None and self.max_wait < self.max_run:
             raise ValueError(f"max_wait ({self.max_wait}s) must be >= max_run ({self.max_run}s)")
+        after = self.ec2.on_demand_after
+        if after is not None and not self.spot:
+            raise ValueError("ec2.on_demand_after (--on-demand-after) applies to spot jobs only; add --spot or drop it")
+        if after is not None and after > self.ec2.max_restarts:
+            raise ValueError(
+                f"ec2.on_demand_after (--on-demand-after) {after} is never reached with --max-restarts "
+                f"{self.ec2.max_restarts}: raise --max-restarts or lower --on-demand-after"
+            )
         return self
 
     # ------------------------------------------------------------------ derived

@@ -34,6 +34,7 @@ class Identity:
     region: str = "us-east-1"
     role: str = ROLE
     spot_action: dict[str, str] | None = None  # the instance-action document once a notice is set
+    lifecycle: str = "spot"  # meta-data/instance-life-cycle: spot or on-demand
     # The role's session credentials (AccessKeyId, SecretAccessKey, SessionToken, Expiration), as
     # STS gave them for the instance profile's role; placeholders when a test needs no real ones.
     credentials: dict[str, Any] | None = None
@@ -64,6 +65,7 @@ class Identity:
             "meta-data/local-ipv4": self.local_ipv4,
             "meta-data/placement/availability-zone": zone,
             "meta-data/placement/region": self.region,
+            "meta-data/instance-life-cycle": self.lifecycle,
             "meta-data/iam/security-credentials/": self.role,
             f"meta-data/iam/security-credentials/{self.role}": json.dumps(creds),
             "dynamic/instance-identity/document": json.dumps(document),

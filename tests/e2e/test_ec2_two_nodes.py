@@ -1,7 +1,7 @@
 """Rehearse a two-node EC2 job on this machine: the user data that was sent to (mocked) EC2 is read
 back and run with bash once per node, and the tiny job trains across both nodes on CPU.
 
-The job goes through the real CLI (`infra up`, `submit`, `status`, `resume`), each a process of
+The job goes through the real CLI (`infra up`, `submit`, `status`), each a process of
 its own. Stand-ins: a moto server for S3, EC2 and CloudWatch Logs; one fake IMDSv2 server per node
 (tests/imds.py) giving each its instance id, launch index, reservation id and the credentials of
 its job's own role (the instance profile's, assumed through STS), exactly as an instance's metadata
@@ -216,6 +216,77 @@ class Rehearsal:
             for inst, proc, out in zip(instances, procs, outputs, strict=True)
         ]
 
+    def run_group(self, job: str, *, on_line: tuple[str, Callable[[dict[str, FakeImds], str], None]]) -> list[NodeRun]:
+        """Play EC2's part for a lineage kept by an Auto Scaling group: boot every instance the group
+        has (moto's group launches a replacement when one of its instances is terminated, as AWS's
+        does), each with its own metadata server, until every node has ended and the group has
+        nothing new. `on_line` = (text, fn): fn(metadata servers by instance id, the id of the node
+        that printed it) the first time any node prints a line containing text."""
+        role, credentials = self.role_credentials_of(job)
+        fakes: dict[str, FakeImds] = {}
+        procs: dict[str, subprocess.Popen] = {}
+        outputs: dict[str, list[str]] = {}
+        fired = threading.Event()
+
+        def watch(instance_id: str, proc: subprocess.Popen) -> None:
+            assert proc.stdout is not None
+            for line in iter(proc.stdout.readline, ""):
+                outputs[instance_id].append(line)
+                if on_line[0] in line and not fired.is_set():
+                    fired.set()
+                    on_line[1](fakes, instance_id)
+
+        deadline = time.monotonic() + 2 * NODE_TIMEOUT_S
+        try:
+            quiet = 0
+            while quiet < 3:
+                booted = False
+                for inst in self.instances(job):
+                    iid = inst["InstanceId"]
+                    if inst["State"]["Name"] not in ("pending", "running") or iid in procs:
+                        continue
+                    fakes[iid] = FakeImds(
+                        instance_id=iid,
+                        launch_index=inst["AmiLaunchIndex"],
+                        reservation_id=self._reservation(iid),
+                        region=REGION,
+                        role=role,
+                        credentials=credentials,
+                    ).start()
+                    work = self.root / iid
+                    outputs[iid] = []
+                    procs[iid] = subprocess.Popen(
+                        ["bash", "-c", self.user_data(iid)],
+                        env=self.node_env(fakes[iid].endpoint, work, iid, {}),
+                        cwd=self.root,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        start_new_session=True,
+                    )
+                    threading.Thread(target=watch, args=(iid, procs[iid]), daemon=True).start()
+                    booted = True
+                ended = all(p.poll() is not None for p in procs.values())
+                quiet = quiet + 1 if ended and not booted else 0
+                assert time.monotonic() < deadline, "the lineage did not end in time"
+                time.sleep(0.5)
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                proc.wait()
+            for fake in fakes.values():
+                fake.stop()
+        time.sleep(0.5)  # the readers' last lines
+        return [NodeRun(-1, iid, p.returncode, "".join(outputs[iid]), self.root / iid) for iid, p in procs.items()]
+
+    def role_credentials_of(self, job: str) -> tuple[str, dict]:
+        """The job's own role (its instance profile is named after the job) and session credentials."""
+        iam = aws("iam", self.url)
+        (role,) = iam.get_instance_profile(InstanceProfileName=job)["InstanceProfile"]["Roles"]
+        creds = aws("sts", self.url).assume_role(RoleArn=role["Arn"], RoleSessionName="node")["Credentials"]
+        return role["RoleName"], creds
+
     def user_data(self, instance_id: str) -> str:
         import base64
 
@@ -379,34 +450,48 @@ def test_two_nodes_train_from_the_user_data_and_leave_everything_in_s3(rehearsal
     assert rehearsal.states(instances) == ["terminated", "terminated"]
 
 
-def test_a_spot_notice_on_one_node_checkpoints_both_and_resume_matches_the_uninterrupted_run(rehearsal, completed):
+def test_a_spot_lineage_recovers_on_aws_side_with_no_client_and_matches_the_uninterrupted_run(rehearsal, completed):
+    """`submit --spot` without --wait: the CLI process has ended before any node boots. A spot
+    notice on one node mid-run; the Auto Scaling group (moto's plays AWS's: it replaces a terminated
+    instance) launches a replacement, the survivor and the replacement meet as attempt 2, restore
+    the last complete checkpoint and train to the end, all without the client."""
     baseline = rehearsal.losses(completed[0])
-    job, first = rehearsal.submit(*SUBMIT, "--spot", "--", *FLAGS)
-    # The notice comes to node 1 once node 0 has trained a few steps.
-    nodes = rehearsal.run_nodes(first, when_line=(0, "step=4 ", lambda fakes: fakes[1].set_spot_notice()))
-    for rank in (0, 1):
-        record = rehearsal.record(job, rank)
-        assert (record["status"], record["exit_code"]) == ("Interrupted", 143), describe(nodes)
-        assert record["reason"].startswith("spot interruption notice on node 1")
-    assert rehearsal.status(job)["status"] == "Interrupted"
-    assert rehearsal.states(first) == ["terminated", "terminated"]
-    interrupted = rehearsal.losses(job)
-    stopped_at = max(interrupted)
-    assert 4 <= stopped_at < 24
-    checkpoints = rehearsal.description(job)["checkpoint_uri"]
-    assert f"checkpoint-{stopped_at:08d}/COMPLETE" in rehearsal.keys(checkpoints)
+    job, first = rehearsal.submit(*SUBMIT, "--spot", "--max-restarts", "2", "--", *FLAGS)
+    assert len(first) == 2  # moto's group launched them at once (AWS's does so asynchronously)
+    noticed: list[str] = []
 
-    # A new attempt of the same lineage, on new instances: both nodes restore, training goes on.
-    again, second = rehearsal.submit("resume", job, "--yes")
-    assert rehearsal.description(again)["checkpoint_uri"] == checkpoints
-    nodes = rehearsal.run_nodes(second)
-    assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
-    for n in nodes:
-        assert f"restored checkpoint-{stopped_at:08d}" in n.output
-    resumed = rehearsal.losses(again)
-    assert min(resumed) == stopped_at + 1
-    assert {**interrupted, **resumed} == baseline  # exact, step by step
-    assert rehearsal.status(again)["status"] == "Completed"
+    def notice_the_other(fakes: dict[str, FakeImds], printer: str) -> None:
+        other = next(i for i in fakes if i != printer)  # the printer is training rank 0
+        noticed.append(other)
+        fakes[other].set_spot_notice()
+
+    nodes = rehearsal.run_group(job, on_line=("step=4 ", notice_the_other))
+    assert len(nodes) == 3 and all(n.returncode == 0 for n in nodes), describe(nodes)
+    status = rehearsal.status(job)
+    assert (status["status"], status["attempt"]) == ("Completed", 2), (status, describe(nodes))
+    first_attempt, second = status["attempts"]
+    assert first_attempt["status"] == "Interrupted" and "spot interruption notice" in first_attempt["why"], status[
+        "attempts"
+    ]
+    assert noticed[0] in first_attempt["where"] and noticed[0] not in second["where"], status
+    assert second["status"] == "Completed" and "spot" in second["where"], status
+    assert status["cost_so_far"].startswith("at most $"), status
+    # Every step once, each loss equal to the uninterrupted run's: attempt 2 resumed where 1 saved.
+    root = f"{PREFIX}/jobs/{job}/attempts"
+    losses = {}
+    keys = rehearsal.keys(f"s3://{rehearsal.bucket}/{root}/")
+    for k in (1, 2):
+        assert f"{k}/output/metrics.jsonl" in keys, (keys, describe(nodes))
+        body = rehearsal.s3.get_object(Bucket=rehearsal.bucket, Key=f"{root}/{k}/output/metrics.jsonl")["Body"]
+        rows = [json.loads(line) for line in body.read().decode().splitlines() if line.strip()]
+        steps = {r["step"]: r["train_loss"] for r in rows if "train_loss" in r}
+        assert not set(steps) & set(losses), (sorted(steps), sorted(losses))
+        losses |= steps
+    assert losses == baseline
+    # The lineage's end: every node left the group, which `status` then deleted; nothing runs.
+    groups = aws("autoscaling", rehearsal.url).describe_auto_scaling_groups(AutoScalingGroupNames=[job])
+    assert groups["AutoScalingGroups"] == []
+    assert set(rehearsal.states(rehearsal.instances(job))) == {"terminated"}
 
 
 def test_a_node_whose_training_dies_fails_the_job_and_the_other_node_stops(rehearsal):

@@ -153,6 +153,16 @@ def test_template_terminate_and_tag_only_stack_instances():
         "JobInstanceProfiles",
         "PassJobRoles",
         "SpotServiceLinkedRole",
+        "AutoScalingServiceLinkedRole",
+    }
+    # A spot lineage's group and template (launcher/backends/ec2/recovery.py): made with the stack tag, changed
+    # only where it is; its nodes may never make their group bigger.
+    request_tag = {"StringEquals": {"aws:RequestTag/distrain-cloud:stack": {"Ref": "AWS::StackName"}}}
+    assert launcher["LineageGroupsCreate"]["Condition"] == launcher["LineageTemplates"]["Condition"] == request_tag
+    assert launcher["LineageGroups"]["Condition"] == {"StringEquals": stack_tag}
+    assert boundary["StackAutoScalingGroups"]["Condition"] == {
+        "StringEquals": stack_tag,
+        "Null": {"autoscaling:MaxSize": "true"},
     }
     for sid in ("CreateJobRoles", "AttachSessionManager", "ManageJobRoles", "PassJobRoles"):
         assert launcher[sid]["Resource"] == on_path, sid

@@ -95,6 +95,11 @@ def moto_server():
     server.stop()
 
 
+# A spot job without recovery on AWS's side (launcher/backends/ec2/recovery.py): RunInstances, `resume` after
+# an interruption, as `--max-restarts 0` makes it.
+PLAIN_SPOT = {"ec2.max_restarts": 0}
+
+
 def spec(**overrides):
     base = {"instance": "g4dn.12xlarge", "region": REGION, "max_run": "2h"}
     return load_spec(None, {**base, **overrides})
@@ -167,7 +172,7 @@ def calls(monkeypatch) -> Calls:
 def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once(stack, calls, capsys):
     import boto3
 
-    job, plan = submitted(nodes=2, spot=True)
+    job, plan = submitted(nodes=2, spot=True, **PLAIN_SPOT)
     writes = [
         (op, p.get("Key"))
         for op, p in zip(calls.ops, calls.params, strict=True)
@@ -537,7 +542,7 @@ def test_cancel_now_is_refused_for_other_backends(mocked_aws, capsys):
 
 @pytest.mark.slow
 def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, capsys, job_records):
-    job, plan = submitted(nodes=2, spot=True, secrets={"HF_TOKEN": "ssm:/team/hf"})
+    job, plan = submitted(nodes=2, spot=True, **PLAIN_SPOT, secrets={"HF_TOKEN": "ssm:/team/hf"})
     for rank in (0, 1):
         put_node(job, rank, status="Interrupted", exit_code=143, reason="spot-interruption", step=60)
     assert ec2.BACKEND.status(ref(job))["status"] == "Interrupted"
@@ -610,7 +615,7 @@ def test_submit_spot_wait_resumes_an_interrupted_lineage_until_it_completes(stac
                 put_node(job["job"], rank, status=outcome, exit_code=0 if outcome == "Completed" else 143, reason="")
 
     monkeypatch.setattr("time.sleep", nodes_report)
-    plan = plan_job(spec(nodes=2, spot=True))
+    plan = plan_job(spec(nodes=2, spot=True, **PLAIN_SPOT))
     assert submit_job(plan, wait=True) == 0
     err = capsys.readouterr().err
     assert f"{plan.job_name}: spot capacity was reclaimed; resuming from its checkpoints" in err
@@ -726,7 +731,7 @@ def launched_jobs() -> list[str]:
 def test_two_resumes_at_once_launch_one_attempt_and_refuse_the_other_naming_it(
     stack, monkeypatch, atomic_conditional_puts
 ):
-    job, _ = submitted(nodes=1, spot=True)
+    job, _ = submitted(nodes=1, spot=True, **PLAIN_SPOT)
     put_node(job, 0, status="Interrupted", exit_code=143, reason="spot-interruption", step=60)
     results = resumes_at_once(monkeypatch, job)
     assert len(results) == 2, results

@@ -38,7 +38,7 @@ from ...lease import launched as lineage_launched
 from ...plan import Check, Plan, refuse_failed_checks
 from ...tracking import wandb_run
 from .. import cloud, wait_for
-from . import layout
+from . import layout, recovery
 from .request import (
     HARD_STOP_GRACE_MIN,
     MAIN_PORT,
@@ -218,6 +218,9 @@ class Ec2Backend:
         description = job_description(parts, where, plan.payload["spec"])
         role = _job_role(parts, where)
         description["role"] = role.name  # beyond the contract: `status` deletes it once the job ended
+        spec = plan.payload["spec"]
+        if recovery.wanted(spec):  # a spot lineage the AWS side keeps going (recovery.py)
+            description["recovery"] = recovery.description_block(parts.job_name, parts.nodes, spec)
         # The bytes submit uploads, hashed here so the user data can pin them (a job.json rewritten
         # after submit is refused by every node before it trusts any of it).
         job_json = json.dumps(description, indent=2).encode()
@@ -231,17 +234,29 @@ class Ec2Backend:
             code_sha256=parts.code_sha256,
             job_sha256=hashlib.sha256(job_json).hexdigest(),
             hard_stop_minutes=math.ceil(parts.max_run / 60) + HARD_STOP_GRACE_MIN,
+            # A recovering lineage's replacements boot later: its hard stop is one moment for all.
+            hard_stop_at=_hard_stop_at(parts) if recovery.wanted(spec) else None,
             python=parts.family.python,
             torch=parts.family.torch,
             requirements=parts.requirements,
         )
         request = run_instances_request(parts, where, user_data)
         refuse_api_problems(request)
+        lineage_requests = None
+        if recovery.wanted(spec):
+            tags = request["TagSpecifications"][0]["Tags"][:2]  # the stack and job tags
+            lineage_requests = recovery.requests(
+                request, name=parts.job_name, nodes=parts.nodes, subnets=where.subnets, deadline=_hard_stop_at(parts),
+                tags=tags,
+            )  # fmt: skip
+            recovery.refuse_problems(lineage_requests, description["recovery"])
         checks = [c for c in plan.checks if not c.name.startswith(("user data", "request fits", "job role"))]
         checks.append(_isolation_check(role, parts, where))
         checks.append(user_data_size_check(user_data))
         checks.append(secret_free_check(user_data, description, dict(parts.secrets)))
         checks.append(Check("request fits the EC2 API model", True, "required fields, types and enums of RunInstances"))
+        if lineage_requests:
+            checks.append(Check("request fits the EC2 API model", True, "the launch template and Auto Scaling group"))
         wandb = wandb_run(plan.payload["spec"], list(parts.argv), description["env"])
         summary = {
             **plan.summary,
@@ -249,6 +264,7 @@ class Ec2Backend:
             "checkpoints": where.checkpoint_uri,
             "lineage": f"{where.lineage}, attempt {where.attempt or '<next>'}",
             **({"wandb": wandb} if wandb else {}),
+            **({"recovery": recovery.summary(spec)} if lineage_requests else {}),
         }
         return dataclasses.replace(
             plan,
@@ -260,6 +276,7 @@ class Ec2Backend:
                 "job.json": description,
                 "user_data": user_data.splitlines(),
                 "job_role": role.shown(),
+                **({"recovery": lineage_requests} if lineage_requests else {}),
             },
             bundle={**(plan.bundle or {}), "s3": f"s3://{where.bucket}/{plan.payload['code_key']}"},
             payload={
@@ -272,6 +289,7 @@ class Ec2Backend:
                 "bucket": where.bucket,
                 # in the local job record: where status, logs and resume find the job again
                 "record": {"stack": where.stack, "bucket": where.bucket, "prefix": parts.prefix},
+                **({"recovery": lineage_requests} if lineage_requests else {}),
             },
         )
 
@@ -367,7 +385,7 @@ class Ec2Backend:
                         Body=plan.payload["job_json"],  # exactly the bytes whose sha256 the user data pins
                         ContentType="application/json",
                     )
-            ids = launch(plan.request, where, parts)
+            ids = recovery.launch(plan) if recovery.planned(plan) else launch(plan.request, where, parts)
         except BaseException:
             cloud.retire_role_quietly(role.name)  # nothing was launched: its role goes too
             raise
@@ -380,6 +398,8 @@ class Ec2Backend:
         print(f"next: distrain-cloud logs {plan.job_name} --follow --region {parts.region}", file=sys.stderr)
         if not wait:
             return 0
+        if recovery.planned(plan):  # AWS relaunches it: follow the lineage to its end
+            return wait_for(self, JobRef(plan.job_name, self.name, parts.region))
         return self._wait(JobRef(plan.job_name, self.name, parts.region), plan.payload["spec"])
 
     def _wait(self, job: JobRef, spec: JobSpec) -> int:
@@ -410,6 +430,11 @@ class Ec2Backend:
     ) -> dict[str, Any]:
         from distrain_cloud.infra import aws
 
+        if recovery.is_lineage(description):
+            info = recovery.lineage_status(job.name, region, bucket, prefix, description)
+            recovery.retire_when_done(region, job.name, info)
+            retire_role_when_done(job.name, description, info, [{"state": s} for s in info["instances"].values()])
+            return info
         with aws.translate_errors():
             found = job_files(aws.client("s3", region), bucket, prefix, job.name)
         instances = tagged_instances(region, job.name).get(job.name, [])
@@ -441,10 +466,12 @@ class Ec2Backend:
                     print(printable(f"note: skipped EC2 job {name}: {e}"), file=sys.stderr)
                     continue
                 info = job_status(description, found, instances.get(name, []), now=time.time())
+                if recovery.is_lineage(description):  # one row for the whole lineage
+                    info = recovery.lineage_status(name, region, bucket, prefix, description)
                 if instances.get(name):  # ended within the hour EC2 still lists its instances
                     retire_role_when_done(name, description, info, instances[name])
                 rows.append({**info, "backend": self.name})
-        return rows
+        return recovery.one_row_per_lineage(rows)
 
     def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
         region, bucket, prefix, description = described(job)
@@ -463,6 +490,8 @@ class Ec2Backend:
         from distrain_cloud.infra import aws
 
         region, bucket, prefix, description = described(job)
+        if recovery.is_lineage(description):
+            return recovery.cancel(job)
         s3 = aws.client("s3", region)
         info = self._status(job, region, bucket, prefix, description)
         alive = sorted(i for i, state in info["instances"].items() if state in ALIVE_STATES)
@@ -498,6 +527,8 @@ class Ec2Backend:
         from distrain_cloud.infra import aws
 
         region = aws.region(job.region)
+        if recovery.is_lineage(described(job)[3]):
+            return recovery.cancel(job, now_=True)
         alive = [i["id"] for i in tagged_instances(region, job.name).get(job.name, []) if i["state"] in ALIVE_STATES]
         _write_stop(job, "cancel")
         if not alive:
@@ -823,6 +854,11 @@ def _terminate(region: str, ids: list[str]) -> None:
 
     with aws.translate_errors():
         aws.client("ec2", region).terminate_instances(InstanceIds=ids)
+
+
+def _hard_stop_at(parts: Parts) -> int:
+    """The epoch at which every node of the job stops, whenever it booted."""
+    return math.ceil(parts.submitted + parts.max_run) + HARD_STOP_GRACE_MIN * 60
 
 
 def _record_etags(s3: Any, bucket: str, prefix: str, job_name: str) -> dict[str, str]:

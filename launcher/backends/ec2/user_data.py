@@ -52,6 +52,7 @@ def ec2_user_data(
     python: str,
     torch: str | None,
     requirements: Sequence[str],
+    hard_stop_at: int | None = None,
 ) -> str:
     """The user data of every node of an EC2 job (bash, small, references only), in order: the
     hard stop (with shutdown behaviour terminate it ends the instance whatever else happens) and
@@ -70,13 +71,22 @@ def ec2_user_data(
         else ""
     )
     extra = " ".join(q(r) for r in requirements)
+    # The hard stop: minutes from boot, or (a recovering lineage, whose replacements boot later)
+    # one epoch for every node: the minutes left then, and power-off at once once it has passed.
+    hard_stop = (
+        f"${{DISTRAIN_EC2_HARD_STOP:-shutdown -h}} +{hard_stop_minutes} || true\n"
+        f"HARD_STOP_AT=$(( $(date +%s) + {hard_stop_minutes} * 60 ))"
+        if hard_stop_at is None
+        else f"HARD_STOP_AT={int(hard_stop_at)}\n"
+        'LEFT=$(( (HARD_STOP_AT - $(date +%s) + 59) / 60 )); [ "$LEFT" -gt 0 ] || LEFT=0\n'
+        "${DISTRAIN_EC2_HARD_STOP:-shutdown -h} +$LEFT || true"
+    )
     job_uri = f"s3://{bucket}/{job_prefix}/job.json"
     return f"""#!/bin/bash
 # distrain-cloud job {job}, attempt {attempt}: one node's start, rendered by the launcher.
 # User data is readable by whoever may describe the instance: it holds references only.
 # Rehearsal switches (unset on EC2; docs/ec2.md): {", ".join(EC2_REHEARSAL_SWITCHES)}.
-${{DISTRAIN_EC2_HARD_STOP:-shutdown -h}} +{hard_stop_minutes} || true
-HARD_STOP_AT=$(( $(date +%s) + {hard_stop_minutes} * 60 ))
+{hard_stop}
 set -euo pipefail
 export AWS_DEFAULT_REGION={q(region)} AWS_REGION={q(region)} HOME="${{HOME:-/root}}"
 PY="${{DISTRAIN_EC2_PYTHON:-{python}}}"

@@ -126,6 +126,7 @@ class Job:
     rendezvous_timeout_s: int = 600
     stack_tag: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # for training: its W&B lineage, instance, run id
+    recovery: dict[str, Any] = field(default_factory=dict)  # a lineage AWS keeps going (elastic.py)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Job:
@@ -149,6 +150,10 @@ class Job:
     def stream(self, rank: int) -> str:
         return f"{self.job}/node-{rank}"
 
+    def sync_id(self) -> str:
+        """What this job's checkpoint markers name (an attempt of a lineage names itself: elastic.py)."""
+        return self.job
+
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -164,6 +169,7 @@ _SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: isinstance(v, dict) and all(isinstance(x, str) for kv in v.items() for x in kv),
         "an object of strings",
     ),
+    "dict[str, Any]": (lambda v: isinstance(v, dict), "an object"),
 }
 _AT_LEAST_ONE = {"nodes", "processes_per_node"}
 

@@ -394,7 +394,7 @@ class Agent:
             self.contract.checkpoint_dir,
             rank=self.rank,
             nodes=job.nodes,
-            job=job.job,
+            job=job.sync_id(),
             keep=keep_checkpoints(job.train_argv),
             log=self.sink.agent,
         )
@@ -718,6 +718,10 @@ def run_node(job_uri: str, job_sha256: str, settings: Settings, sink: LogSink, s
         except Exception as e:  # the record says it all; the peers also see it through failed_peer
             sink.agent(f"could not write the stop marker ({short(e)})")
         return 0
+    if job.recovery:  # a spot lineage AWS keeps going: its attempts, in elastic.py
+        from .elastic import run_lineage
+
+        return run_lineage(job, me, settings, store, imds, sink, signalled)
     sink.to_cloudwatch(client("logs", job.region), job.log_group, job.stream(me.launch_index), settings.log_flush_s)
     agent = Agent(job, me, settings, store=store, imds=imds, sink=sink, ec2=client("ec2", job.region))
     agent.signalled = signalled

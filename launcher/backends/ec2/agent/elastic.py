@@ -1,0 +1,323 @@
+"""A node of a spot lineage that recovers on AWS's side (launcher/backends/ec2/recovery.py): the node agent's
+loop over the lineage's attempts.
+
+The launcher made an Auto Scaling group that keeps N nodes from one launch template, so every node,
+the first ones and every replacement, boots the same user data and reaches this loop with the same
+job.json. Its instances come from many launches (no shared reservation id, every launch index 0),
+so an attempt's ranks are claimed in S3 instead: `attempts/<k>/claims/<rank>.json`, each created
+only if absent (a conditional PutObject), the lowest free rank first. Attempt k is then an ordinary
+job of the node agent, rooted at `jobs/<job>/attempts/<k>/` (rendezvous, records, stop marker),
+restoring the lineage's newest complete checkpoint.
+
+When attempt k ends:
+- interrupted (a spot notice, or a node shutting down): a node that got the notice itself powers
+  off (AWS reclaims it; the group launches its replacement); a survivor moves to attempt k + 1 and
+  waits there for the replacements;
+- anything else (completed, failed, cancelled, the deadline) ends the lineage: the node records it
+  in `jobs/<job>/lineage.json` and leaves the group, lowering its desired capacity, so nothing
+  is replaced. A node that boots into an ended lineage leaves at once.
+Before an attempt starts the node applies the lineage's bounds: `--max-restarts` (attempt N + 2
+is never started), `--on-demand-after` (the group's replacements become on-demand), the deadline
+and a cancel of the whole lineage (`jobs/<job>/stop`).
+
+Stdlib and boto3 only, like the node agent; it never imports the launcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .checkpoints import files_in
+from .imds import Imds
+from .job import BadObject, Job, NodeFailure, NodeIdentity, Settings, parse_s3_uri, short
+from .logs import LogSink
+from .node import Agent, one_line
+from .store import Store
+
+ATTEMPTS = "attempts"
+LINEAGE_RECORD = "lineage.json"
+FALLBACK_RECORD = "on-demand.json"
+# Stop reasons after which the lineage goes on: capacity was reclaimed, not the job's own doing.
+CONTINUES = ("spot-interruption", "shutdown")
+ENDED = ("Completed", "Failed", "Stopped", "Interrupted")
+
+
+@dataclass(frozen=True)
+class AttemptJob(Job):
+    """Attempt `number` of the lineage: the node agent's job, rooted in `attempts/<number>/`."""
+
+    number: int = 1
+
+    def key(self, *parts: str) -> str:
+        return super().key(ATTEMPTS, str(self.number), *parts)
+
+    def sync_id(self) -> str:
+        # Checkpoint markers name the attempt: an interrupted one's are never taken for this one's.
+        return f"{self.job}/{ATTEMPTS}/{self.number}"
+
+
+class AttemptAgent(Agent):
+    """The node agent for one attempt. Leaving a rendezvous unmet does not end the other instances:
+    they belong to the group, which would only replace them; the lineage's end decides instead."""
+
+    def _end_unmet_job(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Bounds:
+    group: str
+    max_restarts: int
+    replacement_wait_s: int
+    on_demand_after: int | None = None
+    on_demand_request: dict[str, Any] | None = None
+
+    @classmethod
+    def from_job(cls, job: Job) -> Bounds:
+        block = job.recovery
+        try:
+            return cls(
+                group=str(block["group"]),
+                max_restarts=int(block["max_restarts"]),
+                replacement_wait_s=int(block.get("replacement_wait_s", 1800)),
+                on_demand_after=int(block["on_demand_after"]) if block.get("on_demand_after") else None,
+                on_demand_request=dict(block["on_demand_request"]) if block.get("on_demand_request") else None,
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise NodeFailure(f"job.json's recovery is not what the launcher writes ({short(e)})") from None
+
+
+class Lineage:
+    """This node's part in the lineage: which attempt to join, the bounds, the end."""
+
+    def __init__(
+        self,
+        job: Job,
+        me: NodeIdentity,
+        settings: Settings,
+        *,
+        store: Store,
+        imds: Imds,
+        sink: LogSink,
+        ec2: Any = None,
+        autoscaling: Any = None,
+        signalled: threading.Event | None = None,
+    ) -> None:
+        self.job, self.me, self.settings = job, me, settings
+        self.store, self.imds, self.sink, self.ec2, self.autoscaling = store, imds, sink, ec2, autoscaling
+        self.signalled = signalled or threading.Event()
+        self.bounds = Bounds.from_job(job)
+
+    # -- S3
+
+    def key(self, *parts: str) -> str:
+        return self.job.key(*parts)
+
+    def _get(self, key: str) -> Any:
+        try:
+            return self.store.get_json(key)
+        except BadObject:
+            return {}  # something is there that no node wrote: it counts as there
+
+    def _create(self, key: str, body: dict[str, Any]) -> bool:
+        """Write `body` at `key` only if nothing is there (S3 decides, once); -> whether we did."""
+        import json
+
+        try:
+            self.store.s3.put_object(Bucket=self.store.bucket, Key=key, Body=json.dumps(body).encode(), IfNoneMatch="*")
+        except Exception as e:
+            code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
+            if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+                return False
+            raise
+        return True
+
+    def newest_attempt(self) -> int:
+        """The highest attempt number with anything in S3 (1 when none): folders only, not their files."""
+        folder = self.key(ATTEMPTS) + "/"
+        numbers = [1]
+        pages = self.store.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.store.bucket, Prefix=folder, Delimiter="/"
+        )
+        for page in pages:
+            for found in page.get("CommonPrefixes", []):
+                head = found["Prefix"][len(folder) :].rstrip("/")
+                if head.isdigit() and len(head) < 5:
+                    numbers.append(int(head))
+        return max(numbers)
+
+    def closed(self, k: int) -> bool:
+        """Attempt k has ended (every stop of an attempt leaves its marker)."""
+        return self._get(self.key(ATTEMPTS, str(k), "stop")) is not None
+
+    def claim(self, k: int) -> int | None:
+        """The lowest free rank of attempt k, now this node's; None when every rank is taken."""
+        zone = market = "?"
+        try:
+            zone = (self.imds.get("meta-data/placement/availability-zone") or "?").strip()
+            market = (self.imds.get("meta-data/instance-life-cycle") or "?").strip()
+        except Exception as e:  # only shown by `status`
+            self.sink.agent(f"zone or market not readable ({short(e)})")
+        body = {"instance_id": self.me.instance_id, "zone": zone, "market": market, "time": time.time()}
+        for rank in range(self.job.nodes):
+            if self._create(self.key(ATTEMPTS, str(k), "claims", f"{rank}.json"), body):
+                return rank
+        return None
+
+    # -- the end
+
+    def ended(self) -> dict[str, Any] | None:
+        """The lineage's end record, if a node wrote it."""
+        found = self._get(self.key(LINEAGE_RECORD))
+        return found if isinstance(found, dict) else ({} if found is not None else None)
+
+    def end(self, status: str, reason: str, k: int) -> None:
+        """Record the lineage's end (the first node's word stays) and leave the group."""
+        body = {"status": status, "reason": one_line(reason), "attempt": k, "by": self.me.instance_id}
+        try:
+            if self._create(self.key(LINEAGE_RECORD), {**body, "time": time.time()}):
+                self.sink.agent(f"lineage ended: {status} {one_line(reason)}".rstrip())
+        except Exception as e:
+            self.sink.agent(f"the lineage's end was not recorded ({short(e)})")
+        self.leave()
+
+    def leave(self) -> None:
+        """Leave the group, lowering its desired capacity: this node is not replaced. Its last act
+        (it terminates the instance), after the records and the log copy."""
+        if self.autoscaling is None:
+            return
+        try:
+            self.autoscaling.terminate_instance_in_auto_scaling_group(
+                InstanceId=self.me.instance_id, ShouldDecrementDesiredCapacity=True
+            )
+            self.sink.agent(f"left the Auto Scaling group {self.bounds.group}: it replaces this node no more")
+        except Exception as e:
+            self.sink.agent(f"could not leave the Auto Scaling group {self.bounds.group} ({short(e)})")
+
+    def on_demand(self, k: int) -> None:
+        """From attempt on_demand_after + 1 on, the group launches on-demand (once per lineage)."""
+        request = self.bounds.on_demand_request
+        if not request or self.autoscaling is None:
+            return
+        try:
+            if not self._create(self.key(FALLBACK_RECORD), {"attempt": k, "time": time.time()}):
+                return  # another node did it
+            self.autoscaling.update_auto_scaling_group(**request)
+            self.sink.agent(
+                f"{k - 1} interruption(s): the group's replacements are on-demand from now on (--on-demand-after)"
+            )
+        except Exception as e:
+            self.sink.agent(f"could not switch the group to on-demand ({short(e)}); it stays on spot")
+
+    def _noticed(self) -> bool:
+        try:
+            return self.signalled.is_set() or self.imds.spot_notice() is not None
+        except Exception:
+            return False
+
+    # -- the loop
+
+    def run(self) -> int:
+        """Attempts until the lineage ends for this node; -> the agent's exit code (0: records written)."""
+        k = self.newest_attempt()
+        while True:
+            end = self.ended()
+            if end is not None:
+                self.sink.agent(f"the lineage has ended ({one_line(end.get('status', '?'))}): leaving")
+                self.leave()
+                return 0
+            if self._get(self.key("stop")) is not None:
+                self.end("Stopped", "cancelled (distrain-cloud cancel)", k)
+                return 0
+            if time.time() >= self.job.deadline:
+                self.end("Stopped", "max-run reached: the lineage ran until its deadline", k)
+                return 0
+            if self.closed(k):
+                k += 1
+                continue
+            if k - 1 > self.bounds.max_restarts:
+                self.end(
+                    "Interrupted",
+                    f"spot capacity was reclaimed {k - 1} times: --max-restarts {self.bounds.max_restarts} reached; "
+                    f"`distrain-cloud resume {self.job.job}` continues from the last checkpoint",
+                    k,
+                )
+                return 0
+            if self.bounds.on_demand_after and k - 1 >= self.bounds.on_demand_after:
+                self.on_demand(k)
+            rank = self.claim(k)
+            if rank is None:  # the attempt has every node: wait for its end, then join the next
+                self.sink.agent(f"attempt {k} has all {self.job.nodes} node(s): waiting for the next")
+                while not self.closed(k) and self.ended() is None and not self._noticed():
+                    time.sleep(self.settings.poll_s)
+                if self._noticed():
+                    return 0
+                continue
+            code = self.attempt(k, rank)
+            if code is not None:
+                return code
+            k += 1
+
+    def attempt(self, k: int, rank: int) -> int | None:
+        """Attempt k as node `rank`; -> the exit code when this node is done, None to go on to k + 1."""
+        values = {f.name: getattr(self.job, f.name) for f in fields(Job)}
+        base_output = self.job.output_uri
+        values["output_uri"] = f"{base_output.rstrip('/').rsplit('/', 1)[0]}/{ATTEMPTS}/{k}/output/"
+        values["attempt"] = k
+        if k > 1:  # survivors wait for the group's replacements, which spot capacity may delay
+            values["rendezvous_timeout_s"] = max(self.job.rendezvous_timeout_s, self.bounds.replacement_wait_s)
+        job = AttemptJob(**values, number=k)
+        me = dataclasses.replace(self.me, launch_index=rank, reservation_id=f"{ATTEMPTS}-{k}")
+        settings = dataclasses.replace(self.settings, work=self.settings.work / f"attempt-{k}")
+        self.sink.agent(f"attempt {k}: node {rank} of {self.job.nodes}")
+        agent = AttemptAgent(job, me, settings, store=self.store, imds=self.imds, sink=self.sink, ec2=self.ec2)
+        agent.signalled = self.signalled
+        result = agent.run()
+        written = agent.finish(result)
+        reason = agent.stop.reason if agent.stop is not None else None
+        if reason in CONTINUES and result.status in ("Interrupted", "Stopped") and time.time() < self.job.deadline:
+            if self._noticed():
+                self.sink.agent(f"attempt {k} interrupted here: AWS replaces this node")
+                return 0 if written else 1
+            self.sink.agent(f"attempt {k} interrupted on another node: joining attempt {k + 1}")
+            return None
+        if result.status == "Completed" and rank == 0:
+            self._publish_output(agent, base_output)
+        self.end(result.status, result.reason, k)
+        return 0 if written else 1
+
+    def _publish_output(self, agent: Agent, uri: str) -> None:
+        """The completing attempt's output also where a plain job's is (`report`, `fetch`)."""
+        try:
+            prefix = parse_s3_uri(uri)[1].rstrip("/")
+            folder = agent.contract.output_dir
+            for f in files_in(folder):
+                self.store.upload(f, f"{prefix}/{f.relative_to(folder).as_posix()}")
+        except Exception as e:
+            self.sink.agent(f"could not copy the output to {uri} ({short(e)})")
+
+
+def run_lineage(
+    job: Job, me: NodeIdentity, settings: Settings, store: Store, imds: Imds, sink: LogSink, signalled: threading.Event
+) -> int:
+    """The node agent's entry for a recovering lineage (its job.json has `recovery`)."""
+    from distrain_cloud.infra.aws import client
+
+    # One stream per instance: ranks change hands between attempts.
+    sink.to_cloudwatch(client("logs", job.region), job.log_group, f"{job.job}/{me.instance_id}", settings.log_flush_s)
+    lineage = Lineage(
+        job,
+        me,
+        settings,
+        store=store,
+        imds=imds,
+        sink=sink,
+        ec2=client("ec2", job.region),
+        autoscaling=client("autoscaling", job.region),
+        signalled=signalled,
+    )
+    return lineage.run()

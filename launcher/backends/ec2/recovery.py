@@ -1,0 +1,548 @@
+"""Spot lineages that recover on AWS's side, with the submitting laptop closed.
+
+A spot EC2 job with `--max-restarts N` > 0 is not launched by RunInstances but as a launch
+template (the same user data, role, volume, tags and metadata options as the RunInstances
+request the plan holds) and an Auto Scaling group that keeps `--nodes` instances: when AWS
+reclaims a spot node, the group launches its replacement, whatever the client does. The node
+agents (launcher/backends/ec2/agent/elastic.py) turn the group into a lineage of attempts: the survivors of an
+interrupted attempt move to the next one in S3, the replacements join it, and training resumes
+from the last complete checkpoint. When every node is reclaimed at once the group replaces them
+all. docs/fragments/recover.md weighs this against EC2 Fleet, EventBridge rules and agents that
+relaunch themselves.
+
+Bounds, all on AWS's side or the nodes', none needing this process:
+- `--max-restarts N`: the node that would start attempt N + 2 ends the lineage instead;
+- `--on-demand-after K`: once K attempts were interrupted, a node switches the group's
+  purchase option to on-demand (the UpdateAutoScalingGroup request is planned and checked here);
+- another Availability Zone on InsufficientInstanceCapacity: the group spans a subnet of every
+  zone of the stack's VPC (one zone with a cluster placement group);
+- the hard stop covers the lineage: every node's user data stops at submit + max-run (+ grace)
+  whenever it booted, and a scheduled action empties the group then; `--max-cost` compares the
+  lineage's worst case, at most N nodes (the group's MaxSize) for max-run at the list price.
+
+The lineage ends for good (Completed, Failed, Stopped, restarts exhausted) by each node leaving
+the group with TerminateInstanceInAutoScalingGroup, decrementing its desired capacity: nothing is
+replaced, and no node is cut off in the middle of its last upload.
+
+S3, beside the job's usual folder: `jobs/<job>/attempts/<k>/` holds attempt k's claims,
+rendezvous, node records and stop marker (the layout of a plain job's folder); `jobs/<job>/lineage.json`
+is the lineage's end; `jobs/<job>/stop` is a cancel of the whole lineage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from distrain_cloud.infra.errors import UserError
+
+from . import layout
+from . import status as ec2_status
+
+if TYPE_CHECKING:
+    from ...jobs import JobRef
+    from ...plan import Plan
+    from ...spec import JobSpec
+
+HARD_STOP_ACTION = "lineage-hard-stop"
+ATTEMPTS = "attempts"
+LINEAGE_RECORD = "lineage.json"
+# How long the survivors of an interrupted attempt wait for the group's replacements to join
+# (spot capacity may take a while to come back); then the lineage ends, naming the missing nodes.
+REPLACEMENT_WAIT_S = 1800
+# Which flag or spec key sets each part of the requests, so a refusal names what the user wrote.
+SOURCES = (
+    ("LaunchTemplateData.ImageId", "ec2.ami_id / ec2.ami_parameter"),
+    ("LaunchTemplateData.InstanceType", "--instance"),
+    ("LaunchTemplateData.UserData", "the rendered user data"),
+    ("LaunchTemplateData.BlockDeviceMappings", "ec2.volume_size_gb"),
+    ("LaunchTemplateName", "--name"),
+    ("AutoScalingGroupName", "--name"),
+    ("MaxSize", "--nodes"),
+    ("DesiredCapacity", "--nodes"),
+    ("VPCZoneIdentifier", "ec2.subnet_id"),
+    ("MixedInstancesPolicy", "--spot / --on-demand-after"),
+)
+
+
+def wanted(spec: JobSpec) -> bool:
+    """Whether `spec` runs as a lineage the AWS side keeps going (spot, with restarts allowed)."""
+    return bool(spec.spot and spec.ec2.max_restarts > 0)
+
+
+def planned(plan: Plan) -> bool:
+    return "recovery" in plan.payload
+
+
+def is_lineage(description: dict[str, Any]) -> bool:
+    """Whether job.json `description` is that of a recovering lineage."""
+    return isinstance(description.get("recovery"), dict)
+
+
+# ---------------------------------------------------------------------- plan
+
+
+def description_block(job_name: str, nodes: int, spec: JobSpec) -> dict[str, Any]:
+    """job.json's `recovery`: what the node agents need to keep the lineage going. The one request
+    a node sends that changes the group is rendered here, so the plan checks it against the API model."""
+    block: dict[str, Any] = {
+        "group": job_name,
+        "nodes": nodes,
+        "max_restarts": spec.ec2.max_restarts,
+        "replacement_wait_s": REPLACEMENT_WAIT_S,
+    }
+    if spec.ec2.on_demand_after is not None:
+        block["on_demand_after"] = spec.ec2.on_demand_after
+        block["on_demand_request"] = {
+            "AutoScalingGroupName": job_name,
+            "MixedInstancesPolicy": {"InstancesDistribution": _distribution(on_demand=True)},
+        }
+    return block
+
+
+def _distribution(*, on_demand: bool) -> dict[str, Any]:
+    return {
+        "OnDemandBaseCapacity": 0,
+        "OnDemandPercentageAboveBaseCapacity": 100 if on_demand else 0,
+        # AWS's advice for interruptible work: the pools least likely to be reclaimed, at a low price.
+        "SpotAllocationStrategy": "price-capacity-optimized",
+    }
+
+
+def requests(
+    run: dict[str, Any], *, name: str, nodes: int, subnets: tuple[str, ...], deadline: float, tags: list[dict[str, str]]
+) -> dict[str, Any]:
+    """The three requests that replace RunInstances `run` (the plan's, already checked): the
+    launch template, the group, and the scheduled action that empties it at the lineage's hard stop.
+    The group spans every zone's subnet in `subnets`, so AWS launches in another zone when one has
+    no capacity (InsufficientInstanceCapacity); a cluster placement group is one zone's."""
+    import base64
+
+    data: dict[str, Any] = {
+        key: run[key]
+        for key in (
+            "ImageId",
+            "InstanceType",
+            "IamInstanceProfile",
+            "InstanceInitiatedShutdownBehavior",
+            "MetadataOptions",
+            "BlockDeviceMappings",
+            "TagSpecifications",
+            "SecurityGroupIds",
+        )
+        if key in run
+    }
+    # A launch template holds user data base64-encoded (RunInstances' botocore encodes it itself).
+    data["UserData"] = base64.b64encode(run["UserData"].encode()).decode()
+    if "NetworkInterfaces" in run:  # the group picks the subnet: the interface names none
+        data["NetworkInterfaces"] = [{k: v for k, v in i.items() if k != "SubnetId"} for i in run["NetworkInterfaces"]]
+    placement = run.get("Placement", {}).get("GroupName")
+    template = {
+        "LaunchTemplateName": name,
+        "ClientToken": run["ClientToken"],
+        "LaunchTemplateData": data,
+        "TagSpecifications": [{"ResourceType": "launch-template", "Tags": tags}],
+    }
+    group: dict[str, Any] = {
+        "AutoScalingGroupName": name,
+        "MinSize": 0,  # so that a node leaving at the lineage's end lowers the desired capacity
+        "MaxSize": nodes,  # never more than the job's nodes at once: the lineage's worst case
+        "DesiredCapacity": nodes,
+        "MixedInstancesPolicy": {
+            "LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateName": name, "Version": "$Latest"}},
+            "InstancesDistribution": _distribution(on_demand=False),
+        },
+        "VPCZoneIdentifier": ",".join(subnets[:1] if placement else subnets),
+        "HealthCheckType": "EC2",
+        "Tags": [
+            {"Key": t["Key"], "Value": t["Value"], "PropagateAtLaunch": False, "ResourceId": name}
+            | {"ResourceType": "auto-scaling-group"}
+            for t in tags
+        ],
+    }
+    if placement:
+        group["PlacementGroup"] = placement
+    stop = {
+        "AutoScalingGroupName": name,
+        "ScheduledActionName": HARD_STOP_ACTION,
+        "StartTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline)),
+        "MinSize": 0,
+        "MaxSize": 0,
+        "DesiredCapacity": 0,
+    }
+    return {"CreateLaunchTemplate": template, "CreateAutoScalingGroup": group, "PutScheduledUpdateGroupAction": stop}
+
+
+def refuse_problems(found: dict[str, Any], block: dict[str, Any]) -> None:
+    """Every request of the lineage (the nodes' too) checked against the AWS API model."""
+    from .. import cloud
+
+    cloud.refuse_api_problems("ec2", "CreateLaunchTemplate", found["CreateLaunchTemplate"], SOURCES, "EC2")
+    for operation in ("CreateAutoScalingGroup", "PutScheduledUpdateGroupAction"):
+        cloud.refuse_api_problems("autoscaling", operation, found[operation], SOURCES, "EC2 Auto Scaling")
+    if "on_demand_request" in block:
+        request = block["on_demand_request"]
+        cloud.refuse_api_problems("autoscaling", "UpdateAutoScalingGroup", request, SOURCES, "EC2 Auto Scaling")
+    leave = {"InstanceId": "i-0123456789abcdef0", "ShouldDecrementDesiredCapacity": True}
+    cloud.refuse_api_problems("autoscaling", "TerminateInstanceInAutoScalingGroup", leave, SOURCES, "EC2 Auto Scaling")
+
+
+def summary(spec: JobSpec) -> str:
+    after = spec.ec2.on_demand_after
+    fallback = f", on-demand after {after} interruption(s)" if after else ""
+    return (
+        f"on AWS's side: an Auto Scaling group keeps {spec.nodes} node(s), up to {spec.ec2.max_restarts} "
+        f"restart(s){fallback}; nothing on this machine needs to run"
+    )
+
+
+# ---------------------------------------------------------------------- submit
+
+
+def launch(plan: Plan) -> list[str]:
+    """Create the launch template, the group and its hard stop; -> the instances the group has
+    started so far (AWS starts them asynchronously: often none yet)."""
+    from botocore.exceptions import ClientError
+
+    from distrain_cloud.infra import aws, job_role
+
+    found = plan.payload["recovery"]
+    region = plan.payload["region"]
+    with aws.translate_errors():
+        ec2 = aws.client("ec2", region)
+        try:
+            ec2.create_launch_template(**found["CreateLaunchTemplate"])
+        except ClientError as e:  # a retried submit of the same plan: the template is this one
+            if aws.error_code(e) != "InvalidLaunchTemplateName.AlreadyExistsException":
+                raise
+        asg = aws.client("autoscaling", region)
+        try:
+            job_role.retry_while_propagating(
+                lambda: asg.create_auto_scaling_group(**found["CreateAutoScalingGroup"]), _profile_not_yet_seen
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):  # nothing runs from it: it goes too
+                ec2.delete_launch_template(LaunchTemplateName=found["CreateLaunchTemplate"]["LaunchTemplateName"])
+            raise
+        asg.put_scheduled_update_group_action(**found["PutScheduledUpdateGroupAction"])
+        group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[plan.job_name])["AutoScalingGroups"]
+    return [i["InstanceId"] for g in group for i in g.get("Instances", [])]
+
+
+def _profile_not_yet_seen(e: Exception) -> bool:
+    from distrain_cloud.infra import aws
+
+    message = str(getattr(e, "response", {}).get("Error", {}).get("Message", "")).lower().replace(" ", "")
+    return aws.error_code(e) == "ValidationError" and "instanceprofile" in message
+
+
+# ---------------------------------------------------------------------- status
+
+
+def _attempt_numbers(s3: Any, bucket: str, root: str) -> list[int]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{root}/{ATTEMPTS}/", Delimiter="/")
+    found = set()
+    for page in pages:
+        for folder in page.get("CommonPrefixes", []):
+            m = re.fullmatch(r"([1-9][0-9]{0,3})/", folder["Prefix"][len(root) + len(ATTEMPTS) + 2 :])
+            if m:
+                found.add(int(m.group(1)))
+    return sorted(found)
+
+
+def _claims(s3: Any, bucket: str, root: str, attempt: int) -> list[dict[str, Any]]:
+    """The claims of attempt `attempt` (who took which rank, where, when), checked field by field."""
+    out = []
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{root}/{ATTEMPTS}/{attempt}/claims/")
+    for page in pages:
+        for item in page.get("Contents", []):
+            m = re.search(r"/claims/([0-9]{1,4})\.json$", item["Key"])
+            if not m:
+                continue
+            with contextlib.suppress(UserError):  # a broken claim is not a reason to hide the lineage
+                body = ec2_status.read_json(s3, bucket, item["Key"]) or {}
+                out.append(
+                    {
+                        "rank": int(m.group(1)),
+                        "instance_id": _text(body.get("instance_id")),
+                        "zone": _text(body.get("zone")),
+                        "market": _text(body.get("market")),
+                        "time": _number(body.get("time")),
+                    }
+                )
+    return sorted(out, key=lambda c: c["rank"])
+
+
+def _text(value: Any) -> str:
+    return re.sub(r"[^\w.:-]", "", value)[:40] if isinstance(value, str) else "?"
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e11
+    return float(value) if ok else None
+
+
+def lineage_status(
+    name: str, region: str, bucket: str, prefix: str, description: dict[str, Any], *, now: float | None = None
+) -> dict[str, Any]:
+    """The lineage's status: each attempt (when, where, how it ended), the cost so far, and the
+    lineage's own end once a node recorded it."""
+    from distrain_cloud.infra import aws
+
+    now = time.time() if now is None else now
+    root = layout.job_key(prefix, name)
+    with aws.translate_errors():
+        s3 = aws.client("s3", region)
+        numbers = _attempt_numbers(s3, bucket, root)
+        attempts = []
+        for k in numbers:
+            files = ec2_status.job_files(s3, bucket, prefix, f"{name}/{ATTEMPTS}/{k}")
+            attempts.append((k, _claims(s3, bucket, root, k), files))
+        end = ec2_status.read_json(s3, bucket, f"{root}/{LINEAGE_RECORD}")
+        cancelled = ec2_status.read_json(s3, bucket, f"{root}/stop")
+    instances = ec2_status.tagged_instances(region, name).get(name, [])
+    by_id = {i["id"]: i for i in instances}
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, tuple[float, float]] = {}
+    for k, claims, files in attempts:
+        ids = {c["instance_id"] for c in claims}
+        inst = [by_id[i] for i in ids if i in by_id]
+        info = ec2_status.job_status({**description, "job": name}, files, inst, now=now)
+        times = [c["time"] for c in claims if c["time"]]
+        ended = [float(r["time"]) for r in files["nodes"].values() if r.get("status") != "InProgress" and r.get("time")]
+        for c in claims:
+            first, last = seen.get(c["instance_id"], (c["time"] or now, c["time"] or now))
+            record: dict[str, Any] = next(
+                (r for r in files["nodes"].values() if r.get("instance_id") == c["instance_id"]), {}
+            )
+            last = max(last, float(record.get("time") or 0), c["time"] or 0)
+            seen[c["instance_id"]] = (min(first, c["time"] or first), last)
+        rows.append(
+            {
+                "attempt": k,
+                "status": info["status"],
+                "started": _when(min(times)) if times else "",
+                "ended": _when(max(ended)) if info["terminal"] and ended else "",
+                "where": ", ".join(f"{c['instance_id']} ({c['zone']}, {c['market']})" for c in claims),
+                "why": _why(info, files.get("stop")),
+            }
+        )
+    alive = {i["id"] for i in instances if i["state"] in ("pending", "running")}
+    node_seconds = sum((now if i in alive else last) - first for i, (first, last) in seen.items())
+    status, detail, terminal = "InProgress", "", False
+    if isinstance(end, dict) and end.get("status") in ("Completed", "Failed", "Stopped", "Interrupted"):
+        status, terminal = str(end["status"]), True
+        detail = str(end.get("reason") or "")[:300]
+    elif rows:
+        current = rows[-1]
+        if current["status"] == "InProgress":
+            detail = (
+                f"attempt {current['attempt']}: "
+                + ec2_status.job_status({**description, "job": name}, attempts[-1][2], instances, now=now)["detail"]
+            )
+        elif current["status"] == "Interrupted":
+            detail = f"attempt {current['attempt']} was interrupted; AWS replaces the capacity and the nodes resume"
+        else:
+            detail = f"attempt {current['attempt']}: {current['status']}, {current['why']}"
+        if cancelled and not alive:
+            status, terminal, detail = "Stopped", True, "cancelled"
+    elif cancelled and not alive:
+        status, terminal, detail = "Stopped", True, "cancelled before any node started"
+    else:
+        detail = _waiting(region, name, len(instances))
+    cost = _cost(description, node_seconds)
+    return {
+        "job_name": name,
+        "status": status,
+        "terminal": terminal,
+        "instance": f"{description['nodes']} x {description.get('instance_type', '?')} (spot, recovered by AWS)",
+        "created": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(description.get("submitted", 0)))),
+        "detail": detail,
+        "lineage": description["lineage"],
+        "attempt": rows[-1]["attempt"] if rows else 0,
+        "attempts": rows,
+        "cost_so_far": cost,
+        "nodes": {},
+        "instances": {i["id"]: i["state"] for i in instances},
+        "checkpoints": description["checkpoint_uri"],
+        "model_artifacts": description["model_uri"] if status == "Completed" else None,
+    }
+
+
+def _why(info: dict[str, Any], stop: Any) -> str:
+    """How an attempt ended, in one line: its stop marker's words (the spot notice, a cancel, a
+    failed node) rather than the job-level advice `job_status` gives."""
+    if not info["terminal"]:
+        return ""
+    detail = stop.get("detail") if isinstance(stop, dict) and info["status"] != "Failed" else None
+    text = detail if isinstance(detail, str) and detail else info["detail"]
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())[:300]
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch))
+
+
+def _waiting(region: str, name: str, instances: int) -> str:
+    """What the group says while no node has claimed a rank yet: launching, or why it cannot."""
+    from distrain_cloud.infra import aws
+
+    try:
+        activities = aws.client("autoscaling", region, max_attempts=2).describe_scaling_activities(
+            AutoScalingGroupName=name, MaxRecords=5
+        )["Activities"]
+    except Exception:  # advisory: the group's own words, where it can be asked
+        activities = []
+    failed = [a for a in activities if a.get("StatusCode") in ("Failed", "Cancelled")]
+    if failed:
+        message = " ".join(str(failed[0].get("StatusMessage", "")).split())[:200]
+        return f"the Auto Scaling group cannot launch yet ({message}); it keeps trying in every zone"
+    return f"launching: {instances} instance(s) so far"
+
+
+def _cost(description: dict[str, Any], node_seconds: float) -> str:
+    from ...catalog import hourly_price, lookup
+
+    try:
+        price = hourly_price(lookup(str(description.get("instance_type"))), str(description.get("region")))
+    except UserError:
+        price = None
+    hours = node_seconds / 3600
+    if price is None:
+        return f"{hours:.2f} node-hours (no list price known)"
+    return f"at most ${hours * price:.2f}: {hours:.2f} node-hours at the on-demand list price (spot costs less)"
+
+
+def one_row_per_lineage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`ls`: the newest job of each lineage (rows come newest first), with how many jobs it has had
+    (a recovering lineage is one job however many attempts; a resumed one, one job per `resume`)."""
+    kept: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        lineage = str(row.get("lineage") or row["job_name"])
+        if lineage in kept:
+            kept[lineage]["jobs_in_lineage"] += 1
+        else:
+            kept[lineage] = {**row, "jobs_in_lineage": 1}
+    return list(kept.values())
+
+
+# ---------------------------------------------------------------------- cancel and clean-up
+
+
+def cancel(job: JobRef, now_: bool = False) -> str:
+    """Stop the lineage, not only the live attempt: the group launches nothing more, the lineage's
+    stop marker keeps any node that still boots from starting, and the live attempt's nodes save a
+    checkpoint and leave (with `now_`, the group and its instances are deleted at once)."""
+    from distrain_cloud.infra import aws
+
+    from . import backend as ec2
+
+    region, bucket, prefix, description = ec2.described(job)
+    root = layout.job_key(prefix, job.name)
+    marker = {"reason": "cancel", "by": "launcher", "time": time.time()}
+    with aws.translate_errors():
+        s3 = aws.client("s3", region)
+        numbers = _attempt_numbers(s3, bucket, root)
+        live = f"{job.name}/{ATTEMPTS}/{numbers[-1]}" if numbers else None
+        before = ec2._record_etags(s3, bucket, prefix, live) if live else {}
+        s3.put_object(Bucket=bucket, Key=f"{root}/stop", Body=json.dumps(marker).encode())
+        if numbers:
+            s3.put_object(Bucket=bucket, Key=f"{root}/{ATTEMPTS}/{numbers[-1]}/stop", Body=json.dumps(marker).encode())
+        asg = aws.client("autoscaling", region)
+        try:
+            if now_:
+                asg.delete_auto_scaling_group(AutoScalingGroupName=job.name, ForceDelete=True)
+            else:
+                asg.suspend_processes(AutoScalingGroupName=job.name, ScalingProcesses=["Launch"])
+        except Exception as e:
+            if "not found" not in str(e).lower() and "ValidationError" not in str(e):
+                raise
+    if now_:
+        alive = [
+            i["id"]
+            for i in ec2_status.tagged_instances(region, job.name).get(job.name, [])
+            if i["state"] in ("pending", "running")
+        ]
+        if alive:
+            ec2._terminate(region, alive)
+        return f"stopping lineage {job.name} at once: its Auto Scaling group and {len(alive)} instance(s) are deleted"
+    # Only a live agent acts on the markers: with the laptop closed right after, a node whose agent
+    # is dead would run until the hard stop. Wait for each to answer, as a plain job's cancel does.
+    print(f"note: waiting up to {ec2.CANCEL_ANSWER_S} s for the node agents to answer the stop", file=sys.stderr)
+    with aws.translate_errors():
+        silent = _unanswered(s3, bucket, prefix, job.name, live, region, before)
+    said = (
+        f"stopping lineage {job.name}: its Auto Scaling group launches nothing more; the nodes of the live "
+        f"attempt save a checkpoint and end (distrain-cloud status {job.name}; `cancel {job.name} --now` "
+        "ends them at once)"
+    )
+    if not silent:
+        return said
+    _leave(region, silent)
+    return (
+        f"{said}; no node agent answered the stop within {ec2.CANCEL_ANSWER_S} s on {', '.join(silent)}: "
+        "terminated them, without a checkpoint"
+    )
+
+
+def _unanswered(
+    s3: Any, bucket: str, prefix: str, name: str, live: str | None, region: str, before: dict[str, str]
+) -> list[str]:
+    """The lineage's running instances whose agent has not answered within CANCEL_ANSWER_S: no
+    record of the live attempt moved, none is final or in its final sync. A node that leaves the
+    group (a waiting or booting one sees the lineage's stop and does) answered by ending."""
+    from . import backend as ec2
+
+    until = time.monotonic() + ec2.CANCEL_ANSWER_S
+    while True:
+        alive = {
+            i["id"]
+            for i in ec2_status.tagged_instances(region, name).get(name, [])
+            if i["state"] in ("pending", "running")
+        }
+        answered = set()
+        for key, etag in (ec2._record_etags(s3, bucket, prefix, live) if live else {}).items():
+            record = ec2_status.read_json(s3, bucket, key) or {}
+            ending = record.get("status") != "InProgress" or record.get("phase") == "final-sync"
+            if etag != before.get(key) or ending:
+                answered.add(str(record.get("instance_id")))
+        silent = sorted(alive - answered)
+        if not silent or time.monotonic() >= until:
+            return silent
+        time.sleep(min(ec2.CANCEL_POLL_S, max(0.0, until - time.monotonic())))
+
+
+def _leave(region: str, ids: list[str]) -> None:
+    """Terminate `ids` out of the group, lowering its desired capacity: nothing replaces them."""
+    from botocore.exceptions import ClientError
+
+    from distrain_cloud.infra import aws
+
+    from . import backend as ec2
+
+    asg = aws.client("autoscaling", region)
+    for instance in ids:
+        try:
+            asg.terminate_instance_in_auto_scaling_group(InstanceId=instance, ShouldDecrementDesiredCapacity=True)
+        except ClientError:  # no longer in the group (it left meanwhile): an ordinary terminate
+            ec2._terminate(region, [instance])
+
+
+def retire_when_done(region: str, name: str, info: dict[str, Any]) -> None:
+    """Delete the lineage's group and template once it ended and none of its instances runs (an
+    empty group costs nothing, but it is litter; `infra down` needs it gone)."""
+    from distrain_cloud.infra import aws
+
+    if not info["terminal"] or any(s in ("pending", "running", "shutting-down") for s in info["instances"].values()):
+        return
+    try:
+        aws.client("autoscaling", region).delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
+    except Exception as e:
+        if "not found" not in str(e).lower():
+            print(f"note: the Auto Scaling group {name} was not deleted: {e}", file=sys.stderr)
+    with contextlib.suppress(Exception):  # gone already, or the next look deletes it
+        aws.client("ec2", region).delete_launch_template(LaunchTemplateName=name)

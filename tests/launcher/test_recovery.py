@@ -1,0 +1,224 @@
+"""A spot lineage that recovers on AWS's side (launcher/backends/ec2/recovery.py), through the real CLI on moto.
+
+What the user does is submit (with its bounds), status, ls, cancel and resume; the nodes' part of
+the lineage (launcher/backends/ec2/agent/elastic.py) writes claims, records and stop markers in S3, which these tests
+write as the nodes would. tests/e2e/test_ec2_two_nodes.py runs the whole lineage with real nodes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+
+import pytest
+from clirun import run_cli
+from test_ec2_lifecycle import REGION, hand_made_stack
+
+pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS::")
+
+BUCKET = "stack-bucket"
+SPOT = ["submit", "--instance", "g4dn.12xlarge", "--spot", "--max-run", "2h", "--region", REGION, "--yes"]
+
+
+@pytest.fixture
+def stack(mocked_aws, monkeypatch, tmp_path):
+    monkeypatch.setenv("DISTRAIN_HOME", str(tmp_path / "home"))
+    return hand_made_stack(monkeypatch)
+
+
+def submitted(capsys, *flags: str) -> str:
+    code, _, err = run_cli(capsys, *SPOT, *flags)
+    assert code == 0, err
+    return re.search(r"^submitted (\S+):", err, re.M).group(1)  # type: ignore[union-attr]
+
+
+def s3():
+    import boto3
+
+    return boto3.client("s3", region_name=REGION)
+
+
+def put(key: str, body: dict) -> None:
+    s3().put_object(Bucket=BUCKET, Key=f"distrain-cloud/{key}", Body=json.dumps(body).encode())
+
+
+def group(name: str) -> dict:
+    import boto3
+
+    (found,) = boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups(
+        AutoScalingGroupNames=[name]
+    )["AutoScalingGroups"]
+    return found
+
+
+def test_a_spot_submit_is_a_group_over_every_zone_that_stops_at_the_lineages_deadline(stack, capsys):
+    """Bounds set at submit: the group never holds more than --nodes (the lineage's worst case),
+    spans a subnet of every zone (AWS goes to another on InsufficientInstanceCapacity), and the
+    lineage's hard stop is one moment for every node, whenever the group started it."""
+    import boto3
+
+    before = time.time()
+    job = submitted(capsys, "--max-restarts", "2", "--on-demand-after", "1")
+    found = group(job)
+    assert (found["MinSize"], found["MaxSize"], found["DesiredCapacity"]) == (0, 1, 1)
+    subnets = boto3.client("ec2", region_name=REGION).describe_subnets()["Subnets"]
+    zones = {s["AvailabilityZone"] for s in subnets if s.get("DefaultForAz")}
+    assert len(found["VPCZoneIdentifier"].split(",")) == len(zones) > 1
+    distribution = found["MixedInstancesPolicy"]["InstancesDistribution"]
+    assert distribution["OnDemandPercentageAboveBaseCapacity"] == 0  # spot until --on-demand-after
+    # The hard stop: max-run + 10 minutes after submit, for the first nodes and every replacement.
+    asg = boto3.client("autoscaling", region_name=REGION)
+    (action,) = asg.describe_scheduled_actions(AutoScalingGroupName=job)["ScheduledUpdateGroupActions"]
+    assert (action["MinSize"], action["MaxSize"], action["DesiredCapacity"]) == (0, 0, 0)
+    stop_at = action["StartTime"].timestamp()
+    assert before + 7200 + 600 <= stop_at <= time.time() + 7200 + 601
+    template = boto3.client("ec2", region_name=REGION).describe_launch_template_versions(LaunchTemplateName=job)
+    user_data = base64.b64decode(template["LaunchTemplateVersions"][0]["LaunchTemplateData"]["UserData"]).decode()
+    assert f"HARD_STOP_AT={int(stop_at)}\n" in user_data
+    # What the nodes need for the other bounds, in the job description they verify.
+    description = json.loads(s3().get_object(Bucket=BUCKET, Key=f"distrain-cloud/jobs/{job}/job.json")["Body"].read())
+    assert description["recovery"] | {"on_demand_request": None} == {
+        "group": job,
+        "nodes": 1,
+        "max_restarts": 2,
+        "replacement_wait_s": 1800,
+        "on_demand_after": 1,
+        "on_demand_request": None,
+    }
+    assert description["recovery"]["on_demand_request"]["MixedInstancesPolicy"] == {
+        "InstancesDistribution": {
+            "OnDemandBaseCapacity": 0,
+            "OnDemandPercentageAboveBaseCapacity": 100,
+            "SpotAllocationStrategy": "price-capacity-optimized",
+        }
+    }
+
+
+def test_max_restarts_0_is_the_plain_launch_and_bad_bounds_are_one_line(stack, capsys):
+    import boto3
+
+    job = submitted(capsys, "--max-restarts", "0")
+    assert boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups()["AutoScalingGroups"] == []
+    reservations = boto3.client("ec2", region_name=REGION).describe_instances()["Reservations"]
+    assert [i["InstanceLifecycle"] for r in reservations for i in r["Instances"]] == ["spot"]
+    assert "recovery" not in json.loads(
+        s3().get_object(Bucket=BUCKET, Key=f"distrain-cloud/jobs/{job}/job.json")["Body"].read()
+    )
+    for flags, message in (
+        (["--on-demand-after", "5"], "--on-demand-after) 5 is never reached with --max-restarts 3"),
+        (["--max-restarts", "-1"], "--max-restarts"),
+    ):
+        code, _, err = run_cli(capsys, *SPOT, *flags)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = run_cli(capsys, *[a for a in SPOT if a != "--spot"], "--on-demand-after", "1")
+    assert code == 2 and "applies to spot jobs only" in err, err
+
+
+def test_the_worst_case_and_max_cost_cover_the_whole_lineage(stack, capsys):
+    """At most --nodes instances at once (MaxSize) until one hard stop: the lineage's worst case is
+    the plan's, however many attempts it takes; --max-cost refuses before anything is made."""
+    import boto3
+
+    code, out, _ = run_cli(capsys, *SPOT, "--nodes", "2", "--dry-run", "--json")
+    assert code == 0
+    plan = json.JSONDecoder().raw_decode(out)[0]
+    worst = plan["cost"]["worst_case_usd"]
+    assert worst == pytest.approx(2 * plan["cost"]["hourly_usd"] / 2 * 2, rel=0.01)  # 2 nodes x 2 h
+    assert plan["configs"]["recovery"]["CreateAutoScalingGroup"]["MaxSize"] == 2
+    code, _, err = run_cli(capsys, *SPOT, "--nodes", "2", "--max-cost", str(worst - 1))
+    assert code == 2 and f"cost <= --max-cost {worst - 1}" in err, err
+    assert boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups()["AutoScalingGroups"] == []
+
+
+@pytest.mark.slow
+def test_status_shows_each_attempt_and_the_lineages_cost_and_ls_one_row(stack, capsys):
+    job = submitted(capsys)
+    root = f"jobs/{job}/attempts"
+    t0 = time.time() - 3600
+    # Attempt 1: two hours ago... one node reclaimed after 30 min; attempt 2 runs on its replacement.
+    put(f"{root}/1/claims/0.json", {"instance_id": "i-0aaa", "zone": "us-east-1a", "market": "spot", "time": t0})
+    put(
+        f"{root}/1/nodes/0.json",
+        {"status": "Interrupted", "exit_code": 143, "reason": "spot interruption notice on node 0 (soon)",
+         "instance_id": "i-0aaa", "time": t0 + 1800},
+    )  # fmt: skip
+    put(f"{root}/1/stop", {"reason": "spot-interruption", "detail": "spot interruption notice on node 0 (soon)"})
+    (live,) = [i["InstanceId"] for i in group(job)["Instances"]]  # the group's node: attempt 2's
+    put(f"{root}/2/claims/0.json", {"instance_id": live, "zone": "us-east-1b", "market": "spot", "time": t0 + 1900})
+    put(f"{root}/2/nodes/0.json", {"status": "InProgress", "phase": "training", "step": 40, "instance_id": live})
+    code, out, err = run_cli(capsys, "status", job, "--json")
+    assert code == 0, err
+    status = json.loads(out)
+    assert (status["status"], status["terminal"], status["attempt"]) == ("InProgress", False, 2)
+    first, second = status["attempts"]
+    assert first["status"] == "Interrupted" and first["why"] == "spot interruption notice on node 0 (soon)"
+    assert first["where"] == "i-0aaa (us-east-1a, spot)" and first["ended"]
+    assert second["status"] == "InProgress" and second["where"] == f"{live} (us-east-1b, spot)"
+    assert status["detail"] == "attempt 2: training, step 40"
+    # 30 min of attempt 1's node, then attempt 2's from its claim until now (it still runs): ~58 min
+    hours = float(re.search(r"([0-9.]+) node-hours", status["cost_so_far"]).group(1))  # type: ignore[union-attr]
+    assert 0.95 <= hours <= 0.99, status["cost_so_far"]
+    usd = float(re.match(r"at most \$([0-9.]+): ", status["cost_so_far"]).group(1))  # type: ignore[union-attr]
+    assert usd == pytest.approx(hours * 3.912, abs=0.03)  # g4dn.12xlarge's list price
+    code, out, _ = run_cli(capsys, "status", job)  # for people: one line per attempt
+    assert "attempts:\n  attempt: 1, status: Interrupted, started: " in out, out
+    assert "  attempt: 2, status: InProgress, started: " in out and "cost_so_far: at most $" in out, out
+    # The lineage holds its lease while the group keeps it going: a resume is refused, naming it.
+    code, _, err = run_cli(capsys, "resume", job, "--yes")
+    assert code == 2 and f"lineage {job} has a live attempt: {job}" in err, err
+    code, out, _ = run_cli(capsys, "ls", "--backend", "ec2", "--region", REGION, "--json")
+    rows = [r for r in json.loads(out) if r["lineage"] == job]
+    assert len(rows) == 1 and rows[0]["attempt"] == 2
+
+
+@pytest.mark.slow
+def test_cancel_stops_the_lineage_not_only_the_live_attempt(stack, capsys, monkeypatch):
+    import boto3
+
+    from distrain_cloud.launcher.backends.ec2 import backend
+
+    monkeypatch.setattr(backend, "CANCEL_ANSWER_S", 1)  # 45 s for real
+    job = submitted(capsys)
+    (node,) = [i["InstanceId"] for i in group(job)["Instances"]]
+    put(f"jobs/{job}/attempts/1/claims/0.json", {"instance_id": node, "time": time.time()})
+    put(f"jobs/{job}/attempts/1/nodes/0.json", {"status": "InProgress", "phase": "training", "instance_id": node})
+    code, out, err = run_cli(capsys, "cancel", job)
+    assert code == 0 and "launches nothing more" in out + err, out + err
+    assert [p["ProcessName"] for p in group(job)["SuspendedProcesses"]] == ["Launch"]
+    # Its agent never answered (there is none here): it left the group, so nothing replaces it.
+    assert f"no node agent answered the stop within 1 s on {node}: terminated them" in out, out
+    assert group(job)["Instances"] == [] and group(job)["DesiredCapacity"] == 0
+    for key in (f"jobs/{job}/stop", f"jobs/{job}/attempts/1/stop"):  # the lineage's, the attempt's
+        marker = json.loads(s3().get_object(Bucket=BUCKET, Key=f"distrain-cloud/{key}")["Body"].read())
+        assert marker["reason"] == "cancel"
+    code, out, err = run_cli(capsys, "cancel", job, "--now")
+    assert code == 0, err
+    asg = boto3.client("autoscaling", region_name=REGION)
+    assert asg.describe_auto_scaling_groups(AutoScalingGroupNames=[job])["AutoScalingGroups"] == []
+    reservations = boto3.client("ec2", region_name=REGION).describe_instances()["Reservations"]
+    assert {i["State"]["Name"] for r in reservations for i in r["Instances"]} == {"terminated"}
+    code, out, _ = run_cli(capsys, "status", job, "--json")
+    assert json.loads(out)["status"] == "Stopped"
+
+
+@pytest.mark.slow
+def test_ls_shows_one_row_per_lineage_for_resumed_jobs_too(stack, capsys):
+    import boto3
+
+    job = submitted(capsys, "--max-restarts", "0")
+    put(
+        f"jobs/{job}/nodes/0.json",
+        {"status": "Interrupted", "exit_code": 143, "reason": "spot-interruption", "step": 6, "time": time.time()},
+    )
+    reservations = boto3.client("ec2", region_name=REGION).describe_instances()["Reservations"]
+    boto3.client("ec2", region_name=REGION).terminate_instances(
+        InstanceIds=[i["InstanceId"] for r in reservations for i in r["Instances"]]
+    )
+    code, _, err = run_cli(capsys, "resume", job, "--yes")
+    assert code == 0, err
+    again = re.search(r"^submitted (\S+):", err, re.M).group(1)  # type: ignore[union-attr]
+    code, out, _ = run_cli(capsys, "ls", "--backend", "ec2", "--region", REGION, "--json")
+    rows = [r for r in json.loads(out) if r["lineage"] == job]
+    assert [(r["job_name"], r["jobs_in_lineage"]) for r in rows] == [(again, 2)]
