@@ -116,16 +116,18 @@ def test_max_restarts_0_is_the_plain_launch_and_bad_bounds_are_one_line(stack, c
     assert code == 2 and "applies to spot jobs only" in err, err
 
 
-def test_the_worst_case_and_max_cost_cover_the_whole_lineage(stack, capsys):
+def test_the_worst_case_and_max_cost_cover_the_whole_lineage(stack, capsys, monkeypatch):
     """At most --nodes instances at once (MaxSize) until one hard stop: the lineage's worst case is
     the plan's, however many attempts it takes; --max-cost refuses before anything is made."""
     import boto3
+    from test_pricing import _entry, _spot_history
 
-    code, out, _ = run_cli(capsys, *SPOT, "--nodes", "2", "--dry-run", "--json")
+    _spot_history(monkeypatch, [_entry("us-east-1a", "1.5000")])  # the spot price now (moto says 0.00001)
+    code, out, _ = run_cli(capsys, *SPOT, "--nodes", "2", "--dry-run", "--check", "--json")
     assert code == 0
     plan = json.JSONDecoder().raw_decode(out)[0]
     worst = plan["cost"]["worst_case_usd"]
-    assert worst == pytest.approx(2 * plan["cost"]["hourly_usd"] / 2 * 2, rel=0.01)  # 2 nodes x 2 h
+    assert worst == pytest.approx(2 * 1.5 * 2, rel=0.01)  # 2 nodes x 2 h at the spot price now
     assert plan["configs"]["recovery"]["CreateAutoScalingGroup"]["MaxSize"] == 2
     code, _, err = run_cli(capsys, *SPOT, "--nodes", "2", "--max-cost", str(worst - 1))
     assert code == 2 and f"cost <= --max-cost {worst - 1}" in err, err
