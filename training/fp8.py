@@ -11,7 +11,7 @@ losses.head_loss reads its weight directly) and layers whose sizes are not multi
 (`_scaled_mm` needs them). GPT-2's layers are Conv1D, not nn.Linear: nothing to convert, refused.
 
 torchao is optional (not in requirements.txt): torchao 0.17.0 is the release built against
-torch 2.11 (docs/fragments/perf.md has the wheel's download line).
+torch 2.11 (bench/README.md ("What the GPU machine needs") has the wheel's download line).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ reclaims a spot node, the group launches its replacement, whatever the client do
 agents (launcher/backends/ec2/agent/elastic.py) turn the group into a lineage of attempts: the survivors of an
 interrupted attempt move to the next one in S3, the replacements join it, and training resumes
 from the last complete checkpoint. When every node is reclaimed at once the group replaces them
-all. docs/fragments/recover.md weighs this against EC2 Fleet, EventBridge rules and agents that
+all. docs/decisions.md weighs this against EC2 Fleet, EventBridge rules and agents that
 relaunch themselves.
 
 Bounds, all on AWS's side or the nodes', none needing this process:
