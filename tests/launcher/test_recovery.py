@@ -125,7 +125,7 @@ def test_the_worst_case_and_max_cost_cover_the_whole_lineage(stack, capsys, monk
     _spot_history(monkeypatch, [_entry("us-east-1a", "1.5000")])  # the spot price now (moto says 0.00001)
     code, out, _ = run_cli(capsys, *SPOT, "--nodes", "2", "--dry-run", "--check", "--json")
     assert code == 0
-    plan = json.JSONDecoder().raw_decode(out)[0]
+    plan = json.loads(out)  # stdout is the plan alone: one JSON document
     worst = plan["cost"]["worst_case_usd"]
     assert worst == pytest.approx(2 * 1.5 * 2, rel=0.01)  # 2 nodes x 2 h at the spot price now
     assert plan["configs"]["recovery"]["CreateAutoScalingGroup"]["MaxSize"] == 2
@@ -224,3 +224,41 @@ def test_ls_shows_one_row_per_lineage_for_resumed_jobs_too(stack, capsys):
     code, out, _ = run_cli(capsys, "ls", "--backend", "ec2", "--region", REGION, "--json")
     rows = [r for r in json.loads(out) if r["lineage"] == job]
     assert [(r["job_name"], r["jobs_in_lineage"]) for r in rows] == [(again, 2)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("operation", "flags", "lost"),
+    [("RunInstances", ["--max-restarts", "0"], "timeout"), ("CreateAutoScalingGroup", [], "ctrl-c")],
+)
+def test_a_launch_whose_answer_was_lost_keeps_its_role_and_lease(stack, capsys, monkeypatch, operation, flags, lost):
+    """The request reached AWS, its answer did not (a read timeout, a Ctrl-C): the instances or the
+    group run, so the job's role, launch template and lineage lease stay, and the user is told."""
+    import boto3
+    from botocore.exceptions import ReadTimeoutError
+
+    from distrain_cloud.infra import aws
+
+    made = aws.client
+
+    def lose_answer(event_name: str, **_: object) -> None:
+        if event_name.endswith(f".{operation}"):
+            raise ReadTimeoutError(endpoint_url="https://aws") if lost == "timeout" else KeyboardInterrupt
+
+    def client(*args, **kwargs):
+        found = made(*args, **kwargs)
+        found.meta.events.register("after-call", lose_answer)
+        return found
+
+    monkeypatch.setattr(aws, "client", client)
+    code, _, err = run_cli(capsys, *SPOT, *flags)
+    monkeypatch.setattr(aws, "client", made)
+    assert code != 0 and "Traceback" not in err, err
+    job = re.search(r"^note: (\S+) runs on AWS", err, re.M).group(1)  # type: ignore[union-attr]
+    assert f"distrain-cloud status {job}" in err and f"distrain-cloud cancel {job}" in err, err
+    boto3.client("iam").get_role(RoleName=job)  # its instances still have their role
+    if operation == "CreateAutoScalingGroup":  # the group launches from its template: both stay
+        assert group(job)["Instances"]
+        boto3.client("ec2", region_name=REGION).describe_launch_templates(LaunchTemplateNames=[job])
+    code, _, err = run_cli(capsys, "resume", job, "--yes")  # the lease is the live job's
+    assert code == 2 and "has a live attempt" in err, err

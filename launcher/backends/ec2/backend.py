@@ -361,6 +361,8 @@ class Ec2Backend:
     # ------------------------------------------------------------------ act
 
     def submit(self, plan: Plan, *, wait: bool = False) -> int:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         from distrain_cloud.infra import aws
 
         where: Where = plan.payload["where"]
@@ -386,8 +388,22 @@ class Ec2Backend:
                         ContentType="application/json",
                     )
             ids = recovery.launch(plan) if recovery.planned(plan) else launch(plan.request, where, parts)
-        except BaseException:
-            cloud.retire_role_quietly(role.name)  # nothing was launched: its role goes too
+        except BaseException as e:
+            # The request may have reached AWS and only its answer been lost (a read timeout, a
+            # Ctrl-C): instances without their role, or a lineage without its lease, would run unseen.
+            running = started_anyway(plan)
+            if running == []:
+                cloud.retire_role_quietly(role.name)  # nothing was launched: its role goes too
+                raise
+            lineage_launched(plan)  # they (may) run: the role and the lineage's lease stay theirs
+            what = f"({', '.join(running)})" if running else "(could not check whether anything started)"
+            print(
+                f"note: {plan.job_name} runs on AWS {what} although the launch did not complete: "
+                f"`distrain-cloud status {plan.job_name}` follows it, `distrain-cloud cancel {plan.job_name}` stops it",
+                file=sys.stderr,
+            )
+            if isinstance(e, BotoCoreError) and not isinstance(e, ClientError):  # a lost answer: one line
+                raise UserError(f"no answer from AWS to the launch of {plan.job_name} ({e})") from e
             raise
         lineage_launched(plan)  # the instances exist: the lineage's lease stays theirs whatever follows
         print(
@@ -720,11 +736,29 @@ def launch(request: dict[str, Any], where: Where, parts: Parts) -> list[str]:
     )
 
 
+def started_anyway(plan: Plan) -> list[str] | None:
+    """What AWS runs for `plan`'s job after a launch that failed or whose answer was lost: its
+    instances (by the job tag its RunInstances or launch template sets) and, for a lineage, its
+    Auto Scaling group; [] when nothing; None when that could not be looked up."""
+    from distrain_cloud.infra import aws
+
+    region, name = plan.payload["region"], plan.job_name
+    try:
+        found = [i["id"] for i in tagged_instances(region, name).get(name, [])]
+        if recovery.planned(plan):
+            asg = aws.client("autoscaling", region, max_attempts=3)
+            if asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]:
+                found.insert(0, f"Auto Scaling group {name}")
+    except Exception:  # unreachable, throttled: unknown, so keep what a running job needs
+        return None
+    return found
+
+
 def _profile_not_yet_seen(e: Exception) -> bool:
     """RunInstances' answer while EC2 does not yet see an instance profile IAM just made."""
     from distrain_cloud.infra import aws
 
-    message = str(getattr(e, "response", {}).get("Error", {}).get("Message", "")).lower().replace(" ", "")
+    message = str((getattr(e, "response", None) or {}).get("Error", {}).get("Message", "")).lower().replace(" ", "")
     return aws.error_code(e) == "InvalidParameterValue" and "iaminstanceprofile" in message
 
 

@@ -226,7 +226,9 @@ def launch(plan: Plan) -> list[str]:
             )
         except BaseException:
             with contextlib.suppress(Exception):  # nothing runs from it: it goes too
-                ec2.delete_launch_template(LaunchTemplateName=found["CreateLaunchTemplate"]["LaunchTemplateName"])
+                # unless the group was made and only its answer lost: the group launches from it
+                if not asg.describe_auto_scaling_groups(AutoScalingGroupNames=[plan.job_name])["AutoScalingGroups"]:
+                    ec2.delete_launch_template(LaunchTemplateName=found["CreateLaunchTemplate"]["LaunchTemplateName"])
             raise
         asg.put_scheduled_update_group_action(**found["PutScheduledUpdateGroupAction"])
         group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[plan.job_name])["AutoScalingGroups"]
@@ -236,7 +238,7 @@ def launch(plan: Plan) -> list[str]:
 def _profile_not_yet_seen(e: Exception) -> bool:
     from distrain_cloud.infra import aws
 
-    message = str(getattr(e, "response", {}).get("Error", {}).get("Message", "")).lower().replace(" ", "")
+    message = str((getattr(e, "response", None) or {}).get("Error", {}).get("Message", "")).lower().replace(" ", "")
     return aws.error_code(e) == "ValidationError" and "instanceprofile" in message
 
 
