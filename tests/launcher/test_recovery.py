@@ -262,3 +262,52 @@ def test_a_launch_whose_answer_was_lost_keeps_its_role_and_lease(stack, capsys, 
         boto3.client("ec2", region_name=REGION).describe_launch_templates(LaunchTemplateNames=[job])
     code, _, err = run_cli(capsys, "resume", job, "--yes")  # the lease is the live job's
     assert code == 2 and "has a live attempt" in err, err
+
+
+@pytest.mark.slow
+def test_after_a_lineage_ran_out_of_restarts_logs_report_and_resume_work(stack, capsys, tmp_path):
+    """What a user does next: logs (one stream per instance), report (the last attempt's output),
+    status, and the `resume` the lineage's end names: a new lineage from the checkpoints."""
+    import boto3
+
+    job = submitted(capsys, "--max-restarts", "1")
+    (node,) = [i["InstanceId"] for i in group(job)["Instances"]]
+    for k in (1, 2):  # two attempts, both reclaimed: --max-restarts 1 is used up
+        put(f"jobs/{job}/attempts/{k}/claims/0.json", {"instance_id": node, "market": "spot", "time": time.time()})
+        put(
+            f"jobs/{job}/attempts/{k}/nodes/0.json", {"status": "Interrupted", "instance_id": node, "time": time.time()}
+        )
+    s3().put_object(
+        Bucket=BUCKET,
+        Key=f"distrain-cloud/jobs/{job}/attempts/2/output/metrics.jsonl",
+        Body=b'{"step": 7, "loss": 1.5}\n',
+    )
+    put(
+        f"jobs/{job}/lineage.json",
+        {"status": "Interrupted", "reason": f"--max-restarts 1 reached; `distrain-cloud resume {job}`"},
+    )
+    boto3.client("autoscaling", region_name=REGION).terminate_instance_in_auto_scaling_group(
+        InstanceId=node, ShouldDecrementDesiredCapacity=True
+    )
+    logs = boto3.client("logs", region_name=REGION)
+    logs.create_log_stream(logGroupName=stack.log_group, logStreamName=f"{job}/{node}")
+    logs.put_log_events(
+        logGroupName=stack.log_group,
+        logStreamName=f"{job}/{node}",
+        logEvents=[{"timestamp": int(time.time() * 1000), "message": "step 7 loss 1.5"}],
+    )
+    code, out, err = run_cli(capsys, "logs", job)
+    assert code == 0 and node in out and "step 7 loss 1.5" in out, out + err
+    code, out, err = run_cli(capsys, "status", job, "--json")
+    status = json.loads(out)
+    assert (status["status"], status["terminal"], len(status["attempts"])) == ("Interrupted", True, 2), out
+    code, out, err = run_cli(capsys, "report", job, "--workdir", str(tmp_path))
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "resume", job, "--yes")
+    assert code == 0, err
+    again = re.search(r"^submitted (\S+):", err, re.M).group(1)  # type: ignore[union-attr]
+    description = json.loads(s3().get_object(Bucket=BUCKET, Key=f"distrain-cloud/jobs/{again}/job.json")["Body"].read())
+    assert description["lineage"] == job and description["recovery"]["max_restarts"] == 1
+    assert group(again)["DesiredCapacity"] == 1  # AWS keeps the new lineage going too
+    lease = json.loads(s3().get_object(Bucket=BUCKET, Key=f"distrain-cloud/leases/{job}.json")["Body"].read())
+    assert lease["job"] == again, lease

@@ -559,9 +559,11 @@ class Ec2Backend:
         folder) as plain files when the job ends: output_uri and model_uri of its description."""
         region, bucket, prefix, description = described(job)  # once: the status and the output's place
         info = self._status(job, region, bucket, prefix, description)
-        return cloud.fetch_outputs(
-            job.name, info, region, dest, output=description["output_uri"], model=description["model_uri"]
-        )
+        output = description["output_uri"]
+        if recovery.is_lineage(description) and info.get("attempt"):
+            # each attempt's rank 0 uploads to the attempt's own folder (agent/elastic.py): the last one's
+            output = f"{output.rstrip('/').rsplit('/', 1)[0]}/{recovery.ATTEMPTS}/{int(info['attempt'])}/output/"
+        return cloud.fetch_outputs(job.name, info, region, dest, output=output, model=description["model_uri"])
 
     def job_spec(self, job: JobRef) -> JobSpec | None:
         """The spec job `job` was submitted with, from its job description in S3 (for `resume`
