@@ -259,6 +259,9 @@ def test_a_launch_whose_answer_was_lost_keeps_its_role_and_lease(stack, capsys, 
     boto3.client("iam").get_role(RoleName=job)  # its instances still have their role
     if operation == "CreateAutoScalingGroup":  # the group launches from its template: both stay
         assert group(job)["Instances"]
+        asg = boto3.client("autoscaling", region_name=REGION)
+        (action,) = asg.describe_scheduled_actions(AutoScalingGroupName=job)["ScheduledUpdateGroupActions"]
+        assert action["DesiredCapacity"] == 0  # its hard stop, which the lost answer skipped
         boto3.client("ec2", region_name=REGION).describe_launch_templates(LaunchTemplateNames=[job])
     code, _, err = run_cli(capsys, "resume", job, "--yes")  # the lease is the live job's
     assert code == 2 and "has a live attempt" in err, err

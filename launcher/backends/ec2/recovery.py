@@ -235,6 +235,21 @@ def launch(plan: Plan) -> list[str]:
     return [i["InstanceId"] for g in group for i in g.get("Instances", [])]
 
 
+def set_hard_stop(plan: Plan) -> bool:
+    """Put the group's hard stop again (the same named action: idempotent), for a submit that
+    lost its answer after the group was made; -> whether AWS took it. Without it, the group
+    would keep replacing nodes that stop at once past the deadline."""
+    from distrain_cloud.infra import aws
+
+    try:
+        aws.client("autoscaling", plan.payload["region"], max_attempts=3).put_scheduled_update_group_action(
+            **plan.payload["recovery"]["PutScheduledUpdateGroupAction"]
+        )
+    except Exception:
+        return False
+    return True
+
+
 def _profile_not_yet_seen(e: Exception) -> bool:
     from distrain_cloud.infra import aws
 
