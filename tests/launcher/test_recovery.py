@@ -304,6 +304,7 @@ def test_after_a_lineage_ran_out_of_restarts_logs_report_and_resume_work(stack, 
     code, out, err = run_cli(capsys, "status", job, "--json")
     status = json.loads(out)
     assert (status["status"], status["terminal"], len(status["attempts"])) == ("Interrupted", True, 2), out
+    assert status["nodes"] == {"0": "Interrupted"} and status["instances"] == {node: "terminated"}, out
     code, out, err = run_cli(capsys, "report", job, "--workdir", str(tmp_path))
     assert code == 0, err
     code, _, err = run_cli(capsys, "resume", job, "--yes")

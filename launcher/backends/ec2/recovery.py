@@ -325,10 +325,12 @@ def lineage_status(
     by_id = {i["id"]: i for i in instances}
     rows: list[dict[str, Any]] = []
     seen: dict[str, tuple[float, float]] = {}
+    nodes: dict[str, Any] = {}  # the newest attempt's node records, by rank, as a plain job's status has them
     for k, claims, files in attempts:
         ids = {c["instance_id"] for c in claims}
         inst = [by_id[i] for i in ids if i in by_id]
         info = ec2_status.job_status({**description, "job": name}, files, inst, now=now)
+        nodes = info["nodes"]
         times = [c["time"] for c in claims if c["time"]]
         ended = [float(r["time"]) for r in files["nodes"].values() if r.get("status") != "InProgress" and r.get("time")]
         for c in claims:
@@ -383,7 +385,7 @@ def lineage_status(
         "attempt": rows[-1]["attempt"] if rows else 0,
         "attempts": rows,
         "cost_so_far": cost,
-        "nodes": {},
+        "nodes": nodes,
         "instances": {i["id"]: i["state"] for i in instances},
         "checkpoints": description["checkpoint_uri"],
         "model_artifacts": description["model_uri"] if status == "Completed" else None,
