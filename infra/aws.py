@@ -122,7 +122,7 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 def error_code(exc: Any) -> str:
     """The AWS error code of a botocore ClientError ("" for any other exception)."""
-    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+    return str((getattr(exc, "response", None) or {}).get("Error", {}).get("Code", ""))
 
 
 def _client_error(exc: Any) -> UserError:

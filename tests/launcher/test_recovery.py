@@ -125,7 +125,7 @@ def test_the_worst_case_and_max_cost_cover_the_whole_lineage(stack, capsys, monk
     _spot_history(monkeypatch, [_entry("us-east-1a", "1.5000")])  # the spot price now (moto says 0.00001)
     code, out, _ = run_cli(capsys, *SPOT, "--nodes", "2", "--dry-run", "--check", "--json")
     assert code == 0
-    plan = json.JSONDecoder().raw_decode(out)[0]
+    plan = json.loads(out)  # stdout is the plan alone: one JSON document
     worst = plan["cost"]["worst_case_usd"]
     assert worst == pytest.approx(2 * 1.5 * 2, rel=0.01)  # 2 nodes x 2 h at the spot price now
     assert plan["configs"]["recovery"]["CreateAutoScalingGroup"]["MaxSize"] == 2
@@ -224,3 +224,94 @@ def test_ls_shows_one_row_per_lineage_for_resumed_jobs_too(stack, capsys):
     code, out, _ = run_cli(capsys, "ls", "--backend", "ec2", "--region", REGION, "--json")
     rows = [r for r in json.loads(out) if r["lineage"] == job]
     assert [(r["job_name"], r["jobs_in_lineage"]) for r in rows] == [(again, 2)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("operation", "flags", "lost"),
+    [("RunInstances", ["--max-restarts", "0"], "timeout"), ("CreateAutoScalingGroup", [], "ctrl-c")],
+)
+def test_a_launch_whose_answer_was_lost_keeps_its_role_and_lease(stack, capsys, monkeypatch, operation, flags, lost):
+    """The request reached AWS, its answer did not (a read timeout, a Ctrl-C): the instances or the
+    group run, so the job's role, launch template and lineage lease stay, and the user is told."""
+    import boto3
+    from botocore.exceptions import ReadTimeoutError
+
+    from distrain_cloud.infra import aws
+
+    made = aws.client
+
+    def lose_answer(event_name: str, **_: object) -> None:
+        if event_name.endswith(f".{operation}"):
+            raise ReadTimeoutError(endpoint_url="https://aws") if lost == "timeout" else KeyboardInterrupt
+
+    def client(*args, **kwargs):
+        found = made(*args, **kwargs)
+        found.meta.events.register("after-call", lose_answer)
+        return found
+
+    monkeypatch.setattr(aws, "client", client)
+    code, _, err = run_cli(capsys, *SPOT, *flags)
+    monkeypatch.setattr(aws, "client", made)
+    assert code != 0 and "Traceback" not in err, err
+    job = re.search(r"^note: (\S+) runs on AWS", err, re.M).group(1)  # type: ignore[union-attr]
+    assert f"distrain-cloud status {job}" in err and f"distrain-cloud cancel {job}" in err, err
+    boto3.client("iam").get_role(RoleName=job)  # its instances still have their role
+    if operation == "CreateAutoScalingGroup":  # the group launches from its template: both stay
+        assert group(job)["Instances"]
+        asg = boto3.client("autoscaling", region_name=REGION)
+        (action,) = asg.describe_scheduled_actions(AutoScalingGroupName=job)["ScheduledUpdateGroupActions"]
+        assert action["DesiredCapacity"] == 0  # its hard stop, which the lost answer skipped
+        boto3.client("ec2", region_name=REGION).describe_launch_templates(LaunchTemplateNames=[job])
+    code, _, err = run_cli(capsys, "resume", job, "--yes")  # the lease is the live job's
+    assert code == 2 and "has a live attempt" in err, err
+
+
+@pytest.mark.slow
+def test_after_a_lineage_ran_out_of_restarts_logs_report_and_resume_work(stack, capsys, tmp_path):
+    """What a user does next: logs (one stream per instance), report (the last attempt's output),
+    status, and the `resume` the lineage's end names: a new lineage from the checkpoints."""
+    import boto3
+
+    job = submitted(capsys, "--max-restarts", "1")
+    (node,) = [i["InstanceId"] for i in group(job)["Instances"]]
+    for k in (1, 2):  # two attempts, both reclaimed: --max-restarts 1 is used up
+        put(f"jobs/{job}/attempts/{k}/claims/0.json", {"instance_id": node, "market": "spot", "time": time.time()})
+        put(
+            f"jobs/{job}/attempts/{k}/nodes/0.json", {"status": "Interrupted", "instance_id": node, "time": time.time()}
+        )
+    s3().put_object(
+        Bucket=BUCKET,
+        Key=f"distrain-cloud/jobs/{job}/attempts/2/output/metrics.jsonl",
+        Body=b'{"step": 7, "loss": 1.5}\n',
+    )
+    put(
+        f"jobs/{job}/lineage.json",
+        {"status": "Interrupted", "reason": f"--max-restarts 1 reached; `distrain-cloud resume {job}`"},
+    )
+    boto3.client("autoscaling", region_name=REGION).terminate_instance_in_auto_scaling_group(
+        InstanceId=node, ShouldDecrementDesiredCapacity=True
+    )
+    logs = boto3.client("logs", region_name=REGION)
+    logs.create_log_stream(logGroupName=stack.log_group, logStreamName=f"{job}/{node}")
+    logs.put_log_events(
+        logGroupName=stack.log_group,
+        logStreamName=f"{job}/{node}",
+        logEvents=[{"timestamp": int(time.time() * 1000), "message": "step 7 loss 1.5"}],
+    )
+    code, out, err = run_cli(capsys, "logs", job)
+    assert code == 0 and node in out and "step 7 loss 1.5" in out, out + err
+    code, out, err = run_cli(capsys, "status", job, "--json")
+    status = json.loads(out)
+    assert (status["status"], status["terminal"], len(status["attempts"])) == ("Interrupted", True, 2), out
+    assert status["nodes"] == {"0": "Interrupted"} and status["instances"] == {node: "terminated"}, out
+    code, out, err = run_cli(capsys, "report", job, "--workdir", str(tmp_path))
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "resume", job, "--yes")
+    assert code == 0, err
+    again = re.search(r"^submitted (\S+):", err, re.M).group(1)  # type: ignore[union-attr]
+    description = json.loads(s3().get_object(Bucket=BUCKET, Key=f"distrain-cloud/jobs/{again}/job.json")["Body"].read())
+    assert description["lineage"] == job and description["recovery"]["max_restarts"] == 1
+    assert group(again)["DesiredCapacity"] == 1  # AWS keeps the new lineage going too
+    lease = json.loads(s3().get_object(Bucket=BUCKET, Key=f"distrain-cloud/leases/{job}.json")["Body"].read())
+    assert lease["job"] == again, lease

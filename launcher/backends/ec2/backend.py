@@ -361,6 +361,8 @@ class Ec2Backend:
     # ------------------------------------------------------------------ act
 
     def submit(self, plan: Plan, *, wait: bool = False) -> int:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         from distrain_cloud.infra import aws
 
         where: Where = plan.payload["where"]
@@ -386,8 +388,24 @@ class Ec2Backend:
                         ContentType="application/json",
                     )
             ids = recovery.launch(plan) if recovery.planned(plan) else launch(plan.request, where, parts)
-        except BaseException:
-            cloud.retire_role_quietly(role.name)  # nothing was launched: its role goes too
+        except BaseException as e:
+            # The request may have reached AWS and only its answer been lost (a read timeout, a
+            # Ctrl-C): instances without their role, or a lineage without its lease, would run unseen.
+            running = started_anyway(plan)
+            if running == []:
+                cloud.retire_role_quietly(role.name)  # nothing was launched: its role goes too
+                raise
+            lineage_launched(plan)  # they (may) run: the role and the lineage's lease stay theirs
+            what = f"({', '.join(running)})" if running else "(could not check whether anything started)"
+            if running and recovery.planned(plan) and not recovery.set_hard_stop(plan):
+                what += " without its hard stop at max-run (cancel it unless it should run)"
+            print(
+                f"note: {plan.job_name} runs on AWS {what} although the launch did not complete: "
+                f"`distrain-cloud status {plan.job_name}` follows it, `distrain-cloud cancel {plan.job_name}` stops it",
+                file=sys.stderr,
+            )
+            if isinstance(e, BotoCoreError) and not isinstance(e, ClientError):  # a lost answer: one line
+                raise UserError(f"no answer from AWS to the launch of {plan.job_name} ({e})") from e
             raise
         lineage_launched(plan)  # the instances exist: the lineage's lease stays theirs whatever follows
         print(
@@ -543,9 +561,11 @@ class Ec2Backend:
         folder) as plain files when the job ends: output_uri and model_uri of its description."""
         region, bucket, prefix, description = described(job)  # once: the status and the output's place
         info = self._status(job, region, bucket, prefix, description)
-        return cloud.fetch_outputs(
-            job.name, info, region, dest, output=description["output_uri"], model=description["model_uri"]
-        )
+        output = description["output_uri"]
+        if recovery.is_lineage(description) and info.get("attempt"):
+            # each attempt's rank 0 uploads to the attempt's own folder (agent/elastic.py): the last one's
+            output = f"{output.rstrip('/').rsplit('/', 1)[0]}/{recovery.ATTEMPTS}/{int(info['attempt'])}/output/"
+        return cloud.fetch_outputs(job.name, info, region, dest, output=output, model=description["model_uri"])
 
     def job_spec(self, job: JobRef) -> JobSpec | None:
         """The spec job `job` was submitted with, from its job description in S3 (for `resume`
@@ -720,11 +740,29 @@ def launch(request: dict[str, Any], where: Where, parts: Parts) -> list[str]:
     )
 
 
+def started_anyway(plan: Plan) -> list[str] | None:
+    """What AWS runs for `plan`'s job after a launch that failed or whose answer was lost: its
+    instances (by the job tag its RunInstances or launch template sets) and, for a lineage, its
+    Auto Scaling group; [] when nothing; None when that could not be looked up."""
+    from distrain_cloud.infra import aws
+
+    region, name = plan.payload["region"], plan.job_name
+    try:
+        found = [i["id"] for i in tagged_instances(region, name).get(name, [])]
+        if recovery.planned(plan):
+            asg = aws.client("autoscaling", region, max_attempts=3)
+            if asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]:
+                found.insert(0, f"Auto Scaling group {name}")
+    except Exception:  # unreachable, throttled: unknown, so keep what a running job needs
+        return None
+    return found
+
+
 def _profile_not_yet_seen(e: Exception) -> bool:
     """RunInstances' answer while EC2 does not yet see an instance profile IAM just made."""
     from distrain_cloud.infra import aws
 
-    message = str(getattr(e, "response", {}).get("Error", {}).get("Message", "")).lower().replace(" ", "")
+    message = str((getattr(e, "response", None) or {}).get("Error", {}).get("Message", "")).lower().replace(" ", "")
     return aws.error_code(e) == "InvalidParameterValue" and "iaminstanceprofile" in message
 
 

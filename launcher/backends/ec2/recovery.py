@@ -226,17 +226,34 @@ def launch(plan: Plan) -> list[str]:
             )
         except BaseException:
             with contextlib.suppress(Exception):  # nothing runs from it: it goes too
-                ec2.delete_launch_template(LaunchTemplateName=found["CreateLaunchTemplate"]["LaunchTemplateName"])
+                # unless the group was made and only its answer lost: the group launches from it
+                if not asg.describe_auto_scaling_groups(AutoScalingGroupNames=[plan.job_name])["AutoScalingGroups"]:
+                    ec2.delete_launch_template(LaunchTemplateName=found["CreateLaunchTemplate"]["LaunchTemplateName"])
             raise
         asg.put_scheduled_update_group_action(**found["PutScheduledUpdateGroupAction"])
         group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[plan.job_name])["AutoScalingGroups"]
     return [i["InstanceId"] for g in group for i in g.get("Instances", [])]
 
 
+def set_hard_stop(plan: Plan) -> bool:
+    """Put the group's hard stop again (the same named action: idempotent), for a submit that
+    lost its answer after the group was made; -> whether AWS took it. Without it, the group
+    would keep replacing nodes that stop at once past the deadline."""
+    from distrain_cloud.infra import aws
+
+    try:
+        aws.client("autoscaling", plan.payload["region"], max_attempts=3).put_scheduled_update_group_action(
+            **plan.payload["recovery"]["PutScheduledUpdateGroupAction"]
+        )
+    except Exception:
+        return False
+    return True
+
+
 def _profile_not_yet_seen(e: Exception) -> bool:
     from distrain_cloud.infra import aws
 
-    message = str(getattr(e, "response", {}).get("Error", {}).get("Message", "")).lower().replace(" ", "")
+    message = str((getattr(e, "response", None) or {}).get("Error", {}).get("Message", "")).lower().replace(" ", "")
     return aws.error_code(e) == "ValidationError" and "instanceprofile" in message
 
 
@@ -308,10 +325,12 @@ def lineage_status(
     by_id = {i["id"]: i for i in instances}
     rows: list[dict[str, Any]] = []
     seen: dict[str, tuple[float, float]] = {}
+    nodes: dict[str, Any] = {}  # the newest attempt's node records, by rank, as a plain job's status has them
     for k, claims, files in attempts:
         ids = {c["instance_id"] for c in claims}
         inst = [by_id[i] for i in ids if i in by_id]
         info = ec2_status.job_status({**description, "job": name}, files, inst, now=now)
+        nodes = info["nodes"]
         times = [c["time"] for c in claims if c["time"]]
         ended = [float(r["time"]) for r in files["nodes"].values() if r.get("status") != "InProgress" and r.get("time")]
         for c in claims:
@@ -366,7 +385,7 @@ def lineage_status(
         "attempt": rows[-1]["attempt"] if rows else 0,
         "attempts": rows,
         "cost_so_far": cost,
-        "nodes": {},
+        "nodes": nodes,
         "instances": {i["id"]: i["state"] for i in instances},
         "checkpoints": description["checkpoint_uri"],
         "model_artifacts": description["model_uri"] if status == "Completed" else None,

@@ -130,7 +130,7 @@ class Lineage:
         try:
             self.store.s3.put_object(Bucket=self.store.bucket, Key=key, Body=json.dumps(body).encode(), IfNoneMatch="*")
         except Exception as e:
-            code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
+            code = str((getattr(e, "response", None) or {}).get("Error", {}).get("Code", ""))
             if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
                 return False
             raise
