@@ -236,7 +236,7 @@ def test_every_spec_that_plans_yields_a_request_the_api_accepts(aws_calls, data)
 
 def test_dry_run_lists_the_bundle_files_and_a_big_file_needs_allow_large(capsys, tmp_path, monkeypatch):
     from distrain_cloud.launcher import bundle
-    from distrain_cloud.launcher.backends import sagemaker
+    from distrain_cloud.launcher.backends.sagemaker import backend as sagemaker
 
     repo = tmp_path / "repo"
     (repo / "training" / "assets").mkdir(parents=True)

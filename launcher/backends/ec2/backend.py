@@ -92,7 +92,7 @@ class Ec2Backend:
         """Everything that will be sent, without one AWS call."""
         from ...bundle import build_bundle, bundle_key
         from ...catalog import ami_family, lookup
-        from ..sagemaker import repo_root
+        from ..sagemaker.backend import repo_root
 
         instance = lookup(spec.instance)
         if instance.sagemaker:
