@@ -39,13 +39,6 @@ if TYPE_CHECKING:
     from ...spec import JobSpec
 
 
-def repo_root() -> Path:
-    """Where training/ and infra/ live: the checkout (editable install) or site-packages."""
-    import distrain_cloud.training as training
-
-    return Path(training.__file__).resolve().parent.parent
-
-
 class SageMakerBackend:
     name = "sagemaker"
 
@@ -73,7 +66,7 @@ class SageMakerBackend:
         job_name, precision, argv, processes = training.job_name, training.precision, training.argv, training.processes
         configs = training.configs
 
-        bundle = build_bundle(repo_root(), allow_large=spec.bundle.allow_large)
+        bundle = build_bundle(cloud.repo_root(), allow_large=spec.bundle.allow_large)
         parts = Parts(
             job_name=job_name,
             region=region,
