@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import aws
+from . import DEFAULT_STACK, aws
 from .errors import UserError
 
-DEFAULT_STACK = "distrain-cloud"
 # The tag every EC2 instance launched for a stack must carry (Key=STACK_TAG, Value=stack name):
 # job role boundaries and the launcher policy allow terminating only instances with it, and
 # `infra down` refuses while any such instance is alive.

@@ -215,7 +215,7 @@ def _sagemaker_state(holder: dict[str, Any], where: str) -> tuple[bool, str] | N
 
     from distrain_cloud.infra import aws
 
-    from .backends import sagemaker
+    from .backends.sagemaker.status import status_of
 
     with aws.translate_errors():
         try:
@@ -227,7 +227,7 @@ def _sagemaker_state(holder: dict[str, Any], where: str) -> tuple[bool, str] | N
             if aws.error_code(e) == "ValidationException" and ("not found" in said or "could not find" in said):
                 return None
             raise
-    info = sagemaker.status_of(holder["job"], job)
+    info = status_of(holder["job"], job)
     return bool(info["terminal"]), str(info["status"])
 
 

@@ -195,7 +195,7 @@ def check_resumable(
     if was == "in-graph" and n != world_size:
         # Its shards are cut anew for this many processes (graph_fsdp.reshard), from every
         # process's file: on several nodes without shared storage, each node holds only its own.
-        from .graph_fsdp import shard_file
+        from .graph_fsdp import shard_file  # here: graph_fsdp imports torch, the launcher imports this
 
         missing = [shard_file(path, k).name for k in range(n) if not shard_file(path, k).exists()]
         if missing:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -392,8 +393,6 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
 def free_port() -> int:
     """A free local TCP port for a rendezvous: several local jobs at once must not fight over
     torch.distributed's default one."""
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

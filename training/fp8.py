@@ -16,6 +16,7 @@ torch 2.11 (bench/README.md ("What the GPU machine needs") has the wheel's downl
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from .args import ArgumentError
@@ -38,7 +39,6 @@ def fp8_problem(gpus: int, capability: tuple[int, int] | None) -> str | None:
             f"--precision fp8 needs compute capability >= {FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} (H100, H200, L4, "
             f"L40S); these GPUs are {capability[0]}.{capability[1]}: use --precision bf16"
         )
-    import importlib.util
 
     if importlib.util.find_spec("torchao") is None:
         return f"--precision fp8 needs torchao, which is not installed: pip install {TORCHAO_PIN}"

@@ -24,43 +24,44 @@ import math
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.nn.utils import parametrize
+
+from .sharded import clip_sharded_grads_
+
 # Inductor's passes for collectives in the graph (torch >= 2.9): without them every weight is its own
 # all-gather and reduce-scatter, 148 of each for GPT-2 small.
 INDUCTOR_SETTINGS = {"bucket_all_gathers_fx": "all", "bucket_reduce_scatters_fx": "all"}
 
 
-def _gathered_class():  # torch imported on first use: the launcher imports this package's neighbours
-    import torch
-    import torch.distributed as dist
-    import torch.distributed._functional_collectives as funcol
+# The same collective under its torch 2.13 name; the old one warns there on every eager call.
+_gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
 
-    # The same collective under its torch 2.13 name; the old one warns there on every eager call.
-    _gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
 
-    class Gathered(torch.nn.Module):
-        """weight = the all-gather of every process's flat shard, cut to the weight's shape, in
-        `dtype` (the training precision: the gathers and reduce-scatters move half the bytes)."""
+class Gathered(torch.nn.Module):
+    """weight = the all-gather of every process's flat shard, cut to the weight's shape, in
+    `dtype` (the training precision: the gathers and reduce-scatters move half the bytes)."""
 
-        def __init__(self, shape: torch.Size, dtype: torch.dtype) -> None:
-            super().__init__()
-            self.shape, self.numel, self.dtype = shape, shape.numel(), dtype
+    def __init__(self, shape: torch.Size, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.shape, self.numel, self.dtype = shape, shape.numel(), dtype
 
-        def forward(self, shard: torch.Tensor) -> torch.Tensor:
-            group = dist.group.WORLD
-            assert group is not None  # shard_model ran in a process group
-            full = _gather(shard.to(self.dtype), gather_dim=0, group=group)
-            return full[: self.numel].view(self.shape)
+    def forward(self, shard: torch.Tensor) -> torch.Tensor:
+        group = dist.group.WORLD
+        assert group is not None  # shard_model ran in a process group
+        full = _gather(shard.to(self.dtype), gather_dim=0, group=group)
+        return full[: self.numel].view(self.shape)
 
-        def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
-            """The shard this process keeps: its slice of the flat weight, zero-padded to a multiple
-            of the world size (the padding gets zero gradients, so it stays zero)."""
-            world, rank = dist.get_world_size(), dist.get_rank()
-            flat = weight.detach().flatten()
-            per = -(-flat.numel() // world)
-            flat = torch.nn.functional.pad(flat, (0, per * world - flat.numel()))
-            return flat[rank * per : (rank + 1) * per].clone()
-
-    return Gathered
+    def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
+        """The shard this process keeps: its slice of the flat weight, zero-padded to a multiple
+        of the world size (the padding gets zero gradients, so it stays zero)."""
+        world, rank = dist.get_world_size(), dist.get_rank()
+        flat = weight.detach().flatten()
+        per = -(-flat.numel() // world)
+        flat = torch.nn.functional.pad(flat, (0, per * world - flat.numel()))
+        return flat[rank * per : (rank + 1) * per].clone()
 
 
 def shard_model(model: Any, dtype: Any) -> int:
@@ -69,10 +70,6 @@ def shard_model(model: Any, dtype: Any) -> int:
     from the same checkpoint or seed). A weight tied to another (one Parameter under two names)
     stays one shard, gathered under each name; its gradients add up in that shard. Each shard
     remembers the weight's shape (`full_shape`), so AdamW's decay groups are those of the model."""
-    import torch
-    from torch.nn.utils import parametrize
-
-    gathered = _gathered_class()
     # Listed before any change: parametrizing a weight turns that Parameter into its shard in place,
     # and a tied twin is found by identity.
     weights = [
@@ -86,7 +83,7 @@ def shard_model(model: Any, dtype: Any) -> int:
         tied = shards.get(id(p))
         if tied is not None:  # registered over a stand-in (the shared Parameter is a shard now), then shared
             module._parameters[name] = torch.nn.Parameter(torch.empty(shape, device="meta"))
-        parametrize.register_parametrization(module, name, gathered(shape, dtype), unsafe=True)
+        parametrize.register_parametrization(module, name, Gathered(shape, dtype), unsafe=True)
         slot = module.parametrizations[name]
         if tied is not None:
             slot.original = tied
@@ -101,14 +98,22 @@ def clip_(model: Any, max_norm: float) -> Any:
     all-reduce of the sum of squares), as torch.nn.utils.clip_grad_norm_ does on whole gradients.
     Weights left whole (frozen ones have no gradient) would be counted once per process: there are
     none, since shard_model shards every trainable weight."""
-    import torch.distributed as dist
-
-    from .sharded import clip_sharded_grads_
-
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if not grads:
         return None
     return clip_sharded_grads_(grads, max_norm, group=dist.group.WORLD)
+
+
+class AgreeingGradScaler(torch.amp.GradScaler):
+    """A GradScaler whose inf/NaN check is the max over the processes (agreeing_scaler says why)."""
+
+    # Both ways a GradScaler checks gradients (unscale_, and step's check for fused optimizers
+    # when unscale_ was not called) go through _unscale_grads_.
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        per_device = super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
+        for found in per_device.values():  # one device per process: every process all-reduces once
+            dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        return per_device
 
 
 def agreeing_scaler(scaler: Any, device: str) -> Any:
@@ -122,18 +127,6 @@ def agreeing_scaler(scaler: Any, device: str) -> Any:
     Not torch's ShardedGradScaler: its found_inf has shape [1], and fused AdamW (the trainer's on
     GPUs) subtracts it from its 0-d step counts, which fails ("output with shape [] doesn't match
     the broadcast shape [1]", 2 H200s, torch 2.11)."""
-    import torch
-    import torch.distributed as dist
-
-    class AgreeingGradScaler(torch.amp.GradScaler):
-        # Both ways a GradScaler checks gradients (unscale_, and step's check for fused optimizers
-        # when unscale_ was not called) go through _unscale_grads_.
-        def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
-            per_device = super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
-            for found in per_device.values():  # one device per process: every process all-reduces once
-                dist.all_reduce(found, op=dist.ReduceOp.MAX)
-            return per_device
-
     agreeing = AgreeingGradScaler(device, enabled=scaler.is_enabled())
     if scaler.is_enabled():  # its settings (scale, growth and backoff factors, interval)
         agreeing.load_state_dict(scaler.state_dict())
@@ -147,9 +140,6 @@ def shard_file(folder: Path, rank: int) -> Path:
 def save(folder: Path, model: Any, optimizer: Any) -> None:
     """This process's part of a checkpoint: its weight shards and their optimizer state. Accelerate's
     save_state writes the rest (the main process's optimizer file, every process's RNG state)."""
-    import torch
-    import torch.distributed as dist
-
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     torch.save(state, shard_file(folder, dist.get_rank()))
 
@@ -159,9 +149,6 @@ def load(folder: Path, model: Any, optimizer: Any, saved_world: int | None = Non
     process's optimizer state: replaced here). Saved by as many processes as this run has, each
     process reads its own file. Saved by another number (a spot job back on another instance
     count), each process cuts its shards out of all the files (`reshard`)."""
-    import torch
-    import torch.distributed as dist
-
     world, rank = dist.get_world_size(), dist.get_rank()
     if saved_world in (None, world):
         state = torch.load(shard_file(folder, rank), map_location="cpu", weights_only=True)
@@ -176,8 +163,6 @@ def reshard(folder: Path, saved_world: int, model: Any, optimizer: Any, world: i
     weight and its two AdamW moments are flat, zero-padded shards in rank order, so the new shard
     is a range of their concatenation: cut from the few old shards it spans. The files are memory
     mapped, so each process reads only the ranges it keeps."""
-    import torch
-
     # checkpoint.check_resumable has made sure every file is there
     files = [shard_file(folder, r) for r in range(saved_world)]
     old = [torch.load(f, map_location="cpu", weights_only=True, mmap=True) for f in files]
@@ -202,8 +187,6 @@ def cut_shard(shards: list[Any], numel: int, world: int, rank: int) -> Any:
     """Process `rank`'s shard, for `world` processes, of a flat tensor of `numel` elements that
     `shards` hold (one per process that saved it, in rank order, each zero-padded alike). Only the
     ranges that shard spans are read."""
-    import torch
-
     per_old, per = shards[0].numel(), -(-numel // world)
     start, stop = rank * per, min((rank + 1) * per, numel)
     parts = [
@@ -218,9 +201,6 @@ def unshard(model: Any) -> None:
     """Turn every shard back into its full fp32 weight, on every process (collective): the model is
     then a plain one for saving, the Hub and generation. Ends the sharding, so only after training.
     Each shard becomes its weight in place (the same Parameter), so tied weights stay tied."""
-    import torch
-    from torch.nn.utils import parametrize
-
     done: set[int] = set()
     for module in list(model.modules()):
         if not parametrize.is_parametrized(module):

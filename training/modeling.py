@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import json
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
-from .args import ArgumentError, TrainArgs, config_overrides
+from .args import ArgumentError, TrainArgs, config_overrides, parse_args
 from .offline import hub_load
 
 ASSETS = Path(__file__).parent / "assets"
@@ -112,8 +117,6 @@ def _override(config, pairs: dict[str, str]) -> None:
     """--config-overrides, each name checked against the config so a typo is an error, not a no-op."""
     for key, value in pairs.items():
         if not hasattr(config, key):
-            import difflib
-
             keys = sorted(set(config.to_dict()) | set(getattr(config, "attribute_map", {})))
             close = difflib.get_close_matches(key, keys, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
@@ -155,11 +158,6 @@ def check_overrides_main() -> None:
     """`check_overrides_offline` for a launcher that imports no transformers (nor torch, which
     transformers would import): training flags as a JSON list on stdin, the answer as a JSON
     object on stdout. Its caller blocks torch (only configs are read) and the Hub (HF_HUB_OFFLINE)."""
-    import json
-    import sys
-
-    from .args import parse_args
-
     ok, detail = check_overrides_offline(parse_args(json.load(sys.stdin)))
     print(json.dumps({"ok": ok, "detail": detail}))
 
@@ -227,9 +225,6 @@ def training_forward(model) -> None:
       in the same runs (bench/README.md).
     Evaluation (eval mode) and forwards without labels still return the logits.
     """
-    import inspect
-    import types
-
     signature = inspect.signature(type(model).forward)
     takes_cache = "use_cache" in signature.parameters
 

@@ -14,15 +14,27 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
-from .args import parse_args
-from .contract import Contract
-from .stopping import DEFAULT_STOP_GRACE_S, LAUNCHER_MARGIN_S
+from .args import hyperparameters_to_argv, parse_args
+from .contract import SECOND_INTERRUPT_S, Contract
+from .precision import pick_precision, visible_gpus
+from .stopping import (
+    DEFAULT_STOP_GRACE_S,
+    LAUNCHER_MARGIN_S,
+    STOP_UNSAVED_EXIT_CODE,
+    ProcessTree,
+    child_dies_with_us,
+    is_unsaved_line,
+)
 from .strategies import ClusterShape, accelerate_config, provisional_strategy
 
 
@@ -54,7 +66,6 @@ def stamped(line: str) -> str:
     """`line` as this process writes it: with the time first where LOG_TIMES_ENV asks."""
     if not os.environ.get(LOG_TIMES_ENV):
         return line
-    from datetime import datetime, timezone
 
     now = datetime.now(timezone.utc)
     return f"{now:%Y-%m-%dT%H:%M:%S}.{now.microsecond // 1000:03d}Z {line}"
@@ -80,8 +91,6 @@ def plan_node(
     strategy = provisional_strategy(args.strategy)
     precision = args.precision
     if precision is None:  # what each training process will pick itself (precision.resolve_precision)
-        from .precision import pick_precision, visible_gpus
-
         precision = pick_precision(None, *(visible_gpus() if gpus else (0, None)))[0]
     config = accelerate_config(strategy, cluster, precision=precision)
     env = {}
@@ -157,8 +166,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ns = p.parse_args(ours)
     if ns.hyperparameters:
-        from .args import hyperparameters_to_argv
-
         with open(ns.hyperparameters) as f:
             train_argv = hyperparameters_to_argv(json.load(f)) + train_argv
     try:
@@ -264,12 +271,6 @@ def _run_forwarding_signals(
     A run that wrote `completed` (every step done, its model saved) exits 0, whatever its
     launcher did afterwards. `stops` gets the stop signals this process received.
     """
-    import subprocess
-    import threading
-    import time
-
-    from .contract import SECOND_INTERRUPT_S
-    from .stopping import STOP_UNSAVED_EXIT_CODE, ProcessTree, child_dies_with_us, is_unsaved_line
 
     def ignore_stops() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import time
 from collections.abc import Iterator
 
@@ -75,8 +76,6 @@ def hub_load(flag: str, name: str | None, error: type[Exception], *, dataset: bo
 def go_offline() -> None:
     """Offline mode for this process's Hub clients, also where they were imported already (each
     reads HF_HUB_OFFLINE into a constant at import)."""
-    import sys
-
     os.environ["HF_HUB_OFFLINE"] = "1"
     hub = sys.modules.get("huggingface_hub.constants")
     if hub is not None:

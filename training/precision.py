@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from .fp8 import fp8_problem
 from .strategies import choose_precision
 
 # bf16 needs this compute capability (Ampere); strategies.choose_precision applies it.
@@ -51,8 +52,6 @@ def resolve_precision(args) -> str:
     """Set args.precision (a TrainArgs) where it was not given; the log line saying what and why.
     --precision fp8 is checked against these GPUs here, before anything loads (ValueError)."""
     if args.precision == "fp8":
-        from .fp8 import fp8_problem
-
         problem = fp8_problem(*visible_gpus())
         if problem:
             raise ValueError(problem)

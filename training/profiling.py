@@ -19,6 +19,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.autograd import DeviceType
+
 Interval = tuple[float, float]
 
 
@@ -103,14 +106,12 @@ class Profiler:
         host-time table then says where a step's CPU time goes when the GPU waits for it."""
         if self.prof is None:
             return contextlib.nullcontext()
-        import torch
 
         return torch.profiler.record_function(PHASE_PREFIX + name)
 
     def step(self, step: int) -> None:
         if self.start is None:
             return
-        import torch
 
         if step == self.start and self.prof is None:
             acts = [torch.profiler.ProfilerActivity.CPU]
@@ -125,8 +126,6 @@ class Profiler:
         if self.prof is None:
             return
         assert self.start is not None and self.end is not None  # recording starts only with both set
-        import torch
-        from torch.autograd import DeviceType
 
         cuda = torch.cuda.is_available()
         if cuda:

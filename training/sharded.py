@@ -15,13 +15,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Shard
+
 
 def sharded_grads(parameters: Iterable[Any]) -> list[Any] | None:
     """The gradients, when every one is a DTensor sharded along one mesh dimension (FSDP2's
     Shard(0)) of one mesh; else None (a replicated or plain one would be counted once per
     process): the caller then clips the general way."""
-    from torch.distributed.tensor import DTensor, Shard
-
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads or not all(isinstance(g, DTensor) for g in grads):
         return None
@@ -35,9 +38,6 @@ def clip_sharded_grads_(grads: list[Any], max_norm: float, group: Any = None) ->
     """Clip `sharded_grads` to a total 2-norm of `max_norm`, as torch.nn.utils.clip_grad_norm_
     does (coefficient max_norm / (norm + 1e-6), at most 1), and return the total norm. `group`: the
     processes that hold the shards, by default the DTensors' mesh (plain shards name theirs)."""
-    import torch
-    import torch.distributed as dist
-
     local = [_local(g) for g in grads]
     # Sum of squares of this process's shards, in fp32 whatever the gradients' type, then of all.
     squares = torch.stack([n.float() for n in torch._foreach_norm(local, 2.0)]).square().sum()
@@ -63,7 +63,6 @@ def shard_local_adamw(groups: list[dict[str, Any]], lr: float) -> Any:
     bench/shard_adamw.py, bench/README.md, session 9). AdamW is elementwise, so each shard updates alone. The state is
     AdamW's own (step, exp_avg, exp_avg_sq, created as it creates them), so checkpoints, resume and
     Accelerate's sharded optimizer state are unchanged."""
-    import torch
 
     class ShardLocalAdamW(torch.optim.AdamW):
         @torch.no_grad()
@@ -124,9 +123,6 @@ def shard_block_units(blocks: list[Any], per_unit: int, plugin: Any, *, mixed_pr
     mixed precision), before Accelerate shards the rest: it leaves modules that are already FSDP
     units alone, and still makes the embeddings, final norm and LM head one unit and the model
     the root. Returns the number of units."""
-    import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     if mixed_precision:
         # FSDP2 keeps fp32 master weights under mixed precision; Accelerate upcasts the parameters
         # it shards, but only after these units are made, so these are upcast here the same way.

@@ -19,6 +19,7 @@ So every layer bounds its part of the stop:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -170,8 +171,6 @@ def _prctl() -> Any:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        import ctypes
-
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None

@@ -51,7 +51,7 @@ class Backend(Protocol):
         folder already holds them."""
 
 
-BACKENDS = {"local": "local", "sagemaker": "sagemaker", "ec2": "ec2.backend"}
+BACKENDS = {"local": "local", "sagemaker": "sagemaker.backend", "ec2": "ec2.backend"}
 
 
 def get_backend(name: str) -> Backend:

@@ -11,15 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import distrain_cloud.training
 from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 
 from ..plan import Check, Plan, unique_job_name
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from distrain_cloud.infra.job_role import JobRole
 
     from ..catalog import InstanceType
@@ -44,6 +44,12 @@ class TrainingPlan:
     configs: dict[str, Any]
     fit: Check
     strategy: str  # as the plan shows it: --strategy auto with what it picks there, and why
+
+
+def repo_root() -> Path:
+    """Where training/ and infra/ live, which every cloud job's code bundle packs: the checkout
+    (editable install) or site-packages."""
+    return Path(distrain_cloud.training.__file__).resolve().parent.parent
 
 
 def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main_port: int = 29500) -> TrainingPlan:

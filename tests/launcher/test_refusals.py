@@ -236,13 +236,13 @@ def test_every_spec_that_plans_yields_a_request_the_api_accepts(aws_calls, data)
 
 def test_dry_run_lists_the_bundle_files_and_a_big_file_needs_allow_large(capsys, tmp_path, monkeypatch):
     from distrain_cloud.launcher import bundle
-    from distrain_cloud.launcher.backends import sagemaker
+    from distrain_cloud.launcher.backends import cloud
 
     repo = tmp_path / "repo"
     (repo / "training" / "assets").mkdir(parents=True)
     (repo / "training" / "__init__.py").write_text("")
     (repo / "training" / "assets" / "big.bin").write_bytes(b"x" * 4096)
-    monkeypatch.setattr(sagemaker, "repo_root", lambda: repo)
+    monkeypatch.setattr(cloud, "repo_root", lambda: repo)
     monkeypatch.setattr(bundle, "MAX_FILE_SIZE", 1024)
     code, lines = run_cli(SAGEMAKER + ["--dry-run", "--bundle-files"], capsys)
     assert code == 2 and len(lines) == 1 and "training/assets/big.bin" in lines[0] and "bundle.allow_large" in lines[0]

@@ -20,8 +20,8 @@ from clirun import run_cli
 from distrain_cloud.infra import aws
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.launcher.api import plan_job, submit_job
-from distrain_cloud.launcher.backends import sagemaker as sm
 from distrain_cloud.launcher.backends import wait_for
+from distrain_cloud.launcher.backends.sagemaker import backend as sm
 from distrain_cloud.launcher.jobs import JobRef
 from distrain_cloud.launcher.lease import LineageBusy
 from distrain_cloud.launcher.spec import load_spec
@@ -877,7 +877,7 @@ def test_a_create_whose_answer_was_lost_is_still_a_success(role, monkeypatch, ca
 
 
 def test_a_name_taken_by_another_job_is_a_conflict(role, monkeypatch):
-    from distrain_cloud.launcher.backends.sagemaker import create_training_job_once
+    from distrain_cloud.launcher.backends.sagemaker.backend import create_training_job_once
 
     sent = sagemaker_refuses_taken_names(monkeypatch)
     plan = plan_job(spec(role), dry_run=False)

@@ -19,7 +19,7 @@ import pytest
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.launcher import apimodel
 from distrain_cloud.launcher.api import plan_job
-from distrain_cloud.launcher.backends import sagemaker as sm
+from distrain_cloud.launcher.backends.sagemaker import backend as sm
 from distrain_cloud.launcher.images import parse_cuda_version
 from distrain_cloud.launcher.memory import CHECK_NAME
 from distrain_cloud.launcher.spec import load_spec

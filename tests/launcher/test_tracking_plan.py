@@ -82,7 +82,7 @@ def test_a_sagemaker_job_names_its_lineage_instance_and_image_within_the_api_mod
 
 
 def test_a_sagemaker_resume_takes_the_lineage_the_resumed_job_was_given(monkeypatch):
-    from distrain_cloud.launcher.backends import sagemaker as sm
+    from distrain_cloud.launcher.backends.sagemaker import backend as sm
 
     described = {
         "CheckpointConfig": {"S3Uri": "s3://b/distrain-cloud/checkpoints/first-job/"},

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from distrain_cloud.launcher.backends.sagemaker import METRIC_REGEX
+from distrain_cloud.launcher.backends.sagemaker.request import METRIC_REGEX
 from distrain_cloud.training.trainer import _hms, _slow_phase
 
 

@@ -92,7 +92,6 @@ class Ec2Backend:
         """Everything that will be sent, without one AWS call."""
         from ...bundle import build_bundle, bundle_key
         from ...catalog import ami_family, lookup
-        from ..sagemaker import repo_root
 
         instance = lookup(spec.instance)
         if instance.sagemaker:
@@ -121,7 +120,7 @@ class Ec2Backend:
         job_name, precision, argv, processes = training.job_name, training.precision, training.argv, training.processes
         configs = training.configs
 
-        bundle = build_bundle(repo_root(), allow_large=spec.bundle.allow_large)
+        bundle = build_bundle(cloud.repo_root(), allow_large=spec.bundle.allow_large)
         parts = Parts(
             job_name=job_name,
             region=region,

@@ -10,26 +10,24 @@ not used, so nothing rewrites the request between the plan and the API.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra import job_role
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.resources import default_bucket
-from distrain_cloud.training.args import argv_to_hyperparameters
-from distrain_cloud.training.contract import SAGEMAKER_CHECKPOINT_DIR
 
-from .. import quotas
-from ..bootstrap import sagemaker_entrypoint
-from ..jobs import JobRef
-from ..lease import launched as lineage_launched
-from ..plan import Check, Plan, refuse_failed_checks
-from ..pricing import warm_pool
-from ..tracking import tracking_env, wandb_run
-from . import cloud, wait_for
+from ... import quotas
+from ...jobs import JobRef
+from ...lease import launched as lineage_launched
+from ...plan import Check, Plan, refuse_failed_checks
+from ...pricing import warm_pool
+from ...tracking import wandb_run
+from .. import cloud, wait_for
+from .request import Parts, checkpoint_uri_of, offline_identity, refuse_api_problems
+from .request import build as build_request
+from .status import TrainingJobStatus, host_of, status_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -37,43 +35,8 @@ if TYPE_CHECKING:
     from distrain_cloud.infra.job_role import JobRole
     from distrain_cloud.infra.stack import StackResources
 
-    from ..logs import LogLine
-    from ..spec import JobSpec
-
-CODE_CHANNEL = "code"
-TAG_PREFIX = "distrain-cloud:"
-METRIC_REGEX = "{}=([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))"
-METRICS = ("train_loss", "eval_loss", "eval_accuracy", "eval_f1_macro", "eval_perplexity", "tokens_per_sec")
-
-
-class TrainingJobStatus(str, Enum):
-    InProgress = "InProgress"
-    Completed = "Completed"
-    Failed = "Failed"
-    Stopping = "Stopping"
-    Stopped = "Stopped"
-    Deleting = "Deleting"  # an ended job being deleted
-
-
-TERMINAL = frozenset(
-    {TrainingJobStatus.Completed, TrainingJobStatus.Failed, TrainingJobStatus.Stopped, TrainingJobStatus.Deleting}
-)
-# What a secondary status means, for `status` when SageMaker gives no FailureReason.
-SECONDARY_DETAIL = {
-    "Interrupted": "spot capacity was reclaimed; SageMaker restarts the job when capacity returns and it resumes "
-    "from its last checkpoint",
-    "MaxWaitTimeExceeded": "spot capacity did not come (and the job did not finish) within --max-wait; raise "
-    "--max-wait, or use --on-demand",
-    "MaxRuntimeExceeded": "the job ran past --max-run and was stopped; its checkpoints remain (resume with "
-    "resume_from)",
-}
-
-
-def repo_root() -> Path:
-    """Where training/ and infra/ live: the checkout (editable install) or site-packages."""
-    import distrain_cloud.training as training
-
-    return Path(training.__file__).resolve().parent.parent
+    from ...logs import LogLine
+    from ...spec import JobSpec
 
 
 class SageMakerBackend:
@@ -84,9 +47,9 @@ class SageMakerBackend:
     def plan(self, spec: JobSpec) -> Plan:
         """Everything that will be sent, without one AWS call. What only AWS knows (the account,
         so the job role's ARN, the stack's bucket, a previous job's checkpoints) is a placeholder until preflight."""
-        from ..bundle import build_bundle
-        from ..catalog import lookup
-        from ..images import choose_training_image
+        from ...bundle import build_bundle
+        from ...catalog import lookup
+        from ...images import choose_training_image
 
         instance = lookup(spec.instance)
         if not instance.sagemaker:
@@ -103,8 +66,8 @@ class SageMakerBackend:
         job_name, precision, argv, processes = training.job_name, training.precision, training.argv, training.processes
         configs = training.configs
 
-        bundle = build_bundle(repo_root(), allow_large=spec.bundle.allow_large)
-        parts = _Parts(
+        bundle = build_bundle(cloud.repo_root(), allow_large=spec.bundle.allow_large)
+        parts = Parts(
             job_name=job_name,
             region=region,
             image_uri=image.uri,
@@ -116,8 +79,8 @@ class SageMakerBackend:
         )
         # Everything the user wrote is in the request now, so a request the API would refuse is
         # refused here, before AWS is asked anything (a well-formed account stands in for theirs).
-        refuse_api_problems(self._request(spec, parts, *_offline_identity(spec, job_name, "000000000000")))
-        account, role_arn = _offline_identity(spec, job_name, "<account>")
+        refuse_api_problems(build_request(spec, parts, *offline_identity(spec, job_name, "000000000000")))
+        account, role_arn = offline_identity(spec, job_name, "<account>")
         checks = [region_check]
         if spec.sagemaker.role:
             checks.append(Check("role exists and trusts SageMaker", None, "checked at submit"))
@@ -175,16 +138,16 @@ class SageMakerBackend:
     ) -> Plan:
         """The plan with its account-dependent parts filled in: role, bucket, S3 locations. With no
         --role, the job's own role (`stack` fills in what only AWS names; placeholders without)."""
-        from ..bundle import bundle_key
+        from ...bundle import bundle_key
 
         spec, parts = plan.payload["spec"], plan.payload["parts"]
         bucket = bucket or default_bucket(account, parts.region)
         code_key = bundle_key(parts.prefix, parts.code_sha256)
-        checkpoint_uri = checkpoint_uri or _checkpoint_uri(bucket, parts)
+        checkpoint_uri = checkpoint_uri or checkpoint_uri_of(bucket, parts)
         role = None if spec.sagemaker.role else _job_role(spec, parts, account, bucket, stack)
         if role is not None:
             role_arn = role.arn
-        request = self._request(spec, parts, account, role_arn, bucket, checkpoint_uri)
+        request = build_request(spec, parts, account, role_arn, bucket, checkpoint_uri)
         wandb = wandb_run(spec, list(parts.argv), request["Environment"])
         summary = {
             **plan.summary,
@@ -243,97 +206,6 @@ class SageMakerBackend:
         checks.append(cloud.bucket_check(placed.payload["bucket"], region, named_by_user=bool(spec.sagemaker.bucket)))
         checks += quotas.sagemaker_checks(spec, region)  # counts in-progress jobs; --keep-alive's warm pool
         return dataclasses.replace(placed, checks=checks)
-
-    def _request(
-        self,
-        spec: JobSpec,
-        parts: _Parts,
-        account: str,
-        role_arn: str,
-        bucket: str | None = None,
-        checkpoint_uri: str | None = None,
-    ) -> dict[str, Any]:
-        from ..bundle import bundle_key
-
-        bucket = bucket or spec.sagemaker.bucket or default_bucket(account, parts.region)
-        checkpoint_uri = checkpoint_uri or _checkpoint_uri(bucket, parts)
-        code_uri = f"s3://{bucket}/{bundle_key(parts.prefix, parts.code_sha256)}"
-        channels = [
-            {
-                "ChannelName": CODE_CHANNEL,
-                "DataSource": {
-                    "S3DataSource": {
-                        "S3DataType": "S3Prefix",
-                        "S3Uri": code_uri,
-                        "S3DataDistributionType": "FullyReplicated",
-                    }
-                },
-                "InputMode": "File",
-            }
-        ]
-        for name, uri in sorted(spec.inputs.items()):
-            if not uri.startswith("s3://"):
-                raise UserError(f"--input {name}={uri}: SageMaker channels must be s3:// URIs")
-            if name == CODE_CHANNEL:
-                raise UserError(f"--input {name}: the channel name '{CODE_CHANNEL}' is reserved for the code bundle")
-            channels.append(
-                {
-                    "ChannelName": name,
-                    "InputMode": "File",
-                    "DataSource": {
-                        "S3DataSource": {
-                            "S3DataType": "S3Prefix",
-                            "S3Uri": uri,
-                            "S3DataDistributionType": "FullyReplicated",
-                        }
-                    },
-                }
-            )
-        environment = {
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            **tracking_env(lineage=parts.lineage, instance=spec.instance, image=parts.image_uri),
-        }
-        if spec.secrets:
-            environment["DISTRAIN_SECRETS"] = json.dumps(spec.secrets, sort_keys=True)  # references only
-        stopping = {"MaxRuntimeInSeconds": spec.max_run}
-        if spec.spot and parts.max_wait is not None:  # a spot job's plan always sets it
-            stopping["MaxWaitTimeInSeconds"] = parts.max_wait
-        tags = [
-            {"Key": f"{TAG_PREFIX}code-sha256", "Value": parts.code_sha256},
-            {"Key": f"{TAG_PREFIX}lineage", "Value": parts.lineage},
-            {"Key": f"{TAG_PREFIX}strategy", "Value": spec.strategy},
-        ]
-        tags += [{"Key": k, "Value": v} for k, v in sorted(spec.sagemaker.tags.items())]
-        request: dict[str, Any] = {
-            "TrainingJobName": parts.job_name,
-            "RoleArn": role_arn,
-            "AlgorithmSpecification": {
-                "TrainingImage": parts.image_uri,
-                "TrainingInputMode": "File",
-                "ContainerEntrypoint": sagemaker_entrypoint(CODE_CHANNEL),
-                "MetricDefinitions": [{"Name": m, "Regex": METRIC_REGEX.format(m)} for m in METRICS],
-            },
-            "HyperParameters": argv_to_hyperparameters(list(parts.argv)),
-            "InputDataConfig": channels,
-            "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/{parts.prefix}/jobs/"},
-            "ResourceConfig": {
-                "InstanceType": spec.instance,
-                "InstanceCount": spec.nodes,
-                "VolumeSizeInGB": spec.sagemaker.volume_size_gb,
-                **({"KeepAlivePeriodInSeconds": spec.sagemaker.keep_alive} if spec.sagemaker.keep_alive else {}),
-            },
-            "StoppingCondition": stopping,
-            "EnableManagedSpotTraining": spec.spot,
-            "CheckpointConfig": {"S3Uri": checkpoint_uri, "LocalPath": SAGEMAKER_CHECKPOINT_DIR},
-            "Environment": environment,
-            "Tags": tags,
-        }
-        if spec.sagemaker.subnets:
-            request["VpcConfig"] = {
-                "Subnets": spec.sagemaker.subnets,
-                "SecurityGroupIds": spec.sagemaker.security_group_ids,
-            }
-        return request
 
     # ------------------------------------------------------------------ act
 
@@ -398,7 +270,7 @@ class SageMakerBackend:
 
         group = "/aws/sagemaker/TrainingJobs"
         done = (lambda: bool(self.status(job)["terminal"])) if follow else (lambda: True)
-        return cloud.log_lines(aws.region(job.region), group, job.name, _host, done)
+        return cloud.log_lines(aws.region(job.region), group, job.name, host_of, done)
 
     def cancel(self, job: JobRef) -> str:
         from distrain_cloud.infra import aws
@@ -426,44 +298,6 @@ class SageMakerBackend:
         return cloud.fetch_outputs(job.name, status_of(job.name, described), region, dest, output=output)
 
 
-def status_of(job_name: str, job: dict[str, Any]) -> dict[str, Any]:
-    status = job["TrainingJobStatus"]
-    secondary = job.get("SecondaryStatus")
-    resources = job.get("ResourceConfig") or {}
-    return {
-        "job_name": job_name,
-        "status": status,
-        "secondary_status": secondary,
-        # a status newer than this code is taken as still running: `wait` keeps polling
-        "terminal": status in {s.value for s in TERMINAL},
-        "instance": f"{resources.get('InstanceCount', '?')} x {resources.get('InstanceType', '?')}",
-        "created": str(job.get("CreationTime", "")),
-        "detail": job.get("FailureReason") or SECONDARY_DETAIL.get(secondary or "", ""),
-        "billable_seconds": job.get("BillableTimeInSeconds"),
-        "model_artifacts": (job.get("ModelArtifacts") or {}).get("S3ModelArtifacts"),
-        "checkpoints": (job.get("CheckpointConfig") or {}).get("S3Uri"),
-    }
-
-
-@dataclasses.dataclass(frozen=True)
-class _Parts:
-    """What the request is made of besides the spec, fixed at plan time (the job name above all)."""
-
-    job_name: str
-    region: str
-    image_uri: str
-    argv: tuple[str, ...]
-    prefix: str
-    code_sha256: str
-    lineage: str
-    max_wait: int | None
-
-
-def _checkpoint_uri(bucket: str, parts: _Parts) -> str:
-    # A lineage shares one checkpoint prefix: resumed attempts read what earlier ones wrote.
-    return f"s3://{bucket}/{parts.prefix}/checkpoints/{parts.lineage}/"
-
-
 def _previous_checkpoints(job_name: str, region: str, checks: list[Check]) -> tuple[str | None, str]:
     """(checkpoint URI, lineage) of the job a new one resumes: its lineage is the first job of
     the chain, which its environment names (a job submitted before it did is its own lineage's first)."""
@@ -476,7 +310,7 @@ def _previous_checkpoints(job_name: str, region: str, checks: list[Check]) -> tu
     return previous, (job.get("Environment") or {}).get("DISTRAIN_LINEAGE") or job_name
 
 
-def _job_role(spec: JobSpec, parts: _Parts, account: str, bucket: str, stack: StackResources | None) -> JobRole:
+def _job_role(spec: JobSpec, parts: Parts, account: str, bucket: str, stack: StackResources | None) -> JobRole:
     """The job's own IAM role: its S3 prefixes (and input channels, read-only), nothing of another job's."""
     return cloud.refuse_role_problems(
         job_role.for_job_at(
@@ -496,7 +330,7 @@ def _job_role(spec: JobSpec, parts: _Parts, account: str, bucket: str, stack: St
     )
 
 
-def _isolation_check(role: JobRole, parts: _Parts) -> Check:
+def _isolation_check(role: JobRole, parts: Parts) -> Check:
     own = f"{parts.prefix}/jobs/{parts.job_name}/, {parts.prefix}/checkpoints/{parts.lineage}/"
     return Check(
         "job role isolates the job",
@@ -560,46 +394,6 @@ def _fingerprint(job: dict[str, Any]) -> tuple[Any, ...]:
         job.get("HyperParameters") or {},
         (job.get("CheckpointConfig") or {}).get("S3Uri"),
     )
-
-
-def _offline_identity(spec: JobSpec, job_name: str, unknown_account: str) -> tuple[str, str]:
-    """(account, role ARN) as far as they are known without asking AWS; with no role, the job's own
-    (made at submit under the stack's path)."""
-    role = spec.sagemaker.role or f"{job_role.role_path(spec.stack).lstrip('/')}{job_name}"
-    account = role.split(":")[4] if role.startswith("arn:") else unknown_account
-    return account, role if role.startswith("arn:") else f"arn:aws:iam::{account}:role/{role}"
-
-
-# Which flag or spec key sets each part of the request, so a refusal names what the user wrote.
-REQUEST_SOURCES = (
-    ("TrainingJobName", "--name"),
-    ("RoleArn", "--role"),
-    ("AlgorithmSpecification.TrainingImage", "--image-uri"),
-    ("HyperParameters", "training flags (hyperparameters: or after --)"),
-    ("InputDataConfig", "--input"),
-    ("OutputDataConfig", "sagemaker.bucket / sagemaker.prefix"),
-    ("CheckpointConfig", "sagemaker.bucket / sagemaker.prefix / --resume-from"),
-    ("ResourceConfig.InstanceType", "--instance"),
-    ("ResourceConfig.InstanceCount", "--nodes"),
-    ("ResourceConfig.VolumeSizeInGB", "sagemaker.volume_size_gb"),
-    ("ResourceConfig.KeepAlivePeriodInSeconds", "--keep-alive"),
-    ("StoppingCondition.MaxRuntimeInSeconds", "--max-run"),
-    ("StoppingCondition.MaxWaitTimeInSeconds", "--max-wait"),
-    ("VpcConfig", "sagemaker.subnets / sagemaker.security_group_ids"),
-    ("Environment", "--secret / the job's lineage, instance and image"),
-    ("Tags", "sagemaker.tags"),
-)
-
-
-def refuse_api_problems(request: dict[str, Any]) -> None:
-    """Raise one UserError naming the flag or key behind each part of `request` that breaks
-    SageMaker's API model."""
-    cloud.refuse_api_problems("sagemaker", "CreateTrainingJob", request, REQUEST_SOURCES, "SageMaker")
-
-
-def _host(stream: str) -> str:
-    # "<job>/algo-2-1732600000" -> "algo-2"
-    return stream.split("/", 1)[-1].rsplit("-", 1)[0]
 
 
 BACKEND = SageMakerBackend()

@@ -1,14 +1,13 @@
-"""How a cloud job starts: unpack the code bundle, then run the job script it carries.
+"""How a SageMaker job starts: unpack the code bundle, then run the job script it carries.
 
 The script itself (`training/job_entry.sh`: requirements, PYTHONPATH, secrets, node launcher)
-travels in the bundle, so what a backend puts in its request is one short line. Every cloud
-backend renders its start from here: SageMaker's ContainerEntrypoint, and EC2's user data,
-which fetches the bundle and hands over to the node agent inside it (docs/ec2.md).
+travels in the bundle, so what the request carries is one short line: the ContainerEntrypoint.
+(EC2's user data fetches the bundle itself and hands over to the node agent: ec2/user_data.py.)
 """
 
 from __future__ import annotations
 
-from .bundle import ARCHIVE_ROOT
+from ...bundle import ARCHIVE_ROOT
 
 JOB_SCRIPT = f"{ARCHIVE_ROOT}/job_entry.sh"  # its path inside the unpacked bundle
 # The container's root; overridden only to rehearse a job outside SageMaker (tests).
