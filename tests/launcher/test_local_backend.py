@@ -206,11 +206,9 @@ def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, 
         assert [c.name for c in kept] == ["checkpoint-00000004", "checkpoint-00000006"]
         for ckpt in kept:
             assert sorted(p.name for p in ckpt.glob("graph_shards_*.pt")) == ["graph_shards_0.pt", "graph_shards_1.pt"]
-        # back on one GPU, as a spot job may come back on a smaller instance: the shards are cut anew
-        alone, _ = submit("--resume-from", killed, "--processes", "1", "--", "--max-steps", "7")
-        log = (tmp_path / "runs" / alone / "job.log").read_text()
-        assert "resumed_from=checkpoint-00000006 step=6" in log and "processes=1" in log, log[-2000:]
-        assert "resumed on 1 process from a checkpoint of 2: --grad-accum 2 keeps its global batch of 32" in log
+        # Back on one GPU, its shards cut anew, is test_graph_fsdp's resume on another number of
+        # processes (to the 2 processes' losses); a --processes given again reaching the resumed job
+        # through submit is the ddp case's below. A fifth compiled job here proved nothing more.
     else:
         # On 2 processes, the job's micro-batch of 16 would double its global batch: refused in one line
         # that names the flags that keep it, which then resume it.

@@ -140,10 +140,21 @@ FLAGS = (
 )
 
 
+def no_dropout_flags(no_dropout_config) -> tuple[str, ...]:
+    """FLAGS without the preset's dropout: a compiled run that fell back to eager takes eager's numbers."""
+    return (*FLAGS[:2], "--model-config", str(no_dropout_config), *FLAGS[4:])
+
+
+@pytest.fixture(scope="module")
+def eager(module_train, no_dropout_config):
+    """The eager run both fallback tests compare with (one start-up of the entry point, not two)."""
+    return module_train(*no_dropout_flags(no_dropout_config), name="eager")
+
+
 @pytest.mark.slow
-def test_a_compile_failure_falls_back_to_eager_with_one_warning(train):
-    eager = train(*FLAGS, name="eager")
-    failing = train(*FLAGS, "--compile", name="failing", env={"DISTRAIN_TEST_COMPILE_FAIL": "1"})
+def test_a_compile_failure_falls_back_to_eager_with_one_warning(train, eager, no_dropout_config):
+    flags = no_dropout_flags(no_dropout_config)
+    failing = train(*flags, "--compile", name="failing", env={"DISTRAIN_TEST_COMPILE_FAIL": "1"})
     assert eager.returncode == 0, eager.describe()
     assert failing.returncode == 0, failing.describe()
     assert eager.lines("compile=") == ["compile=off (default: no CUDA GPU)"]
@@ -162,15 +173,13 @@ def test_a_compile_failure_falls_back_to_eager_with_one_warning(train):
 
 
 @pytest.mark.slow
-def test_a_failing_compiled_backward_goes_on_eagerly_on_one_process(train, no_dropout_config):
+def test_a_failing_compiled_backward_goes_on_eagerly_on_one_process(train, eager, no_dropout_config):
     """A compiled backward graph is compiled at its first backward, out of the backend's reach; a
     failure partway through it (trainer._backward's test hook) costs speed, not the job: one
     warning, then the step again and the rest of the job eagerly, to eager's numbers (no dropout,
     so the failed attempt's draws change nothing)."""
-    flags = (*FLAGS[:2], "--model-config", str(no_dropout_config), *FLAGS[4:])  # FLAGS without the preset
-    eager = train(*flags, name="eager")
     failing = train(
-        *flags,
+        *no_dropout_flags(no_dropout_config),
         "--compile",
         name="backward-failing",
         env={"DISTRAIN_TEST_COMPILED_BACKWARD_FAIL": "1", "DISTRAIN_COMPILE_BACKEND": "aot_eager"},

@@ -342,22 +342,20 @@ def test_deepspeed_trains_and_saves_a_loadable_model(train, strategy, processes)
 
 @pytest.mark.deepspeed
 @pytest.mark.slow  # Inductor's C++ build in each of 2 processes: about a minute
-def test_compiled_zero2_compiles_the_model_inside_the_engine_once(train, no_dropout_config):
+def test_compiled_zero2_compiles_the_model_inside_the_engine_once(train, lm_one, no_dropout_config):
     """--compile under DeepSpeed compiles the model inside its engine (engine.compile). Compiling
     the engine itself traced its forward's bookkeeping, whose flags change between steps: Inductor
     compiled the model again at each of the first steps (4 times on CPU; on GPUs each costs tens of
-    seconds). Inductor, not aot_eager, because only its guards showed the recompiles."""
-    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64"]
-    flags += ["--batch-size", "8", "--max-steps", "6", "--log-every", "1", "--lr", "2e-3", "--report-to", "none"]
-    flags += ["--strategy", "zero2", "--no-save-model", "--generate-tokens", "0", "--max-eval-samples", "16"]
-    eager = train(*flags, "--no-compile", name="zero2-eager", processes=2)
-    compiled = train(*flags, "--compile", name="zero2-compiled", processes=2, env={"TORCH_LOGS": "recompiles"})
-    assert eager.returncode == 0, eager.describe()
+    seconds). Inductor, not aot_eager, because only its guards showed the recompiles. It trains like
+    one eager process on the same global batches (lm_one, as the compiled DDP variants): an eager
+    ZeRO-2 run of its own cost one more 2-process DeepSpeed run and proved no more."""
+    flags = [*lm_flags(no_dropout_config), "--batch-size", "8", "--strategy", "zero2", "--compile"]
+    compiled = train(*flags, name="zero2-compiled", processes=2, env={"TORCH_LOGS": "recompiles"})
     assert compiled.returncode == 0, compiled.describe()
     assert "Recompiling function" not in compiled.stderr, compiled.describe()
     assert compiled.lines("compile_unit=") == ["compile_unit=model (inside DeepSpeed's engine)"]
-    assert eager.train_losses.keys() == compiled.train_losses.keys()
-    for step, loss in eager.train_losses.items():
+    assert lm_one.train_losses.keys() == compiled.train_losses.keys() == {2, 4, 6, 8}
+    for step, loss in lm_one.train_losses.items():
         assert compiled.train_losses[step] == pytest.approx(loss, rel=1e-3), step
 
 

@@ -17,6 +17,9 @@ pytestmark = pytest.mark.slow
 FLAGS = ["--max-steps", "12", "--save-every", "2", "--log-every", "1", "--eval-every", "5", "--report-to", "none"]
 KILLED = (-9, 137)  # SIGKILL, seen directly or through a shell
 KILL_STEPS = (3, 6, 9)  # resumed from checkpoints 2, 6 and 8
+# The last kill's batches come from 2 worker processes (--num-workers 2): resume skips batches there
+# too. It stands for the same kill without workers as well, which the two before it show in kind.
+WORKERS_AT = 9
 
 
 def last_per_step(records: list[dict], key: str) -> dict[int, dict]:
@@ -57,11 +60,14 @@ def baseline(module_train):
 @pytest.fixture(scope="module")
 def kill_and_resume(module_train, baseline):
     """For each kill step: (the killed run, the rerun), each in its own contract. Runs two at a time."""
-    jobs = [{"flags": FLAGS, "name": f"kill-{s}", "env": {"DISTRAIN_TEST_KILL_AT_STEP": str(s)}} for s in KILL_STEPS]
-    # --num-workers 2: batches come from worker processes, and resume skips batches there too
-    jobs.append(
-        {"flags": [*FLAGS, "--num-workers", "2"], "name": "kill-7-workers", "env": {"DISTRAIN_TEST_KILL_AT_STEP": "7"}}
-    )
+    jobs = [
+        {
+            "flags": [*FLAGS, "--num-workers", "2"] if s == WORKERS_AT else FLAGS,
+            "name": f"kill-{s}",
+            "env": {"DISTRAIN_TEST_KILL_AT_STEP": str(s)},
+        }
+        for s in KILL_STEPS
+    ]
     killed = module_train.many(jobs)
     # The same contract folders are reused by the rerun: note what the kill left behind.
     left = [[p.name for p in k.contract.complete_checkpoints()] for k in killed]
@@ -69,8 +75,8 @@ def kill_and_resume(module_train, baseline):
     return {job["name"]: (k, ckpts, r) for job, k, ckpts, r in zip(jobs, killed, left, resumed, strict=True)}
 
 
-# kill-7-workers: worker processes change where batches are built, not what they hold.
-@pytest.mark.parametrize("job, kill_step", [*((f"kill-{s}", s) for s in KILL_STEPS), ("kill-7-workers", 7)])
+# kill-9 (WORKERS_AT): worker processes change where batches are built, not what they hold.
+@pytest.mark.parametrize("job, kill_step", [(f"kill-{s}", s) for s in KILL_STEPS])
 def test_killed_run_resumes_exactly(kill_and_resume, baseline, job, kill_step):
     killed, left, resumed = kill_and_resume[job]
     assert killed.returncode in KILLED, killed.describe()
