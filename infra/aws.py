@@ -125,6 +125,12 @@ def error_code(exc: Any) -> str:
     return str((getattr(exc, "response", None) or {}).get("Error", {}).get("Code", ""))
 
 
+def error_message(exc: Any) -> str:
+    """The AWS error message of a botocore ClientError ("" for any other exception: a read
+    timeout's `response` is None)."""
+    return str((getattr(exc, "response", None) or {}).get("Error", {}).get("Message", ""))
+
+
 def _client_error(exc: Any) -> UserError:
     err = exc.response.get("Error", {})
     code, op = error_code(exc), exc.operation_name

@@ -761,7 +761,7 @@ def _profile_not_yet_seen(e: Exception) -> bool:
     """RunInstances' answer while EC2 does not yet see an instance profile IAM just made."""
     from distrain_cloud.infra import aws
 
-    message = str((getattr(e, "response", None) or {}).get("Error", {}).get("Message", "")).lower().replace(" ", "")
+    message = aws.error_message(e).lower().replace(" ", "")
     return aws.error_code(e) == "InvalidParameterValue" and "iaminstanceprofile" in message
 
 

@@ -253,7 +253,7 @@ def set_hard_stop(plan: Plan) -> bool:
 def _profile_not_yet_seen(e: Exception) -> bool:
     from distrain_cloud.infra import aws
 
-    message = str((getattr(e, "response", None) or {}).get("Error", {}).get("Message", "")).lower().replace(" ", "")
+    message = aws.error_message(e).lower().replace(" ", "")
     return aws.error_code(e) == "ValidationError" and "instanceprofile" in message
 
 

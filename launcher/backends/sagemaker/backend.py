@@ -343,7 +343,7 @@ def _role_not_yet_assumable(e: Exception) -> bool:
     """CreateTrainingJob's answer while SageMaker cannot yet assume a role IAM just made."""
     from distrain_cloud.infra import aws
 
-    message = str(getattr(e, "response", {}).get("Error", {}).get("Message", "")).lower()
+    message = aws.error_message(e).lower()
     return aws.error_code(e) == "ValidationException" and "assume" in message and "role" in message
 
 
