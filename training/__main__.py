@@ -66,13 +66,16 @@ def _run(argv: Sequence[str] | None) -> None:
         chose = resolve_precision(args)  # before anything reads it; the launcher always gives it
     except (ArgumentError, ValueError) as e:  # reported in the contract's failure file too
         _fail(e, contract)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(chose, flush=True)
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # a cache the user chose wins
+        # Inductor's caches beside the checkpoints, which every backend keeps for a lineage, so a
+        # resumed job loads its kernels instead of compiling them again. Before the trainer's
+        # imports: importing torch's compile machinery fixes the default folder in this variable.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(contract.checkpoint_dir / "compile-cache")
     from .checkpoint import CheckpointError
     from .data import DataError
     from .trainer import Trainer
 
-    trainer = Trainer(args, contract)
+    trainer = Trainer(args, contract, precision_note=chose)
     try:
         trainer.setup()
     except (ArgumentError, DataError) as e:  # a flag this machine cannot serve, or bad data

@@ -70,8 +70,9 @@ class TrainState:
 
 
 class Trainer:
-    def __init__(self, args: TrainArgs, contract: Contract):
+    def __init__(self, args: TrainArgs, contract: Contract, *, precision_note: str = ""):
         self.args, self.contract = args, contract
+        self.precision_note = precision_note  # __main__'s precision choice, said once the input loaded
         self.given_args = args  # as given: --strategy auto still auto (decisions.decide resolves it)
         self.lr = args.lr if args.lr is not None else default_lr(args)  # parse_args has filled it in
         # --strategy auto becomes ddp or fsdp in setup, where the processes and the checkpoint are known.
@@ -109,6 +110,8 @@ class Trainer:
             self._load_data()
         with _slow_phase(f"loading the model {a.model or a.model_config or ''} (downloaded on first use)", self._print):
             model = self._load_model()
+        if self.precision_note:  # after the data and model: bad input is one line on stderr, nothing else
+            self._print(self.precision_note)
         if a.precision == "fp8":  # before prepare and compile: the linear layers multiply in float8
             self._print(use_fp8(model))
         train_dl, eval_dl, self.train_sampler = data.make_loaders(

@@ -165,7 +165,8 @@ class Agent:
     # -- records
 
     def record_key(self, rank: int) -> str:
-        return layout.node_record(self.job.prefix, self.job.job, rank)
+        # Through job.key, which an attempt of a spot lineage re-roots under attempts/<k>/ (elastic.py).
+        return self.job.key(layout.NODES, f"{rank}.json")
 
     def heartbeat(self, phase: str, force: bool = False) -> None:
         now = time.monotonic()
