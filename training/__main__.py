@@ -66,11 +66,7 @@ def _run(argv: Sequence[str] | None) -> None:
         chose = resolve_precision(args)  # before anything reads it; the launcher always gives it
     except (ArgumentError, ValueError) as e:  # reported in the contract's failure file too
         _fail(e, contract)
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # a cache the user chose wins
-        # Inductor's caches beside the checkpoints, which every backend keeps for a lineage, so a
-        # resumed job loads its kernels instead of compiling them again. Before the trainer's
-        # imports: importing torch's compile machinery fixes the default folder in this variable.
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(contract.checkpoint_dir / "compile-cache")
+    contract.use_compile_cache()  # before the trainer's imports fix torch's default folder
     from .checkpoint import CheckpointError
     from .data import DataError
     from .trainer import Trainer

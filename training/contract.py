@@ -121,6 +121,14 @@ class Contract:
             return self.output_dir.parent / "failure"
         return self.output_dir / "failure"
 
+    def use_compile_cache(self) -> None:
+        """Inductor's caches (FX graphs, AOT autograd graphs, Triton kernels) beside the checkpoints,
+        which every backend keeps for a lineage (S3 for cloud jobs), so a resumed job (a spot restart
+        on another machine) loads its kernels instead of compiling them again. A cache the user chose
+        wins. Call it before torch's compile machinery is imported: importing it fixes the default
+        folder in TORCHINDUCTOR_CACHE_DIR."""
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(self.checkpoint_dir / "compile-cache"))
+
     def to_env(self) -> dict[str, str]:
         """The `DISTRAIN_*` variables that describe this contract (what backends write)."""
         env = {

@@ -164,12 +164,7 @@ class Trainer:
 
     def _patch_environment(self, *, cuda: bool) -> None:
         """Variables torch and DeepSpeed read later, set before they read them."""
-        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # a cache the user chose wins
-            # Inductor's caches (FX graphs, AOT autograd graphs, Triton kernels) live beside the
-            # checkpoints, which every backend keeps for a lineage (S3 for cloud jobs), so a resumed
-            # job (a spot restart on another machine) loads its kernels instead of compiling them
-            # again. Set before anything asks torch for its cache folder (it then fixes the default).
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.contract.checkpoint_dir / "compile-cache")
+        self.contract.use_compile_cache()  # a no-op after the entry point, which did it before the imports
         if self.strategy.needs_process_group and "LOCAL_RANK" not in os.environ:
             # Started without a launcher: describe the one-process group torchrun would.
             os.environ.update(
