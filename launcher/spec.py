@@ -550,6 +550,9 @@ class JobSpec(BaseModel):
             raise ValueError("max_wait applies to spot jobs only; add spot: true or drop max_wait")
         if self.max_wait is not None and self.max_wait < self.max_run:
             raise ValueError(f"max_wait ({self.max_wait}s) must be >= max_run ({self.max_run}s)")
+        default_restarts = type(self.ec2).model_fields["max_restarts"].default
+        if self.ec2.max_restarts != default_restarts and not self.spot:  # else silently ignored
+            raise ValueError("ec2.max_restarts (--max-restarts) applies to spot jobs only; add --spot or drop it")
         after = self.ec2.on_demand_after
         if after is not None and not self.spot:
             raise ValueError("ec2.on_demand_after (--on-demand-after) applies to spot jobs only; add --spot or drop it")

@@ -112,8 +112,9 @@ def test_max_restarts_0_is_the_plain_launch_and_bad_bounds_are_one_line(stack, c
     ):
         code, _, err = run_cli(capsys, *SPOT, *flags)
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
-    code, _, err = run_cli(capsys, *[a for a in SPOT if a != "--spot"], "--on-demand-after", "1")
-    assert code == 2 and "applies to spot jobs only" in err, err
+    for flag in (["--on-demand-after", "1"], ["--max-restarts", "2"]):  # not silently ignored on-demand
+        code, _, err = run_cli(capsys, *[a for a in SPOT if a != "--spot"], *flag)
+        assert code == 2 and f"({flag[0]}) applies to spot jobs only" in err, err
 
 
 def test_the_worst_case_and_max_cost_cover_the_whole_lineage(stack, capsys, monkeypatch):
