@@ -206,6 +206,22 @@ def test_cancel_stops_the_lineage_not_only_the_live_attempt(stack, capsys, monke
     assert json.loads(out)["status"] == "Stopped"
 
 
+@pytest.mark.parametrize("order", ["resumed job listed first", "resumed job listed last"])
+def test_ls_keeps_the_resumed_job_when_it_shares_its_second_with_the_first(order):
+    """Job names tell only the second, so a `resume` within the second of its submit ties (CI
+    once listed the first job in `ls`); the later attempt is the lineage's row either way."""
+    from distrain_cloud.launcher.backends.ec2.recovery import one_row_per_lineage
+
+    first = {"job_name": "distrain-20261128-063634-a97dfa", "lineage": "L", "attempt": 0}
+    first["created"] = "2026-11-28 06:36:34"
+    resumed = {**first, "job_name": "distrain-20261128-063634-5e1d1f", "attempt": 1}
+    other = {"job_name": "distrain-20261128-063630-000000", "lineage": "M", "attempt": 0}
+    other["created"] = "2026-11-28 06:36:30"
+    rows = [resumed, first, other] if order == "resumed job listed first" else [first, resumed, other]
+    kept = one_row_per_lineage(rows)
+    assert [(r["job_name"], r["jobs_in_lineage"]) for r in kept] == [(resumed["job_name"], 2), (other["job_name"], 1)]
+
+
 @pytest.mark.slow
 def test_ls_shows_one_row_per_lineage_for_resumed_jobs_too(stack, capsys):
     import boto3

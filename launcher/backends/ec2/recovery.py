@@ -437,16 +437,26 @@ def _cost(description: dict[str, Any], node_seconds: float) -> str:
 
 
 def one_row_per_lineage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`ls`: the newest job of each lineage (rows come newest first), with how many jobs it has had
-    (a recovering lineage is one job however many attempts; a resumed one, one job per `resume`)."""
+    """`ls`: the newest job of each lineage, with how many jobs it has had (a recovering lineage is
+    one job however many attempts; a resumed one, one job per `resume`). Rows come roughly newest
+    first, but a job name only tells the second: a `resume` within the second of its submit ties,
+    so then the later attempt decides."""
     kept: dict[str, dict[str, Any]] = {}
     for row in rows:
         lineage = str(row.get("lineage") or row["job_name"])
-        if lineage in kept:
-            kept[lineage]["jobs_in_lineage"] += 1
-        else:
+        seen = kept.get(lineage)
+        if seen is None:
             kept[lineage] = {**row, "jobs_in_lineage": 1}
+        elif _newness(row) > _newness(seen):  # the dict keeps the lineage's place in the list
+            kept[lineage] = {**row, "jobs_in_lineage": seen["jobs_in_lineage"] + 1}
+        else:
+            seen["jobs_in_lineage"] += 1
     return list(kept.values())
+
+
+def _newness(row: dict[str, Any]) -> tuple[str, int]:
+    attempt = row.get("attempt")
+    return str(row.get("created") or ""), attempt if isinstance(attempt, int) else -1
 
 
 # ---------------------------------------------------------------------- cancel and clean-up
