@@ -94,7 +94,7 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
         configs: dict[str, Any] = {
             "accelerate_config (node 0)": accelerate_config(strategy, cluster, precision=precision)
         }
-    configs.update(plan_configs(strategy, train, cluster.world_size))
+    configs.update(plan_configs(strategy, train, cluster.world_size, cuda=bool(instance.gpus)))
     if strategy is Strategy.ddp and cluster.world_size > 1 and instance.gpus:
         configs["ddp_buckets"] = planned_ddp_buckets(
             train,

@@ -125,7 +125,7 @@ class LocalBackend:
         )
         strategy = parse_strategy(train.strategy)
         if strategy.shards_state:
-            configs.update(plan_configs(strategy, train, processes))
+            configs.update(plan_configs(strategy, train, processes, cuda=gpus > 0))
         wandb = wandb_run(spec, argv, tracking)
         stack = _has_training_stack()
         checks = [

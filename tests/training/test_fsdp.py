@@ -115,10 +115,11 @@ def test_fsdp_launches_under_torchrun_even_with_one_process():
 def test_plans_show_the_plugin_the_training_process_builds(cli, tmp_path):
     args = parse_args(["--strategy", "fsdp"])
     auto = "auto (units of about 100M parameters)"
-    assert plan_configs(Strategy.fsdp, args, 2) == {"fsdp_plugin": fsdp_plugin_settings(), "fsdp_blocks_per_unit": auto}
+    expected = {"fsdp_plugin": fsdp_plugin_settings(), "fsdp_blocks_per_unit": auto}
+    assert plan_configs(Strategy.fsdp, args, 2, cuda=True) == expected
     two = parse_args(["--strategy", "fsdp", "--fsdp-blocks-per-unit", "2"])
-    assert plan_configs(Strategy.fsdp, two, 2)["fsdp_blocks_per_unit"] == 2
-    assert plan_configs(Strategy.ddp, args, 2) == {}
+    assert plan_configs(Strategy.fsdp, two, 2, cuda=True)["fsdp_blocks_per_unit"] == 2
+    assert plan_configs(Strategy.ddp, args, 2, cuda=True) == {}
     r = cli(
         "submit", "--instance", "local", "--processes", "2", "--strategy", "fsdp", "--dry-run", "--json", cwd=tmp_path
     )
