@@ -52,3 +52,24 @@ def test_a_run_that_finished_is_completed_whatever_its_launcher_exits_with(tmp_p
     launcher = "import os; os.kill(os.getpid(), 9)"
     code = _run_forwarding_signals([sys.executable, "-c", launcher], {}, tmp_path / "failure", 5.0, completed=completed)
     assert code == 137 and "killed by SIGKILL" in capsys.readouterr().err
+
+
+def test_gpus_are_counted_without_torch_where_the_machine_has_no_nvidia_device(monkeypatch):
+    """torch costs node_launch seconds to import on every launch, for one number: where Linux
+    shows no NVIDIA device node the count is 0 without it; where it shows one, torch counts."""
+    import glob
+    import types
+
+    from distrain_cloud.training import node_launch
+
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(device_count=lambda: 3))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(node_launch.os.path, "exists", lambda path: False)
+    monkeypatch.setattr(glob, "glob", lambda pattern: [])
+    assert node_launch._count_gpus() == 0
+    monkeypatch.setattr(glob, "glob", lambda pattern: ["/dev/nvidia0"] if pattern.startswith("/dev/nvidia") else [])
+    assert node_launch._count_gpus() == 3
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # a run told to stay on the CPU
+    assert node_launch._count_gpus() == 0
