@@ -221,6 +221,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(train, sig, code):
     # Stopped is not finished: no evaluation, no model.
     assert run.evals == [] and not c.model_dir.exists()
 
+    if sig != signal.SIGTERM:
+        return  # the checkpoint a stop saves is the same whatever the signal: one resume shows it resumes
     # The same command again resumes from it (and is killed two steps later to end the test).
     again = train(*flags, name=f"stop-{sig.name}", env={"DISTRAIN_TEST_KILL_AT_STEP": str(step + 2)})
     assert again.returncode in KILLED, again.describe()
