@@ -231,7 +231,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(train, sig, code):
     assert [m["step"] for m in again.metrics if "train_loss" in m][-2:] == [step + 1, step + 2]
 
 
-@pytest.mark.parametrize("workers", [0, 2])  # 2: the default on GPUs, data loader processes beside the trainer
+# 2: the default on GPUs, data loader processes beside the trainer. Without workers, a SIGTERM to
+# node_launch of one process is test_local_backend.py's `cancel` of a local job (cancel-0) and the
+# SIGTERM its node launcher gets when its CLI is killed (test_a_job_whose_cli_is_killed_does_not_run_on).
+@pytest.mark.parametrize("workers", [2])
 def test_sigterm_to_node_launch_reaches_a_single_process(train, workers):
     """accelerate's launcher for one process forwards no signal (and died of SIGTERM, leaving the
     trainer running to the end); node_launch signals the training process itself, and not its data
