@@ -189,7 +189,10 @@ def test_checkpoint_without_manifest_still_resumes(train, baseline, killed_after
     assert_same_result(rerun, baseline)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])  # a stop; Ctrl-C
+# A stop. Ctrl-C (SIGINT: 130, the same stop otherwise) is test_local_backend.py's
+# test_ctrl_c_in_the_terminal_checkpoints_and_the_job_is_stopped[ctrl-c-2], through the CLI and
+# node_launch to the trainer: its stopped= line, its one checkpoint of that step, no model.
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143)])
 def test_sigterm_saves_a_checkpoint_and_exits_143(train, sig, code):
     flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", "1", "--report-to", "none"]
     proc, c, argv = train.popen(*flags, name=f"stop-{sig.name}")
@@ -221,8 +224,6 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(train, sig, code):
     # Stopped is not finished: no evaluation, no model.
     assert run.evals == [] and not c.model_dir.exists()
 
-    if sig != signal.SIGTERM:
-        return  # the checkpoint a stop saves is the same whatever the signal: one resume shows it resumes
     # The same command again resumes from it (and is killed two steps later to end the test).
     again = train(*flags, name=f"stop-{sig.name}", env={"DISTRAIN_TEST_KILL_AT_STEP": str(step + 2)})
     assert again.returncode in KILLED, again.describe()
