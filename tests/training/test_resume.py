@@ -111,8 +111,7 @@ def killed_after_8(module_train):
 def test_checkpoint_killed_mid_save_is_never_loaded(train, baseline, killed_after_8):
     # Started again, it resumes from checkpoint 8 (the step it was killed at), and its next save
     # (step 10) dies after accelerate wrote its state, before the COMPLETE marker: a real half save,
-    # the latest checkpoint. (It once started from nothing, a second run for what this one shows:
-    # a half save is passed over for the latest complete checkpoint, here the previous one.)
+    # the latest checkpoint, which the next start passes over for the previous, complete one.
     c = train.copy("crash", killed_after_8)
     crashed = train(*KEEP_5, name="crash", env={"DISTRAIN_TEST_CRASH_IN": "save"})
     assert crashed.returncode in KILLED, crashed.describe()
