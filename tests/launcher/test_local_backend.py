@@ -167,74 +167,87 @@ def test_resume_from_refuses_another_strategy_task_or_model_in_one_line(cli, tmp
     assert f"resumes: {name} (lineage {name}: " in r.stdout
 
 
+def _submit(cli, tmp_path, env: dict[str, str], *args: str, ok: bool = True) -> tuple[str, dict[int, float]]:
+    """`submit --instance local ARGS`, which succeeds (or, not `ok`, fails): the new job's name and
+    its step -> train_loss."""
+    before = set((tmp_path / "runs").iterdir()) if (tmp_path / "runs").exists() else set()
+    r = cli("submit", "--instance", "local", *args, cwd=tmp_path, env=env, timeout=300)
+    (root,) = set((tmp_path / "runs").iterdir()) - before
+    assert (r.returncode == 0) == ok, r.stdout[-2000:] + r.stderr[-2000:]
+    metrics = root / "output" / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+    return root.name, {m["step"]: m["train_loss"] for m in records if "train_loss" in m}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("job", "training"),
-    [
-        ([], []),  # ddp, one process
-        # fsdp sharded inside the compiled graph: its per-process shard files (aot_eager: no Inductor build)
-        (["--processes", "2", "--strategy", "fsdp"], ["--compile", "--compile-unit", "model"]),
-    ],
-    ids=["ddp", "fsdp-in-graph"],
-)
-def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, tmp_path, job, training):
+def test_resume_from_without_retyping_flags_gives_the_uninterrupted_losses(cli, tmp_path):
+    """fsdp sharded inside the compiled graph (aot_eager: no Inductor build), 2 processes: job flags
+    and training flags come along, each process resumes from its own shard file. This engine's
+    resume after a kill -9 is proven here alone (test_graph_fsdp.py resumes it on another number of
+    processes). A one-process ddp job killed and resumed the same way was a second case of this
+    test: submit hands every engine the same flags and checkpoint folder, and the trainer's resume
+    to the uninterrupted numbers is test_resume.py's, bit for bit, at every kill step."""
+    job = ["--processes", "2", "--strategy", "fsdp"]
     flags = [*job, "--", "--task", "causal-lm", "--max-steps", "6", "--save-every", "2", "--log-every", "1"]
-    flags += ["--eval-every", "100", "--report-to", "none", *training]
+    flags += ["--eval-every", "100", "--report-to", "none", "--compile", "--compile-unit", "model"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DISTRAIN_COMPILE_BACKEND": "aot_eager"}
 
-    def submit(*args: str, **extra_env: str) -> tuple[str, dict[int, float]]:
-        before = set((tmp_path / "runs").iterdir()) if (tmp_path / "runs").exists() else set()
-        r = cli("submit", "--instance", "local", *args, cwd=tmp_path, env={**env, **extra_env}, timeout=300)
-        (root,) = set((tmp_path / "runs").iterdir()) - before
-        assert (r.returncode == 0) == (not extra_env), r.stdout[-2000:] + r.stderr[-2000:]
-        records = [json.loads(line) for line in (root / "output" / "metrics.jsonl").read_text().splitlines()]
-        return root.name, {m["step"]: m["train_loss"] for m in records if "train_loss" in m}
-
-    whole, uninterrupted = submit(*flags)
+    whole, uninterrupted = _submit(cli, tmp_path, env, *flags)
     # GPT-2 ties its LM head to its embedding: saved as transformers saves it, Accelerate has nothing
     # to warn about at each of the three checkpoints.
     assert "Removed shared tensor" not in (tmp_path / "runs" / whole / "job.log").read_text()
-    killed, first = submit(*flags, DISTRAIN_TEST_KILL_AT_STEP="3")
+    killed, first = _submit(cli, tmp_path, {**env, "DISTRAIN_TEST_KILL_AT_STEP": "3"}, *flags, ok=False)
     assert max(first) == 3
-    resumed, rest = submit("--resume-from", killed)  # no training flags retyped
+    resumed, rest = _submit(cli, tmp_path, env, "--resume-from", killed)  # no training flags retyped
     assert min(rest) == 3 and {**first, **rest} == uninterrupted
-    if training:  # the same engine again, from each process's shard file, to the same weights bit for bit
-        assert "fsdp_sharding=in-graph weights=" in (tmp_path / "runs" / resumed / "job.log").read_text()
-        weights = lambda job: (tmp_path / "runs" / job / "model" / "model.safetensors").read_bytes()  # noqa: E731
-        assert weights(resumed) == weights(whole)
-        kept = sorted((tmp_path / "runs" / killed / "checkpoints").glob("checkpoint-*"))  # the lineage's folder
-        assert [c.name for c in kept] == ["checkpoint-00000004", "checkpoint-00000006"]
-        for ckpt in kept:
-            assert sorted(p.name for p in ckpt.glob("graph_shards_*.pt")) == ["graph_shards_0.pt", "graph_shards_1.pt"]
-        # Back on one GPU, its shards cut anew, is test_graph_fsdp's resume on another number of
-        # processes (to the 2 processes' losses); a --processes given again reaching the resumed job
-        # through submit is the ddp case's below. A fifth compiled job here proved nothing more.
-    else:
-        # On 2 processes, the job's micro-batch of 16 would double its global batch: refused in one line
-        # that names the flags that keep it, which then resume it.
-        wider = ("--resume-from", killed, "--processes", "2")
-        r = cli("submit", "--instance", "local", *wider, cwd=tmp_path, env=env, timeout=300)
-        errors = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
-        assert r.returncode == 2 and len(errors) == 1, r.stdout[-2000:] + r.stderr[-2000:]
-        assert "was trained with a global batch of 16" in errors[0]
-        assert "resume with --batch-size 8 --grad-accum 1" in errors[0]
-        # The lineage completed its 6 steps: resumed, it trains on to a higher --max-steps.
-        both, more = submit(*wider, "--", "--batch-size", "8", "--grad-accum", "1", "--max-steps", "7")
-        log = (tmp_path / "runs" / both / "job.log").read_text()
-        assert "resumed_from=checkpoint-00000006 step=6" in log and sorted(more) == [7], log[-2000:]
+    # The same engine again, from each process's shard file, to the same weights bit for bit
+    assert "fsdp_sharding=in-graph weights=" in (tmp_path / "runs" / resumed / "job.log").read_text()
+    weights = lambda job: (tmp_path / "runs" / job / "model" / "model.safetensors").read_bytes()  # noqa: E731
+    assert weights(resumed) == weights(whole)
+    kept = sorted((tmp_path / "runs" / killed / "checkpoints").glob("checkpoint-*"))  # the lineage's folder
+    assert [c.name for c in kept] == ["checkpoint-00000004", "checkpoint-00000006"]
+    for ckpt in kept:
+        assert sorted(p.name for p in ckpt.glob("graph_shards_*.pt")) == ["graph_shards_0.pt", "graph_shards_1.pt"]
+    # Back on one GPU, its shards cut anew, is test_graph_fsdp's resume on another number of
+    # processes (to the 2 processes' losses); a --processes given again reaching the resumed job
+    # through submit is the test below. A fifth compiled job here proved nothing more.
     plan = json.loads((tmp_path / "runs" / resumed / "job.json").read_text())
     shared = str((tmp_path / "runs" / killed / "checkpoints").resolve())
     assert plan["request"]["env"]["DISTRAIN_CHECKPOINT_DIR"] == shared
+
+
+@pytest.mark.slow
+def test_a_completed_job_resumed_on_more_processes_keeps_its_global_batch(cli, tmp_path):
+    flags = ["--", "--task", "causal-lm", "--max-steps", "6", "--save-every", "2", "--log-every", "1"]
+    flags += ["--eval-every", "100", "--report-to", "none"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first, _ = _submit(cli, tmp_path, env, *flags)
+    # GPT-2 ties its LM head to its embedding: saved as transformers saves it, Accelerate has nothing
+    # to warn about at each of the three checkpoints.
+    assert "Removed shared tensor" not in (tmp_path / "runs" / first / "job.log").read_text()
+    # On 2 processes, the job's micro-batch of 16 would double its global batch: refused in one line
+    # that names the flags that keep it, which then resume it.
+    wider = ("--resume-from", first, "--processes", "2")
+    r = cli("submit", "--instance", "local", *wider, cwd=tmp_path, env=env, timeout=300)
+    errors = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
+    assert r.returncode == 2 and len(errors) == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "was trained with a global batch of 16" in errors[0]
+    assert "resume with --batch-size 8 --grad-accum 1" in errors[0]
+    # The job completed its 6 steps: resumed, it trains on to a higher --max-steps.
+    both, more = _submit(cli, tmp_path, env, *wider, "--", "--batch-size", "8", "--grad-accum", "1", "--max-steps", "7")
+    log = (tmp_path / "runs" / both / "job.log").read_text()
+    assert "resumed_from=checkpoint-00000006 step=6" in log and sorted(more) == [7], log[-2000:]
+    plan = json.loads((tmp_path / "runs" / both / "job.json").read_text())
+    shared = str((tmp_path / "runs" / first / "checkpoints").resolve())
+    assert plan["request"]["env"]["DISTRAIN_CHECKPOINT_DIR"] == shared
     # The resumed job completed: `resume` as it was would train nothing, and is refused naming the way on,
-    done = cli("resume", resumed, "--dry-run", cwd=tmp_path, env=env)
+    done = cli("resume", both, "--dry-run", cwd=tmp_path, env=env)
     assert done.returncode == 2 and done.stderr.splitlines() == [
-        f"error: {resumed} completed: every step it was asked for is trained. To train further, resume it with a "
-        f"higher --max-steps: distrain-cloud submit --resume-from {resumed} -- --max-steps N"
+        f"error: {both} completed: every step it was asked for is trained. To train further, resume it with a "
+        f"higher --max-steps: distrain-cloud submit --resume-from {both} -- --max-steps N"
     ]
     # which stays in the lineage: the first job's checkpoint folder.
-    again = cli(
-        "submit", "--resume-from", resumed, "--dry-run", "--json", "--", "--max-steps", "9", cwd=tmp_path, env=env
-    )
+    again = cli("submit", "--resume-from", both, "--dry-run", "--json", "--", "--max-steps", "9", cwd=tmp_path, env=env)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["request"]["env"]["DISTRAIN_CHECKPOINT_DIR"] == shared
 

@@ -16,9 +16,12 @@ pytestmark = pytest.mark.slow
 # Checkpoints every 2 steps, a loss per step, evaluations at steps 5, 10 and 12 (the end).
 FLAGS = ["--max-steps", "12", "--save-every", "2", "--log-every", "1", "--eval-every", "5", "--report-to", "none"]
 KILLED = (-9, 137)  # SIGKILL, seen directly or through a shell
-KILL_STEPS = (3, 6, 9)  # resumed from checkpoints 2, 6 and 8
+# Resumed from checkpoints 2 and 8: a step past a save, before and after an evaluation. A kill right
+# after a save (resumed from the kill step itself) is test_checkpoint_killed_mid_save_is_never_loaded's
+# run killed after step 8, resumed from checkpoint 8 to the baseline's numbers.
+KILL_STEPS = (3, 9)
 # The last kill's batches come from 2 worker processes (--num-workers 2): resume skips batches there
-# too. It stands for the same kill without workers as well, which the two before it show in kind.
+# too. It stands for the same kill without workers as well, which the one before it shows in kind.
 WORKERS_AT = 9
 
 
@@ -91,53 +94,41 @@ def test_killed_run_resumes_exactly(kill_and_resume, baseline, job, kill_step):
     assert_same_result(resumed, baseline)
 
 
-def test_checkpoint_killed_mid_save_is_never_loaded(train, baseline):
-    # The first save (step 2) dies after accelerate wrote its state, before the COMPLETE marker.
-    crashed = train(*FLAGS, name="crash", env={"DISTRAIN_TEST_CRASH_IN": "save"})
-    assert crashed.returncode in KILLED, crashed.describe()
-    (half,) = crashed.contract.checkpoints()
-    assert half.name == "checkpoint-00000002" and not (half / "COMPLETE").exists()
-    assert any(half.iterdir())  # state files were written: only the marker is missing
-    assert crashed.contract.complete_checkpoints() == []
-
-    rerun = train(*FLAGS, name="crash")
-    assert rerun.returncode == 0, rerun.describe()
-    assert rerun.lines("resumed_from=") == [], "resumed from a half-written checkpoint\n" + rerun.describe()
-    assert_same_result(rerun, baseline)
-
-
 KEEP_5 = [*FLAGS, "--keep-checkpoints", "5"]  # keeping more checkpoints does not change training
 
 
 @pytest.fixture(scope="module")
-def killed_after_4(module_train):
-    """A run killed after step 4 with checkpoints 2 and 4 complete. Each test that damages them
-    starts from a copy of its folder (killed_after_step_4), so the run is made once."""
-    first = module_train(*KEEP_5, name="killed-after-4", env={"DISTRAIN_TEST_KILL_AT_STEP": "4"})
+def killed_after_8(module_train):
+    """A run killed right after step 8's save, with checkpoints 2, 4, 6 and 8 complete. Each test
+    that starts it again (or damages it first) starts from a copy of its folder (train.copy), so
+    the run is made once."""
+    first = module_train(*KEEP_5, name="killed-after-8", env={"DISTRAIN_TEST_KILL_AT_STEP": "8"})
     assert first.returncode in KILLED, first.describe()
-    assert [p.name for p in first.contract.complete_checkpoints()] == ["checkpoint-00000002", "checkpoint-00000004"]
+    assert [p.name for p in first.contract.complete_checkpoints()] == [f"checkpoint-{s:08d}" for s in (2, 4, 6, 8)]
     return first
 
 
-def test_incomplete_latest_checkpoint_falls_back_to_the_previous_one(train, baseline, killed_after_4):
-    flags, c = KEEP_5, train.copy("fallback", killed_after_4)
-    # Make checkpoint 4 look like a save killed half-way: no marker, garbage in its files.
-    newest = c.complete_checkpoints()[-1]
-    (newest / "COMPLETE").unlink()
-    for f in newest.iterdir():
-        if f.is_file():
-            f.write_bytes(b"\x00garbage" * 7)
+def test_checkpoint_killed_mid_save_is_never_loaded(train, baseline, killed_after_8):
+    # Started again, it resumes from checkpoint 8 (the step it was killed at), and its next save
+    # (step 10) dies after accelerate wrote its state, before the COMPLETE marker: a real half save,
+    # the latest checkpoint, which the next start passes over for the previous, complete one.
+    c = train.copy("crash", killed_after_8)
+    crashed = train(*KEEP_5, name="crash", env={"DISTRAIN_TEST_CRASH_IN": "save"})
+    assert crashed.returncode in KILLED, crashed.describe()
+    assert crashed.lines("resumed_from=") == [resumed_line(8)], crashed.describe()
+    half = c.checkpoints()[-1]
+    assert half.name == "checkpoint-00000010" and not (half / "COMPLETE").exists()
+    assert any(half.iterdir())  # state files were written: only the marker is missing
+    assert c.complete_checkpoints()[-1].name == "checkpoint-00000008"
 
-    rerun = train(*flags, name="fallback")
-    assert rerun.lines("resumed_from=") == [resumed_line(2)], rerun.describe()
+    rerun = train(*KEEP_5, name="crash")
+    assert rerun.returncode == 0, rerun.describe()
+    assert rerun.lines("resumed_from=") == [resumed_line(8)], (
+        "resumed from a half-written checkpoint\n" + rerun.describe()
+    )
     assert_same_result(rerun, baseline)
-    # The half-written folder was replaced by a real checkpoint-4 when step 4 came round again.
-    assert (newest / "COMPLETE").read_text() == "4"
-
-
-def killed_after_step_4(train, killed_after_4, name: str):
-    """The flags and the newest checkpoint (4) of a copy, under `name`, of the run killed after step 4."""
-    return KEEP_5, train.copy(name, killed_after_4).complete_checkpoints()[-1]
+    # The half-written folder was replaced by a real checkpoint-10 when step 10 came round again.
+    assert (half / "COMPLETE").read_text() == "10"
 
 
 def truncate(path) -> str:
@@ -153,50 +144,54 @@ def flip_one_byte(path) -> str:
     return f"{path.name} does not match its sha256 in MANIFEST.json"
 
 
-# Damage to a checkpoint marked complete (a full disk, a bad copy or sync): its manifest says so.
-@pytest.mark.parametrize(
-    "name, damage",
-    [("model.safetensors", truncate), ("optimizer.bin", truncate), ("model.safetensors", flip_one_byte)],
-    ids=["truncated-weights", "truncated-optimizer", "flipped-weights"],
-)
-def test_damaged_complete_checkpoint_is_skipped_for_the_previous_one(train, baseline, killed_after_4, name, damage):
-    flags, newest = killed_after_step_4(train, killed_after_4, "damaged")
-    assert (newest / "MANIFEST.json").is_file()
-    problem = damage(newest / name)
+def test_damaged_complete_checkpoints_are_skipped_for_the_previous_one(train, baseline, killed_after_8):
+    """Damage to checkpoints marked complete (a full disk, a bad copy or sync): their manifests say
+    so. One kind of damage on each of the three newest, in one run (each was a run of its own):
+    each is skipped with one line, newest first, and the job resumes from the oldest, checkpoint 2."""
+    c = train.copy("damaged", killed_after_8)
+    two, four, six, eight = c.complete_checkpoints()
+    problems = [
+        (eight, flip_one_byte(eight / "model.safetensors")),
+        (six, truncate(six / "optimizer.bin")),
+        (four, truncate(four / "model.safetensors")),
+    ]
+    assert all((ckpt / "MANIFEST.json").is_file() for ckpt, _ in problems)
 
-    rerun = train(*flags, name="damaged")
-    skipped = [line for line in rerun.stderr.splitlines() if "checkpoint-00000004" in line]
+    rerun = train(*KEEP_5, name="damaged")
+    skipped = [line for line in rerun.stderr.splitlines() if "skipping" in line]
     assert skipped == [
-        (
-            f"warning: skipping checkpoint-00000004 in {rerun.contract.checkpoint_dir}: {problem}; "
-            "resuming from checkpoint-00000002 instead"
-        )
+        (f"warning: skipping {ckpt.name} in {c.checkpoint_dir}: {problem}; resuming from {two.name} instead")
+        for ckpt, problem in problems
     ], rerun.describe()
     assert "Traceback" not in rerun.stderr
     assert rerun.lines("resumed_from=") == [resumed_line(2)], rerun.describe()
     assert_same_result(rerun, baseline)
-    assert (newest / "COMPLETE").read_text() == "4"  # saved again, whole, when step 4 came round
+    for step, ckpt in ((4, four), (6, six), (8, eight)):  # saved again, whole, when its step came round
+        assert (ckpt / "COMPLETE").read_text() == str(step)
 
 
-def test_checkpoint_without_manifest_still_resumes(train, baseline, killed_after_4):
+def test_checkpoint_without_manifest_still_resumes(train, baseline, killed_after_8):
     """Checkpoints saved before manifests existed load as before, unverified, with one note."""
-    flags, newest = killed_after_step_4(train, killed_after_4, "legacy")
+    newest = train.copy("legacy", killed_after_8).complete_checkpoints()[-1]
     (newest / "MANIFEST.json").unlink()
     state = json.loads((newest / "trainer_state.json").read_text())
     for key in ("world_size", "strategy"):  # not recorded then either
         del state[key]
     (newest / "trainer_state.json").write_text(json.dumps(state))
 
-    rerun = train(*flags, name="legacy")
-    assert rerun.lines("resumed_from=") == [resumed_line(4)], rerun.describe()
+    rerun = train(*KEEP_5, name="legacy")
+    assert rerun.lines("resumed_from=") == [resumed_line(8)], rerun.describe()
     notes = [line for line in rerun.stderr.splitlines() if "MANIFEST.json" in line]
     assert notes == [
-        ("note: checkpoint-00000004 has no MANIFEST.json (saved before checksums existed): loading it unverified")
+        ("note: checkpoint-00000008 has no MANIFEST.json (saved before checksums existed): loading it unverified")
     ], rerun.describe()
     assert_same_result(rerun, baseline)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])  # a stop; Ctrl-C
+# A stop. Ctrl-C (SIGINT: 130, the same stop otherwise) is test_local_backend.py's
+# test_ctrl_c_in_the_terminal_checkpoints_and_the_job_is_stopped[ctrl-c-2], through the CLI and
+# node_launch to the trainer: its stopped= line, its one checkpoint of that step, no model.
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143)])
 def test_sigterm_saves_a_checkpoint_and_exits_143(train, sig, code):
     flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", "1", "--report-to", "none"]
     proc, c, argv = train.popen(*flags, name=f"stop-{sig.name}")
@@ -236,7 +231,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(train, sig, code):
     assert [m["step"] for m in again.metrics if "train_loss" in m][-2:] == [step + 1, step + 2]
 
 
-@pytest.mark.parametrize("workers", [0, 2])  # 2: the default on GPUs, data loader processes beside the trainer
+# 2: the default on GPUs, data loader processes beside the trainer. Without workers, a SIGTERM to
+# node_launch of one process is test_local_backend.py's `cancel` of a local job (cancel-0) and the
+# SIGTERM its node launcher gets when its CLI is killed (test_a_job_whose_cli_is_killed_does_not_run_on).
+@pytest.mark.parametrize("workers", [2])
 def test_sigterm_to_node_launch_reaches_a_single_process(train, workers):
     """accelerate's launcher for one process forwards no signal (and died of SIGTERM, leaving the
     trainer running to the end); node_launch signals the training process itself, and not its data
@@ -265,8 +263,10 @@ def test_sigterm_to_node_launch_reaches_a_single_process(train, workers):
 
 @pytest.mark.multiprocess
 # processes agree to stop at log steps only; with data loader workers (the GPU default), torchrun's
-# training processes get the stop and their workers do not (node_launch._training_processes)
-@pytest.mark.parametrize("log_every, workers", [(1, 0), (3, 0), (1, 2)])
+# training processes get the stop and their workers do not (node_launch._training_processes). One
+# run shows both (they were three: (1, 0), (3, 0), (1, 2)); a step between log steps is where a
+# stop must wait, and workers are where a stray SIGTERM would fail the step.
+@pytest.mark.parametrize("log_every, workers", [(3, 2)])
 def test_sigterm_through_node_launch_exits_143(train, log_every, workers):
     flags = ["--max-steps", "100000", "--save-every", "1000", "--log-every", str(log_every), "--report-to", "none"]
     flags += ["--num-workers", str(workers)]
