@@ -265,23 +265,33 @@ def test_ddp_with_accumulation_averages_over_micro_batches_and_processes(train, 
     assert two.final_eval["eval_loss"] == pytest.approx(one.final_eval["eval_loss"], rel=1e-4)
 
 
+def killed_and_resumed(train, flags: list[str], name: str, env: dict[str, str]):
+    """The job of `flags` (--max-steps 5 --save-every 3 --log-every 1) killed right after step 5,
+    then run again with the same flags, resuming from step 3's checkpoint to redo steps 4 and 5.
+
+    The killed run is the uninterrupted run up to its kill (it saved the same checkpoints, and
+    its steps 4 and 5 are logged before it dies): its losses are the ones the resumed steps must
+    give, with no third run to train them again."""
+    killed = train(*flags, name=name, env={**env, "DISTRAIN_TEST_KILL_AT_STEP": "5"})
+    resumed = train(*flags, name=name, env=env)
+    assert killed.returncode in (-9, 137), killed.describe()
+    assert sorted(killed.train_losses) == [1, 2, 3, 4, 5], killed.describe()
+    assert resumed.returncode == 0, resumed.describe()
+    assert resumed.lines("resumed_from=") == ["resumed_from=checkpoint-00000003 step=3"]
+    return killed, resumed
+
+
 def test_a_job_compiled_block_by_block_resumes_where_an_uninterrupted_one_goes(train, no_dropout_config, aot_eager):
     """What a user does next with --compile-unit block: a job killed after a checkpoint runs again
     with the same flags (as `distrain-cloud resume` does). The blocks' compiled forwards and the
     loss are attributes, not weights, so the checkpoint is the model's own and the resumed steps
     are those of one uninterrupted run."""
     flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64", "--lr", "2e-3"]
-    flags += ["--batch-size", "8", "--max-steps", "6", "--log-every", "1", "--save-every", "2", "--report-to", "none"]
+    flags += ["--batch-size", "8", "--max-steps", "5", "--log-every", "1", "--save-every", "3", "--report-to", "none"]
     flags += ["--compile", "--compile-unit", "block", "--no-save-model", "--generate-tokens", "0"]
-    whole = train(*flags, name="blocks-whole", env=aot_eager)
-    killed = train(*flags, name="blocks-resumed", env={**aot_eager, "DISTRAIN_TEST_KILL_AT_STEP": "5"})
-    resumed = train(*flags, name="blocks-resumed", env=aot_eager)
-    assert killed.returncode in (-9, 137), killed.describe()
-    assert whole.returncode == 0, whole.describe()
-    assert resumed.returncode == 0, resumed.describe()
-    assert resumed.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"]
+    killed, resumed = killed_and_resumed(train, flags, "blocks", aot_eager)
     assert resumed.lines("compile_unit=") == ["compile_unit=block blocks=2 loss=fast"]
-    assert {s: resumed.train_losses[s] for s in (5, 6)} == {s: whole.train_losses[s] for s in (5, 6)}
+    assert {s: resumed.train_losses[s] for s in (4, 5)} == {s: killed.train_losses[s] for s in (4, 5)}
 
 
 def test_uneven_last_eval_batch_counts_every_sample_once(ddp_pair):
@@ -362,7 +372,7 @@ def test_compiled_zero2_compiles_the_model_inside_the_engine_once(train, lm_one,
 
 
 @pytest.mark.deepspeed
-@pytest.mark.slow  # three DeepSpeed runs with Dynamo: about half a minute each strategy
+@pytest.mark.slow  # two DeepSpeed runs with Dynamo: about 15 s each strategy
 @pytest.mark.parametrize(
     ("strategy", "unit"),
     [
@@ -380,18 +390,12 @@ def test_a_compiled_deepspeed_job_resumes_where_an_uninterrupted_one_goes(
     loads as one. --generate-tokens 0 saves it without a sample (it ended the job in an error after
     the save before)."""
     flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64", "--lr", "2e-3"]
-    flags += ["--batch-size", "8", "--max-steps", "6", "--log-every", "1", "--save-every", "2", "--report-to", "none"]
+    flags += ["--batch-size", "8", "--max-steps", "5", "--log-every", "1", "--save-every", "3", "--report-to", "none"]
     flags += ["--strategy", strategy, "--compile", "--generate-tokens", "0", "--max-eval-samples", "16"]
-    whole = train(*flags, "--no-save-model", name=f"{strategy}c-whole", env=aot_eager)
-    killed = train(*flags, name=f"{strategy}c-resumed", env={**aot_eager, "DISTRAIN_TEST_KILL_AT_STEP": "5"})
-    resumed = train(*flags, name=f"{strategy}c-resumed", env=aot_eager)
-    assert killed.returncode in (-9, 137), killed.describe()
-    assert whole.returncode == 0, whole.describe()
-    assert resumed.returncode == 0, resumed.describe()
-    assert resumed.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"]
+    killed, resumed = killed_and_resumed(train, flags, f"{strategy}c", aot_eager)
     assert resumed.lines("compile_unit=") == [unit]
     assert resumed.lines("sample=") == [] and not (resumed.contract.output_dir / "sample.txt").exists()
-    assert {s: resumed.train_losses[s] for s in (5, 6)} == pytest.approx({s: whole.train_losses[s] for s in (5, 6)})
+    assert {s: resumed.train_losses[s] for s in (4, 5)} == pytest.approx({s: killed.train_losses[s] for s in (4, 5)})
     from transformers import AutoModelForCausalLM
 
     model, info = AutoModelForCausalLM.from_pretrained(resumed.contract.model_dir, output_loading_info=True)
