@@ -136,19 +136,11 @@ ACCUM = 2
 
 
 def accum_flags(no_dropout_config) -> list[str]:
-    """The causal-LM job with accumulation (--grad-accum 2) of the eager and compiled-autograd DDP comparisons."""
-    flags = ["--task", "causal-lm", "--model-config", str(no_dropout_config), "--block-size", "64", "--lr", "2e-3"]
-    flags += ["--max-steps", "6", "--log-every", "2", "--report-to", "none", "--no-save-model"]
-    flags += ["--generate-tokens", "0", "--max-eval-samples", "32", "--grad-accum", str(ACCUM)]
-    return flags
-
-
-@pytest.fixture(scope="module")
-def accum_one(module_train, no_dropout_config):
-    """One eager process, micro-batches of 8 (global 16): the numbers of the 2-process runs with accumulation."""
-    one = module_train(*accum_flags(no_dropout_config), "--batch-size", str(16 // ACCUM), name="accum-one")
-    assert one.returncode == 0, one.describe()
-    return one
+    """lm_flags with accumulation (--grad-accum 2), of the eager and compiled-autograd DDP comparisons:
+    2 processes on micro-batches of 4 make lm_one's global batches of 16, so lm_one is their
+    baseline too (one eager process, no accumulation: the averaging over micro-batches and
+    processes must give the numbers of one whole batch)."""
+    return [*lm_flags(no_dropout_config), "--grad-accum", str(ACCUM)]
 
 
 @pytest.mark.parametrize(
@@ -214,14 +206,14 @@ def test_compiled_ddp_gives_the_numbers_of_one_eager_process(
 
 @pytest.mark.parametrize("fails", [False, True], ids=["compiled", "compiled-backward-fails"])
 def test_compiled_autograd_ddp_gives_the_numbers_of_one_eager_process(
-    train, accum_one, no_dropout_config, aot_eager, fails
+    train, lm_one, no_dropout_config, aot_eager, fails
 ):
     """--compiled-autograd (P3's candidate: DDP's all-reduces traced into one compiled backward,
     where the compiler may overlap them) trains like one eager process on the same global batches,
     through accumulation's no-sync micro-steps and its synchronising ones. Where the compiled
     backward fails (as it did on 4 H200s under torch 2.11), the job says so once and goes on
     eagerly from a fresh forward, to the same numbers."""
-    one = accum_one
+    one = lm_one
     two = train(
         *accum_flags(no_dropout_config),
         "--batch-size",
@@ -249,19 +241,19 @@ def test_compiled_autograd_ddp_gives_the_numbers_of_one_eager_process(
         assert warnings == []
         # The traced backward calls DDP's Python reducer (its per-parameter hooks), not the C++ one.
         assert "[__compiled_autograd]" in two.stderr and "hook_type = 'post_acc_grad_hook'" in two.stderr
-    assert one.train_losses.keys() == two.train_losses.keys() == {2, 4, 6}
+    assert one.train_losses.keys() == two.train_losses.keys() == {2, 4, 6, 8}
     for step, loss in one.train_losses.items():
         assert two.train_losses[step] == pytest.approx(loss, rel=1e-3), (step, one.train_losses, two.train_losses)
 
 
-def test_ddp_with_accumulation_averages_over_micro_batches_and_processes(train, accum_one, no_dropout_config):
+def test_ddp_with_accumulation_averages_over_micro_batches_and_processes(train, lm_one, no_dropout_config):
     """Eager DDP through accumulation's no-sync micro-steps and its synchronising ones: the numbers
     of one process on the same global batches. (AdamW and the clipping would hide a uniform scale
     of every gradient; the order and the averaging of the micro-batches they do not.)"""
-    one = accum_one
+    one = lm_one
     two = train(*accum_flags(no_dropout_config), "--batch-size", str(8 // ACCUM), name="accum-two", processes=2)
     assert two.returncode == 0, two.describe()
-    assert one.train_losses.keys() == two.train_losses.keys() == {2, 4, 6}
+    assert one.train_losses.keys() == two.train_losses.keys() == {2, 4, 6, 8}
     for step, loss in one.train_losses.items():
         assert two.train_losses[step] == pytest.approx(loss, rel=1e-4), (step, one.train_losses, two.train_losses)
     assert two.final_eval["eval_loss"] == pytest.approx(one.final_eval["eval_loss"], rel=1e-4)
