@@ -295,15 +295,14 @@ def test_uneven_last_eval_batch_counts_every_sample_once(ddp_pair):
         assert [e["eval_samples"] for e in run.evals] == [EVAL_SAMPLES, EVAL_SAMPLES], run.describe()
 
 
-def check_saved_classifier(run, world: int) -> None:
+def check_saved_model(run, world: int, auto_class):
+    """The model `run` saved loads whole with `auto_class` and gives finite logits, which it returns."""
     import torch
-    from transformers import AutoModelForSequenceClassification
 
     saved = json.loads((run.contract.model_dir / "training_args.json").read_text())
     assert saved["world_size"] == world
-    model, info = AutoModelForSequenceClassification.from_pretrained(run.contract.model_dir, output_loading_info=True)
+    model, info = auto_class.from_pretrained(run.contract.model_dir, output_loading_info=True)
     assert not any(info.values()), info  # no missing, unexpected or mismatched weights
-    assert model.config.num_labels == 3
     assert sum(p.numel() for p in model.parameters()) == saved["num_parameters"]
     for name, p in model.named_parameters():
         assert torch.isfinite(p).all(), name
@@ -311,11 +310,23 @@ def check_saved_classifier(run, world: int) -> None:
     assert model.get_input_embeddings().weight.abs().sum() > 0
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits
-    assert logits.shape == (1, 3) and torch.isfinite(logits).all()
+    assert torch.isfinite(logits).all()
+    return model, logits
+
+
+def check_saved_classifier(run, world: int) -> None:
+    from transformers import AutoModelForSequenceClassification
+
+    model, logits = check_saved_model(run, world, AutoModelForSequenceClassification)
+    assert model.config.num_labels == 3
+    assert logits.shape == (1, 3)
 
 
 @pytest.mark.deepspeed
-@pytest.mark.parametrize("strategy,processes", [("zero2", 2), ("zero3", 2), ("zero2", 1)])
+# One ZeRO-2 process trains and saves a loadable model in test_zero2_follows_the_same_schedule_as_ddp;
+# ZeRO-3 on 2 processes trains, evaluates and saves a loadable (causal LM) model in
+# test_zero3_causal_lm_generates_a_sample.
+@pytest.mark.parametrize("strategy,processes", [("zero2", 2)])
 def test_deepspeed_trains_and_saves_a_loadable_model(train, strategy, processes):
     run = train(
         "--strategy",
@@ -442,7 +453,9 @@ def zero3_runs(module_train, no_dropout_config):
 
 @pytest.mark.deepspeed
 def test_zero3_causal_lm_generates_a_sample(zero3_runs):
-    # Generation under ZeRO-3 runs on every process (synced_gpus); only the main one prints.
+    """ZeRO-3 on 2 processes trains, evaluates and saves a model that loads whole (the 2-process
+    ZeRO-3 run of test_deepspeed_trains_and_saves_a_loadable_model, which proved no more).
+    Generation under ZeRO-3 runs on every process (synced_gpus); only the main one prints."""
     run, _ = zero3_runs
     assert run.returncode == 0, run.describe()
     assert run.lines("zero3_fetch_unit=") == ["zero3_fetch_unit=GPT2Block"], run.describe()
@@ -451,6 +464,12 @@ def test_zero3_causal_lm_generates_a_sample(zero3_runs):
     text = json.loads(samples[0][len("sample=") :])
     assert text.startswith("The"), text
     assert math.isfinite(run.final_eval["eval_perplexity"])
+    # Trained, and saved whole: the gathered shards of both processes, each weight under its own name.
+    assert run.train_losses[8] < run.train_losses[2], run.train_losses
+    from transformers import AutoModelForCausalLM
+
+    model, logits = check_saved_model(run, 2, AutoModelForCausalLM)
+    assert logits.shape == (1, 4, model.config.vocab_size)
 
 
 @pytest.mark.deepspeed
