@@ -338,13 +338,13 @@ def test_deepspeed_trains_and_saves_a_loadable_model(train, strategy, processes)
         "--strategy",
         strategy,
         "--max-steps",
-        "40",
+        "20",  # DeepSpeed's steps take 0.1 s on CPU: 20 show the loss falling as well as 40 did
         "--batch-size",
         str(16 // processes),
         "--lr",
         "2e-3",
         "--log-every",
-        "10",
+        "5",
         "--report-to",
         "none",
         processes=processes,
@@ -353,9 +353,9 @@ def test_deepspeed_trains_and_saves_a_loadable_model(train, strategy, processes)
     (launch,) = run.lines("node_launch ")
     assert launch.startswith(f"node_launch node_rank=0 nodes=1 processes={processes} "), launch
     losses = run.train_losses
-    assert sorted(losses) == [10, 20, 30, 40]
+    assert sorted(losses) == [5, 10, 15, 20]
     assert all(math.isfinite(v) for v in losses.values()), losses
-    assert losses[40] < losses[10], losses
+    assert losses[20] < losses[5], losses
     final = run.final_eval
     assert final["eval_samples"] == 150 and math.isfinite(final["eval_loss"])
     check_saved_classifier(run, processes)
