@@ -10,7 +10,6 @@ Torch-free unless it has to count GPUs itself.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from .args import hyperparameters_to_argv, parse_args
 from .contract import SECOND_INTERRUPT_S, Contract
-from .precision import pick_precision, visible_gpus
+from .precision import no_gpu_here, pick_precision, visible_gpus
 from .stopping import (
     DEFAULT_STOP_GRACE_S,
     LAUNCHER_MARGIN_S,
@@ -144,11 +143,8 @@ def _threads_per_process(config: dict) -> int:
 
 def _count_gpus() -> int:
     """CUDA GPUs on this machine. torch takes seconds to import, and this process needs nothing
-    else from it: where the run is told to stay on the CPU, or Linux shows no NVIDIA device node
-    (/dev/nvidia0 and up; WSL 2 passes GPUs through /dev/dxg instead), the answer is 0 without it."""
-    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
-        return 0
-    if sys.platform.startswith("linux") and not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/dxg")):
+    else from it: where precision.no_gpu_here says so, the answer is 0 without it."""
+    if no_gpu_here():
         return 0
     try:
         import torch

@@ -162,6 +162,41 @@ def test_bad_input_exits_2_with_one_line(bad_runs, data_files, case):
     assert list(c.workdir.iterdir()) == []
 
 
+# `python -m distrain_cloud.training ARGS`, saying on its way out whether torch was loaded.
+_ENTRY_SAYING_IF_TORCH_LOADED = """
+import runpy, sys
+sys.argv[0] = "distrain_cloud.training"
+try:
+    runpy.run_module("distrain_cloud.training", run_name="__main__", alter_sys=True)
+finally:
+    print("torch loaded" if "torch" in sys.modules else "torch not loaded")
+"""
+
+
+def test_bad_data_is_refused_before_torch_is_imported(train):
+    """torch, transformers and Accelerate cost a CPU process about four seconds to import: the
+    entry point checks the data first (data.load_checked), so a misspelt column is one line in
+    about one second. (Where Linux shows NVIDIA devices, the precision's GPU query loads torch.)"""
+    import subprocess
+    import sys
+
+    from conftest import base_env
+
+    c = train.contract("torch-free")
+    flags = ["--report-to", "none", "--text-column", "sentence"]
+    env = base_env({**train.shared_env, **c.env()})
+    r = subprocess.run(
+        [sys.executable, "-c", _ENTRY_SAYING_IF_TORCH_LOADED, *flags],
+        cwd=c.workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and r.stderr.startswith("error: --text-column 'sentence' is not in data"), r.stderr
+    assert r.stdout.strip() == "torch not loaded"
+
+
 def test_bad_contract_is_reported_without_a_failure_file(train):
     # The contract itself is unreadable: there is no output folder to write to.
     run = train("--max-steps", "5", env={"DISTRAIN_NUM_NODES": "two"})
