@@ -69,6 +69,12 @@ def lm_flags(no_dropout_config) -> list[str]:
     ]
 
 
+def compared_lm_flags(no_dropout_config) -> list[str]:
+    """The job each fsdp engine runs to be compared with eager DDP's (conftest's sharded_lm_baseline):
+    2 micro-batches a step, so the shards' gradients add up over both."""
+    return [*lm_flags(no_dropout_config), "--grad-accum", "2"]
+
+
 @pytest.mark.slow  # about 4 s: the first import of torch's FSDP and Accelerate's plugin
 def test_fsdp_plugin_is_accelerates_fsdp2_around_our_block_units():
     from accelerate.utils import FullyShardedDataParallelPlugin
@@ -160,19 +166,17 @@ def test_fsdp_checkpoints_refuse_another_world_size_and_other_layouts(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout_config, aot_eager):
-    """The same causal-LM job (gradient clipping, a generated sample at the end) under eager DDP
-    and under compiled FSDP (each block compiled, as the default does on GPUs) on 2 processes:
-    the same losses and evaluation within rounding, and a full model saved from the shards.
-    (The resume test below runs FSDP eagerly.)"""
-    flags = lm_flags(no_dropout_config)
-    ddp, fsdp = train.many(
-        [
-            {"flags": [*flags, "--strategy", "ddp"], "name": "lm-ddp", "processes": 2},
-            {"flags": [*flags, "--strategy", "fsdp", "--compile"], "name": "lm-fsdp", "processes": 2, "env": aot_eager},
-        ],
-        parallel=1,
-    )
+def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(
+    train, sharded_lm_baseline, no_dropout_config, aot_eager
+):
+    """The same causal-LM job (gradient clipping, 2 micro-batches a step, a generated sample at the
+    end) under eager DDP (the baseline test_graph_fsdp.py's engine is compared with too) and under
+    compiled FSDP (each block compiled, as the default does on GPUs) on 2 processes: the same losses
+    and evaluation within rounding, and a full model saved from the shards. (The resume test below
+    runs FSDP eagerly.)"""
+    ddp = sharded_lm_baseline
+    flags = [*compared_lm_flags(no_dropout_config), "--strategy", "fsdp", "--compile"]
+    fsdp = train(*flags, name="lm-fsdp", processes=2, env=aot_eager)
     units = ["fsdp_shard_unit=GPT2Block blocks=2 blocks_per_unit=2 units=1"]  # the default: one unit
     assert fsdp.lines("fsdp_shard_unit=") == units, fsdp.describe()
     assert fsdp.lines("compile_unit=") == ["compile_unit=block blocks=2 loss=compiled"], fsdp.describe()
