@@ -56,6 +56,10 @@ def _run(argv: Sequence[str] | None) -> None:
     from .args import ArgumentError, parse_args
     from .contract import Contract
     from .precision import resolve_precision
+    from .stopping import die_with_parent
+
+    if os.environ.get("DISTRAIN_DIE_WITH_LAUNCHER"):  # node_launch's: no trainer outlives its launcher,
+        die_with_parent(signal.SIGKILL)  # from before the data load (a Hub download may take minutes)
 
     try:
         contract = Contract.from_env()

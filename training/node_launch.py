@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     completed = Path(path).with_suffix(".completed")
     stops: list[int] = []
     try:
-        env = {**os.environ, **launch.env, "DISTRAIN_DIE_WITH_LAUNCHER": "1"}  # see Trainer.__init__
+        env = {**os.environ, **launch.env, "DISTRAIN_DIE_WITH_LAUNCHER": "1"}  # see __main__._run
         env[COMPLETED_FILE_ENV] = str(completed)
         bound_s = launch.stop_grace_s + LAUNCHER_MARGIN_S
         code = _run_forwarding_signals(command, env, contract.failure_file, bound_s, completed=completed, stops=stops)

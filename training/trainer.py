@@ -42,7 +42,7 @@ from .hub import push_to_hub
 from .phases import hms as _hms
 from .phases import slow_phase as _slow_phase
 from .profiling import Profiler
-from .stopping import StopRequest, collective_timeout_handler, die_with_parent
+from .stopping import StopRequest, collective_timeout_handler
 from .strategies import AUTO, eval_compile_decision, provisional_strategy, slow_gpu_link
 from .tracking import fmt, model_card, start_wandb
 
@@ -88,8 +88,6 @@ class Trainer:
         self.stopping = StopRequest(args.stop_grace)  # SIGTERM/SIGINT, at any moment, bounded (stopping.py)
         self.stop_requested = False  # acted on at step boundaries, by every process at once
         self._born = time.perf_counter()
-        if os.environ.get("DISTRAIN_DIE_WITH_LAUNCHER"):  # node_launch's: no trainer outlives its launcher
-            die_with_parent(signal.SIGKILL)
 
     # ------------------------------------------------------------------ setup
 

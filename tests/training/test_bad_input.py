@@ -253,3 +253,29 @@ def test_bad_rows_in_a_folder_of_files_and_missing_class_labels(tmp_path, monkey
     split = datasets.Dataset.from_dict({"text": ["x", "y", "z"], "label": [0, -1, 1]}, features=features)
     with pytest.raises(DataError, match=r"^data file x.jsonl: --label-column 'label' has no label in row 2 \(1 of 3"):
         _check_rows(parse_args(["--report-to", "none"]), split, "data file x.jsonl")
+
+
+def test_a_trainer_of_node_launch_dies_with_it_from_before_the_data_loads(tmp_path, monkeypatch):
+    """node_launch's trainers (DISTRAIN_DIE_WITH_LAUNCHER) ask Linux for SIGKILL when their
+    launcher ends before the data load, which the entry point now does before the trainer (a Hub
+    download may take minutes), not from the trainer's start on. In process, the calls recorded."""
+    import signal
+
+    from distrain_cloud.training import __main__ as entry
+    from distrain_cloud.training import data, stopping
+
+    calls: list[str] = []
+    monkeypatch.setattr(stopping, "die_with_parent", lambda sig: calls.append(f"die {signal.Signals(sig).name}"))
+
+    def load(args, contract):
+        calls.append("load")
+        raise data.DataError("the data stops it here")
+
+    monkeypatch.setattr(data, "load_checked", load)
+    monkeypatch.setenv("DISTRAIN_DIE_WITH_LAUNCHER", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # the contract sets it otherwise
+    for name in ("MODEL", "OUTPUT", "CHECKPOINT"):
+        monkeypatch.setenv(f"DISTRAIN_{name}_DIR", str(tmp_path / name.lower()))
+    with pytest.raises(SystemExit) as e:
+        entry._run(["--report-to", "none"])
+    assert e.value.code == 2 and calls == ["die SIGKILL", "load"]
