@@ -56,6 +56,10 @@ def _run(argv: Sequence[str] | None) -> None:
     from .args import ArgumentError, parse_args
     from .contract import Contract
     from .precision import resolve_precision
+    from .stopping import die_with_parent
+
+    if os.environ.get("DISTRAIN_DIE_WITH_LAUNCHER"):  # node_launch's: no trainer outlives its launcher,
+        die_with_parent(signal.SIGKILL)  # from before the data load (a Hub download may take minutes)
 
     try:
         contract = Contract.from_env()
@@ -67,11 +71,19 @@ def _run(argv: Sequence[str] | None) -> None:
     except (ArgumentError, ValueError) as e:  # reported in the contract's failure file too
         _fail(e, contract)
     contract.use_compile_cache()  # before the trainer's imports fix torch's default folder
+    from .data import DataError, load_checked
+    from .phases import slow_phase
+
+    say = (lambda line: print(line, flush=True)) if int(os.environ.get("RANK", "0")) == 0 else (lambda line: None)
+    try:  # before torch and the trainer's imports: bad data is one line in a second, not in five
+        with slow_phase("loading the data (downloaded on first use)", say):
+            raw = load_checked(args, contract)
+    except DataError as e:
+        _fail(e, contract)
     from .checkpoint import CheckpointError
-    from .data import DataError
     from .trainer import Trainer
 
-    trainer = Trainer(args, contract, precision_note=chose)
+    trainer = Trainer(args, contract, precision_note=chose, raw_data=raw)
     try:
         trainer.setup()
     except (ArgumentError, DataError) as e:  # a flag this machine cannot serve, or bad data

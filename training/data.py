@@ -302,10 +302,18 @@ def label_names(args: TrainArgs, raw) -> list[str]:
 # ---------------------------------------------------------------- tokenizing
 
 
-def prepare(args: TrainArgs, contract: Contract, tokenizer, main_process_first) -> PreparedData:
+def load_checked(args: TrainArgs, contract: Contract) -> tuple[Any, list[str]]:
+    """The raw splits and the classification labels (none for language modelling), every check of
+    the data done: what the entry point loads before it imports torch, so that bad data is one
+    line in about a second, not after torch's, transformers' and Accelerate's imports. Every
+    process loads it, none waiting for the others: bad data stops them all at once."""
     raw = load_raw(args, contract)
-    # Outside main_process_first: a bad label stops every process at once, none waits for the others.
-    names = label_names(args, raw) if args.task == "classification" else []
+    return raw, label_names(args, raw) if args.task == "classification" else []
+
+
+def prepare(args: TrainArgs, loaded: tuple[Any, list[str]], tokenizer, main_process_first) -> PreparedData:
+    """The tokenized splits of `loaded` (load_checked's), the main process first: it fills the caches."""
+    raw, names = loaded
     with main_process_first():
         if args.task == "classification":
             train, val = (_tokenize_classification(args, raw[s], tokenizer, names) for s in ("train", "validation"))

@@ -10,7 +10,6 @@ Torch-free unless it has to count GPUs itself.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from .args import hyperparameters_to_argv, parse_args
 from .contract import SECOND_INTERRUPT_S, Contract
-from .precision import pick_precision, visible_gpus
+from .precision import no_gpu_here, pick_precision, visible_gpus
 from .stopping import (
     DEFAULT_STOP_GRACE_S,
     LAUNCHER_MARGIN_S,
@@ -144,11 +143,8 @@ def _threads_per_process(config: dict) -> int:
 
 def _count_gpus() -> int:
     """CUDA GPUs on this machine. torch takes seconds to import, and this process needs nothing
-    else from it: where the run is told to stay on the CPU, or Linux shows no NVIDIA device node
-    (/dev/nvidia0 and up; WSL 2 passes GPUs through /dev/dxg instead), the answer is 0 without it."""
-    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
-        return 0
-    if sys.platform.startswith("linux") and not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/dxg")):
+    else from it: where precision.no_gpu_here says so, the answer is 0 without it."""
+    if no_gpu_here():
         return 0
     try:
         import torch
@@ -207,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     completed = Path(path).with_suffix(".completed")
     stops: list[int] = []
     try:
-        env = {**os.environ, **launch.env, "DISTRAIN_DIE_WITH_LAUNCHER": "1"}  # see Trainer.__init__
+        env = {**os.environ, **launch.env, "DISTRAIN_DIE_WITH_LAUNCHER": "1"}  # see __main__._run
         env[COMPLETED_FILE_ENV] = str(completed)
         bound_s = launch.stop_grace_s + LAUNCHER_MARGIN_S
         code = _run_forwarding_signals(command, env, contract.failure_file, bound_s, completed=completed, stops=stops)

@@ -7,7 +7,9 @@ The launcher always passes `--precision`; engines that start the entry point the
 
 from __future__ import annotations
 
+import glob
 import os
+import sys
 
 from .fp8 import fp8_problem
 from .strategies import choose_precision
@@ -16,9 +18,22 @@ from .strategies import choose_precision
 BF16_CAPABILITY = (8, 0)
 
 
+def no_gpu_here() -> bool:
+    """True where this process will find no CUDA GPU, known without torch (seconds to import): it
+    is told to stay on the CPU (node_launch's CPU processes), or Linux shows no NVIDIA device node
+    (/dev/nvidia0 and up; WSL 2 passes GPUs through /dev/dxg instead)."""
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return True
+    return sys.platform.startswith("linux") and not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/dxg"))
+
+
 def visible_gpus() -> tuple[int, tuple[int, int] | None]:
     """(CUDA GPUs this process may use, their lowest compute capability), or (0, None) without
-    CUDA or where the run is told to stay on the CPU (node_launch's CPU processes)."""
+    CUDA or where the run is told to stay on the CPU. Torch-free where there is no GPU: the entry
+    point checks the arguments and the data before it imports torch (where torch is loaded
+    already, asking it costs nothing)."""
+    if "torch" not in sys.modules and no_gpu_here():
+        return 0, None
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         return 0, None
     import torch

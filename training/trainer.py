@@ -16,7 +16,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -40,13 +39,12 @@ from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .decisions import Decisions, decide
 from .fp8 import use_fp8
 from .hub import push_to_hub
+from .phases import hms as _hms
+from .phases import slow_phase as _slow_phase
 from .profiling import Profiler
-from .stopping import StopRequest, collective_timeout_handler, die_with_parent
+from .stopping import StopRequest, collective_timeout_handler
 from .strategies import AUTO, eval_compile_decision, provisional_strategy, slow_gpu_link
 from .tracking import fmt, model_card, start_wandb
-
-# A setup step silent for this long gets a line saying what it is doing.
-SLOW_PHASE_S = 10.0
 
 
 @dataclasses.dataclass
@@ -70,8 +68,17 @@ class TrainState:
 
 
 class Trainer:
-    def __init__(self, args: TrainArgs, contract: Contract, *, precision_note: str = ""):
+    def __init__(
+        self,
+        args: TrainArgs,
+        contract: Contract,
+        *,
+        precision_note: str = "",
+        raw_data: tuple[Any, list[str]] | None = None,
+    ):
         self.args, self.contract = args, contract
+        # data.load_checked's, where the entry point checked the data before it imported torch.
+        self.raw_data = raw_data
         self.precision_note = precision_note  # __main__'s precision choice, said once the input loaded
         self.given_args = args  # as given: --strategy auto still auto (decisions.decide resolves it)
         self.lr = args.lr if args.lr is not None else default_lr(args)  # parse_args has filled it in
@@ -81,8 +88,6 @@ class Trainer:
         self.stopping = StopRequest(args.stop_grace)  # SIGTERM/SIGINT, at any moment, bounded (stopping.py)
         self.stop_requested = False  # acted on at step boundaries, by every process at once
         self._born = time.perf_counter()
-        if os.environ.get("DISTRAIN_DIE_WITH_LAUNCHER"):  # node_launch's: no trainer outlives its launcher
-            die_with_parent(signal.SIGKILL)
 
     # ------------------------------------------------------------------ setup
 
@@ -106,7 +111,7 @@ class Trainer:
         if self.decisions.decided:  # else still undecided: said once the model is loaded
             self._print_strategy()
         set_seed(a.seed)
-        with _slow_phase("loading the tokenizer and data (tokenized once, then cached)", self._print):
+        with _slow_phase("loading the tokenizer and tokenizing the data (once, then cached)", self._print):
             self._load_data()
         with _slow_phase(f"loading the model {a.model or a.model_config or ''} (downloaded on first use)", self._print):
             model = self._load_model()
@@ -213,7 +218,9 @@ class Trainer:
         """The tokenizer and the tokenized splits (the main process first: it fills the caches)."""
         with _loading(self.args, "its tokenizer"):
             self.tokenizer = modeling.load_tokenizer(self.args)
-        self.data = data.prepare(self.args, self.contract, self.tokenizer, self.accelerator.main_process_first)
+        loaded = self.raw_data or data.load_checked(self.args, self.contract)
+        self.raw_data = None  # tokenized below; the raw splits are not needed again
+        self.data = data.prepare(self.args, loaded, self.tokenizer, self.accelerator.main_process_first)
 
     def _load_model(self) -> Any:
         """The model as it trains: loss-only training forwards, the attention kernel for this data,
@@ -702,28 +709,6 @@ class _Window:
 
 
 @contextlib.contextmanager
-def _slow_phase(what: str, say: Callable[[str], None], after_s: float | None = None) -> Iterator[None]:
-    """A line when a setup step has run for SLOW_PHASE_S with nothing to show (a download, an op
-    build), and one when it ends: a quiet minute then reads as work, not a hang. Quick ones say
-    nothing."""
-    started, said = time.perf_counter(), []
-
-    def say_once() -> None:
-        said.append(True)
-        say(f"setup: {what}...")
-
-    timer = threading.Timer(SLOW_PHASE_S if after_s is None else after_s, say_once)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-        if said:
-            say(f"setup: {what.split(' (')[0]}: done in {_hms(time.perf_counter() - started)}")
-
-
-@contextlib.contextmanager
 def _loading(args: TrainArgs, what: str) -> Iterator[None]:
     """A model or tokenizer that cannot be loaded (not on the Hub, no network, gated, no such
     folder) is a bad --model: one line naming it, not the Hub client's chained tracebacks."""
@@ -803,16 +788,6 @@ def lr_at(step: int, peak: float, warmup: int, total: int, kind: str) -> float:
     if kind == "cosine":
         return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
     return peak * (1.0 - progress)
-
-
-def _hms(seconds: float) -> str:
-    """7.2 -> '7s', 62 -> '1m02s', 3725 -> '1h02m05s': readable in a log line, one token for key=value
-    parsers."""
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    h, m = divmod(s // 60, 60)
-    return f"{h}h{m:02d}m{s % 60:02d}s" if h else f"{m}m{s % 60:02d}s"
 
 
 def _maybe_die_for_test(step: int) -> None:

@@ -10,6 +10,8 @@ files) is ours, and runs here exactly as it is in the request.
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +47,10 @@ def test_the_planned_entrypoint_trains_from_the_bundle(tmp_path, no_aws_config):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTRAIN_", "SM_", "WANDB_"))}
     env.update(
         request["Environment"],
+        # The image's python (torch, transformers, accelerate) is this venv's: first on PATH, as the
+        # entrypoint's `python` must find it whether or not the venv was activated (without it, a
+        # bare python tried to install the requirements and found no accelerate).
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         DISTRAIN_SAGEMAKER_ROOT=str(root),
         OMP_NUM_THREADS="1",
         HF_HUB_OFFLINE="1",

@@ -395,6 +395,16 @@ def no_dropout_config(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def sharded_lm_baseline(tmp_path_factory, shared_env, no_dropout_config) -> TrainRun:
+    """The eager DDP job (2 processes, test_fsdp.compared_lm_flags) that both fsdp engines are
+    compared with, in test_fsdp.py and test_graph_fsdp.py: one run for both files on a worker."""
+    from test_fsdp import compared_lm_flags
+
+    runner = Runner(tmp_path_factory.mktemp("sharded-lm-baseline"), shared_env)
+    return runner(*compared_lm_flags(no_dropout_config), "--strategy", "ddp", name="lm-ddp", processes=2)
+
+
 @pytest.fixture
 def dynamo_graphs():
     """`dynamo_graphs(fn, *inputs)` -> the FX graphs Dynamo captures when compiling fn and calling

@@ -162,6 +162,41 @@ def test_bad_input_exits_2_with_one_line(bad_runs, data_files, case):
     assert list(c.workdir.iterdir()) == []
 
 
+# `python -m distrain_cloud.training ARGS`, saying on its way out whether torch was loaded.
+_ENTRY_SAYING_IF_TORCH_LOADED = """
+import runpy, sys
+sys.argv[0] = "distrain_cloud.training"
+try:
+    runpy.run_module("distrain_cloud.training", run_name="__main__", alter_sys=True)
+finally:
+    print("torch loaded" if "torch" in sys.modules else "torch not loaded")
+"""
+
+
+def test_bad_data_is_refused_before_torch_is_imported(train):
+    """torch, transformers and Accelerate cost a CPU process about four seconds to import: the
+    entry point checks the data first (data.load_checked), so a misspelt column is one line in
+    about one second. (Where Linux shows NVIDIA devices, the precision's GPU query loads torch.)"""
+    import subprocess
+    import sys
+
+    from conftest import base_env
+
+    c = train.contract("torch-free")
+    flags = ["--report-to", "none", "--text-column", "sentence"]
+    env = base_env({**train.shared_env, **c.env()})
+    r = subprocess.run(
+        [sys.executable, "-c", _ENTRY_SAYING_IF_TORCH_LOADED, *flags],
+        cwd=c.workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and r.stderr.startswith("error: --text-column 'sentence' is not in data"), r.stderr
+    assert r.stdout.strip() == "torch not loaded"
+
+
 def test_bad_contract_is_reported_without_a_failure_file(train):
     # The contract itself is unreadable: there is no output folder to write to.
     run = train("--max-steps", "5", env={"DISTRAIN_NUM_NODES": "two"})
@@ -218,3 +253,29 @@ def test_bad_rows_in_a_folder_of_files_and_missing_class_labels(tmp_path, monkey
     split = datasets.Dataset.from_dict({"text": ["x", "y", "z"], "label": [0, -1, 1]}, features=features)
     with pytest.raises(DataError, match=r"^data file x.jsonl: --label-column 'label' has no label in row 2 \(1 of 3"):
         _check_rows(parse_args(["--report-to", "none"]), split, "data file x.jsonl")
+
+
+def test_a_trainer_of_node_launch_dies_with_it_from_before_the_data_loads(tmp_path, monkeypatch):
+    """node_launch's trainers (DISTRAIN_DIE_WITH_LAUNCHER) ask Linux for SIGKILL when their
+    launcher ends before the data load, which the entry point now does before the trainer (a Hub
+    download may take minutes), not from the trainer's start on. In process, the calls recorded."""
+    import signal
+
+    from distrain_cloud.training import __main__ as entry
+    from distrain_cloud.training import data, stopping
+
+    calls: list[str] = []
+    monkeypatch.setattr(stopping, "die_with_parent", lambda sig: calls.append(f"die {signal.Signals(sig).name}"))
+
+    def load(args, contract):
+        calls.append("load")
+        raise data.DataError("the data stops it here")
+
+    monkeypatch.setattr(data, "load_checked", load)
+    monkeypatch.setenv("DISTRAIN_DIE_WITH_LAUNCHER", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # the contract sets it otherwise
+    for name in ("MODEL", "OUTPUT", "CHECKPOINT"):
+        monkeypatch.setenv(f"DISTRAIN_{name}_DIR", str(tmp_path / name.lower()))
+    with pytest.raises(SystemExit) as e:
+        entry._run(["--report-to", "none"])
+    assert e.value.code == 2 and calls == ["die SIGKILL", "load"]

@@ -21,12 +21,14 @@ from distrain_cloud.training.strategies import (
     plan_configs,
 )
 
-# Checkpoints every 2 steps, a loss per step, evaluations at steps 5, 10 and 12 (the end): as test_resume.
+# Checkpoints every 2 steps, a loss per step, evaluations at steps 5 and 8 (the end): the kill after
+# step 5 leaves checkpoint 4, and the rerun trains 4 steps and both evaluations after it. (12 steps,
+# as test_resume, proved no more: each step and save here is one more FSDP2 round on two processes.)
 RESUME_FLAGS = [
     "--strategy",
     "fsdp",
     "--max-steps",
-    "12",
+    "8",
     "--save-every",
     "2",
     "--log-every",
@@ -65,6 +67,12 @@ def lm_flags(no_dropout_config) -> list[str]:
         "--max-eval-samples",
         "32",
     ]
+
+
+def compared_lm_flags(no_dropout_config) -> list[str]:
+    """The job each fsdp engine runs to be compared with eager DDP's (conftest's sharded_lm_baseline):
+    2 micro-batches a step, so the shards' gradients add up over both."""
+    return [*lm_flags(no_dropout_config), "--grad-accum", "2"]
 
 
 @pytest.mark.slow  # about 4 s: the first import of torch's FSDP and Accelerate's plugin
@@ -158,19 +166,17 @@ def test_fsdp_checkpoints_refuse_another_world_size_and_other_layouts(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout_config, aot_eager):
-    """The same causal-LM job (gradient clipping, a generated sample at the end) under eager DDP
-    and under compiled FSDP (each block compiled, as the default does on GPUs) on 2 processes:
-    the same losses and evaluation within rounding, and a full model saved from the shards.
-    (The resume test below runs FSDP eagerly.)"""
-    flags = lm_flags(no_dropout_config)
-    ddp, fsdp = train.many(
-        [
-            {"flags": [*flags, "--strategy", "ddp"], "name": "lm-ddp", "processes": 2},
-            {"flags": [*flags, "--strategy", "fsdp", "--compile"], "name": "lm-fsdp", "processes": 2, "env": aot_eager},
-        ],
-        parallel=1,
-    )
+def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(
+    train, sharded_lm_baseline, no_dropout_config, aot_eager
+):
+    """The same causal-LM job (gradient clipping, 2 micro-batches a step, a generated sample at the
+    end) under eager DDP (the baseline test_graph_fsdp.py's engine is compared with too) and under
+    compiled FSDP (each block compiled, as the default does on GPUs) on 2 processes: the same losses
+    and evaluation within rounding, and a full model saved from the shards. (The resume test below
+    runs FSDP eagerly.)"""
+    ddp = sharded_lm_baseline
+    flags = [*compared_lm_flags(no_dropout_config), "--strategy", "fsdp", "--compile"]
+    fsdp = train(*flags, name="lm-fsdp", processes=2, env=aot_eager)
     units = ["fsdp_shard_unit=GPT2Block blocks=2 blocks_per_unit=2 units=1"]  # the default: one unit
     assert fsdp.lines("fsdp_shard_unit=") == units, fsdp.describe()
     assert fsdp.lines("compile_unit=") == ["compile_unit=block blocks=2 loss=compiled"], fsdp.describe()
@@ -232,11 +238,11 @@ def test_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train):
 
 
 def assert_resumed_exactly(again, whole):
-    """`again` resumed from step 4 (of RESUME_FLAGS' 12) and ended bit for bit where `whole`,
+    """`again` resumed from step 4 (of RESUME_FLAGS' 8) and ended bit for bit where `whole`,
     never interrupted, did: its losses, evaluations and saved weights."""
     assert again.lines("resumed_from=") == ["resumed_from=checkpoint-00000004 step=4"], again.describe()
     assert again.train_losses == whole.train_losses  # exact, not approximate
-    assert sorted(again.train_losses) == list(range(1, 13))
+    assert sorted(again.train_losses) == list(range(1, 9))
     evals = lambda run: {e["step"]: e["eval_loss"] for e in run.evals}  # noqa: E731
     assert evals(again) == evals(whole)
     weights = "model.safetensors"

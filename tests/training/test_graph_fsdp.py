@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_fsdp import assert_trains_like, lm_flags
+from test_fsdp import assert_trains_like, compared_lm_flags, lm_flags
 
 from distrain_cloud.training import checkpoint
 from distrain_cloud.training.args import parse_args
@@ -79,19 +79,15 @@ def test_checkpoints_of_one_fsdp_engine_refuse_the_other(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_in_graph_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(train, no_dropout_config, aot_eager):
+def test_in_graph_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(
+    train, sharded_lm_baseline, no_dropout_config, aot_eager
+):
     """The same causal-LM job (tied embeddings, clipping, 2 micro-batches a step, a generated sample at
-    the end) under eager DDP and sharded in the compiled graph on 2 processes: the same losses and
-    evaluation within rounding, one graph, and the full model saved from the shards, its embeddings
-    still tied."""
-    flags = [*lm_flags(no_dropout_config), "--grad-accum", "2"]  # the shards' gradients add up
-    ddp, graph = train.many(
-        [
-            {"flags": [*flags, "--strategy", "ddp"], "name": "lm-ddp", "processes": 2},
-            {"flags": [*flags, *IN_GRAPH], "name": "lm-graph", "processes": 2, "env": aot_eager},
-        ],
-        parallel=1,
-    )
+    the end) under eager DDP (the baseline test_fsdp.py's FSDP2 is compared with too) and sharded in
+    the compiled graph on 2 processes: the same losses and evaluation within rounding, one graph, and
+    the full model saved from the shards, its embeddings still tied."""
+    ddp = sharded_lm_baseline
+    graph = train(*compared_lm_flags(no_dropout_config), *IN_GRAPH, name="lm-graph", processes=2, env=aot_eager)
     saved = assert_trains_like(ddp, graph, rel=1e-4, atol=1e-5)
     assert saved.lm_head.weight is saved.transformer.wte.weight
     # 2 blocks of 12 weights, both embeddings, the final norm's 2; the LM head shares the token embeddings'
