@@ -524,7 +524,7 @@ class Ec2Backend:
                 print(
                     f"note: waiting up to {CANCEL_ANSWER_S} s for the node agents to answer the stop", file=sys.stderr
                 )
-            silent = _unanswered(s3, bucket, prefix, job.name, region, before) if alive else []
+            silent = _unanswered(s3, bucket, prefix, job.name, region, before, records=job.name) if alive else []
         if not silent:
             return (
                 f"stopping {job.name}: every node saves a checkpoint, uploads it and terminates "
@@ -906,15 +906,18 @@ def _record_etags(s3: Any, bucket: str, prefix: str, job_name: str) -> dict[str,
     return {item["Key"]: item["ETag"] for page in pages for item in page.get("Contents", [])}
 
 
-def _unanswered(s3: Any, bucket: str, prefix: str, job_name: str, region: str, before: dict[str, str]) -> list[str]:
+def _unanswered(
+    s3: Any, bucket: str, prefix: str, job_name: str, region: str, before: dict[str, str], records: str | None
+) -> list[str]:
     """The job's live instances whose agent has not answered the stop marker within CANCEL_ANSWER_S:
-    no record of theirs moved since `before`, none is final, none is in its final sync (which
+    no node record under `records` (the job's own key, or a lineage's live attempt; None: no
+    attempt is live, so none) moved since `before`, none is final, none is in its final sync (which
     writes no heartbeat but ends by itself). Instances that end meanwhile answered."""
     until = time.monotonic() + CANCEL_ANSWER_S
     while True:
         alive = {i["id"] for i in tagged_instances(region, job_name).get(job_name, []) if i["state"] in ALIVE_STATES}
         answered = set()
-        for key, etag in _record_etags(s3, bucket, prefix, job_name).items():
+        for key, etag in (_record_etags(s3, bucket, prefix, records) if records else {}).items():
             record = read_json(s3, bucket, key) or {}
             ending = record.get("status") != "InProgress" or record.get("phase") == "final-sync"
             if etag != before.get(key) or ending:

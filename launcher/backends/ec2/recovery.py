@@ -502,8 +502,9 @@ def cancel(job: JobRef, now_: bool = False) -> str:
     # Only a live agent acts on the markers: with the laptop closed right after, a node whose agent
     # is dead would run until the hard stop. Wait for each to answer, as a plain job's cancel does.
     print(f"note: waiting up to {ec2.CANCEL_ANSWER_S} s for the node agents to answer the stop", file=sys.stderr)
+    # The live attempt's records answer; a waiting or booting node sees the lineage's stop and ends.
     with aws.translate_errors():
-        silent = _unanswered(s3, bucket, prefix, job.name, live, region, before)
+        silent = ec2._unanswered(s3, bucket, prefix, job.name, region, before, records=live)
     said = (
         f"stopping lineage {job.name}: its Auto Scaling group launches nothing more; the nodes of the live "
         f"attempt save a checkpoint and end (distrain-cloud status {job.name}; `cancel {job.name} --now` "
@@ -516,33 +517,6 @@ def cancel(job: JobRef, now_: bool = False) -> str:
         f"{said}; no node agent answered the stop within {ec2.CANCEL_ANSWER_S} s on {', '.join(silent)}: "
         "terminated them, without a checkpoint"
     )
-
-
-def _unanswered(
-    s3: Any, bucket: str, prefix: str, name: str, live: str | None, region: str, before: dict[str, str]
-) -> list[str]:
-    """The lineage's running instances whose agent has not answered within CANCEL_ANSWER_S: no
-    record of the live attempt moved, none is final or in its final sync. A node that leaves the
-    group (a waiting or booting one sees the lineage's stop and does) answered by ending."""
-    from . import backend as ec2
-
-    until = time.monotonic() + ec2.CANCEL_ANSWER_S
-    while True:
-        alive = {
-            i["id"]
-            for i in ec2_status.tagged_instances(region, name).get(name, [])
-            if i["state"] in ("pending", "running")
-        }
-        answered = set()
-        for key, etag in (ec2._record_etags(s3, bucket, prefix, live) if live else {}).items():
-            record = ec2_status.read_json(s3, bucket, key) or {}
-            ending = record.get("status") != "InProgress" or record.get("phase") == "final-sync"
-            if etag != before.get(key) or ending:
-                answered.add(str(record.get("instance_id")))
-        silent = sorted(alive - answered)
-        if not silent or time.monotonic() >= until:
-            return silent
-        time.sleep(min(ec2.CANCEL_POLL_S, max(0.0, until - time.monotonic())))
 
 
 def _leave(region: str, ids: list[str]) -> None:
