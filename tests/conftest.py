@@ -36,6 +36,36 @@ def aws_credentials(no_aws_config, monkeypatch):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def moto_answers_one_request_at_a_time() -> Iterator[None]:
+    """AWS applies each request atomically; moto's backends are plain dicts with no locks.
+
+    Node agents run on threads here (and nodes in processes talk to a moto server's threads), so
+    two PutObjects of one key at once could have moto close the buffer of the object the other
+    request is still answering with: an error no S3 ever returns (a CI run failed on it). One lock
+    around the whole of moto's handling of a request, in process and in its server alike, gives
+    each request the atomicity AWS gives it; the requests' order stays as free as on AWS.
+    """
+    import threading
+
+    from moto.core.botocore_stubber import BotocoreStubber
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    lock = threading.RLock()
+
+    def serialized(method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return method(*args, **kwargs)
+
+        return call
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(BotocoreStubber, "process_request", serialized(BotocoreStubber.process_request))
+        mp.setattr(DomainDispatcherApplication, "__call__", serialized(DomainDispatcherApplication.__call__))
+        yield
+
+
 @pytest.fixture
 def mocked_aws(aws_credentials):
     """moto's in-process mock of every AWS service, with fake credentials in place."""

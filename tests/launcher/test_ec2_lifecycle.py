@@ -649,24 +649,6 @@ class PerThread:
         return False
 
 
-@pytest.fixture
-def atomic_conditional_puts(monkeypatch):
-    """S3 evaluates a PutObject's If-None-Match / If-Match and stores the object as one step.
-    moto 5.2.5 checks the condition, then stores, with no lock between (S3Response.put_object),
-    so two threads can both pass the check: this double makes moto's PutObject one step, as S3's is."""
-    import threading
-
-    from moto.s3.responses import S3Response
-
-    lock, real = threading.Lock(), S3Response.put_object
-
-    def put_object(self):
-        with lock:
-            return real(self)
-
-    monkeypatch.setattr(S3Response, "put_object", put_object)
-
-
 def resumes_at_once(monkeypatch, job: str, count: int = 2) -> dict[str, tuple[int, str]]:
     """`distrain-cloud resume JOB --yes`, `count` times at once (threads of this process, moto's
     in-process mock): thread name -> (exit code, stderr). Once the lineage has a lease, every
@@ -728,9 +710,7 @@ def launched_jobs() -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_resumes_at_once_launch_one_attempt_and_refuse_the_other_naming_it(
-    stack, monkeypatch, atomic_conditional_puts
-):
+def test_two_resumes_at_once_launch_one_attempt_and_refuse_the_other_naming_it(stack, monkeypatch):
     job, _ = submitted(nodes=1, spot=True, **PLAIN_SPOT)
     put_node(job, 0, status="Interrupted", exit_code=143, reason="spot-interruption", step=60)
     results = resumes_at_once(monkeypatch, job)

@@ -901,6 +901,32 @@ def test_an_agent_answers_a_stop_with_a_record_at_once(store, tmp_path):
     assert (record["status"], record["phase"]) == ("InProgress", "stopping (cancel)")
 
 
+def test_two_nodes_that_stop_at_once_keep_the_first_word(s3, tmp_path):
+    # Node 0's spot word lands in S3 just as node 1, on its deadline, writes its own (after any
+    # look it took found none). Node 1 must not replace it: S3's conditional write refuses.
+    job = make_job()
+    spot = {"reason": "spot-interruption", "by": "i-0", "detail": "spot notice on node 0"}
+
+    class PeerWritesFirst:
+        def __getattr__(self, name):
+            return getattr(s3, name)
+
+        def put_object(self, **kwargs):
+            if kwargs["Key"] == job.key("stop"):
+                s3.put_object(Bucket=BUCKET, Key=kwargs["Key"], Body=json.dumps(spot).encode())
+            return s3.put_object(**kwargs)
+
+    store = Store(BUCKET, REGION, PeerWritesFirst())
+    with FakeImds(instance_id=node(1).instance_id) as fake:
+        sink = LogSink(tmp_path / "node-agent.log")
+        settings = Settings(work=tmp_path, heartbeat_s=3600)
+        agent = Agent(job, node(1), settings, store=store, imds=Imds(fake.endpoint), sink=sink)
+        agent.request_stop("deadline", "max-run reached: the job ran until its deadline")
+        sink.close()
+    assert store.get_json(job.key("stop"))["reason"] == "spot-interruption"
+    assert (agent.stop.reason, agent.stop.detail) == ("spot-interruption", "spot notice on node 0")
+
+
 @pytest.mark.slow
 def test_the_deadline_stops_every_node(cluster):
     c = cluster(deadline=time.time() + 2)

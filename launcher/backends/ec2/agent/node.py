@@ -213,19 +213,18 @@ class Agent:
         """Stop every node: the marker for the others (unless one is there), SIGTERM for ours."""
         if self.stop is not None:
             return
-        existing = self.stop_marker()
-        if existing is not None:
-            self.stop = existing
-        else:
-            self.write_stop_marker(reason, detail)
+        if self.write_stop_marker(reason, detail):
             self.stop = Stop(reason, detail)
+        else:  # another node, or the launcher, asked first: its word is the job's
+            self.stop = self.stop_marker() or Stop(reason, detail)
         self.sink.agent(f"stopping every node: {self.stop.reason} ({self.stop.detail})")
         # At once, not at the next heartbeat: a graceful `cancel` terminates nodes whose record stays still.
         self.heartbeat(f"stopping ({self.stop.reason})", force=True)
 
-    def write_stop_marker(self, reason: str, detail: str) -> None:
+    def write_stop_marker(self, reason: str, detail: str) -> bool:
+        """The marker every node watches, unless one is there already (False then)."""
         marker = {"reason": reason, "by": self.me.instance_id, "rank": self.rank, "detail": detail}
-        self.store.put_json(self.job.key(layout.STOP), {**marker, "time": time.time()})
+        return self.store.put_json_once(self.job.key(layout.STOP), {**marker, "time": time.time()})
 
     # -- watching
 
@@ -357,8 +356,7 @@ class Agent:
     def _stop_others_after_failure(self, reason: str) -> None:
         """This node failed: the others stop (and checkpoint) rather than hang in a collective."""
         try:
-            if self.stop_marker() is None:
-                self.write_stop_marker("peer-failed", f"node {self.rank} failed: {reason}")
+            self.write_stop_marker("peer-failed", f"node {self.rank} failed: {reason}")
         except Exception as e:
             self.sink.agent(f"could not write the stop marker ({short(e)})")
 
@@ -712,10 +710,9 @@ def run_node(job_uri: str, job_sha256: str, settings: Settings, sink: LogSink, s
         record = {"status": "Failed", "exit_code": 1, "reason": reason, "step": None, "instance_id": me.instance_id}
         store.put_json(f"{folder}/{layout.NODES}/{me.launch_index}.json", {**record, "time": now})
         try:
-            if store.get_bytes(f"{folder}/{layout.STOP}", 0) is None:  # the first, specific word stays
-                detail = f"node {me.launch_index} failed: {reason}"
-                stop = {"reason": "peer-failed", "by": me.instance_id, "rank": me.launch_index, "detail": detail}
-                store.put_json(f"{folder}/{layout.STOP}", {**stop, "time": now})
+            detail = f"node {me.launch_index} failed: {reason}"
+            stop = {"reason": "peer-failed", "by": me.instance_id, "rank": me.launch_index, "detail": detail}
+            store.put_json_once(f"{folder}/{layout.STOP}", {**stop, "time": now})  # the first, specific word stays
         except Exception as e:  # the record says it all; the peers also see it through failed_peer
             sink.agent(f"could not write the stop marker ({short(e)})")
         return 0

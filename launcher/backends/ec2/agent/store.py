@@ -31,6 +31,21 @@ class Store:
     def put_json(self, key: str, value: Any) -> None:
         self.s3.put_object(Bucket=self.bucket, Key=key, Body=json.dumps(value).encode())
 
+    def put_json_once(self, key: str, value: Any) -> bool:
+        """Write `value` at `key` unless an object is there; False when one was (or is being) written.
+
+        S3's conditional write (If-None-Match: *) makes "the first word stays" one atomic step: two
+        nodes that stop at once cannot both read "no marker" and the later overwrite the earlier.
+        """
+        try:
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=json.dumps(value).encode(), IfNoneMatch="*")
+        except self.s3.exceptions.ClientError as e:
+            # 412: an object is there; 409: another conditional write of this key is in flight.
+            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
+
     def get_bytes(self, key: str, limit: int = MAX_RECORD_BYTES) -> bytes | None:
         """The first `limit` + 1 bytes at `key` (so that a caller can tell "too large"), or None when
         there is no such object."""
