@@ -117,6 +117,7 @@ def test_max_restarts_0_is_the_plain_launch_and_bad_bounds_are_one_line(stack, c
         assert code == 2 and f"({flag[0]}) applies to spot jobs only" in err, err
 
 
+@pytest.mark.slow
 def test_the_worst_case_and_max_cost_cover_the_whole_lineage(stack, capsys, monkeypatch):
     """At most --nodes instances at once (MaxSize) until one hard stop: the lineage's worst case is
     the plan's, however many attempts it takes; --max-cost refuses before anything is made."""
@@ -329,6 +330,11 @@ def test_after_a_lineage_ran_out_of_restarts_logs_report_and_resume_work(stack, 
     again = re.search(r"^submitted (\S+):", err, re.M).group(1)  # type: ignore[union-attr]
     description = json.loads(s3().get_object(Bucket=BUCKET, Key=f"distrain-cloud/jobs/{again}/job.json")["Body"].read())
     assert description["lineage"] == job and description["recovery"]["max_restarts"] == 1
+    # Attempts are numbered across the lineage: the ended group ran attempts 1 and 2, so the new
+    # job's first is 3, in its job.json (where its nodes start counting) and in `status`.
+    assert description["attempt"] == 3
+    code, out, err = run_cli(capsys, "status", again, "--json")
+    assert code == 0 and json.loads(out)["attempt"] == 3, out + err
     assert group(again)["DesiredCapacity"] == 1  # AWS keeps the new lineage going too
     lease = json.loads(s3().get_object(Bucket=BUCKET, Key=f"distrain-cloud/leases/{job}.json")["Body"].read())
     assert lease["job"] == again, lease

@@ -8,6 +8,7 @@ lineage with real nodes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -180,16 +181,19 @@ def test_two_nodes_claim_ranks_0_and_1_and_a_third_waits_for_the_next_attempt(gr
         n.sink.close()
 
 
-def test_restarts_exhausted_end_the_lineage_and_every_node_leaves_the_group(group, tmp_path):
-    """--max-restarts 2: attempts 1-3 run; the node that would start attempt 4 ends the lineage
-    Interrupted, naming the bound and `resume`, and leaves the group so nothing replaces it."""
-    job = make_job()
+@pytest.mark.parametrize("start", [1, 4])
+def test_restarts_exhausted_end_the_lineage_and_every_node_leaves_the_group(group, tmp_path, start):
+    """--max-restarts 2: three attempts run; the node that would start a fourth ends the lineage
+    Interrupted, naming the bound and `resume`, and leaves the group so nothing replaces it. A job
+    that resumed an ended lineage (its job.json says attempt 4) numbers on from there, with the
+    same bound: attempts 4-6, as `status` and the logs name them."""
+    job = dataclasses.replace(make_job(), attempt=start)
     first, second = instances(group)
     node = Node(tmp_path, job, first)
     assert node.run() == 0
-    assert node.attempts == [(1, 0), (2, 0), (3, 0)]
+    assert node.attempts == [(start, 0), (start + 1, 0), (start + 2, 0)]
     end = lineage_record()
-    assert end["status"] == "Interrupted" and end["attempt"] == 4
+    assert end["status"] == "Interrupted" and end["attempt"] == start + 3
     assert end["reason"].startswith("spot capacity was reclaimed 3 times: --max-restarts 2 reached")
     assert f"`distrain-cloud resume {GROUP}`" in end["reason"]
     assert instances(group) == [second]  # left, and not replaced: the desired capacity went down

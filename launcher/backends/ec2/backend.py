@@ -561,7 +561,7 @@ class Ec2Backend:
         region, bucket, prefix, description = described(job)  # once: the status and the output's place
         info = self._status(job, region, bucket, prefix, description)
         output = description["output_uri"]
-        if recovery.is_lineage(description) and info.get("attempt"):
+        if recovery.is_lineage(description) and info.get("attempts"):
             # each attempt's rank 0 uploads to the attempt's own folder (agent/elastic.py): the last one's
             output = f"{output.rstrip('/').rsplit('/', 1)[0]}/{recovery.ATTEMPTS}/{int(info['attempt'])}/output/"
         return cloud.fetch_outputs(job.name, info, region, dest, output=output, model=description["model_uri"])
@@ -690,6 +690,8 @@ def _previous_attempt(job_name: str, bucket: str, parts: Parts, checks: list[Che
             f"({parts.region}); `distrain-cloud ls` lists the jobs"
         )
     lineage, attempt, uri = str(previous["lineage"]), int(previous["attempt"]) + 1, str(previous["checkpoint_uri"])
+    if recovery.is_lineage(previous):  # its group counted attempts on from its own number
+        attempt = max([attempt - 1, *recovery.attempt_numbers(s3, bucket, layout.job_key(parts.prefix, job_name))]) + 1
     checks.append(Check(f"resume from {job_name}", True, f"lineage {lineage}, attempt {attempt}, {uri}"))
     return lineage, attempt, uri
 

@@ -11,7 +11,7 @@ all. docs/decisions.md weighs this against EC2 Fleet, EventBridge rules and agen
 relaunch themselves.
 
 Bounds, all on AWS's side or the nodes', none needing this process:
-- `--max-restarts N`: the node that would start attempt N + 2 ends the lineage instead;
+- `--max-restarts N`: the node that would start the job's (N + 2)th attempt ends the lineage instead;
 - `--on-demand-after K`: once K attempts were interrupted, a node switches the group's
   purchase option to on-demand (the UpdateAutoScalingGroup request is planned and checked here);
 - another Availability Zone on InsufficientInstanceCapacity: the group spans a subnet of every
@@ -24,7 +24,8 @@ The lineage ends for good (Completed, Failed, Stopped, restarts exhausted) by ea
 the group with TerminateInstanceInAutoScalingGroup, decrementing its desired capacity: nothing is
 replaced, and no node is cut off in the middle of its last upload.
 
-S3, beside the job's usual folder: `jobs/<job>/attempts/<k>/` holds attempt k's claims,
+S3, beside the job's usual folder: `jobs/<job>/attempts/<k>/` holds attempt k's claims (k counts
+across the lineage, from the job.json's `attempt`),
 rendezvous, node records and stop marker (the layout of a plain job's folder); `jobs/<job>/lineage.json`
 is the lineage's end; `jobs/<job>/stop` is a cancel of the whole lineage.
 """
@@ -260,7 +261,8 @@ def _profile_not_yet_seen(e: Exception) -> bool:
 # ---------------------------------------------------------------------- status
 
 
-def _attempt_numbers(s3: Any, bucket: str, root: str) -> list[int]:
+def attempt_numbers(s3: Any, bucket: str, root: str) -> list[int]:
+    """The numbers of the attempts with a folder under job folder `root`, in order."""
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{root}/{ATTEMPTS}/", Delimiter="/")
     found = set()
     for page in pages:
@@ -314,7 +316,7 @@ def lineage_status(
     root = layout.job_key(prefix, name)
     with aws.translate_errors():
         s3 = aws.client("s3", region)
-        numbers = _attempt_numbers(s3, bucket, root)
+        numbers = attempt_numbers(s3, bucket, root)
         attempts = []
         for k in numbers:
             files = ec2_status.job_files(s3, bucket, prefix, f"{name}/{ATTEMPTS}/{k}")
@@ -382,7 +384,7 @@ def lineage_status(
         "created": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(description.get("submitted", 0)))),
         "detail": detail,
         "lineage": description["lineage"],
-        "attempt": rows[-1]["attempt"] if rows else 0,
+        "attempt": rows[-1]["attempt"] if rows else description["attempt"],  # the one that starts first
         "attempts": rows,
         "cost_so_far": cost,
         "nodes": nodes,
@@ -475,7 +477,7 @@ def cancel(job: JobRef, now_: bool = False) -> str:
     marker = {"reason": "cancel", "by": "launcher", "time": time.time()}
     with aws.translate_errors():
         s3 = aws.client("s3", region)
-        numbers = _attempt_numbers(s3, bucket, root)
+        numbers = attempt_numbers(s3, bucket, root)
         live = f"{job.name}/{ATTEMPTS}/{numbers[-1]}" if numbers else None
         before = ec2._record_etags(s3, bucket, prefix, live) if live else {}
         s3.put_object(Bucket=bucket, Key=f"{root}/stop", Body=json.dumps(marker).encode())

@@ -16,9 +16,12 @@ When attempt k ends:
 - anything else (completed, failed, cancelled, the deadline) ends the lineage: the node records it
   in `jobs/<job>/lineage.json` and leaves the group, lowering its desired capacity, so nothing
   is replaced. A node that boots into an ended lineage leaves at once.
-Before an attempt starts the node applies the lineage's bounds: `--max-restarts` (attempt N + 2
-is never started), `--on-demand-after` (the group's replacements become on-demand), the deadline
-and a cancel of the whole lineage (`jobs/<job>/stop`).
+Attempts are numbered across the lineage: a job's group starts at its job.json's `attempt` (1 for
+a submit, the next number for a `resume` of an ended lineage), so `status`, the logs and the
+folders name one number. Before an attempt starts the node applies the lineage's bounds:
+`--max-restarts N` (the job's (N + 2)th attempt is never started), `--on-demand-after` (the
+group's replacements become on-demand), the deadline and a cancel of the whole lineage
+(`jobs/<job>/stop`).
 
 Stdlib and boto3 only, like the node agent; it never imports the launcher.
 """
@@ -111,6 +114,9 @@ class Lineage:
         self.store, self.imds, self.sink, self.ec2, self.autoscaling = store, imds, sink, ec2, autoscaling
         self.signalled = signalled or threading.Event()
         self.bounds = Bounds.from_job(job)
+        # Attempts are numbered across the lineage: a `resume` of an ended lineage is a new job
+        # whose job.json names the attempt it starts at; its group's attempts count on from there.
+        self.first = max(1, job.attempt)
 
     # -- S3
 
@@ -125,21 +131,12 @@ class Lineage:
 
     def _create(self, key: str, body: dict[str, Any]) -> bool:
         """Write `body` at `key` only if nothing is there (S3 decides, once); -> whether we did."""
-        import json
-
-        try:
-            self.store.s3.put_object(Bucket=self.store.bucket, Key=key, Body=json.dumps(body).encode(), IfNoneMatch="*")
-        except Exception as e:
-            code = str((getattr(e, "response", None) or {}).get("Error", {}).get("Code", ""))
-            if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
-                return False
-            raise
-        return True
+        return self.store.put_json_once(key, body)
 
     def newest_attempt(self) -> int:
-        """The highest attempt number with anything in S3 (1 when none): folders only, not their files."""
+        """The highest attempt number with anything in S3 (the job's first when none): folders only."""
         folder = self.key(ATTEMPTS) + "/"
-        numbers = [1]
+        numbers = [self.first]
         pages = self.store.s3.get_paginator("list_objects_v2").paginate(
             Bucket=self.store.bucket, Prefix=folder, Delimiter="/"
         )
@@ -208,7 +205,8 @@ class Lineage:
                 return  # another node did it
             self.autoscaling.update_auto_scaling_group(**request)
             self.sink.agent(
-                f"{k - 1} interruption(s): the group's replacements are on-demand from now on (--on-demand-after)"
+                f"{k - self.first} interruption(s): the group's replacements are on-demand from now on "
+                "(--on-demand-after)"
             )
         except Exception as e:
             self.sink.agent(f"could not switch the group to on-demand ({short(e)}); it stays on spot")
@@ -239,15 +237,16 @@ class Lineage:
             if self.closed(k):
                 k += 1
                 continue
-            if k - 1 > self.bounds.max_restarts:
+            if k - self.first > self.bounds.max_restarts:
                 self.end(
                     "Interrupted",
-                    f"spot capacity was reclaimed {k - 1} times: --max-restarts {self.bounds.max_restarts} reached; "
+                    f"spot capacity was reclaimed {k - self.first} times: --max-restarts {self.bounds.max_restarts} "
+                    "reached; "
                     f"`distrain-cloud resume {self.job.job}` continues from the last checkpoint",
                     k,
                 )
                 return 0
-            if self.bounds.on_demand_after and k - 1 >= self.bounds.on_demand_after:
+            if self.bounds.on_demand_after and k - self.first >= self.bounds.on_demand_after:
                 self.on_demand(k)
             rank = self.claim(k)
             if rank is None:  # the attempt has every node: wait for its end, then join the next
@@ -268,7 +267,7 @@ class Lineage:
         base_output = self.job.output_uri
         values["output_uri"] = f"{base_output.rstrip('/').rsplit('/', 1)[0]}/{ATTEMPTS}/{k}/output/"
         values["attempt"] = k
-        if k > 1:  # survivors wait for the group's replacements, which spot capacity may delay
+        if k > self.first:  # survivors wait for the group's replacements, which spot capacity may delay
             values["rendezvous_timeout_s"] = max(self.job.rendezvous_timeout_s, self.bounds.replacement_wait_s)
         job = AttemptJob(**values, number=k)
         me = dataclasses.replace(self.me, launch_index=rank, reservation_id=f"{ATTEMPTS}-{k}")

@@ -41,7 +41,12 @@ class Store:
             self.s3.put_object(Bucket=self.bucket, Key=key, Body=json.dumps(value).encode(), IfNoneMatch="*")
         except self.s3.exceptions.ClientError as e:
             # 412: an object is there; 409: another conditional write of this key is in flight.
-            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+            if e.response.get("Error", {}).get("Code") in (
+                "PreconditionFailed",
+                "ConditionalRequestConflict",
+                "412",
+                "409",
+            ):
                 return False
             raise
         return True
