@@ -3,8 +3,9 @@
 Every backend runs this same command on every node (SageMaker, each EC2 instance, the
 local machine). It reads the container contract, renders this node's Accelerate config
 from the strategy, and runs `accelerate launch` as a child, one process per GPU (or
-`--processes N` CPU processes), forwarding SIGTERM/SIGINT to its processes and exiting with its code.
-Torch-free unless it has to count GPUs itself.
+`--processes N` CPU processes; one process alone on one machine starts directly), forwarding
+SIGTERM/SIGINT to its processes and exiting with its code. Torch-free unless it has to count
+GPUs itself.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class NodeLaunch:
     command: list[str]  # with CONFIG_FILE standing for the rendered config's path
     env: dict[str, str]
     stop_grace_s: float = DEFAULT_STOP_GRACE_S  # the trainers' --stop-grace
+    direct: bool = False  # the command is the one training process itself, not a launcher above it
 
 
 CONFIG_FILE = "{config_file}"
@@ -98,17 +100,55 @@ def plan_node(
         env["DS_ACCELERATOR"] = "cpu"
     elif use_cpu:  # torchrun does not pass the config's use_cpu on; gloo DDP needs it
         env["ACCELERATE_USE_CPU"] = "true"
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        CONFIG_FILE,
-        "-m",
-        "distrain_cloud.training",
-        *train_argv,
-    ]
-    return NodeLaunch(config, command, env, args.stop_grace)
+    direct = _one_plain_process(config)
+    if direct:
+        # What accelerate's simple launcher would do, without its ~2 s of importing torch and
+        # Accelerate in a process that only starts one child: the same command and variables.
+        env.update(simple_launcher_env(config))
+        command = [sys.executable, "-m", "distrain_cloud.training", *train_argv]
+    else:
+        command = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            CONFIG_FILE,
+            "-m",
+            "distrain_cloud.training",
+            *train_argv,
+        ]
+    return NodeLaunch(config, command, env, args.stop_grace, direct)
+
+
+def _one_plain_process(config: dict) -> bool:
+    """One process on one machine, no engine of Accelerate's own: `accelerate launch` would run
+    its simple launcher, which only sets a few variables and waits for the child."""
+    return (
+        config["distributed_type"] == "NO"
+        and config["num_processes"] == 1
+        and config["num_machines"] == 1
+        and config["mixed_precision"] in ("no", "fp16", "bf16")  # fp8's launcher checks a backend too
+    )
+
+
+def simple_launcher_env(config: dict) -> dict[str, str]:
+    """The variables accelerate launch's simple launcher sets for `config` (accelerate 1.x,
+    `prepare_simple_launcher_cmd_env`), the thread count as node_launch passes it."""
+    env = {
+        "ACCELERATE_USE_CPU": str(bool(config["use_cpu"])),
+        "ACCELERATE_MIXED_PRECISION": config["mixed_precision"],
+        "ACCELERATE_DYNAMO_BACKEND": "NO",
+        "ACCELERATE_DYNAMO_MODE": "default",
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
+        "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
+        "OMP_NUM_THREADS": str(_threads_per_process(config)),
+    }
+    if config["use_cpu"]:
+        env |= {"KMP_AFFINITY": "granularity=fine,compact,1,0", "KMP_BLOCKTIME": "1"}
+    if config.get("gpu_ids") not in (None, "all"):
+        env["CUDA_VISIBLE_DEVICES"] = str(config["gpu_ids"])
+    return env
 
 
 def running_type(launch: NodeLaunch) -> str:
@@ -189,9 +229,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     command = [path if c == CONFIG_FILE else c for c in launch.command]
-    # Given, so accelerate launch does not pick it itself and print a note saying so on every launch.
-    at = command.index("--config_file")
-    command[at:at] = ["--num_cpu_threads_per_process", str(_threads_per_process(launch.config))]
+    if not launch.direct:
+        # Given, so accelerate launch does not pick it itself and print a note saying so on every launch.
+        at = command.index("--config_file")
+        command[at:at] = ["--num_cpu_threads_per_process", str(_threads_per_process(launch.config))]
     print(
         stamped(
             f"node_launch node_rank={contract.node_rank} nodes={contract.num_nodes} "
@@ -206,7 +247,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         env = {**os.environ, **launch.env, "DISTRAIN_DIE_WITH_LAUNCHER": "1"}  # see __main__._run
         env[COMPLETED_FILE_ENV] = str(completed)
         bound_s = launch.stop_grace_s + LAUNCHER_MARGIN_S
-        code = _run_forwarding_signals(command, env, contract.failure_file, bound_s, completed=completed, stops=stops)
+        code = _run_forwarding_signals(
+            command, env, contract.failure_file, bound_s, completed=completed, stops=stops, direct=launch.direct
+        )
     finally:
         os.unlink(path)
         completed.unlink(missing_ok=True)
@@ -249,9 +292,11 @@ def _run_forwarding_signals(
     *,
     completed: Path | None = None,
     stops: list[int] | None = None,
+    direct: bool = False,
 ) -> int:
-    """Run accelerate's launcher as a child; SIGTERM/SIGINT (spot interruption, stop, Ctrl-C) go to
-    every training process, which save a checkpoint and exit 143 (SIGTERM) or 130 (SIGINT), or,
+    """Run accelerate's launcher as a child (`direct`: the one training process itself);
+    SIGTERM/SIGINT (spot interruption, stop, Ctrl-C) go to every training process, which save a
+    checkpoint and exit 143 (SIGTERM) or 130 (SIGINT), or,
     when their step does not end within --stop-grace, exit 124 saying nothing was saved. A
     second Ctrl-C ends them at once (SIGKILL). Whatever still runs `bound_s` after the stop (the
     grace and the launcher's time to exit) is killed, the whole tree, and this exits 124.
@@ -280,8 +325,10 @@ def _run_forwarding_signals(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
+    # `direct`: the child is the one training process itself, not a launcher above the training
+    # processes. Its own children are its data loader workers, which no stop signal may reach.
     # Without /proc the training processes cannot be found: the launcher then keeps the defaults.
-    reachable = Path("/proc/self").is_dir()
+    reachable = Path("/proc/self").is_dir() and not direct
     preexec = child_dies_with_us(signal.SIGKILL, then=ignore_stops if reachable else None)
     # Stamping each line needs its stdout too; otherwise it goes where this process's goes.
     stdout = subprocess.PIPE if os.environ.get(LOG_TIMES_ENV) else None
@@ -299,7 +346,7 @@ def _run_forwarding_signals(
         stopping.append((signum, now))
         stops.append(signum)
         tree.refresh()  # while every process still hangs below the launcher
-        for pid in [proc.pid, *_training_processes(proc.pid)]:
+        for pid in [proc.pid, *([] if direct else _training_processes(proc.pid))]:
             try:
                 os.kill(pid, signal.SIGKILL if second else signum)
             except ProcessLookupError:  # already gone
@@ -373,7 +420,7 @@ def _run_forwarding_signals(
             _write(sys.stderr, line)
     if stopping and code != 0:
         return STOP_UNSAVED_EXIT_CODE if unsaved or killed else 128 + stopping[0][0]
-    return code
+    return code if code >= 0 else 128 - code  # a training process started directly, killed: as a shell says it
 
 
 def _write(stream, line: str) -> None:

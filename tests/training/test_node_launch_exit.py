@@ -73,3 +73,37 @@ def test_gpus_are_counted_without_torch_where_the_machine_has_no_nvidia_device(m
     assert node_launch._count_gpus() == 3
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # a run told to stay on the CPU
     assert node_launch._count_gpus() == 0
+
+
+def test_one_plain_process_starts_directly_with_the_variables_accelerate_launch_would_set(tmp_path):
+    """accelerate launch's simple launcher (one process, one machine, no engine of its own) only
+    sets variables and waits, after ~2 s of imports: node_launch starts the trainer itself, with
+    exactly what that launcher's own code (accelerate's installed version) sets for the config.
+    Anything else still goes through accelerate launch."""
+    import os
+    from pathlib import Path
+
+    import yaml
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+
+    from distrain_cloud.training.contract import Contract
+    from distrain_cloud.training.node_launch import _threads_per_process, plan_node
+
+    contract = Contract(model_dir=tmp_path / "m", output_dir=tmp_path / "o", checkpoint_dir=tmp_path / "c")
+    for argv, gpus in [([], 0), (["--precision", "bf16"], 1), (["--precision", "fp16"], 1)]:
+        launch = plan_node(argv, contract, gpus=gpus)
+        assert launch.command == [sys.executable, "-m", "distrain_cloud.training", *argv]
+        config = Path(tmp_path / "config.yaml")
+        config.write_text(yaml.safe_dump(launch.config))
+        threads = str(_threads_per_process(launch.config))
+        parsed = launch_command_parser().parse_args(
+            ["--config_file", str(config), "--num_cpu_threads_per_process", threads, "-m", "distrain_cloud.training"]
+        )
+        command, env = prepare_simple_launcher_cmd_env(_validate_launch_command(parsed)[0])
+        assert {k: v for k, v in env.items() if os.environ.get(k) != v} == launch.env, argv
+        assert command == launch.command[: len(command)]
+    for argv, gpus in [(["--processes", "2"], 0), (["--strategy", "zero2"], 0), (["--strategy", "fsdp"], 1)]:
+        processes = 2 if "--processes" in argv else None
+        launch = plan_node([a for a in argv if a not in ("--processes", "2")], contract, processes=processes, gpus=gpus)
+        assert "accelerate.commands.launch" in launch.command, argv
