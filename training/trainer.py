@@ -803,6 +803,11 @@ def _maybe_die_for_test(step: int) -> None:
     if hang[0] == str(step) and os.environ.get("RANK", "0") == (hang[1:] or ["0"])[0]:
         while True:
             time.sleep(3600)
+    # And steps slower than this machine's: a run long enough, in seconds, for something that polls
+    # (a node agent's look at its spot notice) to act before the last step, whatever the load.
+    slow = os.environ.get("DISTRAIN_TEST_STEP_SLEEP_S")
+    if slow:
+        time.sleep(float(slow))
 
 
 def _local_gpu(cuda: bool) -> tuple[str | None, bool | None]:

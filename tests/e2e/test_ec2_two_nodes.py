@@ -216,12 +216,14 @@ class Rehearsal:
             for inst, proc, out in zip(instances, procs, outputs, strict=True)
         ]
 
-    def run_group(self, job: str, *, on_line: tuple[str, Callable[[dict[str, FakeImds], str], None]]) -> list[NodeRun]:
+    def run_group(
+        self, job: str, *, on_line: tuple[str, Callable[[dict[str, FakeImds], str], None]], env: dict[str, str]
+    ) -> list[NodeRun]:
         """Play EC2's part for a lineage kept by an Auto Scaling group: boot every instance the group
         has (moto's group launches a replacement when one of its instances is terminated, as AWS's
         does), each with its own metadata server, until every node has ended and the group has
         nothing new. `on_line` = (text, fn): fn(metadata servers by instance id, the id of the node
-        that printed it) the first time any node prints a line containing text."""
+        that printed it) the first time any node prints a line containing text. `env`: every node's."""
         role, credentials = self.role_credentials_of(job)
         fakes: dict[str, FakeImds] = {}
         procs: dict[str, subprocess.Popen] = {}
@@ -257,7 +259,7 @@ class Rehearsal:
                     outputs[iid] = []
                     procs[iid] = subprocess.Popen(
                         ["bash", "-c", self.user_data(iid)],
-                        env=self.node_env(fakes[iid].endpoint, work, iid, {}),
+                        env=self.node_env(fakes[iid].endpoint, work, iid, env),
                         cwd=self.root,
                         stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT,
@@ -465,7 +467,11 @@ def test_a_spot_lineage_recovers_on_aws_side_with_no_client_and_matches_the_unin
         noticed.append(other)
         fakes[other].set_spot_notice()
 
-    nodes = rehearsal.run_group(job, on_line=("step=4 ", notice_the_other))
+    # The agents look at the notice every 0.5 s, and the 20 steps after step 4 take 0.5 s on an idle
+    # machine: CI once saw the run end before any agent looked. At 0.1 s more a step they take 2 s
+    # or more, four looks (the sleep changes no number, and the baseline has none).
+    slow = {"DISTRAIN_TEST_STEP_SLEEP_S": "0.1"}
+    nodes = rehearsal.run_group(job, on_line=("step=4 ", notice_the_other), env=slow)
     assert len(nodes) == 3 and all(n.returncode == 0 for n in nodes), describe(nodes)
     status = rehearsal.status(job)
     assert (status["status"], status["attempt"]) == ("Completed", 2), (status, describe(nodes))

@@ -235,7 +235,11 @@ def test_under_fp16_every_process_skips_a_step_that_overflowed_on_one_shard(tmp_
     every reduce-scatter would add gradients scaled differently."""
     import multiprocessing
 
-    ctx = multiprocessing.get_context("fork")  # no CUDA here; fork spares each process torch's import
+    # A fork of this process is not safe: an earlier test here ran a gloo group in it, and CI once
+    # saw a forked rank die in init_process_group. A fork server is a fresh interpreter with torch
+    # loaded once, so each rank still starts without torch's import.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
     out = ctx.Queue()
     store = str(tmp_path / "store")
     procs = [ctx.Process(target=_overflow_on_rank_1, args=(r, store, agree, clip, out)) for r in (0, 1)]
