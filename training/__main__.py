@@ -3,8 +3,8 @@
 Every backend starts this, one process per device, through `accelerate launch`, or
 directly where one process alone runs on one machine (see node_launch.py). Bad input exits 2
 with one line on stderr and the same line in the contract's failure file; nothing else is
-written. A checkpoint this run cannot resume exits 2
-the same way; a save that fails on the disk (full, read-only) exits 1, also with one line.
+written. A checkpoint this run cannot resume exits 2 the same way; a save that fails on the disk
+(full, read-only) exits 1, also with one line.
 """
 
 from __future__ import annotations

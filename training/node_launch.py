@@ -59,9 +59,9 @@ EXIT_FILE_ENV = "DISTRAIN_EXIT_FILE"
 # Set (by the local backend, whose log file has no times of its own): each line this process
 # writes starts with the time it was written, `2026-11-28T01:23:45.678Z ` (launcher.logs reads it).
 LOG_TIMES_ENV = "DISTRAIN_LOG_TIMES"
-# How a launcher reports a training process that a signal ended: accelerate's one-process launcher
-# (a CalledProcessError) and torchrun's agent (a ChildFailedError).
-_KILLED = re.compile(r"died with <Signals\.(SIG[A-Z0-9]+): \d+>|Signal \d+ \((SIG[A-Z0-9]+)\) received by PID")
+# How torchrun's agent reports a training process that a signal ended (a ChildFailedError); one
+# process started directly shows it in its own exit code.
+_KILLED = re.compile(r"Signal \d+ \((SIG[A-Z0-9]+)\) received by PID")
 
 
 def stamped(line: str) -> str:
@@ -122,13 +122,9 @@ def plan_node(
 
 def _one_plain_process(config: dict) -> bool:
     """One process on one machine, no engine of Accelerate's own: `accelerate launch` would run
-    its simple launcher, which only sets a few variables and waits for the child."""
-    return (
-        config["distributed_type"] == "NO"
-        and config["num_processes"] == 1
-        and config["num_machines"] == 1
-        and config["mixed_precision"] in ("no", "fp16", "bf16")  # fp8's launcher checks a backend too
-    )
+    its simple launcher, which only sets a few variables and waits for the child. (fp8 is bf16
+    in the config: the trainer converts its layers itself, fp8.py.)"""
+    return config["distributed_type"] == "NO" and config["num_processes"] == 1 and config["num_machines"] == 1
 
 
 def simple_launcher_env(config: dict) -> dict[str, str]:
@@ -306,13 +302,11 @@ def _run_forwarding_signals(
 
     The signal goes to the training processes themselves (found under the launcher), and the
     launcher's own process ignores both signals (the training processes take the defaults
-    back): accelerate's simple launcher forwards nothing and would otherwise die or print a
-    KeyboardInterrupt traceback; torchrun's agent relays it again, and the trainer counts
-    copies a few milliseconds apart as one (as it does those a terminal's Ctrl-C sends to the
-    whole process group).
+    back): torchrun's agent relays it again, and the trainer counts copies a few milliseconds
+    apart as one (as it does those a terminal's Ctrl-C sends to the whole process group).
 
     Its stderr passes through as it comes, except the launcher's own failure report (the
-    agent's log line and ChildFailedError traceback, accelerate's CalledProcessError), which is
+    agent's log line and ChildFailedError traceback), which is
     held back and dropped when the job already explained itself (the failure file) or stopped
     on request: bad input and stops stay one line. A training process that a signal ended (the
     out-of-memory killer's SIGKILL) is one line too, naming the signal, its likely cause and the
@@ -435,16 +429,17 @@ def _describe(code: int) -> str:
 
 
 def _killing_signal(code: int, held: list[str]) -> str | None:
-    """The signal that ended a training process (its launcher's report says), or the launcher
-    itself (a negative code: killed, not failed); None when none did."""
+    """The signal that ended a training process: torchrun's report says it, or a negative code
+    does (the process started directly, or the launcher itself, killed rather than failed); None
+    when none did."""
     if code < 0 and -code in signal.valid_signals():
         return signal.Signals(-code).name
     if code == 0:
         return None
     for line in held:
         found = _KILLED.search(line)
-        if found and (found.group(1) or found.group(2)) in signal.Signals.__members__:
-            return found.group(1) or found.group(2)
+        if found and found.group(1) in signal.Signals.__members__:
+            return found.group(1)
     return None
 
 

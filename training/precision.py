@@ -18,11 +18,16 @@ from .strategies import choose_precision
 BF16_CAPABILITY = (8, 0)
 
 
+def told_to_use_the_cpu() -> bool:
+    """node_launch's CPU processes are (ACCELERATE_USE_CPU, as accelerate launch sets it)."""
+    return os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+
+
 def no_gpu_here() -> bool:
     """True where this process will find no CUDA GPU, known without torch (seconds to import): it
-    is told to stay on the CPU (node_launch's CPU processes), or Linux shows no NVIDIA device node
-    (/dev/nvidia0 and up; WSL 2 passes GPUs through /dev/dxg instead)."""
-    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+    is told to stay on the CPU, or Linux shows no NVIDIA device node (/dev/nvidia0 and up; WSL 2
+    passes GPUs through /dev/dxg instead)."""
+    if told_to_use_the_cpu():
         return True
     return sys.platform.startswith("linux") and not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/dxg"))
 
@@ -32,9 +37,7 @@ def visible_gpus() -> tuple[int, tuple[int, int] | None]:
     CUDA or where the run is told to stay on the CPU. Torch-free where there is no GPU: the entry
     point checks the arguments and the data before it imports torch (where torch is loaded
     already, asking it costs nothing)."""
-    if "torch" not in sys.modules and no_gpu_here():
-        return 0, None
-    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+    if told_to_use_the_cpu() or ("torch" not in sys.modules and no_gpu_here()):
         return 0, None
     import torch
 

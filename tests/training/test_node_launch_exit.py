@@ -7,21 +7,31 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from distrain_cloud.training.node_launch import COMPLETED_FILE_ENV, _run_forwarding_signals
 
-# What accelerate's one-process launcher does when its training process dies: CalledProcessError.
-KILLED_TRAINER = (
-    "import subprocess, sys; "
-    "subprocess.run([sys.executable, '-c', 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'], check=True)"
-)
+# How torchrun's agent reports a training process the out-of-memory killer ended, then exits 1
+# (its traceback and ChildFailedError table, shortened), and one process that node_launch started
+# directly, killed.
+TORCHRUN_REPORT = """Traceback (most recent call last):
+  File "torch/distributed/run.py", line 892, in main
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Root Cause (first observed failure):
+  exitcode  : -9 (pid: 23508)  (SIGKILL)
+  traceback : Signal 9 (SIGKILL) received by PID 23508
+"""
+TORCHRUN_KILLED = f"import sys; sys.stderr.write({TORCHRUN_REPORT!r}); sys.exit(1)"
+DIRECT_KILLED = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
 
 
+@pytest.mark.parametrize(("child", "direct"), [(TORCHRUN_KILLED, False), (DIRECT_KILLED, True)])
 def test_a_training_process_killed_by_sigkill_is_one_line_with_its_cause_and_the_resume_command(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch, child, direct
 ):
     monkeypatch.setenv("DISTRAIN_JOB_NAME", "job-7")
     failure = tmp_path / "output" / "failure"
-    code = _run_forwarding_signals([sys.executable, "-c", KILLED_TRAINER], {}, failure, 5.0)
+    code = _run_forwarding_signals([sys.executable, "-c", child], {}, failure, 5.0, direct=direct)
     err = capsys.readouterr().err
     line = (
         "error: a training process was killed by SIGKILL: likely the out-of-memory killer (the machine ran out of "
