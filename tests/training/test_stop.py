@@ -72,7 +72,8 @@ def test_a_stop_whose_step_never_ends_exits_after_the_grace_saying_nothing_was_s
         out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert 0.5 <= time.monotonic() - started < 5
+    # threading.Timer's wait may return a millisecond early (a CI-sized machine saw 0.4992 s)
+    assert 0.45 <= time.monotonic() - started < 5
     assert proc.returncode == STOP_UNSAVED_EXIT_CODE, out + err
     assert err.splitlines() == [
         f"stopped={sig.name} checkpoint_saved=0: the run did not reach a step boundary and save within 0.5 s "
