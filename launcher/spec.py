@@ -542,6 +542,13 @@ class JobSpec(BaseModel):
                 f"--keep-alive keeps a SageMaker warm pool; {self.instance} is not a SageMaker (ml.*) instance: "
                 "drop --keep-alive"
             )
+        if self.sagemaker.keep_alive and self.spot:
+            # SageMaker Developer Guide, "Train Using SageMaker Managed Warm Pools", considerations:
+            # warm pools cannot be used with managed spot training.
+            raise ValueError(
+                "--keep-alive keeps a SageMaker warm pool, which AWS does not offer for spot jobs: drop --keep-alive "
+                "or --spot (a warm pool also needs its Service Quotas quota raised: it starts at 0 per instance type)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -551,9 +558,17 @@ class JobSpec(BaseModel):
         if self.max_wait is not None and self.max_wait < self.max_run:
             raise ValueError(f"max_wait ({self.max_wait}s) must be >= max_run ({self.max_run}s)")
         default_restarts = type(self.ec2).model_fields["max_restarts"].default
+        after = self.ec2.on_demand_after
+        if self.backend != "ec2" and (self.ec2.max_restarts != default_restarts or after is not None):
+            # Only EC2 jobs restart on AWS's side (an Auto Scaling group); a SageMaker spot job waits
+            # for capacity within --max-wait and resumes from its checkpoints by itself.
+            flag = "--max-restarts" if self.ec2.max_restarts != default_restarts else "--on-demand-after"
+            how = {"sagemaker": "SageMaker resumes an interrupted spot job itself, within --max-wait"}.get(
+                self.backend, "a local job is never interrupted"
+            )
+            raise ValueError(f"{flag} applies to EC2 spot jobs, not {self.backend} ones ({how}): drop it")
         if self.ec2.max_restarts != default_restarts and not self.spot:  # else silently ignored
             raise ValueError("ec2.max_restarts (--max-restarts) applies to spot jobs only; add --spot or drop it")
-        after = self.ec2.on_demand_after
         if after is not None and not self.spot:
             raise ValueError("ec2.on_demand_after (--on-demand-after) applies to spot jobs only; add --spot or drop it")
         if after is not None and after > self.ec2.max_restarts:

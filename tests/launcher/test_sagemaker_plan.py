@@ -603,7 +603,27 @@ def test_keep_alive_keeps_a_warm_pool_and_the_plan_shows_what_it_costs(offline, 
             "error: the command line: --keep-alive keeps a SageMaker warm pool; g5.xlarge is not a SageMaker (ml.*) "
             "instance: drop --keep-alive",
         ),
+        (
+            # SageMaker Developer Guide, "Train Using SageMaker Managed Warm Pools", considerations:
+            # warm pools cannot be used with spot instances; the request itself would be accepted.
+            ["--instance", "ml.g5.xlarge", "--spot", "--keep-alive", "20m"],
+            "error: the command line: --keep-alive keeps a SageMaker warm pool, which AWS does not offer for spot "
+            "jobs: drop --keep-alive or --spot (a warm pool also needs its Service Quotas quota raised: it starts "
+            "at 0 per instance type)",
+        ),
+        (
+            # Only EC2 jobs restart on AWS's side; SageMaker would accept the flags and drop them.
+            ["--instance", "ml.g5.xlarge", "--spot", "--max-restarts", "5"],
+            "error: the command line: --max-restarts applies to EC2 spot jobs, not sagemaker ones (SageMaker "
+            "resumes an interrupted spot job itself, within --max-wait): drop it",
+        ),
+        (
+            ["--instance", "ml.g5.xlarge", "--spot", "--on-demand-after", "1"],
+            "error: the command line: --on-demand-after applies to EC2 spot jobs, not sagemaker ones (SageMaker "
+            "resumes an interrupted spot job itself, within --max-wait): drop it",
+        ),
     ],
+    ids=["keep-alive-2h", "keep-alive-on-ec2", "keep-alive-spot", "max-restarts", "on-demand-after"],
 )
 def test_keep_alive_beyond_an_hour_or_off_sagemaker_is_refused_in_one_line(offline, capsys, flags, message):
     from clirun import run_cli
