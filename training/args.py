@@ -581,8 +581,9 @@ def validate(a: TrainArgs) -> None:
                 f"--compile-unit block applies to --strategy ddp, single, fsdp, zero3 or zero3-offload, "
                 f"not {a.strategy} (ZeRO-1/2 compile the whole model inside DeepSpeed's engine)"
             )
-    if a.precision == "fp8" and a.strategy not in ("ddp", "single"):
-        # the replicated model's linears; the sharded engines hold their weights their own way (fp8.py)
+    if a.precision == "fp8" and a.strategy not in ("ddp", "single", AUTO):
+        # the replicated model's linears; the sharded engines hold their weights their own way (fp8.py).
+        # auto: fp8 pins it to ddp (strategies.resolve_auto), unless a resumed checkpoint says otherwise
         raise ArgumentError(
             f"--precision fp8 runs under --strategy ddp or single, not {a.strategy}: add --strategy ddp"
         )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from . import strategies  # by module: a test's shim replaces strategies.resolve_auto (tests/training/auto_shim)
+from .args import ArgumentError
 from .modeling import head_loss_flags_why_not
 from .strategies import AUTO, COMPILE_MIN_STEPS, Strategy
 
@@ -108,6 +109,12 @@ def decide(
         args, world=world, cuda=cuda, slow_link=slow_link, saved=saved, params=params, steps=steps
     )
     strategy = strategies.provisional_strategy(resolved.strategy)
+    if resolved.precision == "fp8" and strategy not in (Strategy.ddp, Strategy.single):
+        # auto with fp8 is ddp, but a resumed checkpoint's strategy comes first (resolve_auto)
+        raise ArgumentError(
+            f"--precision fp8 runs under --strategy ddp or single; this run resumes a checkpoint trained with "
+            f"{resolved.strategy} ({strategy_why}): drop --precision fp8"
+        )
     in_graph, engine_why = False, None
     if strategy is Strategy.fsdp:
         in_graph, fsdp_why = strategies.fsdp_in_graph(resolved, cuda=cuda)

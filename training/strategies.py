@@ -282,6 +282,8 @@ def resolve_auto(
     if saved and saved.get("strategy") == Strategy.fsdp.value and saved.get("sharding") == "in-graph":
         return in_graph, "auto: sharded in the compiled graph, as the checkpoint it resumes was trained"
     pinned = [flag for name, flag in _DDP_FLAGS.items() if getattr(args, name) not in (None, False, "fp32")]
+    if args.precision == "fp8":  # float8 linears run on the replicated model only (fp8.py)
+        pinned.append("--precision fp8")
     if pinned:
         return ddp, f"auto: {pinned[0]} applies to ddp"
     if world < 2 or not cuda:

@@ -171,6 +171,19 @@ def test_the_plan_shows_what_the_default_strategy_picks_on_the_instance(
     assert ("fsdp sharded in the graph, compiled" in fit.detail) is in_graph, fit.detail
 
 
+def test_fp8_on_one_gpu_with_the_default_strategy_is_planned_as_ddp(offline, capsys):
+    # Auto resolves to ddp with fp8 (training/strategies.resolve_auto), so the plan takes it as it is.
+    from clirun import run_cli
+
+    code, out, err = run_cli(
+        capsys, "submit", "--instance", "ml.g6.xlarge", "--precision", "fp8", "--role", ROLE, "--region",
+        "us-east-1", "--dry-run", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    summary = json.loads(out)["summary"]
+    assert (summary["precision"], summary["strategy"]) == ("fp8", "ddp (auto: --precision fp8 applies to ddp)")
+
+
 def test_deepspeed_batch_is_computed_from_the_real_world_size(offline):
     plan = dry(
         instance="ml.g5.12xlarge", nodes=2, strategy="zero3", train_args=["--batch-size", "4", "--grad-accum", "2"]

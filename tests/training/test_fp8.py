@@ -47,11 +47,32 @@ def test_fp8_is_refused_in_one_line_where_it_cannot_run(gpus, caps, message):
     assert message in str(e.value) and str(e.value).startswith("--precision fp8 ") and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("strategy", ["auto", "fsdp", "zero2", "zero3"])
+@pytest.mark.parametrize("strategy", ["fsdp", "zero2", "zero3"])
 def test_fp8_is_refused_under_strategies_that_hold_weights_their_own_way(strategy):
     """Checked with the other flags, so the launcher refuses it while planning too."""
     with pytest.raises(ArgumentError, match=rf"^--precision fp8 runs under --strategy ddp or single, not {strategy}: "):
         parse_args(["--precision", "fp8", "--strategy", strategy])
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_fp8_under_the_default_strategy_runs_as_ddp_however_long_the_run(world):
+    """auto with fp8 is ddp (fp8 pins it, like the flags only ddp reads), even where a long compiled
+    run on NVLinked GPUs would otherwise pick fsdp: the same rule the job and its plan decide by."""
+    from distrain_cloud.training.decisions import decide
+
+    args = parse_args(["--precision", "fp8", "--task", "causal-lm", "--max-steps", "40000"])
+    decided = decide(args, world=world, cuda=True, params=10**8)
+    assert (decided.args.strategy, decided.strategy_why) == ("ddp", "auto: --precision fp8 applies to ddp")
+
+
+def test_fp8_resuming_a_checkpoint_sharded_in_the_graph_is_refused_in_one_line():
+    from distrain_cloud.training.decisions import decide
+
+    args = parse_args(["--precision", "fp8", "--task", "causal-lm"])
+    saved = {"strategy": "fsdp", "sharding": "in-graph", "step": 10}
+    with pytest.raises(ArgumentError, match=r"^--precision fp8 runs under --strategy ddp or single; this run resumes "):
+        decide(args, world=4, cuda=True, saved=saved)
+    assert decide(args, world=4, cuda=True, saved={"strategy": "ddp"}).args.strategy == "ddp"
 
 
 def test_the_launchers_rule_refuses_fp8_below_compute_capability_8_9():
