@@ -123,6 +123,13 @@ def _local_data_files(args: TrainArgs, job_folder: Path) -> list[Check]:
         detail = str(where)
         if not ok and not path.is_absolute() and path.exists():
             detail = f"{value} is relative and the job runs in {job_folder}: give {path.resolve()}"
+        if ok and where.is_dir() and flag != "--dataset":  # --dataset reads a folder's files as splits
+            detail = (
+                "it is a directory: give one data file in it (csv, json, jsonl, parquet or txt), "
+                f"or the folder as --dataset {value}"
+            )
+            checks.append(Check(f"{flag} {value} is a file", False, detail))
+            continue
         checks.append(Check(f"{flag} {value} exists", ok, detail if not ok else ""))
     return checks
 

@@ -600,7 +600,7 @@ class JobSpec(BaseModel):
         try:
             parse_args(argv)
         except ArgumentError as e:
-            raise UserError(f"training arguments: {e}") from None
+            raise UserError(f"training arguments: {e}{_flag_hint(str(e))}") from None
         # Known before training, not after it: a push without a token would lose the run.
         local_token = self.backend == "local" and os.environ.get("HF_TOKEN")
         if self.hub.repo_id and "HF_TOKEN" not in self.secrets and not local_token:
@@ -609,6 +609,23 @@ class JobSpec(BaseModel):
                 "ssm:/name>" + (" or set HF_TOKEN in this environment" if self.backend == "local" else "")
             )
         return argv
+
+
+def _flag_hint(error: str) -> str:
+    """A did-you-mean for the first flag argparse did not recognise in `error`, or nothing."""
+    import difflib
+
+    from distrain_cloud.training.args import build_parser
+
+    if not error.startswith("unrecognized arguments: "):
+        return ""
+    options = {s for action in build_parser()._actions for s in action.option_strings if s.startswith("--")}
+    for word in error.removeprefix("unrecognized arguments: ").split():
+        flag = word.split("=", 1)[0]
+        if flag.startswith("--") and flag not in options:
+            match = difflib.get_close_matches(flag, sorted(options), n=1, cutoff=0.7)  # not --n-layer: --run-name
+            return f" (did you mean {match[0]}?)" if match else ""
+    return ""
 
 
 def _close(word: str, options: Iterable[str]) -> str:

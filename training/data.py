@@ -92,6 +92,11 @@ def _files_kwargs(files: dict[str, list[Path]], flag: str) -> dict:
     suffixes = {p.suffix for paths in files.values() for p in paths}
     for paths in files.values():
         for p in paths:
+            if p.is_dir():
+                raise DataError(
+                    f"{flag}: {p} is a directory: give one data file in it (csv, json, jsonl, parquet or txt), "
+                    f"or pass the folder as --dataset {p}"
+                )
             if not p.is_file():
                 raise DataError(f"{flag}: cannot read {p}: no such file")
             if p.suffix not in BUILDERS:

@@ -126,8 +126,18 @@ def _override(config, pairs: dict[str, str]) -> None:
             )
         try:
             config.update_from_string(f"{key}={value}")
-        except ValueError as e:  # a value of the wrong type: transformers says which
-            raise ArgumentError(f"--config-overrides {key}={value}: {e}") from e
+        except (ValueError, TypeError) as e:  # a value of the wrong type (Python's words), or of no type it sets
+            current = getattr(config, key)
+            kinds = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
+            kind = next((words for t, words in kinds.items() if isinstance(current, t)), None)
+            if kind is None:  # None, a list, a dict: transformers parses none of them from text
+                raise ArgumentError(
+                    f"--config-overrides {key}={value}: {key} is {str(current)[:40]} here, which --config-overrides "
+                    "cannot set (it sets integers, numbers, true/false and text): write it in a --model-config file"
+                ) from e
+            raise ArgumentError(
+                f"--config-overrides {key}={value}: {key} takes {kind} (now {current!r}), not {value!r}"
+            ) from e
 
 
 def check_overrides_offline(args: TrainArgs) -> tuple[bool | None, str]:

@@ -106,7 +106,6 @@ class LocalBackend:
             command = [sys.executable, "-m", "distrain_cloud.infra.secret_env", "--", *command]
         configs: dict[str, Any] = {"accelerate_config": node.config}
         from distrain_cloud.training.args import parse_args
-        from distrain_cloud.training.checkpoint import newest_state
 
         from ..memory import planned_run
 
@@ -114,15 +113,12 @@ class LocalBackend:
         # How long a stop may take before this process kills what is left: the trainers' grace,
         # node_launch's margin, and one more for node_launch's own end.
         stop_bound_s = train_args.stop_grace + 2 * LAUNCHER_MARGIN_S
+        saved = saved_state(checkpoints)
         # As the job will resolve --strategy auto, but for the GPUs' link, which the job checks itself.
-        train, shown = planned_run(
-            train_args,
-            world_size=processes,
-            nodes=1,
-            gpu_model=None,
-            cuda=gpus > 0,
-            saved=newest_state(checkpoints),
-        )
+        with value_errors_as_user_errors():  # e.g. fp8 on a checkpoint trained sharded
+            train, shown = planned_run(
+                train_args, world_size=processes, nodes=1, gpu_model=None, cuda=gpus > 0, saved=saved
+            )
         strategy = parse_strategy(train.strategy)
         if strategy.shards_state:
             configs.update(plan_configs(strategy, train, processes, cuda=gpus > 0))
@@ -137,6 +133,8 @@ class LocalBackend:
             checks.append(Check(f"input channel {name} exists", path.exists(), str(path)))
         if spec.secrets:
             checks.append(Check("secrets", True, "resolved inside the job from: " + ", ".join(spec.secrets)))
+        if spec.resume_from and saved is not None:
+            checks.append(_steps_beyond(saved, train_args.max_steps))
         return Plan(
             backend=self.name,
             job_name=job_name,
@@ -350,6 +348,41 @@ class LocalBackend:
                 )
             time.sleep(0.2)
         return f"{job.name}: {info['status'].lower()}" + (f" ({info['detail']})" if info["detail"] else "")
+
+
+def saved_state(checkpoints: Path, limit: int = 1 << 20) -> dict[str, Any] | None:
+    """The trainer state of the newest complete checkpoint in `checkpoints` (unverified, as the
+    job's own choice of strategy reads it), or None. Its bytes may be anyone's: a file past
+    `limit`, not JSON, or not an object counts as no state."""
+    from distrain_cloud.training.checkpoint import STATE, complete_checkpoints
+
+    for _, path in reversed(complete_checkpoints(checkpoints)):
+        try:
+            with open(path / STATE, "rb") as f:
+                state = json.loads(f.read(limit + 1)) if (path / STATE).stat().st_size <= limit else None
+        except (OSError, ValueError, RecursionError):
+            state = None
+        return state if isinstance(state, dict) else None
+    return None
+
+
+def _steps_beyond(saved: dict[str, Any], max_steps: int | None) -> Check:
+    """A resumed job trains from its checkpoint's step to --max-steps: at or below that step it
+    would train nothing and fail once started (training/trainer.py says the same, too late)."""
+    step = saved.get("step")
+    name = "--max-steps is beyond the checkpoint's step"
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return Check(name, None, "the checkpoint's trainer state names no step: the job checks it")
+    if max_steps is None:
+        return Check(name, None, f"the checkpoint is at step {step}; the job counts --epochs once the data loads")
+    if max_steps > step:
+        return Check(name, True, f"{step} -> {max_steps}")
+    return Check(
+        name,
+        False,
+        f"the checkpoint is at step {step} and --max-steps {max_steps} trains nothing further: "
+        f"give more, e.g. --max-steps {2 * step or 1}",
+    )
 
 
 # Beside job.log in a job's folder: the node launcher's exit record, and a cancel's request.
