@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
+import click
 import typer
 
 from distrain_cloud.infra.errors import UserError
@@ -59,6 +60,9 @@ _add_infra_commands()
 
 # What follows `--` on the command line: training flags, passed through untouched.
 _TRAIN_ARGS: list[str] = []
+# Whether `submit/resume --json` has printed its one document on stdout (main prints a refusal's
+# document where it has not).
+_DOCUMENT_PRINTED: list[bool] = [False]
 
 Backend = Annotated[
     str | None,
@@ -218,7 +222,7 @@ def submit(
         plan.summary["resumes"] = f"{plan.summary.get('resumes') or resume_from}, with its spec and training flags"
         plan.summary["changed"] = "; ".join(spec_changes(previous, job)) or "nothing"
     if dry_run:  # a submit's --json document is printed once it returns (_act)
-        typer.echo(plan.to_json() if as_json else _human(plan.render()))  # a resumed spec comes from S3
+        _echo_plan(plan, as_json)
     if bundle_files:
         listing = plan.payload.get("bundle_listing")
         typer.echo(
@@ -553,7 +557,7 @@ def resume(
     spec = resume_spec(ref)
     plan = plan_job(spec, dry_run=dry_run)
     if dry_run:  # a submit's --json document is printed once it returns (_act)
-        typer.echo(plan.to_json() if as_json else _human(plan.render()))  # a resumed spec comes from S3
+        _echo_plan(plan, as_json)
     _act(plan, spec, dry_run=dry_run, as_json=as_json, wait=wait, yes=yes)
 
 
@@ -659,10 +663,26 @@ def _act(plan: Plan, spec: JobSpec, *, dry_run: bool, as_json: bool, wait: bool,
     raise typer.Exit(code)
 
 
-def _echo_document(plan: Plan, result: dict[str, Any]) -> None:
+def _echo_plan(plan: Plan, as_json: bool) -> None:
+    """A dry run's plan: with --json, the one document on stdout."""
+    typer.echo(plan.to_json() if as_json else _human(plan.render()))  # a resumed spec comes from S3
+    _DOCUMENT_PRINTED[0] = as_json
+
+
+def _echo_document(plan: Plan | None, result: dict[str, Any]) -> None:
     import json
 
-    typer.echo(json.dumps({**plan.to_dict(), "result": result}, indent=2, default=str))
+    typer.echo(json.dumps({**(plan.to_dict() if plan else {}), "result": result}, indent=2, default=str))
+    _DOCUMENT_PRINTED[0] = True
+
+
+def _json_refusal(argv: list[str], error: str, exit_code: int) -> None:
+    """`submit/resume --json` refused before it printed its document (a bad flag or spec, no
+    credentials, a refused preflight): stdout still holds one document, the refusal's, shaped as
+    a refused plan's `result` is (README's `submit --json`), with no plan around it."""
+    if argv[:1] in (["submit"], ["resume"]) and "--json" in argv and not _DOCUMENT_PRINTED[0]:
+        job = argv[1] if argv[0] == "resume" and len(argv) > 1 and not argv[1].startswith("-") else None
+        _echo_document(None, {"job": job, "status": "NotSubmitted", "exit_code": exit_code, "error": error})
 
 
 def _result(plan: Plan, code: int) -> dict[str, Any]:
@@ -768,13 +788,25 @@ def _when(value: object) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     _TRAIN_ARGS.clear()
+    _DOCUMENT_PRINTED[0] = False
     if "--" in argv:
         cut = argv.index("--")
         _TRAIN_ARGS[:] = argv[cut + 1 :]
         argv = argv[:cut]
     try:
+        if argv[:1] in (["submit"], ["resume"]) and "--json" in argv:
+            # click's own refusals (an unknown flag, a bad value) come back here rather than exit.
+            sys.exit(app(args=argv, prog_name="distrain-cloud", standalone_mode=False))
         app(args=argv, prog_name="distrain-cloud", standalone_mode=True)
+    except click.ClickException as e:  # standalone_mode=False only
+        _json_refusal(argv, e.format_message(), e.exit_code)
+        e.show()
+        sys.exit(e.exit_code)
+    except click.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
     except UserError as e:
+        _json_refusal(argv, str(e), e.exit_code)
         if os.environ.get("DISTRAIN_DEBUG"):
             raise
         print(_human(f"error: {e}"), file=sys.stderr)

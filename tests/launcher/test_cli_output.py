@@ -59,6 +59,33 @@ def test_submit_json_refused_by_a_check_is_one_document_too(tmp_path, monkeypatc
     assert code == 1 and "result" not in json.loads(out)  # a dry run's document is the plan alone
 
 
+@pytest.mark.parametrize(
+    "flags, exit_code, error",
+    [
+        (["--nodes", "abc"], 2, "Invalid value for '--nodes' / '-n': 'abc' is not a valid integer."),  # click's
+        (["--strategy", "zz"], 2, "the command line: strategy (--strategy): unknown strategy 'zz'; choose one of: "),
+        (["--", "--max-stpes", "5"], 2, "training arguments: unrecognized arguments: --max-stpes 5 (did you mean "),
+        (["--instance", "ml.g5.xlarge", "--region", "us-east-1", "--yes"], 3, "no AWS credentials found: "),
+    ],
+    ids=["click", "spec", "training-flag", "no-credentials"],
+)
+def test_submit_json_refused_before_a_plan_is_one_document_too(tmp_path, monkeypatch, capsys, no_aws_config, flags,
+                                                               exit_code, error):  # fmt: skip
+    # A script reads stdout as one JSON document however the submit ends: the refusal's `result`,
+    # shaped as a refused plan's, with no plan around it (none was made).
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "submit", "--json", *flags)
+    document = json.loads(out)
+    assert list(document) == ["result"] and code == exit_code
+    result = document["result"]
+    assert (result["job"], result["status"], result["exit_code"]) == (None, "NotSubmitted", exit_code)
+    assert result["error"].startswith(error) and result["error"] in err  # the error line as before
+    code, out, _ = run_cli(capsys, "resume", "no-such-job", "--json")
+    assert code == 2 and json.loads(out)["result"]["job"] == "no-such-job"
+    code, out, _ = run_cli(capsys, "submit", "--nodes", "abc")  # without --json: click's usage error alone
+    assert (code, out) == (2, "")
+
+
 def test_last_metrics_reads_a_hostile_metrics_file_as_numbers_only(tmp_path):
     from distrain_cloud.launcher.cli import last_metrics
 
