@@ -754,13 +754,24 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:
     return out
 
 
+# `status` for people: where the job stands first; what only scripts use (--json has all) left out.
+_STATUS_FIRST = ("job_name", "status", "step", "loss", "elapsed", "eta", "created")
+_STATUS_FOR_SCRIPTS = ("terminal",)
+
+
 def _show(info: dict, as_json: bool) -> None:
     import json
 
     if as_json:
         typer.echo(json.dumps(info, indent=2, default=str))
     else:
-        for k, v in info.items():
+        first = {k: info[k] for k in _STATUS_FIRST if k in info}
+        shown = {**first, **info}
+        for k, v in shown.items():
+            if k in _STATUS_FOR_SCRIPTS or v is None or v == "":  # `exit_code: None` says nothing
+                continue
+            if k == "started" and info.get("backend") == "local":  # its process's start in clock ticks
+                continue
             if isinstance(v, list) and v and all(isinstance(item, dict) for item in v):  # a lineage's attempts
                 typer.echo(f"{k}:")
                 for item in v:

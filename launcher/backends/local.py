@@ -267,6 +267,8 @@ class LocalBackend:
             **info,
             "terminal": info["status"] != "InProgress",
             "detail": info.get("detail", ""),
+            "created": _created(root),
+            **last_progress(root / "job.log", running=info["status"] == "InProgress"),
         }
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
@@ -383,6 +385,46 @@ def _steps_beyond(saved: dict[str, Any], max_steps: int | None) -> Check:
         f"the checkpoint is at step {step} and --max-steps {max_steps} trains nothing further: "
         f"give more, e.g. --max-steps {2 * step or 1}",
     )
+
+
+def _created(root: Path) -> float | None:
+    """When the job was submitted: its plan's time, which nothing writes again (as `ls` shows it)."""
+    try:
+        return (root / "job.json").stat().st_mtime
+    except OSError:
+        return None
+
+
+# A step line's fields that `status` shows, as the trainer prints them (`step=N ... train_loss=L
+# ... progress=N/T elapsed=H:MM:SS eta=H:MM:SS`); each field at most this many characters.
+_PROGRESS_FIELDS = {"progress": "step", "train_loss": "loss", "elapsed": "elapsed", "eta": "eta"}
+_FIELD_CHARS = 40
+
+
+def last_progress(log: Path, *, running: bool, tail: int = 64 << 10) -> dict[str, str]:
+    """Where the job stands, from the last step line in its log's last `tail` bytes: step N/T,
+    loss and elapsed time (and the ETA while it runs). Empty before its first step line. The log
+    holds what anything in the job printed: only the known fields are taken, each short."""
+    from ..logs import unstamp
+
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - tail))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return {}
+    for line in reversed(lines):
+        text = unstamp(line)[1]
+        if not text.startswith("step=") or " progress=" not in text:
+            continue
+        fields = dict(token.split("=", 1) for token in text.split() if "=" in token)
+        shown = {
+            name: fields[key][:_FIELD_CHARS]
+            for key, name in _PROGRESS_FIELDS.items()
+            if fields.get(key) and (running or key != "eta")
+        }
+        return shown
+    return {}
 
 
 # Beside job.log in a job's folder: the node launcher's exit record, and a cancel's request.

@@ -108,3 +108,73 @@ def test_a_checkpoint_state_that_is_not_one_refuses_nothing_and_breaks_nothing(h
     )
     assert code == 0, err
     assert "[FAIL]" not in out  # a state that is not one: the job, which verifies its checkpoint, decides
+
+
+# ---------------------------------------------------------------------------- what a user sees
+
+
+def _running(runs, log: bytes):
+    """A local job folder whose status.json names a live process (started in the folder) and
+    whose job.log holds `log`; the process, to end."""
+    import socket
+    import subprocess
+    import sys
+
+    from distrain_cloud.training.stopping import _start_time
+
+    root = runs / "job-1"
+    root.mkdir(parents=True)
+    (root / "job.json").write_text("{}")
+    (root / "job.log").write_bytes(log)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=root)
+    status = {"status": "InProgress", "exit_code": None, "pid": proc.pid, "host": socket.gethostname()}
+    (root / "status.json").write_text(json.dumps({**status, "started": _start_time(proc.pid), "updated": 1.0}))
+    return proc
+
+
+STEP_LINE = (
+    b"2026-11-28T17:30:00.000Z step=40 train_loss=2.3100 lr=0.0003 tokens_per_sec=1234 progress=40/100 "
+    b"elapsed=0:00:40 eta=0:01:00 time=2026-11-28T17:30:00Z\n"
+)
+
+
+def test_status_of_a_running_local_job_shows_where_it_stands_not_its_record(here, capsys):
+    import time
+
+    proc = _running(here / "runs", b"2026-11-28T17:29:00.000Z loading\n" + STEP_LINE + b"eval_loss=2.5\n")
+    try:
+        code, out, err = run_cli(capsys, "status", "job-1")
+        assert (code, err) == (0, "")
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime((here / "runs/job-1/job.json").stat().st_mtime))
+        assert out.splitlines()[:7] == [
+            "job_name: job-1",
+            "status: InProgress",
+            "step: 40/100",
+            "loss: 2.3100",
+            "elapsed: 0:00:40",
+            "eta: 0:01:00",
+            f"created: {created}",
+        ]
+        assert "None" not in out and "started:" not in out and "terminal:" not in out
+        code, out, _ = run_cli(capsys, "status", "job-1", "--json")  # scripts keep every field
+        info = json.loads(out)
+        assert (info["step"], info["eta"], info["exit_code"], info["terminal"]) == ("40/100", "0:01:00", None, False)
+        assert isinstance(info["started"], int)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_step_line_in_a_log_is_read_as_anyones_bytes(here, capsys):
+    from distrain_cloud.launcher.backends.local import last_progress
+
+    hostile = b"step=1 progress=\x1b]0;owned\x07" + b"9" * 10_000 + b" train_loss=\xff\xfe eta=1\n"
+    log = here / "job.log"
+    log.write_bytes(STEP_LINE + hostile + b"x" * (70 << 10))  # the step lines before the tail read
+    assert last_progress(log, running=True) == {}
+    log.write_bytes(STEP_LINE + hostile)
+    shown = last_progress(log, running=True)
+    assert shown["step"].startswith("\x1b]0;owned\x07999") and len(shown["step"]) == 40
+    assert shown["loss"] == "\ufffd\ufffd" and shown["eta"] == "1"
+    assert "eta" not in last_progress(log, running=False)  # an ended job has no ETA
+    assert last_progress(here / "absent.log", running=True) == {}
