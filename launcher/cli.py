@@ -351,6 +351,14 @@ def list_jobs(
                 raise
             print(_human(f"note: {name} jobs not listed: {e}"), file=sys.stderr)  # e.g. no credentials
     jobs = sorted(jobs, key=lambda j: _epoch(j.get("created")) or 0.0, reverse=True)[:limit]
+    if not jobs and backend in (None, "local"):  # say where it looked: a job may be in another folder
+        from .jobs import records_dir
+
+        print(
+            f"note: no jobs; local ones are looked for in {workdir.resolve()} and in the folders this machine's "
+            f"records ({records_dir()}) name: --workdir FOLDER for another folder",
+            file=sys.stderr,
+        )
     if as_json:
         import json
 

@@ -272,21 +272,32 @@ class LocalBackend:
         }
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
+        """The jobs in `workdir`, and those this machine's job records (written at submit, from
+        any folder) place elsewhere: `ls` finds a job wherever it was submitted from."""
+        from ..jobs import recorded_jobs
         from ..logs import printable
+        from ..spec import JOB_NAME
 
-        if not workdir.is_dir():
-            return []
-        jobs = []
-        for p in sorted(workdir.iterdir()):
+        folders = sorted(workdir.iterdir()) if workdir.is_dir() else []
+        for record in recorded_jobs():
+            name, folder = record.get("name"), record.get("workdir")
+            # A name, never a path out of its folder.
+            if record["backend"] == self.name and folder and isinstance(name, str) and JOB_NAME.fullmatch(name):
+                folders.append(Path(folder) / name)
+        jobs, seen = [], set()
+        for p in folders:
             if not (p / "job.json").is_file() or not (p / "status.json").is_file():
-                continue  # not a job folder
+                continue  # not a job folder (a record's job may have been deleted since)
+            key = p.resolve()
+            if key in seen:
+                continue
+            seen.add(key)
             try:
-                info = self.status(JobRef(p.name, self.name, workdir=workdir))
-                # Created when submit wrote its plan, which nothing writes again.
-                jobs.append({**info, "created": (p / "job.json").stat().st_mtime, "backend": self.name})
+                info = self.status(JobRef(p.name, self.name, workdir=p.parent))
+                jobs.append({**info, "backend": self.name, "workdir": str(p.parent)})
             except (UserError, OSError) as e:  # one broken folder must not hide the others
                 print(printable(f"note: skipped local job {p.name}: {e}"), file=sys.stderr)
-        return sorted(jobs, key=lambda j: j["created"], reverse=True)[:limit]
+        return sorted(jobs, key=lambda j: j["created"] or 0.0, reverse=True)[:limit]
 
     def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
         from ..logs import LOCAL_HOST, split_lines, unstamp

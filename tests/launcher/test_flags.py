@@ -178,3 +178,29 @@ def test_a_step_line_in_a_log_is_read_as_anyones_bytes(here, capsys):
     assert shown["loss"] == "\ufffd\ufffd" and shown["eta"] == "1"
     assert "eta" not in last_progress(log, running=False)  # an ended job has no ETA
     assert last_progress(here / "absent.log", running=True) == {}
+
+
+def test_ls_finds_local_jobs_submitted_from_another_folder_and_says_where_it_looks(here, capsys, job_records):
+    elsewhere = here / "project" / "runs"
+    for name in ("job-1", "job-2"):
+        (elsewhere / name).mkdir(parents=True)
+        (elsewhere / name / "job.json").write_text("{}")
+        (elsewhere / name / "status.json").write_text('{"status": "Completed", "exit_code": 0}')
+    job_records.mkdir(parents=True, exist_ok=True)
+    # What submit records (jobs.write_record), for job-1 only; a record naming a path is skipped.
+    (job_records / "job-1.json").write_text(
+        json.dumps({"name": "job-1", "backend": "local", "workdir": str(elsewhere)})
+    )
+    (job_records / "x.json").write_text(json.dumps({"name": "../..", "backend": "local", "workdir": str(elsewhere)}))
+    (here / "other").mkdir()
+    code, out, err = run_cli(capsys, "ls", "--backend", "local", "--workdir", str(here / "other" / "runs"), "--json")
+    assert (code, err) == (0, "")
+    assert [(j["job_name"], j["workdir"]) for j in json.loads(out)] == [("job-1", str(elsewhere))]
+    code, out, err = run_cli(capsys, "ls", "--backend", "local", "--workdir", str(elsewhere), "--json")
+    assert sorted(j["job_name"] for j in json.loads(out)) == ["job-1", "job-2"]  # job-1 once
+    (job_records / "job-1.json").unlink()
+    code, out, err = run_cli(capsys, "ls", "--backend", "local", "--workdir", str(here / "other" / "runs"))
+    assert code == 0 and err == (
+        f"note: no jobs; local ones are looked for in {here / 'other' / 'runs'} and in the folders this machine's "
+        f"records ({job_records}) name: --workdir FOLDER for another folder\n"
+    )
