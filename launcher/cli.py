@@ -389,11 +389,10 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
     """The `ls` table. A job's name is what users copy into the next command: it is never cut or
     wrapped, whatever the terminal's width; the other columns wrap to make room (one that is
     empty for every job is left out), and where even that is not enough the table is wider than
-    the terminal (which wraps its lines, the name still whole)."""
-    from rich import box
+    the terminal (which wraps its lines, the name still whole). A detail that would get fewer than
+    _DETAIL_BELOW characters of a line (a word per line at 80 columns) goes under its job's row
+    instead, across the terminal's width."""
     from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
 
     rows = [
         {
@@ -404,22 +403,65 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
         for j in jobs
     ]
     shown = [c for c in _LS_ORDER if c in ("backend", "status") or any(r[c] for r in rows)]
-    natural = {c: max([len(c), *(len(r[c]) for r in rows)]) for c in _LS_COLUMNS if c in shown}
     name_width = max([len("job"), *(len(r["job"]) for r in rows)])
     console = Console()
+    width, widths = _ls_layout(rows, shown, name_width, console.width)
+    if "detail" in shown and widths["detail"] < min(max(len(r["detail"]) for r in rows), _DETAIL_BELOW):
+        shown.remove("detail")
+        width, widths = _ls_layout(rows, shown, name_width, console.width)
+        out = Console(width=width)
+        out.print(_ls_table([], shown, name_width, widths, fixed=True))  # the header
+        for r in rows:
+            out.print(_ls_table([r], shown, name_width, widths, fixed=True))
+            if r["detail"]:
+                _print_detail(out, r["detail"], console.width)
+        return
+    Console(width=width).print(_ls_table(rows, shown, name_width, widths, fixed=False))
+
+
+_DETAIL_BELOW = 24  # fewer characters than this for a detail's column: it goes under its row
+
+
+def _ls_layout(rows: list[dict[str, str]], shown: list[str], name_width: int, room: int) -> tuple[int, dict]:
+    """(the table's width, each shown column's width) in a terminal `room` characters wide."""
+    natural = {c: max([len(c), *(len(r[c]) for r in rows)]) for c in _LS_COLUMNS if c in shown}
     frame = _LS_GAP * len(shown)
     least = frame + name_width + sum(min(_LS_COLUMNS[c][0], natural[c]) for c in shown)
-    width = max(console.width, least)
-    widths = _ls_widths(width - frame - name_width, natural)
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
-    table.add_column("job", no_wrap=True, min_width=name_width)
+    width = max(room, least)
+    return width, _ls_widths(width - frame - name_width, natural)
+
+
+def _ls_table(rows: list[dict[str, str]], shown: list[str], name_width: int, widths: dict, *, fixed: bool) -> Any:
+    """The `ls` rows as a table whose columns are at most `widths` wide (`fixed`: exactly, so
+    that tables of one row each line up under one header: a table of no rows)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(
+        box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, show_header=not (fixed and rows)
+    )
+    table.add_column("job", no_wrap=True, min_width=name_width, width=name_width if fixed else None)
     for column in shown:
-        table.add_column(column, max_width=widths[column], overflow="fold")
+        size = {"width" if fixed else "max_width": widths[column]}
+        table.add_column(column, overflow="fold", **size)
     for r in rows:
         # Text cells, not strings: rich would read a job's "[...]" as markup (a stray closing
         # tag is an exception) and passes escape sequences through.
         table.add_row(*(Text(r[c]) for c in ("job", *shown)))
-    Console(width=width).print(table)
+    return table
+
+
+def _print_detail(console: Any, detail: str, width: int) -> None:
+    """A job's detail under its row: indented, wrapped at words (a long one, such as a job name
+    in a resume command, is kept whole where it fits a line)."""
+    import textwrap
+
+    from rich.text import Text
+
+    lines = textwrap.wrap(detail, max(width - 4, 20), break_on_hyphens=False)
+    for line in lines:
+        console.print(Text("    " + line), soft_wrap=True)
 
 
 def _epoch(value: object) -> float | None:

@@ -204,3 +204,25 @@ def test_ls_finds_local_jobs_submitted_from_another_folder_and_says_where_it_loo
         f"note: no jobs; local ones are looked for in {here / 'other' / 'runs'} and in the folders this machine's "
         f"records ({job_records}) name: --workdir FOLDER for another folder\n"
     )
+
+
+def test_ls_at_80_columns_puts_a_long_detail_under_its_row_not_a_word_per_line(here, capsys, monkeypatch):
+    name = "distrain-20261128-172300-abc123"
+    detail = f"stopped on request (distrain-cloud cancel); resume with --resume-from {name}"
+    for job, text in ((name, detail), ("short-1", "")):
+        (here / "runs" / job).mkdir(parents=True)
+        (here / "runs" / job / "job.json").write_text("{}")
+        (here / "runs" / job / "status.json").write_text(json.dumps({"status": "Stopped", "detail": text}))
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(capsys, "ls", "--backend", "local")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 80 and lines[0].split() == ["job", "backend", "status", "created"]
+    row = next(i for i, line in enumerate(lines) if line.startswith(name))
+    under = [line.strip() for line in lines[row + 1 :] if line.startswith("    ")]
+    assert " ".join(under) == detail and under[-1] == name  # whole words, the job name unbroken
+    assert lines[row].split()[1:3] == ["local", "Stopped"]
+    assert any(line.startswith("short-1 ") for line in lines)
+    monkeypatch.setenv("COLUMNS", "200")  # room enough: the detail is a column again
+    code, out, _ = run_cli(capsys, "ls", "--backend", "local")
+    assert out.splitlines()[0].split()[-1] == "detail" and detail in out
