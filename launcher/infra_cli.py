@@ -74,9 +74,14 @@ def up(
         typer.Option("--parameter", help="KEY=VALUE template parameter, e.g. EnableSsm=true; repeatable"),
     ] = None,
 ) -> None:
-    """Create or update the stack: show its change set, then execute it (runs again safely)."""
+    """Create or update the stack: show its change set, then execute it (runs again safely).
+    --dry-run without AWS credentials shows the template's resources instead, offline."""
     from distrain_cloud.infra import stack as infra_stack
 
+    offline = _not_set_up(region) if dry_run else None
+    if offline:
+        typer.echo(render_offline(stack, region, offline, vpc_id=vpc_id, parameters=_pairs(parameter)))
+        return
     plan = infra_stack.plan_up(stack, region, vpc_id=vpc_id, parameters=_pairs(parameter))
     if plan.up_to_date:
         typer.echo(f"stack {stack!r} in {plan.region} is up to date: nothing to change")
@@ -105,6 +110,65 @@ def up(
         "next: attach the launcher policy to whoever submits jobs "
         f"(`aws iam attach-user-policy --user-name NAME --policy-arn {made.launcher_policy_arn}`)"
     )
+
+
+def _not_set_up(region: str | None) -> str | None:
+    """What AWS set-up is missing for a change set (None: nothing); sends no request."""
+    from distrain_cloud.infra import aws
+
+    found, missing = aws.configured()
+    if found is None and region and missing == "no AWS region is configured":  # --region names one
+        import boto3
+
+        try:
+            return None if boto3.session.Session().get_credentials() else "no AWS credentials are configured"
+        except Exception as e:  # a profile that does not parse: the online path says it in full
+            return f"the AWS configuration could not be read ({type(e).__name__})"
+    return missing or None
+
+
+def render_offline(
+    stack: str, region: str | None, missing: str, *, vpc_id: str | None, parameters: dict[str, str]
+) -> str:
+    """`infra up --dry-run` with no AWS to ask: what the template creates and with which
+    parameters, and plainly what only AWS can say. The same parameter checks as a real run."""
+    from distrain_cloud.infra import stack as infra_stack
+    from distrain_cloud.infra.errors import UserError
+
+    infra_stack._check_overrides(parameters)
+    if vpc_id is not None and not infra_stack._VPC_ID.fullmatch(vpc_id):
+        raise UserError(f"--vpc-id {vpc_id!r} is not a VPC id (vpc- and 8 or 17 hex digits)")
+    template = infra_stack.load_template()
+    where = f"in {region}" if region else "in your default region"
+    lines = [
+        f"dry run, offline ({missing}): the resources stack {stack!r} {where} holds when created from "
+        "infra/stack.yaml; not a change set",
+    ]
+    resources = template["Resources"]
+    width = max(len(name) for name in resources)
+    for name, resource in resources.items():
+        lines.append(f"  {name:{width}}  {resource['Type']}{_condition(template, resource.get('Condition'))}")
+    given = {**parameters, **({"VpcId": vpc_id} if vpc_id else {})}
+    for key, spec in template["Parameters"].items():
+        value = given.get(key, spec.get("Default", "the region's default VPC" if key == "VpcId" else "(none)"))
+        lines.append(f"  parameter {key} = {value}" + ("" if key in given else " (default)"))
+    lines.append(
+        "needs AWS: whether the stack exists and what an update would change or replace (a change set: "
+        "CloudFormation CreateChangeSet, then DeleteChangeSet), and the default VPC. Set AWS up "
+        "(`aws configure`, or AWS_PROFILE and AWS_REGION) and run `infra up --dry-run` again to see the change set"
+    )
+    return "\n".join(lines)
+
+
+def _condition(template: dict[str, Any], name: str | None) -> str:
+    """A resource's condition in the words of its parameter (`  (if EnableSsm=true)`), or nothing."""
+    if not name:
+        return ""
+    try:  # the template's `!Equals [!Ref PARAMETER, "value"]` conditions
+        (ref, value) = template["Conditions"][name]["Fn::Equals"]
+        return f"  (if {ref['Ref']}={value})"
+    except (KeyError, TypeError, ValueError):
+        return f"  (if {name})"
 
 
 @app.command()

@@ -226,3 +226,34 @@ def test_ls_at_80_columns_puts_a_long_detail_under_its_row_not_a_word_per_line(h
     monkeypatch.setenv("COLUMNS", "200")  # room enough: the detail is a column again
     code, out, _ = run_cli(capsys, "ls", "--backend", "local")
     assert out.splitlines()[0].split()[-1] == "detail" and detail in out
+
+
+@pytest.fixture
+def no_aws_calls(no_aws_config, monkeypatch):
+    import botocore.client
+
+    def refuse(self, operation_name, api_params):
+        raise AssertionError(f"an offline dry run called AWS: {operation_name}")
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", refuse)
+
+
+@pytest.mark.parametrize("region", [None, "eu-west-1"])
+def test_infra_up_dry_run_without_aws_shows_the_template_and_says_what_needs_aws(no_aws_calls, capsys, region):
+    flags = ["--region", region] if region else []
+    code, out, err = run_cli(capsys, "infra", "up", "--dry-run", "--parameter", "EnableSsm=true", *flags)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    missing = "no AWS credentials are configured" if region else "no AWS region is configured"
+    where = f"in {region}" if region else "in your default region"
+    assert lines[0] == (
+        f"dry run, offline ({missing}): the resources stack 'distrain-cloud' {where} holds when created from "
+        "infra/stack.yaml; not a change set"
+    )
+    assert "  Bucket                    AWS::S3::Bucket" in lines
+    assert "  PlacementGroup            AWS::EC2::PlacementGroup  (if EnablePlacementGroup=true)" in lines
+    assert "  parameter EnableSsm = true" in lines and "  parameter LogRetentionDays = 30 (default)" in lines
+    assert lines[-1].startswith("needs AWS: whether the stack exists and what an update would change or replace")
+    # The parameters are checked as a real run checks them.
+    code, out, err = run_cli(capsys, "infra", "up", "--dry-run", "--parameter", "Nope=1")
+    assert code == 2 and out == "" and err.startswith("error: --parameter Nope: the stack has no such parameter")
