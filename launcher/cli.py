@@ -105,7 +105,10 @@ def submit(
     spot: Annotated[
         bool | None, typer.Option("--spot/--on-demand", help="spot capacity, resumed from checkpoints")
     ] = None,
-    max_run: Annotated[str | None, typer.Option("--max-run", help="wall-clock limit: 3600, 90m, 6h")] = None,
+    max_run: Annotated[
+        str | None,
+        typer.Option("--max-run", help="wall-clock limit: 3600, 90m, 6h (local: stops with a checkpoint, as cancel)"),
+    ] = None,
     max_wait: Annotated[str | None, typer.Option("--max-wait", help="spot: limit including waiting")] = None,
     max_cost: Annotated[float | None, typer.Option("--max-cost", help="refuse if worst-case USD exceeds this")] = None,
     max_restarts: Annotated[

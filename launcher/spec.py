@@ -401,7 +401,11 @@ class JobSpec(BaseModel):
         description="the `distrain-cloud infra up` stack whose role and bucket cloud jobs use when the spec names none",
     )
     spot: bool = Field(False, description="use spot capacity, resuming from checkpoints after interruptions")
-    max_run: int = Field(parse_duration("24h"), description="wall-clock limit (3600, 90m, 6h, 2d)")
+    max_run: int = Field(
+        parse_duration("24h"),
+        description="wall-clock limit (3600, 90m, 6h, 2d); a local job has one only where given, and stops at it "
+        "with a checkpoint, as `cancel` stops it",
+    )
     max_wait: int | None = Field(None, description="spot only: limit including waiting for capacity (>= max_run)")
     max_cost: float | None = Field(None, gt=0, description="refuse to submit if the worst-case cost exceeds this (USD)")
     resume_from: str | None = Field(

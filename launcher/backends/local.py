@@ -135,6 +135,8 @@ class LocalBackend:
             checks.append(Check("secrets", True, "resolved inside the job from: " + ", ".join(spec.secrets)))
         if spec.resume_from and saved is not None:
             checks.append(_steps_beyond(saved, train_args.max_steps))
+        # Only a limit the user set: the default (24 h) bounds a cloud bill, and a local job bills nothing.
+        max_run_s = spec.max_run if "max_run" in spec.model_fields_set else None
         return Plan(
             backend=self.name,
             job_name=job_name,
@@ -147,8 +149,15 @@ class LocalBackend:
                 "workdir": str(root),
                 **({"resumes": f"{spec.resume_from} (lineage {lineage}: {checkpoints})"} if spec.resume_from else {}),
                 **({"wandb": wandb} if wandb else {}),
+                **({"max_run": f"{max_run_s} s, then it stops with a checkpoint, as cancel does"} if max_run_s else {}),
             },
-            request={"command": command, "env": env, "cwd": str(root), "stop_bound_s": stop_bound_s},
+            request={
+                "command": command,
+                "env": env,
+                "cwd": str(root),
+                "stop_bound_s": stop_bound_s,
+                **({"max_run_s": max_run_s} if max_run_s else {}),
+            },
             configs=configs,
             checks=checks,
             payload={"spec": spec, "record": {"lineage": lineage, "resumed_from": spec.resume_from}},
@@ -211,6 +220,20 @@ class LocalBackend:
                 proc.send_signal(signum)
 
             previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+            limit = plan.request.get("max_run_s")
+
+            def stop_at_limit() -> None:
+                # As `cancel` stops it: a request on record (status says why), then the signal.
+                if proc.poll() is None:
+                    (root / CANCEL_FILE).write_text(json.dumps({"now": False, "at": time.time(), "max_run": limit}))
+                    print(f"job {plan.job_name}: --max-run {limit} s reached: stopping it with a checkpoint",
+                          file=sys.stderr)  # fmt: skip
+                    forward(signal.SIGTERM, None)
+
+            deadline = threading.Timer(float(limit), stop_at_limit) if limit else None
+            if deadline is not None:
+                deadline.daemon = True
+                deadline.start()
             shown = TerminalProgress(sys.stdout)
             try:
                 code = _show_until_exit(proc, tail, shown)
@@ -220,6 +243,8 @@ class LocalBackend:
                     code = 128 - code
             finally:
                 shown.close()
+                if deadline is not None:
+                    deadline.cancel()
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
         status, detail = _ending(root, plan.job_name, code, stop_asked=bool(timers))
@@ -229,9 +254,11 @@ class LocalBackend:
         report = (
             f"; plots: distrain-cloud report {plan.job_name}" if (root / "output" / "metrics.jsonl").is_file() else ""
         )
+        # A stopped job's last words name how to go on (a failure's detail names it where it can).
+        resume = f"; continue it: distrain-cloud resume {plan.job_name}" if status == "Stopped" else ""
         print(
             f"job {plan.job_name}: {status.lower()}{f' ({detail})' if status == 'Failed' else ''}; "
-            f"{saved}logs in {root / 'job.log'}{report}",
+            f"{saved}logs in {root / 'job.log'}{report}{resume}",
             file=sys.stderr,
         )
         return code
@@ -473,6 +500,8 @@ def _ending(root: Path, job_name: str, code: int, *, stop_asked: bool) -> tuple[
         return "Stopped", f"cancelled at once (cancel --now), no checkpoint of the step in progress; {resume}"
     if code in STOP_EXIT_CODES or (code == STOP_UNSAVED_EXIT_CODE and (stop_asked or cancel is not None)):
         saved = "" if code in STOP_EXIT_CODES else ", no checkpoint saved: the step in progress did not end in time"
+        if cancel == "max_run":
+            return "Stopped", f"stopped at its --max-run limit{saved}; {resume}"
         how = "distrain-cloud cancel" if cancel else "Ctrl-C or SIGTERM"
         return "Stopped", f"stopped on request ({how}){saved}; {resume}"
     failure = root / "output" / "failure"
@@ -503,12 +532,15 @@ def _read_exit(root: Path) -> tuple[int | None, bool]:
 
 
 def _cancel_asked(root: Path) -> str | None:
-    """`now` or `stop` when `cancel` asked this job to end, else None."""
+    """`now` or `stop` when `cancel` asked this job to end, `max_run` when its --max-run did,
+    else None."""
     try:
         record = json.loads(_text(root / CANCEL_FILE))
     except (ValueError, RecursionError):
         return None
-    return ("now" if record.get("now") is True else "stop") if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        return None
+    return "now" if record.get("now") is True else "max_run" if record.get("max_run") else "stop"
 
 
 def _stop_bound(root: Path) -> float:

@@ -257,3 +257,62 @@ def test_infra_up_dry_run_without_aws_shows_the_template_and_says_what_needs_aws
     # The parameters are checked as a real run checks them.
     code, out, err = run_cli(capsys, "infra", "up", "--dry-run", "--parameter", "Nope=1")
     assert code == 2 and out == "" and err.startswith("error: --parameter Nope: the stack has no such parameter")
+
+
+# A job's processes as the node launcher behaves on a stop: SIGTERM ends it at its step's end with
+# a checkpoint, exit STOP_EXIT_CODE (training/contract.py); until then it trains.
+_TRAINS_UNTIL_STOPPED = (
+    "import signal, sys, time\n"
+    "from distrain_cloud.training.contract import STOP_EXIT_CODE\n"
+    "signal.signal(signal.SIGTERM, lambda *_: (print('stopped=SIGTERM step=7 checkpoint_saved=1', flush=True), "
+    "sys.exit(STOP_EXIT_CODE)))\n"
+    "print('step=7 train_loss=2.5 progress=7/1000', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_max_run_on_a_local_job_stops_it_as_cancel_does_with_a_checkpoint(here, capsys):
+    import sys
+    import time
+
+    from distrain_cloud.launcher.api import plan_job, submit_job
+    from distrain_cloud.launcher.spec import load_spec
+
+    plan = plan_job(load_spec(None, {"instance": "local", "max_run": "1s"}), dry_run=True)
+    assert plan.request["max_run_s"] == 1
+    assert plan.summary["max_run"] == "1 s, then it stops with a checkpoint, as cancel does"
+    plan.request["command"] = [sys.executable, "-c", _TRAINS_UNTIL_STOPPED]  # the stop, not a training run
+    began = time.monotonic()
+    code = submit_job(plan)
+    assert time.monotonic() - began < 10
+    _, err = capsys.readouterr()
+    assert f"job {plan.job_name}: --max-run 1 s reached: stopping it with a checkpoint" in err
+    assert err.rstrip().endswith(f"; continue it: distrain-cloud resume {plan.job_name}")  # the last line
+    status_code, out, _ = run_cli(capsys, "status", plan.job_name, "--json")
+    info = json.loads(out)
+    assert (status_code, info["status"], info["exit_code"]) == (0, "Stopped", code)
+    assert info["detail"] == f"stopped at its --max-run limit; resume with --resume-from {plan.job_name}"
+
+
+def test_without_max_run_a_local_job_has_no_limit(here):
+    # The 24 h default bounds a cloud bill; a local job runs until it ends unless told otherwise.
+    from distrain_cloud.launcher.api import plan_job
+    from distrain_cloud.launcher.spec import load_spec
+
+    plan = plan_job(load_spec(None, {"instance": "local"}), dry_run=True)
+    assert "max_run_s" not in plan.request and "max_run" not in plan.summary
+
+
+@pytest.mark.slow  # a real training run, stopped by its limit: ~13 s
+def test_max_run_stops_a_real_local_run_with_a_checkpoint(cli, tmp_path):
+    import os
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = cli("submit", "--instance", "local", "--max-run", "12s", "--", "--max-steps", "100000", "--report-to", "none",
+            cwd=tmp_path, env=env)  # fmt: skip
+    assert r.returncode == 143, r.stderr[-2000:]
+    (root,) = (tmp_path / "runs").iterdir()
+    assert [p.name for p in (root / "checkpoints").glob("checkpoint-*")], r.stderr[-2000:]
+    assert "checkpoint_saved=1" in r.stdout and f"distrain-cloud resume {root.name}" in r.stderr.splitlines()[-1]
+    status = json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)
+    assert status["status"] == "Stopped" and status["detail"].startswith("stopped at its --max-run limit; ")
