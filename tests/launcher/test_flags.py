@@ -316,3 +316,23 @@ def test_max_run_stops_a_real_local_run_with_a_checkpoint(cli, tmp_path):
     assert "checkpoint_saved=1" in r.stdout and f"distrain-cloud resume {root.name}" in r.stderr.splitlines()[-1]
     status = json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)
     assert status["status"] == "Stopped" and status["detail"].startswith("stopped at its --max-run limit; ")
+
+
+@pytest.mark.slow  # eight plans with their code bundles: ~6 s
+def test_every_readme_and_ec2_doc_line_naming_the_cloud_example_plans_offline(no_aws_calls, capsys, monkeypatch):
+    """README's cloud lines name a spec file that ships (examples/), and each plans as written."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)
+    pattern = re.compile(r"(distrain-cloud [^`#\n]*examples/cloud-gpt2-emotion\.yaml[^`#\n]*)")
+    commands = [m.strip() for doc in ("README.md", "docs/ec2.md") for m in pattern.findall((repo / doc).read_text())]
+    assert len(commands) >= 8 and not re.search(r"\bjob\.yaml\b", (repo / "README.md").read_text())
+    for command in commands:
+        argv = [a for a in shlex.split(command)[1:] if a not in ("--wait", "--yes", "--dry-run")]
+        if argv[0] == "submit":
+            argv += ["--dry-run", "--region", "us-east-1"]
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 0 and out, f"{command}: {err}"
