@@ -399,8 +399,9 @@ def saved_state(checkpoints: Path, limit: int = 1 << 20) -> dict[str, Any] | Non
     for _, path in reversed(complete_checkpoints(checkpoints)):
         try:
             with open(path / STATE, "rb") as f:
-                state = json.loads(f.read(limit + 1)) if (path / STATE).stat().st_size <= limit else None
-        except (OSError, ValueError, RecursionError):
+                data = f.read(limit + 1)
+            state = json.loads(data) if len(data) <= limit else None
+        except (OSError, ValueError, RecursionError):  # ValueError: not UTF-8, not JSON, too many digits
             state = None
         return state if isinstance(state, dict) else None
     return None
@@ -456,12 +457,11 @@ def last_progress(log: Path, *, running: bool, tail: int = 64 << 10) -> dict[str
         if not text.startswith("step=") or " progress=" not in text:
             continue
         fields = dict(token.split("=", 1) for token in text.split() if "=" in token)
-        shown = {
+        return {
             name: fields[key][:_FIELD_CHARS]
             for key, name in _PROGRESS_FIELDS.items()
             if fields.get(key) and (running or key != "eta")
         }
-        return shown
     return {}
 
 
