@@ -261,3 +261,65 @@ def test_export_skypilot_from_an_empty_folder(installed, tmp_path):
     assert "-e" not in task["setup"].split() and "'torch<2.15,>=2.4'" in task["setup"]
     assert task["run"].startswith("cd ~/distrain-cloud && python -m distrain_cloud.training.node_launch ")
     assert task["resources"]["accelerators"] == "A100-80GB:8"
+
+
+def _two_node_rehearsal():
+    """tests/e2e/test_ec2_two_nodes.py, by path (tests/e2e is not a package): its Rehearsal plays
+    EC2 (moto server, one fake metadata service per node, the user data run with bash)."""
+    spec = importlib.util.spec_from_file_location("ec2_rehearsal", Path(__file__).with_name("test_ec2_two_nodes.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_ec2_job_of_the_installed_launcher_boots_from_its_bundle(installed, tmp_path):
+    """`infra up` and `submit` by the installed CLI from an empty folder, then the instance's user
+    data run as one node whose python (the image's) has no distrain_cloud: the node agent and the
+    training code come from the bundle the installed launcher built and uploaded."""
+    import urllib.request
+
+    from moto.server import ThreadedMotoServer
+
+    ec2 = _two_node_rehearsal()
+    cli_path, image_python = installed.bin("distrain-cloud"), installed.image_python
+
+    class InstalledRehearsal(ec2.Rehearsal):
+        def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+            home = self.root / "cli-home"
+            env = user_env(
+                home,
+                AWS_ACCESS_KEY_ID="testing",
+                AWS_SECRET_ACCESS_KEY="testing",
+                AWS_REGION=ec2.REGION,
+                AWS_ENDPOINT_URL=self.url,
+            )
+            return run([cli_path, *args], self.root, env, timeout=180)
+
+        def node_env(self, imds: str, work: Path, instance_id: str, extra: dict[str, str]) -> dict[str, str]:
+            env = super().node_env(imds, work, instance_id, extra)
+            env["DISTRAIN_EC2_PYTHON"] = str(image_python)
+            return env
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        url = f"http://{host}:{port}"
+        urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10).read()
+        folder = tmp_path / "empty"
+        folder.mkdir()
+        rehearsal = InstalledRehearsal(url, folder)
+        (folder / "job.yaml").write_text(ec2.JOB_YAML.replace("nodes: 2", "nodes: 1"))
+        flags = ["--max-steps", "4", "--save-every", "2", "--log-every", "1", "--report-to", "none"]
+        job, instances = rehearsal.submit(*ec2.SUBMIT, "--", *flags)
+        (node,) = rehearsal.run_nodes(instances)
+        assert node.returncode == 0, node.output[-4000:]
+        # The code that ran is the bundle's copy, unpacked by the user data, not any install.
+        assert f"code={node.work / 'code' / 'distrain_cloud' / 'training'}" in node.output
+        assert rehearsal.record(job, 0)["status"] == "Completed"
+        assert sorted(rehearsal.losses(job)) == [1, 2, 3, 4]
+        assert "model.safetensors" in rehearsal.keys(rehearsal.description(job)["model_uri"])
+    finally:
+        server.stop()

@@ -159,10 +159,13 @@ def test_every_cost_line_of_a_dry_run_says_the_snapshot_date(capsys, no_aws_conf
     code, out, err = run_cli(capsys, "submit", "--instance", "ml.g5.12xlarge", "--region", REGION, "--dry-run")
     assert code == 0
     (cost,) = [line for line in out.splitlines() if line.startswith("cost: ")]
-    assert f"AWS list price as of {catalog.PRICES_AS_OF}" in cost and "worst_case_usd=170.16" in cost
-    assert f"worst case $170.16, AWS list price as of {catalog.PRICES_AS_OF}" in err  # the default-limit note
+    basis = pricing.list_price_basis("ml.g5.12xlarge", REGION)  # SageMaker's figures: their own date
+    assert basis.startswith("AWS list price as of 2025-07") and f"{basis}, hourly_usd" in cost
+    assert "worst_case_usd=170.16" in cost and f"worst case $170.16, {basis}" in err  # the default-limit note
     code, out, _ = run_cli(capsys, "instances")
-    assert all(f"list price as of {catalog.PRICES_AS_OF}" in line for line in out.splitlines())
+    for line in out.splitlines():  # each row: its family's date and source
+        assert pricing.list_price_basis(line.split()[0], REGION).removeprefix("AWS ") in line, line
+    assert any("list price as of 2026-11-28, SkyPilot AWS catalog @2c3d7ea" in line for line in out.splitlines())
 
 
 def test_a_spot_plan_without_aws_says_the_on_demand_figure_stands_in(capsys, no_aws_config):
