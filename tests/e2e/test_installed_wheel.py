@@ -90,7 +90,10 @@ def _venv(path: Path, wheel: Path | None) -> Path:
 def _build_requirement_met() -> bool:
     """Whether this venv's setuptools satisfies pyproject's build requirement (then the wheel is
     built without an isolated build environment, which would fetch setuptools again)."""
-    import tomllib
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:
+        return False  # let pip build in its own environment
     from packaging.requirements import Requirement
 
     (text,) = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
