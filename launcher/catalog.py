@@ -4,9 +4,10 @@ Torch-free and boto3-free on purpose: the CLI renders plans, cost estimates and 
 `distrain-cloud instances` listing from this table without touching AWS.
 
 Where the figures come from, how old they are and how to update them: docs/catalog.md.
-Prices are the on-demand list prices of the snapshot launcher/data/prices.json (its date is
-PRICES_AS_OF; `python -m distrain_cloud.launcher.pricelist` regenerates it from the AWS Price
-List); they drift and differ per account (savings plans, private pricing).
+Prices are the on-demand list prices of the snapshot launcher/data/prices.json (EC2's from
+SkyPilot's public AWS catalog, SageMaker's hand-kept; each family's date and source are in it and
+in every cost line; `python -m distrain_cloud.launcher.pricelist` regenerates it); they drift and
+differ per account (savings plans, private pricing).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from distrain_cloud.infra.errors import UserError
 from .pricing import load_snapshot
 
 _SNAPSHOT = load_snapshot()
-PRICES_AS_OF: str = _SNAPSHOT.as_of
+PRICES_SNAPSHOT = _SNAPSHOT
+PRICES_AS_OF: str = _SNAPSHOT.as_of  # the EC2 figures' date; each family's: pricing.list_price_basis
 PRICES: dict[str, dict[str, float]] = _SNAPSHOT.prices
 PRICES_UNVERIFIED: dict[str, dict[str, str]] = _SNAPSHOT.unverified
 
@@ -35,6 +37,7 @@ GPU_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
     "L40S": (8, 9),  # Ada Lovelace
     "H100": (9, 0),  # Hopper
     "H200": (9, 0),  # Hopper
+    "B200": (10, 0),  # Blackwell
 }
 
 
@@ -94,9 +97,18 @@ _ROWS = (
     ("p4d.24xlarge", 96, 1152, 8, "A100", 40, True),
     ("p4de.24xlarge", 96, 1152, 8, "A100", 80, True),
     ("p5.48xlarge", 192, 2048, 8, "H100", 80, True),
+    # H200 and B200: hardware from the AWS instance-type pages, checked against SkyPilot's AWS
+    # catalog (AcceleratorCount, vCPUs, MemoryGiB) by the price generator. B200 memory as NVIDIA
+    # states it for HGX B200 (1,440 GB for 8); the catalog reads 183,359 MiB per GPU.
+    ("p5en.48xlarge", 192, 2048, 8, "H200", 141, True),
+    ("p6-b200.48xlarge", 192, 2048, 8, "B200", 180, True),
     ("m5.xlarge", 4, 16, 0, None, 0, False),
     ("c5.2xlarge", 8, 16, 0, None, 0, False),
 )
+
+# EC2 types without a SageMaker twin here: SageMaker sells them through training plans, and no
+# source here publishes an on-demand SageMaker price for them (docs/catalog.md).
+EC2_ONLY = frozenset({"p5en.48xlarge", "p6-b200.48xlarge"})
 
 
 # AWS Deep Learning AMI families for EC2 jobs, resolved at submit from public SSM parameters
@@ -125,7 +137,9 @@ AMI_FAMILIES: dict[str, AmiFamily] = {
         AmiFamily(
             name="oss-pytorch",
             ssm_parameter=DLAMI_PARAMETER.format("oss-nvidia-driver-gpu-pytorch-2.7-ubuntu-22.04"),
-            gpu_models=frozenset({"T4", "A10G", "L4", "L40S", "A100", "H100", "H200"}),
+            # B200 (P6-B200): among the instances the DLAMI release notes list for the OSS-driver
+            # PyTorch AMIs (CUDA 12.8+); not booted from here.
+            gpu_models=frozenset({"T4", "A10G", "L4", "L40S", "A100", "H100", "H200", "B200"}),
             python="/opt/pytorch/bin/python",
             root_device="/dev/sda1",
             torch=None,
@@ -182,7 +196,7 @@ def _fits(gpu: str) -> str:
 def _build() -> dict[str, InstanceType]:
     table: dict[str, InstanceType] = {}
     for name, vcpus, mem, gpus, gpu, gpu_gib, efa in _ROWS:
-        for full_name in (f"ml.{name}", name):
+        for full_name in (name,) if name in EC2_ONLY else (f"ml.{name}", name):
             table[full_name] = InstanceType(
                 name=full_name,
                 vcpus=vcpus,

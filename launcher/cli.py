@@ -634,7 +634,8 @@ def instances(
     as_json: Json = False,
 ) -> None:
     """The instance catalog: GPUs, memory, price (--fit JOB.yaml: which types fit that job)."""
-    from .catalog import PRICES_AS_OF, all_instances
+    from .catalog import all_instances
+    from .pricing import list_price_basis
 
     if fit is not None:
         from .memory import fit_table, render_fit_table
@@ -657,9 +658,11 @@ def instances(
         return
     for i in rows:
         price = i.hourly_usd.get("us-east-1")
+        # Each row's source and date: EC2 and SageMaker figures come from different sources.
+        basis = list_price_basis(i.name, "us-east-1").removeprefix("AWS ")
         typer.echo(
             f"{i.name:22} {i.gpus} x {i.gpu_model:5} {i.gpu_memory_gib:4} GiB  "
-            f"cc {i.compute_capability_str}  ${price if price else '?'}/h (us-east-1, list price as of {PRICES_AS_OF})"
+            f"cc {i.compute_capability_str}  ${price if price else '?'}/h (us-east-1, {basis})"
         )
 
 

@@ -27,10 +27,16 @@ ENGINES = ("skypilot", "trainjob", "pytorchjob")
 ENTRY_POINT = ["python", "-m", "distrain_cloud.training.node_launch"]
 # Where a Kubernetes pod mounts the ReadWriteMany volume named by --checkpoints pvc:CLAIM.
 SHARED = "/shared"
-# Where a SkyPilot node mounts the bucket named by --checkpoints (cached: written like a disk).
-SKY_CHECKPOINTS = "/checkpoints"
+# Where a SkyPilot node mounts the bucket named by --checkpoints (cached: written like a disk); the
+# job's checkpoints, model and outputs go under JOB/ there, so a spot job's results outlive its cluster.
+SKY_BUCKET = "/distrain-job"
+# Where a SkyPilot node gets the code of an installed launcher (no checkout to sync as its workdir).
+SKY_CODE = "~/distrain-cloud"
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
-_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+# A name each engine takes: Kubernetes' DNS-1035 label (TrainJob's rule, the PyTorchJob webhook's),
+# which SkyPilot's cluster names accept too: a lowercase letter first.
+_JOB_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a Secret's or claim's name (DNS-1123)
 _BUCKET_URI = re.compile(r"(s3|gs|r2|cos|oci)://[a-z0-9][a-z0-9._-]{1,62}(/[^\s]*)?")
 _CLAIM = re.compile(r"pvc:([a-z0-9]([-a-z0-9.]*[a-z0-9])?)")
 # The PyTorchJob operator finds its rendezvous port on this container and port name.
@@ -101,14 +107,25 @@ def export_job(spec: JobSpec, options: ExportOptions) -> Export:
     planned = spec.model_copy(update={"secrets": {"HF_TOKEN": "ssm:/unused"}}) if spec.hub.repo_id else spec
     training = plan_training(planned, instance, main_addr="MAIN_NODE")
     job_name = training.job_name.lower()
-    if engine != "skypilot" and not _K8S_NAME.fullmatch(job_name[:40]):
-        raise UserError(f"--name {spec.name}: a Kubernetes job name is lowercase letters, digits and hyphens")
     if engine != "skypilot":
         job_name = job_name[:40].rstrip("-")  # the pods' and services' names add to it (63 at most)
+    if not _JOB_NAME.fullmatch(job_name):
+        raise UserError(
+            f"--name {spec.name}: {engine} needs a name of lowercase letters, digits and hyphens that starts "
+            f"with a letter (e.g. --name job-{re.sub('[^a-z0-9-]+', '-', spec.name.lower()).strip('-') or 'run'})"
+        )
+    argv, precision = list(training.argv), training.precision
+    if engine != "skypilot" and spec.precision is None and instance.gpus:
+        # A Kubernetes pod asks for `nvidia.com/gpu`, any model the cluster has: the node picks the
+        # precision for the GPU it gets (bf16 from compute capability 8.0, else fp16), as training
+        # does wherever --precision is not given.
+        at = argv.index("--precision")
+        del argv[at : at + 2]
+        precision = f"the node's pick for its GPUs ({training.precision} on {instance.gpu_model})"
     command = list(ENTRY_POINT)
     if options.processes:
         command += ["--processes", str(options.processes)]
-    command += ["--", *training.argv]
+    command += ["--", *argv]
     per_node = options.processes or training.processes
     env = _job_env(spec, options, job_name, instance)
     if engine == "skypilot":
@@ -117,7 +134,7 @@ def export_job(spec: JobSpec, options: ExportOptions) -> Export:
         manifest, next_step, notes = _kubernetes(spec, options, job_name, instance, command, env, secrets, per_node)
     if training.fit.ok is False:
         notes.append(f"memory: {training.fit.detail}")
-    return Export(engine, job_name, manifest, command, training.precision, training.strategy, next_step, notes)
+    return Export(engine, job_name, manifest, command, precision, training.strategy, next_step, notes)
 
 
 def _refuse_inexpressible(spec: JobSpec, options: ExportOptions) -> None:
@@ -167,6 +184,11 @@ def _refuse_inexpressible(spec: JobSpec, options: ExportOptions) -> None:
             raise UserError(f"--checkpoints {options.checkpoints}: {engine} takes {want}")
     if options.processes is not None and options.processes < 1:
         raise UserError(f"--processes {options.processes}: give at least 1")
+    if not kube and spec.spot and not options.checkpoints:
+        raise UserError(
+            "--spot: a SkyPilot managed spot job restarts on a new cluster, which starts from step 0 and loses "
+            "the model with the old one: add --checkpoints s3://BUCKET/prefix (every node mounts it)"
+        )
 
 
 def _secret_form(engine: str) -> str:
@@ -214,7 +236,7 @@ def _instance(spec: JobSpec, options: ExportOptions) -> InstanceType:
 def accelerator_instance(text: str) -> InstanceType:
     """An InstanceType standing for `MODEL[-NNGB]:COUNT` (SkyPilot's accelerator form) or `cpu`,
     with the catalog's compute capability and GPU memory for the model."""
-    from .catalog import GPU_COMPUTE_CAPABILITY, InstanceType, all_instances
+    from .catalog import GPU_COMPUTE_CAPABILITY, InstanceType
 
     if text.strip().lower() == "cpu":
         return InstanceType("cpu", 0, 0, 0, None, None, 0, False, {})
@@ -232,9 +254,12 @@ def accelerator_instance(text: str) -> InstanceType:
         raise UserError(f"--accelerator {text}: write MODEL:COUNT, e.g. A100:8 or A100-80GB:8") from None
     if gpus < 1:
         raise UserError(f"--accelerator {text}: give at least one GPU")
-    known = sorted({i.gpu_memory_gib for i in all_instances() if i.gpu_model == base})
+    known = gpu_memory_variants(base)
     if not gib and not known:
         raise UserError(f"--accelerator {text}: give the GPU's memory too, e.g. {base}-141GB:{gpus}")
+    if gib and known and gib not in known:
+        variants = " or ".join(f"{base}-{k}GB" for k in known)
+        raise UserError(f"--accelerator {text}: {base} comes with {variants} here, not {gib} GB")
     return InstanceType(
         name=text,
         vcpus=0,
@@ -248,6 +273,23 @@ def accelerator_instance(text: str) -> InstanceType:
     )
 
 
+def gpu_memory_variants(model: str) -> list[int]:
+    """The per-GPU memory (GB) of each variant of `model` the catalog has, smallest first."""
+    from .catalog import all_instances
+
+    return sorted({i.gpu_memory_gib for i in all_instances() if i.gpu_model == model})
+
+
+def sky_accelerator(instance: InstanceType) -> str:
+    """SkyPilot's name for the instance's GPUs: a memory variant other than the smallest is part of
+    the name (SkyPilot's `A100` is the 40 GB part, `A100-80GB` the other), so the node gets the
+    memory the fit check assumed."""
+    model, gib = instance.gpu_model or "", instance.gpu_memory_gib
+    variants = gpu_memory_variants(model)
+    named = f"{model}-{gib}GB" if variants and gib != variants[0] else model
+    return f"{named}:{instance.gpus}"
+
+
 def _job_env(spec: JobSpec, options: ExportOptions, job_name: str, instance: InstanceType) -> dict[str, str]:
     from distrain_cloud.training.contract import PREFIX
 
@@ -256,14 +298,13 @@ def _job_env(spec: JobSpec, options: ExportOptions, job_name: str, instance: Ins
     kube = options.engine != "skypilot"
     # Relative folders land in the node's working folder (SkyPilot: the synced workdir); the
     # checkpoints go where every node sees them when --checkpoints names a bucket or volume.
-    root = f"{SHARED}/{job_name}" if kube and options.checkpoints else "distrain-job"
-    checkpoints = f"{root}/checkpoints"
-    if options.checkpoints and not kube:
-        checkpoints = SKY_CHECKPOINTS
+    root = "distrain-job"
+    if options.checkpoints:  # the bucket or volume every node mounts: one folder per job
+        root = f"{SHARED if kube else SKY_BUCKET}/{job_name}"
     env = {
         f"{PREFIX}MODEL_DIR": f"{root}/model",
         f"{PREFIX}OUTPUT_DIR": f"{root}/output",
-        f"{PREFIX}CHECKPOINT_DIR": checkpoints,
+        f"{PREFIX}CHECKPOINT_DIR": f"{root}/checkpoints",
         f"{PREFIX}JOB_NAME": job_name,
         **tracking_env(lineage=job_name, instance=instance.name, image=options.image),
     }
@@ -283,7 +324,7 @@ def _skypilot(
 ) -> tuple[dict[str, Any], str, list[str]]:
     resources: dict[str, Any] = {}
     if instance.gpus:
-        resources["accelerators"] = f"{instance.gpu_model}:{instance.gpus}"
+        resources["accelerators"] = sky_accelerator(instance)
     else:
         resources["cpus"] = f"{max(options.processes or 1, 2)}+"
     if spec.region:
@@ -293,11 +334,14 @@ def _skypilot(
     if options.image:
         resources["image_id"] = f"docker:{options.image}"
     task: dict[str, Any] = {"name": job_name, "num_nodes": spec.nodes, "resources": resources}
-    if not options.image:
-        task["workdir"] = "."  # this repository: the code
     mounts: dict[str, Any] = {}
+    setup = run_prefix = ""
+    if not options.image:
+        code, setup, run_prefix = _sky_code()
+        task.update(code.pop("task", {}))
+        mounts.update(code)
     if options.checkpoints:
-        mounts[SKY_CHECKPOINTS] = {"source": options.checkpoints, "mode": "MOUNT_CACHED"}
+        mounts[SKY_BUCKET] = {"source": options.checkpoints, "mode": "MOUNT_CACHED"}
     for channel, source in spec.inputs.items():
         mounts[f"/data/{channel}"] = {"source": source, "mode": "MOUNT"}
     if mounts:
@@ -305,18 +349,52 @@ def _skypilot(
     task["envs"] = env
     if secrets:
         task["secrets"] = dict.fromkeys(secrets)
-    if not options.image:
-        task["setup"] = "pip install -e '.[train]'\n"
-    task["run"] = shlex.join(command) + "\n"
+    if setup:
+        task["setup"] = setup
+    task["run"] = run_prefix + shlex.join(command) + "\n"
     notes = []
     if not options.checkpoints:
         notes.append(
-            "checkpoints stay on each node's disk (lost with the node): --checkpoints s3://BUCKET/prefix "
-            "keeps them in a bucket every node mounts"
+            "checkpoints, model and outputs stay on each node's disk (lost with the node): --checkpoints "
+            "s3://BUCKET/prefix keeps them in a bucket every node mounts"
         )
     launch = "sky jobs launch" if spec.spot else "sky launch -c " + job_name
     flags = "".join(f" --secret {name}" for name in secrets)
     return task, f"{launch}{flags} {job_name}.skypilot.yaml", notes
+
+
+def _sky_code() -> tuple[dict[str, Any], str, str]:
+    """How a SkyPilot node gets the code this launcher runs: (file mounts, plus the task's own keys
+    under "task"; setup; a prefix of the run command). A checkout (an editable install) is synced
+    as the task's workdir and installed there; an installed launcher's package folder is copied
+    to SKY_CODE, and setup installs what `distrain-cloud[train]` would (the package's own metadata),
+    so the node runs the very code installed here, from any folder, with no package index."""
+    from .backends.cloud import repo_root
+
+    root = repo_root()
+    if (root / "pyproject.toml").is_file():
+        return {"task": {"workdir": str(root)}}, "pip install -e '.[train]'\n", ""
+    requirements = " ".join(shlex.quote(r) for r in train_requirements())
+    setup = f"pip install {requirements}\n" if requirements else ""
+    return {f"{SKY_CODE}/distrain_cloud": str(root)}, setup, f"cd {SKY_CODE} && "
+
+
+def train_requirements() -> list[str]:
+    """What `pip install distrain-cloud[train]` installs besides distrain-cloud itself, read from
+    the installed package's metadata (its base requirements and the `train` extra's)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        declared = requires("distrain-cloud") or []
+    except PackageNotFoundError:
+        return []
+    kept = []
+    for line in declared:
+        requirement, _, marker = line.partition(";")
+        marker = marker.strip().replace("'", '"')
+        if not marker or marker == 'extra == "train"':
+            kept.append(requirement.strip())
+    return kept
 
 
 def _kubernetes(

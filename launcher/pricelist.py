@@ -1,10 +1,18 @@
-"""Generate the on-demand price snapshot (launcher/data/prices.json) from the AWS Price List.
+"""Generate the on-demand price snapshot (launcher/data/prices.json) from a published price source.
 
+    python -m distrain_cloud.launcher.pricelist --skypilot-csv vms.csv --commit SHA --as-of DATE
+        # SkyPilot's public AWS catalog (skypilot-org/skypilot-catalog, catalogs/v9/aws/vms.csv),
+        # generated from the AWS Price List; EC2 types only (it has no SageMaker prices)
     python -m distrain_cloud.launcher.pricelist --offer AmazonEC2=ec2-us-east-1.json \\
         --offer AmazonSageMaker=sagemaker-us-east-1.json ...      # bulk offer files, read from disk
     python -m distrain_cloud.launcher.pricelist --api            # the Price List Query API (GetProducts)
 
-Either way every instance type of launcher/catalog.py gets its on-demand price in each of the
+SkyPilot's catalog is a CSV with one row per instance type and availability zone (InstanceType,
+AcceleratorName, AcceleratorCount, vCPUs, MemoryGiB, Price, SpotPrice, Region, ...; Price is the
+on-demand Linux price per hour); its figures for a SageMaker type's EC2 twin are not SageMaker's,
+so the ml.* figures of the snapshot are carried over from the snapshot it replaces, with their
+source and date, and say so. With the Price List (--offer, --api)
+every instance type of launcher/catalog.py gets its on-demand price in each of the
 catalog's regions, read from products of the Price List's own schema: a product's attributes
 (EC2: instanceType, location/regionCode, operatingSystem Linux, tenancy Shared, preInstalledSw NA,
 capacitystatus Used; SageMaker: instanceName, component Training) and its OnDemand term's
@@ -16,8 +24,11 @@ the CLI: only this generator, and the tests, read offer files.
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime as dt
 import json
+import math
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -108,22 +119,94 @@ def on_demand_prices(
 
 
 def snapshot(
-    tables: dict[str, dict[str, dict[str, float]]], *, as_of: str, source: str, regions: Iterable[str]
+    tables: dict[str, dict[str, dict[str, float]]],
+    *,
+    as_of: str,
+    source: str,
+    regions: Iterable[str],
+    sources: dict[str, dict[str, str]] | None = None,
+    unverified: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """The snapshot's document: every price found, its date and where it came from."""
+    """The snapshot's document: every price found, its date and where it came from. `sources`:
+    per family ("ec2", "sagemaker": pricing.family) the date, the source and the short label cost
+    lines show; by default both are `as_of` and `source`."""
     prices: dict[str, dict[str, float]] = {}
     for table in tables.values():
         for name, by_region in table.items():
             prices.setdefault(name, {}).update(by_region)
+    label = source if len(source) <= 40 else "AWS Price List"
+    default = {"as_of": as_of, "source": source, "label": label}
     return {
         "as_of": as_of,
         "source": source,
+        "sources": sources or {"ec2": default, "sagemaker": default},
         "currency": "USD",
         "unit": "per instance-hour, on-demand, Linux, shared tenancy",
         "regions": list(regions),
         "prices": {name: dict(sorted(prices[name].items())) for name in sorted(prices)},
-        "unverified": {},
+        "unverified": {name: dict(sorted(why.items())) for name, why in sorted((unverified or {}).items())},
     }
+
+
+SKYPILOT_REPOSITORY = "skypilot-org/skypilot-catalog"
+SKYPILOT_FILE = "catalogs/v9/aws/vms.csv"
+
+
+def skypilot_prices(
+    rows: Iterable[dict[str, str]], wanted: Iterable[str], regions: Iterable[str]
+) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """instance type -> region -> on-demand USD per hour from SkyPilot's AWS catalog rows (one per
+    zone; a row without a Price is a type AWS does not sell on demand there), and the hardware
+    the rows disagree with the catalog on (GPU count, vCPUs, memory), said, never corrected."""
+    from .catalog import lookup
+
+    wanted, regions = set(wanted), set(regions)
+    table: dict[str, dict[str, float]] = {}
+    disagree: list[str] = []
+    for row in rows:
+        name, region = (row.get("InstanceType") or "").strip(), (row.get("Region") or "").strip()
+        if name not in wanted or region not in regions:
+            continue
+        try:
+            price = float((row.get("Price") or "").strip())
+        except ValueError:
+            continue  # no on-demand price in this zone
+        if not (math.isfinite(price) and price > 0):
+            continue
+        seen = table.setdefault(name, {}).get(region)
+        if seen is not None and seen != price:
+            raise UserError(f"SkyPilot catalog: {name} in {region} has two on-demand prices ({seen} and {price})")
+        table[name][region] = price
+        instance = lookup(name)
+        for column, ours in (
+            ("AcceleratorCount", instance.gpus),
+            ("vCPUs", instance.vcpus),
+            ("MemoryGiB", instance.memory_gib),
+        ):
+            theirs = (row.get(column) or "").strip() or "0"
+            try:
+                if float(theirs) != ours:
+                    disagree.append(f"{name}: {column} {theirs} in the SkyPilot catalog, {ours} in launcher/catalog.py")
+            except ValueError:
+                continue
+    return table, sorted(set(disagree))
+
+
+def carried_over(
+    path: Path, names: Iterable[str]
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, str]], dict[str, str]]:
+    """The figures of `names` in the snapshot at `path`, their notes, and the source of the
+    SageMaker figures there: what a source without SageMaker prices keeps."""
+    old = json.loads(path.read_text())
+    names = set(names)
+    prices = {n: dict(by_region) for n, by_region in (old.get("prices") or {}).items() if n in names}
+    notes = {n: dict(why) for n, why in (old.get("unverified") or {}).items() if n in names}
+    source = (old.get("sources") or {}).get("sagemaker") or {  # a snapshot of one source for all
+        "as_of": str(old.get("as_of", "")),
+        "source": "hand-kept table of recalled SageMaker list prices, not read from the AWS Price List",
+        "label": "recalled, not read from the Price List",
+    }
+    return prices, notes, dict(source)
 
 
 def get_products_requests(service: str, name: str, region: str) -> dict[str, Any]:
@@ -173,15 +256,24 @@ def main(argv: list[str] | None = None) -> int:
     from .catalog import PRICE_REGIONS
 
     parser = argparse.ArgumentParser(prog="python -m distrain_cloud.launcher.pricelist", description=__doc__)
+    parser.add_argument(
+        "--skypilot-csv", type=Path, metavar="FILE", help="SkyPilot's AWS catalog (vms.csv), read from disk"
+    )
+    parser.add_argument("--commit", help="the skypilot-catalog commit the CSV was read at (40 hex digits)")
+    parser.add_argument("--file", default=SKYPILOT_FILE, help=f"the CSV's path in its repository ({SKYPILOT_FILE})")
     parser.add_argument("--offer", action="append", default=[], metavar="SERVICE=FILE", help="a bulk offer file")
     parser.add_argument("--api", action="store_true", help="ask the Price List Query API (needs pricing:GetProducts)")
     parser.add_argument("--out", type=Path, default=SNAPSHOT, help="where to write the snapshot")
     parser.add_argument("--as-of", help="the snapshot's date (default: the offer's publication date, else today)")
     args = parser.parse_args(argv)
     wanted, regions = catalog_names(), list(PRICE_REGIONS)
+    if args.skypilot_csv is not None:
+        return _from_skypilot(args, wanted, regions)
     try:
         if args.api == bool(args.offer):
-            raise UserError("give --api or one --offer SERVICE=FILE per service, not both and not neither")
+            raise UserError(
+                "give --skypilot-csv FILE, --api or one --offer SERVICE=FILE per service, not two and not neither"
+            )
         if args.api:
             tables = from_api(wanted, regions)
             as_of = args.as_of or dt.date.today().isoformat()
@@ -216,6 +308,56 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         print(f"note: no on-demand price for {len(missing)}: {', '.join(missing[:10])}{more}", file=sys.stderr)
+    return 0
+
+
+def _from_skypilot(args: argparse.Namespace, wanted: dict[str, list[str]], regions: list[str]) -> int:
+    """--skypilot-csv: EC2 figures from SkyPilot's catalog, SageMaker's carried over."""
+    try:
+        if args.api or args.offer:
+            raise UserError("--skypilot-csv: give it alone (not with --api or --offer)")
+        if not (args.commit and re.fullmatch(r"[0-9a-f]{40}", args.commit)):
+            raise UserError("--skypilot-csv needs --commit SHA: the skypilot-catalog commit it was read at (40 hex)")
+        if not (args.as_of and re.fullmatch(r"\d{4}-\d{2}-\d{2}", args.as_of)):
+            raise UserError("--skypilot-csv needs --as-of YYYY-MM-DD: the day the CSV was read at that commit")
+        try:
+            with args.skypilot_csv.open(newline="", encoding="utf-8") as f:
+                rows = csv.DictReader(f)
+                if not {"InstanceType", "Price", "Region"} <= set(rows.fieldnames or ()):
+                    raise UserError(f"--skypilot-csv {args.skypilot_csv}: no InstanceType, Price and Region columns")
+                ec2, disagree = skypilot_prices(rows, wanted["AmazonEC2"], regions)
+        except OSError as e:
+            raise UserError(f"--skypilot-csv {args.skypilot_csv}: not readable ({e})") from e
+        base = args.out if args.out.is_file() else SNAPSHOT
+        sagemaker, notes, sagemaker_source = carried_over(base, wanted["AmazonSageMaker"])
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    where = f"{SKYPILOT_REPOSITORY}, {args.file} at commit {args.commit}"
+    ec2_source = {
+        "as_of": args.as_of,
+        "source": f"SkyPilot's public AWS catalog, generated from the AWS Price List ({where}; read {args.as_of})",
+        "label": f"SkyPilot AWS catalog @{args.commit[:7]}",
+    }
+    carried = " (carried over: SkyPilot's catalog has no SageMaker prices)"
+    if not sagemaker_source.get("source", "").endswith(carried):
+        sagemaker_source["source"] = sagemaker_source.get("source", "") + carried
+    document = snapshot(
+        {"AmazonEC2": ec2, "AmazonSageMaker": sagemaker},
+        as_of=args.as_of,
+        source=f"EC2: {ec2_source['source']}. SageMaker: {sagemaker_source['source']}",
+        regions=regions,
+        sources={"ec2": ec2_source, "sagemaker": sagemaker_source},
+        unverified=notes,
+    )
+    args.out.write_text(json.dumps(document, indent=1) + "\n")
+    found = sum(map(len, ec2.values()))
+    print(f"wrote {args.out}: {found} EC2 prices as of {args.as_of} from {where}", file=sys.stderr)
+    missing = [f"{n} {r}" for n in wanted["AmazonEC2"] for r in regions if r not in ec2.get(n, {})]
+    if missing:
+        print(f"note: the catalog prices no {len(missing)}: {', '.join(missing)}", file=sys.stderr)
+    for line in disagree:
+        print(f"note: {line}", file=sys.stderr)
     return 0
 
 

@@ -1,11 +1,12 @@
 """What a job may cost: the on-demand price snapshot, the current EC2 spot price, the worst case.
 
 The snapshot (launcher/data/prices.json, written by `python -m distrain_cloud.launcher.pricelist`
-from the AWS Price List) holds on-demand list prices with their date; every cost line says that
-date, and says so where a figure was not read from the Price List. A spot job's worst case uses
-the current spot price where AWS is asked (`--dry-run --check`, submit: DescribeSpotPriceHistory,
-the highest price of the region's zones now), else the snapshot's on-demand price, which is
-also the most spot can cost (EC2's default maximum spot price is the on-demand price).
+from SkyPilot's public AWS catalog or the AWS Price List) holds on-demand list prices with each
+family's date and source; every cost line says both, and says so where a figure was recalled.
+A spot job's worst case uses the current spot price where AWS is asked (`--dry-run --check`,
+submit: DescribeSpotPriceHistory, the highest price of the region's zones now), else the
+snapshot's on-demand price, which is also the most spot can cost (EC2's default maximum spot
+price is the on-demand price).
 
 Importing this module reads one small JSON file; boto3 is imported only to ask for a spot price.
 """
@@ -31,11 +32,27 @@ MAX_COST_CHECK = "cost <= --max-cost"
 
 
 @dataclass(frozen=True)
+class PriceSource:
+    as_of: str  # the date of the figures
+    source: str  # where they come from, in full (repository, file, commit; or how they were kept)
+    label: str  # the short form every cost line shows
+
+
+@dataclass(frozen=True)
 class Snapshot:
     as_of: str
     source: str
     prices: dict[str, dict[str, float]]  # instance type -> region -> USD per hour
     unverified: dict[str, dict[str, str]]  # instance type -> region -> why the figure is not the Price List's
+    sources: dict[str, PriceSource] = dataclasses.field(default_factory=dict)  # family() -> its source
+
+    def source_of(self, instance_name: str) -> PriceSource:
+        return self.sources.get(family(instance_name)) or PriceSource(self.as_of, self.source, "")
+
+
+def family(instance_name: str) -> str:
+    """Which source prices a type: SageMaker's ml.* types and EC2's are priced apart."""
+    return "sagemaker" if instance_name.startswith("ml.") else "ec2"
 
 
 def load_snapshot(path: str = SNAPSHOT_PATH) -> Snapshot:
@@ -51,17 +68,24 @@ def load_snapshot(path: str = SNAPSHOT_PATH) -> Snapshot:
         str(n): {str(r): str(why) for r, why in by_region.items()}
         for n, by_region in (raw.get("unverified") or {}).items()
     }
-    return Snapshot(str(raw.get("as_of", "unknown date")), str(raw.get("source", "")), prices, unverified)
+    sources = {
+        str(name): PriceSource(str(s.get("as_of", "unknown date")), str(s.get("source", "")), str(s.get("label", "")))
+        for name, s in (raw.get("sources") or {}).items()
+        if isinstance(s, dict)
+    }
+    return Snapshot(str(raw.get("as_of", "unknown date")), str(raw.get("source", "")), prices, unverified, sources)
 
 
 def list_price_basis(instance_name: str, region: str) -> str:
-    """How a cost line names the snapshot's figure: its date, and whether it is the Price List's."""
-    from .catalog import PRICES_AS_OF, PRICES_UNVERIFIED
+    """How a cost line names the snapshot's figure: its date and its source ("AWS list price as of
+    2026-11-28, SkyPilot AWS catalog @2c3d7ea"), or that it was recalled, not read from a list."""
+    from .catalog import PRICES_SNAPSHOT
 
-    basis = f"AWS list price as of {PRICES_AS_OF}"
-    if region in PRICES_UNVERIFIED.get(instance_name, {}):
-        basis += ", recalled, not read from the Price List"
-    return basis
+    source = PRICES_SNAPSHOT.source_of(instance_name)
+    basis = f"AWS list price as of {source.as_of}"
+    if region in PRICES_SNAPSHOT.unverified.get(instance_name, {}):
+        return basis + ", recalled, not read from the Price List"
+    return f"{basis}, {source.label}" if source.label else basis
 
 
 @dataclass(frozen=True)

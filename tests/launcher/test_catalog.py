@@ -85,13 +85,25 @@ def test_unknown_instance_without_close_match():
     assert "did you mean" not in str(err.value)
 
 
+# EC2 types the source (SkyPilot's AWS catalog, launcher/data/prices.json) prices in no Irish
+# zone: AWS does not sell them on demand in eu-west-1. The plan says "no list price" there.
+NOT_IN_IRELAND = {
+    "g6.xlarge", "g6.12xlarge", "g6.48xlarge", "g6e.xlarge", "g6e.12xlarge", "g6e.48xlarge",
+    "p4de.24xlarge", "p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge",
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("instance", all_instances(), ids=lambda i: i.name)
-def test_every_instance_has_prices_for_the_three_regions(instance):
+def test_every_instance_has_prices_where_its_source_sells_it(instance):
     for region in PRICE_REGIONS:
         price = hourly_price(instance, region)
+        if region == "eu-west-1" and instance.name in NOT_IN_IRELAND:
+            assert price is None, instance.name
+            continue
         assert isinstance(price, float) and 0 < price < 200, (instance.name, region, price)
     # Ireland is never cheaper than N. Virginia for these types.
-    assert instance.hourly_usd["eu-west-1"] >= instance.hourly_usd["us-east-1"]
+    if "eu-west-1" in instance.hourly_usd:
+        assert instance.hourly_usd["eu-west-1"] >= instance.hourly_usd["us-east-1"]
 
 
 def test_gpu_instances_are_most_of_the_catalog():
@@ -103,7 +115,8 @@ def test_sagemaker_costs_more_than_the_same_ec2_instance():
     for sm in (i for i in all_instances() if i.sagemaker):
         ec2 = lookup(sm.name[3:])
         for region in PRICE_REGIONS:
-            assert hourly_price(sm, region) > hourly_price(ec2, region), (sm.name, region)
+            if hourly_price(ec2, region) is not None:  # the hand-kept SageMaker figures name Ireland for all
+                assert hourly_price(sm, region) > hourly_price(ec2, region), (sm.name, region)
 
 
 def test_sagemaker_and_ec2_twins_share_the_hardware():

@@ -69,7 +69,8 @@ def problems(document: dict[str, Any], engine: str) -> list[str]:
         found = list(Draft202012Validator(vendored["schema"]).iter_errors(document))
         found += Draft202012Validator(vendored["resources_schema"]).iter_errors(document.get("resources", {}))
         for mount in document.get("file_mounts", {}).values():
-            found += Draft202012Validator(vendored["storage_schema"]).iter_errors(mount)
+            if not isinstance(mount, str):  # a string is a folder of this machine, copied as it is
+                found += Draft202012Validator(vendored["storage_schema"]).iter_errors(mount)
         return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in found]
     try:
         return differences(document, read_back(document, engine))
@@ -136,15 +137,22 @@ def test_the_same_entry_point_and_flags_as_submit_with_precision_resolved_for_th
             document, text = dry_run(capsys, engine, "--accelerator", accelerator, *IMAGE, *TRAIN)
             command = node_command(document, engine)
             name = document["name"] if engine == "skypilot" else document["metadata"]["name"]
+            # SkyPilot runs on the accelerator named; a Kubernetes pod gets any GPU model the cluster
+            # has (nvidia.com/gpu), so its node picks the precision for the GPU it gets.
+            picked = engine != "skypilot" and accelerator != "cpu"
             assert command == [
                 *("python", "-m", "distrain_cloud.training.node_launch", "--"),
-                *("--strategy", "auto", "--precision", precision),
+                *("--strategy", "auto", *(() if picked else ("--precision", precision))),
                 *("--wandb-project", "distrain-cloud", "--run-name", name),
                 *TRAIN[1:],
             ], command
-            assert text.startswith(f"# distrain-cloud export {engine}: {name}\n# precision {precision}, strategy ")
+            said = f"the node's pick for its GPUs ({precision} on {accelerator.split(':')[0]})" if picked else precision
+            assert text.startswith(f"# distrain-cloud export {engine}: {name}\n# precision {said}, strategy ")
     # A catalog instance type stands for its GPUs: submit's own resolution (fp16 on T4s).
-    document, _ = dry_run(capsys, "pytorchjob", "--instance", "g4dn.12xlarge", *IMAGE)
+    document, _ = dry_run(capsys, "skypilot", "--instance", "g4dn.12xlarge", *IMAGE)
+    assert "fp16" in node_command(document, "skypilot")
+    # A precision asked for is kept on every engine.
+    document, _ = dry_run(capsys, "pytorchjob", "--instance", "g4dn.12xlarge", "--precision", "fp16", *IMAGE)
     assert document["spec"]["nprocPerNode"] == "4"
     assert "fp16" in node_command(document, "pytorchjob")
 
@@ -153,9 +161,13 @@ def test_secrets_are_references_and_checkpoints_shared(capsys):
     sky, text = dry_run(capsys, "skypilot", *GPU_FLAGS, "--checkpoints", "s3://my-bucket/c", "--secret", "HF_TOKEN")
     assert sky["secrets"] == {"HF_TOKEN": None}  # given at launch: sky launch --secret HF_TOKEN
     assert "--secret HF_TOKEN" in text.splitlines()[2]
-    assert sky["file_mounts"] == {"/checkpoints": {"source": "s3://my-bucket/c", "mode": "MOUNT_CACHED"}}
-    assert sky["envs"]["DISTRAIN_CHECKPOINT_DIR"] == "/checkpoints"
-    assert sky["workdir"] == "." and "pip install" in sky["setup"]  # the code: this repository
+    assert sky["file_mounts"] == {"/distrain-job": {"source": "s3://my-bucket/c", "mode": "MOUNT_CACHED"}}
+    # Checkpoints, the model and the outputs all land in the bucket, in the job's own folder: a
+    # spot job's results outlive its cluster, and no job writes over another's.
+    for variable, folder in (("CHECKPOINT", "checkpoints"), ("MODEL", "model"), ("OUTPUT", "output")):
+        assert sky["envs"][f"DISTRAIN_{variable}_DIR"] == f"/distrain-job/{sky['name']}/{folder}"
+    # The code: this checkout (an editable install), synced from wherever export ran.
+    assert Path(sky["workdir"]) == Path(__file__).parents[2] and "pip install -e" in sky["setup"]
     job, _ = dry_run(capsys, "pytorchjob", *GPU_FLAGS, *IMAGE, "--checkpoints", "pvc:shared", "--secret", "HF_TOKEN")
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 1)
@@ -192,6 +204,11 @@ def test_secrets_are_references_and_checkpoints_shared(capsys):
         ),
         ("skypilot", ["--push-to-hub", "me/model"], "error: --push-to-hub me/model needs a Hub token: add --secret"),
         ("skypilot", ["--accelerator", "B300:8"], "error: --accelerator B300:8: unknown GPU 'B300'"),
+        ("skypilot", ["--accelerator", "A100-60GB:8"], "error: --accelerator A100-60GB:8: A100 comes with A100-40GB"),
+        ("skypilot", ["--spot"], "error: --spot: a SkyPilot managed spot job restarts on a new cluster"),
+        ("skypilot", ["--name", "1st-try"], "error: --name 1st-try: skypilot needs a name of lowercase letters"),
+        ("trainjob", ["--name", "2024-run"], "error: --name 2024-run: trainjob needs a name of lowercase letters"),
+        ("pytorchjob", [*IMAGE, "--name", "9lives"], "error: --name 9lives: pytorchjob needs a name"),
         ("nomad", [], "error: unknown engine 'nomad'; choose one of: skypilot, trainjob, pytorchjob"),
     ],
 )
@@ -228,3 +245,28 @@ def test_without_dry_run_the_manifest_is_written_with_the_command_that_starts_it
 
 def test_the_vendored_schema_names_its_source():
     assert schema("skypilot-task")["source"].startswith("skypilot 0.14.1 (PyPI; commit ")
+
+
+@pytest.mark.parametrize(
+    "hardware, accelerators",
+    [
+        (["--accelerator", "A100-80GB:8"], "A100-80GB:8"),  # SkyPilot's A100 is the 40 GB part
+        (["--accelerator", "A100:8"], "A100:8"),
+        (["--accelerator", "V100-32GB:8"], "V100-32GB:8"),
+        (["--instance", "p4de.24xlarge"], "A100-80GB:8"),
+        (["--instance", "p3dn.24xlarge"], "V100-32GB:8"),
+        (["--instance", "p4d.24xlarge"], "A100:8"),
+        (["--instance", "g5.12xlarge"], "A10G:4"),
+    ],
+)
+def test_skypilot_gets_the_gpu_memory_the_plan_assumed(capsys, hardware, accelerators):
+    sky, text = dry_run(capsys, "skypilot", *hardware, *TRAIN)
+    assert sky["resources"]["accelerators"] == accelerators
+    assert problems(sky, "skypilot") == []
+
+
+def test_a_name_is_one_every_engine_takes(capsys):
+    for engine in ("skypilot", "trainjob", "pytorchjob"):
+        document, _ = dry_run(capsys, engine, "--accelerator", "L4:1", "--name", "Run-42", *IMAGE)
+        name = document["name"] if engine == "skypilot" else document["metadata"]["name"]
+        assert name.startswith("run-42-") and problems(document, engine) == [], name

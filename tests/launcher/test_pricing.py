@@ -97,6 +97,60 @@ def test_the_catalog_reads_its_prices_from_the_shipped_snapshot():
             assert "not read from the Price List" in pricing.list_price_basis(name, region)
 
 
+SKYPILOT_CSV = DATA / "skypilot-aws-vms-excerpt.csv"
+SKYPILOT_COMMIT = "2c3d7ea7d76bf84cf80d382e946c1609571485fd"
+
+
+def test_the_shipped_ec2_prices_are_the_generators_output_from_skypilots_catalog(tmp_path, capsys):
+    """Every EC2 figure shipped is what the generator reads from SkyPilot's public AWS catalog
+    (tests/launcher/data/skypilot-aws-vms-excerpt.csv: rows of catalogs/v9/aws/vms.csv at the commit
+    the snapshot names, the first zone of each region for the catalog's types, plus distractors:
+    other regions, a zone without an on-demand price); nothing EC2 is hand-kept any more."""
+    shipped = json.loads(Path(pricing.SNAPSHOT_PATH).read_text())
+    out = tmp_path / "prices.json"
+    out.write_text(Path(pricing.SNAPSHOT_PATH).read_text())  # the SageMaker figures it carries over
+    argv = ["--skypilot-csv", str(SKYPILOT_CSV), "--commit", SKYPILOT_COMMIT, "--as-of", "2026-11-28"]
+    assert pricelist.main([*argv, "--out", str(out)]) == 0
+    generated = json.loads(out.read_text())
+    assert generated == shipped  # regenerating changes nothing: the shipped file is this output
+    ec2 = shipped["sources"]["ec2"]
+    assert (
+        ec2["as_of"] == "2026-11-28" and SKYPILOT_COMMIT in ec2["source"] and "catalogs/v9/aws/vms.csv" in ec2["source"]
+    )
+    assert all(name.startswith("ml.") for name in shipped["unverified"])  # only SageMaker is still recalled
+    assert shipped["prices"]["p5en.48xlarge"] == {"us-east-1": 63.296, "us-west-2": 63.296}  # H200
+    assert shipped["prices"]["p6-b200.48xlarge"] == {"us-east-1": 113.9328, "us-west-2": 113.9328}  # B200
+    assert shipped["prices"]["p4d.24xlarge"]["us-east-1"] == 21.957642
+    assert "eu-west-1" not in shipped["prices"]["g6e.12xlarge"]  # not sold on demand in Ireland
+    err = capsys.readouterr().err
+    assert "59 EC2 prices as of 2026-11-28" in err and "g6e.12xlarge eu-west-1" in err  # what is missing is said
+    assert "launcher/catalog.py" not in err  # the catalog's hardware agrees with SkyPilot's rows
+
+
+def test_the_skypilot_generator_refuses_two_prices_and_a_missing_commit(tmp_path, capsys):
+    rows = SKYPILOT_CSV.read_text().splitlines()
+    twin = next(r for r in rows if r.startswith("g5.xlarge,") and ",us-east-1," in r).replace("1.006", "1.1")
+    bad = tmp_path / "vms.csv"
+    bad.write_text("\n".join([*rows, twin]) + "\n")
+    out = tmp_path / "p.json"
+    argv = ["--skypilot-csv", str(bad), "--as-of", "2026-11-28", "--out", str(out)]
+    assert pricelist.main([*argv, "--commit", SKYPILOT_COMMIT]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: SkyPilot catalog: g5.xlarge in us-east-1 has two on-demand prices (1.006 and 1.1)"
+    )
+    assert pricelist.main(argv) == 2
+    assert "needs --commit SHA" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cost_lines_name_each_figures_source_and_date():
+    ec2 = pricing.list_price_basis("g5.12xlarge", "us-east-1")
+    assert ec2 == "AWS list price as of 2026-11-28, SkyPilot AWS catalog @2c3d7ea"
+    assert pricing.list_price_basis("ml.g5.12xlarge", "us-east-1") == (
+        "AWS list price as of 2025-07, recalled, not read from the Price List"
+    )
+
+
 # ------------------------------------------------------------------ cost lines
 
 
@@ -105,10 +159,13 @@ def test_every_cost_line_of_a_dry_run_says_the_snapshot_date(capsys, no_aws_conf
     code, out, err = run_cli(capsys, "submit", "--instance", "ml.g5.12xlarge", "--region", REGION, "--dry-run")
     assert code == 0
     (cost,) = [line for line in out.splitlines() if line.startswith("cost: ")]
-    assert f"AWS list price as of {catalog.PRICES_AS_OF}" in cost and "worst_case_usd=170.16" in cost
-    assert f"worst case $170.16, AWS list price as of {catalog.PRICES_AS_OF}" in err  # the default-limit note
+    basis = pricing.list_price_basis("ml.g5.12xlarge", REGION)  # SageMaker's figures: their own date
+    assert basis.startswith("AWS list price as of 2025-07") and f"{basis}, hourly_usd" in cost
+    assert "worst_case_usd=170.16" in cost and f"worst case $170.16, {basis}" in err  # the default-limit note
     code, out, _ = run_cli(capsys, "instances")
-    assert all(f"list price as of {catalog.PRICES_AS_OF}" in line for line in out.splitlines())
+    for line in out.splitlines():  # each row: its family's date and source
+        assert pricing.list_price_basis(line.split()[0], REGION).removeprefix("AWS ") in line, line
+    assert any("list price as of 2026-11-28, SkyPilot AWS catalog @2c3d7ea" in line for line in out.splitlines())
 
 
 def test_a_spot_plan_without_aws_says_the_on_demand_figure_stands_in(capsys, no_aws_config):
