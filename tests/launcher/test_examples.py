@@ -26,8 +26,12 @@ def test_there_are_examples():
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_each_example_loads_plans_and_names_its_own_command(path, no_aws_config):
     first = path.read_text().splitlines()[0]
-    assert first.startswith(f"# distrain-cloud submit examples/{path.name}"), first
-    spec = load_spec(path)
+    assert first.startswith("# distrain-cloud submit ") and f"examples/{path.name}" in first, first
+    # The flags the command gives (an example may leave where and how long to them), as the CLI maps them.
+    words = shlex.split(first[2:])[2:]
+    flags = dict(zip(words[0::2], words[1::2], strict=False)) if words[0].startswith("--") else {}
+    overrides = {"instance": flags.get("--instance"), "max_run": flags.get("--max-run")}
+    spec = load_spec(path, overrides)
     plan = plan_job(spec, dry_run=True)
     failed = [c for c in plan.checks if c.ok is False]
     assert failed == [], failed
