@@ -26,6 +26,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS::")
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account
+CODE_KEY = "distrain-cloud/code/" + "ab" * 32 + ".tar.gz"
+SECRETS = ("secretsmanager:distrain-cloud/hf-token", "ssm:/distrain-cloud/wandb-key")
 
 
 def _up(name: str = stack.DEFAULT_STACK, **kwargs) -> stack.StackResources:
@@ -53,7 +55,9 @@ def _statements(resource: dict) -> dict[str, dict]:
 
 def _job_role(made: stack.StackResources, job: str, kind: str = "ec2") -> job_role.JobRole:
     place = job_role.Place("aws", REGION, ACCOUNT, made.stack, made.bucket, "distrain-cloud", job, job)
-    return job_role.for_job(kind, place, boundary_arn=made.job_boundary_arn, log_group=made.log_group)
+    return job_role.for_job(
+        kind, place, boundary_arn=made.job_boundary_arn, log_group=made.log_group, code_key=CODE_KEY, secrets=SECRETS
+    )
 
 
 def _moto_stack(name: str):
@@ -160,10 +164,16 @@ def test_template_terminate_and_tag_only_stack_instances():
     request_tag = {"StringEquals": {"aws:RequestTag/distrain-cloud:stack": {"Ref": "AWS::StackName"}}}
     assert launcher["LineageGroupsCreate"]["Condition"] == launcher["LineageTemplates"]["Condition"] == request_tag
     assert launcher["LineageGroups"]["Condition"] == {"StringEquals": stack_tag}
+    # The boundary refuses any group update naming a parameter IAM can see, as each job's policy does.
     assert boundary["StackAutoScalingGroups"]["Condition"] == {
         "StringEquals": stack_tag,
-        "Null": {"autoscaling:MaxSize": "true"},
+        "Null": {key: "true" for key in job_role.GROUP_SHAPE_KEYS},
     }
+    # The stack tag is written only as a template is made; no launcher may tag an existing group.
+    assert launcher["TagLineageTemplatesAtCreation"]["Condition"]["StringEquals"]["ec2:CreateAction"] == (
+        "CreateLaunchTemplate"
+    )
+    assert "autoscaling:CreateOrUpdateTags" not in {a for s in launcher.values() for a in _actions(s)}
     for sid in ("CreateJobRoles", "AttachSessionManager", "ManageJobRoles", "PassJobRoles"):
         assert launcher[sid]["Resource"] == on_path, sid
     assert launcher["JobInstanceProfiles"]["Resource"] == {
@@ -293,7 +303,9 @@ def test_security_properties_that_moto_applies(mocked_aws):
         ("sagemaker", "sagemaker.amazonaws.com", ()),
     ):
         place = job_role.Place("aws", REGION, ACCOUNT, made.stack, made.bucket, "distrain-cloud", kind, kind)
-        role = job_role.for_job(kind, place, boundary_arn=made.job_boundary_arn, log_group=made.log_group, ssm=made.ssm)
+        role = job_role.for_job(
+            kind, place, boundary_arn=made.job_boundary_arn, log_group=made.log_group, ssm=made.ssm, code_key=CODE_KEY
+        )
         assert [(s["Effect"], s["Principal"], s["Action"]) for s in role.trust["Statement"]] == [
             ("Allow", {"Service": service}, "sts:AssumeRole")
         ]
@@ -369,6 +381,9 @@ def test_job_role_policy_under_enforced_iam(mocked_aws):
         ("logs:PutLogEvents", arn.format("logs", "log-group:/aws/lambda/other:log-stream:x")),
         ("logs:DeleteLogGroup", group),
         ("secretsmanager:GetSecretValue", arn.format("secretsmanager", "secret:prod/db-password-AbCdEf")),
+        # Another job's secret, though under the stack's SecretPrefix: this job named only its own.
+        ("secretsmanager:GetSecretValue", arn.format("secretsmanager", "secret:distrain-cloud/team-b-token-AbCdEf")),
+        ("ssm:GetParameter", arn.format("ssm", "parameter/distrain-cloud/team-b-key")),
         ("ssm:GetParameter", arn.format("ssm", "parameter/prod/db-password")),
         ("ssm:PutParameter", parameter),
         ("s3:DeleteBucket", f"arn:aws:s3:::{made.bucket}"),

@@ -311,7 +311,10 @@ def _previous_checkpoints(job_name: str, region: str, checks: list[Check]) -> tu
 
 
 def _job_role(spec: JobSpec, parts: Parts, account: str, bucket: str, stack: StackResources | None) -> JobRole:
-    """The job's own IAM role: its S3 prefixes (and input channels, read-only), nothing of another job's."""
+    """The job's own IAM role: its S3 prefixes (its bundle, secrets and input channels read-only),
+    nothing of another job's."""
+    from ...bundle import bundle_key
+
     return cloud.refuse_role_problems(
         job_role.for_job_at(
             "sagemaker",
@@ -324,7 +327,8 @@ def _job_role(spec: JobSpec, parts: Parts, account: str, bucket: str, stack: Sta
             job=parts.job_name,
             lineage=parts.lineage,
             boundary_arn=stack.job_boundary_arn if stack else f"<stack {spec.stack}'s JobBoundary policy>",
-            secret_prefix=stack.secret_prefix if stack else "distrain-cloud/",
+            code_key=bundle_key(parts.prefix, parts.code_sha256),
+            secrets=spec.secrets.values(),
             inputs=spec.inputs.values(),
         )
     )
@@ -335,7 +339,7 @@ def _isolation_check(role: JobRole, parts: Parts) -> Check:
     return Check(
         "job role isolates the job",
         True,
-        f"{role.path}{role.name}: {own} (read-write), {parts.prefix}/code/ and inputs (read); made at submit",
+        f"{role.path}{role.name}: {own} (read-write), its own code bundle, secrets and inputs (read); made at submit",
     )
 
 
