@@ -278,12 +278,19 @@ def render(node: Any, names: Mapping[str, str], conditions: Mapping[str, bool] |
     if not isinstance(node, dict):
         return node
     if set(node) == {"Ref"}:
-        return names[node["Ref"]]
+        return _named(names, node["Ref"])
     if set(node) == {"Fn::GetAtt"}:
-        return names[".".join(node["Fn::GetAtt"])]
+        return _named(names, ".".join(node["Fn::GetAtt"]))
     if set(node) == {"Fn::Sub"}:
-        return re.sub(r"\$\{([^}!*?$]+)\}", lambda m: names[m.group(1)], node["Fn::Sub"])
+        return re.sub(r"\$\{([^}!*?$]+)\}", lambda m: _named(names, m.group(1)), node["Fn::Sub"])
     if set(node) == {"Fn::If"}:
         condition, then, otherwise = node["Fn::If"]
         return render(then if conditions[condition] else otherwise, names, conditions)
     return {k: render(v, names, conditions) for k, v in node.items()}
+
+
+def _named(names: Mapping[str, str], name: str) -> str:
+    """A resource the caller did not name (one a later template adds) stands in as `<name>`."""
+    if name.startswith("AWS::"):
+        return names[name]
+    return names.get(name, f"<{name}>")
