@@ -363,3 +363,111 @@ def test_the_boundary_and_launcher_policy_need_an_allow_for_what_the_nodes_do():
     )
     assert may(a, "ec2:TerminateInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/i-0", **group_tags("job-a"))
     assert not may(a, "ec2:TerminateInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/i-0", **group_tags("job-b"))
+
+
+# --- the real path: roles as plan_job makes them, documents as CloudFormation rendered them -------
+
+
+@pytest.mark.slow  # a stack under moto, two plans
+def test_planned_roles_within_the_boundary_that_infra_up_made(mocked_aws, monkeypatch):
+    import json
+
+    import boto3
+
+    from distrain_cloud.launcher.api import plan_job
+    from distrain_cloud.launcher.backends.ec2 import backend as ec2
+    from distrain_cloud.launcher.spec import load_spec
+
+    monkeypatch.setattr(ec2, "resolve_ami", lambda parameter, region: "ami-dca37ea5")  # a DLAMI moto lists
+    stack.execute(stack.plan_up(STACK, REGION))
+    made = stack.resources(STACK, REGION)
+    iam = boto3.client("iam")
+
+    def document(arn: str) -> dict:
+        version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]
+        found = iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"]
+        return found if isinstance(found, dict) else json.loads(found)
+
+    boundary, launcher = document(made.job_boundary_arn), document(made.launcher_policy_arn)
+    # The fast tests' rendering is CloudFormation's (moto's), given this stack's names.
+    names = {
+        **NAMES,
+        "Bucket": made.bucket,
+        "Bucket.Arn": f"arn:aws:s3:::{made.bucket}",
+        "JobBoundary": made.job_boundary_arn,
+        "NodeSecurityGroup": made.security_group_id,
+        "NodeSecurityGroup.GroupId": made.security_group_id,
+        "AWS::StackId": boto3.client("cloudformation", REGION).describe_stacks(StackName=STACK)["Stacks"][0]["StackId"],
+        # CloudFormation's LogGroup.Arn ends in ":*" (AWS::Logs::LogGroup, "Return values"); moto's does not.
+        "LogGroup.Arn": f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{LOG_GROUP}",
+    }
+    resources = stack.load_template()["Resources"]
+    conditions = {"SsmEnabled": False, "PlacementGroupEnabled": False}
+    rendered = render(resources["LauncherPolicy"]["Properties"]["PolicyDocument"], names, conditions)
+    assert rendered == launcher
+    assert render(resources["JobBoundary"]["Properties"]["PolicyDocument"], names, conditions) == boundary
+
+    base = {"region": REGION, "max_run": "2h", "stack": STACK}
+    lineage = plan_job(
+        load_spec(
+            None,
+            {
+                **base,
+                "instance": "g4dn.xlarge",
+                "spot": True,
+                "ec2.max_restarts": 2,
+                "ec2.on_demand_after": 1,
+                "secrets": {"HF_TOKEN": "secretsmanager:distrain-cloud/a-token"},
+            },
+        )
+    )
+    a, role_a = lineage.job_name, lineage.configs["job_role"]
+    trainer = plan_job(
+        load_spec(
+            None,
+            {
+                **base,
+                "instance": "ml.g5.xlarge",
+                "inputs": {"train": f"s3://{made.bucket}/{PREFIX}/jobs/{a}"},
+                "secrets": {"WANDB_API_KEY": "ssm:/distrain-cloud/b-key"},
+            },
+        )
+    )
+    role_b = trainer.configs["job_role"]
+    assert role_a["permissions_boundary"] == role_b["permissions_boundary"] == made.job_boundary_arn
+    bucket = f"arn:aws:s3:::{made.bucket}"
+
+    def may_(shown: dict, action: str, resource: str, **context) -> bool:
+        return allowed(Request(action, resource, context), [shown["policy"]], boundary)
+
+    secret_a = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:distrain-cloud/a-token-Xy12Zq"
+    parameter_b = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/distrain-cloud/b-key"
+    assert may_(role_a, "s3:GetObject", f"{bucket}/{lineage.payload['code_key']}")
+    assert may_(role_a, "secretsmanager:GetSecretValue", secret_a)
+    assert not may_(role_a, "ssm:GetParameter", parameter_b)
+    assert may_(role_b, "ssm:GetParameter", parameter_b)
+    assert not may_(role_b, "secretsmanager:GetSecretValue", secret_a)
+    # B reads A's outputs, which it named, and nothing of a job whose name merely starts like A's.
+    assert may_(role_b, "s3:GetObject", f"{bucket}/{PREFIX}/jobs/{a}/output/model.tar.gz")
+    assert not may_(role_b, "s3:GetObject", f"{bucket}/{PREFIX}/jobs/{a}-other/output/model.tar.gz")
+    assert not may_(role_b, "s3:PutObject", f"{bucket}/{PREFIX}/jobs/{a}/output/model.tar.gz")
+    if lineage.payload["code_key"] != trainer.payload["code_key"]:  # (the same code is the same bundle)
+        assert not may_(role_b, "s3:GetObject", f"{bucket}/{lineage.payload['code_key']}")
+    # The lineage's nodes: the on-demand switch it planned goes; a resize does not.
+    group, tags = group_arn(a), group_tags(a)
+    on_demand = lineage.configs["job.json"]["recovery"]["on_demand_request"]
+    assert may_(role_a, "autoscaling:UpdateAutoScalingGroup", group, **tags, **group_update(on_demand))
+    assert not may_(role_a, "autoscaling:UpdateAutoScalingGroup", group, **tags, **group_update({"MaxSize": 9}))
+    assert may_(role_a, "autoscaling:TerminateInstanceInAutoScalingGroup", group, **tags)
+    assert not may_(role_b, "autoscaling:TerminateInstanceInAutoScalingGroup", group, **tags)
+    # The SageMaker role trusts this account's training jobs only.
+    assert role_b["trust"]["Statement"][0]["Condition"]["StringEquals"] == {"aws:SourceAccount": ACCOUNT}
+    assert (
+        allowed(
+            Request(
+                "ec2:CreateTags", f"arn:aws:ec2:{REGION}:{ACCOUNT}:launch-template/lt-0", tagging(**{STACK_TAG: STACK})
+            ),
+            [launcher],
+        )
+        is False
+    )
