@@ -389,6 +389,7 @@ def test_planned_roles_within_the_boundary_that_infra_up_made(mocked_aws, monkey
         return found if isinstance(found, dict) else json.loads(found)
 
     boundary, launcher = document(made.job_boundary_arn), document(made.launcher_policy_arn)
+    described = boto3.client("cloudformation", REGION).describe_stacks(StackName=STACK)["Stacks"][0]
     # The fast tests' rendering is CloudFormation's (moto's), given this stack's names.
     names = {
         **NAMES,
@@ -397,7 +398,8 @@ def test_planned_roles_within_the_boundary_that_infra_up_made(mocked_aws, monkey
         "JobBoundary": made.job_boundary_arn,
         "NodeSecurityGroup": made.security_group_id,
         "NodeSecurityGroup.GroupId": made.security_group_id,
-        "AWS::StackId": boto3.client("cloudformation", REGION).describe_stacks(StackName=STACK)["Stacks"][0]["StackId"],
+        **{p["ParameterKey"]: p["ParameterValue"] for p in described.get("Parameters", [])},  # VpcId, Prefix, ...
+        "AWS::StackId": described["StackId"],
         # CloudFormation's LogGroup.Arn ends in ":*" (AWS::Logs::LogGroup, "Return values"); moto's does not.
         "LogGroup.Arn": f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{LOG_GROUP}",
     }
