@@ -314,11 +314,16 @@ def _group_statements(place: Place, *, on_demand_fallback: bool) -> list[dict[st
     group = place.arn("autoscaling", f"autoScalingGroup:*:autoScalingGroupName/{literal(place.job)}")
     statements: list[dict[str, Any]] = [
         # A node leaves the group at the lineage's end, lowering its desired capacity, or the lineage
-        # empties it: AWS refuses a desired capacity above the MaxSize the launcher set (--nodes).
+        # empties it: AWS refuses a desired capacity above the MaxSize the launcher set (--nodes). At
+        # the end the nodes also suspend the group's launches (SuspendProcesses; never ResumeProcesses).
         {
             "Sid": "LeaveOwnGroup",
             "Effect": "Allow",
-            "Action": ["autoscaling:TerminateInstanceInAutoScalingGroup", "autoscaling:SetDesiredCapacity"],
+            "Action": [
+                "autoscaling:TerminateInstanceInAutoScalingGroup",
+                "autoscaling:SetDesiredCapacity",
+                "autoscaling:SuspendProcesses",
+            ],
             "Resource": group,
             "Condition": {"StringEquals": own_instances_condition(place)},
         }

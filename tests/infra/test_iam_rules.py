@@ -233,6 +233,8 @@ def test_a_lineage_may_leave_its_own_group_and_go_on_demand_but_never_reshape_it
     update = "autoscaling:UpdateAutoScalingGroup"
     assert may(a, "autoscaling:TerminateInstanceInAutoScalingGroup", mine, **tags)
     assert may(a, "autoscaling:SetDesiredCapacity", mine, **tags)  # AWS refuses more than MaxSize itself
+    assert may(a, "autoscaling:SuspendProcesses", mine, **tags)  # launches stop at the lineage's end
+    assert not may(a, "autoscaling:ResumeProcesses", mine, **tags)
     assert may(a, update, mine, **tags, **group_update(on_demand))
     reshaped = {
         "MinSize": {"MinSize": 2},
@@ -255,7 +257,12 @@ def test_a_lineage_may_leave_its_own_group_and_go_on_demand_but_never_reshape_it
         anything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
         assert not allowed(Request(update, mine, {**tags, **context}), [anything], BOUNDARY), what
     # Nothing of another job's group; no tagging or deleting even its own.
-    for action in ("autoscaling:TerminateInstanceInAutoScalingGroup", "autoscaling:SetDesiredCapacity", update):
+    for action in (
+        "autoscaling:TerminateInstanceInAutoScalingGroup",
+        "autoscaling:SetDesiredCapacity",
+        "autoscaling:SuspendProcesses",
+        update,
+    ):
         assert not may(a, action, group_arn("job-b"), **group_tags("job-b")), action
     assert not may(a, "autoscaling:CreateOrUpdateTags", mine, **tags, **{f"aws:RequestTag/{JOB_TAG}": "job-b"})
     assert not may(a, "autoscaling:DeleteAutoScalingGroup", mine, **tags)
