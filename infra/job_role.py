@@ -285,6 +285,31 @@ def secret_resources(place: Place, references: Iterable[str]) -> tuple[list[str]
     return sorted(secrets), sorted(parameters)
 
 
+def secrets_beyond_boundary(
+    references: Iterable[str], *, partition: str, region: str, account: str, secret_prefix: str
+) -> list[str]:
+    """The references (`--secret` values) that the stack's JobBoundary refuses whatever the job's
+    policy says: it allows secrets `secret:<SecretPrefix>*` and parameters `parameter/<SecretPrefix>*`
+    of the stack's own region and account only (infra/stack.yaml)."""
+    from .secret_env import parse_reference
+
+    place = Place(partition, region, account, "", "", "", "", "")
+    secrets_root = place.arn("secretsmanager", f"secret:{secret_prefix}")
+    parameters_root = place.arn("ssm", f"parameter/{secret_prefix}")
+    beyond = []
+    for reference in references:
+        service, ident, _ = parse_reference(reference)
+        if service == "ssm":
+            arn = reference if reference.startswith("arn:") else place.arn("ssm", f"parameter/{ident.lstrip('/')}")
+            root = parameters_root
+        else:
+            arn = ident if ident.startswith("arn:") else place.arn("secretsmanager", f"secret:{ident}")
+            root = secrets_root
+        if not arn.startswith(root):
+            beyond.append(reference)
+    return beyond
+
+
 def _secret_statements(place: Place, references: Iterable[str]) -> list[dict[str, Any]]:
     secrets, parameters = secret_resources(place, references)
     statements: list[dict[str, Any]] = []

@@ -147,6 +147,32 @@ def test_a_named_secret_outside_the_stacks_prefix_is_still_refused_by_the_bounda
     assert allowed(request, [a.policy]) and not allowed(request, [a.policy], BOUNDARY)
 
 
+def test_the_plans_secret_check_refuses_exactly_what_the_boundary_refuses():
+    references = [
+        "secretsmanager:distrain-cloud/hf-token",
+        f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:distrain-cloud/hf-token-Xy12Zq",
+        "ssm:/distrain-cloud/wandb-key",
+        parameter_arn("/distrain-cloud/wandb-key"),
+        "secretsmanager:prod/db-password",  # outside the SecretPrefix
+        "ssm:/prod/db-password",
+        f"arn:aws:secretsmanager:eu-west-1:{ACCOUNT}:secret:distrain-cloud/hf-token",  # another region
+        "arn:aws:ssm:us-east-1:999999999999:parameter/distrain-cloud/shared",  # another account
+    ]
+    beyond = job_role.secrets_beyond_boundary(
+        references, partition="aws", region=REGION, account=ACCOUNT, secret_prefix="distrain-cloud/"
+    )
+    for reference in references:
+        r = role("ec2", "job-a", "a", [reference])
+        (statement,) = [s for s in r.policy["Statement"] if s["Sid"] in ("NamedSecrets", "NamedParameters")]
+        action = "ssm:GetParameter" if statement["Sid"] == "NamedParameters" else "secretsmanager:GetSecretValue"
+        # What the job would ask for: the resource its own policy names (a suffix in place of `-??????`).
+        resource = statement["Resource"][0].replace("-??????", "-Xy12Zq")
+        assert allowed(Request(action, resource), [r.policy])  # the job's policy always grants it...
+        reachable = allowed(Request(action, resource), [r.policy], BOUNDARY)  # ...the boundary decides
+        assert reachable is (reference not in beyond), reference
+    assert len(beyond) == 4
+
+
 def test_names_are_literals_in_the_policy_never_wildcards():
     # "*" and "?" are valid in S3 keys and SageMaker inputs; as policy text they would be wildcards.
     r = role("sagemaker", "job-a", "a", inputs=[f"s3://{BUCKET}/data/*"])
@@ -469,6 +495,22 @@ def test_planned_roles_within_the_boundary_that_infra_up_made(mocked_aws, monkey
     assert not may_(role_a, "autoscaling:UpdateAutoScalingGroup", group, **tags, **group_update({"MaxSize": 9}))
     assert may_(role_a, "autoscaling:TerminateInstanceInAutoScalingGroup", group, **tags)
     assert not may_(role_b, "autoscaling:TerminateInstanceInAutoScalingGroup", group, **tags)
+    # Both plans checked their --secret references against the stack's SecretPrefix.
+    for plan in (lineage, trainer):
+        (reach,) = [c for c in plan.checks if c.name == "job role can read each --secret"]
+        assert reach.ok is True, reach
+    # A reference the boundary would refuse stops the submit before anything is made.
+    from distrain_cloud.launcher.api import submit_job
+
+    outside = plan_job(
+        load_spec(None, {**base, "instance": "ml.g5.xlarge", "secrets": {"HF_TOKEN": "secretsmanager:prod/hf"}})
+    )
+    with pytest.raises(UserError) as refused:
+        submit_job(outside)
+    message = str(refused.value)
+    assert "\n" not in message and "--secret HF_TOKEN=secretsmanager:prod/hf: job roles of this stack" in message
+    assert iam.list_roles(PathPrefix="/distrain-cloud/")["Roles"] == []
+    assert boto3.client("sagemaker", REGION).list_training_jobs()["TrainingJobSummaries"] == []
     # The SageMaker role trusts this account's training jobs only.
     assert role_b["trust"]["Statement"][0]["Condition"]["StringEquals"] == {"aws:SourceAccount": ACCOUNT}
     assert (
@@ -480,3 +522,20 @@ def test_planned_roles_within_the_boundary_that_infra_up_made(mocked_aws, monkey
         )
         is False
     )
+
+
+@pytest.mark.parametrize("instance", ["g4dn.xlarge", "ml.g5.xlarge"])
+def test_a_dry_run_names_the_secrets_in_the_role_and_leaves_their_check_to_submit(aws_calls, instance):
+    from distrain_cloud.launcher.api import plan_job
+    from distrain_cloud.launcher.spec import load_spec
+
+    secrets = {"HF_TOKEN": "secretsmanager:prod/hf-token"}
+    plan = plan_job(
+        load_spec(None, {"instance": instance, "region": REGION, "max_run": "2h", "secrets": secrets}), dry_run=True
+    )
+    assert aws_calls == []
+    (reach,) = [c for c in plan.checks if c.name == "job role can read each --secret"]
+    assert reach.ok is None and "at submit" in reach.detail
+    named = {s["Sid"]: s["Resource"] for s in plan.configs["job_role"]["policy"]["Statement"]}
+    assert named["NamedSecrets"] == [f"arn:aws:secretsmanager:{REGION}:<account>:secret:prod/hf-token-??????"]
+    assert "NamedParameters" not in named

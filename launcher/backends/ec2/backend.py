@@ -253,6 +253,15 @@ class Ec2Backend:
             recovery.refuse_problems(lineage_requests, description["recovery"])
         checks = [c for c in plan.checks if not c.name.startswith(("user data", "request fits", "job role"))]
         checks.append(_isolation_check(role, parts, where))
+        known = not where.account.startswith("<")  # the stack's names come at submit (preflight)
+        reach = cloud.secrets_reach_check(
+            dict(parts.secrets),
+            partition=where.partition,
+            region=parts.region,
+            account=where.account,
+            secret_prefix=where.secret_prefix if known else None,
+        )
+        checks += [reach] if reach else []
         checks.append(user_data_size_check(user_data))
         checks.append(secret_free_check(user_data, description, dict(parts.secrets)))
         checks.append(Check("request fits the EC2 API model", True, "required fields, types and enums of RunInstances"))

@@ -159,10 +159,18 @@ class SageMakerBackend:
             else f"{role_arn} (yours, --role: used unchanged, so the job is not isolated from other jobs)",
             **({"wandb": wandb} if wandb else {}),
         }
-        checks = [c for c in plan.checks if c.name != "job role isolates the job"]
+        checks = [c for c in plan.checks if not c.name.startswith("job role")]
         configs = dict(plan.configs)
         if role is not None:
             checks.append(_isolation_check(role, parts))
+            reach = cloud.secrets_reach_check(
+                spec.secrets,
+                partition=stack.partition if stack else "aws",
+                region=parts.region,
+                account=account,
+                secret_prefix=stack.secret_prefix if stack else None,
+            )
+            checks += [reach] if reach else []
             configs["job_role"] = role.shown()
         return dataclasses.replace(
             plan,
