@@ -9,9 +9,9 @@ inline policy names that job's S3 prefixes and its instance tag as literals:
 - read-only its own code bundle `<prefix>/code/<sha256>.tar.gz` and a SageMaker job's input
   channels, each on a `/` boundary (the key itself and `key/...`, never `key-other`);
 - an EC2 job: its own log streams, terminate and tag (its status only) the instances tagged with
-  its job name, DescribeInstances; a spot lineage: leave its own Auto Scaling group or set its
-  desired capacity (never past the MaxSize the launcher set), and with `--on-demand-after` change
-  the group's instances distribution, nothing else of the group;
+  its job name, DescribeInstances; a spot lineage: leave its own Auto Scaling group, set its
+  desired capacity (never past the MaxSize the launcher set) or suspend its processes, and with
+  `--on-demand-after` change the group's instances distribution, nothing else of the group;
 - a SageMaker job: SageMaker's own log group, metrics and image pulls;
 - exactly the secrets and parameters its `--secret` references name (none without).
 
