@@ -6,11 +6,18 @@ nothing maps an instance to its job), so the launcher makes a role for each job 
 inline policy names that job's S3 prefixes and its instance tag as literals:
 
 - read-write `<prefix>/jobs/<job>/` and the lineage's `<prefix>/checkpoints/<lineage>/`;
-- read-only `<prefix>/code/` (content-addressed bundles) and a SageMaker job's input channels;
+- read-only its own code bundle `<prefix>/code/<sha256>.tar.gz` and a SageMaker job's input
+  channels, each on a `/` boundary (the key itself and `key/...`, never `key-other`);
 - an EC2 job: its own log streams, terminate and tag (its status only) the instances tagged with
-  its job name, DescribeInstances;
+  its job name, DescribeInstances; a spot lineage: leave its own Auto Scaling group, set its
+  desired capacity (never past the MaxSize the launcher set) or suspend its processes, and with
+  `--on-demand-after` change the group's instances distribution, nothing else of the group;
 - a SageMaker job: SageMaker's own log group, metrics and image pulls;
-- the stack's secrets and parameters (under its SecretPrefix).
+- exactly the secrets and parameters its `--secret` references name (none without).
+
+Names go into the documents as literals: `*`, `?` and `$` in a key or a name are written as IAM's
+`${*}`, `${?}`, `${$}` (IAM User Guide, "IAM policy elements: Variables and tags", "Special
+characters"), so no name can widen a grant into a wildcard.
 
 Every job role carries the stack's JobBoundary as permissions boundary and lives under the IAM
 path `/distrain-cloud/<stack>/`: the launcher policy may create roles only there and only with
@@ -49,6 +56,19 @@ PROPAGATION_POLL_S = 5.0
 _NAME = re.compile(r"[\w+=,.@-]{1,64}")
 
 SERVICES = {"ec2": "ec2.amazonaws.com", "sagemaker": "sagemaker.amazonaws.com"}
+# The request parameters of UpdateAutoScalingGroup that IAM can see (Service Authorization
+# Reference, "Condition keys for Amazon EC2 Auto Scaling"): a node's one group change (the
+# on-demand fallback) names none of them, so it may not either. DesiredCapacity, the instances
+# distribution and a few more have no key: docs/security.md lists what that leaves.
+GROUP_SHAPE_KEYS = (
+    "autoscaling:MinSize",
+    "autoscaling:MaxSize",
+    "autoscaling:VPCZoneIdentifiers",
+    "autoscaling:LaunchConfigurationName",
+    "autoscaling:LaunchTemplateVersionSpecified",
+    "autoscaling:InstanceTypes",
+    "autoscaling:CapacityReservationIds",
+)
 
 T = TypeVar("T")
 
@@ -102,6 +122,7 @@ class JobRole:
     policy: dict[str, Any]
     managed_policies: tuple[str, ...] = ()
     tags: tuple[tuple[str, str], ...] = field(default=())
+    region: str = ""  # a SageMaker job's trust names its region's training jobs
 
     @property
     def arn(self) -> str:
@@ -114,12 +135,24 @@ class JobRole:
 
     @property
     def trust(self) -> dict[str, Any]:
-        return {
-            "Version": "2012-10-17",
-            "Statement": [
-                {"Effect": "Allow", "Principal": {"Service": SERVICES[self.kind]}, "Action": "sts:AssumeRole"}
-            ],
+        """Who may assume it: the job's own service. SageMaker says which account and training job
+        it acts for, so the role trusts SageMaker only for this account's training jobs (IAM User
+        Guide, "The confused deputy problem"; SageMaker Developer Guide, "Cross-service confused
+        deputy prevention"). EC2 documents no such key for an instance profile's role, and an
+        instance profile cannot be attached in another account: its trust names the service only."""
+        statement: dict[str, Any] = {
+            "Effect": "Allow",
+            "Principal": {"Service": SERVICES[self.kind]},
+            "Action": "sts:AssumeRole",
         }
+        if self.kind == "sagemaker":
+            statement["Condition"] = {
+                "StringEquals": {"aws:SourceAccount": self.account},
+                "ArnLike": {
+                    "aws:SourceArn": f"arn:{self.partition}:sagemaker:{self.region}:{self.account}:training-job/*"
+                },
+            }
+        return {"Version": "2012-10-17", "Statement": [statement]}
 
     def shown(self) -> dict[str, Any]:
         """What the plan (and --dry-run) shows of it."""
@@ -176,20 +209,40 @@ class JobRole:
 # --- the policy ---------------------------------------------------------------------------------
 
 
-def _s3_statements(place: Place, inputs: Iterable[str]) -> list[dict[str, Any]]:
+def literal(text: str) -> str:
+    """`text` as a literal in a policy's Resource or string condition: IAM reads `*` and `?` as
+    wildcards and `${...}` as a variable there; `${*}`, `${?}` and `${$}` are the characters."""
+    return re.sub(r"[$*?]", lambda m: "${" + m.group() + "}", text)
+
+
+def input_key(place: Place, uri: str) -> str | None:
+    """The key of input `uri` in the stack's bucket, without a trailing `/`; None for another bucket."""
+    if not uri.startswith(f"s3://{place.bucket}/") and uri != f"s3://{place.bucket}":
+        return None
+    key = uri.removeprefix(f"s3://{place.bucket}").strip("/")
+    if not key:
+        raise UserError(
+            f"--input {uri}: the stack's whole bucket holds every job's code, data and outputs; "
+            f"name a folder of it (s3://{place.bucket}/data/...)"
+        )
+    return key
+
+
+def _s3_statements(place: Place, code_key: str, inputs: Iterable[str]) -> list[dict[str, Any]]:
     bucket = f"arn:{place.partition}:s3:::{place.bucket}"
-    job_root, lineage_root, code_root = (
-        place.key("jobs", place.job),
-        place.key("checkpoints", place.lineage),
-        place.key("code"),
-    )
+    job_root = literal(place.key("jobs", place.job))
+    lineage_root = literal(place.key("checkpoints", place.lineage))
     read_write = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
-    listed = [f"{job_root}/*", f"{lineage_root}/*", f"{code_root}/*"]
-    read_only = [f"{bucket}/{code_root}/*"]
-    for uri in sorted(set(inputs)):  # a SageMaker job's input channels in the stack's bucket
-        key = uri.removeprefix(f"s3://{place.bucket}/")
-        listed.append(f"{key}*")
-        read_only.append(f"{bucket}/{key}*")
+    # Its own bundle only (content-addressed: another job's code is another key). SageMaker's code
+    # channel lists the key as its prefix, so the listing grant names it too.
+    listed = [f"{job_root}/*", f"{lineage_root}/*", literal(code_key)]
+    read_only = [f"{bucket}/{literal(code_key)}"]
+    # A SageMaker job's input channels in the stack's bucket, on a `/` boundary: `.../jobs/gpt2`
+    # reaches the object `jobs/gpt2` and everything under `jobs/gpt2/`, never `jobs/gpt2-other/`.
+    keys = sorted({k for k in (input_key(place, u) for u in inputs) if k is not None})
+    for key in keys:
+        listed += [literal(key), f"{literal(key)}/*"]
+        read_only += [f"{bucket}/{literal(key)}", f"{bucket}/{literal(key)}/*"]
     return [
         {"Sid": "BucketLocation", "Effect": "Allow", "Action": "s3:GetBucketLocation", "Resource": bucket},
         # Listing names other jobs' keys too: only under this job's own prefixes.
@@ -206,21 +259,74 @@ def _s3_statements(place: Place, inputs: Iterable[str]) -> list[dict[str, Any]]:
     ]
 
 
-def _secret_statements(place: Place, secret_prefix: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "Sid": "Secrets",
-            "Effect": "Allow",
-            "Action": "secretsmanager:GetSecretValue",
-            "Resource": place.arn("secretsmanager", f"secret:{secret_prefix}*"),
-        },
-        {
-            "Sid": "Parameters",
-            "Effect": "Allow",
-            "Action": ["ssm:GetParameter", "ssm:GetParameters"],
-            "Resource": place.arn("ssm", f"parameter/{secret_prefix.lstrip('/')}*"),
-        },
-    ]
+def secret_resources(place: Place, references: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(Secrets Manager ARNs, SSM parameter ARNs) that `references` (`--secret` values) name.
+
+    A secret's ARN ends in `-` and six random characters that a reference by name or by partial
+    ARN does not carry: those get `-??????` (Secrets Manager User Guide, "Permissions policy
+    examples"). A full ARN is granted as written, and with `-??????` too, because a name may end in
+    `-` and six characters itself and nothing tells the two apart."""
+    from .secret_env import parse_reference
+
+    secrets: set[str] = set()
+    parameters: set[str] = set()
+    for reference in references:
+        service, ident, _ = parse_reference(reference)
+        if service == "ssm":
+            parameters.add(
+                literal(reference)
+                if reference.startswith("arn:")
+                else place.arn("ssm", f"parameter/{literal(ident.lstrip('/'))}")
+            )
+        elif ident.startswith("arn:"):
+            secrets |= {literal(ident), literal(ident) + "-??????"}
+        else:
+            secrets.add(place.arn("secretsmanager", f"secret:{literal(ident)}-??????"))
+    return sorted(secrets), sorted(parameters)
+
+
+def secrets_beyond_boundary(
+    references: Iterable[str], *, partition: str, region: str, account: str, secret_prefix: str
+) -> list[str]:
+    """The references (`--secret` values) that the stack's JobBoundary refuses whatever the job's
+    policy says: it allows secrets `secret:<SecretPrefix>*` and parameters `parameter/<SecretPrefix>*`
+    of the stack's own region and account only (infra/stack.yaml)."""
+    from .secret_env import parse_reference
+
+    place = Place(partition, region, account, "", "", "", "", "")
+    secrets_root = place.arn("secretsmanager", f"secret:{secret_prefix}")
+    parameters_root = place.arn("ssm", f"parameter/{secret_prefix}")
+    beyond = []
+    for reference in references:
+        service, ident, _ = parse_reference(reference)
+        if service == "ssm":
+            arn = reference if reference.startswith("arn:") else place.arn("ssm", f"parameter/{ident.lstrip('/')}")
+            root = parameters_root
+        else:
+            arn = ident if ident.startswith("arn:") else place.arn("secretsmanager", f"secret:{ident}")
+            root = secrets_root
+        if not arn.startswith(root):
+            beyond.append(reference)
+    return beyond
+
+
+def _secret_statements(place: Place, references: Iterable[str]) -> list[dict[str, Any]]:
+    secrets, parameters = secret_resources(place, references)
+    statements: list[dict[str, Any]] = []
+    if secrets:
+        statements.append(
+            {"Sid": "NamedSecrets", "Effect": "Allow", "Action": "secretsmanager:GetSecretValue", "Resource": secrets}
+        )
+    if parameters:
+        statements.append(
+            {
+                "Sid": "NamedParameters",
+                "Effect": "Allow",
+                "Action": ["ssm:GetParameter", "ssm:GetParameters"],
+                "Resource": parameters,
+            }
+        )
+    return statements
 
 
 def own_instances_condition(place: Place) -> dict[str, str]:
@@ -228,18 +334,63 @@ def own_instances_condition(place: Place) -> dict[str, str]:
     return {f"aws:ResourceTag/{STACK_TAG}": place.stack, f"aws:ResourceTag/{JOB_TAG}": place.job}
 
 
-def ec2_policy(place: Place, *, log_group: str, secret_prefix: str) -> dict[str, Any]:
-    """The inline policy of an EC2 job's role."""
-    group = place.arn("logs", f"log-group:{log_group}")
+def _group_statements(place: Place, *, on_demand_fallback: bool) -> list[dict[str, Any]]:
+    """A spot lineage's nodes (launcher/backends/ec2/agent/elastic.py) and its group (recovery.py)."""
+    group = place.arn("autoscaling", f"autoScalingGroup:*:autoScalingGroupName/{literal(place.job)}")
+    statements: list[dict[str, Any]] = [
+        # A node leaves the group at the lineage's end, lowering its desired capacity, or the lineage
+        # empties it: AWS refuses a desired capacity above the MaxSize the launcher set (--nodes). At
+        # the end the nodes also suspend the group's launches (SuspendProcesses; never ResumeProcesses).
+        {
+            "Sid": "LeaveOwnGroup",
+            "Effect": "Allow",
+            "Action": [
+                "autoscaling:TerminateInstanceInAutoScalingGroup",
+                "autoscaling:SetDesiredCapacity",
+                "autoscaling:SuspendProcesses",
+            ],
+            "Resource": group,
+            "Condition": {"StringEquals": own_instances_condition(place)},
+        }
+    ]
+    if on_demand_fallback:
+        # --on-demand-after: one UpdateAutoScalingGroup naming only the instances distribution. Every
+        # request parameter IAM can see must be absent: no size, subnets, template or types.
+        statements.append(
+            {
+                "Sid": "OwnGroupOnDemand",
+                "Effect": "Allow",
+                "Action": "autoscaling:UpdateAutoScalingGroup",
+                "Resource": group,
+                "Condition": {
+                    "StringEquals": own_instances_condition(place),
+                    "Null": {key: "true" for key in GROUP_SHAPE_KEYS},
+                },
+            }
+        )
+    return statements
+
+
+def ec2_policy(
+    place: Place,
+    *,
+    log_group: str,
+    code_key: str,
+    secrets: Iterable[str] = (),
+    group: bool = False,
+    on_demand_fallback: bool = False,
+) -> dict[str, Any]:
+    """The inline policy of an EC2 job's role (`group`: a spot lineage's, with its Auto Scaling group)."""
+    log_group_arn = place.arn("logs", f"log-group:{log_group}")
     instances = place.arn("ec2", "instance/*")
-    statements = _s3_statements(place, ())
+    statements = _s3_statements(place, code_key, ())
     statements += [
         # The node agent names its streams <job>/node-<rank>.
         {
             "Sid": "OwnLogStreams",
             "Effect": "Allow",
             "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
-            "Resource": [group, f"{group}:log-stream:{place.job}/*"],
+            "Resource": [log_group_arn, f"{log_group_arn}:log-stream:{literal(place.job)}/*"],
         },
         # A node ends itself, and node 0 ends a silent peer: only this job's instances.
         {
@@ -262,38 +413,25 @@ def ec2_policy(place: Place, *, log_group: str, secret_prefix: str) -> dict[str,
         },
         # Describe calls have no resource-level scoping in EC2.
         {"Sid": "DescribeInstances", "Effect": "Allow", "Action": "ec2:DescribeInstances", "Resource": "*"},
-        # A spot lineage's nodes (launcher/backends/ec2/agent/elastic.py) leave their job's Auto Scaling group at the
-        # lineage's end and may switch its purchase option to on-demand: that group only.
-        {
-            "Sid": "OwnAutoScalingGroup",
-            "Effect": "Allow",
-            "Action": ["autoscaling:TerminateInstanceInAutoScalingGroup", "autoscaling:UpdateAutoScalingGroup"],
-            "Resource": place.arn("autoscaling", f"autoScalingGroup:*:autoScalingGroupName/{place.job}"),
-            "Condition": {"StringEquals": own_instances_condition(place)},
-        },
-        # Never a bigger group: a job's code must not raise what its lineage may cost.
-        {
-            "Sid": "NoGroupGrowth",
-            "Effect": "Deny",
-            "Action": "autoscaling:UpdateAutoScalingGroup",
-            "Resource": "*",
-            "Condition": {"Null": {"autoscaling:MaxSize": "false"}},
-        },
     ]
-    return {"Version": "2012-10-17", "Statement": statements + _secret_statements(place, secret_prefix)}
+    if group:
+        statements += _group_statements(place, on_demand_fallback=on_demand_fallback)
+    return {"Version": "2012-10-17", "Statement": statements + _secret_statements(place, secrets)}
 
 
-def sagemaker_policy(place: Place, *, inputs: Iterable[str] = (), secret_prefix: str) -> dict[str, Any]:
+def sagemaker_policy(
+    place: Place, *, code_key: str, inputs: Iterable[str] = (), secrets: Iterable[str] = ()
+) -> dict[str, Any]:
     """The inline policy of a SageMaker job's role. SageMaker itself uses it too: it reads the code
     and input channels, syncs the checkpoints and writes the output under jobs/<job>/."""
-    group = place.arn("logs", f"log-group:{SAGEMAKER_LOG_GROUP}")
-    statements = _s3_statements(place, [u for u in inputs if u.startswith(f"s3://{place.bucket}/")])
+    log_group = place.arn("logs", f"log-group:{SAGEMAKER_LOG_GROUP}")
+    statements = _s3_statements(place, code_key, inputs)
     statements += [
         {
             "Sid": "TrainingLogs",
             "Effect": "Allow",
             "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
-            "Resource": [group, f"{group}:log-stream:{place.job}/*"],
+            "Resource": [log_group, f"{log_group}:log-stream:{literal(place.job)}/*"],
         },
         # PutMetricData has no resource-level scoping; the namespace condition narrows it.
         {
@@ -316,7 +454,7 @@ def sagemaker_policy(place: Place, *, inputs: Iterable[str] = (), secret_prefix:
             "Resource": "*",
         },
     ]
-    return {"Version": "2012-10-17", "Statement": statements + _secret_statements(place, secret_prefix)}
+    return {"Version": "2012-10-17", "Statement": statements + _secret_statements(place, secrets)}
 
 
 def for_job(
@@ -324,16 +462,29 @@ def for_job(
     place: Place,
     *,
     boundary_arn: str,
+    code_key: str,
     log_group: str = "",
-    secret_prefix: str = "distrain-cloud/",
+    secrets: Iterable[str] = (),
     inputs: Iterable[str] = (),
     ssm: bool = False,
+    group: bool = False,
+    on_demand_fallback: bool = False,
 ) -> JobRole:
-    """The role of job `place.job` of kind "ec2" or "sagemaker" (pure)."""
+    """The role of job `place.job` of kind "ec2" or "sagemaker" (pure). `code_key`: its bundle's
+    key; `secrets`: its `--secret` references; `group`/`on_demand_fallback`: an EC2 spot lineage's
+    Auto Scaling group, and whether its nodes may switch it to on-demand."""
+    secrets = tuple(secrets)
     if kind == "ec2":
-        policy = ec2_policy(place, log_group=log_group, secret_prefix=secret_prefix)
+        policy = ec2_policy(
+            place,
+            log_group=log_group,
+            code_key=code_key,
+            secrets=secrets,
+            group=group,
+            on_demand_fallback=on_demand_fallback,
+        )
     else:
-        policy = sagemaker_policy(place, inputs=inputs, secret_prefix=secret_prefix)
+        policy = sagemaker_policy(place, code_key=code_key, inputs=inputs, secrets=secrets)
     managed = (SSM_MANAGED_POLICY.format(partition=place.partition),) if ssm and kind == "ec2" else ()
     return JobRole(
         name=role_name(place.job),
@@ -345,6 +496,7 @@ def for_job(
         policy=policy,
         managed_policies=managed,
         tags=((STACK_TAG, place.stack), (JOB_TAG, place.job)),
+        region=place.region,
     )
 
 
@@ -360,10 +512,13 @@ def for_job_at(
     job: str,
     lineage: str,
     boundary_arn: str,
+    code_key: str,
     log_group: str = "",
-    secret_prefix: str = "distrain-cloud/",
+    secrets: Iterable[str] = (),
     inputs: Iterable[str] = (),
     ssm: bool = False,
+    group: bool = False,
+    on_demand_fallback: bool = False,
 ) -> JobRole:
     """`for_job` with its Place spelled out: what each backend calls with the names it planned."""
     place = Place(
@@ -380,10 +535,13 @@ def for_job_at(
         kind,
         place,
         boundary_arn=boundary_arn,
+        code_key=code_key,
         log_group=log_group,
-        secret_prefix=secret_prefix,
+        secrets=secrets,
         inputs=inputs,
         ssm=ssm,
+        group=group,
+        on_demand_fallback=on_demand_fallback,
     )
 
 

@@ -180,6 +180,33 @@ def refuse_role_problems(role: JobRole) -> JobRole:
     return role
 
 
+def secrets_reach_check(
+    secrets: dict[str, str], *, partition: str, region: str, account: str, secret_prefix: str | None
+) -> Check | None:
+    """Whether the job's role can read each `--secret` it names: the stack's boundary allows only
+    secrets under its SecretPrefix in its own region and account, so a reference elsewhere would
+    fail inside the running job. None without secrets; unknown (None) until the stack is known."""
+    from distrain_cloud.infra import job_role
+
+    name = "job role can read each --secret"
+    if not secrets:
+        return None
+    if secret_prefix is None:
+        return Check(name, None, "each --secret is checked at submit against the stack's SecretPrefix")
+    beyond = job_role.secrets_beyond_boundary(
+        secrets.values(), partition=partition, region=region, account=account, secret_prefix=secret_prefix
+    )
+    if beyond:
+        named = ", ".join(f"--secret {env}={ref}" for env, ref in sorted(secrets.items()) if ref in beyond)
+        return Check(
+            name,
+            False,
+            f"{named}: job roles of this stack may read only secrets and parameters named {secret_prefix}... "
+            f"in {region} of account {account}; store it there, or use a stack whose SecretPrefix holds it",
+        )
+    return Check(name, True, f"under {secret_prefix} in {region}; the job's role reads these and no others")
+
+
 def retire_role_quietly(name: str) -> None:
     """Delete job role `name` if it is there; a failure is a note, not an error."""
     import sys

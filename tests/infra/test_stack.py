@@ -26,6 +26,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS::")
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account
+CODE_KEY = "distrain-cloud/code/" + "ab" * 32 + ".tar.gz"
+SECRETS = ("secretsmanager:distrain-cloud/hf-token", "ssm:/distrain-cloud/wandb-key")
 
 
 def _up(name: str = stack.DEFAULT_STACK, **kwargs) -> stack.StackResources:
@@ -53,7 +55,9 @@ def _statements(resource: dict) -> dict[str, dict]:
 
 def _job_role(made: stack.StackResources, job: str, kind: str = "ec2") -> job_role.JobRole:
     place = job_role.Place("aws", REGION, ACCOUNT, made.stack, made.bucket, "distrain-cloud", job, job)
-    return job_role.for_job(kind, place, boundary_arn=made.job_boundary_arn, log_group=made.log_group)
+    return job_role.for_job(
+        kind, place, boundary_arn=made.job_boundary_arn, log_group=made.log_group, code_key=CODE_KEY, secrets=SECRETS
+    )
 
 
 def _moto_stack(name: str):
@@ -160,10 +164,16 @@ def test_template_terminate_and_tag_only_stack_instances():
     request_tag = {"StringEquals": {"aws:RequestTag/distrain-cloud:stack": {"Ref": "AWS::StackName"}}}
     assert launcher["LineageGroupsCreate"]["Condition"] == launcher["LineageTemplates"]["Condition"] == request_tag
     assert launcher["LineageGroups"]["Condition"] == {"StringEquals": stack_tag}
+    # The boundary refuses any group update naming a parameter IAM can see, as each job's policy does.
     assert boundary["StackAutoScalingGroups"]["Condition"] == {
         "StringEquals": stack_tag,
-        "Null": {"autoscaling:MaxSize": "true"},
+        "Null": {key: "true" for key in job_role.GROUP_SHAPE_KEYS},
     }
+    # The stack tag is written only as a template is made; no launcher may tag an existing group.
+    assert launcher["TagLineageTemplatesAtCreation"]["Condition"]["StringEquals"]["ec2:CreateAction"] == (
+        "CreateLaunchTemplate"
+    )
+    assert "autoscaling:CreateOrUpdateTags" not in {a for s in launcher.values() for a in _actions(s)}
     for sid in ("CreateJobRoles", "AttachSessionManager", "ManageJobRoles", "PassJobRoles"):
         assert launcher[sid]["Resource"] == on_path, sid
     assert launcher["JobInstanceProfiles"]["Resource"] == {
@@ -293,7 +303,9 @@ def test_security_properties_that_moto_applies(mocked_aws):
         ("sagemaker", "sagemaker.amazonaws.com", ()),
     ):
         place = job_role.Place("aws", REGION, ACCOUNT, made.stack, made.bucket, "distrain-cloud", kind, kind)
-        role = job_role.for_job(kind, place, boundary_arn=made.job_boundary_arn, log_group=made.log_group, ssm=made.ssm)
+        role = job_role.for_job(
+            kind, place, boundary_arn=made.job_boundary_arn, log_group=made.log_group, ssm=made.ssm, code_key=CODE_KEY
+        )
         assert [(s["Effect"], s["Principal"], s["Action"]) for s in role.trust["Statement"]] == [
             ("Allow", {"Service": service}, "sts:AssumeRole")
         ]
@@ -308,8 +320,10 @@ def test_job_role_policy_under_enforced_iam(mocked_aws):
     """A job role as the launcher makes it, assumed, evaluated by moto's IAM enforcement.
 
     moto's enforcement knows resource ARNs only for S3 (other services are checked against "*"),
-    so logs, secrets and parameters are judged by the same evaluator moto's enforcement uses,
-    with the ARNs a node would touch. (tests/infra/test_job_isolation.py: another job's keys.)"""
+    so logs are judged by the same evaluator moto's enforcement uses, with the ARNs a node would
+    touch; secrets and parameters (whose `?` wildcards moto's matcher cannot read) by
+    tests/iampolicy.py, within the boundary. (tests/infra/test_job_isolation.py: another job's keys;
+    tests/infra/test_iam_rules.py: every rule with the boundary.)"""
     from moto.core import set_initial_no_auth_action_count
     from moto.iam.access_control import IAMPolicy, PermissionResult
 
@@ -356,20 +370,15 @@ def test_job_role_policy_under_enforced_iam(mocked_aws):
     )
     arn = f"arn:aws:{{}}:{REGION}:{ACCOUNT}:{{}}"
     group = arn.format("logs", f"log-group:{made.log_group}")
-    secret = arn.format("secretsmanager", "secret:distrain-cloud/hf-token-AbCdEf")
     parameter = arn.format("ssm", "parameter/distrain-cloud/wandb-key")
     allowed = [
         ("logs:CreateLogStream", f"{group}:log-stream:{job}/node-0"),
         ("logs:PutLogEvents", f"{group}:log-stream:{job}/node-0"),
-        ("secretsmanager:GetSecretValue", secret),
-        ("ssm:GetParameter", parameter),
     ]
     refused = [
         ("logs:PutLogEvents", f"{group}:log-stream:another-job/node-0"),  # another job's stream
         ("logs:PutLogEvents", arn.format("logs", "log-group:/aws/lambda/other:log-stream:x")),
         ("logs:DeleteLogGroup", group),
-        ("secretsmanager:GetSecretValue", arn.format("secretsmanager", "secret:prod/db-password-AbCdEf")),
-        ("ssm:GetParameter", arn.format("ssm", "parameter/prod/db-password")),
         ("ssm:PutParameter", parameter),
         ("s3:DeleteBucket", f"arn:aws:s3:::{made.bucket}"),
         ("iam:PassRole", role.arn),
@@ -378,6 +387,28 @@ def test_job_role_policy_under_enforced_iam(mocked_aws):
     ]
     assert [a for a, r in allowed if policy.is_action_permitted(a, r) != PermissionResult.PERMITTED] == []
     assert [a for a, r in refused if policy.is_action_permitted(a, r) == PermissionResult.PERMITTED] == []
+
+    # moto's evaluator cannot read a secret grant's `?` wildcards: the test evaluator decides, with
+    # the role's policy as IAM holds it and the boundary as moto's CloudFormation rendered it.
+    from iampolicy import Request  # tests/ is on pytest's pythonpath
+    from iampolicy import allowed as iam_allows
+
+    document = _doc(iam.get_role_policy(RoleName=role.name, PolicyName=policy_name)["PolicyDocument"])
+    version = iam.get_policy(PolicyArn=made.job_boundary_arn)["Policy"]["DefaultVersionId"]
+    boundary = _doc(
+        iam.get_policy_version(PolicyArn=made.job_boundary_arn, VersionId=version)["PolicyVersion"]["Document"]
+    )
+    secrets = [
+        (arn.format("secretsmanager", "secret:distrain-cloud/hf-token-AbCdEf"), True),
+        (parameter, True),
+        (arn.format("secretsmanager", "secret:prod/db-password-AbCdEf"), False),
+        # Another job's secret, though under the stack's SecretPrefix: this job named only its own.
+        (arn.format("secretsmanager", "secret:distrain-cloud/team-b-token-AbCdEf"), False),
+        (arn.format("ssm", "parameter/distrain-cloud/team-b-key"), False),
+    ]
+    for resource, expected in secrets:
+        action = "ssm:GetParameter" if ":ssm:" in resource else "secretsmanager:GetSecretValue"
+        assert iam_allows(Request(action, resource), [document], boundary) is expected, resource
 
 
 # --- down -----------------------------------------------------------------------------------------

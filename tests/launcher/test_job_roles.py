@@ -137,7 +137,7 @@ def test_the_plan_shows_the_jobs_role_and_its_policy_without_asking_aws(aws_call
         "Sid": "ReadCode",
         "Effect": "Allow",
         "Action": "s3:GetObject",
-        "Resource": [f"{bucket}/distrain-cloud/code/*"],
+        "Resource": [f"{bucket}/{plan.payload['code_key']}"],  # its own bundle, no other job's
     }
     own = {"aws:ResourceTag/distrain-cloud:stack": "team-a", "aws:ResourceTag/distrain-cloud:job": job}
     assert statements["TerminateOwnInstances"]["Condition"] == {"StringEquals": own}

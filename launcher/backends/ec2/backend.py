@@ -215,9 +215,11 @@ class Ec2Backend:
         parts: Parts = plan.payload["parts"]
         where = dataclasses.replace(where, checkpoint_uri=where.checkpoint_uri or lineage_checkpoint_uri(where, parts))
         description = job_description(parts, where, plan.payload["spec"])
-        role = _job_role(parts, where)
-        description["role"] = role.name  # beyond the contract: `status` deletes it once the job ended
         spec = plan.payload["spec"]
+        role = _job_role(
+            parts, where, lineage_group=recovery.wanted(spec), on_demand=spec.ec2.on_demand_after is not None
+        )
+        description["role"] = role.name  # beyond the contract: `status` deletes it once the job ended
         if recovery.wanted(spec):  # a spot lineage the AWS side keeps going (recovery.py)
             description["recovery"] = recovery.description_block(parts.job_name, parts.nodes, spec)
         # The bytes submit uploads, hashed here so the user data can pin them (a job.json rewritten
@@ -251,6 +253,15 @@ class Ec2Backend:
             recovery.refuse_problems(lineage_requests, description["recovery"])
         checks = [c for c in plan.checks if not c.name.startswith(("user data", "request fits", "job role"))]
         checks.append(_isolation_check(role, parts, where))
+        known = not where.account.startswith("<")  # the stack's names come at submit (preflight)
+        reach = cloud.secrets_reach_check(
+            dict(parts.secrets),
+            partition=where.partition,
+            region=parts.region,
+            account=where.account,
+            secret_prefix=where.secret_prefix if known else None,
+        )
+        checks += [reach] if reach else []
         checks.append(user_data_size_check(user_data))
         checks.append(secret_free_check(user_data, description, dict(parts.secrets)))
         checks.append(Check("request fits the EC2 API model", True, "required fields, types and enums of RunInstances"))
@@ -770,8 +781,11 @@ def _profile_not_yet_seen(e: Exception) -> bool:
 # ---------------------------------------------------------------------- the job's role
 
 
-def _job_role(parts: Parts, where: Where) -> JobRole:
-    """The job's own IAM role: its S3 prefixes and its instances, nothing of another job's."""
+def _job_role(parts: Parts, where: Where, *, lineage_group: bool, on_demand: bool) -> JobRole:
+    """The job's own IAM role: its S3 prefixes, its bundle, its secrets, its instances (and a
+    lineage's own Auto Scaling group), nothing of another job's."""
+    from ...bundle import bundle_key
+
     return cloud.refuse_role_problems(
         job_role.for_job_at(
             "ec2",
@@ -785,8 +799,11 @@ def _job_role(parts: Parts, where: Where) -> JobRole:
             lineage=where.lineage,
             boundary_arn=where.boundary,
             log_group=where.log_group,
-            secret_prefix=where.secret_prefix,
+            code_key=bundle_key(parts.prefix, parts.code_sha256),
+            secrets=[reference for _, reference in parts.secrets],
             ssm=where.ssm,
+            group=lineage_group,
+            on_demand_fallback=lineage_group and on_demand,
         )
     )
 
@@ -796,7 +813,8 @@ def _isolation_check(role: JobRole, parts: Parts, where: Where) -> Check:
     return Check(
         "job role isolates the job",
         True,
-        f"{role.path}{role.name}: {own} (read-write), {parts.prefix}/code/ (read), its own instances; made at submit",
+        f"{role.path}{role.name}: {own} (read-write), its own code bundle and secrets (read), its own instances; "
+        "made at submit",
     )
 
 

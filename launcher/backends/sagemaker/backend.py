@@ -159,10 +159,18 @@ class SageMakerBackend:
             else f"{role_arn} (yours, --role: used unchanged, so the job is not isolated from other jobs)",
             **({"wandb": wandb} if wandb else {}),
         }
-        checks = [c for c in plan.checks if c.name != "job role isolates the job"]
+        checks = [c for c in plan.checks if not c.name.startswith("job role")]
         configs = dict(plan.configs)
         if role is not None:
             checks.append(_isolation_check(role, parts))
+            reach = cloud.secrets_reach_check(
+                spec.secrets,
+                partition=stack.partition if stack else "aws",
+                region=parts.region,
+                account=account,
+                secret_prefix=stack.secret_prefix if stack else None,
+            )
+            checks += [reach] if reach else []
             configs["job_role"] = role.shown()
         return dataclasses.replace(
             plan,
@@ -311,7 +319,10 @@ def _previous_checkpoints(job_name: str, region: str, checks: list[Check]) -> tu
 
 
 def _job_role(spec: JobSpec, parts: Parts, account: str, bucket: str, stack: StackResources | None) -> JobRole:
-    """The job's own IAM role: its S3 prefixes (and input channels, read-only), nothing of another job's."""
+    """The job's own IAM role: its S3 prefixes (its bundle, secrets and input channels read-only),
+    nothing of another job's."""
+    from ...bundle import bundle_key
+
     return cloud.refuse_role_problems(
         job_role.for_job_at(
             "sagemaker",
@@ -324,7 +335,8 @@ def _job_role(spec: JobSpec, parts: Parts, account: str, bucket: str, stack: Sta
             job=parts.job_name,
             lineage=parts.lineage,
             boundary_arn=stack.job_boundary_arn if stack else f"<stack {spec.stack}'s JobBoundary policy>",
-            secret_prefix=stack.secret_prefix if stack else "distrain-cloud/",
+            code_key=bundle_key(parts.prefix, parts.code_sha256),
+            secrets=spec.secrets.values(),
             inputs=spec.inputs.values(),
         )
     )
@@ -335,7 +347,7 @@ def _isolation_check(role: JobRole, parts: Parts) -> Check:
     return Check(
         "job role isolates the job",
         True,
-        f"{role.path}{role.name}: {own} (read-write), {parts.prefix}/code/ and inputs (read); made at submit",
+        f"{role.path}{role.name}: {own} (read-write), its own code bundle, secrets and inputs (read); made at submit",
     )
 
 
