@@ -44,7 +44,7 @@ from .phases import slow_phase as _slow_phase
 from .profiling import Profiler
 from .stopping import StopRequest, collective_timeout_handler
 from .strategies import AUTO, eval_compile_decision, provisional_strategy, slow_gpu_link
-from .tracking import fmt, model_card, start_wandb
+from .tracking import GuardedTracking, fmt, model_card, start_wandb
 
 
 @dataclasses.dataclass
@@ -468,7 +468,7 @@ class Trainer:
             self.stopping.saved()
             sig = self.stopping.signal or signal.SIGTERM
             self._print(f"stopped={sig.name} step={state.step} checkpoint_saved=1")
-            acc.end_training()
+            self._end_training()
             sys.exit(INTERRUPT_EXIT_CODE if sig == signal.SIGINT else STOP_EXIT_CODE)
         return self.evaluate(state.step)
 
@@ -529,7 +529,7 @@ class Trainer:
         acc.wait_for_everyone()
         if not a.save_model:
             self._print(self._summary(eval_metrics, saved=False))
-            acc.end_training()
+            self._end_training()
             return
         # Collective: gathers ZeRO-3's and fsdp's shards.
         unwrapped, state_dict = self.engine.full_state_dict(acc, self.model, self.optimizer)
@@ -565,7 +565,7 @@ class Trainer:
             self._print(f"pushed_to_hub={a.push_to_hub}{branch} commit={url}")
         self._print(self._summary(eval_metrics, saved=True))
         acc.wait_for_everyone()
-        acc.end_training()
+        self._end_training()
 
     def _summary(self, eval_metrics: dict[str, float], *, saved: bool) -> str:
         """The run in one line, for the end of every log: what it did, where it ended, where it is.
@@ -613,10 +613,18 @@ class Trainer:
     # ------------------------------------------------------------------ plumbing
 
     def _start_tracking(self, state: TrainState) -> None:
+        self.tracking = GuardedTracking(self.accelerator, self._print)  # W&B failing never ends the run
         if self.args.report_to == "wandb":
             state.wandb_run_id = start_wandb(
                 self.accelerator, self.args, self.contract, state.wandb_run_id, self._print
             )
+
+    def _end_training(self) -> None:
+        """The trackers finished (a failure said, not raised), then Accelerate's own end."""
+        tracking = getattr(self, "tracking", None)
+        if tracking is not None:
+            tracking.finish()
+        self.accelerator.end_training()
 
     def _check_stop(self, step: int) -> None:
         acc = self.accelerator
@@ -652,7 +660,7 @@ class Trainer:
 
     def _emit(self, step: int, metrics: dict[str, float]) -> None:
         acc = self.accelerator
-        acc.log(metrics, step=step)
+        self.tracking.log(metrics, step)
         if acc.is_main_process:
             # key=value lines: stable for SageMaker metric regexes, the bench and grep (fields are
             # only ever added, at the end). Then, for people reading a log: where the run stands.
