@@ -331,3 +331,36 @@ def test_a_job_with_a_wandb_key_and_no_route_to_wandb_trains_and_writes_its_run_
     # Piped output: W&B silenced, so none of its colour codes reach the log.
     assert "\x1b[" not in run.stdout + run.stderr, repr((run.stdout + run.stderr)[-2000:])
     assert took < 80, took  # the probe's seconds, not W&B's 90 s wait
+
+
+# ---------------------------------------------------------------- Hub repo ids, offline
+
+
+GOOD_REPOS = ["me/tiny", "tiny", "me/x_y.z", "Org-1/Model.v2", "me/" + "a" * 96]
+BAD_REPOS = ["bad id!!", "a/b/c", "me/--x", "me/x..y", "me/" + "a" * 97, "me/x.git", "-x/y", "me/x-", "", "/x", "x/"]
+
+
+@pytest.mark.parametrize("repo", BAD_REPOS)
+def test_a_repo_id_that_cannot_exist_is_refused_before_training(repo):
+    with pytest.raises(ArgumentError, match=f"--push-to-hub {repo!r} is not a Hub repo id: a repo id is NAME or"):
+        parse_args([f"--push-to-hub={repo}"])
+
+
+def test_the_repo_id_rules_are_huggingface_hubs_with_or_without_it(monkeypatch):
+    """The launcher may run without huggingface_hub (a lean install): its stand-in agrees with
+    huggingface_hub's validate_repo_id on every case here."""
+    import builtins
+
+    from distrain_cloud.training.args import repo_id_problem
+
+    with_hub = [repo_id_problem(r) is None for r in GOOD_REPOS + BAD_REPOS]
+    real_import = builtins.__import__
+
+    def no_hub(name, *args, **kwargs):
+        if name.startswith("huggingface_hub"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_hub)
+    without = [repo_id_problem(r) is None for r in GOOD_REPOS + BAD_REPOS]
+    assert with_hub == without == [True] * len(GOOD_REPOS) + [False] * len(BAD_REPOS)
