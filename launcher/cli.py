@@ -547,14 +547,35 @@ def resume(
     lineage, with the spec JOB was submitted with (SageMaker: the same as `submit --resume-from JOB`)."""
     from .api import plan_job, resume_spec
     from .jobs import find_job
+    from .push import refuse_nothing_to_resume
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
     _refuse_completed(ref)
+    refuse_nothing_to_resume(ref)  # never a silent retraining from step 1
     spec = resume_spec(ref)
     plan = plan_job(spec, dry_run=dry_run)
     if dry_run:  # a submit's --json document is printed once it returns (_act)
         typer.echo(plan.to_json() if as_json else _human(plan.render()))  # a resumed spec comes from S3
     _act(plan, spec, dry_run=dry_run, as_json=as_json, wait=wait, yes=yes)
+
+
+@app.command()
+def push(
+    job: str,
+    repo: Annotated[str | None, typer.Option("--repo", help="the Hub repo (default: the job's --push-to-hub)")] = None,
+    revision: Annotated[
+        str | None, typer.Option("--revision", help="the branch (default: the job's --hub-revision, else main)")
+    ] = None,
+    backend: Backend = None,
+    region: Region = None,
+    workdir: Workdir = Path("runs"),
+) -> None:
+    """Push a local job's kept model to the Hub, without retraining: the retry of a push that failed."""
+    from .jobs import find_job
+    from .push import push_job
+
+    ref = find_job(job, backend=backend, region=region, workdir=workdir)
+    typer.echo(push_job(ref, repo=repo, revision=revision))
 
 
 def _refuse_completed(ref: Any) -> None:

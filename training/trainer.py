@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ from .args import ArgumentError, TrainArgs, default_lr
 from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .decisions import Decisions, decide
 from .fp8 import use_fp8
-from .hub import push_to_hub
+from .hub import HubPushError, kept_model_line, push_to_hub
 from .phases import hms as _hms
 from .phases import slow_phase as _slow_phase
 from .profiling import Profiler
@@ -380,6 +381,8 @@ class Trainer:
                     "note: batches of another size group this epoch's examples by length anew: some of the "
                     "rest of this epoch may repeat examples already trained on, or skip some"
                 )
+        elif note := _nothing_resumed(os.environ, self.contract.checkpoint_dir):
+            self._print(note)
         self._start_tracking(state)
         self.stopping.install(self._print, speaks=acc.is_local_main_process)
         self.contract.output_dir.mkdir(parents=True, exist_ok=True)
@@ -560,7 +563,10 @@ class Trainer:
         if a.task == "causal-lm" and a.generate_tokens:
             self._sample(unwrapped)
         if a.push_to_hub and acc.is_main_process:
-            url = push_to_hub(model_dir, a.push_to_hub, private=a.hub_private or None, revision=a.hub_revision)
+            try:
+                url = push_to_hub(model_dir, a.push_to_hub, private=a.hub_private or None, revision=a.hub_revision)
+            except HubPushError as e:  # the model is saved: say how to retry the push alone
+                raise HubPushError(f"{e}; {kept_model_line(a.push_to_hub, model_dir)}") from None
             branch = f" branch={a.hub_revision}" if a.hub_revision else ""
             self._print(f"pushed_to_hub={a.push_to_hub}{branch} commit={url}")
         self._print(self._summary(eval_metrics, saved=True))
@@ -694,6 +700,19 @@ class Trainer:
             dynamic_ncols=True,
             disable=not self.accelerator.is_main_process or not sys.stderr.isatty(),
         )
+
+
+def _nothing_resumed(env: Mapping[str, str], checkpoints: Path) -> str | None:
+    """The line for a job that resumes another (its lineage is an earlier job's) but finds no
+    checkpoint: it trains from step 1, and says so rather than silently."""
+    lineage = env.get("DISTRAIN_LINEAGE")
+    job = env.get("DISTRAIN_JOB_NAME") or env.get("TRAINING_JOB_NAME")
+    if not lineage or not job or lineage == job:
+        return None
+    return (
+        f"note: this job resumes lineage {lineage}, but its checkpoints ({checkpoints}) hold none: "
+        "training starts again from step 1"
+    )
 
 
 class _Window:
