@@ -231,9 +231,11 @@ class LocalBackend:
         report = (
             f"; plots: distrain-cloud report {plan.job_name}" if (root / "output" / "metrics.jsonl").is_file() else ""
         )
+        # Stopped (Ctrl-C): the next command is the last thing on the screen.
+        resume = f"; continue it with `distrain-cloud resume {plan.job_name}`" if status == "Stopped" else ""
         print(
             f"job {plan.job_name}: {status.lower()}{f' ({detail})' if status == 'Failed' else ''}; "
-            f"{saved}logs in {root / 'job.log'}{report}",
+            f"{saved}logs in {root / 'job.log'}{report}{resume}",
             file=sys.stderr,
         )
         return code
