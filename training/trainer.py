@@ -107,6 +107,7 @@ class Trainer:
         self._check_environment(world, cuda=torch.cuda.is_available())
         self._patch_environment(cuda=torch.cuda.is_available())
         _allow_tf32(torch)
+        _say_op_builds(self.engine.ops_to_build())  # DeepSpeed may build one now, or at prepare
         self.accelerator = self._make_accelerator(world, cuda=torch.cuda.is_available())
         acc = self.accelerator
         if self.decisions.decided:  # else still undecided: said once the model is loaded
@@ -699,6 +700,18 @@ class Trainer:
             unit="step",
             dynamic_ncols=True,
             disable=not self.accelerator.is_main_process or not sys.stderr.isatty(),
+        )
+
+
+def _say_op_builds(ops: list[str]) -> None:
+    """Before a minute of silence on a fresh machine: which ops are built, and that it is once.
+    The first process alone (the others build nothing: they wait on torch's build lock)."""
+    if ops and int(os.environ.get("RANK", "0")) == 0:
+        names = ", ".join(ops)
+        print(
+            f"setup: DeepSpeed compiles its {names} op{'s' if len(ops) > 1 else ''} for this machine first "
+            "(about a minute each, once: later runs load them)",
+            flush=True,
         )
 
 
