@@ -470,18 +470,23 @@ def report(
 ) -> None:
     """Write one HTML page with plots (loss, learning rate, eval metrics, tokens/s, GPU memory), the final
     metrics, the generated sample and the run's settings, from the job's metrics: no W&B needed.
-    A cloud job's metrics are fetched from S3 into WORKDIR/JOB first (they get there when it ends)."""
+    A cloud job's metrics are fetched from S3 into WORKDIR/JOB first (they get there when it ends).
+    A resumed job's page plots its whole lineage: the attempts it resumed first, from step 1."""
     from .backends import get_backend
-    from .jobs import find_job
-    from .report import write_report
+    from .jobs import JobRef, find_job
+    from .report import lineage_folders, write_report
 
     folder, status = Path(job), None
+    ref = JobRef(folder.resolve().name, "local", workdir=folder.resolve().parent)  # a job folder, named by path
     if not (folder / "output").is_dir():
         ref = find_job(job, backend=backend, region=region, workdir=workdir)
         folder = ref.workdir / ref.name
         if ref.backend != "local":
             status = {**get_backend(ref.backend).fetch_outputs(ref, folder), "backend": ref.backend}
-    typer.echo(str(write_report(folder, out, status=status)))
+    # A resumed job's lineage: the earlier attempts' metrics too (a cloud attempt's fetched from S3).
+    fetch = get_backend(ref.backend).fetch_outputs if ref.backend != "local" else None
+    earlier, missing = lineage_folders(ref, fetch)
+    typer.echo(str(write_report(folder, out, status=status, earlier=earlier, missing=missing)))
 
 
 @app.command()
