@@ -9,8 +9,6 @@ import os
 import secrets
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,9 +29,11 @@ def start_wandb(accelerator: Any, args: TrainArgs, contract: Contract, run_id: s
     """Start the job's W&B run (every process: Accelerate's trackers are collective) and return its
     id, which the checkpoints record so that a resumed job appends to the same run."""
     acc, a = accelerator, args
+    offline_why = None if wandb_online(os.environ) else f"WANDB_MODE={os.environ['WANDB_MODE']}"
     if not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE"):
         # No key: write the run offline (sync it later with `wandb sync`) instead of failing.
         os.environ["WANDB_MODE"] = "offline"
+        offline_why = "no WANDB_API_KEY"
     run_id = choose_wandb_run_id(run_id, os.environ)
     wandb_dir = contract.output_dir
     if acc.is_main_process:  # the one process that talks to W&B (Accelerate's trackers run there)
@@ -43,6 +43,7 @@ def start_wandb(accelerator: Any, args: TrainArgs, contract: Contract, run_id: s
             why = wandb_unreachable(os.environ)
             if why is not None:
                 go_offline(why, wandb_dir, say)
+                offline_why = None  # said
     extra = wandb_settings(a, contract, os.environ)
     kwargs = {
         "project_name": a.wandb_project,
@@ -66,12 +67,16 @@ def start_wandb(accelerator: Any, args: TrainArgs, contract: Contract, run_id: s
             say(f"note: W&B failed to start ({_first_line(e)}): this run is not tracked")
             return run_id
         go_offline(_first_line(e), wandb_dir, say)
+        offline_why = None
         try:
             acc.init_trackers(**kwargs)
         except Exception as again:  # noqa: BLE001 - not even offline: the run goes on untracked
             acc.trackers.clear()
             say(f"note: W&B failed to start offline too ({_first_line(again)}): this run is not tracked")
             return run_id
+    if offline_why and os.environ.get("WANDB_MODE") == "offline":  # W&B's own line is silenced when piped
+        runs = wandb_dir / "wandb"
+        say(f"note: the W&B run is written offline ({offline_why}) under {runs}: `wandb sync {runs}/offline-run-*`")
     run = acc.get_tracker("wandb", unwrap=True) if acc.is_main_process else None
     url = getattr(run, "url", None) if os.environ.get("WANDB_MODE") != "offline" else None
     if url:  # once, where the job's log shows it: the launcher may not know the entity
@@ -104,6 +109,9 @@ def wandb_unreachable(env: Mapping[str, str], timeout_s: float = WANDB_PROBE_TIM
     WANDB_PROBE_ATTEMPTS requests of `timeout_s` each, through the proxies the environment names
     (HTTPS_PROXY, NO_PROXY: W&B's own client honours the same); any HTTP answer, even an error
     status, means the server is there."""
+    import urllib.error  # here: the launcher imports this module for wandb_base_url alone
+    import urllib.request
+
     url = wandb_base_url(env)
     if not url.startswith(("http://", "https://")):
         return f"WANDB_BASE_URL {url!r} is not an http(s) URL"

@@ -266,6 +266,20 @@ def test_wandb_that_cannot_start_even_offline_leaves_the_run_untracked(tmp_path,
     ]
 
 
+@pytest.mark.parametrize("env, why", [({}, "no WANDB_API_KEY"), ({"WANDB_MODE": "offline"}, "WANDB_MODE=offline")])
+def test_an_offline_run_says_where_it_is_and_how_to_upload_it(tmp_path, wandb_env, monkeypatch, env, why):
+    # W&B's own lines (which said it) are silenced where output is piped, as a job's is.
+    monkeypatch.delenv("WANDB_API_KEY")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    said: list[str] = []
+    acc = FakeAccelerator()
+    start_wandb(acc, parse_args(["--run-name", "j"]), contract(tmp_path, "distrain"), None, said.append)
+    runs = tmp_path / "output" / "wandb"
+    assert acc.modes == ["offline"]
+    assert said == [f"note: the W&B run is written offline ({why}) under {runs}: `wandb sync {runs}/offline-run-*`"]
+
+
 def test_a_failing_wandb_log_mid_run_is_one_note_and_training_goes_on():
     said: list[str] = []
     acc = FakeAccelerator(fail_log=True)
