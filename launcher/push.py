@@ -5,8 +5,10 @@ A push that fails (the Hub down, a token without write access) used to leave one
 The model is saved before the push, so the push alone can be done again, from this machine.
 
 Local jobs only: their model folder is here. A cloud job's model folder is the node's and goes
-with it when the job ends (the backends upload a completed job's model; a failed push fails the
-job), so there is nothing here to push: training's error line says so and names `hf upload`.
+with it: a failed push fails the job, and EC2's node agent uploads a model only when training
+completed (agent/node.py); whether SageMaker uploads model.tar.gz for a Failed job is not shown by
+its documentation ("at the end of the training job") nor by moto, which runs no job. Training's
+error line names `hf upload` for a cloud job instead.
 """
 
 from __future__ import annotations
