@@ -76,7 +76,10 @@ def start_wandb(accelerator: Any, args: TrainArgs, contract: Contract, run_id: s
             return run_id
     if offline_why and os.environ.get("WANDB_MODE") == "offline":  # W&B's own line is silenced when piped
         runs = wandb_dir / "wandb"
-        say(f"note: the W&B run is written offline ({offline_why}) under {runs}: `wandb sync {runs}/offline-run-*`")
+        say(
+            f"note: the W&B run is written offline ({offline_why}); upload it later with "
+            f"`wandb sync {runs}/offline-run-*`"
+        )
     run = acc.get_tracker("wandb", unwrap=True) if acc.is_main_process else None
     url = getattr(run, "url", None) if os.environ.get("WANDB_MODE") != "offline" else None
     if url:  # once, where the job's log shows it: the launcher may not know the entity
@@ -133,8 +136,8 @@ def go_offline(why: str, wandb_dir: Path, say: Callable) -> None:
     """Write this run offline from now on, and say once why and how to upload it later."""
     os.environ["WANDB_MODE"] = "offline"
     say(
-        f"note: W&B is out of reach ({why}): training goes on and writes its W&B run offline under "
-        f"{wandb_dir / 'wandb'}; upload it later with `wandb sync {wandb_dir / 'wandb'}/offline-run-*`"
+        f"note: W&B is out of reach ({why}): training goes on and writes its W&B run offline; upload it "
+        f"later with `wandb sync {wandb_dir / 'wandb'}/offline-run-*`"
     )
 
 

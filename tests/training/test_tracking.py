@@ -277,7 +277,8 @@ def test_an_offline_run_says_where_it_is_and_how_to_upload_it(tmp_path, wandb_en
     start_wandb(acc, parse_args(["--run-name", "j"]), contract(tmp_path, "distrain"), None, said.append)
     runs = tmp_path / "output" / "wandb"
     assert acc.modes == ["offline"]
-    assert said == [f"note: the W&B run is written offline ({why}) under {runs}: `wandb sync {runs}/offline-run-*`"]
+    upload = f"upload it later with `wandb sync {runs}/offline-run-*`"
+    assert said == [f"note: the W&B run is written offline ({why}); {upload}"]
 
 
 def test_a_failing_wandb_log_mid_run_is_one_note_and_training_goes_on():
