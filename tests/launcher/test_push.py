@@ -105,16 +105,24 @@ def test_push_of_a_cloud_job_says_plainly_it_is_local_only(hub, capsys, aws_call
     assert hub.requests == [] and aws_calls == []
 
 
-def test_resume_with_no_checkpoint_is_refused_and_names_the_push(hub, tmp_path, capsys):
-    # A job whose push failed after training, with no checkpoint: resume used to train it again from step 0.
-    local_job(tmp_path / "runs")
+def test_resume_of_a_job_that_trained_and_failed_to_push_is_refused_naming_the_push(hub, tmp_path, capsys):
+    # A job whose push failed after training: resume used to train it again (from step 0 without a checkpoint).
+    root = local_job(tmp_path / "runs")
+    code, out, err = run_cli(capsys, "resume", "job-1", "--dry-run")
+    assert (code, out) == (2, ""), err
+    assert err.strip() == (
+        f"error: job-1 trained every step and saved its model in {(root / 'model').resolve()}: what failed came "
+        "after (its push to the Hub: `distrain-cloud push job-1` retries only that). To train further, resume it "
+        "with a higher --max-steps: distrain-cloud submit --resume-from job-1 -- --max-steps N"
+    )
+
+
+def test_resume_with_no_checkpoint_is_refused_not_trained_again_from_step_1(hub, tmp_path, capsys):
+    local_job(tmp_path / "runs", model=False)  # failed before it saved anything
     code, out, err = run_cli(capsys, "resume", "job-1", "--dry-run")
     checkpoints = (tmp_path / "runs" / "job-1" / "checkpoints").resolve()
     assert (code, out) == (2, ""), err
     assert err.strip() == (
         f"error: job-1 has no checkpoint to resume from in {checkpoints} (it saved none): a resume would train "
-        "again from step 1; its model is kept: `distrain-cloud push job-1` retries only its push to the Hub"
+        "again from step 1; to train afresh, submit its spec again (without --resume-from job-1)"
     )
-    local_job(tmp_path / "runs", "job-2", model=False)  # no model either: say how to start afresh
-    code, _, err = run_cli(capsys, "resume", "job-2", "--dry-run")
-    assert code == 2 and err.strip().endswith("to train afresh, submit its spec again (without --resume-from job-2)")
