@@ -710,7 +710,7 @@ def _say_op_builds(ops: list[str]) -> None:
         names = ", ".join(ops)
         print(
             f"setup: DeepSpeed compiles its {names} op{'s' if len(ops) > 1 else ''} for this machine first "
-            "(about a minute each, once: later runs load them)",
+            "(a minute or more each, once: later runs load them)",
             flush=True,
         )
 
