@@ -31,7 +31,7 @@ class DeepSpeedEngine(Engine):
         """The ops DeepSpeed compiles with its JIT on first use, not yet built here: the CPU
         accelerator's shared-memory comm op (every ZeRO run on CPU) and, with offload, CPUAdam.
         Built is cheap to know: prebuilt into the install (installed_ops), or a library in
-        torch's extension folder from an earlier run (each takes about a minute to build)."""
+        torch's extension folder from an earlier run (each takes a minute or more to build)."""
         try:
             import deepspeed.ops
             from deepspeed.accelerator import get_accelerator
