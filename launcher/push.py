@@ -57,12 +57,7 @@ def push_job(ref: JobRef, *, repo: str | None = None, revision: str | None = Non
     problem = branch_problem(revision) if revision else None
     if problem:
         raise UserError(f"--revision {revision!r}: {problem}")
-    token = os.environ.get("HF_TOKEN") or _token_from_secret(ref.name) or _logged_in_token()
-    if not token:
-        raise UserError(
-            f"pushing {ref.name}'s model needs a Hugging Face token with write access: set HF_TOKEN in this "
-            "environment or log in with `hf auth login`"
-        )
+    token = os.environ.get("HF_TOKEN") or _token(ref.name)
     private = asked.get("hub_private") is True or None
     try:
         url = push_to_hub(model, repo, token=token, private=private, revision=revision)
@@ -84,6 +79,23 @@ def _training_args(model: Path) -> dict[str, Any]:
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def _token(job: str) -> str:
+    """The token to push with where HF_TOKEN is not set: the job's own (its secret reference),
+    else the one `hf auth login` stored here; a reference that cannot be resolved (no AWS
+    credentials here) yields to a stored login, and is named when there is none."""
+    try:
+        token, problem = _token_from_secret(job), None
+    except UserError as e:
+        token, problem = None, str(e)
+    token = token or _logged_in_token()
+    if not token:
+        raise UserError(
+            f"pushing {job}'s model needs a Hugging Face token with write access: set HF_TOKEN in this "
+            "environment or log in with `hf auth login`" + (f" ({problem})" if problem else "")
+        )
+    return token
 
 
 def _logged_in_token() -> str | None:

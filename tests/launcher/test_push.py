@@ -11,6 +11,8 @@ import pytest
 from clirun import run_cli
 from hubdouble import HubDouble
 
+from distrain_cloud.infra.errors import UserError
+
 FAKE_TOKEN = "hf_test_not_a_real_token_456"
 
 
@@ -97,6 +99,43 @@ def test_push_without_a_token_says_how_to_give_one(hub, tmp_path, capsys, monkey
     code, _, err = run_cli(capsys, "push", "job-1")
     assert code == 2 and "set HF_TOKEN in this environment or log in with `hf auth login`" in err, err
     assert hub.requests == []
+
+
+def test_push_takes_the_jobs_own_secret_reference_then_a_stored_login(hub, tmp_path, capsys, monkeypatch, job_records):
+    import huggingface_hub
+
+    from distrain_cloud.infra import secret_env
+
+    monkeypatch.delenv("HF_TOKEN")
+    local_job(tmp_path / "runs")
+    ref = "ssm:/distrain-cloud/hf-token"  # as `submit --secret HF_TOKEN=REF` records it
+    record = {"name": "job-1", "backend": "local", "workdir": str(tmp_path / "runs")}
+    job_records.mkdir(parents=True, exist_ok=True)
+    (job_records / "job-1.json").write_text(json.dumps({**record, "spec": {"secrets": {"HF_TOKEN": ref}}}))
+    resolved: list[tuple[str, str]] = []
+
+    def resolve(reference, name, client_factory=None):
+        resolved.append((reference, name))
+        return FAKE_TOKEN
+
+    monkeypatch.setattr(secret_env, "resolve", resolve)
+    code, _, err = run_cli(capsys, "push", "job-1")
+    assert code == 0 and resolved == [(ref, "HF_TOKEN")], err
+    assert hub.requests[-1].header("authorization") == f"Bearer {FAKE_TOKEN}"
+
+    def unresolvable(reference, name, client_factory=None):
+        raise UserError(f"cannot resolve {name} from {reference}: no AWS credentials")
+
+    monkeypatch.setattr(secret_env, "resolve", unresolvable)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_stored_login_789")  # `hf auth login`'s
+    code, _, err = run_cli(capsys, "push", "job-1")
+    assert code == 0, err
+    assert hub.requests[-1].header("authorization") == "Bearer hf_stored_login_789"
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    code, _, err = run_cli(capsys, "push", "job-1")
+    assert code == 2 and err.strip().endswith(
+        f"or log in with `hf auth login` (cannot resolve HF_TOKEN from {ref}: no AWS credentials)"
+    ), err
 
 
 def test_push_of_a_cloud_job_says_plainly_it_is_local_only(hub, capsys, aws_calls):
