@@ -8,6 +8,7 @@ import hashlib
 import os
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -154,12 +155,20 @@ def quiet_wandb_when_piped(env: dict[str, str] | os._Environ[str], streams: tupl
     return True
 
 
-class GuardedTracking:
-    """The run's W&B logging, which must never end the run: a log or finish that raises (the W&B
-    service gone, a full disk under its folder) is said once, and tracking stops there."""
+# How long the end of a run waits for W&B to finish (an online run uploads what it still holds).
+# Past it the job ends anyway: a W&B upload stuck on a network gone mid-run must not keep a
+# paid instance up. The run's files stay on disk for `wandb sync`.
+WANDB_FINISH_TIMEOUT_S = 120.0
 
-    def __init__(self, accelerator: Any, say: Callable[[str], None]):
-        self.accelerator, self.say = accelerator, say
+
+class GuardedTracking:
+    """The run's W&B logging, which must never end the run or hold it up: a log or finish that
+    raises (the W&B service gone, a full disk under its folder) is said once, and tracking stops
+    there; a finish that does not return within `finish_timeout_s` is left behind (the entry
+    point ends its process without waiting for other threads)."""
+
+    def __init__(self, accelerator: Any, say: Callable[[str], None], finish_timeout_s: float = WANDB_FINISH_TIMEOUT_S):
+        self.accelerator, self.say, self.finish_timeout_s = accelerator, say, finish_timeout_s
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         if not self.accelerator.trackers:
@@ -174,10 +183,24 @@ class GuardedTracking:
         trackers = list(self.accelerator.trackers)
         self.accelerator.trackers.clear()  # end_training must not finish them again
         for tracker in trackers:
-            try:
-                tracker.finish()
-            except Exception as e:  # noqa: BLE001
-                self._give_up("finishing the run", e)
+            failed: list[BaseException] = []
+
+            def finish(tracker: Any = tracker, failed: list[BaseException] = failed) -> None:
+                try:
+                    tracker.finish()
+                except Exception as e:  # noqa: BLE001
+                    failed.append(e)
+
+            worker = threading.Thread(target=finish, name="wandb-finish", daemon=True)
+            worker.start()
+            worker.join(self.finish_timeout_s)
+            if worker.is_alive():
+                self.say(
+                    f"note: W&B did not finish within {self.finish_timeout_s:g} s (an upload that cannot get "
+                    "through?): the job ends without it; its files stay for `wandb sync`"
+                )
+            elif failed:
+                self._give_up("finishing the run", failed[0])
 
     def _give_up(self, what: str, error: BaseException) -> None:
         self.accelerator.trackers.clear()

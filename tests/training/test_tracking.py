@@ -306,6 +306,23 @@ def test_a_failing_wandb_finish_is_a_note_not_a_failed_run():
     assert said and said[0].startswith("note: W&B failed finishing the run (No space left on device)")
 
 
+def test_a_wandb_finish_that_hangs_does_not_hold_the_job_up():
+    said: list[str] = []
+    acc = FakeAccelerator()
+    release = threading.Event()
+    tracker = FakeTracker()
+    tracker.finish = lambda: release.wait(30)  # an upload that never gets through
+    acc.trackers.append(tracker)
+    started = time.monotonic()
+    GuardedTracking(acc, said.append, finish_timeout_s=0.2).finish()
+    assert time.monotonic() - started < 2
+    release.set()
+    assert acc.trackers == [] and said == [
+        "note: W&B did not finish within 0.2 s (an upload that cannot get through?): the job ends without it; "
+        "its files stay for `wandb sync`"
+    ]
+
+
 class Stream:
     def __init__(self, tty: bool):
         self.tty = tty
