@@ -37,8 +37,8 @@ def push_job(ref: JobRef, *, repo: str | None = None, revision: str | None = Non
     if ref.backend != "local":
         raise UserError(
             f"{ref.name} is a {ref.backend} job: `distrain-cloud push` retries local jobs, whose model folder is on "
-            "this machine; a cloud job's model folder went with its node (its error line says how to push a copy "
-            "with `hf upload`)"
+            "this machine; a cloud job's model folder is its node's (its error line says how to push a copy with "
+            "`hf upload`)"
         )
     model = (ref.workdir / ref.name / "model").resolve()
     if not (model / "config.json").is_file() or not (model / MODEL_CARD).is_file():
@@ -46,17 +46,19 @@ def push_job(ref: JobRef, *, repo: str | None = None, revision: str | None = Non
             f"{ref.name} kept no whole model in {model} (training did not finish saving it): nothing to push; "
             f"`distrain-cloud resume {ref.name}` continues its training from the last checkpoint"
         )
-    asked = _training_args(model)
+    asked = _training_args(model)  # the job's flags, unless given here: each checked, from a file
+    flag = "--repo" if repo else "the job's --push-to-hub"
     repo = repo or _text(asked.get("push_to_hub"))
     if not repo:
         raise UserError(f"{ref.name} was not asked to push to the Hub: name the repo with --repo REPO")
     problem = repo_id_problem(repo)
     if problem:
-        raise UserError(f"--repo {repo!r} is not a Hub repo id: {problem}")
+        raise UserError(f"{flag} {repo!r} is not a Hub repo id: {problem}")
+    flag = "--revision" if revision else "the job's --hub-revision"
     revision = revision or _text(asked.get("hub_revision"))
     problem = branch_problem(revision) if revision else None
     if problem:
-        raise UserError(f"--revision {revision!r}: {problem}")
+        raise UserError(f"{flag} {revision!r}: {problem}")
     token = os.environ.get("HF_TOKEN") or _token(ref.name)
     private = asked.get("hub_private") is True or None
     try:

@@ -80,9 +80,10 @@ def test_a_push_that_fails_again_is_one_line_naming_the_retry_without_the_token(
         (dict(push_to_hub=None), [], "job-1 was not asked to push to the Hub: name the repo with --repo REPO"),
         (dict(push_to_hub=["x"]), [], "was not asked to push to the Hub"),  # a hostile file: not a repo
         (dict(), ["--repo", "bad id!!"], "--repo 'bad id!!' is not a Hub repo id: a repo id is NAME or"),
-        (dict(hub_revision="a..b"), [], "--revision 'a..b': a branch is letters, digits"),
+        (dict(hub_revision="a..b"), [], "the job's --hub-revision 'a..b': a branch is letters, digits"),
+        (dict(push_to_hub="x y"), [], "the job's --push-to-hub 'x y' is not a Hub repo id"),  # an edited file
     ],
-    ids=["no-model", "no-repo", "not-a-string", "bad-repo", "bad-branch"],
+    ids=["no-model", "no-repo", "not-a-string", "bad-repo", "bad-branch", "bad-recorded-repo"],
 )
 def test_what_cannot_be_pushed_is_one_line_and_sends_nothing(hub, tmp_path, capsys, setup, argv, expected):
     local_job(tmp_path / "runs", **setup)
