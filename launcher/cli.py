@@ -527,18 +527,23 @@ def report(
 ) -> None:
     """Write one HTML page with plots (loss, learning rate, eval metrics, tokens/s, GPU memory), the final
     metrics, the generated sample and the run's settings, from the job's metrics: no W&B needed.
-    A cloud job's metrics are fetched from S3 into WORKDIR/JOB first (they get there when it ends)."""
+    A cloud job's metrics are fetched from S3 into WORKDIR/JOB first (they get there when it ends).
+    A resumed job's page plots its whole lineage: the attempts it resumed first, from step 1."""
     from .backends import get_backend
-    from .jobs import find_job
-    from .report import write_report
+    from .jobs import JobRef, find_job
+    from .report import lineage_folders, write_report
 
     folder, status = Path(job), None
+    ref = JobRef(folder.resolve().name, "local", workdir=folder.resolve().parent)  # a job folder, named by path
     if not (folder / "output").is_dir():
         ref = find_job(job, backend=backend, region=region, workdir=workdir)
         folder = ref.workdir / ref.name
         if ref.backend != "local":
             status = {**get_backend(ref.backend).fetch_outputs(ref, folder), "backend": ref.backend}
-    typer.echo(str(write_report(folder, out, status=status)))
+    # A resumed job's lineage: the earlier attempts' metrics too (a cloud attempt's fetched from S3).
+    fetch = get_backend(ref.backend).fetch_outputs if ref.backend != "local" else None
+    earlier, missing = lineage_folders(ref, fetch)
+    typer.echo(str(write_report(folder, out, status=status, earlier=earlier, missing=missing)))
 
 
 @app.command()
@@ -604,14 +609,35 @@ def resume(
     lineage, with the spec JOB was submitted with (SageMaker: the same as `submit --resume-from JOB`)."""
     from .api import plan_job, resume_spec
     from .jobs import find_job
+    from .push import refuse_nothing_to_resume
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
     _refuse_completed(ref)
+    refuse_nothing_to_resume(ref)  # never a silent retraining from step 1
     spec = resume_spec(ref)
     plan = plan_job(spec, dry_run=dry_run)
     if dry_run:  # a submit's --json document is printed once it returns (_act)
         _echo_plan(plan, as_json)
     _act(plan, spec, dry_run=dry_run, as_json=as_json, wait=wait, yes=yes)
+
+
+@app.command()
+def push(
+    job: str,
+    repo: Annotated[str | None, typer.Option("--repo", help="the Hub repo (default: the job's --push-to-hub)")] = None,
+    revision: Annotated[
+        str | None, typer.Option("--revision", help="the branch (default: the job's --hub-revision, else main)")
+    ] = None,
+    backend: Backend = None,
+    region: Region = None,
+    workdir: Workdir = Path("runs"),
+) -> None:
+    """Push a local job's kept model to the Hub, without retraining: the retry of a push that failed."""
+    from .jobs import find_job
+    from .push import push_job
+
+    ref = find_job(job, backend=backend, region=region, workdir=workdir)
+    typer.echo(push_job(ref, repo=repo, revision=revision))
 
 
 def _refuse_completed(ref: Any) -> None:

@@ -6,6 +6,11 @@ local jobs `job.json` (the plan) and `status.json`; a cloud job's backend fetche
 from S3 (`fetch_outputs`) and hands over its status. Charts are inline SVG drawn here (no plotting
 library: the launcher stays lean), also written as `plots/<slug>.svg` beside the page.
 
+A resumed job's metrics file holds its own attempt only (its steps from the checkpoint on): the
+report plots its lineage, every earlier attempt's rows first (`earlier`), so the loss runs from
+step 1. The attempts are found back along `resume_from` (this machine's job records, else a local
+job's plan), and a cloud attempt's metrics are fetched from S3 as the job's own are.
+
 Every byte read here was written by the job (or whoever can write its S3 prefix): each text
 that reaches the page is HTML-escaped, plot files are named by a slug of safe characters that
 no two metrics share, and a row that is not a metric row (no numeric step, not an object, not
@@ -20,11 +25,15 @@ import json
 import math
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError
+
+if TYPE_CHECKING:
+    from .jobs import JobRef
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
@@ -206,11 +215,88 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def write_report(job_dir: Path, out_dir: Path | None = None, *, status: dict[str, Any] | None = None) -> Path:
+# A lineage longer than this is a loop in hand-edited records, not a real chain of resumes.
+MAX_ATTEMPTS = 200
+
+
+def earlier_attempts(name: str, workdir: Path) -> list[str]:
+    """The jobs `name` resumed, oldest first: each one's `resume_from`, from this machine's job
+    record, else (a local job) from its plan's summary. Stops at a loop or a name that is none."""
+    from .spec import JOB_NAME
+
+    chain: list[str] = []
+    seen, current = {name}, name
+    while len(chain) < MAX_ATTEMPTS:
+        previous = _resumed_from(current, workdir)
+        if previous is None or previous in seen or not JOB_NAME.fullmatch(previous):
+            break
+        chain.append(previous)
+        seen.add(previous)
+        current = previous
+    return chain[::-1]
+
+
+def _resumed_from(name: str, workdir: Path) -> str | None:
+    from .jobs import read_record
+
+    try:
+        record = read_record(name) or {}
+    except UserError:  # a broken record: the plan may still say
+        record = {}
+    resumed = _dict(record.get("spec")).get("resume_from")
+    if isinstance(resumed, str) and resumed:
+        return resumed
+    # The local plan's summary: "resumes": "<job> (lineage ...)" (a submit may add ", with ...").
+    shown = _text(_dict(_read_json(workdir / name / "job.json").get("summary")).get("resumes"))
+    return re.split(r"[ ,(]", shown, maxsplit=1)[0] or None
+
+
+def lineage_folders(
+    ref: JobRef, fetch: Callable[[JobRef, Path], Any] | None = None
+) -> tuple[list[tuple[str, Path]], list[str]]:
+    """(name, folder) of each earlier attempt of `ref`'s lineage whose metrics are here, oldest
+    first, and a note for each that is not. `fetch` (a cloud backend's fetch_outputs) brings an
+    attempt's outputs from S3 into its folder under `ref.workdir` first."""
+    from dataclasses import replace
+
+    found: list[tuple[str, Path]] = []
+    notes: list[str] = []
+    for name in earlier_attempts(ref.name, ref.workdir):
+        folder = ref.workdir / name
+        if fetch is not None:
+            try:
+                fetch(replace(ref, name=name), folder)
+            except UserError as e:
+                notes.append(f"{name}: {e}")
+                continue
+        if (folder / "output" / "metrics.jsonl").is_file():
+            found.append((name, folder))
+        else:
+            notes.append(f"{name}: no metrics at {folder / 'output' / 'metrics.jsonl'}")
+    return found, notes
+
+
+def write_report(
+    job_dir: Path,
+    out_dir: Path | None = None,
+    *,
+    status: dict[str, Any] | None = None,
+    earlier: list[tuple[str, Path]] | None = None,
+    missing: list[str] | None = None,
+) -> Path:
     """Write `<out_dir>/report.html` (default `<job_dir>/report/`) and its plots; return the page.
-    `status` (a backend's status of the job) stands in for a local job's status.json."""
+    `status` (a backend's status of the job) stands in for a local job's status.json. `earlier`:
+    (name, folder) of the attempts this job resumed, oldest first, whose rows are plotted before
+    its own; `missing`: a line for each attempt whose metrics could not be had."""
     read = read_rows(job_dir)
-    rows = read.rows
+    attempts: list[tuple[str, list[dict[str, Any]]]] = []
+    for name, folder in earlier or []:
+        try:
+            attempts.append((name, read_rows(folder).rows))
+        except UserError as e:  # an attempt's unreadable file costs its rows, not the report
+            missing = [*(missing or []), f"{name}: {e}"]
+    attempts.append((job_dir.name, read.rows))
+    rows = [row for _, attempt in attempts for row in attempt]  # in order: a later attempt's step wins
     out_dir = out_dir or job_dir / "report"
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
     plan = _read_json(job_dir / "job.json")
@@ -241,6 +327,11 @@ def write_report(job_dir: Path, out_dir: Path | None = None, *, status: dict[str
     state = _text(status.get("status")) or "unknown"
     detail = _text(status.get("detail"))
     skipped = f"; {read.skipped} of {read.lines} rows skipped (not metric rows)" if read.skipped else ""
+    lineage = ""
+    if len(attempts) > 1 or missing:
+        spans = [f"{html.escape(n)} ({_steps(a)})" for n, a in attempts]
+        lost = f"; not plotted: {html.escape('; '.join(missing))}" if missing else ""
+        lineage = f'<p class="status">lineage, oldest first: {" &rarr; ".join(spans)}{lost}</p>\n'
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(name)}: report</title>
 <style>
@@ -257,7 +348,7 @@ pre {{ background: #f6f6f6; padding: 10px; white-space: pre-wrap; max-width: 900
 <h1>{html.escape(name)}</h1>
 <p class="status">status: <b>{html.escape(state)}</b>{" (" + html.escape(detail) + ")" if detail else ""};
 {len(trains)} training log rows, {len(evals)} evaluations{skipped}</p>
-<h2>Final metrics</h2>
+{lineage}<h2>Final metrics</h2>
 {_table(final) if final else "<p>none logged</p>"}
 <h2>Plots</h2>
 <div class="plots">
@@ -278,6 +369,11 @@ pre {{ background: #f6f6f6; padding: 10px; white-space: pre-wrap; max-width: 900
             file=sys.stderr,
         )
     return path
+
+
+def _steps(rows: list[dict[str, Any]]) -> str:
+    steps = [n for n in (_number(r.get("step")) for r in rows) if n is not None]
+    return f"steps {_fmt(min(steps))}-{_fmt(max(steps))}" if steps else "no steps"
 
 
 def _table(values: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from distrain_cloud.training.args import (
     hyperparameters_to_argv,
     known_flags,
     parse_args,
+    repo_id_problem,
 )
 from distrain_cloud.training.strategies import AUTO, STRATEGY_CHOICES
 
@@ -154,6 +155,15 @@ class HubSpec(_Section):
         None, description="the repo's branch to push to, created from main if missing; default main"
     )
     private: bool = Field(False, description="create the repo private (a repo that exists keeps its visibility)")
+
+    @field_validator("repo_id")
+    @classmethod
+    def _repo(cls, v: str | None) -> str | None:
+        # Offline, at plan time: a repo id that cannot exist used to fail only at the push, after the run.
+        problem = v is not None and repo_id_problem(v)
+        if problem:
+            raise ValueError(f"{v!r} is not a Hub repo id: {problem}")
+        return v
 
     @field_validator("revision")
     @classmethod

@@ -65,31 +65,16 @@ def _app_url(spec: JobSpec, here: Mapping[str, str]) -> str | None:
     there is not known here (None: the job's log prints the URL)."""
     if spec.backend != "local":
         return None if {"WANDB_APP_URL", "WANDB_BASE_URL"} & set(spec.secrets) else WANDB_APP
+    from distrain_cloud.training.tracking import wandb_base_url  # the server, as the job's probe finds it
+
     if here.get("WANDB_APP_URL", "").strip():
         return here["WANDB_APP_URL"].strip().rstrip("/")
-    base = here.get("WANDB_BASE_URL", "").strip() or _login_host(here)
-    if not base:
-        return WANDB_APP
-    base = base.rstrip("/")
+    base = wandb_base_url(here)  # W&B's cloud API when nothing names another
     if "://api.wandb." in base:  # W&B's cloud API: the app is the same host without api.
         return base.replace("://api.", "://")
     if "://api." in base:  # a dedicated deployment: app. beside api.
         return base.replace("://api.", "://app.")
     return base  # a self-hosted server serves its app and API at one address
-
-
-def _login_host(here: Mapping[str, str]) -> str | None:
-    """The server `wandb login --host` saved in W&B's settings file (its base_url), if any."""
-    import configparser
-    from pathlib import Path
-
-    folder = here.get("WANDB_CONFIG_DIR") or str(Path(here.get("HOME") or Path.home()) / ".config" / "wandb")
-    settings = configparser.ConfigParser()
-    try:
-        settings.read(Path(folder).expanduser() / "settings", encoding="utf-8")
-    except (configparser.Error, OSError, UnicodeDecodeError):
-        return None  # not W&B's file to fix here; the job's log prints the URL it gets
-    return settings.get("default", "base_url", fallback=None)
 
 
 def _online(spec: JobSpec, here: Mapping[str, str]) -> bool:

@@ -82,6 +82,7 @@ def _run(argv: Sequence[str] | None) -> None:
     except DataError as e:
         _fail(e, contract)
     from .checkpoint import CheckpointError
+    from .hub import HubPushError
     from .trainer import Trainer
 
     trainer = Trainer(args, contract, precision_note=chose, raw_data=raw)
@@ -94,6 +95,8 @@ def _run(argv: Sequence[str] | None) -> None:
         trainer.save(metrics)
     except CheckpointError as e:  # a checkpoint that cannot be resumed, or a full disk
         _fail(e, contract, code=e.exit_code, every_process=e.every_process)
+    except HubPushError as e:  # the model is saved; the line says how to retry the push alone
+        _fail(e, contract, code=1)
     # For node_launch (each node's, so each node's first process): the job completed, whatever
     # its launchers exit with on the way out.
     completed = os.environ.get("DISTRAIN_COMPLETED_FILE")

@@ -600,6 +600,10 @@ def validate(a: TrainArgs) -> None:
             )
     if a.push_to_hub and not a.save_model:
         raise ArgumentError("--push-to-hub needs the saved model; drop --no-save-model")
+    if a.push_to_hub is not None:  # offline, before the run: a repo that cannot exist fails only at the push
+        problem = repo_id_problem(a.push_to_hub)
+        if problem:
+            raise ArgumentError(f"--push-to-hub {a.push_to_hub!r} is not a Hub repo id: {problem}")
     if a.hub_private and not a.push_to_hub:
         raise ArgumentError("--hub-private applies to the repo --push-to-hub REPO creates; add --push-to-hub REPO")
     if a.hub_revision is not None:
@@ -622,6 +626,32 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(f"--epochs must be positive, got {a.epochs}")
     if a.task == "masked-lm" and not 0.0 < a.mlm_probability < 1.0:
         raise ArgumentError(f"--mlm-probability must be between 0 and 1, got {a.mlm_probability}")
+
+
+_REPO_RULES = (
+    "a repo id is NAME or NAMESPACE/NAME, each 1-96 letters, digits, '-', '_' or '.', not starting or "
+    "ending with '-' or '.', with no '--' or '..' and not ending in .git, e.g. me/tiny-gpt2"
+)
+_REPO_PART = re.compile(r"(?!.*(--|\.\.))[\w.-]{1,96}", re.ASCII)
+
+
+def repo_id_problem(repo_id: str) -> str | None:
+    """Why `repo_id` cannot name a Hub repo, or None: huggingface_hub's own offline check
+    (validate_repo_id), where it is installed (training always; a lean launcher may lack it), else
+    the same documented rules. Our words either way, the rules rather than its message."""
+    try:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+    except ImportError:
+        parts = repo_id.split("/")
+        ok = len(parts) <= 2 and all(
+            _REPO_PART.fullmatch(p) and not p.startswith(("-", ".")) and not p.endswith(("-", ".")) for p in parts
+        )
+        return None if ok and not repo_id.endswith(".git") else _REPO_RULES
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        return _REPO_RULES
+    return None
 
 
 def branch_problem(name: str) -> str | None:

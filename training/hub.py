@@ -42,7 +42,7 @@ def push_to_hub(
     token = token or os.environ.get("HF_TOKEN")
     if not token:
         # Fail before any request: an anonymous push can only fail later, and less clearly.
-        raise RuntimeError(NO_TOKEN_MESSAGE)
+        raise HubPushError(NO_TOKEN_MESSAGE)
 
     from huggingface_hub import HfApi
 
@@ -63,7 +63,8 @@ def push_to_hub(
     except Exception as err:
         # huggingface_hub's messages quote the server's reply and URLs, not the token; a
         # misbehaving server or proxy could still echo it back, so redact it.
-        failure = f"{type(err).__name__}: {err}".replace(token, "***")
+        # One line: huggingface_hub's messages run over several (the URL, then advice).
+        failure = " ".join(f"{type(err).__name__}: {err}".split()).replace(token, "***")
     if failure is not None:
         # Raised outside the except block so that the original error is not chained:
         # its response object still holds the request and its Authorization header.
@@ -72,3 +73,16 @@ def push_to_hub(
 
     # The caller says it (the trainer prints pushed_to_hub=REPO commit=URL with its other lines).
     return str(info.commit_url)
+
+
+def kept_model_line(repo_id: str, folder: Path, env: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """What to do after a failed push, for its error line: the model is saved, so the push alone
+    is retried, never the training. A local job's folder is this machine's: `distrain-cloud push`
+    retries it. A cloud job's is the node's, which goes when the job ends."""
+    job = env.get("DISTRAIN_JOB_NAME") or env.get("TRAINING_JOB_NAME") or "JOB"
+    if env.get("DISTRAIN_INSTANCE_TYPE") == "local":
+        return f"the model is kept in {folder}: `distrain-cloud push {job}` retries the push alone, without retraining"
+    return (
+        f"the model was saved in {folder} on the node; push it from a copy of that folder with "
+        f"`hf upload {repo_id} FOLDER` (`distrain-cloud push` retries local jobs only)"
+    )

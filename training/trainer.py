@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,13 +39,13 @@ from .args import ArgumentError, TrainArgs, default_lr
 from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .decisions import Decisions, decide
 from .fp8 import use_fp8
-from .hub import push_to_hub
+from .hub import HubPushError, kept_model_line, push_to_hub
 from .phases import hms as _hms
 from .phases import slow_phase as _slow_phase
 from .profiling import Profiler
 from .stopping import StopRequest, collective_timeout_handler
 from .strategies import AUTO, eval_compile_decision, provisional_strategy, slow_gpu_link
-from .tracking import fmt, model_card, start_wandb
+from .tracking import GuardedTracking, fmt, model_card, start_wandb
 
 
 @dataclasses.dataclass
@@ -106,6 +107,7 @@ class Trainer:
         self._check_environment(world, cuda=torch.cuda.is_available())
         self._patch_environment(cuda=torch.cuda.is_available())
         _allow_tf32(torch)
+        _say_op_builds(self.engine.ops_to_build())  # DeepSpeed may build one now, or at prepare
         self.accelerator = self._make_accelerator(world, cuda=torch.cuda.is_available())
         acc = self.accelerator
         if self.decisions.decided:  # else still undecided: said once the model is loaded
@@ -380,6 +382,8 @@ class Trainer:
                     "note: batches of another size group this epoch's examples by length anew: some of the "
                     "rest of this epoch may repeat examples already trained on, or skip some"
                 )
+        elif note := _nothing_resumed(os.environ, self.contract.checkpoint_dir):
+            self._print(note)
         self._start_tracking(state)
         self.stopping.install(self._print, speaks=acc.is_local_main_process)
         self.contract.output_dir.mkdir(parents=True, exist_ok=True)
@@ -468,7 +472,7 @@ class Trainer:
             self.stopping.saved()
             sig = self.stopping.signal or signal.SIGTERM
             self._print(f"stopped={sig.name} step={state.step} checkpoint_saved=1")
-            acc.end_training()
+            self._end_training()
             sys.exit(INTERRUPT_EXIT_CODE if sig == signal.SIGINT else STOP_EXIT_CODE)
         return self.evaluate(state.step)
 
@@ -529,7 +533,7 @@ class Trainer:
         acc.wait_for_everyone()
         if not a.save_model:
             self._print(self._summary(eval_metrics, saved=False))
-            acc.end_training()
+            self._end_training()
             return
         # Collective: gathers ZeRO-3's and fsdp's shards.
         unwrapped, state_dict = self.engine.full_state_dict(acc, self.model, self.optimizer)
@@ -560,12 +564,15 @@ class Trainer:
         if a.task == "causal-lm" and a.generate_tokens:
             self._sample(unwrapped)
         if a.push_to_hub and acc.is_main_process:
-            url = push_to_hub(model_dir, a.push_to_hub, private=a.hub_private or None, revision=a.hub_revision)
+            try:
+                url = push_to_hub(model_dir, a.push_to_hub, private=a.hub_private or None, revision=a.hub_revision)
+            except HubPushError as e:  # the model is saved: say how to retry the push alone
+                raise HubPushError(f"{e}; {kept_model_line(a.push_to_hub, model_dir)}") from None
             branch = f" branch={a.hub_revision}" if a.hub_revision else ""
             self._print(f"pushed_to_hub={a.push_to_hub}{branch} commit={url}")
         self._print(self._summary(eval_metrics, saved=True))
         acc.wait_for_everyone()
-        acc.end_training()
+        self._end_training()
 
     def _summary(self, eval_metrics: dict[str, float], *, saved: bool) -> str:
         """The run in one line, for the end of every log: what it did, where it ended, where it is.
@@ -613,10 +620,18 @@ class Trainer:
     # ------------------------------------------------------------------ plumbing
 
     def _start_tracking(self, state: TrainState) -> None:
+        self.tracking = GuardedTracking(self.accelerator, self._print)  # W&B failing never ends the run
         if self.args.report_to == "wandb":
             state.wandb_run_id = start_wandb(
                 self.accelerator, self.args, self.contract, state.wandb_run_id, self._print
             )
+
+    def _end_training(self) -> None:
+        """The trackers finished (a failure said, not raised), then Accelerate's own end."""
+        tracking = getattr(self, "tracking", None)
+        if tracking is not None:
+            tracking.finish()
+        self.accelerator.end_training()
 
     def _check_stop(self, step: int) -> None:
         acc = self.accelerator
@@ -652,7 +667,7 @@ class Trainer:
 
     def _emit(self, step: int, metrics: dict[str, float]) -> None:
         acc = self.accelerator
-        acc.log(metrics, step=step)
+        self.tracking.log(metrics, step)
         if acc.is_main_process:
             # key=value lines: stable for SageMaker metric regexes, the bench and grep (fields are
             # only ever added, at the end). Then, for people reading a log: where the run stands.
@@ -686,6 +701,31 @@ class Trainer:
             dynamic_ncols=True,
             disable=not self.accelerator.is_main_process or not sys.stderr.isatty(),
         )
+
+
+def _say_op_builds(ops: list[str]) -> None:
+    """Before a minute of silence on a fresh machine: which ops are built, and that it is once.
+    The first process alone (the others build nothing: they wait on torch's build lock)."""
+    if ops and int(os.environ.get("RANK", "0")) == 0:
+        names = ", ".join(ops)
+        print(
+            f"setup: DeepSpeed compiles its {names} op{'s' if len(ops) > 1 else ''} for this machine first "
+            "(a minute or more each, once: later runs load them)",
+            flush=True,
+        )
+
+
+def _nothing_resumed(env: Mapping[str, str], checkpoints: Path) -> str | None:
+    """The line for a job that resumes another (its lineage is an earlier job's) but finds no
+    checkpoint: it trains from step 1, and says so rather than silently."""
+    lineage = env.get("DISTRAIN_LINEAGE")
+    job = env.get("DISTRAIN_JOB_NAME") or env.get("TRAINING_JOB_NAME")
+    if not lineage or not job or lineage == job:
+        return None
+    return (
+        f"note: this job resumes lineage {lineage}, but its checkpoints ({checkpoints}) hold none: "
+        "training starts again from step 1"
+    )
 
 
 class _Window:

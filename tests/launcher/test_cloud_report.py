@@ -207,3 +207,32 @@ def test_no_credentials_is_one_line_and_exit_3(no_aws_config, job_records, tmp_p
         "error: no AWS credentials found: run `aws configure` or set AWS_PROFILE / "
         "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
     ]
+
+
+def test_a_resumed_sagemaker_jobs_report_fetches_and_plots_its_whole_lineage(bucket, job_records, tmp_path, capsys):
+    first_rows = [{"step": 5, "train_loss": 3.0}, {"step": 10, "train_loss": 2.5}]
+    for name, rows in (("sm-first", first_rows), ("sm-second", ROWS)):
+        sagemaker_job(name)
+        put(
+            f"distrain-cloud/jobs/{name}/output/output.tar.gz",
+            tarball([("metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())]),
+        )
+    record(job_records, "sm-first", "sagemaker")
+    record(job_records, "sm-second", "sagemaker", spec={"resume_from": "sm-first"})  # as `resume` records it
+    workdir = tmp_path / "runs"
+    code, out, err = run_cli(capsys, "report", "sm-second", "--workdir", str(workdir))
+    assert code == 0, err
+    text = assert_page_has_the_losses(Path(out.strip()))
+    assert "lineage, oldest first: sm-first (steps 5-10) &rarr; sm-second (steps 10-20)" in text
+    assert (workdir / "sm-first" / "output" / "metrics.jsonl").is_file()  # fetched from S3 like the job's own
+    loss = (Path(out.strip()).parent / "plots" / "loss.svg").read_text()
+    assert loss.count("<circle") == 3 + 1  # train steps 5, 10 (sm-second's), 20; one eval
+
+
+def test_an_attempt_missing_from_s3_is_named_on_the_page(bucket, job_records, tmp_path, capsys):
+    sagemaker_job("sm-second")
+    put("distrain-cloud/jobs/sm-second/output/output.tar.gz", tarball([("metrics.jsonl", METRICS)]))
+    record(job_records, "sm-second", "sagemaker", spec={"resume_from": "sm-gone"})
+    code, out, err = run_cli(capsys, "report", "sm-second", "--workdir", str(tmp_path / "runs"))
+    assert code == 0, err
+    assert "; not plotted: sm-gone: " in Path(out.strip()).read_text()

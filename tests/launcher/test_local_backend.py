@@ -330,6 +330,8 @@ def test_ctrl_c_in_the_terminal_checkpoints_and_the_job_is_stopped(cli, tmp_path
     assert (status["status"], status["exit_code"]) == ("Stopped", 128 + signal.Signals[sig])
     assert f"--resume-from {root.name}" in status["detail"]
     assert "model in" not in err  # stopped: no model was saved
+    # The last line names the command that continues it.
+    assert err.strip().splitlines()[-1].endswith(f"; continue it: distrain-cloud resume {root.name}"), err[-2000:]
     if stop == "cancel":
         assert cancel.returncode == 0, cancel.stderr
         assert cancel.stdout == f"{root.name}: stopped ({status['detail']})\n"

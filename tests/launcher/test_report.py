@@ -120,3 +120,70 @@ def test_a_real_jobs_report_renders_in_headless_chromium(cli, tmp_path):
     subprocess.run([*browser, "--window-size=1240,1500", f"--screenshot={shot}", page.as_uri()], timeout=120)
     assert shot.is_file() and shot.stat().st_size > 20_000, "Chromium wrote no (or an empty) screenshot"
     print(f"screenshot: {shot}")
+
+
+# ---------------------------------------------------------------- a resumed job's lineage
+
+
+def attempt(runs: Path, name: str, steps: list[int], resumes: str | None = None) -> Path:
+    """A local job folder with a train row per step (loss = 10 / step) and an eval at its end; a
+    resume's plan names the job it resumed, as the local backend's summary does."""
+    root = runs / name
+    (root / "output").mkdir(parents=True)
+    rows = [{"step": s, "train_loss": 10.0 / s, "lr": 1e-3} for s in steps]
+    rows.append({"step": steps[-1], "eval_loss": 9.0 / steps[-1]})
+    (root / "output" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"instance": "local"} | (
+        {"resumes": f"{resumes} (lineage a-job: {runs}/a-job/checkpoints)"} if resumes else {}
+    )
+    (root / "job.json").write_text(json.dumps({"summary": summary}))
+    (root / "status.json").write_text(json.dumps({"status": "Completed" if name == "c-job" else "Stopped"}))
+    return root
+
+
+def plotted_losses(page: Path) -> int:
+    svg = (page.parent / "plots" / "loss.svg").read_text()
+    return svg.count("<circle")
+
+
+def test_a_resumed_jobs_report_plots_its_lineage_from_step_1(tmp_path, capsys, job_records, monkeypatch):
+    from clirun import run_cli
+
+    runs = tmp_path / "runs"
+    attempt(runs, "a-job", [1, 2, 3])
+    attempt(runs, "b-job", [3, 4, 5], resumes="a-job")  # step 3 again: its checkpoint was at 2
+    attempt(runs, "c-job", [6, 7], resumes="b-job")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "report", "c-job")
+    assert code == 0, err
+    page = Path(out.strip())
+    text = page.read_text()
+    assert "lineage, oldest first: a-job (steps 1-3) &rarr; b-job (steps 3-5) &rarr; c-job (steps 6-7)" in text
+    assert plotted_losses(page) == 7 + 3  # train steps 1-7 (step 3 once: the later attempt's) and 3 evals
+    assert "<th>train_loss</th><td>1.429</td>" in text  # the final metrics are the last attempt's
+    # A job folder given by path finds its lineage the same way.
+    code, out, err = run_cli(capsys, "report", str(runs / "b-job"))
+    assert code == 0 and "a-job (steps 1-3) &rarr; b-job (steps 3-5)</p>" in Path(out.strip()).read_text(), err
+
+
+def test_an_attempt_whose_metrics_are_gone_is_named_and_the_rest_plotted(tmp_path, job_records):
+    from distrain_cloud.launcher.jobs import JobRef
+    from distrain_cloud.launcher.report import lineage_folders
+
+    runs = tmp_path / "runs"
+    attempt(runs, "b-job", [3, 4], resumes="a-job")  # a-job's folder was deleted
+    earlier, missing = lineage_folders(JobRef("b-job", "local", workdir=runs))
+    assert earlier == [] and missing == [f"a-job: no metrics at {runs / 'a-job' / 'output' / 'metrics.jsonl'}"]
+    page = write_report(runs / "b-job", earlier=earlier, missing=missing)
+    assert "b-job (steps 3-4); not plotted: a-job: no metrics at " in page.read_text()
+
+
+def test_a_loop_in_the_records_ends_the_lineage(tmp_path, job_records):
+    from distrain_cloud.launcher.report import earlier_attempts
+
+    job_records.mkdir(parents=True)
+    for name, resumed in (("a-job", "b-job"), ("b-job", "a-job")):  # hand-edited: each resumes the other
+        record = {"name": name, "backend": "local", "spec": {"resume_from": resumed}}
+        (job_records / f"{name}.json").write_text(json.dumps(record))
+    assert earlier_attempts("b-job", tmp_path) == ["a-job"]
+    assert earlier_attempts("x-job", tmp_path) == []  # no record, no plan: its own lineage

@@ -205,6 +205,21 @@ def test_hub_revision_and_private_are_launcher_flags_passed_to_training(capsys, 
     assert (hyperparameters["hub_revision"], hyperparameters["hub_private"]) == ("exp/v2", "true")
 
 
+@pytest.mark.parametrize("backend", [["--instance", "local"], ["--instance", "ml.g5.2xlarge", "--region", "us-east-1"]])
+def test_a_hub_repo_that_cannot_exist_is_refused_at_plan_time(capsys, monkeypatch, tmp_path, backend):
+    # It used to pass every plan and fail at the push, after the whole (paid) run.
+    monkeypatch.chdir(tmp_path)
+    argv = ["submit", *backend, "--dry-run", "--push-to-hub", "bad id!!"]
+    code, out, err = run_cli([*argv, "--secret", f"HF_TOKEN={HF_REF}"], capsys)
+    assert code == 2 and out == ""
+    assert err.strip().endswith(
+        "hub.repo_id (--push-to-hub): 'bad id!!' is not a Hub repo id: a repo id is NAME or NAMESPACE/NAME, each "
+        "1-96 letters, digits, '-', '_' or '.', not starting or ending with '-' or '.', with no '--' or '..' and "
+        "not ending in .git, e.g. me/tiny-gpt2"
+    ), err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_hub_settings_in_a_spec_file(tmp_path):
     spec = load_spec(None, {"hub": {"repo_id": "me/model", "revision": "v2", "private": True}})
     assert spec.training_argv("no", "job")[-5:] == [

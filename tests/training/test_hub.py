@@ -197,3 +197,62 @@ def test_a_branch_failure_names_the_branch_without_the_token(hub, model_folder, 
     with pytest.raises(HubPushError, match=r"tiny-model \(branch v2\) failed: .*Bearer \*\*\* may not"):
         push_to_hub(model_folder, REPO_ID, revision="v2")
     assert not [r for r in hub.requests if "/commit/" in r.path]  # nothing was committed anywhere
+
+
+@pytest.mark.slow  # trains a tiny model (seconds)
+def test_a_failed_push_keeps_the_model_names_the_retry_and_the_retry_pushes_it(hub, train, monkeypatch):
+    """The push fails after the whole run: the error line says the model is kept and names
+    `distrain-cloud push JOB`, which then pushes that model without retraining."""
+    from distrain_cloud.launcher.jobs import JobRef
+    from distrain_cloud.launcher.push import push_job
+
+    hub.fail["commit"] = (403, "You don't have the rights to create a model under the namespace me")
+    env = {
+        "HF_ENDPOINT": hub.url,
+        "HF_TOKEN": FAKE_TOKEN,
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "DISTRAIN_INSTANCE_TYPE": "local",  # as the local backend sets them
+        "DISTRAIN_JOB_NAME": "push-fails",
+    }
+    flags = ["--max-steps", "2", "--report-to", "none", "--generate-tokens", "0", "--push-to-hub", "me/tiny"]
+    run = train(*flags, name="push-fails", env=env)
+    model_dir = run.contract.model_dir
+    assert run.returncode == 1, run.describe()
+    line = run.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: Pushing {model_dir} to the Hub repo me/tiny failed: "), line
+    assert line.endswith(
+        f"; the model is kept in {model_dir}: `distrain-cloud push push-fails` retries the push alone, without "
+        "retraining"
+    ), line
+    assert (run.contract.output_dir / "failure").read_text() == line + "\n"
+    assert FAKE_TOKEN not in run.stdout + run.stderr
+    del hub.fail["commit"]
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    said = push_job(JobRef("push-fails", "local", workdir=run.contract.root.parent))
+    assert said.startswith(f"pushed {model_dir} to the Hub repo me/tiny: "), said
+    files = hub.files("me/tiny")
+    for name in ("config.json", "model.safetensors", "training_args.json", "README.md"):
+        assert files[name] == (model_dir / name).read_bytes(), name
+
+
+def test_a_cloud_jobs_failed_push_names_hf_upload_not_the_local_retry(tmp_path):
+    from distrain_cloud.training.hub import kept_model_line
+
+    line = kept_model_line("me/tiny", tmp_path / "model", {"TRAINING_JOB_NAME": "sm-job"})
+    assert line == (
+        f"the model was saved in {tmp_path / 'model'} on the node; push it from a copy of that folder with "
+        "`hf upload me/tiny FOLDER` (`distrain-cloud push` retries local jobs only)"
+    )
+
+
+def test_a_resume_that_finds_no_checkpoint_says_it_trains_from_step_1(tmp_path):
+    from distrain_cloud.training.trainer import _nothing_resumed
+
+    resumed = {"DISTRAIN_LINEAGE": "first", "DISTRAIN_JOB_NAME": "second"}
+    assert _nothing_resumed(resumed, tmp_path) == (
+        f"note: this job resumes lineage first, but its checkpoints ({tmp_path}) hold none: training starts "
+        "again from step 1"
+    )
+    assert _nothing_resumed({"DISTRAIN_LINEAGE": "first", "TRAINING_JOB_NAME": "first"}, tmp_path) is None
+    assert _nothing_resumed({}, tmp_path) is None  # run by hand: no lineage to speak of

@@ -44,6 +44,11 @@ class Engine:
         where it must be named (None: Accelerate's pick)."""
         return {}, None
 
+    def ops_to_build(self) -> list[str]:
+        """Native ops this machine must compile before the engine runs (minutes, silent): said
+        before it starts. None for most engines."""
+        return []
+
     def accelerator_built(self, accelerator: Any) -> None:
         """What the engine checks or sets on the Accelerator once it exists."""
 

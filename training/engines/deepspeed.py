@@ -4,6 +4,7 @@ clips and steps. DeepSpeed is imported only where it runs: its import takes seco
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from accelerate.utils import DeepSpeedPlugin
@@ -25,6 +26,34 @@ class DeepSpeedEngine(Engine):
         # Without a named backend accelerate counts one process under DeepSpeed on CPU while
         # DeepSpeed sees them all; gloo makes both agree.
         return {"deepspeed_plugin": plugin}, None if cuda else "gloo"
+
+    def ops_to_build(self) -> list[str]:
+        """The ops DeepSpeed compiles with its JIT on first use, not yet built here: the CPU
+        accelerator's shared-memory comm op (every ZeRO run on CPU) and, with offload, CPUAdam.
+        Built is cheap to know: prebuilt into the install (installed_ops), or a library in
+        torch's extension folder from an earlier run (each takes a minute or more to build)."""
+        try:
+            import deepspeed.ops
+            from deepspeed.accelerator import get_accelerator
+            from deepspeed.git_version_info import installed_ops
+            from torch.utils.cpp_extension import _get_build_directory  # private: guarded
+        except ImportError:
+            return []
+        wanted = ["ShareMemCommBuilder"] + (["CPUAdamBuilder"] if self.decisions.strategy.offload else [])
+        names = []
+        for cls in wanted:
+            try:
+                builder = get_accelerator().create_op_builder(cls)  # None where the accelerator has none
+                if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+                    continue
+                if installed_ops.get(builder.name, False):
+                    continue
+                folder = Path(_get_build_directory(builder.name, verbose=False))
+            except Exception:  # noqa: BLE001 - unknown: the slow phase's line still says it after 10 s
+                continue
+            if not (folder / f"{builder.name}.so").is_file():
+                names.append(builder.name)
+        return names
 
     def loaded(self, model: Any) -> None:
         """ZeRO-3 gathers parameters per module through Python hooks; for GPT-2's dozen small
