@@ -297,7 +297,9 @@ def test_the_secret_value_is_in_no_request_and_no_object(stack, calls, capsys):
     import boto3
 
     value = "fake-token-value-0123456789"
-    arn = boto3.client("secretsmanager", region_name=REGION).create_secret(Name="hf-token", SecretString=value)["ARN"]
+    arn = boto3.client("secretsmanager", region_name=REGION).create_secret(
+        Name="distrain-cloud/hf-token", SecretString=value
+    )["ARN"]
     job, plan = submitted(secrets={"HF_TOKEN": arn}, **{"hub.repo_id": "me/model"})
     sent = json.dumps(
         [p for op, p in zip(calls.ops, calls.params, strict=True) if op != "secretsmanager.CreateSecret"], default=str

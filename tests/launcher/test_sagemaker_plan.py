@@ -377,16 +377,19 @@ def test_the_example_spec_round_trips_too(offline):
 
 def _emitted_line(tmp_path, step, metrics, capsys) -> str:
     """The very line the entry point prints for `metrics` (Trainer._emit, with a stand-in accelerator)."""
+    from distrain_cloud.training.tracking import GuardedTracking
     from distrain_cloud.training.trainer import Trainer
 
     class Acc:
         is_main_process = True
+        trackers: list = []
 
         def log(self, *a, **k):
             pass
 
     trainer = object.__new__(Trainer)
     trainer.accelerator, trainer.metrics_file = Acc(), tmp_path / "metrics.jsonl"
+    trainer.tracking = GuardedTracking(trainer.accelerator, print)
     trainer.max_steps = 1000  # train lines end with progress=STEP/1000
     capsys.readouterr()
     trainer._emit(step, metrics)
