@@ -50,6 +50,7 @@ class ModelShape:
     positions: int
     intermediate: int  # the MLP's inner width (4 d for GPT-2)
     kv_heads: int | None = None  # llama: key/value heads (grouped-query attention)
+    tied: bool = True  # the LM head shares the input embeddings (llama-8b's does not)
 
     @property
     def params(self) -> int:
@@ -77,7 +78,8 @@ class ModelShape:
     @property
     def embeddings(self) -> int:
         positions = 0 if self.family == "llama" else self.positions  # RoPE: no position table
-        return (self.vocab + positions) * self.hidden
+        head = 0 if self.tied else self.vocab  # an untied LM head: a second vocabulary-sized matrix
+        return (self.vocab + positions + head) * self.hidden
 
 
 # The shipped tokenizer's size: presets without a vocab_size take it (training/modeling.py).
@@ -108,6 +110,8 @@ def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape | None
             positions=first("n_positions", "max_position_embeddings", default=1024 if family == "gpt2" else 512),
             intermediate=first("n_inner", "intermediate_size", "hidden_dim", default=4 * hidden),
             kv_heads=first("num_key_value_heads", default=0) or None,
+            # transformers' defaults: LlamaConfig unties, GPT-2 and BERT tie
+            tied=bool(config.get("tie_word_embeddings", family != "llama")),
         )
     except (TypeError, ValueError):
         return None
