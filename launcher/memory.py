@@ -644,8 +644,8 @@ class Fit:
     need_gib: float | None  # None: the job's precision cannot run on this GPU
     have_gib: float
     hourly_usd: float | None  # every node, on demand
-    usd_per_million_tokens: float | None  # from measured throughput only
-    note: str  # why need or cost is missing, or where the throughput was measured
+    usd_per_million_tokens: float | None  # measured throughput, else launcher/throughput.py's estimate
+    note: str  # why need or cost is missing, where the throughput was measured, or how it was estimated
     strategy: str = ""  # what the job runs there (--strategy auto picks per instance)
 
     @property
@@ -694,19 +694,27 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
         world = processes(job.strategy, instance, spec.nodes)
         need = estimate_job(job, shape, world).device_gib
         runs = "fsdp in-graph" if decisions_for(job).in_graph else job.strategy
-        cost, note = None, "no measurement"
-        measured = measured_tokens_per_sec(job, shape, instance.gpu_model or "")
-        if measured and hourly is not None:
-            tokens_per_hour = measured[0] * world * 3600
-            scaled = f"; x {world} GPUs, multi-GPU scaling not measured here" if world > 1 else ""
-            cost, note = hourly / tokens_per_hour * 1e6, measured[1] + scaled
+        cost, note = None, "no measurement, and no published rates for this GPU"
+        rate = measured_tokens_per_sec(job, shape, instance.gpu_model or "") or estimated_tokens_per_sec(
+            job, shape, instance
+        )
+        if rate and hourly is not None:
+            tokens_per_hour = rate[0] * world * 3600
+            scaled = f"; x {world} GPUs, multi-GPU scaling not modelled" if world > 1 else ""
+            cost, note = hourly / tokens_per_hour * 1e6, rate[1] + scaled
         rows.append(Fit(instance.name, gpus, need, have, hourly, cost, note, runs))
     what = (
         f"{shape.name} ({shape.params / 1e6:,.0f}M params), {args.task}, {_strategy_words(args)}"
         f"{compile_words(args)}, micro-batch {args.batch_size} x {seq_len(args)} tokens, "
         f"{spec.nodes} node(s), prices in {region}"
     )
-    return what, sorted(rows, key=lambda r: (not r.fits, r.usd_per_million_tokens is None, r.hourly_usd or 0))
+    return what, sorted(rows, key=_cheapest_first)
+
+
+def _cheapest_first(r: Fit) -> tuple[bool, bool, float, float]:
+    """The rows that fit, cheapest to train the job's tokens first ($/M tokens orders instances as
+    the cost of any fixed number of tokens does), then those with no cost, by hourly price."""
+    return (not r.fits, r.usd_per_million_tokens is None, r.usd_per_million_tokens or 0.0, r.hourly_usd or 0.0)
 
 
 def measured_tokens_per_sec(args: TrainArgs, shape: ModelShape, gpu_model: str) -> tuple[float, str] | None:
@@ -716,19 +724,39 @@ def measured_tokens_per_sec(args: TrainArgs, shape: ModelShape, gpu_model: str) 
 
     from .throughput import THROUGHPUT
 
+    replicated = ("ddp", "single")  # one process of DDP runs as one GPU alone
     for t in THROUGHPUT:
         same = (
             t.card == gpu_model
             and shape_from_config(shape.name, PRESETS[t.model]) == shape
             and (t.task, t.seq_len, t.batch_size, t.compiled)
             == (args.task, seq_len(args), args.batch_size, compiled(args))
-            and args.strategy in ("ddp", "single")
+            and (args.strategy == t.strategy or (args.strategy in replicated and t.strategy in replicated))
+            and args.precision != "fp8"
+            and not decisions_for(args).in_graph
         )
         if same:
             per_gpu = sum(t.tokens_per_sec) / len(t.tokens_per_sec)
             sources = ", ".join(dict.fromkeys(source for source, _ in t.runs))
-            return per_gpu, f"{per_gpu:,.0f} tokens/s measured on 1 {t.card}: {sources}"
+            where = f"1 {t.card}" if t.gpus == 1 else f"{t.gpus} {t.card}s ({t.strategy})"
+            return per_gpu, f"{per_gpu:,.0f} tokens/s/GPU measured on {where}: {sources}"
     return None
+
+
+def estimated_tokens_per_sec(args: TrainArgs, shape: ModelShape, instance: InstanceType) -> tuple[float, str] | None:
+    """Tokens/s per GPU estimated from the card's published rates (launcher/throughput.py's roofline,
+    fitted to the measured H100/H200 runs), and how; None for a GPU with no published rates."""
+    from .throughput import estimate_tokens_per_sec, largest_error, spec
+
+    card = spec(instance.gpu_model or "", instance.gpu_memory_gib)
+    if card is None:
+        return None
+    per_gpu = estimate_tokens_per_sec(shape, seq_len(args), compiled(args), card)
+    fp8 = "; fp8 not modelled: bf16's rate" if args.precision == "fp8" else ""
+    return per_gpu, (
+        f"est. {per_gpu:,.0f} tokens/s/GPU ({card.tflops:g} TFLOP/s, {card.tb_per_s:g} TB/s; roofline fitted to "
+        f"H100/H200 runs, within {largest_error():.0%} of them){fp8}"
+    )
 
 
 def render_fit_table(what: str, rows: list[Fit]) -> str:
@@ -748,6 +776,8 @@ def render_fit_table(what: str, rows: list[Fit]) -> str:
         lines.append(f"{line}  {cost}")
     lines.append(
         "need/GPU: estimated peak per GPU (launcher/memory.py, within 15% of measured H100/H200 peaks); "
-        "$/M tokens: list price over measured throughput, where this exact configuration was measured"
+        "$/M tokens: list price over measured throughput where this exact configuration was measured, else over "
+        "an estimate (est.) from the card's published rates, unchecked on cards never measured (older ones are "
+        "likely slower than it says); rows ranked by it, cheapest first"
     )
     return "\n".join(lines)
