@@ -93,5 +93,9 @@ def use_fp8(model: Any, recipe: str = "tensorwise", bf16_edge_blocks: int = 0) -
         config=Float8LinearConfig.from_recipe_name(TORCHAO_RECIPES[recipe]),
         module_filter_fn=lambda _module, fqn: fqn in eligible,
     )
-    edges = f" and the first and last {bf16_edge_blocks} blocks" if bf16_edge_blocks else ""
-    return f"fp8=on linear_layers={len(eligible)} (torchao float8, {recipe} scaling; the LM head{edges} stay bf16)"
+    kept = (
+        f"the LM head and the first and last {bf16_edge_blocks} blocks stay"
+        if bf16_edge_blocks
+        else "the LM head stays"
+    )
+    return f"fp8=on linear_layers={len(eligible)} (torchao float8, {recipe} scaling; {kept} bf16)"

@@ -197,3 +197,23 @@ def test_fp8_recipes_name_torchaos():
     assert set(fp8.TORCHAO_RECIPES) == set(FP8_RECIPES)
     args = parse_args(["--precision", "fp8", "--strategy", "ddp", "--fp8-recipe", "rowwise-gw-hp"])
     assert (args.fp8_recipe, args.fp8_bf16_edge_blocks) == ("rowwise-gw-hp", 0)
+
+
+@pytest.mark.slow  # importing torchao and transformers' Llama
+def test_fp8_converts_with_the_recipe_and_edge_blocks_asked_for():
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from distrain_cloud.training import modeling
+
+    narrow = "hidden_size=64,intermediate_size=128,num_hidden_layers=4,num_attention_heads=4,num_key_value_heads=2"
+    args = parse_args(["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", f"{narrow},vocab_size=256"])
+    model = modeling.load_model(args, modeling.load_tokenizer(args))
+    line = fp8.use_fp8(model, "rowwise", bf16_edge_blocks=1)
+    assert line == (
+        "fp8=on linear_layers=14 (torchao float8, rowwise scaling; the LM head and the first and last 1 blocks "
+        "stay bf16)"
+    )
+    converted = [m for m in model.modules() if isinstance(m, Float8Linear)]
+    assert len(converted) == 14  # the middle two blocks' seven linears each
+    assert all(m.config.cast_config_input.scaling_granularity.value == "axiswise" for m in converted)  # rowwise
