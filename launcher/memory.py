@@ -272,7 +272,7 @@ FRAGMENTATION = 0.05
 # A card's usable memory is below its nominal size: GDDR cards with ECC on (T4, A10G, L4, L40S)
 # reserve 1/16 of it (a T4 shows 15,360 MiB); HBM cards show nearly all (an H100 80GB reports
 # 81,559 MiB, the H200s of bench/measurements 143,771).
-USABLE_FRACTION = {"V100": 0.98, "A100": 0.98, "H100": 0.98, "H200": 0.98}
+USABLE_FRACTION = {"V100": 0.98, "A100": 0.98, "H100": 0.98, "H200": 0.98, "B200": 0.98}
 USABLE_FRACTION_GDDR = 15 / 16
 
 
