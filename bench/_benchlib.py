@@ -54,6 +54,23 @@ LLAMA_SHAPES = {
         "attention_bias": False,
         "mlp_bias": False,
     },
+    # llama-8b (Llama 3.1 8B's shapes), restated likewise
+    "llama-8b": {
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_dropout": 0.0,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
 }
 SHIPPED_VOCAB = 746  # len() of the shipped tokenizer; tiny-gpt2 uses it as its vocabulary size
 
@@ -83,12 +100,13 @@ def gpt2_num_params(n_layer: int, n_embd: int, vocab_size: int, n_positions: int
 
 
 def llama_num_params(shape: dict) -> int:
-    """All parameters of LlamaForCausalLM with tied embeddings: q and o (d x d), k and v (d x kv),
-    SwiGLU's three (d x I), two RMSNorms a layer, the final RMSNorm and the embeddings."""
+    """All parameters of LlamaForCausalLM: q and o (d x d), k and v (d x kv), SwiGLU's three
+    (d x I), two RMSNorms a layer, the final RMSNorm, the embeddings and, untied, the LM head."""
     d, inner = shape["hidden_size"], shape["intermediate_size"]
     kv = d * shape["num_key_value_heads"] // shape["num_attention_heads"]
     per_layer = 2 * d * d + 2 * d * kv + 3 * d * inner + 2 * d
-    return shape["vocab_size"] * d + shape["num_hidden_layers"] * per_layer + d
+    heads = 1 if shape.get("tie_word_embeddings", True) else 2
+    return heads * shape["vocab_size"] * d + shape["num_hidden_layers"] * per_layer + d
 
 
 def flops_per_token(n_params: int, n_layer: int, hidden: int, seq_len: int) -> float:
@@ -162,6 +180,57 @@ def write_repeated_corpus(path: Path, repeats: int) -> Path:
         for _ in range(repeats):
             f.write(text)
     return path
+
+
+# The non-repeated corpus for loss comparisons: the Python standard library's own source, as the
+# interpreter running the bench has it. The repeated corpus.txt is memorised within a few hundred
+# steps (losses near 0.5), which magnifies numeric differences such as fp8's; this text is about
+# 31 MB in 1,800 files (Python 3.11-3.12), about 24M tokens with the shipped tokenizer (code
+# tokenizes at about 1.3 characters a token with its prose-trained 746-entry vocabulary).
+STDLIB_CHARS_PER_TOKEN = 1.3
+
+
+def stdlib_sources() -> list[Path]:
+    """Every .py file of this interpreter's standard library (tests included), in sorted order;
+    installed packages (site-packages) are not part of it."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.rglob("*.py") if "site-packages" not in p.relative_to(root).parts)
+
+
+def write_stdlib_corpus(path: Path, max_chars: int | None = None) -> dict:
+    """Write the standard library's source as one document per non-blank line (as the trainer's
+    text loader reads a .txt file), file after file in sorted order, stopping after `max_chars`.
+    Nothing repeats. Returns what was written (files, characters, Python version, sha256), so a
+    result names the exact text."""
+    import hashlib
+    import sys
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest, chars, files = hashlib.sha256(), 0, 0
+    with open(path, "w", encoding="utf-8") as f:
+        for src in stdlib_sources():
+            if max_chars is not None and chars >= max_chars:
+                break
+            text = src.read_text(encoding="utf-8", errors="replace")
+            body = "".join(line.rstrip() + "\n" for line in text.splitlines() if line.strip())
+            f.write(body)
+            digest.update(body.encode("utf-8"))
+            chars, files = chars + len(body), files + 1
+    return {
+        "corpus": "python-stdlib",
+        "python": sys.version.split()[0],
+        "files": files,
+        "chars": chars,
+        "tokens_estimate": int(chars / STDLIB_CHARS_PER_TOKEN),
+        "sha256": digest.hexdigest(),
+    }
+
+
+def stdlib_chars_needed(tokens: int, train_fraction: float = 0.9) -> int:
+    """Characters of stdlib text whose train split covers `tokens` once, with a 25% margin."""
+    return int(tokens * STDLIB_CHARS_PER_TOKEN * 1.25 / train_fraction)
 
 
 # ---------------------------------------------------------------- variable-length classification set

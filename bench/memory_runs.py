@@ -121,6 +121,7 @@ S14 = "2026-11-27-h200x4-session14"
 S15 = "2026-11-27-h200x2-session15"
 S16 = "2026-11-27-h200x4-session16"
 S18 = "2026-11-28-h200x4-session18"
+S19 = "2026-11-28-h200x4-session19"
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
 CLS, HF_CLS = "ours-cls-gpt2-small-g1-b32", "hf-cls-gpt2-small-g1-b32"
@@ -575,4 +576,10 @@ CONFIGS: tuple[Config, ...] = (
     Config("llama-1b", 1, "ddp", batch_size=8, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
            head_loss=True, precision="fp8",
            runs=_runs("H200", (f"{S18}-llama-ours", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8", 33.0014, 55.69))),
+    # session 19 (4xH200, one host): the llama-8b preset (Llama 3.1 8B's shapes, untied head), seq 2048,
+    # micro-batch 4, compiled FSDP2 (one block a unit) and compiled ZeRO-3 (blocks fetched whole)
+    Config("llama-8b", 4, "fsdp", batch_size=4, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           runs=_runs("H200", (f"{S19}-llama8b", "ours-llama-8b-fsdp-compile-g4-b4-k1", 62.0842, 89.37))),
+    Config("llama-8b", 4, "zero3", batch_size=4, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           runs=_runs("H200", (f"{S19}-llama8b", "ours-llama-8b-zero3-compile-g4-b4-k1", 82.5627, 108.36))),
 )  # fmt: skip

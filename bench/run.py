@@ -982,6 +982,8 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
     res["peak_mem_gb"] = max(peaks) if peaks else None
     losses = [r["train_loss"] for r in rows if "train_loss" in r]
     res["final_train_loss"] = losses[-1] if losses else None  # the last window's (fp8 vs bf16)
+    evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
+    res["final_eval_loss"] = evals[-1] if evals else None  # held-out text: the loss comparison
     res["complete"] = bool(windows) and windows[-1][1] >= run.warmup + run.steps
     prof = next((line for line in text.splitlines() if line.startswith("profile_steps=")), None)
     if prof:  # --profile-steps: per-step GPU busy, collective and exposed-collective milliseconds
@@ -1117,11 +1119,15 @@ def summarize(suite: str, runs: list[Run], ctx: Ctx) -> tuple[list[str], dict]:
                 q = ratio(v.result.get("tokens_per_sec"), base.result.get("tokens_per_sec") if base else None)
                 bl, vl = (base.result.get("final_train_loss") if base else None), v.result.get("final_train_loss")
                 rel = (vl - bl) / bl if vl is not None and bl else None
+                be, ve = (base.result.get("final_eval_loss") if base else None), v.result.get("final_eval_loss")
+                erel = (ve - be) / be if ve is not None and be else None
                 out[f"{v.variant}_over_ours"], out[f"{v.variant}_loss_rel"] = q, rel
+                out[f"{v.variant}_eval_loss_rel"] = erel
                 lines.append(
-                    f"- ours [{v.variant}] ÷ ours: **{xfmt(q)}** tokens/s; train loss at step "
-                    f"{v.warmup + v.steps}: {fmt(vl, '.4f')} vs {fmt(bl, '.4f')} "
-                    f"({fmt(rel, '+.2%') if rel is not None else '–'})"
+                    f"- ours [{v.variant}] ÷ ours: **{xfmt(q)}** tokens/s; eval loss after step "
+                    f"{v.warmup + v.steps}: {fmt(ve, '.4f')} vs {fmt(be, '.4f')} "
+                    f"(**{fmt(erel, '+.2%') if erel is not None else '–'}**); train loss (last window): "
+                    f"{fmt(vl, '.4f')} vs {fmt(bl, '.4f')} ({fmt(rel, '+.2%') if rel is not None else '–'})"
                 )
     elif suite == "scaling":
         for r, t in zip(runs, tps, strict=True):
@@ -1241,6 +1247,12 @@ def render(meta: dict, suites: dict[str, list[Run]], ctx: Ctx) -> tuple[str, dic
         "incl. embeddings; peak GiB (torch) = max_memory_allocated (ours: its logged peak_mem_gb, "
         "when present); peak GiB (nvidia-smi) = sampled memory.used, max over the run's GPUs"
     )
+    c = meta.get("lm_corpus")
+    if c:
+        md.append(
+            f"- LM data: the Python {c['python']} standard library's source, not repeated: {c['files']:,} files, "
+            f"{c['chars']:,} characters (about {c['tokens_estimate']:,} tokens), sha256 {c['sha256'][:16]}…"
+        )
     data = {"meta": meta, "suites": {}}
     for name, runs in suites.items():
         md += [
@@ -1345,10 +1357,11 @@ def parse_args(argv=None):
     )
     g.add_argument(
         "--lm-data",
-        choices=("file", "builtin"),
-        default="file",
-        help="file: corpus.txt repeated so one epoch covers the run (default); builtin: "
-        "--dataset builtin:corpus (43 blocks of 1024: too few for bs 16 on several GPUs)",
+        choices=("stdlib", "file", "builtin"),
+        default="stdlib",
+        help="stdlib (default): the Python standard library's source, not repeated, as long as the longest "
+        "run needs (the text for loss comparisons); file: corpus.txt repeated so one epoch covers the run; "
+        "builtin: --dataset builtin:corpus (43 blocks of 1024: too few for bs 16 on several GPUs)",
     )
     g.add_argument("--eval-samples", type=int, default=256, help="ours --max-eval-samples (untimed tail)")
     g = p.add_argument_group("zero suite")
@@ -1367,9 +1380,9 @@ def parse_args(argv=None):
     g = p.add_argument_group("xl suite")
     g.add_argument(
         "--xl-preset",
-        choices=("gpt2-xl", "llama-1b"),
+        choices=("gpt2-xl", "llama-1b", "llama-8b"),
         default="gpt2-xl",
-        help="the model of the xl suite: gpt2-xl (default) or llama-1b (sequences of --llama-seq-len)",
+        help="the model of the xl suite: gpt2-xl (default), llama-1b or llama-8b (sequences of --llama-seq-len)",
     )
     g.add_argument("--xl-batch-size", type=int, default=4)
     g.add_argument("--xl-steps", type=int, default=15)
@@ -1534,6 +1547,12 @@ def main(argv=None) -> int:
                 f"# data: {shown([str(ctx.lm_file)], ctx)} = training/assets/corpus.txt x "
                 f"{lib.corpus_repeats(need_blocks, a.seq_len)} (covers {need_blocks} blocks of {a.seq_len})"
             )
+        elif lm and a.lm_data == "stdlib":
+            print(
+                f"# data: {shown([str(ctx.lm_file)], ctx)} = the Python standard library's source, not repeated: "
+                f"the first {lib.stdlib_chars_needed(need_blocks * a.seq_len):,} characters "
+                f"(covers {need_blocks} blocks of {a.seq_len})"
+            )
         if cls:
             print(
                 f"# data: {shown([str(ctx.varlen_file)], ctx)} = {n_varlen} "
@@ -1564,6 +1583,16 @@ def main(argv=None) -> int:
         except Exception:  # noqa: BLE001 - an estimate is fine without transformers
             per_copy = lib.CORPUS_TOKENS_ESTIMATE
         lib.write_repeated_corpus(ctx.lm_file, lib.corpus_repeats(need_blocks, a.seq_len, per_copy))
+    corpus = None
+    if lm and a.lm_data == "stdlib":
+        corpus = lib.write_stdlib_corpus(ctx.lm_file, lib.stdlib_chars_needed(need_blocks * a.seq_len))
+        if corpus["tokens_estimate"] * 0.9 < need_blocks * a.seq_len:  # a second epoch would repeat it
+            print(
+                f"bench: the standard library's source holds about {corpus['tokens_estimate']:,} tokens, fewer than "
+                f"the {need_blocks * a.seq_len:,} the longest run trains on: use fewer steps, or --lm-data file",
+                file=sys.stderr,
+            )
+            return 2
     if cls:
         lib.write_jsonl(ctx.varlen_file, lib.varlen_examples(n_varlen))
         ctx.bert_dir.mkdir(parents=True, exist_ok=True)
@@ -1580,7 +1609,8 @@ def main(argv=None) -> int:
         "args": {**vars(a), "out": "$OUT" if a.out else None, "work_dir": PLACEHOLDER_WORK if a.work_dir else None},
         "required_env": lib.REQUIRED_ENV,
         "package_shim": shown([str(shim)], ctx) if shim else None,
-        "lm_data": shown([str(ctx.lm_file)], ctx) if a.lm_data == "file" else "builtin:corpus",
+        "lm_data": shown([str(ctx.lm_file)], ctx) if a.lm_data != "builtin" else "builtin:corpus",
+        "lm_corpus": corpus,
     }
     if not ctx.cpu:
         meta["modules"] = {m: have(m) for m in ("datasets", "deepspeed", "accelerate", "yaml")}

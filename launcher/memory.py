@@ -50,6 +50,7 @@ class ModelShape:
     positions: int
     intermediate: int  # the MLP's inner width (4 d for GPT-2)
     kv_heads: int | None = None  # llama: key/value heads (grouped-query attention)
+    tied: bool = True  # the LM head shares the input embeddings (llama-8b's does not)
 
     @property
     def params(self) -> int:
@@ -77,7 +78,8 @@ class ModelShape:
     @property
     def embeddings(self) -> int:
         positions = 0 if self.family == "llama" else self.positions  # RoPE: no position table
-        return (self.vocab + positions) * self.hidden
+        head = 0 if self.tied else self.vocab  # an untied LM head: a second vocabulary-sized matrix
+        return (self.vocab + positions + head) * self.hidden
 
 
 # The shipped tokenizer's size: presets without a vocab_size take it (training/modeling.py).
@@ -108,6 +110,8 @@ def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape | None
             positions=first("n_positions", "max_position_embeddings", default=1024 if family == "gpt2" else 512),
             intermediate=first("n_inner", "intermediate_size", "hidden_dim", default=4 * hidden),
             kv_heads=first("num_key_value_heads", default=0) or None,
+            # transformers' defaults: LlamaConfig unties, GPT-2 and BERT tie
+            tied=bool(config.get("tie_word_embeddings", family != "llama")),
         )
     except (TypeError, ValueError):
         return None
@@ -228,16 +232,17 @@ class Constants:
 # - native (DeepSpeed, and eager fsdp: the model itself is bf16/fp16, no autocast): activation
 #   48.9, logits 11.6, ZeRO-3 working set 2.1 GiB.
 # - native-compiled (compiled fsdp, each block its own graph; compiled ZeRO-2 and ZeRO-3):
-#   activation 32.9, near theory's 34: Inductor's fusion as for compiled, with the residual stream
+#   activation 33.3, near theory's 34: Inductor's fusion as for compiled, with the residual stream
 #   and norms in 16 bits instead of autocast's fp32. Logits as compiled, plus the loss graph's
 #   input under fsdp (see estimate()). The compiled fsdp runs (two shapes, eager and compiled
 #   loss, units of 1 to 12 blocks) agree within 3%; compiled ZeRO-2 (GPT-2 small and XL) and
 #   ZeRO-3 (GPT-2 small whole and by blocks, XL by blocks) on 4 GPUs, sessions 10 to 12, within
-#   -4.8% to +9.2%.
+#   -4.8% to +9.2%. Session 19 added llama-8b on 4 H200s (seq 2048, micro-batch 4), which moved it
+#   from 32.9: compiled FSDP2 measured 62.08 GiB (estimate +0.5%), compiled ZeRO-3 82.56 (-10.6%).
 # - fp32 (--precision no): not measured. Every saved tensor at 4 bytes, twice native's
 #   activations; the loss's tensors are fp32 already, as under autocast.
 CONSTANTS = Constants(
-    activation={"autocast": 91.9, "compiled": 42.3, "native": 48.9, "native-compiled": 32.9, "fp32": 97.0},
+    activation={"autocast": 91.9, "compiled": 42.3, "native": 48.9, "native-compiled": 33.3, "fp32": 97.0},
     logits={"autocast": 11.4, "compiled": 2.0, "native": 11.6, "native-compiled": 2.0, "fp32": 11.4},
     zero3_fixed_gib=2.1,
 )
@@ -267,7 +272,7 @@ FRAGMENTATION = 0.05
 # A card's usable memory is below its nominal size: GDDR cards with ECC on (T4, A10G, L4, L40S)
 # reserve 1/16 of it (a T4 shows 15,360 MiB); HBM cards show nearly all (an H100 80GB reports
 # 81,559 MiB, the H200s of bench/measurements 143,771).
-USABLE_FRACTION = {"V100": 0.98, "A100": 0.98, "H100": 0.98, "H200": 0.98}
+USABLE_FRACTION = {"V100": 0.98, "A100": 0.98, "H100": 0.98, "H200": 0.98, "B200": 0.98}
 USABLE_FRACTION_GDDR = 15 / 16
 
 
@@ -639,8 +644,8 @@ class Fit:
     need_gib: float | None  # None: the job's precision cannot run on this GPU
     have_gib: float
     hourly_usd: float | None  # every node, on demand
-    usd_per_million_tokens: float | None  # from measured throughput only
-    note: str  # why need or cost is missing, or where the throughput was measured
+    usd_per_million_tokens: float | None  # measured throughput, else launcher/throughput.py's estimate
+    note: str  # why need or cost is missing, where the throughput was measured, or how it was estimated
     strategy: str = ""  # what the job runs there (--strategy auto picks per instance)
 
     @property
@@ -689,19 +694,27 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
         world = processes(job.strategy, instance, spec.nodes)
         need = estimate_job(job, shape, world).device_gib
         runs = "fsdp in-graph" if decisions_for(job).in_graph else job.strategy
-        cost, note = None, "no measurement"
-        measured = measured_tokens_per_sec(job, shape, instance.gpu_model or "")
-        if measured and hourly is not None:
-            tokens_per_hour = measured[0] * world * 3600
-            scaled = f"; x {world} GPUs, multi-GPU scaling not measured here" if world > 1 else ""
-            cost, note = hourly / tokens_per_hour * 1e6, measured[1] + scaled
+        cost, note = None, "no measurement, and no published rates for this GPU"
+        rate = measured_tokens_per_sec(job, shape, instance.gpu_model or "") or estimated_tokens_per_sec(
+            job, shape, instance
+        )
+        if rate and hourly is not None:
+            tokens_per_hour = rate[0] * world * 3600
+            scaled = f"; x {world} GPUs, multi-GPU scaling not modelled" if world > 1 else ""
+            cost, note = hourly / tokens_per_hour * 1e6, rate[1] + scaled
         rows.append(Fit(instance.name, gpus, need, have, hourly, cost, note, runs))
     what = (
         f"{shape.name} ({shape.params / 1e6:,.0f}M params), {args.task}, {_strategy_words(args)}"
         f"{compile_words(args)}, micro-batch {args.batch_size} x {seq_len(args)} tokens, "
         f"{spec.nodes} node(s), prices in {region}"
     )
-    return what, sorted(rows, key=lambda r: (not r.fits, r.usd_per_million_tokens is None, r.hourly_usd or 0))
+    return what, sorted(rows, key=_cheapest_first)
+
+
+def _cheapest_first(r: Fit) -> tuple[bool, bool, float, float]:
+    """The rows that fit, cheapest to train the job's tokens first ($/M tokens orders instances as
+    the cost of any fixed number of tokens does), then those with no cost, by hourly price."""
+    return (not r.fits, r.usd_per_million_tokens is None, r.usd_per_million_tokens or 0.0, r.hourly_usd or 0.0)
 
 
 def measured_tokens_per_sec(args: TrainArgs, shape: ModelShape, gpu_model: str) -> tuple[float, str] | None:
@@ -711,19 +724,39 @@ def measured_tokens_per_sec(args: TrainArgs, shape: ModelShape, gpu_model: str) 
 
     from .throughput import THROUGHPUT
 
+    replicated = ("ddp", "single")  # one process of DDP runs as one GPU alone
     for t in THROUGHPUT:
         same = (
             t.card == gpu_model
             and shape_from_config(shape.name, PRESETS[t.model]) == shape
             and (t.task, t.seq_len, t.batch_size, t.compiled)
             == (args.task, seq_len(args), args.batch_size, compiled(args))
-            and args.strategy in ("ddp", "single")
+            and (args.strategy == t.strategy or (args.strategy in replicated and t.strategy in replicated))
+            and args.precision != "fp8"
+            and not decisions_for(args).in_graph
         )
         if same:
             per_gpu = sum(t.tokens_per_sec) / len(t.tokens_per_sec)
             sources = ", ".join(dict.fromkeys(source for source, _ in t.runs))
-            return per_gpu, f"{per_gpu:,.0f} tokens/s measured on 1 {t.card}: {sources}"
+            where = f"1 {t.card}" if t.gpus == 1 else f"{t.gpus} {t.card}s ({t.strategy})"
+            return per_gpu, f"{per_gpu:,.0f} tokens/s/GPU measured on {where}: {sources}"
     return None
+
+
+def estimated_tokens_per_sec(args: TrainArgs, shape: ModelShape, instance: InstanceType) -> tuple[float, str] | None:
+    """Tokens/s per GPU estimated from the card's published rates (launcher/throughput.py's roofline,
+    fitted to the measured H100/H200 runs), and how; None for a GPU with no published rates."""
+    from .throughput import estimate_tokens_per_sec, largest_error, spec
+
+    card = spec(instance.gpu_model or "", instance.gpu_memory_gib)
+    if card is None:
+        return None
+    per_gpu = estimate_tokens_per_sec(shape, seq_len(args), compiled(args), card)
+    fp8 = "; fp8 not modelled: bf16's rate" if args.precision == "fp8" else ""
+    return per_gpu, (
+        f"est. {per_gpu:,.0f} tokens/s/GPU ({card.tflops:g} TFLOP/s, {card.tb_per_s:g} TB/s; roofline fitted to "
+        f"H100/H200 runs, within {largest_error():.0%} of them){fp8}"
+    )
 
 
 def render_fit_table(what: str, rows: list[Fit]) -> str:
@@ -743,6 +776,8 @@ def render_fit_table(what: str, rows: list[Fit]) -> str:
         lines.append(f"{line}  {cost}")
     lines.append(
         "need/GPU: estimated peak per GPU (launcher/memory.py, within 15% of measured H100/H200 peaks); "
-        "$/M tokens: list price over measured throughput, where this exact configuration was measured"
+        "$/M tokens: list price over measured throughput where this exact configuration was measured, else over "
+        "an estimate (est.) from the card's published rates, unchecked on cards never measured (older ones are "
+        "likely slower than it says); rows ranked by it, cheapest first"
     )
     return "\n".join(lines)

@@ -1,17 +1,46 @@
-"""Measured training throughput per GPU, for `instances --fit`'s cost per token.
+"""Training throughput per GPU, for `instances --fit`'s cost per token: measured where a run
+measured the job's very configuration, else estimated from the card's published rates.
 
-Data only (the runs are in bench/measurements/): launcher/memory.py reads it; nothing here reads
-the estimate, so the launcher and the calibration (bench/memory_runs.py) import no loop.
+The estimate is a two-term roofline, one per token of a job whose model does F training FLOPs a
+token (6N + 12 L d T, as the bench counts them) with hidden size d, on a card of dense 16-bit
+matrix rate P and memory bandwidth W:
+
+    seconds per token = F / (P x u(d))  +  kappa x F / (d x W)
+
+- the matrix term: the matmuls run at a fraction u(d) = U_MAX x d / (d + D0) of the peak, growing
+  with the width of the model's matmuls;
+- the memory term: what moves through device memory besides the matmuls (elementwise ops, norms,
+  the loss's logits) grows with the model's activations, L x d a token, where the matmuls grow
+  with L x d^2: so bytes a token = kappa x F / d, kappa larger eager than compiled (Inductor fuses).
+
+Its four constants are fitted (fit(), least squares on relative error, each configuration once) to
+the runs in MEASURED: GPT-2 small on H100s and H200s (same matrix rate, bandwidth 3.35 against 4.8
+TB/s: the pair that separates the two terms), llama-1b and llama-8b on H200s. fit_errors() says how
+far the estimate is from each; `instances --fit` shows the largest as the estimate's error.
+Not modelled: multi-GPU communication (the llama-8b point, sharded over 4 GPUs, carries its own),
+the older cards' lower matrix efficiency (V100, T4: their fp16 rate is taken at face value), fp8.
+
+Data only at import; nothing here imports torch, and launcher/memory.py is imported lazily (it
+reads this module's tables).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .memory import ModelShape
 
 H1 = "2026-11-26-h100x1"
 S15_H100 = "2026-11-27-h100x1-session15"
+S17_H100 = "2026-11-27-h100x1-session17"
+S17_H200 = "2026-11-27-h200x2-session17"
+S18 = "2026-11-28-h200x4-session18"
+S19 = "2026-11-28-h200x4-session19"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
+LLAMA_C1 = "ours-llama-1b-ddp-compile-g1-b8-k1"
 
 
 @dataclass(frozen=True)
@@ -27,13 +56,166 @@ class Throughput:
     batch_size: int = 16
     seq_len: int = 1024
     task: str = "causal-lm"
+    strategy: str = "ddp"
+    gpus: int = 1
 
 
-# Only cards the catalog has (the H200 figures in bench/ have no instance type here yet).
+# Today's trainer (the head loss since session 17, the loss-only forwards since session 4): the
+# H100 compiled rows of sessions 4 and 15 (422,664-424,811 tokens/s) and the eager one of session 2
+# (157,377) predate them and are left out.
 THROUGHPUT: tuple[Throughput, ...] = (
-    Throughput("H100", "gpt2-small", True, (422663.9, 423765.4, 424810.5),
-               ((f"{H1}-session4-loss-only-run1", OURS_C1), (f"{H1}-session4-loss-only-run2", OURS_C1),
-                (f"{S15_H100}-single", OURS_C1))),
-    Throughput("H100", "gpt2-small", False, (157376.7,), ((f"{H1}-session2-single-liger-varlen", OURS_1),),
-               note="before the loss-only training forwards"),
+    Throughput("H100", "gpt2-small", True, (432764.8, 426549.9, 429376.0),
+               ((f"{S17_H100}-headloss", OURS_C1), (f"{S17_H100}-headloss-again", OURS_C1),
+                ("2026-11-28-h100x1-session18-house-after", "ours +compile"))),
+    Throughput("H100", "gpt2-small", False, (161599.4, 188422.0),
+               ((f"{S17_H100}-anatomy", OURS_1), ("2026-11-28-h100x1-session18-house-after", "ours (ddp, 1 process)"))),
+    Throughput("H200", "gpt2-small", True, (452298.4, 465590.2),
+               ((f"{S17_H200}-scaling", OURS_C1), (f"{S18}-scaling-zero", OURS_C1))),
+    Throughput("H200", "llama-1b", True, (66821.3, 66978.1, 66964.2), batch_size=8, seq_len=2048,
+               runs=((f"{S19}-fp8-a", LLAMA_C1), (f"{S19}-fp8-b", LLAMA_C1), (f"{S19}-fp8-b", LLAMA_C1)),
+               note="side by side with other 1-GPU runs on the same host"),
+    Throughput("H200", "llama-8b", True, (45913.5 / 4,), batch_size=4, seq_len=2048, strategy="fsdp", gpus=4,
+               runs=((f"{S19}-llama8b", "ours-llama-8b-fsdp-compile-g4-b4-k1"),)),
+    Throughput("H200", "llama-8b", True, (37695.1 / 4,), batch_size=4, seq_len=2048, strategy="zero3", gpus=4,
+               runs=((f"{S19}-llama8b", "ours-llama-8b-zero3-compile-g4-b4-k1"),)),
 )  # fmt: skip
+# The runs the estimate is fitted to: each shape's fastest engine (ZeRO-3's 8B row is the slower of two).
+MEASURED: tuple[Throughput, ...] = THROUGHPUT[:5]
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """A card's published rates: dense (no sparsity) 16-bit tensor-core TFLOP/s, bf16 where the
+    card has it (fp16 on V100 and T4, whose jobs run fp16), and memory bandwidth in TB/s."""
+
+    tflops: float
+    tb_per_s: float
+    source: str
+
+
+# NVIDIA's datasheets, SXM parts where the instance has them. A10G: AWS's variant of the A10 (same
+# 600 GB/s GDDR6; its tensor rate is about 70 TFLOP/s against the A10's 125).
+GPU_SPECS: dict[str, GpuSpec] = {
+    "V100": GpuSpec(125.0, 0.90, "V100 SXM2 datasheet (fp16 tensor)"),
+    "T4": GpuSpec(65.0, 0.32, "T4 datasheet (fp16 tensor)"),
+    "A10G": GpuSpec(70.0, 0.60, "A10G (AWS G5)"),
+    "L4": GpuSpec(121.0, 0.30, "L4 datasheet"),
+    "L40S": GpuSpec(362.0, 0.864, "L40S datasheet"),
+    "A100": GpuSpec(312.0, 1.555, "A100 40GB SXM4 datasheet"),
+    "H100": GpuSpec(989.0, 3.35, "H100 SXM datasheet"),
+    "H200": GpuSpec(989.0, 4.8, "H200 SXM datasheet"),
+    "B200": GpuSpec(2250.0, 8.0, "B200 datasheet (HGX)"),
+}
+# Where one GPU model comes in memory sizes of different bandwidth: (model, GiB) -> TB/s.
+BANDWIDTH_BY_MEMORY: dict[tuple[str, int], float] = {("A100", 80): 2.039, ("V100", 32): 0.90}
+
+
+def spec(gpu_model: str, memory_gib: int | None = None) -> GpuSpec | None:
+    base = GPU_SPECS.get(gpu_model)
+    if base is None or memory_gib is None or (gpu_model, memory_gib) not in BANDWIDTH_BY_MEMORY:
+        return base
+    return GpuSpec(base.tflops, BANDWIDTH_BY_MEMORY[gpu_model, memory_gib], base.source)
+
+
+# ---------------------------------------------------------------------------------- the estimate
+
+
+@dataclass(frozen=True)
+class Roofline:
+    u_max: float  # the matrix units' fraction of peak at infinite width
+    d0: float  # the hidden size at which matmuls reach half of u_max
+    kappa_compiled: float  # bytes a token, per FLOP a token, per unit of hidden size: compiled
+    kappa_eager: float  # the same, eager
+
+
+# fit()'s values, rounded; tests/launcher/test_throughput.py fails when MEASURED moves the fit.
+ROOFLINE = Roofline(u_max=0.688, d0=310.0, kappa_compiled=1.65, kappa_eager=11.8)
+
+
+def flops_per_token(shape: ModelShape, seq_len: int) -> float:
+    """Training FLOPs a token, as bench/_benchlib.flops_per_token counts them for MFU."""
+    return 6.0 * shape.params + 12.0 * shape.layers * shape.hidden * seq_len
+
+
+def estimate_tokens_per_sec(
+    shape: ModelShape, seq_len: int, compiled: bool, card: GpuSpec, roofline: Roofline = ROOFLINE
+) -> float:
+    """Estimated training tokens/s on one GPU of `card` (see the module's docstring)."""
+    f, d = flops_per_token(shape, seq_len), shape.hidden
+    kappa = roofline.kappa_compiled if compiled else roofline.kappa_eager
+    matrix = f / (card.tflops * 1e12 * roofline.u_max * d / (d + roofline.d0))
+    memory = kappa * f / (d * card.tb_per_s * 1e12)
+    return 1.0 / (matrix + memory)
+
+
+def _shape(t: Throughput) -> ModelShape:
+    from distrain_cloud.training.modeling import PRESETS
+
+    from .memory import shape_from_config
+
+    shape = shape_from_config(t.model, PRESETS[t.model])
+    assert shape is not None  # presets are complete configs
+    return shape
+
+
+def _measured(t: Throughput) -> float:
+    return sum(t.tokens_per_sec) / len(t.tokens_per_sec)
+
+
+def fit(measured: tuple[Throughput, ...] = MEASURED) -> Roofline:
+    """The constants that minimise the squared relative error of the estimate over `measured`
+    (each configuration once, its runs averaged). For a fixed D0 the seconds a token are linear in
+    1/U_MAX and kappa: a small least-squares problem, solved over a grid of D0; then kappa_eager
+    from the eager rows with the matrix term fixed."""
+    compiled = [t for t in measured if t.compiled]
+    best: tuple[float, Roofline] | None = None
+    for d0 in range(0, 2001, 10):
+        rows = []
+        for t in compiled:
+            shape, card = _shape(t), GPU_SPECS[t.card]
+            f, d, seconds = flops_per_token(shape, t.seq_len), shape.hidden, 1.0 / _measured(t)
+            rows.append((f * (d + d0) / (card.tflops * 1e12 * d) / seconds, f / (d * card.tb_per_s * 1e12) / seconds))
+        # minimise sum((a x + k y - 1)^2) over a = 1/u_max and k = kappa
+        sxx, sxy, syy = (sum(x * x for x, _ in rows), sum(x * y for x, y in rows), sum(y * y for _, y in rows))
+        sx, sy = sum(x for x, _ in rows), sum(y for _, y in rows)
+        det = sxx * syy - sxy * sxy
+        a, k = (sx * syy - sy * sxy) / det, (sy * sxx - sx * sxy) / det
+        if a <= 0 or k < 0:
+            continue
+        err = sum((a * x + k * y - 1) ** 2 for x, y in rows)
+        if best is None or err < best[0]:
+            best = (err, Roofline(u_max=1 / a, d0=float(d0), kappa_compiled=k, kappa_eager=k))
+    assert best is not None
+    roofline = best[1]
+    eager = [t for t in measured if not t.compiled]
+    if not eager:
+        return roofline
+    # kappa_eager: the memory term's share of each eager row's seconds, over its bytes per kappa
+    num = den = 0.0
+    for t in eager:
+        shape, card = _shape(t), GPU_SPECS[t.card]
+        f, d, seconds = flops_per_token(shape, t.seq_len), shape.hidden, 1.0 / _measured(t)
+        matrix = f / (card.tflops * 1e12 * roofline.u_max * d / (d + roofline.d0)) / seconds
+        y = f / (d * card.tb_per_s * 1e12) / seconds
+        num, den = num + y * (1 - matrix), den + y * y
+    return Roofline(roofline.u_max, roofline.d0, roofline.kappa_compiled, num / den)
+
+
+def fit_errors(roofline: Roofline = ROOFLINE) -> list[tuple[Throughput, float, float]]:
+    """(configuration, measured tokens/s per GPU, the estimate's relative error) for each of MEASURED."""
+    out = []
+    for t in MEASURED:
+        estimated = estimate_tokens_per_sec(_shape(t), t.seq_len, t.compiled, GPU_SPECS[t.card], roofline)
+        out.append((t, _measured(t), estimated / _measured(t) - 1))
+    return out
+
+
+def largest_error(roofline: Roofline = ROOFLINE) -> float:
+    return max(abs(e) for _, _, e in fit_errors(roofline))
+
+
+if __name__ == "__main__":  # python -m distrain_cloud.launcher.throughput: the fit and its errors
+    print(fit())
+    for t, measured, error in fit_errors():
+        what = f"{t.model} {'compiled' if t.compiled else 'eager'} {t.strategy} x{t.gpus} b{t.batch_size}x{t.seq_len}"
+        print(f"{t.card:5} {what:40} measured {measured:10,.0f}  estimate {error:+.1%}")

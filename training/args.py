@@ -16,9 +16,12 @@ from typing import Any, NoReturn
 from .stopping import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_STOP_GRACE_S
 from .strategies import AUTO, BLOCK_COMPILED, PRECISIONS, STRATEGY_CHOICES, provisional_strategy
 
+# --fp8-recipe's choices: torchao's float8 recipes (training/fp8.py maps them to its names)
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise-gw-hp")
+
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
-PRESETS = ("tiny-gpt2", "tiny-bert", "gpt2-small", "gpt2-xl", "llama-1b")
+PRESETS = ("tiny-gpt2", "tiny-bert", "gpt2-small", "gpt2-xl", "llama-1b", "llama-8b")
 _BRANCH = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_./-]{0,199}")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 COMPILE_UNITS = ("model", "block")
@@ -52,6 +55,8 @@ class TrainArgs:
     # how
     strategy: str = AUTO  # resolved where the job runs: strategies.resolve_auto
     precision: str | None = None  # None: chosen where the job runs (precision.resolve_precision)
+    fp8_recipe: str = "tensorwise"  # torchao's float8 scaling (training/fp8.py)
+    fp8_bf16_edge_blocks: int = 0  # the first and last N transformer blocks stay bf16 under fp8
     batch_size: int = 16
     eval_batch_size: int | None = None
     grad_accum: int = 1
@@ -168,6 +173,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.precision,
         help="mixed precision (default: the launcher's pick: bf16 on compute capability >= 8.0, fp16 below, "
         "no (fp32) on CPU); fp8: bf16 with float8 matmuls (torchao, compute capability >= 8.9)",
+    )
+    g.add_argument(
+        "--fp8-recipe",
+        choices=FP8_RECIPES,
+        default=d.fp8_recipe,
+        help="--precision fp8's scaling: tensorwise (default; one scale per tensor, fastest), rowwise (one "
+        "per row), rowwise-gw-hp (rowwise, weight gradients in bf16: the most accurate)",
+    )
+    g.add_argument(
+        "--fp8-bf16-edge-blocks",
+        type=int,
+        default=d.fp8_bf16_edge_blocks,
+        metavar="N",
+        help="--precision fp8: the first N and the last N transformer blocks stay bf16 (default: %(default)s)",
     )
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="per device, per micro-step")
     g.add_argument("--eval-batch-size", type=int, help="per device, for evaluation (default: --batch-size)")
@@ -587,6 +606,11 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(
             f"--precision fp8 runs under --strategy ddp or single, not {a.strategy}: add --strategy ddp"
         )
+    if a.precision != "fp8" and (a.fp8_recipe != TrainArgs.fp8_recipe or a.fp8_bf16_edge_blocks):
+        flag = "--fp8-recipe" if a.fp8_recipe != TrainArgs.fp8_recipe else "--fp8-bf16-edge-blocks"
+        raise ArgumentError(f"{flag} applies to --precision fp8, not {a.precision or 'the default precision'}")
+    if a.fp8_bf16_edge_blocks < 0:
+        raise ArgumentError(f"--fp8-bf16-edge-blocks must be 0 or more, got {a.fp8_bf16_edge_blocks}")
     if a.compiled_autograd:
         if a.strategy not in ("ddp", "single", AUTO):
             raise ArgumentError(f"--compiled-autograd applies to --strategy ddp or single, not {a.strategy}")

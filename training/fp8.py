@@ -7,8 +7,12 @@ scale per tensor and multiplies with `torch._scaled_mm`: the H100's fp8 tensor c
 twice the bf16 rate. Under torch.compile Inductor fuses the casts into neighbouring kernels.
 
 Not converted: the LM head (its vocabulary-wide logits are where fp8's error hurts most, and
-losses.head_loss reads its weight directly) and layers whose sizes are not multiples of 16
-(`_scaled_mm` needs them). GPT-2's layers are Conv1D, not nn.Linear: nothing to convert, refused.
+losses.head_loss reads its weight directly), layers whose sizes are not multiples of 16
+(`_scaled_mm` needs them) and, with --fp8-bf16-edge-blocks N, the linears of the first and last N
+transformer blocks (the blocks nearest the embeddings and the head, where quantisation error
+reaches the loss least damped). --fp8-recipe picks torchao's scaling: tensorwise (one scale per
+tensor, cuBLAS's kernel), rowwise (one per row, CUTLASS's) or rowwise-gw-hp (rowwise, with the
+weight gradient multiplied in bf16). GPT-2's layers are Conv1D, not nn.Linear: nothing to convert, refused.
 
 torchao is optional (not in requirements.txt): torchao 0.17.0 is the release built against
 torch 2.11 (bench/README.md ("What the GPU machine needs") has the wheel's download line).
@@ -45,18 +49,40 @@ def fp8_problem(gpus: int, capability: tuple[int, int] | None) -> str | None:
     return None
 
 
-def use_fp8(model: Any) -> str:
-    """Convert `model`'s eligible linear layers to torchao's Float8Linear, in place, before the
-    model is prepared and compiled. Returns the log line; raises ArgumentError when nothing converts."""
+# --fp8-recipe -> torchao's Float8LinearRecipeName value
+TORCHAO_RECIPES = {"tensorwise": "tensorwise", "rowwise": "rowwise", "rowwise-gw-hp": "rowwise_with_gw_hp"}
+
+
+def fp8_layer_names(model: Any, bf16_edge_blocks: int = 0) -> set[str]:
+    """The names of the linear layers use_fp8 converts: every nn.Linear but the LM head, those
+    of the first and last `bf16_edge_blocks` transformer blocks, and those whose sizes
+    `_scaled_mm` cannot take."""
     import torch
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from .engines.base import transformer_blocks
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    eligible = {
+    blocks = transformer_blocks(model)
+    edge = min(bf16_edge_blocks, (len(blocks) + 1) // 2)
+    kept = {id(m) for b in blocks[:edge] + blocks[len(blocks) - edge :] for m in b.modules()}
+    return {
         name
         for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and m is not head and m.in_features % 16 == 0 and m.out_features % 16 == 0
+        if isinstance(m, torch.nn.Linear)
+        and m is not head
+        and id(m) not in kept
+        and m.in_features % 16 == 0
+        and m.out_features % 16 == 0
     }
+
+
+def use_fp8(model: Any, recipe: str = "tensorwise", bf16_edge_blocks: int = 0) -> str:
+    """Convert `model`'s eligible linear layers (fp8_layer_names) to torchao's Float8Linear with
+    `recipe`'s scaling, in place, before the model is prepared and compiled. Returns the log line;
+    raises ArgumentError when nothing converts."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    eligible = fp8_layer_names(model, bf16_edge_blocks)
     if not eligible:
         raise ArgumentError(
             f"--precision fp8: {type(model).__name__} has no nn.Linear layer to run in float8 "
@@ -64,7 +90,12 @@ def use_fp8(model: Any) -> str:
         )
     convert_to_float8_training(
         model,
-        config=Float8LinearConfig(),  # tensorwise dynamic scaling: the fastest recipe
+        config=Float8LinearConfig.from_recipe_name(TORCHAO_RECIPES[recipe]),
         module_filter_fn=lambda _module, fqn: fqn in eligible,
     )
-    return f"fp8=on linear_layers={len(eligible)} (torchao float8, tensorwise scaling; the LM head stays bf16)"
+    kept = (
+        f"the LM head and the first and last {bf16_edge_blocks} blocks stay"
+        if bf16_edge_blocks
+        else "the LM head stays"
+    )
+    return f"fp8=on linear_layers={len(eligible)} (torchao float8, {recipe} scaling; {kept} bf16)"

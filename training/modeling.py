@@ -64,6 +64,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         "attention_bias": False,
         "mlp_bias": False,
     },
+    # Llama 3.1 8B's shapes (8.03B parameters): 32 blocks of width 4096, grouped-query attention
+    # (32 query heads, 8 key/value heads), SwiGLU of 14336, untied embeddings and LM head. RoPE
+    # without Llama 3.1's long-context frequency scaling, which matters only past 8192 positions.
+    "llama-8b": {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_dropout": 0.0,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
 }
 
 TASK_AUTO_CLASS = {

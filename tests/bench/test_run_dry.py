@@ -381,3 +381,49 @@ def test_free_gpus_time_the_run_as_before(tmp_path, monkeypatch):
     (tmp_path / "apps").write_text("No running processes found\n")
     res = runner.execute(run)
     assert mark.exists() and "busy" not in res["status"]
+
+
+def test_the_lm_text_is_the_standard_librarys_source_not_repeated(tmp_path):
+    """The default LM data (--lm-data stdlib) is real text that never repeats, cut to what the runs
+    need, and named exactly (files, characters, sha256) so two results can tell they trained on it."""
+    import hashlib
+
+    bench = _bench()
+    lib = bench.lib
+    info = lib.write_stdlib_corpus(tmp_path / "a.txt", max_chars=300_000)
+    text = (tmp_path / "a.txt").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert info["chars"] == len(text) >= 300_000 and info["files"] >= 2
+    assert info["sha256"] == hashlib.sha256(text.encode("utf-8")).hexdigest()
+    assert all(line.strip() for line in lines)  # blank lines dropped: no empty documents
+    # not a text repeated (corpus.txt's copies share every line): most lines are unique
+    assert len(set(lines)) > 0.5 * len(lines)
+    again = lib.write_stdlib_corpus(tmp_path / "b.txt", max_chars=300_000)
+    assert again == info  # deterministic: the same files in the same order
+
+
+def test_the_llama_suite_compares_each_variants_eval_loss(tmp_path):
+    bench = _bench()
+    metrics = tmp_path / "m.jsonl"
+    rows = [{"step": 20, "train_loss": 2.0, "tokens_per_sec": 100.0}, {"step": 40, "train_loss": 1.5,
+            "tokens_per_sec": 110.0}, {"step": 40, "eval_loss": 1.6, "eval_perplexity": 4.95}]  # fmt: skip
+    metrics.write_text("\n".join(__import__("json").dumps(r) for r in rows))
+    run = bench.Run("r", "ours", "r", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60)
+    res = bench.parse_ours(run, metrics, "")
+    assert (res["final_train_loss"], res["final_eval_loss"], res["tokens_per_sec"]) == (1.5, 1.6, 110.0)
+    ctx = bench.Ctx(bench.parse_args(["--suite", "llama"]), 1, tmp_path, tmp_path, tmp_path, tmp_path, False, 1e15)
+    base = bench.Run("b", "ours", "ours", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60, result=res)
+    fp8 = bench.Run("v", "ours", "ours", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60, variant="fp8",
+                    result={**res, "tokens_per_sec": 121.0, "final_eval_loss": 1.616})  # fmt: skip
+    lines, out = bench.summarize("llama", [base, fp8], ctx)
+    assert out["fp8_over_ours"] == pytest.approx(1.1) and out["fp8_eval_loss_rel"] == pytest.approx(0.01)
+    assert "eval loss after step 40: 1.6160 vs 1.6000 (**+1.00%**)" in lines[0]
+
+
+def test_the_xl_suite_runs_the_8b_llama_at_its_sequence_length():
+    r = dry_run("--suite", "xl", "--gpus", "4", "--xl-preset", "llama-8b", "--xl-strategies", "zero3,fsdp")
+    assert r.returncode == 0, r.stderr
+    plan = planned(r)
+    assert {"ours llama-8b zero3 x4", "ours llama-8b fsdp x4"} <= set(plan)
+    assert "--preset llama-8b" in plan["ours llama-8b fsdp x4"] and "--block-size 2048" in plan["ours llama-8b fsdp x4"]
+    assert "= the Python standard library's source, not repeated: the first" in r.stdout  # the default text

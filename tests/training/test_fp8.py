@@ -182,3 +182,59 @@ def test_the_trainer_converts_the_model_and_trains_in_fp8(train):
         "fp8=on linear_layers=14 (torchao float8, tensorwise scaling; the LM head stays bf16)"
     ], run.describe()
     assert len(run.train_losses) == 2 and all(0 < v < 20 for v in run.train_losses.values()), run.train_losses
+
+
+def test_fp8_keeps_the_edge_blocks_in_bf16_where_asked():
+    # torch-only: which linears would convert (no torchao needed to choose them)
+    from distrain_cloud.training import modeling
+
+    narrow = "hidden_size=64,intermediate_size=128,num_hidden_layers=4,num_attention_heads=4,num_key_value_heads=2"
+    args = parse_args(["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", f"{narrow},vocab_size=256"])
+    model = modeling.load_model(args, modeling.load_tokenizer(args))
+    every = fp8.fp8_layer_names(model)
+    assert len(every) == 28 and not any("lm_head" in n for n in every)  # 4 layers x 7 linears
+    middle = fp8.fp8_layer_names(model, bf16_edge_blocks=1)
+    assert sorted({n.split(".")[2] for n in middle}) == ["1", "2"] and len(middle) == 14
+    assert fp8.fp8_layer_names(model, bf16_edge_blocks=2) == set()  # every block kept: nothing to convert
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--fp8-recipe", "rowwise"], "--fp8-recipe applies to --precision fp8, not bf16"),
+        (["--fp8-bf16-edge-blocks", "1"], "--fp8-bf16-edge-blocks applies to --precision fp8, not the default"),
+        (["--precision", "fp8", "--strategy", "ddp", "--fp8-bf16-edge-blocks", "-1"], "must be 0 or more, got -1"),
+    ],
+)
+def test_fp8_flags_without_fp8_are_refused(flags, message):
+    extra = [] if "fp8" in flags else (["--precision", "bf16"] if "--fp8-recipe" in flags else [])
+    with pytest.raises(ArgumentError, match=message):
+        parse_args([*flags, *extra])
+
+
+def test_fp8_recipes_name_torchaos():
+    from distrain_cloud.training.args import FP8_RECIPES
+
+    assert set(fp8.TORCHAO_RECIPES) == set(FP8_RECIPES)
+    args = parse_args(["--precision", "fp8", "--strategy", "ddp", "--fp8-recipe", "rowwise-gw-hp"])
+    assert (args.fp8_recipe, args.fp8_bf16_edge_blocks) == ("rowwise-gw-hp", 0)
+
+
+@pytest.mark.slow  # importing torchao and transformers' Llama
+def test_fp8_converts_with_the_recipe_and_edge_blocks_asked_for():
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from distrain_cloud.training import modeling
+
+    narrow = "hidden_size=64,intermediate_size=128,num_hidden_layers=4,num_attention_heads=4,num_key_value_heads=2"
+    args = parse_args(["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", f"{narrow},vocab_size=256"])
+    model = modeling.load_model(args, modeling.load_tokenizer(args))
+    line = fp8.use_fp8(model, "rowwise", bf16_edge_blocks=1)
+    assert line == (
+        "fp8=on linear_layers=14 (torchao float8, rowwise scaling; the LM head and the first and last 1 blocks "
+        "stay bf16)"
+    )
+    converted = [m for m in model.modules() if isinstance(m, Float8Linear)]
+    assert len(converted) == 14  # the middle two blocks' seven linears each
+    assert all(m.config.cast_config_input.scaling_granularity.value == "axiswise" for m in converted)  # rowwise
