@@ -38,8 +38,9 @@ from ...lease import launched as lineage_launched
 from ...plan import Check, Plan, refuse_failed_checks
 from ...tracking import wandb_run
 from .. import cloud, wait_for
-from . import layout, recovery
+from . import layout, network, recovery
 from .request import (
+    GROUP_PLACEHOLDER,
     HARD_STOP_GRACE_MIN,
     MAIN_PORT,
     Parts,
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     from distrain_cloud.infra.job_role import JobRole
     from distrain_cloud.infra.stack import StackResources
 
+    from ...catalog import NetworkFacts
     from ...logs import LogLine
     from ...spec import JobSpec
 
@@ -146,16 +148,19 @@ class Ec2Backend:
             stack=stack,
             bucket=f"<stack-{stack}-bucket>",
             instance_profile=job_name,  # the job's own (its role's name), made at submit
-            security_group=f"<stack {stack} security group>",
+            security_group=GROUP_PLACEHOLDER,
             log_group=f"<stack {stack} log group>",
             ami_id=spec.ec2.ami_id or f"<newest AMI from {parts.ami_parameter}>",
             root_device=family.root_device,
             subnets=(spec.ec2.subnet_id or f"<a default subnet of stack {stack}'s VPC>",),
-            placement_group=f"<stack {stack} placement group, if any>" if placement else None,
+            placement_group=job_name if placement else None,
             lineage=f"<lineage of {spec.resume_from}>" if spec.resume_from else job_name,
             attempt=0 if spec.resume_from else 1,
             checkpoint_uri="",
             boundary=f"<stack {stack}'s JobBoundary policy>",
+            # The stack's default subnets give public IPv4 addresses; a subnet of the user's is
+            # taken to give none (a private cluster subnet) until preflight describes it.
+            public_ip=spec.ec2.subnet_id is None,
         )
         checks = [region_check]
         checks.append(
@@ -173,10 +178,6 @@ class Ec2Backend:
             checks.append(Check("AMI", None, f"{spec.ec2.ami_id} is described at submit"))
         else:
             checks.append(Check("AMI", None, f"the newest from {parts.ami_parameter}, at submit"))
-        if placement:
-            checks.append(Check("cluster placement group", None, f"stack {stack}'s, if it has one, at submit"))
-        if efa:
-            checks.append(Check("EFA", True, f"{instance.name} supports it: one EFA interface per node"))
         if spec.resume_from:
             checks.append(Check(f"resume from {spec.resume_from}", None, "its lineage and checkpoints, at submit"))
         cost = cloud.estimate_cost(instance, region, spec.nodes, spec.max_run, spec.spot)
@@ -217,6 +218,13 @@ class Ec2Backend:
         description = job_description(parts, where, plan.payload["spec"])
         role = _job_role(parts, where)
         description["role"] = role.name  # beyond the contract: `status` deletes it once the job ended
+        # Beyond the contract too: which of the job's own network resources status retires with it.
+        description["network"] = {
+            "security_group": network.group_name(parts.job_name),
+            "placement_group": where.placement_group,
+        }
+        network_requests = network.requests(parts.job_name, where.stack, where.vpc, where.placement_group)
+        network.refuse_problems(network_requests)
         spec = plan.payload["spec"]
         if recovery.wanted(spec):  # a spot lineage the AWS side keeps going (recovery.py)
             description["recovery"] = recovery.description_block(parts.job_name, parts.nodes, spec)
@@ -249,8 +257,10 @@ class Ec2Backend:
                 tags=tags,
             )  # fmt: skip
             recovery.refuse_problems(lineage_requests, description["recovery"])
-        checks = [c for c in plan.checks if not c.name.startswith(("user data", "request fits", "job role"))]
+        drop = ("user data", "request fits", "job role", "EFA", "cluster placement group", "security group", "zone")
+        checks = [c for c in plan.checks if not c.name.startswith(drop)]
         checks.append(_isolation_check(role, parts, where))
+        checks += _network_checks(parts, where)
         checks.append(user_data_size_check(user_data))
         checks.append(secret_free_check(user_data, description, dict(parts.secrets)))
         checks.append(Check("request fits the EC2 API model", True, "required fields, types and enums of RunInstances"))
@@ -262,6 +272,7 @@ class Ec2Backend:
             "output": description["output_uri"],
             "checkpoints": where.checkpoint_uri,
             "lineage": f"{where.lineage}, attempt {where.attempt or '<next>'}",
+            "network": _bandwidth(parts, where),
             **({"wandb": wandb} if wandb else {}),
             **({"recovery": recovery.summary(spec)} if lineage_requests else {}),
         }
@@ -275,6 +286,7 @@ class Ec2Backend:
                 "job.json": description,
                 "user_data": user_data.splitlines(),
                 "job_role": role.shown(),
+                "network": network_requests,
                 **({"recovery": lineage_requests} if lineage_requests else {}),
             },
             bundle={**(plan.bundle or {}), "s3": f"s3://{where.bucket}/{plan.payload['code_key']}"},
@@ -284,6 +296,7 @@ class Ec2Backend:
                 "role": role,
                 "description": description,
                 "job_json": job_json,
+                "network": network_requests,
                 "region": parts.region,
                 "bucket": where.bucket,
                 # in the local job record: where status, logs and resume find the job again
@@ -310,31 +323,21 @@ class Ec2Backend:
         with aws.translate_errors():
             ami_id = spec.ec2.ami_id or resolve_ami(parts.ami_parameter, region)
             root_device = _check_image(ami_id, region, plan, checks)
-            subnets = _subnets(spec.ec2.subnet_id, stack.security_group_id, region, checks)
+            subnets, vpc, public_ip = _subnets(spec.ec2.subnet_id, stack.security_group_id, parts, region, checks)
+            facts = _network_facts(parts.instance_type, region)
             lineage, attempt, checkpoint_uri = parts.job_name, 1, ""
             if spec.resume_from:
                 lineage, attempt, checkpoint_uri = _previous_attempt(spec.resume_from, stack.bucket, parts, checks)
-        placement_group = None
-        if parts.placement:
-            placement_group = stack.placement_group
-            checks.append(
-                Check(
-                    "cluster placement group",
-                    True,
-                    placement_group
-                    or f"stack {spec.stack} has none (`infra up --parameter EnablePlacementGroup=true`)",
-                )
-            )
         where = Where(
             stack=spec.stack,
             bucket=stack.bucket,
             instance_profile=parts.job_name,
-            security_group=stack.security_group_id,
+            security_group=GROUP_PLACEHOLDER,  # the job's own, made at submit
             log_group=stack.log_group,
             ami_id=ami_id,
             root_device=root_device or parts.family.root_device,
             subnets=subnets,
-            placement_group=placement_group,
+            placement_group=parts.job_name if parts.placement else None,
             lineage=lineage,
             attempt=attempt,
             checkpoint_uri=checkpoint_uri,
@@ -343,6 +346,9 @@ class Ec2Backend:
             boundary=stack.job_boundary_arn,
             secret_prefix=stack.secret_prefix,
             ssm=stack.ssm,
+            vpc=vpc,
+            network=facts,
+            public_ip=public_ip,
         )
         placed = self._place(dataclasses.replace(plan, checks=checks), where)
         placed = pricing.with_current_spot_price(placed, spec, region)  # a spot job's price now
@@ -386,6 +392,9 @@ class Ec2Backend:
                         Body=plan.payload["job_json"],  # exactly the bytes whose sha256 the user data pins
                         ContentType="application/json",
                     )
+            # The job's own security group (AWS names its id: the requests get it) and placement group.
+            plan = network.with_group(plan, network.create(plan))
+            where = plan.payload["where"]
             ids = recovery.launch(plan) if recovery.planned(plan) else launch(plan.request, where, parts)
         except BaseException as e:
             # The request may have reached AWS and only its answer been lost (a read timeout, a
@@ -393,6 +402,7 @@ class Ec2Backend:
             running = started_anyway(plan)
             if running == []:
                 cloud.retire_role_quietly(role.name)  # nothing was launched: its role goes too
+                network.retire(parts.region, parts.job_name, placement_group=parts.placement)  # and its network
                 raise
             lineage_launched(plan)  # they (may) run: the role and the lineage's lease stay theirs
             what = f"({', '.join(running)})" if running else "(could not check whether anything started)"
@@ -652,30 +662,91 @@ def _check_image(ami_id: str, region: str, plan: Plan, checks: list[Check]) -> s
     return str(root) if root else None
 
 
-def _subnets(subnet_id: str | None, security_group: str, region: str, checks: list[Check]) -> tuple[str, ...]:
-    """The subnet to launch in, then one per other zone to try when it has no capacity: the
-    spec's only, or the default subnets of the security group's VPC (any public one if none)."""
+def _subnets(
+    subnet_id: str | None, security_group: str, parts: Parts, region: str, checks: list[Check]
+) -> tuple[tuple[str, ...], str, bool]:
+    """(subnets, their VPC, whether they give public IPv4 addresses): the subnet to launch in,
+    then one per other zone to try when it has no capacity, each in a zone where EC2 offers the
+    instance type (DescribeInstanceTypeOfferings). The spec's only, or the default subnets of the
+    stack security group's VPC (any public one if none). A multi-node launch stays in one subnet:
+    a single-node lineage's group spans them all, a multi-node one takes the first (recovery.py)."""
     from distrain_cloud.infra import aws
 
     ec2 = aws.client("ec2", region)
+    offered = _offered_zones(parts.instance_type, region)
     if subnet_id:
-        found = ec2.describe_subnets(SubnetIds=[subnet_id])["Subnets"]
-        checks.append(Check("subnet", True, f"{subnet_id} ({found[0].get('AvailabilityZone', '?')})"))
-        return (subnet_id,)
+        (found,) = ec2.describe_subnets(SubnetIds=[subnet_id])["Subnets"]
+        zone = found.get("AvailabilityZone", "?")
+        if offered is not None and zone not in offered:
+            checks.append(
+                Check(
+                    "subnet",
+                    False,
+                    f"ec2.subnet_id {subnet_id} is in {zone}, where EC2 offers no {parts.instance_type}; "
+                    f"choose a subnet in {', '.join(sorted(offered)) or 'another region'}",
+                )
+            )
+        else:
+            checks.append(Check("subnet", True, f"{subnet_id} ({zone})"))
+        return (subnet_id,), str(found["VpcId"]), bool(found.get("MapPublicIpOnLaunch"))
     groups = ec2.describe_security_groups(GroupIds=[security_group])["SecurityGroups"]
     vpc = groups[0]["VpcId"]
     subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]
     usable = [s for s in subnets if s.get("DefaultForAz")] or [s for s in subnets if s.get("MapPublicIpOnLaunch")]
     if not usable:
         raise UserError(f"the stack's VPC {vpc} has no default or public subnet in {region}: set ec2.subnet_id")
-    by_zone: dict[str, str] = {}
+    by_zone: dict[str, dict[str, Any]] = {}
     for s in sorted(usable, key=lambda s: (s.get("AvailabilityZone", ""), s["SubnetId"])):
-        by_zone.setdefault(s.get("AvailabilityZone", ""), s["SubnetId"])
-    chosen = tuple(by_zone.values())
-    checks.append(
-        Check("subnet", True, f"{chosen[0]} ({next(iter(by_zone))}); {len(chosen) - 1} other zone(s) if it is full")
-    )
-    return chosen
+        if offered is None or s.get("AvailabilityZone") in offered:
+            by_zone.setdefault(s.get("AvailabilityZone", ""), s)
+    if not by_zone:
+        zones = sorted({s.get("AvailabilityZone", "?") for s in usable})
+        raise UserError(
+            f"--instance {parts.instance_type}: EC2 offers it in none of the zones of the stack's VPC "
+            f"({', '.join(zones)}) in {region}: choose another type or region"
+        )
+    chosen = tuple(s["SubnetId"] for s in by_zone.values())
+    others = f"{len(chosen) - 1} other zone(s) if it is full"
+    if parts.nodes > 1:
+        others += " (all nodes in one zone each time)"
+    checks.append(Check("subnet", True, f"{chosen[0]} ({next(iter(by_zone))}); {others}"))
+    return chosen, str(vpc), any(bool(s.get("MapPublicIpOnLaunch")) for s in by_zone.values())
+
+
+def _offered_zones(instance_type: str, region: str) -> set[str] | None:
+    """The zones of `region` where EC2 offers `instance_type`; None when that cannot be asked
+    (the launcher may lack ec2:DescribeInstanceTypeOfferings: every zone is tried then)."""
+    from botocore.exceptions import ClientError
+
+    from distrain_cloud.infra import aws
+
+    try:
+        pages = (
+            aws.client("ec2", region)
+            .get_paginator("describe_instance_type_offerings")
+            .paginate(LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+        )
+        return {o["Location"] for page in pages for o in page.get("InstanceTypeOfferings", [])}
+    except ClientError as e:
+        if aws.error_code(e) in ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException"):
+            return None
+        raise
+
+
+def _network_facts(instance_type: str, region: str) -> NetworkFacts | None:
+    """The type's network cards and EFA interfaces as the EC2 API says (DescribeInstanceTypes);
+    None (the catalog's then) when that cannot be asked."""
+    from botocore.exceptions import ClientError
+
+    from distrain_cloud.infra import aws
+
+    try:
+        (found,) = aws.client("ec2", region).describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
+    except (ClientError, ValueError) as e:
+        if isinstance(e, ClientError) and aws.error_code(e) not in ("UnauthorizedOperation", "AccessDenied"):
+            raise
+        return None
+    return network.facts_from_api(found.get("NetworkInfo") or {})
 
 
 def _previous_attempt(job_name: str, bucket: str, parts: Parts, checks: list[Check]) -> tuple[str, int, str]:
@@ -800,6 +871,35 @@ def _isolation_check(role: JobRole, parts: Parts, where: Where) -> Check:
     )
 
 
+def _network_checks(parts: Parts, where: Where) -> list[Check]:
+    """What the plan says of the job's own network: its security group, its zone and placement
+    group, its EFA interfaces."""
+    checks = [
+        Check(
+            "security group: the job's own",
+            True,
+            f"{network.group_name(parts.job_name)} in {where.vpc}: all traffic between its nodes, HTTPS out, "
+            "nothing else in; made at submit, deleted with the job",
+        )
+    ]
+    if parts.nodes > 1:
+        place = f"cluster placement group {where.placement_group} (the job's own)" if where.placement_group else ""
+        checks.append(
+            Check("zone: one for all nodes", True, f"one subnet per launch; {place or 'no placement group'}".rstrip())
+        )
+    if parts.efa:
+        checks.append(Check("EFA", True, _bandwidth(parts, where)))
+    return checks
+
+
+def _bandwidth(parts: Parts, where: Where) -> str:
+    from ...catalog import network_facts
+    from .request import efa_interfaces
+
+    facts = where.network or network_facts(parts.instance_type)
+    return network.bandwidth(parts.nodes, facts, efa_interfaces(parts, where), where.public_ip)
+
+
 def retire_role_when_done(
     name: str, description: dict[str, Any], info: dict[str, Any], instances: list[dict[str, Any]]
 ) -> None:
@@ -810,6 +910,7 @@ def retire_role_when_done(
     holding = set(ALIVE_STATES) | {"shutting-down"}
     if description.get("role") and info["terminal"] and not any(i["state"] in holding for i in instances):
         cloud.retire_role_quietly(name)
+    network.retire_when_done(name, description, info, holding=any(i["state"] in holding for i in instances))
 
 
 # ---------------------------------------------------------------------- where a job is, and cancel
