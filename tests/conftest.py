@@ -67,10 +67,10 @@ def moto_answers_one_request_at_a_time() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def moto_plays_placement_groups() -> Iterator[None]:
-    """moto implements no EC2 placement groups: tests/placement_groups.py plays AWS's (in process
-    and in a moto server of this process alike)."""
-    from placement_groups import play
+def moto_plays_ec2_network() -> Iterator[None]:
+    """moto implements no EC2 placement groups and deletes security groups still in use:
+    tests/ec2_network.py plays AWS's rules (in process and in a moto server of this process alike)."""
+    from ec2_network import play
 
     with pytest.MonkeyPatch.context() as mp:
         play(mp)
@@ -81,7 +81,7 @@ def moto_plays_placement_groups() -> Iterator[None]:
 def no_placement_groups_left() -> None:
     """Each test starts with none of an earlier test's played placement groups (moto's own state
     is new per `mock_aws`)."""
-    from placement_groups import GROUPS
+    from ec2_network import GROUPS
 
     GROUPS.clear()
 

@@ -63,9 +63,13 @@ def test_a_spot_submit_is_a_group_over_every_zone_that_stops_at_the_lineages_dea
     job = submitted(capsys, "--max-restarts", "2", "--on-demand-after", "1")
     found = group(job)
     assert (found["MinSize"], found["MaxSize"], found["DesiredCapacity"]) == (0, 1, 1)
-    subnets = boto3.client("ec2", region_name=REGION).describe_subnets()["Subnets"]
-    zones = {s["AvailabilityZone"] for s in subnets if s.get("DefaultForAz")}
-    assert len(found["VPCZoneIdentifier"].split(",")) == len(zones) > 1
+    # A subnet of every zone where EC2 offers the type (moto: us-east-1e has no g4dn.12xlarge).
+    offered = boto3.client("ec2", region_name=REGION).describe_instance_type_offerings(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": ["g4dn.12xlarge"]}]
+    )["InstanceTypeOfferings"]
+    subnets = boto3.client("ec2", region_name=REGION).describe_subnets(SubnetIds=found["VPCZoneIdentifier"].split(","))
+    assert sorted(s["AvailabilityZone"] for s in subnets["Subnets"]) == sorted(o["Location"] for o in offered)
+    assert len(offered) > 1
     distribution = found["MixedInstancesPolicy"]["InstancesDistribution"]
     assert distribution["OnDemandPercentageAboveBaseCapacity"] == 0  # spot until --on-demand-after
     # The hard stop: max-run + 10 minutes after submit, for the first nodes and every replacement.

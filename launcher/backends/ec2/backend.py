@@ -714,8 +714,8 @@ def _subnets(
 
 
 def _offered_zones(instance_type: str, region: str) -> set[str] | None:
-    """The zones of `region` where EC2 offers `instance_type`; None when that cannot be asked
-    (the launcher may lack ec2:DescribeInstanceTypeOfferings: every zone is tried then)."""
+    """The zones of `region` where EC2 offers `instance_type`; None when that is not known (the
+    launcher may lack ec2:DescribeInstanceTypeOfferings): every zone is tried then."""
     from botocore.exceptions import ClientError
 
     from distrain_cloud.infra import aws
@@ -726,25 +726,25 @@ def _offered_zones(instance_type: str, region: str) -> set[str] | None:
             .get_paginator("describe_instance_type_offerings")
             .paginate(LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
         )
-        return {o["Location"] for page in pages for o in page.get("InstanceTypeOfferings", [])}
+        found = {o["Location"] for page in pages for o in page.get("InstanceTypeOfferings", [])}
     except ClientError as e:
         if aws.error_code(e) in ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException"):
             return None
         raise
+    # None named: no zone to prefer; every zone is tried, and RunInstances' own refusal says why.
+    return found or None
 
 
 def _network_facts(instance_type: str, region: str) -> NetworkFacts | None:
     """The type's network cards and EFA interfaces as the EC2 API says (DescribeInstanceTypes);
-    None (the catalog's then) when that cannot be asked."""
+    None (the catalog's then) when it does not say (no right to ask, a type it does not list)."""
     from botocore.exceptions import ClientError
 
     from distrain_cloud.infra import aws
 
     try:
         (found,) = aws.client("ec2", region).describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
-    except (ClientError, ValueError) as e:
-        if isinstance(e, ClientError) and aws.error_code(e) not in ("UnauthorizedOperation", "AccessDenied"):
-            raise
+    except (ClientError, ValueError):
         return None
     return network.facts_from_api(found.get("NetworkInfo") or {})
 

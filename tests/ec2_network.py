@@ -1,5 +1,6 @@
-"""EC2 placement groups, played on top of moto, which does not implement them (CreatePlacementGroup
-is "not implemented"; RunInstances drops Placement.GroupName without a word).
+"""What EC2 does with a job's network that moto does not, played on top of moto: placement groups
+(moto: CreatePlacementGroup is "not implemented", RunInstances drops Placement.GroupName without a
+word) and security groups still in use (moto deletes a group its instances use).
 
 What AWS does that this plays, and where AWS says so:
 - CreatePlacementGroup makes a group; a second one of the same name is refused with
@@ -13,6 +14,9 @@ What AWS does that this plays, and where AWS says so:
 - DeletePlacementGroup is refused while an instance in the group is not terminated, or an Auto
   Scaling group still launches into it: InvalidPlacementGroup.InUse ("Delete a placement group":
   "you must terminate ... the instances in the placement group").
+- DeleteSecurityGroup is refused with DependencyViolation while a network interface (so an
+  instance that is not terminated) is in the group (EC2 User Guide, "Delete a security group":
+  "You can't delete a security group that is associated with an instance").
 
 The played groups live in `GROUPS` (reset per test by `play`); the instances launched into each
 are found by id in moto's own backend.
@@ -38,7 +42,7 @@ class Group:
 
 
 def play(monkeypatch) -> dict[tuple[str, str, str], Group]:
-    """Give moto's EC2 (and EC2 Auto Scaling) placement groups, for the rest of the test."""
+    """Give moto's EC2 (and EC2 Auto Scaling) these rules, for as long as `monkeypatch` holds."""
     from moto.autoscaling.exceptions import ValidationError
     from moto.autoscaling.responses import AutoScalingResponse
     from moto.core.responses import ActionResult
@@ -110,6 +114,16 @@ def play(monkeypatch) -> dict[tuple[str, str, str], Group]:
         group.instances |= {i.id for i in new}
         return answer
 
+    real_delete_group = EC2Response.delete_security_group
+
+    def delete_security_group(self: Any) -> Any:
+        group = self._get_param("GroupId")
+        for instance in self.ec2_backend.all_instances():
+            held = {g.id for nic in instance.nics.values() for g in nic.group_set}
+            if instance.state != "terminated" and group in held:
+                raise EC2ClientError("DependencyViolation", f"resource {group} has a dependent object ({instance.id})")
+        return real_delete_group(self)
+
     real_create = AutoScalingResponse.create_auto_scaling_group
 
     def create_auto_scaling_group(self: Any) -> Any:
@@ -118,7 +132,8 @@ def play(monkeypatch) -> dict[tuple[str, str, str], Group]:
             raise ValidationError(f"Placement group '{name}' does not exist.")
         return real_create(self)
 
-    for method in (create_placement_group, describe_placement_groups, delete_placement_group, run_instances):
+    played = (create_placement_group, describe_placement_groups, delete_placement_group, run_instances)
+    for method in (*played, delete_security_group):
         monkeypatch.setattr(EC2Response, method.__name__, method, raising=False)
     monkeypatch.setattr(AutoScalingResponse, "create_auto_scaling_group", create_auto_scaling_group)
     return GROUPS
