@@ -39,6 +39,7 @@ def encoded(request: dict) -> dict:
 # ---------------------------------------------------------------- plans
 
 
+@pytest.mark.slow  # two plans each (5 s on a loaded machine)
 @pytest.mark.parametrize(
     ("instance", "cards", "said"),
     [
@@ -263,3 +264,33 @@ def test_a_launch_that_fails_leaves_no_group_behind(stack, monkeypatch):
     with pytest.raises(UserError, match="InvalidParameterValue"):
         submit_job(plan)
     assert groups_of(plan.job_name) == [] and placement_groups() == []
+
+
+def test_the_launcher_policy_grants_what_a_jobs_network_sends_on_stack_tagged_resources_only(aws_calls):
+    """Every EC2 request of a job's network is an action of the stack's launcher policy, made only
+    with the stack tag and changed or deleted only where the stack tag is."""
+    from distrain_cloud.infra import stack
+
+    launcher = {
+        s["Sid"]: s
+        for s in stack.load_template()["Resources"]["LauncherPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    }
+    granted = {a for s in launcher.values() for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    plan = dry(spot=True)  # a multi-node lineage: the most a job's network sends
+    sent = {f"ec2:{op}" for op in plan.configs["network"]} | {"ec2:DeleteSecurityGroup", "ec2:DeletePlacementGroup"}
+    sent |= {"ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes", "autoscaling:SuspendProcesses"}
+    assert "SuspendProcesses" in plan.configs["recovery"] and "CreatePlacementGroup" in plan.configs["network"]
+    assert sent <= granted, sent - granted
+    request_tag = {"StringEquals": {"aws:RequestTag/distrain-cloud:stack": {"Ref": "AWS::StackName"}}}
+    resource_tag = {"StringEquals": {"aws:ResourceTag/distrain-cloud:stack": {"Ref": "AWS::StackName"}}}
+    assert launcher["JobNetworkCreate"]["Condition"] == request_tag
+    assert launcher["JobNetwork"]["Condition"] == resource_tag
+    assert set(launcher["JobNetwork"]["Action"]) >= {
+        "ec2:DeleteSecurityGroup",
+        "ec2:DeletePlacementGroup",
+        "ec2:RunInstances",
+    }
+    assert launcher["JobSecurityGroupsInVpc"]["Resource"] == {
+        "Fn::Sub": "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}:vpc/${VpcId}"
+    }
+    assert aws_calls == []
