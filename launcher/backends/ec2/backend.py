@@ -173,7 +173,7 @@ class Ec2Backend:
         on = training.hardware if instance.gpus else "CPU"
         checks.append(Check("precision fits the GPU", True, f"{precision} ({on})"))
         checks.append(training.fit)
-        checks.append(Check(f"stack {stack}", None, "its bucket, security group and job role boundary, at submit"))
+        checks.append(Check(f"stack {stack}", None, "its bucket, VPC and job role boundary, at submit"))
         if spec.ec2.ami_id:
             checks.append(Check("AMI", None, f"{spec.ec2.ami_id} is described at submit"))
         else:
@@ -318,7 +318,7 @@ class Ec2Backend:
         checks = [c for c in plan.checks if c.ok is not None]
         stack = stack_resources(spec.stack, region)
         checks.append(
-            Check(f"stack {spec.stack}", True, f"bucket {stack.bucket}, security group {stack.security_group_id}")
+            Check(f"stack {spec.stack}", True, f"bucket {stack.bucket}, the VPC of {stack.security_group_id}")
         )
         with aws.translate_errors():
             ami_id = spec.ec2.ami_id or resolve_ami(parts.ami_parameter, region)
