@@ -54,9 +54,9 @@ def security_group_requests(job: str, stack: str, vpc: str, group: str = GROUP_P
     A new VPC security group comes with one egress rule, all traffic to anywhere; it is replaced by
     all traffic to the group's members (EFA needs it: EC2 User Guide, "Get started with EFA and
     NCCL", step 1) and HTTPS to anywhere (S3 and the AWS APIs, the Hub, pip). Security groups do
-    not filter the VPC's DNS resolver, the instance metadata service or the Amazon Time Sync
-    Service (EC2 User Guide, "Security group rules", "Amazon DNS server" etc.), so nothing else is
-    needed to boot."""
+    not filter traffic to the VPC's DNS resolver, the instance metadata service or the Amazon Time
+    Sync Service (Amazon VPC User Guide, "Security groups", "Security group basics"), so nothing
+    else is needed to boot."""
     members = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group, "Description": "this job's nodes"}]}
     https = {
         "IpProtocol": "tcp",
