@@ -202,14 +202,65 @@ def test_each_job_has_its_own_group_its_nodes_use_and_it_goes_with_the_job(stack
     assert len(groups_of(one.job_name)) == 1  # the other job's, still running, stays
 
 
-@pytest.mark.slow  # a lineage on moto (3 s here)
-def test_a_multi_node_lineage_stays_in_one_zone_in_its_placement_group_with_azrebalance_off(stack):
+def play_spot_scores(monkeypatch, best_zone_id: str, asked: list) -> None:
+    """GetSpotPlacementScores (moto has none): every zone scores 3 but `best_zone_id`, 9, as EC2
+    answers with SingleAvailabilityZone (EC2 User Guide, "Spot placement score")."""
+    from botocore.awsrequest import AWSResponse
+
+    from distrain_cloud.infra import aws
+
+    real = aws.client
+
+    def record(params, **_):
+        asked.append(dict(params))
+
+    def answer(**_):
+        zones = boto3_zone_ids()
+        scores = [{"Region": REGION, "AvailabilityZoneId": z, "Score": 9 if z == best_zone_id else 3} for z in zones]
+        return AWSResponse("https://ec2", 200, {}, None), {"SpotPlacementScores": scores}
+
+    def client(service, region=None, **kw):
+        c = real(service, region, **kw)
+        if service == "ec2":
+            c.meta.events.register("provide-client-params.ec2.GetSpotPlacementScores", record)
+            c.meta.events.register_first("before-call.ec2.GetSpotPlacementScores", answer)
+        return c
+
+    monkeypatch.setattr(aws, "client", client)
+
+
+def boto3_zone_ids() -> list[str]:
     import boto3
 
+    return sorted(
+        {s["AvailabilityZoneId"] for s in boto3.client("ec2", region_name=REGION).describe_subnets()["Subnets"]}
+    )
+
+
+@pytest.mark.slow  # a lineage on moto (3 s here)
+def test_a_multi_node_lineage_stays_in_one_zone_in_its_placement_group_with_azrebalance_off(stack, monkeypatch):
+    import boto3
+
+    # The zone EC2 scores likeliest to hold both spot nodes at once is the one (not the first by name).
+    subnets = boto3.client("ec2", region_name=REGION).describe_subnets()["Subnets"]
+    best = max(
+        (s for s in subnets if s["AvailabilityZone"] in ("us-east-1c", "us-east-1d")),
+        key=lambda s: s["AvailabilityZone"],
+    )
+    asked: list = []
+    play_spot_scores(monkeypatch, best["AvailabilityZoneId"], asked)
     plan = plan_job(spec(nodes=2, spot=True))
     requests = plan.payload["recovery"]
     group = requests["CreateAutoScalingGroup"]
-    assert "," not in group["VPCZoneIdentifier"] and group["PlacementGroup"] == plan.job_name
+    assert group["VPCZoneIdentifier"] == best["SubnetId"] and group["PlacementGroup"] == plan.job_name
+    (request,) = asked
+    assert (request["TargetCapacity"], request["SingleAvailabilityZone"], request["InstanceTypes"]) == (
+        2,
+        True,
+        ["g4dn.12xlarge"],
+    )
+    assert apimodel.problems("ec2", "GetSpotPlacementScores", request) == []
+    assert "spot placement score 9 of 10" in {c.name: c.detail for c in plan.checks}["subnet"]
     assert requests["SuspendProcesses"] == {"AutoScalingGroupName": plan.job_name, "ScalingProcesses": ["AZRebalance"]}
     assert apimodel.problems("autoscaling", "SuspendProcesses", requests["SuspendProcesses"]) == []
     submit_job(plan)
@@ -278,7 +329,8 @@ def test_the_launcher_policy_grants_what_a_jobs_network_sends_on_stack_tagged_re
     granted = {a for s in launcher.values() for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
     plan = dry(spot=True)  # a multi-node lineage: the most a job's network sends
     sent = {f"ec2:{op}" for op in plan.configs["network"]} | {"ec2:DeleteSecurityGroup", "ec2:DeletePlacementGroup"}
-    sent |= {"ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes", "autoscaling:SuspendProcesses"}
+    sent |= {"ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes", "ec2:GetSpotPlacementScores"}
+    sent |= {"autoscaling:SuspendProcesses"}
     assert "SuspendProcesses" in plan.configs["recovery"] and "CreatePlacementGroup" in plan.configs["network"]
     assert sent <= granted, sent - granted
     request_tag = {"StringEquals": {"aws:RequestTag/distrain-cloud:stack": {"Ref": "AWS::StackName"}}}

@@ -669,7 +669,8 @@ def _subnets(
     then one per other zone to try when it has no capacity, each in a zone where EC2 offers the
     instance type (DescribeInstanceTypeOfferings). The spec's only, or the default subnets of the
     stack security group's VPC (any public one if none). A multi-node launch stays in one subnet:
-    a single-node lineage's group spans them all, a multi-node one takes the first (recovery.py)."""
+    a single-node lineage's group spans them all, a multi-node one takes the first (recovery.py),
+    which for a spot job is the zone EC2 scores likeliest to hold all its nodes now."""
     from distrain_cloud.infra import aws
 
     ec2 = aws.client("ec2", region)
@@ -705,12 +706,43 @@ def _subnets(
             f"--instance {parts.instance_type}: EC2 offers it in none of the zones of the stack's VPC "
             f"({', '.join(zones)}) in {region}: choose another type or region"
         )
-    chosen = tuple(s["SubnetId"] for s in by_zone.values())
+    ordered = list(by_zone.values())
+    scored = ""
+    if parts.spot and parts.nodes > 1 and len(ordered) > 1:  # one zone for all: the likeliest to hold them
+        scores = _spot_scores(parts, region)
+        if scores:
+            ordered.sort(key=lambda s: -scores.get(str(s.get("AvailabilityZoneId")), 0))
+            scored = f", spot placement score {scores.get(str(ordered[0].get('AvailabilityZoneId')), 0)} of 10"
+    chosen = tuple(s["SubnetId"] for s in ordered)
     others = f"{len(chosen) - 1} other zone(s) if it is full"
     if parts.nodes > 1:
         others += " (all nodes in one zone each time)"
-    checks.append(Check("subnet", True, f"{chosen[0]} ({next(iter(by_zone))}); {others}"))
-    return chosen, str(vpc), any(bool(s.get("MapPublicIpOnLaunch")) for s in by_zone.values())
+    checks.append(Check("subnet", True, f"{chosen[0]} ({ordered[0].get('AvailabilityZone', '?')}{scored}); {others}"))
+    return chosen, str(vpc), any(bool(s.get("MapPublicIpOnLaunch")) for s in ordered)
+
+
+def _spot_scores(parts: Parts, region: str) -> dict[str, int]:
+    """Zone id -> how likely EC2 says a spot request for all of the job's nodes in that one zone
+    is to succeed now (GetSpotPlacementScores, 1 to 10; EC2 User Guide, "Spot placement score").
+    Advisory: {} when EC2 does not answer (no ec2:GetSpotPlacementScores, throttled)."""
+    from distrain_cloud.infra import aws
+
+    request = {
+        "InstanceTypes": [parts.instance_type],
+        "TargetCapacity": parts.nodes,
+        "SingleAvailabilityZone": True,
+        "RegionNames": [region],
+    }
+    try:
+        answer = aws.client("ec2", region, max_attempts=2).get_spot_placement_scores(**request)
+    except Exception:  # the order of the zones only: never a reason to refuse the job
+        return {}
+    scores: dict[str, int] = {}
+    for item in answer.get("SpotPlacementScores", []):
+        zone, score = item.get("AvailabilityZoneId"), item.get("Score")
+        if isinstance(zone, str) and isinstance(score, int) and not isinstance(score, bool):
+            scores[zone] = max(0, min(score, 10))
+    return scores
 
 
 def _offered_zones(instance_type: str, region: str) -> set[str] | None:
