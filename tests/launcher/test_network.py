@@ -346,3 +346,18 @@ def test_the_launcher_policy_grants_what_a_jobs_network_sends_on_stack_tagged_re
         "Fn::Sub": "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}:vpc/${VpcId}"
     }
     assert aws_calls == []
+
+
+@pytest.mark.slow  # a preflight on moto (3 s here)
+def test_a_retried_submit_finds_its_network_already_made(stack):
+    """A submit sent again (its answer lost) makes nothing twice: the group, its rules and the
+    placement group are found as they are (InvalidGroup.Duplicate, InvalidPermission.Duplicate /
+    NotFound, InvalidPlacementGroup.Duplicate)."""
+    plan = plan_job(spec(nodes=2))
+    first = network.create(plan)
+    assert network.create(plan) == first
+    (group,) = groups_of(plan.job_name)
+    assert group["GroupId"] == first and len(group["IpPermissions"]) == 1 and len(group["IpPermissionsEgress"]) == 2
+    assert placement_groups() == [plan.job_name]
+    assert network.retire(REGION, plan.job_name, placement_group=True) is True  # nothing runs in them
+    assert groups_of(plan.job_name) == [] and placement_groups() == []

@@ -168,21 +168,23 @@ def with_group(plan: Plan, group: str) -> Plan:
     placeholder, in every request that names it."""
     from .request import Where
 
-    def put(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: put(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [put(v) for v in value]
-        return group if value == GROUP_PLACEHOLDER else value
-
     where: Where = plan.payload["where"]
     payload = {
         **plan.payload,
         "where": dataclasses.replace(where, security_group=group),
-        "network": put(plan.payload["network"]),
-        **({"recovery": put(plan.payload["recovery"])} if "recovery" in plan.payload else {}),
+        "network": _put(plan.payload["network"], group),
+        **({"recovery": _put(plan.payload["recovery"], group)} if "recovery" in plan.payload else {}),
     }
-    return dataclasses.replace(plan, request=put(plan.request), payload=payload)
+    return dataclasses.replace(plan, request=_put(plan.request, group), payload=payload)
+
+
+def _put(value: Any, group: str) -> Any:
+    """`value` with security group id `group` wherever it holds the placeholder."""
+    if isinstance(value, dict):
+        return {k: _put(v, group) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_put(v, group) for v in value]
+    return group if value == GROUP_PLACEHOLDER else value
 
 
 # ---------------------------------------------------------------------- submit and clean-up
@@ -204,11 +206,14 @@ def create(plan: Plan) -> str:
             if aws.error_code(e) != "InvalidGroup.Duplicate":
                 raise
             group = _find_group(ec2, found["CreateSecurityGroup"])
-        for operation in ("AuthorizeSecurityGroupIngress", "AuthorizeSecurityGroupEgress", "RevokeSecurityGroupEgress"):
-            request = {**found[operation], "GroupId": group}
-            request["IpPermissions"] = [_own(p, group) for p in request["IpPermissions"]]
+        rules = _put(found, group)
+        for send, operation in (
+            (ec2.authorize_security_group_ingress, "AuthorizeSecurityGroupIngress"),
+            (ec2.authorize_security_group_egress, "AuthorizeSecurityGroupEgress"),
+            (ec2.revoke_security_group_egress, "RevokeSecurityGroupEgress"),
+        ):
             try:
-                getattr(ec2, _snake(operation))(**request)
+                send(**rules[operation])
             except ClientError as e:  # a retried submit: the rule is there already, or gone already
                 if aws.error_code(e) not in ("InvalidPermission.Duplicate", "InvalidPermission.NotFound"):
                     raise
@@ -219,17 +224,6 @@ def create(plan: Plan) -> str:
                 if aws.error_code(e) != "InvalidPlacementGroup.Duplicate":
                     raise
     return group
-
-
-def _own(permission: dict[str, Any], group: str) -> dict[str, Any]:
-    pairs = [{**p, "GroupId": group} for p in permission.get("UserIdGroupPairs", [])]
-    return {**permission, **({"UserIdGroupPairs": pairs} if pairs else {})}
-
-
-def _snake(operation: str) -> str:
-    import re
-
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", operation).lower()
 
 
 def _find_group(ec2: Any, create: dict[str, Any]) -> str:
