@@ -114,10 +114,15 @@ def test_the_jobs_own_security_group_admits_only_its_members_and_fits_the_api_mo
 
 
 def test_a_single_node_job_has_its_own_group_and_no_placement_group(aws_calls):
-    plan = dry(instance="g5.xlarge", nodes=1)
+    """One node: its own group, no placement group, and a lineage's group over every zone
+    (test_recovery.py submits one) with AZRebalance suspended all the same."""
+    plan = dry(instance="g5.xlarge", nodes=1, spot=True)
     assert plan.request["SecurityGroupIds"] == [GROUP_PLACEHOLDER] and "Placement" not in plan.request
     assert "CreatePlacementGroup" not in plan.configs["network"]
     assert plan.summary["network"] == "one node: no traffic between nodes (the type: Up to 10 Gigabit)"
+    lineage = plan.configs["recovery"]
+    assert "PlacementGroup" not in lineage["CreateAutoScalingGroup"]
+    assert lineage["SuspendProcesses"]["ScalingProcesses"] == ["AZRebalance"]
     assert aws_calls == []
 
 
@@ -278,10 +283,6 @@ def test_a_multi_node_lineage_stays_in_one_zone_in_its_placement_group_with_azre
     )
     data = template["LaunchTemplateVersions"][0]["LaunchTemplateData"]
     assert [i["Groups"] for i in data["NetworkInterfaces"]] == [[sg["GroupId"]]]  # the job's own, not a placeholder
-    # A single-node lineage still spans every zone that offers the type, AZRebalance off too.
-    single = plan_job(spec(spot=True)).payload["recovery"]
-    assert len(single["CreateAutoScalingGroup"]["VPCZoneIdentifier"].split(",")) > 1
-    assert "PlacementGroup" not in single["CreateAutoScalingGroup"] and "SuspendProcesses" in single
     # The lineage ends and its nodes leave: status retires the group, then the network.
     key = f"distrain-cloud/jobs/{plan.job_name}/lineage.json"
     body = json.dumps({"status": "Completed", "reason": "", "time": time.time()}).encode()
@@ -293,7 +294,10 @@ def test_a_multi_node_lineage_stays_in_one_zone_in_its_placement_group_with_azre
 
 
 @pytest.mark.slow  # a submit on moto (2 s here)
-def test_a_launch_that_fails_leaves_no_group_behind(stack, monkeypatch):
+def test_a_retried_submit_makes_nothing_twice_and_a_failed_launch_leaves_no_group(stack, monkeypatch):
+    """A submit sent again (its answer lost) finds the group, its rules and the placement group as
+    they are (InvalidGroup.Duplicate, InvalidPermission.Duplicate / NotFound,
+    InvalidPlacementGroup.Duplicate); a launch that fails for good deletes them."""
     from botocore.exceptions import ClientError
 
     from distrain_cloud.infra import aws
@@ -310,10 +314,15 @@ def test_a_launch_that_fails_leaves_no_group_behind(stack, monkeypatch):
             c.meta.events.register_first("before-call.ec2.RunInstances", refuse)
         return c
 
-    monkeypatch.setattr(aws, "client", client)
     plan = plan_job(spec(nodes=2))
+    first = network.create(plan)
+    assert network.create(plan) == first
+    (group,) = groups_of(plan.job_name)
+    assert group["GroupId"] == first and len(group["IpPermissions"]) == 1 and len(group["IpPermissionsEgress"]) == 2
+    assert placement_groups() == [plan.job_name]
+    monkeypatch.setattr(aws, "client", client)
     with pytest.raises(UserError, match="InvalidParameterValue"):
-        submit_job(plan)
+        submit_job(plan)  # the same plan again: its network is found, then RunInstances is refused
     assert groups_of(plan.job_name) == [] and placement_groups() == []
 
 
@@ -346,18 +355,3 @@ def test_the_launcher_policy_grants_what_a_jobs_network_sends_on_stack_tagged_re
         "Fn::Sub": "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}:vpc/${VpcId}"
     }
     assert aws_calls == []
-
-
-@pytest.mark.slow  # a preflight on moto (3 s here)
-def test_a_retried_submit_finds_its_network_already_made(stack):
-    """A submit sent again (its answer lost) makes nothing twice: the group, its rules and the
-    placement group are found as they are (InvalidGroup.Duplicate, InvalidPermission.Duplicate /
-    NotFound, InvalidPlacementGroup.Duplicate)."""
-    plan = plan_job(spec(nodes=2))
-    first = network.create(plan)
-    assert network.create(plan) == first
-    (group,) = groups_of(plan.job_name)
-    assert group["GroupId"] == first and len(group["IpPermissions"]) == 1 and len(group["IpPermissionsEgress"]) == 2
-    assert placement_groups() == [plan.job_name]
-    assert network.retire(REGION, plan.job_name, placement_group=True) is True  # nothing runs in them
-    assert groups_of(plan.job_name) == [] and placement_groups() == []
