@@ -111,6 +111,55 @@ _ROWS = (
 EC2_ONLY = frozenset({"p5en.48xlarge", "p6-b200.48xlarge"})
 
 
+@dataclass(frozen=True)
+class NetworkFacts:
+    """What EC2's DescribeInstanceTypes says of a type's network (NetworkInfo), for the plan's
+    EFA interfaces and the inter-node bandwidth it states without asking AWS; preflight asks."""
+
+    cards: int  # MaximumNetworkCards
+    efa_interfaces: int  # EfaInfo.MaximumEfaInterfaces (0: no EFA)
+    card_gbps: float | None  # NetworkCards[0].BaselineBandwidthInGbps (every card the same on these types)
+    performance: str  # NetworkPerformance, AWS's words for the whole instance
+
+
+# From DescribeInstanceTypes (NetworkInfo) as moto 5.2.5 ships it (moto/ec2/resources/
+# instance_types.json, recorded from the EC2 API; tests/launcher/test_network.py compares every
+# row with it). The p3 rows are not in that file: their NetworkPerformance is the EC2 P3
+# instance page's, their baseline unknown here.
+_NETWORK: dict[str, NetworkFacts] = {
+    name: NetworkFacts(*facts)
+    for name, facts in {
+        "p3.2xlarge": (1, 0, None, "Up to 10 Gigabit"),
+        "p3.8xlarge": (1, 0, None, "10 Gigabit"),
+        "p3.16xlarge": (1, 0, None, "25 Gigabit"),
+        "p3dn.24xlarge": (1, 1, 100.0, "100 Gigabit"),
+        "g4dn.xlarge": (1, 0, 5.0, "Up to 25 Gigabit"),
+        "g4dn.12xlarge": (1, 1, 50.0, "50 Gigabit"),
+        "g5.xlarge": (1, 0, 2.5, "Up to 10 Gigabit"),
+        "g5.2xlarge": (1, 0, 5.0, "Up to 10 Gigabit"),
+        "g5.12xlarge": (1, 1, 40.0, "40 Gigabit"),
+        "g5.48xlarge": (1, 1, 100.0, "100 Gigabit"),
+        "g6.xlarge": (1, 0, 2.5, "Up to 10 Gigabit"),
+        "g6.12xlarge": (1, 1, 40.0, "40 Gigabit"),
+        "g6.48xlarge": (1, 1, 100.0, "100 Gigabit"),
+        "g6e.xlarge": (1, 0, 2.5, "Up to 20 Gigabit"),
+        "g6e.12xlarge": (1, 1, 100.0, "100 Gigabit"),
+        "g6e.48xlarge": (4, 4, 400.0, "400 Gigabit"),
+        "p4d.24xlarge": (4, 4, 100.0, "4x 100 Gigabit"),
+        "p4de.24xlarge": (4, 4, 100.0, "4x 100 Gigabit"),
+        "p5.48xlarge": (32, 32, 100.0, "3200 Gigabit"),
+        "m5.xlarge": (1, 0, 1.25, "Up to 10 Gigabit"),
+        "c5.2xlarge": (1, 0, 2.5, "Up to 10 Gigabit"),
+    }.items()
+}
+
+
+def network_facts(instance: InstanceType | str) -> NetworkFacts:
+    """The network facts of `instance` (a SageMaker type has its EC2 twin's hardware)."""
+    name = instance if isinstance(instance, str) else instance.name
+    return _NETWORK[lookup(name).name.removeprefix("ml.")]
+
+
 # AWS Deep Learning AMI families for EC2 jobs, resolved at submit from public SSM parameters
 # (/aws/service/deeplearning/ami/x86_64/<type>/latest/ami-id). Which family can drive which GPU
 # follows the AMIs' release notes: the OSS-driver AMIs support G4dn, G5, G6, G6e, P4d/P4de and P5

@@ -319,8 +319,10 @@ class Ec2Spec(_Section):
     subnet_id: str | None = Field(
         None, description="launch here; default: a default subnet of the stack's VPC, another zone if one is full"
     )
-    placement: bool = Field(True, description="multi-node jobs use the stack's cluster placement group, if it has one")
-    efa: bool = Field(True, description="multi-node jobs get an EFA interface where the instance type supports it")
+    placement: bool = Field(True, description="multi-node jobs get a cluster placement group of their own")
+    efa: bool = Field(
+        True, description="multi-node jobs get EFA where supported: one per network card in a private subnet"
+    )
     max_restarts: int = Field(
         3,
         ge=0,

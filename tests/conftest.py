@@ -66,6 +66,26 @@ def moto_answers_one_request_at_a_time() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def moto_plays_ec2_network() -> Iterator[None]:
+    """moto implements no EC2 placement groups and deletes security groups still in use:
+    tests/ec2_network.py plays AWS's rules (in process and in a moto server of this process alike)."""
+    from ec2_network import play
+
+    with pytest.MonkeyPatch.context() as mp:
+        play(mp)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def no_placement_groups_left() -> None:
+    """Each test starts with none of an earlier test's played placement groups (moto's own state
+    is new per `mock_aws`)."""
+    from ec2_network import GROUPS
+
+    GROUPS.clear()
+
+
 @pytest.fixture
 def mocked_aws(aws_credentials):
     """moto's in-process mock of every AWS service, with fake credentials in place."""

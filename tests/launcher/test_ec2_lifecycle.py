@@ -230,8 +230,10 @@ def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once
     assert base64.b64decode(user_data).decode() == plan.request["UserData"]  # byte for byte
     (sent,) = [p for op, p in zip(calls.ops, calls.params, strict=True) if op == "ec2.RunInstances"]
     assert sent["NetworkInterfaces"][0]["InterfaceType"] == "efa"  # two g4dn.12xlarge: EFA
-    assert sent["NetworkInterfaces"][0]["Groups"] == [stack.security_group_id]
-    assert sent["Placement"] == {"GroupName": "stack-placement"}
+    named = [{"Name": "group-name", "Values": [f"distrain-cloud-{job}"]}]  # the job's own (test_network.py)
+    (own,) = boto3.client("ec2", region_name=REGION).describe_security_groups(Filters=named)["SecurityGroups"]
+    assert sent["NetworkInterfaces"][0]["Groups"] == [own["GroupId"]]
+    assert sent["Placement"] == {"GroupName": job}
     assert sent["InstanceInitiatedShutdownBehavior"] == "terminate"
 
 

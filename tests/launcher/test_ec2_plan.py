@@ -101,11 +101,14 @@ def test_p4d_on_two_nodes_is_eight_processes_each_with_efa_and_the_placement_gro
     assert plan.summary["processes"] == "8 per node, 16 in all"
     assert plan.configs["job.json"]["processes_per_node"] == 8
     assert request["MinCount"] == request["MaxCount"] == 2  # all or nothing
+    # The stack's default subnets give public IPv4 addresses: one EFA interface, and the plan says
+    # why (tests/launcher/test_network.py: one per network card in a private subnet).
     (interface,) = request["NetworkInterfaces"]
     assert interface["InterfaceType"] == "efa" and interface["DeviceIndex"] == 0
-    assert interface["Groups"] == ["<stack distrain-cloud security group>"]
+    assert interface["Groups"] == [ec2_request.GROUP_PLACEHOLDER]  # the job's own, made at submit
     assert "SecurityGroupIds" not in request and "SubnetId" not in request  # on the interface instead
-    assert "placement group" in request["Placement"]["GroupName"]
+    assert plan.summary["network"].startswith("1 EFA interface, on network card 0 of 4, 100 Gbps baseline")
+    assert request["Placement"]["GroupName"] == plan.job_name  # the job's own cluster placement group
     assert {t["ResourceType"] for t in request["TagSpecifications"]} == {"instance", "volume", "network-interface"}
     assert (
         plan.configs["deepspeed_config"]["train_batch_size"]

@@ -173,8 +173,16 @@ def test_submit_makes_the_role_first_then_job_json_then_launches_retrying_while_
         "iam.CreateInstanceProfile",
         "iam.AddRoleToInstanceProfile",
     ]
-    # Then job.json (the last PutObject: the bundle went up before), then the launch, tried until seen.
-    assert calls[made + 4 :] == ["s3.PutObject"] * 2 + ["ec2.RunInstances"] * 3  # job.json: the launcher's, the job's
+    # Then job.json (the last PutObject: the bundle went up before), the job's own network
+    # (launcher/backends/ec2/network.py), then the launch, tried until seen.
+    network = [
+        "ec2.CreateSecurityGroup",
+        "ec2.AuthorizeSecurityGroupIngress",
+        "ec2.AuthorizeSecurityGroupEgress",
+        "ec2.RevokeSecurityGroupEgress",
+        "ec2.CreatePlacementGroup",
+    ]
+    assert calls[made + 4 :] == ["s3.PutObject"] * 2 + network + ["ec2.RunInstances"] * 3  # job.json: 2 copies
     role = boto3.client("iam").get_role(RoleName=job)["Role"]
     assert role["Path"] == PATH and role["PermissionsBoundary"]["PermissionsBoundaryArn"] == stack.job_boundary_arn
     tags = {t["Key"]: t["Value"] for t in role["Tags"]}

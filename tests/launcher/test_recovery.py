@@ -63,9 +63,13 @@ def test_a_spot_submit_is_a_group_over_every_zone_that_stops_at_the_lineages_dea
     job = submitted(capsys, "--max-restarts", "2", "--on-demand-after", "1")
     found = group(job)
     assert (found["MinSize"], found["MaxSize"], found["DesiredCapacity"]) == (0, 1, 1)
-    subnets = boto3.client("ec2", region_name=REGION).describe_subnets()["Subnets"]
-    zones = {s["AvailabilityZone"] for s in subnets if s.get("DefaultForAz")}
-    assert len(found["VPCZoneIdentifier"].split(",")) == len(zones) > 1
+    # A subnet of every zone where EC2 offers the type (moto: us-east-1e has no g4dn.12xlarge).
+    offered = boto3.client("ec2", region_name=REGION).describe_instance_type_offerings(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": ["g4dn.12xlarge"]}]
+    )["InstanceTypeOfferings"]
+    subnets = boto3.client("ec2", region_name=REGION).describe_subnets(SubnetIds=found["VPCZoneIdentifier"].split(","))
+    assert sorted(s["AvailabilityZone"] for s in subnets["Subnets"]) == sorted(o["Location"] for o in offered)
+    assert len(offered) > 1
     distribution = found["MixedInstancesPolicy"]["InstancesDistribution"]
     assert distribution["OnDemandPercentageAboveBaseCapacity"] == 0  # spot until --on-demand-after
     # The hard stop: max-run + 10 minutes after submit, for the first nodes and every replacement.
@@ -190,7 +194,8 @@ def test_cancel_stops_the_lineage_not_only_the_live_attempt(stack, capsys, monke
     put(f"jobs/{job}/attempts/1/nodes/0.json", {"status": "InProgress", "phase": "training", "instance_id": node})
     code, out, err = run_cli(capsys, "cancel", job)
     assert code == 0 and "launches nothing more" in out + err, out + err
-    assert [p["ProcessName"] for p in group(job)["SuspendedProcesses"]] == ["Launch"]
+    # Launch suspended by the cancel (AZRebalance already at submit: launcher/backends/ec2/network.py).
+    assert sorted(p["ProcessName"] for p in group(job)["SuspendedProcesses"]) == ["AZRebalance", "Launch"]
     # Its agent never answered (there is none here): it left the group, so nothing replaces it.
     assert f"no node agent answered the stop within 1 s on {node}: terminated them" in out, out
     assert group(job)["Instances"] == [] and group(job)["DesiredCapacity"] == 0

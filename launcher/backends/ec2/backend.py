@@ -38,8 +38,9 @@ from ...lease import launched as lineage_launched
 from ...plan import Check, Plan, refuse_failed_checks
 from ...tracking import wandb_run
 from .. import cloud, wait_for
-from . import layout, recovery
+from . import layout, network, recovery
 from .request import (
+    GROUP_PLACEHOLDER,
     HARD_STOP_GRACE_MIN,
     MAIN_PORT,
     Parts,
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     from distrain_cloud.infra.job_role import JobRole
     from distrain_cloud.infra.stack import StackResources
 
+    from ...catalog import NetworkFacts
     from ...logs import LogLine
     from ...spec import JobSpec
 
@@ -146,16 +148,19 @@ class Ec2Backend:
             stack=stack,
             bucket=f"<stack-{stack}-bucket>",
             instance_profile=job_name,  # the job's own (its role's name), made at submit
-            security_group=f"<stack {stack} security group>",
+            security_group=GROUP_PLACEHOLDER,
             log_group=f"<stack {stack} log group>",
             ami_id=spec.ec2.ami_id or f"<newest AMI from {parts.ami_parameter}>",
             root_device=family.root_device,
             subnets=(spec.ec2.subnet_id or f"<a default subnet of stack {stack}'s VPC>",),
-            placement_group=f"<stack {stack} placement group, if any>" if placement else None,
+            placement_group=job_name if placement else None,
             lineage=f"<lineage of {spec.resume_from}>" if spec.resume_from else job_name,
             attempt=0 if spec.resume_from else 1,
             checkpoint_uri="",
             boundary=f"<stack {stack}'s JobBoundary policy>",
+            # The stack's default subnets give public IPv4 addresses; a subnet of the user's is
+            # taken to give none (a private cluster subnet) until preflight describes it.
+            public_ip=spec.ec2.subnet_id is None,
         )
         checks = [region_check]
         checks.append(
@@ -168,15 +173,11 @@ class Ec2Backend:
         on = training.hardware if instance.gpus else "CPU"
         checks.append(Check("precision fits the GPU", True, f"{precision} ({on})"))
         checks.append(training.fit)
-        checks.append(Check(f"stack {stack}", None, "its bucket, security group and job role boundary, at submit"))
+        checks.append(Check(f"stack {stack}", None, "its bucket, VPC and job role boundary, at submit"))
         if spec.ec2.ami_id:
             checks.append(Check("AMI", None, f"{spec.ec2.ami_id} is described at submit"))
         else:
             checks.append(Check("AMI", None, f"the newest from {parts.ami_parameter}, at submit"))
-        if placement:
-            checks.append(Check("cluster placement group", None, f"stack {stack}'s, if it has one, at submit"))
-        if efa:
-            checks.append(Check("EFA", True, f"{instance.name} supports it: one EFA interface per node"))
         if spec.resume_from:
             checks.append(Check(f"resume from {spec.resume_from}", None, "its lineage and checkpoints, at submit"))
         cost = cloud.estimate_cost(instance, region, spec.nodes, spec.max_run, spec.spot)
@@ -215,6 +216,13 @@ class Ec2Backend:
         parts: Parts = plan.payload["parts"]
         where = dataclasses.replace(where, checkpoint_uri=where.checkpoint_uri or lineage_checkpoint_uri(where, parts))
         description = job_description(parts, where, plan.payload["spec"])
+        # Beyond the contract: which of the job's own network resources status retires with it.
+        description["network"] = {
+            "security_group": network.group_name(parts.job_name),
+            "placement_group": where.placement_group,
+        }
+        network_requests = network.requests(parts.job_name, where.stack, where.vpc, where.placement_group)
+        network.refuse_problems(network_requests)
         spec = plan.payload["spec"]
         role = _job_role(
             parts, where, lineage_group=recovery.wanted(spec), on_demand=spec.ec2.on_demand_after is not None
@@ -251,7 +259,8 @@ class Ec2Backend:
                 tags=tags,
             )  # fmt: skip
             recovery.refuse_problems(lineage_requests, description["recovery"])
-        checks = [c for c in plan.checks if not c.name.startswith(("user data", "request fits", "job role"))]
+        drop = ("user data", "request fits", "job role", "EFA", "cluster placement group", "security group", "zone")
+        checks = [c for c in plan.checks if not c.name.startswith(drop)]
         checks.append(_isolation_check(role, parts, where))
         known = not where.account.startswith("<")  # the stack's names come at submit (preflight)
         reach = cloud.secrets_reach_check(
@@ -262,6 +271,7 @@ class Ec2Backend:
             secret_prefix=where.secret_prefix if known else None,
         )
         checks += [reach] if reach else []
+        checks += _network_checks(parts, where)
         checks.append(user_data_size_check(user_data))
         checks.append(secret_free_check(user_data, description, dict(parts.secrets)))
         checks.append(Check("request fits the EC2 API model", True, "required fields, types and enums of RunInstances"))
@@ -273,6 +283,7 @@ class Ec2Backend:
             "output": description["output_uri"],
             "checkpoints": where.checkpoint_uri,
             "lineage": f"{where.lineage}, attempt {where.attempt or '<next>'}",
+            "network": _bandwidth(parts, where),
             **({"wandb": wandb} if wandb else {}),
             **({"recovery": recovery.summary(spec)} if lineage_requests else {}),
         }
@@ -286,6 +297,7 @@ class Ec2Backend:
                 "job.json": description,
                 "user_data": user_data.splitlines(),
                 "job_role": role.shown(),
+                "network": network_requests,
                 **({"recovery": lineage_requests} if lineage_requests else {}),
             },
             bundle={**(plan.bundle or {}), "s3": f"s3://{where.bucket}/{plan.payload['code_key']}"},
@@ -295,6 +307,7 @@ class Ec2Backend:
                 "role": role,
                 "description": description,
                 "job_json": job_json,
+                "network": network_requests,
                 "region": parts.region,
                 "bucket": where.bucket,
                 # in the local job record: where status, logs and resume find the job again
@@ -316,36 +329,26 @@ class Ec2Backend:
         checks = [c for c in plan.checks if c.ok is not None]
         stack = stack_resources(spec.stack, region)
         checks.append(
-            Check(f"stack {spec.stack}", True, f"bucket {stack.bucket}, security group {stack.security_group_id}")
+            Check(f"stack {spec.stack}", True, f"bucket {stack.bucket}, the VPC of {stack.security_group_id}")
         )
         with aws.translate_errors():
             ami_id = spec.ec2.ami_id or resolve_ami(parts.ami_parameter, region)
             root_device = _check_image(ami_id, region, plan, checks)
-            subnets = _subnets(spec.ec2.subnet_id, stack.security_group_id, region, checks)
+            subnets, vpc, public_ip = _subnets(spec.ec2.subnet_id, stack.security_group_id, parts, region, checks)
+            facts = _network_facts(parts.instance_type, region)
             lineage, attempt, checkpoint_uri = parts.job_name, 1, ""
             if spec.resume_from:
                 lineage, attempt, checkpoint_uri = _previous_attempt(spec.resume_from, stack.bucket, parts, checks)
-        placement_group = None
-        if parts.placement:
-            placement_group = stack.placement_group
-            checks.append(
-                Check(
-                    "cluster placement group",
-                    True,
-                    placement_group
-                    or f"stack {spec.stack} has none (`infra up --parameter EnablePlacementGroup=true`)",
-                )
-            )
         where = Where(
             stack=spec.stack,
             bucket=stack.bucket,
             instance_profile=parts.job_name,
-            security_group=stack.security_group_id,
+            security_group=GROUP_PLACEHOLDER,  # the job's own, made at submit
             log_group=stack.log_group,
             ami_id=ami_id,
             root_device=root_device or parts.family.root_device,
             subnets=subnets,
-            placement_group=placement_group,
+            placement_group=parts.job_name if parts.placement else None,
             lineage=lineage,
             attempt=attempt,
             checkpoint_uri=checkpoint_uri,
@@ -354,6 +357,9 @@ class Ec2Backend:
             boundary=stack.job_boundary_arn,
             secret_prefix=stack.secret_prefix,
             ssm=stack.ssm,
+            vpc=vpc,
+            network=facts,
+            public_ip=public_ip,
         )
         placed = self._place(dataclasses.replace(plan, checks=checks), where)
         placed = pricing.with_current_spot_price(placed, spec, region)  # a spot job's price now
@@ -397,6 +403,9 @@ class Ec2Backend:
                         Body=plan.payload["job_json"],  # exactly the bytes whose sha256 the user data pins
                         ContentType="application/json",
                     )
+            # The job's own security group (AWS names its id: the requests get it) and placement group.
+            plan = network.with_group(plan, network.create(plan))
+            where = plan.payload["where"]
             ids = recovery.launch(plan) if recovery.planned(plan) else launch(plan.request, where, parts)
         except BaseException as e:
             # The request may have reached AWS and only its answer been lost (a read timeout, a
@@ -404,6 +413,7 @@ class Ec2Backend:
             running = started_anyway(plan)
             if running == []:
                 cloud.retire_role_quietly(role.name)  # nothing was launched: its role goes too
+                network.retire(parts.region, parts.job_name, placement_group=parts.placement)  # and its network
                 raise
             lineage_launched(plan)  # they (may) run: the role and the lineage's lease stay theirs
             what = f"({', '.join(running)})" if running else "(could not check whether anything started)"
@@ -663,30 +673,123 @@ def _check_image(ami_id: str, region: str, plan: Plan, checks: list[Check]) -> s
     return str(root) if root else None
 
 
-def _subnets(subnet_id: str | None, security_group: str, region: str, checks: list[Check]) -> tuple[str, ...]:
-    """The subnet to launch in, then one per other zone to try when it has no capacity: the
-    spec's only, or the default subnets of the security group's VPC (any public one if none)."""
+def _subnets(
+    subnet_id: str | None, security_group: str, parts: Parts, region: str, checks: list[Check]
+) -> tuple[tuple[str, ...], str, bool]:
+    """(subnets, their VPC, whether they give public IPv4 addresses): the subnet to launch in,
+    then one per other zone to try when it has no capacity, each in a zone where EC2 offers the
+    instance type (DescribeInstanceTypeOfferings). The spec's only, or the default subnets of the
+    stack security group's VPC (any public one if none). A multi-node launch stays in one subnet:
+    a single-node lineage's group spans them all, a multi-node one takes the first (recovery.py),
+    which for a spot job is the zone EC2 scores likeliest to hold all its nodes now."""
     from distrain_cloud.infra import aws
 
     ec2 = aws.client("ec2", region)
+    offered = _offered_zones(parts.instance_type, region)
     if subnet_id:
-        found = ec2.describe_subnets(SubnetIds=[subnet_id])["Subnets"]
-        checks.append(Check("subnet", True, f"{subnet_id} ({found[0].get('AvailabilityZone', '?')})"))
-        return (subnet_id,)
+        (found,) = ec2.describe_subnets(SubnetIds=[subnet_id])["Subnets"]
+        zone = found.get("AvailabilityZone", "?")
+        if offered is not None and zone not in offered:
+            checks.append(
+                Check(
+                    "subnet",
+                    False,
+                    f"ec2.subnet_id {subnet_id} is in {zone}, where EC2 offers no {parts.instance_type}; "
+                    f"choose a subnet in {', '.join(sorted(offered)) or 'another region'}",
+                )
+            )
+        else:
+            checks.append(Check("subnet", True, f"{subnet_id} ({zone})"))
+        return (subnet_id,), str(found["VpcId"]), bool(found.get("MapPublicIpOnLaunch"))
     groups = ec2.describe_security_groups(GroupIds=[security_group])["SecurityGroups"]
     vpc = groups[0]["VpcId"]
     subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]
     usable = [s for s in subnets if s.get("DefaultForAz")] or [s for s in subnets if s.get("MapPublicIpOnLaunch")]
     if not usable:
         raise UserError(f"the stack's VPC {vpc} has no default or public subnet in {region}: set ec2.subnet_id")
-    by_zone: dict[str, str] = {}
+    by_zone: dict[str, dict[str, Any]] = {}
     for s in sorted(usable, key=lambda s: (s.get("AvailabilityZone", ""), s["SubnetId"])):
-        by_zone.setdefault(s.get("AvailabilityZone", ""), s["SubnetId"])
-    chosen = tuple(by_zone.values())
-    checks.append(
-        Check("subnet", True, f"{chosen[0]} ({next(iter(by_zone))}); {len(chosen) - 1} other zone(s) if it is full")
-    )
-    return chosen
+        if offered is None or s.get("AvailabilityZone") in offered:
+            by_zone.setdefault(s.get("AvailabilityZone", ""), s)
+    if not by_zone:
+        zones = sorted({s.get("AvailabilityZone", "?") for s in usable})
+        raise UserError(
+            f"--instance {parts.instance_type}: EC2 offers it in none of the zones of the stack's VPC "
+            f"({', '.join(zones)}) in {region}: choose another type or region"
+        )
+    ordered = list(by_zone.values())
+    scored = ""
+    if parts.spot and parts.nodes > 1 and len(ordered) > 1:  # one zone for all: the likeliest to hold them
+        scores = _spot_scores(parts, region)
+        if scores:
+            ordered.sort(key=lambda s: -scores.get(str(s.get("AvailabilityZoneId")), 0))
+            scored = f", spot placement score {scores.get(str(ordered[0].get('AvailabilityZoneId')), 0)} of 10"
+    chosen = tuple(s["SubnetId"] for s in ordered)
+    others = f"{len(chosen) - 1} other zone(s) if it is full"
+    if parts.nodes > 1:
+        others += " (all nodes in one zone each time)"
+    checks.append(Check("subnet", True, f"{chosen[0]} ({ordered[0].get('AvailabilityZone', '?')}{scored}); {others}"))
+    return chosen, str(vpc), any(bool(s.get("MapPublicIpOnLaunch")) for s in ordered)
+
+
+def _spot_scores(parts: Parts, region: str) -> dict[str, int]:
+    """Zone id -> how likely EC2 says a spot request for all of the job's nodes in that one zone
+    is to succeed now (GetSpotPlacementScores, 1 to 10; EC2 User Guide, "Spot placement score").
+    Advisory: {} when EC2 does not answer (no ec2:GetSpotPlacementScores, throttled)."""
+    from distrain_cloud.infra import aws
+
+    request = {
+        "InstanceTypes": [parts.instance_type],
+        "TargetCapacity": parts.nodes,
+        "SingleAvailabilityZone": True,
+        "RegionNames": [region],
+    }
+    try:
+        answer = aws.client("ec2", region, max_attempts=2).get_spot_placement_scores(**request)
+    except Exception:  # the order of the zones only: never a reason to refuse the job
+        return {}
+    scores: dict[str, int] = {}
+    for item in answer.get("SpotPlacementScores", []):
+        zone, score = item.get("AvailabilityZoneId"), item.get("Score")
+        if isinstance(zone, str) and isinstance(score, int) and not isinstance(score, bool):
+            scores[zone] = max(0, min(score, 10))
+    return scores
+
+
+def _offered_zones(instance_type: str, region: str) -> set[str] | None:
+    """The zones of `region` where EC2 offers `instance_type`; None when that is not known (the
+    launcher may lack ec2:DescribeInstanceTypeOfferings): every zone is tried then."""
+    from botocore.exceptions import ClientError
+
+    from distrain_cloud.infra import aws
+
+    try:
+        pages = (
+            aws.client("ec2", region)
+            .get_paginator("describe_instance_type_offerings")
+            .paginate(LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+        )
+        found = {o["Location"] for page in pages for o in page.get("InstanceTypeOfferings", [])}
+    except ClientError as e:
+        if aws.error_code(e) in ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException"):
+            return None
+        raise
+    # None named: no zone to prefer; every zone is tried, and RunInstances' own refusal says why.
+    return found or None
+
+
+def _network_facts(instance_type: str, region: str) -> NetworkFacts | None:
+    """The type's network cards and EFA interfaces as the EC2 API says (DescribeInstanceTypes);
+    None (the catalog's then) when it does not say (no right to ask, a type it does not list)."""
+    from botocore.exceptions import ClientError
+
+    from distrain_cloud.infra import aws
+
+    try:
+        (found,) = aws.client("ec2", region).describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
+    except (ClientError, ValueError):
+        return None
+    return network.facts_from_api(found.get("NetworkInfo") or {})
 
 
 def _previous_attempt(job_name: str, bucket: str, parts: Parts, checks: list[Check]) -> tuple[str, int, str]:
@@ -818,6 +921,35 @@ def _isolation_check(role: JobRole, parts: Parts, where: Where) -> Check:
     )
 
 
+def _network_checks(parts: Parts, where: Where) -> list[Check]:
+    """What the plan says of the job's own network: its security group, its zone and placement
+    group, its EFA interfaces."""
+    checks = [
+        Check(
+            "security group: the job's own",
+            True,
+            f"{network.group_name(parts.job_name)} in {where.vpc}: all traffic between its nodes, HTTPS out, "
+            "nothing else in; made at submit, deleted with the job",
+        )
+    ]
+    if parts.nodes > 1:
+        place = f"cluster placement group {where.placement_group} (the job's own)" if where.placement_group else ""
+        checks.append(
+            Check("zone: one for all nodes", True, f"one subnet per launch; {place or 'no placement group'}".rstrip())
+        )
+    if parts.efa:
+        checks.append(Check("EFA", True, _bandwidth(parts, where)))
+    return checks
+
+
+def _bandwidth(parts: Parts, where: Where) -> str:
+    from ...catalog import network_facts
+    from .request import efa_interfaces
+
+    facts = where.network or network_facts(parts.instance_type)
+    return network.bandwidth(parts.nodes, facts, efa_interfaces(parts, where), where.public_ip)
+
+
 def retire_role_when_done(
     name: str, description: dict[str, Any], info: dict[str, Any], instances: list[dict[str, Any]]
 ) -> None:
@@ -828,6 +960,7 @@ def retire_role_when_done(
     holding = set(ALIVE_STATES) | {"shutting-down"}
     if description.get("role") and info["terminal"] and not any(i["state"] in holding for i in instances):
         cloud.retire_role_quietly(name)
+    network.retire_when_done(name, description, info, holding=any(i["state"] in holding for i in instances))
 
 
 # ---------------------------------------------------------------------- where a job is, and cancel

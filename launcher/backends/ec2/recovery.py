@@ -14,8 +14,9 @@ Bounds, all on AWS's side or the nodes', none needing this process:
 - `--max-restarts N`: the node that would start the job's (N + 2)th attempt ends the lineage instead;
 - `--on-demand-after K`: once K attempts were interrupted, a node switches the group's
   purchase option to on-demand (the UpdateAutoScalingGroup request is planned and checked here);
-- another Availability Zone on InsufficientInstanceCapacity: the group spans a subnet of every
-  zone of the stack's VPC (one zone with a cluster placement group);
+- another Availability Zone on InsufficientInstanceCapacity: a single-node group spans a subnet
+  of every zone of the stack's VPC; a multi-node one keeps its nodes in one zone, in the job's own
+  cluster placement group (network.py), with AZRebalance suspended;
 - the hard stop covers the lineage: every node's user data stops at submit + max-run (+ grace)
   whenever it booted, and a scheduled action empties the group then; `--max-cost` compares the
   lineage's worst case, at most N nodes (the group's MaxSize) for max-run at the list price.
@@ -117,10 +118,17 @@ def _distribution(*, on_demand: bool) -> dict[str, Any]:
 def requests(
     run: dict[str, Any], *, name: str, nodes: int, subnets: tuple[str, ...], deadline: float, tags: list[dict[str, str]]
 ) -> dict[str, Any]:
-    """The three requests that replace RunInstances `run` (the plan's, already checked): the
-    launch template, the group, and the scheduled action that empties it at the lineage's hard stop.
-    The group spans every zone's subnet in `subnets`, so AWS launches in another zone when one has
-    no capacity (InsufficientInstanceCapacity); a cluster placement group is one zone's."""
+    """The requests that replace RunInstances `run` (the plan's, already checked): the launch
+    template, the group, the scheduled action that empties it at the lineage's hard stop, and
+    the suspension of the group's AZRebalance.
+
+    A single-node group spans every zone's subnet in `subnets`, so AWS launches in another zone
+    when one has no capacity (InsufficientInstanceCapacity). A multi-node group keeps its nodes in
+    the first (the zone preflight chose where EC2 offers the type): gradients cross no zone (paid
+    transfer, slower), EFA reaches no other subnet, and the job's cluster placement group is one
+    zone's. AZRebalance is suspended on every group: it terminates an instance to even out zones
+    without a spot notice (EC2 Auto Scaling User Guide, "Suspend and resume processes"), which a
+    training node cannot checkpoint before."""
     import base64
 
     data: dict[str, Any] = {
@@ -157,7 +165,7 @@ def requests(
             "LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateName": name, "Version": "$Latest"}},
             "InstancesDistribution": _distribution(on_demand=False),
         },
-        "VPCZoneIdentifier": ",".join(subnets[:1] if placement else subnets),
+        "VPCZoneIdentifier": ",".join(subnets[:1] if nodes > 1 else subnets),
         "HealthCheckType": "EC2",
         "Tags": [
             {"Key": t["Key"], "Value": t["Value"], "PropagateAtLaunch": False, "ResourceId": name}
@@ -175,7 +183,13 @@ def requests(
         "MaxSize": 0,
         "DesiredCapacity": 0,
     }
-    return {"CreateLaunchTemplate": template, "CreateAutoScalingGroup": group, "PutScheduledUpdateGroupAction": stop}
+    rebalance = {"AutoScalingGroupName": name, "ScalingProcesses": ["AZRebalance"]}
+    return {
+        "CreateLaunchTemplate": template,
+        "CreateAutoScalingGroup": group,
+        "PutScheduledUpdateGroupAction": stop,
+        "SuspendProcesses": rebalance,
+    }
 
 
 def refuse_problems(found: dict[str, Any], block: dict[str, Any]) -> None:
@@ -183,7 +197,7 @@ def refuse_problems(found: dict[str, Any], block: dict[str, Any]) -> None:
     from .. import cloud
 
     cloud.refuse_api_problems("ec2", "CreateLaunchTemplate", found["CreateLaunchTemplate"], SOURCES, "EC2")
-    for operation in ("CreateAutoScalingGroup", "PutScheduledUpdateGroupAction"):
+    for operation in ("CreateAutoScalingGroup", "PutScheduledUpdateGroupAction", "SuspendProcesses"):
         cloud.refuse_api_problems("autoscaling", operation, found[operation], SOURCES, "EC2 Auto Scaling")
     if "on_demand_request" in block:
         request = block["on_demand_request"]
@@ -232,6 +246,7 @@ def launch(plan: Plan) -> list[str]:
                     ec2.delete_launch_template(LaunchTemplateName=found["CreateLaunchTemplate"]["LaunchTemplateName"])
             raise
         asg.put_scheduled_update_group_action(**found["PutScheduledUpdateGroupAction"])
+        asg.suspend_processes(**found["SuspendProcesses"])
         group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[plan.job_name])["AutoScalingGroups"]
     return [i["InstanceId"] for g in group for i in g.get("Instances", [])]
 

@@ -18,7 +18,7 @@ from .. import cloud
 from . import layout
 
 if TYPE_CHECKING:
-    from ...catalog import AmiFamily, InstanceType
+    from ...catalog import AmiFamily, InstanceType, NetworkFacts
     from ...spec import JobSpec
 
 TAG_PREFIX = "distrain-cloud:"
@@ -27,6 +27,8 @@ CLIENT_TOKEN_LIMIT = 64
 MAIN_PORT = 29500
 RENDEZVOUS_TIMEOUT_S = 600
 HARD_STOP_GRACE_MIN = 10  # the hard stop comes this long after max_run: the agent stops first
+# The job's own security group until submit makes it (network.py): AWS names its id.
+GROUP_PLACEHOLDER = "<the job's own security group, made at submit>"
 
 # Which flag or spec key sets each part of the request, so a refusal names what the user wrote.
 REQUEST_SOURCES = (
@@ -65,8 +67,8 @@ class Parts:
     spot: bool
     max_run: int
     submitted: float
-    efa: bool  # an EFA interface per node
-    placement: bool  # the stack's placement group, if it has one
+    efa: bool  # EFA interfaces on each node (multi-node, a type that has them, ec2.efa)
+    placement: bool  # the job's own cluster placement group (multi-node, ec2.placement)
     volume_size_gb: int
     requirements: tuple[str, ...]
 
@@ -78,12 +80,12 @@ class Where:
     stack: str
     bucket: str
     instance_profile: str
-    security_group: str
+    security_group: str  # the job's own (network.py); GROUP_PLACEHOLDER until submit makes it
     log_group: str
     ami_id: str
     root_device: str
     subnets: tuple[str, ...]  # the first is tried first; the others are other zones
-    placement_group: str | None
+    placement_group: str | None  # the job's own (its name), multi-node only
     lineage: str
     attempt: int
     checkpoint_uri: str
@@ -93,6 +95,11 @@ class Where:
     boundary: str = "<stack job role boundary>"
     secret_prefix: str = "distrain-cloud/"
     ssm: bool = False
+    # The network: the VPC of the job's security group, the type's network cards (the catalog's
+    # until preflight asks DescribeInstanceTypes), whether the subnets give public IPv4 addresses.
+    vpc: str = "<the stack's VPC>"
+    network: NetworkFacts | None = None
+    public_ip: bool = True
 
     @property
     def resolved(self) -> bool:
@@ -113,7 +120,8 @@ def run_instances_request(parts: Parts, where: Where, user_data: str, subnet: in
         {"Key": f"{TAG_PREFIX}code-sha256", "Value": parts.code_sha256},
         {"Key": "Name", "Value": parts.job_name},
     ]
-    kinds = ["instance", "volume"] + (["network-interface"] if parts.efa else [])
+    efa = efa_interfaces(parts, where)
+    kinds = ["instance", "volume"] + (["network-interface"] if efa else [])
     request: dict[str, Any] = {
         "ImageId": where.ami_id,
         "InstanceType": parts.instance_type,
@@ -140,16 +148,17 @@ def run_instances_request(parts: Parts, where: Where, user_data: str, subnet: in
         "TagSpecifications": [{"ResourceType": kind, "Tags": tags} for kind in kinds],
     }
     subnet_id = where.subnets[subnet]
-    if parts.efa:  # the interface carries the security group and subnet then
+    if efa:  # the interfaces carry the security group and subnet then
         request["NetworkInterfaces"] = [
             {
-                "DeviceIndex": 0,
-                "NetworkCardIndex": 0,
-                "InterfaceType": "efa",
+                "DeviceIndex": 0 if card == 0 else 1,
+                "NetworkCardIndex": card,
+                "InterfaceType": "efa" if card == 0 else "efa-only",
                 "Groups": [where.security_group],
                 "SubnetId": subnet_id,
                 "DeleteOnTermination": True,
             }
+            for card in range(efa)
         ]
     else:
         request["SecurityGroupIds"] = [where.security_group]
@@ -162,6 +171,20 @@ def run_instances_request(parts: Parts, where: Where, user_data: str, subnet: in
             "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
         }
     return request
+
+
+def efa_interfaces(parts: Parts, where: Where) -> int:
+    """How many EFA interfaces each node gets (network.efa_count): one per network card, as AWS
+    advises for multi-card types (EC2 User Guide, "Maximize network bandwidth on Amazon EC2
+    instances with multiple network cards"): network card 0 at device index 0 an EFA with ENA
+    (the primary interface, which carries the node's IP traffic), every further card at device
+    index 1 an EFA-only interface (no IP address: none of the subnet's addresses is used up)."""
+    from ...catalog import network_facts
+    from .network import efa_count
+
+    if not parts.efa:
+        return 0
+    return efa_count(where.network or network_facts(parts.instance_type), where.public_ip)
 
 
 def client_token(job_name: str, attempt: int, subnet: int = 0) -> str:
