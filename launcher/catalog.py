@@ -148,6 +148,8 @@ _NETWORK: dict[str, NetworkFacts] = {
         "p4d.24xlarge": (4, 4, 100.0, "4x 100 Gigabit"),
         "p4de.24xlarge": (4, 4, 100.0, "4x 100 Gigabit"),
         "p5.48xlarge": (32, 32, 100.0, "3200 Gigabit"),
+        "p5en.48xlarge": (16, 16, 200.0, "3200 Gigabit"),
+        "p6-b200.48xlarge": (8, 8, 200.0, "3200 Gigabit"),
         "m5.xlarge": (1, 0, 1.25, "Up to 10 Gigabit"),
         "c5.2xlarge": (1, 0, 2.5, "Up to 10 Gigabit"),
     }.items()
