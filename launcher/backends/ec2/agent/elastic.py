@@ -35,6 +35,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .checkpoints import files_in
+from .costclock import lineage_stop_words
 from .imds import Imds
 from .job import BadObject, Job, NodeFailure, NodeIdentity, Settings, parse_s3_uri, short
 from .logs import LogSink
@@ -228,8 +229,9 @@ class Lineage:
                 self.sink.agent(f"the lineage has ended ({one_line(end.get('status', '?'))}): leaving")
                 self.leave()
                 return 0
-            if self._get(self.key("stop")) is not None:
-                self.end("Stopped", "cancelled (distrain-cloud cancel)", k)
+            stop = self._get(self.key("stop"))
+            if stop is not None:  # a cancel, or the cost clock's stop (its words)
+                self.end("Stopped", lineage_stop_words(stop), k)
                 return 0
             if time.time() >= self.job.deadline:
                 self.end("Stopped", "max-run reached: the lineage ran until its deadline", k)
