@@ -103,7 +103,9 @@ def submit(
     ] = None,
     max_run: Annotated[str | None, typer.Option("--max-run", help="wall-clock limit: 3600, 90m, 6h")] = None,
     max_wait: Annotated[str | None, typer.Option("--max-wait", help="spot: limit including waiting")] = None,
-    max_cost: Annotated[float | None, typer.Option("--max-cost", help="refuse if worst-case USD exceeds this")] = None,
+    max_cost: Annotated[
+        float | None, typer.Option("--max-cost", help="USD cap: EC2 nodes stop the job at it, SageMaker refuses above")
+    ] = None,
     max_restarts: Annotated[
         int | None,
         typer.Option(

@@ -403,7 +403,12 @@ class JobSpec(BaseModel):
     spot: bool = Field(False, description="use spot capacity, resuming from checkpoints after interruptions")
     max_run: int = Field(parse_duration("24h"), description="wall-clock limit (3600, 90m, 6h, 2d)")
     max_wait: int | None = Field(None, description="spot only: limit including waiting for capacity (>= max_run)")
-    max_cost: float | None = Field(None, gt=0, description="refuse to submit if the worst-case cost exceeds this (USD)")
+    max_cost: float | None = Field(
+        None,
+        gt=0,
+        description="USD: EC2 nodes stop the job with a checkpoint before its cost passes this; "
+        "SageMaker refuses a job whose worst case exceeds it",
+    )
     resume_from: str | None = Field(
         None, description="continue from the checkpoints of this earlier job (same lineage)"
     )

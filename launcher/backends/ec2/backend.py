@@ -38,7 +38,7 @@ from ...lease import launched as lineage_launched
 from ...plan import Check, Plan, refuse_failed_checks
 from ...tracking import wandb_run
 from .. import cloud, wait_for
-from . import layout, recovery
+from . import budget, layout, recovery
 from .request import (
     HARD_STOP_GRACE_MIN,
     MAIN_PORT,
@@ -207,7 +207,7 @@ class Ec2Backend:
                 "code_key": bundle_key(parts.prefix, bundle.sha256),
             },
         )
-        return self._place(plan, where)
+        return budget.apply(self._place(plan, where), spec, region)  # the worst case, --max-cost, the limits
 
     def _place(self, plan: Plan, where: Where) -> Plan:
         """The plan with `where` rendered into the job description, user data and request, and
@@ -220,6 +220,9 @@ class Ec2Backend:
         spec = plan.payload["spec"]
         if recovery.wanted(spec):  # a spot lineage the AWS side keeps going (recovery.py)
             description["recovery"] = recovery.description_block(parts.job_name, parts.nodes, spec)
+        cost_block = budget.description_block(spec, parts.region)
+        if cost_block:  # --max-cost, kept by the nodes' cost clock (agent/costclock.py)
+            description["cost"] = cost_block
         # The bytes submit uploads, hashed here so the user data can pin them (a job.json rewritten
         # after submit is refused by every node before it trusts any of it).
         job_json = json.dumps(description, indent=2).encode()
@@ -240,6 +243,7 @@ class Ec2Backend:
             requirements=parts.requirements,
         )
         request = run_instances_request(parts, where, user_data)
+        budget.with_max_price(request, None, spec, parts.region)
         refuse_api_problems(request)
         lineage_requests = None
         if recovery.wanted(spec):
@@ -248,6 +252,7 @@ class Ec2Backend:
                 request, name=parts.job_name, nodes=parts.nodes, subnets=where.subnets, deadline=_hard_stop_at(parts),
                 tags=tags,
             )  # fmt: skip
+            budget.with_max_price({}, lineage_requests, spec, parts.region)
             recovery.refuse_problems(lineage_requests, description["recovery"])
         checks = [c for c in plan.checks if not c.name.startswith(("user data", "request fits", "job role"))]
         checks.append(_isolation_check(role, parts, where))
@@ -346,6 +351,7 @@ class Ec2Backend:
         )
         placed = self._place(dataclasses.replace(plan, checks=checks), where)
         placed = pricing.with_current_spot_price(placed, spec, region)  # a spot job's price now
+        placed = budget.apply(placed, spec, region)
         extra = [
             cloud.bucket_check(
                 stack.bucket,
