@@ -341,7 +341,9 @@ def lineage_status(
     # Only the launcher's cancel writes the lineage's stop; a node's marker there (a bundle older
     # than the failure budget) is that node's failure, never the user's cancel.
     cancelled = stop if isinstance(stop, dict) and stop.get("reason") == "cancel" else None
-    node_stop = stop if isinstance(stop, dict) and not cancelled else None
+    # The nodes' cost clock stops the lineage at --max-cost (agent/costclock.py): a stop, not a failure.
+    capped = stop if isinstance(stop, dict) and stop.get("reason") == "max-cost" else None
+    node_stop = stop if isinstance(stop, dict) and not cancelled and not capped else None
     instances = ec2_status.tagged_instances(region, name).get(name, [])
     by_id = {i["id"]: i for i in instances}
     rows: list[dict[str, Any]] = []
@@ -380,6 +382,9 @@ def lineage_status(
     if isinstance(end, dict) and end.get("status") in ("Completed", "Failed", "Stopped", "Interrupted"):
         status, terminal = str(end["status"]), True
         detail = str(end.get("reason") or "")[:300]
+    elif capped is not None:  # the nodes save a checkpoint and leave; Stopped once none runs
+        status, terminal = ("InProgress", False) if alive else ("Stopped", True)
+        detail = ("" if terminal else "stopping: ") + _text_line(capped.get("detail") or "max-cost reached")
     elif node_stop is not None:
         status, terminal = "Failed", True
         detail = _text_line(node_stop.get("detail") or node_stop.get("reason") or "a node failed")
@@ -400,6 +405,12 @@ def lineage_status(
         status, terminal, detail = "Stopped", True, "cancelled before any node started"
     else:
         detail = _waiting(region, name, len(instances))
+    if not terminal and not alive and _group_gone(region, name):  # e.g. `infra down --force` mid-run
+        status, terminal = "Lost", True
+        detail = (
+            "its Auto Scaling group was deleted (`infra down --force`, or by hand) and none of its instances "
+            f"runs: `distrain-cloud resume {name}` continues from the last checkpoint"
+        )
     if failures and not terminal:
         budget = (description.get("recovery") or {}).get("failure_budget", FAILURE_BUDGET)
         detail += (
@@ -484,6 +495,19 @@ def _why(info: dict[str, Any], stop: Any) -> str:
 
 def _when(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch))
+
+
+def _group_gone(region: str, name: str) -> bool:
+    """Whether EC2 Auto Scaling says the lineage's group no longer exists (False when it cannot say)."""
+    from distrain_cloud.infra import aws
+
+    try:
+        found = aws.client("autoscaling", region, max_attempts=2).describe_auto_scaling_groups(
+            AutoScalingGroupNames=[name]
+        )["AutoScalingGroups"]
+    except Exception:  # advisory: a lineage is never called lost on a failed look
+        return False
+    return not found
 
 
 def _waiting(region: str, name: str, instances: int) -> str:
