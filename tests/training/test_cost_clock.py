@@ -241,3 +241,12 @@ def test_the_agents_hook_starts_a_clock_only_with_a_cap_and_counts_the_nodes_mar
     assert (part["market"], part["usd_per_hour"]) == ("on-demand", ON_DEMAND)
     assert 25 <= part["seen"] - part["started"] <= 60
     assert "cost clock: on-demand at $3/h; the job stops before --max-cost $10" in sink.path.read_text()
+    # After a reboot the kernel's uptime starts again; the instance's part keeps its first boot.
+    monkeypatch.setattr(costclock, "boot_time", lambda: time.time() - 5)
+    with FakeImds(instance_id="i-0abc", lifecycle="on-demand") as fake:
+        sink = LogSink(tmp_path / "after-reboot.log")
+        again = costclock.start(make_job(cost=COST), me, settings, store, Imds(fake.endpoint), sink)
+        sink.close()
+    assert again is not None and again.started == pytest.approx(part["started"])
+    clock.close()
+    again.close()

@@ -167,6 +167,12 @@ class CostClock:
         self.reached: str | None = None  # the stop's words, once the cap was reached
         self._parts: dict[str, tuple[str, Part | None]] = {}  # key -> (ETag, part): re-read only what changed
         self._ignored: set[str] = set()
+        self.ticking: Any = None  # the thread `start` ticks it on
+
+    def close(self) -> None:
+        """Stop ticking (the agent never needs to: the thread ends with the instance)."""
+        if self.ticking is not None:
+            self.ticking.stop()
 
     def tick(self) -> str | None:
         """Write this instance's part, sum the job's, and stop the job when the cap would be passed
@@ -284,9 +290,15 @@ def start(job: Job, me: NodeIdentity, settings: Settings, store: Store, imds: Im
         except Exception as e:  # counted at the highest price then
             sink.agent(f"purchase option not readable ({short(e)}): the cost clock counts the highest price")
             market = None
-        clock = CostClock(
-            job, me, prices, store, sink, market=market, started=boot_time(), reserve_s=reserve_s(settings)
-        )
+        started = boot_time()
+        try:  # after a reboot the uptime starts again: the instance was billed since its first boot
+            before = part_of(store.get_json(layout.cost_record(job.prefix, job.job, me.instance_id)))
+        except BadObject:
+            before = None
+        if before is not None:
+            started = min(started, before.started)
+        reserve = reserve_s(settings)
+        clock = CostClock(job, me, prices, store, sink, market=market, started=started, reserve_s=reserve)
     except Exception as e:
         sink.agent(f"the cost clock did not start ({short(e)}): --max-cost is not enforced on this node")
         return None
@@ -296,7 +308,8 @@ def start(job: Job, me: NodeIdentity, settings: Settings, store: Store, imds: Im
         clock.tick()
     except Exception as e:
         sink.agent(f"cost clock tick failed ({short(e)}); retrying")
-    _Periodic(clock.tick_s, clock.tick, sink.agent, "cost clock tick").start()
+    clock.ticking = _Periodic(clock.tick_s, clock.tick, sink.agent, "cost clock tick")
+    clock.ticking.start()
     sink.agent(
         f"cost clock: {clock.market} at ${clock.prices.price(clock.market):g}/h; the job stops before "
         f"--max-cost ${prices.cap_usd:g}"
