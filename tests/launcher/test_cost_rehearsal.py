@@ -18,6 +18,7 @@ roles, security groups).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from test_pricing import _entry, _spot_history
 
 from distrain_cloud.infra import stack
 from distrain_cloud.launcher.backends.ec2 import backend as ec2
-from distrain_cloud.launcher.backends.ec2 import layout
+from distrain_cloud.launcher.backends.ec2 import budget, layout
 from distrain_cloud.launcher.backends.ec2.agent.costclock import TICK_S, CostClock, Prices, reserve_s
 from distrain_cloud.launcher.backends.ec2.agent.elastic import LINEAGE_RECORD, Lineage
 from distrain_cloud.launcher.backends.ec2.agent.imds import Imds
@@ -215,6 +216,13 @@ def test_the_cost_cap_stops_a_lineage_before_it_is_passed_every_restart_counted(
     shown = r.status()
     assert (shown["status"], shown["terminal"]) == ("Stopped", True)
     assert shown["detail"].startswith("max-cost reached: $") and "--max-cost $1.2 would be passed" in shown["detail"]
+    assert "of --max-cost $1.2 counted by the nodes (3 instance(s), spot at its maximum price)" in shown["max_cost"]
+    # What the nodes counted, as `status` reads it at the end, is what AWS billed at the maximum
+    # price within one step of one instance (this clock terminates the reclaimed node a step after
+    # its last word, where `status` allows the agent's two one-minute ticks), and under the cap.
+    line = budget.clock_status(REGION, r.bucket, r.prefix, r.job, r.plan["configs"]["job.json"], now=aws.now)
+    counted = float(re.match(r"\$([0-9.]+) of", line).group(1))  # type: ignore[arg-type,union-attr]
+    assert abs(r.billed_hours() * price - counted) <= price * STEP_S / 3600 and counted <= cap
     _nothing_left("distrain-cloud", r.job, aws)
 
 

@@ -459,13 +459,13 @@ class Ec2Backend:
             info = recovery.lineage_status(job.name, region, bucket, prefix, description)
             recovery.retire_when_done(region, job.name, info)
             retire_role_when_done(job.name, description, info, [{"state": s} for s in info["instances"].values()])
-            return info
+            return _with_clock(info, region, bucket, prefix, job.name, description)
         with aws.translate_errors():
             found = job_files(aws.client("s3", region), bucket, prefix, job.name)
         instances = tagged_instances(region, job.name).get(job.name, [])
         info = job_status(description, found, instances, now=time.time())
         retire_role_when_done(job.name, description, info, instances)
-        return info
+        return _with_clock(info, region, bucket, prefix, job.name, description)
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
         from distrain_cloud.infra import aws
@@ -901,6 +901,14 @@ def _terminate(region: str, ids: list[str]) -> None:
 
     with aws.translate_errors():
         aws.client("ec2", region).terminate_instances(InstanceIds=ids)
+
+
+def _with_clock(
+    info: dict[str, Any], region: str, bucket: str, prefix: str, name: str, description: dict[str, Any]
+) -> dict[str, Any]:
+    """`info` with the nodes' cost clock against --max-cost, for a capped job (budget.py)."""
+    line = budget.clock_status(region, bucket, prefix, name, description)
+    return {**info, "max_cost": line} if line else info
 
 
 def _hard_stop_at(parts: Parts) -> int:

@@ -189,3 +189,42 @@ def with_max_price(request: dict[str, Any], lineage: dict[str, Any] | None, spec
         request["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] = price
     if lineage:
         lineage["CreateAutoScalingGroup"]["MixedInstancesPolicy"]["InstancesDistribution"]["SpotMaxPrice"] = price
+
+
+def clock_status(
+    region: str, bucket: str, prefix: str, name: str, description: dict[str, Any], *, now: float | None = None
+) -> str | None:
+    """`status`'s line on a capped job: what its nodes' cost clock has counted, against the cap;
+    None without a cap. Advisory: a part that is not one is skipped, a failed look is said."""
+    import time
+
+    from distrain_cloud.infra import aws
+    from distrain_cloud.infra.errors import UserError
+
+    from . import layout
+    from .agent.costclock import MAX_PARTS, STALE_TICKS, TICK_S, part_of, spend
+    from .status import read_json
+
+    block = description.get("cost")
+    cap = block.get("max_usd") if isinstance(block, dict) else None
+    if not isinstance(cap, (int, float)) or isinstance(cap, bool):
+        return None
+    folder = layout.job_key(prefix, name, layout.COST) + "/"
+    try:
+        s3 = aws.client("s3", region, max_attempts=2)
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix=folder, MaxKeys=MAX_PARTS).get("Contents", [])
+        parts = []
+        for item in listed:
+            try:
+                found = part_of(read_json(s3, bucket, item["Key"]))
+            except UserError:  # planted or garbled: the nodes skip it too
+                found = None
+            if found is not None:
+                parts.append(found)
+    except Exception as e:
+        return f"the nodes' cost clock was not read ({aws.error_code(e) or type(e).__name__}); --max-cost ${cap:g}"
+    counted = spend(parts, time.time() if now is None else now, STALE_TICKS * TICK_S)
+    return (
+        f"${counted.usd:.2f} of --max-cost ${cap:g} counted by the nodes ({counted.instances} instance(s), spot at "
+        "its maximum price); they stop the job with a checkpoint before the cap"
+    )
