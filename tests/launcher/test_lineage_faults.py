@@ -453,6 +453,7 @@ def test_every_node_reclaimed_at_once_resumes_on_the_replacements(rehearsal):
     assert r.finish()["status"] == "Completed"
 
 
+@pytest.mark.slow
 def test_the_rehearsal_fails_a_node_that_only_powers_off(rehearsal):
     """The rehearsal can fail: a node that fails and only powers off (the user data before the
     failure budget) is replaced by the group again and again, until the scheduled hard stop."""
@@ -460,3 +461,80 @@ def test_the_rehearsal_fails_a_node_that_only_powers_off(rehearsal):
     with pytest.raises(AssertionError, match="not over after 1800 s"):
         r.run(lambda instance_id: None, limit_s=1800)
     assert len(r.aws.tagged(JOB)) >= 1800 // (BOOT_S + 2 * STEP_S)
+
+
+def test_status_counts_failed_boots_and_never_calls_a_nodes_stop_a_cancel(rehearsal):
+    """Below the budget the lineage goes on, and `status` says how many node failures it took and
+    counts the failed instance's cost from launch to termination (it never claimed a rank: before,
+    `status` said "launching, $0"). A node's marker in the lineage's stop (a bundle older than the
+    budget wrote one there) is a Failed lineage at once, never the user's cancel."""
+    r = rehearsal(2)
+    first, _ = r.aws.group_instances(JOB)
+    r.aws.advance(BOOT_S)
+    r.boot_fail(first, "could not fetch the code bundle (exit 1)")
+    r.aws.power_off(first)
+    r.aws.advance(STEP_S)
+    info = r.status()
+    assert (info["status"], info["terminal"]) == ("InProgress", False)
+    assert "1 of 3 node failure(s) so far, the last: could not fetch the code bundle (exit 1)" in info["detail"]
+    hours = float(info["cost_so_far"].split(" node-hours")[0].rsplit(" ", 1)[-1])
+    assert hours == pytest.approx(r.aws.billed_seconds(JOB) / 3600, abs=0.01)
+    assert r.aws.seconds_of(first) == BOOT_S  # counted, though it never claimed a rank
+    r.s3.put_object(
+        Bucket=BUCKET,
+        Key=f"{PREFIX}/jobs/{JOB}/stop",
+        Body=b'{"reason": "peer-failed", "detail": "node 0 failed: bundle hash mismatch"}',
+    )
+    info = r.status()
+    assert (info["status"], info["detail"]) == ("Failed", "node 0 failed: bundle hash mismatch")
+
+
+def test_status_retires_an_ended_lineage_whose_node_never_left(rehearsal):
+    """The lineage ended, but a node's agent died before it left: `status` deletes the group (and
+    with it that instance) once the nodes had time to upload their last records."""
+    r = rehearsal(1)
+    (node,) = r.aws.group_instances(JOB)
+    body = {"status": "Completed", "reason": "", "time": r.aws.now}
+    r.s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}/jobs/{JOB}/lineage.json", Body=json.dumps(body).encode())
+    info = r.status()
+    recovery.retire_when_done(REGION, JOB, info, now=r.aws.now)
+    assert r.aws.group_instances(JOB) == [node]  # it may still be uploading
+    r.aws.advance(recovery.RETIRE_AFTER_S)
+    recovery.retire_when_done(REGION, JOB, r.status(), now=r.aws.now)
+    assert r.aws.live(JOB) == []
+    import boto3
+
+    assert boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups()["AutoScalingGroups"] == []
+
+
+def test_boot_waits_out_iam_propagation_and_no_longer():
+    """A new role's rights reach S3 within a minute or two: boot.py retries what IAM refuses for
+    IAM_PATIENCE_S (on the node's clock), and raises at once anything else."""
+    from botocore.exceptions import ClientError
+
+    namespace: dict[str, Any] = {"__name__": "boot"}
+    exec(compile(boot_script(BUCKET, "k", "0" * 64, f"{PREFIX}/jobs/{JOB}", JOB, BUDGET), "boot.py", "exec"), namespace)
+    now = [0.0]
+    namespace["time"] = types.SimpleNamespace(
+        monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s), time=lambda: now[0]
+    )
+    calls: list[float] = []
+
+    def refused(code: str, until: float) -> Any:
+        def call() -> str:
+            calls.append(now[0])
+            if now[0] < until:
+                raise ClientError({"Error": {"Code": code, "Message": "no"}}, "GetObject")  # type: ignore[arg-type]
+            return "done"
+
+        return call
+
+    assert namespace["patiently"](refused("AccessDenied", 60)) == "done" and calls == [0, 10, 20, 30, 40, 50, 60]
+    calls.clear()
+    with pytest.raises(ClientError, match="AccessDenied"):
+        namespace["patiently"](refused("AccessDenied", 10_000))
+    assert calls[-1] - calls[0] <= namespace["IAM_PATIENCE_S"] + 10
+    calls.clear()
+    with pytest.raises(ClientError, match="NoSuchBucket"):
+        namespace["patiently"](refused("NoSuchBucket", 10_000))
+    assert len(calls) == 1
