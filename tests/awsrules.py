@@ -29,7 +29,8 @@ at the next tick), warm pools, lifecycle hooks, capacity shortages (`Insufficien
 
 Billing: an instance counts from the moment moto creates it to the moment it terminates, both
 on this clock (EC2 bills per second from launch; the simulator counts pending and shutting-down
-too, which over- rather than under-states a job's cost).
+too, which over- rather than under-states a job's cost). DescribeInstances answers on this clock
+too: LaunchTime, and a terminated instance's StateTransitionReason "User initiated (<time> GMT)".
 """
 
 from __future__ import annotations
@@ -90,10 +91,14 @@ class AwsRules:
         def init(instance: Any, *args: Any, **kwargs: Any) -> None:
             made(instance, *args, **kwargs)
             rules.launched.setdefault(instance.id, rules.now)
+            instance.launch_time = dt.datetime.fromtimestamp(rules.now, dt.timezone.utc).replace(tzinfo=None)
 
         def terminate(instance: Any) -> Any:
             rules.ended.setdefault(instance.id, rules.now)
-            return ended(instance)
+            previous = ended(instance)
+            # What EC2 says of a terminated instance, on this clock: "User initiated (<UTC> GMT)".
+            instance._reason = f"User initiated ({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(rules.now))} GMT)"
+            return previous
 
         def notified(backend: Any, instance_ids: list[str]) -> None:
             # AWS takes a terminated instance out of its group; the replacement is the health
@@ -276,7 +281,6 @@ class AwsRules:
             instance = self._instance(instance_id)
             if instance.state in LIVE:
                 self._ec2.terminate_instances([instance_id])
-                instance._reason = "Server.SpotInstanceTermination: Spot instance termination"
                 instance.state_reason.code = SPOT_TERMINATION
                 instance.state_reason.message = "Server.SpotInstanceTermination: Spot instance termination"
                 self._log(f"spot reclaims {instance_id}")
