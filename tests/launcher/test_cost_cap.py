@@ -108,3 +108,17 @@ def test_the_plan_says_what_the_limits_cover_and_what_happens_after_the_last_res
     assert "cover this job's 2 node(s); a spot interruption ends the job Interrupted; nothing restarts it" in plain
     assert "max-cost" not in plain and "`distrain-cloud resume` continues from the last checkpoint" in plain
     assert "limits: max-run 2 h counts from submit" in dry().render()
+
+
+def test_a_plain_job_stopped_at_the_cap_says_so_in_status():
+    """A job without recovery: its nodes' final records carry the cap's words, which `status` shows."""
+    from distrain_cloud.launcher.backends.ec2.status import job_status
+
+    words = "max-cost reached: $4.81 spent by 2 instance(s), and a stop takes up to $1.43 more"
+    record = {"status": "Stopped", "exit_code": 143, "reason": words, "instance_id": "i-0", "time": 1.0}
+    found = {"nodes": {0: record, 1: {**record, "instance_id": "i-1"}}, "stop": {"reason": "max-cost"}}
+    description = {"job": "gpt2-x", "lineage": "gpt2-x", "attempt": 1, "nodes": 2, "submitted": 0.0}
+    description |= {"model_uri": "s3://b/m/", "checkpoint_uri": "s3://b/c/", "instance_type": "g4dn.xlarge"}
+    shown = job_status(description, found, [], now=3600.0)
+    assert shown["status"] == "Stopped" and shown["terminal"]
+    assert shown["detail"].startswith(f"stopped ({words}); checkpoints saved: `distrain-cloud resume gpt2-x`")
