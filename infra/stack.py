@@ -676,7 +676,10 @@ def _wait_groups_gone(asg: Any, groups: Iterable[str]) -> None:
         if not names:
             return
         if time.monotonic() > until:
-            raise UserError(f"the Auto Scaling group(s) {_some(names)} are still being deleted: run `infra down` again")
+            raise UserError(
+                f"the Auto Scaling group(s) {_some(names)} are still being deleted: "
+                "run `distrain-cloud infra down --force` again"
+            )
         time.sleep(10)
 
 

@@ -166,3 +166,32 @@ def test_a_security_group_still_in_use_is_not_deleted_and_the_refusal_says_so(mo
         with aws.translate_errors():
             stack._delete_security_group(ec2, held["security_group"])
     assert held["security_group"] in stack.leftovers(stack.DEFAULT_STACK, REGION).security_groups
+
+
+def test_down_waits_while_aws_still_deletes_a_group_and_says_so_past_its_bound(monkeypatch):
+    """AWS deletes a group asynchronously (DescribeAutoScalingGroups lists it, "Delete in progress",
+    until its instances are gone: EC2 Auto Scaling User Guide, "Delete your Auto Scaling
+    infrastructure"); moto deletes at once. `down` waits for it, for at most _GROUP_GONE_S."""
+    import time
+
+    answers = [[{"AutoScalingGroupName": "g", "Status": "Delete in progress"}]] * 2 + [[]]
+
+    class Groups:
+        def describe_auto_scaling_groups(self, AutoScalingGroupNames):
+            return {"AutoScalingGroups": answers.pop(0)}
+
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    stack._wait_groups_gone(Groups(), ["g"])
+    assert answers == [] and slept == [10, 10]
+
+    class Stuck:
+        def describe_auto_scaling_groups(self, AutoScalingGroupNames):
+            return {"AutoScalingGroups": [{"AutoScalingGroupName": "g"}]}
+
+    monkeypatch.setattr(stack, "_GROUP_GONE_S", 0)
+    with pytest.raises(
+        UserError,
+        match=r"^the Auto Scaling group\(s\) g are still being deleted: run `distrain-cloud infra down --force`",
+    ):
+        stack._wait_groups_gone(Stuck(), ["g"])
