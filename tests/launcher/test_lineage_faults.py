@@ -289,12 +289,13 @@ class Played(Lineage):
                     return None  # on to attempt k + 1
                 self.end("Stopped", f"stopped ({marker.get('reason')})", k)
                 return 0
-            if self.ended() is not None:  # AttemptAgent.check_stop: the lineage ended meanwhile
+            claims = self.store.list(self.key("attempts", str(k), "claims") + "/")
+            met = len(claims) >= self.job.nodes
+            if not met and self.ended() is not None:  # AttemptAgent.check_stop, while the nodes meet
                 self.store.put_json_once(stop_key, {"reason": "peer-failed", "by": me})
                 self.end("Stopped", "the lineage ended", k)
                 return 0
-            claims = self.store.list(self.key("attempts", str(k), "claims") + "/")
-            if len(claims) >= self.job.nodes:
+            if met:
                 if rank == 0:
                     h.progress += STEP_S
                 if h.progress >= WORK_S:

@@ -16,8 +16,8 @@ When attempt k ends:
 - anything else (completed, failed, cancelled, the deadline) ends the lineage: the node records it
   in `jobs/<job>/lineage.json`, suspends the group's launches and leaves the group, lowering its
   desired capacity, so nothing is replaced (a leave AWS refuses still leaves the launches
-  suspended). A node that boots into an ended lineage leaves at once, and a running attempt
-  stops (with a checkpoint) once the lineage has ended.
+  suspended). A node that boots into an ended lineage leaves at once, and one still waiting in
+  an attempt's rendezvous stops once the lineage has ended.
 A node that cannot go on (its agent crashed; boot.py counts the user data's failures and reboots
 in the same slots) is one of the lineage's `failure_budget` failures, `jobs/<job>/failures/<n>.json`:
 below the budget it powers off and the group replaces it; the one that uses it up ends the
@@ -76,7 +76,7 @@ class AttemptJob(Job):
 class AttemptAgent(Agent):
     """The node agent for one attempt. Leaving a rendezvous unmet does not end the other instances:
     they belong to the group, which would only replace them; the lineage's end decides instead,
-    and it stops the attempt too (node failures used the budget up while this one waited)."""
+    and it stops a node still waiting for the others (node failures used the budget up meanwhile)."""
 
     lineage_ended: Callable[[], dict[str, Any] | None] = staticmethod(lambda: None)
 
@@ -85,7 +85,9 @@ class AttemptAgent(Agent):
 
     def check_stop(self, training: bool) -> None:
         super().check_stop(training)
-        if self.stop is not None:
+        # Only while the nodes meet: once they train, a peer that ends the lineage (it completed
+        # first) must not stop this node's last steps; the attempt's own stop marker covers failures.
+        if self.stop is not None or self.met:
             return
         try:
             end = self.lineage_ended()
