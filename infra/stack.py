@@ -134,6 +134,37 @@ class DownPlan:
     instances: tuple[dict[str, str], ...]  # alive instances tagged with the stack (terminated first)
     resources: int
     job_roles: tuple[str, ...] = ()  # job roles `down` deleted (under the stack's IAM path)
+    leftovers: Leftovers = field(default_factory=lambda: Leftovers())  # what jobs left: ended first with --force
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """What jobs of a stack leave outside it while they live (or when their clean-up never ran):
+    found by the stack tag (the job roles by the stack's IAM path). `infra down` refuses while any
+    is there, or with --force ends them before it deletes the stack."""
+
+    groups: tuple[str, ...] = ()  # Auto Scaling groups of spot lineages
+    templates: tuple[str, ...] = ()  # their launch templates, by name
+    roles: tuple[str, ...] = ()  # job roles (each with its instance profile)
+    security_groups: tuple[str, ...] = ()  # the jobs' own security groups, by id
+
+    def __bool__(self) -> bool:
+        return bool(self.groups or self.templates or self.roles or self.security_groups)
+
+    def words(self) -> list[str]:
+        """One phrase per kind there is, naming at most five of each."""
+        kinds = (
+            ("Auto Scaling group(s)", self.groups),
+            ("launch template(s)", self.templates),
+            ("job role(s)", self.roles),
+            ("job security group(s)", self.security_groups),
+        )
+        return [f"{len(names)} {kind} ({_some(names)})" for kind, names in kinds if names]
+
+
+def _some(names: Iterable[str], most: int = 5) -> str:
+    names = list(names)
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
 
 # --- the template --------------------------------------------------------------------------
@@ -546,14 +577,146 @@ def plan_down(name: str = DEFAULT_STACK, region: str | None = None, force: bool 
             raise _busy(stack, region)
         listed = _stack_resources(cf, name)
     instances = tagged_instances(name, region)
-    if instances and not force:
-        ids = ", ".join(i["id"] for i in instances[:5]) + (", ..." if len(instances) > 5 else "")
+    own_group = listed.get(SECURITY_GROUP, {}).get("PhysicalResourceId")
+    left = leftovers(name, region, keep={own_group} if own_group else set())
+    if (instances or left) and not force:
+        ids = _some(i["id"] for i in instances)
+        alive = [f"{len(instances)} instance(s) tagged {STACK_TAG}={name} are still alive in {region} ({ids})"]
+        alive = alive if instances else []
         raise UserError(
-            f"{len(instances)} instance(s) tagged {STACK_TAG}={name} are still alive in {region} "
-            f"({ids}): wait for their jobs to end, or pass --force to terminate them first"
-        )
+            f"stack {name!r}: " + "; ".join(alive + left.words())
+            + ": wait for their jobs to end (`distrain-cloud status JOB` retires an ended job's), "
+            "or pass --force to end them first"
+        )  # fmt: skip
     bucket = listed.get(BUCKET, {}).get("PhysicalResourceId")
-    return DownPlan(name, region, state, bucket or None, tuple(instances), len(listed))
+    return DownPlan(name, region, state, bucket or None, tuple(instances), len(listed), leftovers=left)
+
+
+def leftovers(name: str, region: str, keep: set[str] | None = None) -> Leftovers:
+    """What jobs of stack `name` left in `region` (and IAM): groups and launch templates by the
+    stack tag, job security groups by the stack tag and the job tag key (`keep`: the stack's own
+    group, which carries the stack tag too), job roles by the stack's IAM path."""
+    from . import job_role
+
+    tag = [{"Name": f"tag:{STACK_TAG}", "Values": [name]}]
+    with aws.translate_errors():
+        asg = aws.client("autoscaling", region)
+        groups = [
+            str(g["AutoScalingGroupName"])
+            for page in asg.get_paginator("describe_auto_scaling_groups").paginate(Filters=tag)
+            for g in page.get("AutoScalingGroups", [])
+        ]
+        ec2 = aws.client("ec2", region)
+        templates = [
+            str(t["LaunchTemplateName"])
+            for page in ec2.get_paginator("describe_launch_templates").paginate(Filters=tag)
+            for t in page.get("LaunchTemplates", [])
+        ]
+        job_groups = [{"Name": "tag-key", "Values": [job_role.JOB_TAG]}, *tag]
+        security_groups = [
+            str(g["GroupId"])
+            for page in ec2.get_paginator("describe_security_groups").paginate(Filters=job_groups)
+            for g in page.get("SecurityGroups", [])
+            if g["GroupId"] not in (keep or set())
+        ]
+        iam = aws.client("iam")
+        roles = [
+            str(r["RoleName"])
+            for page in iam.get_paginator("list_roles").paginate(PathPrefix=job_role.role_path(name))
+            for r in page["Roles"]
+        ]
+    return Leftovers(*(tuple(sorted(found)) for found in (groups, templates, roles, security_groups)))
+
+
+def end_leftovers(left: Leftovers, name: str, region: str) -> None:
+    """End what jobs left, in the order AWS accepts: the groups first (deleted with their
+    instances: ForceDelete), so nothing launches again; every instance of the stack gone, since a
+    security group in use by an instance cannot be deleted (DependencyViolation) and a template or
+    role may still serve one; then the launch templates, the job roles, the security groups."""
+    from botocore.exceptions import ClientError
+
+    from . import job_role
+
+    with aws.translate_errors():
+        asg = aws.client("autoscaling", region)
+        for group in left.groups:
+            try:
+                asg.delete_auto_scaling_group(AutoScalingGroupName=group, ForceDelete=True)
+            except ClientError as e:
+                if "not found" not in aws.error_message(e).lower():
+                    raise
+        _wait_groups_gone(asg, left.groups)
+    _terminate_all(name, region)
+    with aws.translate_errors():
+        ec2 = aws.client("ec2", region)
+        for template in left.templates:
+            try:
+                ec2.delete_launch_template(LaunchTemplateName=template)
+            except ClientError as e:
+                if aws.error_code(e) != "InvalidLaunchTemplateName.NotFoundException":
+                    raise
+    job_role.retire_all(name)
+    with aws.translate_errors():
+        for group in left.security_groups:
+            _delete_security_group(ec2, group)
+
+
+_GROUP_GONE_S = 600  # a group's deletion waits for its instances to terminate: minutes
+_DEPENDENCY_S = 300  # a terminated instance's network interface is released within minutes
+
+
+def _wait_groups_gone(asg: Any, groups: Iterable[str]) -> None:
+    import time
+
+    names = list(groups)
+    until = time.monotonic() + _GROUP_GONE_S
+    while names:
+        found = asg.describe_auto_scaling_groups(AutoScalingGroupNames=names)["AutoScalingGroups"]
+        names = [str(g["AutoScalingGroupName"]) for g in found]
+        if not names:
+            return
+        if time.monotonic() > until:
+            raise UserError(
+                f"the Auto Scaling group(s) {_some(names)} are still being deleted: "
+                "run `distrain-cloud infra down --force` again"
+            )
+        time.sleep(10)
+
+
+def _terminate_all(name: str, region: str) -> None:
+    """Terminate every instance tagged with the stack and wait until each is terminated (those
+    shutting down too: they still hold their security group)."""
+    ec2 = aws.client("ec2", region)
+    with aws.translate_errors():
+        pages = ec2.get_paginator("describe_instances").paginate(
+            Filters=[
+                {"Name": f"tag:{STACK_TAG}", "Values": [name]},
+                {"Name": "instance-state-name", "Values": [*ALIVE_STATES, "shutting-down"]},
+            ]
+        )
+        ids = [i["InstanceId"] for page in pages for r in page.get("Reservations", []) for i in r.get("Instances", [])]
+    terminate(ids, region)
+
+
+def _delete_security_group(ec2: Any, group: str) -> None:
+    """Delete `group`, again while AWS still says an interface uses it (a terminated instance's
+    interface goes a little after the instance), for at most _DEPENDENCY_S."""
+    import time
+
+    from botocore.exceptions import ClientError
+
+    until = time.monotonic() + _DEPENDENCY_S
+    while True:
+        try:
+            ec2.delete_security_group(GroupId=group)
+            return
+        except ClientError as e:
+            code = aws.error_code(e)
+            if code == "InvalidGroup.NotFound":
+                return
+            if code != "DependencyViolation" or time.monotonic() > until:
+                raise
+        time.sleep(10)
 
 
 def terminate(instance_ids: Iterable[str], region: str) -> None:
@@ -577,8 +740,10 @@ def down(name: str = DEFAULT_STACK, region: str | None = None, force: bool = Fal
     from . import job_role
 
     plan = plan_down(name, region, force)
+    if plan.leftovers:  # only with force: without, plan_down refused
+        end_leftovers(plan.leftovers, name, plan.region)
     terminate([i["id"] for i in plan.instances], plan.region)
-    plan = dataclasses.replace(plan, job_roles=tuple(job_role.retire_all(name)))
+    plan = dataclasses.replace(plan, job_roles=tuple(sorted({*plan.leftovers.roles, *job_role.retire_all(name)})))
     with aws.translate_errors():
         cf = aws.client("cloudformation", plan.region)
         stack = _describe(cf, name)

@@ -110,7 +110,9 @@ def submit(
         typer.Option("--max-run", help="wall-clock limit: 3600, 90m, 6h (local: stops with a checkpoint, as cancel)"),
     ] = None,
     max_wait: Annotated[str | None, typer.Option("--max-wait", help="spot: limit including waiting")] = None,
-    max_cost: Annotated[float | None, typer.Option("--max-cost", help="refuse if worst-case USD exceeds this")] = None,
+    max_cost: Annotated[
+        float | None, typer.Option("--max-cost", help="USD cap: EC2 nodes stop the job at it, SageMaker refuses above")
+    ] = None,
     max_restarts: Annotated[
         int | None,
         typer.Option(

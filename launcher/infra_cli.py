@@ -200,13 +200,18 @@ def status(stack: Stack = DEFAULT_STACK, region: Region = None, as_json: Json = 
 @app.command()
 def down(
     force: Annotated[
-        bool, typer.Option("--force", help="terminate instances still tagged with the stack first")
+        bool,
+        typer.Option(
+            "--force",
+            help="first end what jobs left: instances, Auto Scaling groups, launch templates, job roles and "
+            "security groups",
+        ),
     ] = False,
     yes: Yes = False,
     stack: Stack = DEFAULT_STACK,
     region: Region = None,
 ) -> None:
-    """Delete the stack (the bucket is kept). Refuses while stack instances are alive, unless --force."""
+    """Delete the stack (the bucket is kept). Refuses while jobs left anything, unless --force."""
     from distrain_cloud.infra import stack as infra_stack
 
     plan = infra_stack.plan_down(stack, region, force=force)
@@ -215,6 +220,8 @@ def down(
         typer.echo(
             f"  and first terminate {len(plan.instances)} instance(s): " + ", ".join(i["id"] for i in plan.instances)
         )
+    if plan.leftovers:
+        typer.echo("  and first end what jobs left: " + "; ".join(plan.leftovers.words()))
     if plan.bucket:
         typer.echo(f"  bucket {plan.bucket} is kept")
     if not (yes or _confirm("delete this stack?", "down")):

@@ -419,7 +419,12 @@ class JobSpec(BaseModel):
         "with a checkpoint, as `cancel` stops it",
     )
     max_wait: int | None = Field(None, description="spot only: limit including waiting for capacity (>= max_run)")
-    max_cost: float | None = Field(None, gt=0, description="refuse to submit if the worst-case cost exceeds this (USD)")
+    max_cost: float | None = Field(
+        None,
+        gt=0,
+        description="USD: EC2 nodes stop the job with a checkpoint before its cost passes this; "
+        "SageMaker refuses a job whose worst case exceeds it",
+    )
     resume_from: str | None = Field(
         None, description="continue from the checkpoints of this earlier job (same lineage)"
     )

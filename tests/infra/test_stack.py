@@ -248,11 +248,14 @@ def test_up_twice_is_a_no_op_then_down_and_up_again(mocked_aws):
     assert pending == []  # none left behind
     assert stack.resources(region=REGION) == made
 
-    # A job role left behind (its job never seen to end) goes with the stack; others' roles stay.
+    # A job role left behind (its job never seen to end) is named, and goes with the stack only
+    # with --force (tests/infra/test_down.py); others' roles stay.
     left = _job_role(made, "left-behind-20261128-000000-abcdef")
     job_role.create(left)
     boto3.client("iam").create_role(RoleName="someone-elses", AssumeRolePolicyDocument="{}")
-    done = stack.down(region=REGION)
+    with pytest.raises(UserError, match=f"1 job role\\(s\\) \\({left.name}\\)"):
+        stack.down(region=REGION)
+    done = stack.down(region=REGION, force=True)
     assert done.bucket == made.bucket and done.instances == () and done.job_roles == (left.name,)
     assert [r["RoleName"] for r in boto3.client("iam").list_roles()["Roles"]] == ["someone-elses"]
     assert boto3.client("iam").list_instance_profiles()["InstanceProfiles"] == []

@@ -240,17 +240,18 @@ def test_a_spot_check_uses_the_current_spot_price_for_the_worst_case_and_max_cos
     )
     flags = ["submit", "--instance", "g4dn.12xlarge", "--nodes", "2", "--spot", "--max-run", "10h"]
     flags += ["--region", REGION, "--max-cost", "40", "--dry-run"]
-    # Without AWS the on-demand price stands in: 2 x 3.912 x 10 h = $78.24 > $40.
+    # Without AWS the on-demand price stands in: 2 x 3.912 x (10 h + 10 min grace + 4 x 1 min) = $80.07
+    # > $40: the nodes would stop the job at the cap (EC2 enforces --max-cost: test_cost_cap.py).
     code, out, err = run_cli(capsys, *flags)
-    assert code == 1 and "cost <= --max-cost 40.0 (worst case $78.24: 2 node(s) x max_run, AWS list price" in err
+    assert code == 0 and "[ok  ] cost <= --max-cost 40.0: worst case $80.07: the nodes stop the job" in out, err
     assert asked == []
-    # With --check, the highest current price of the zones: 2 x 1.6321 x 10 h = $32.64 <= $40.
+    # With --check, the highest current price of the zones: 2 x 1.6321 (to the cent) x 10.23 h = $33.41 <= $40.
     code, out, err = run_cli(capsys, *flags, "--check")
     assert code == 0, err
     (cost,) = [line for line in out.splitlines() if line.startswith("cost: ")]
     assert "$1.632/h per node, EC2 spot price now (highest of us-east-1a, us-east-1b at " in cost
-    assert "worst_case_usd=32.64" in cost and "spot_ceiling_usd=78.24" in cost
-    assert "[ok  ] cost <= --max-cost 40.0: worst case $32.64: 2 node(s) x max_run, EC2 spot price now" in out
+    assert "worst_case_usd=33.41" in cost and "spot_ceiling_usd=78.24" in cost
+    assert "[ok  ] cost <= --max-cost 40.0: worst case $33.41 (every restart included): the cap is never" in out
     (request,) = asked
     assert request["InstanceTypes"] == ["g4dn.12xlarge"] and request["ProductDescriptions"] == ["Linux/UNIX"]
     assert apimodel.problems("ec2", "DescribeSpotPriceHistory", request) == []

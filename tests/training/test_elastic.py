@@ -254,3 +254,79 @@ def test_when_every_node_was_reclaimed_the_replacements_start_the_next_attempt(g
     first, second = instances(group)
     replacement = Node(tmp_path, job, first, ends_attempt="Completed")
     assert replacement.run() == 0 and replacement.attempts == [(2, 0)]
+
+
+@pytest.mark.parametrize("what", ["cancel", "deadline"])
+def test_a_node_that_finds_every_rank_taken_watches_the_cancel_and_the_deadline(group, tmp_path, what):
+    """Attempt 1 has all its nodes (an extra instance came, say from a zone rebalance): the extra
+    node waits for the next attempt, and while it waits a cancel or the deadline ends the lineage
+    for it at once (it waited for the attempt's end alone before, on a group that may never end it)."""
+    import threading
+
+    import boto3
+
+    job = make_job()
+    if what == "deadline":
+        job = dataclasses.replace(job, deadline=time.time() + 0.5)
+    s3 = boto3.client("s3", region_name=REGION)
+    for rank in (0, 1):
+        s3.put_object(Bucket=BUCKET, Key=f"distrain/jobs/{GROUP}/attempts/1/claims/{rank}.json", Body=b"{}")
+    first, second = instances(group)
+    node = Node(tmp_path, job, first)
+    if what == "cancel":
+        cancel = threading.Timer(
+            0.5, lambda: s3.put_object(Bucket=BUCKET, Key=f"distrain/jobs/{GROUP}/stop", Body=b'{"reason": "cancel"}')
+        )
+        cancel.start()
+    started = time.monotonic()
+    assert node.run() == 0 and node.attempts == []
+    assert time.monotonic() - started < 5
+    end = lineage_record()
+    assert end["status"] == "Stopped"
+    assert ("cancelled" if what == "cancel" else "max-run reached") in end["reason"]
+    assert instances(group) == [second]  # it left the group: nothing replaces it
+    assert [
+        p["ProcessName"] for p in group.describe_auto_scaling_groups()["AutoScalingGroups"][0]["SuspendedProcesses"]
+    ] == ["Launch"]
+
+
+def test_a_node_waiting_in_the_rendezvous_stops_when_the_lineage_ends(group, tmp_path):
+    """The real attempt (AttemptAgent): this node waits in attempt 1's rendezvous for a peer whose
+    boots keep failing; the failure that uses the budget up ends the lineage, and the waiting node
+    stops at its next poll (it waited for the rendezvous timeout before), with the lineage's reason."""
+    import threading
+
+    import boto3
+
+    job = make_job()
+    first, second = instances(group)
+    s3 = boto3.client("s3", region_name=REGION)
+    end = {"status": "Failed", "reason": "3 node failures, the last: pip failed", "time": time.time()}
+    ending = threading.Timer(
+        0.5,
+        lambda: s3.put_object(Bucket=BUCKET, Key=f"distrain/jobs/{GROUP}/lineage.json", Body=json.dumps(end).encode()),
+    )
+    fake = FakeImds(instance_id=first, region=REGION).start()
+    settings = Settings(work=tmp_path / first, poll_s=0.05)
+    sink = LogSink(settings.work / "node-agent.log")
+    lineage = Lineage(
+        job,
+        NodeIdentity(first, 0, "r-1", "127.0.0.1", REGION),
+        settings,
+        store=Store(BUCKET, REGION, boto3.client("s3", region_name=REGION)),
+        imds=Imds(fake.endpoint),
+        sink=sink,
+        autoscaling=AwsLikeGroups(boto3.client("autoscaling", region_name=REGION)),
+    )
+    ending.start()
+    started = time.monotonic()
+    try:
+        assert lineage.run() == 0
+    finally:
+        sink.close()
+        fake.stop()
+    assert time.monotonic() - started < 10
+    assert lineage_record()["status"] == "Failed"  # the first word stays
+    record = lineage_record(f"distrain/jobs/{GROUP}/attempts/1/nodes/0.json")
+    assert record["status"] == "Stopped" and "the lineage ended (Failed): 3 node failures" in record["reason"]
+    assert instances(group) == [second]

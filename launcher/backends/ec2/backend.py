@@ -38,7 +38,7 @@ from ...lease import launched as lineage_launched
 from ...plan import Check, Plan, refuse_failed_checks
 from ...tracking import wandb_run
 from .. import cloud, wait_for
-from . import layout, network, recovery
+from . import budget, layout, network, recovery
 from .request import (
     GROUP_PLACEHOLDER,
     HARD_STOP_GRACE_MIN,
@@ -208,7 +208,7 @@ class Ec2Backend:
                 "code_key": bundle_key(parts.prefix, bundle.sha256),
             },
         )
-        return self._place(plan, where)
+        return budget.apply(self._place(plan, where), spec, region)  # the worst case, --max-cost, the limits
 
     def _place(self, plan: Plan, where: Where) -> Plan:
         """The plan with `where` rendered into the job description, user data and request, and
@@ -230,6 +230,9 @@ class Ec2Backend:
         description["role"] = role.name  # beyond the contract: `status` deletes it once the job ended
         if recovery.wanted(spec):  # a spot lineage the AWS side keeps going (recovery.py)
             description["recovery"] = recovery.description_block(parts.job_name, parts.nodes, spec)
+        cost_block = budget.description_block(spec, parts.region)
+        if cost_block:  # --max-cost, kept by the nodes' cost clock (agent/costclock.py)
+            description["cost"] = cost_block
         # The bytes submit uploads, hashed here so the user data can pin them (a job.json rewritten
         # after submit is refused by every node before it trusts any of it).
         job_json = json.dumps(description, indent=2).encode()
@@ -245,11 +248,14 @@ class Ec2Backend:
             hard_stop_minutes=math.ceil(parts.max_run / 60) + HARD_STOP_GRACE_MIN,
             # A recovering lineage's replacements boot later: its hard stop is one moment for all.
             hard_stop_at=_hard_stop_at(parts) if recovery.wanted(spec) else None,
+            # Its nodes' failures count against the lineage's budget (boot.py), in its group.
+            **recovery.user_data_values(parts.job_name, spec),
             python=parts.family.python,
             torch=parts.family.torch,
             requirements=parts.requirements,
         )
         request = run_instances_request(parts, where, user_data)
+        budget.with_max_price(request, None, spec, parts.region)
         refuse_api_problems(request)
         lineage_requests = None
         if recovery.wanted(spec):
@@ -258,6 +264,7 @@ class Ec2Backend:
                 request, name=parts.job_name, nodes=parts.nodes, subnets=where.subnets, deadline=_hard_stop_at(parts),
                 tags=tags,
             )  # fmt: skip
+            budget.with_max_price({}, lineage_requests, spec, parts.region)
             recovery.refuse_problems(lineage_requests, description["recovery"])
         drop = ("user data", "request fits", "job role", "EFA", "cluster placement group", "security group", "zone")
         checks = [c for c in plan.checks if not c.name.startswith(drop)]
@@ -363,6 +370,7 @@ class Ec2Backend:
         )
         placed = self._place(dataclasses.replace(plan, checks=checks), where)
         placed = pricing.with_current_spot_price(placed, spec, region)  # a spot job's price now
+        placed = budget.apply(placed, spec, region)
         extra = [
             cloud.bucket_check(
                 stack.bucket,
@@ -472,13 +480,13 @@ class Ec2Backend:
             info = recovery.lineage_status(job.name, region, bucket, prefix, description)
             recovery.retire_when_done(region, job.name, info)
             retire_role_when_done(job.name, description, info, [{"state": s} for s in info["instances"].values()])
-            return info
+            return _with_clock(info, region, bucket, prefix, job.name, description)
         with aws.translate_errors():
             found = job_files(aws.client("s3", region), bucket, prefix, job.name)
         instances = tagged_instances(region, job.name).get(job.name, [])
         info = job_status(description, found, instances, now=time.time())
         retire_role_when_done(job.name, description, info, instances)
-        return info
+        return _with_clock(info, region, bucket, prefix, job.name, description)
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]:
         from distrain_cloud.infra import aws
@@ -1044,6 +1052,14 @@ def _terminate(region: str, ids: list[str]) -> None:
 
     with aws.translate_errors():
         aws.client("ec2", region).terminate_instances(InstanceIds=ids)
+
+
+def _with_clock(
+    info: dict[str, Any], region: str, bucket: str, prefix: str, name: str, description: dict[str, Any]
+) -> dict[str, Any]:
+    """`info` with the nodes' cost clock against --max-cost, for a capped job (budget.py)."""
+    line = budget.clock_status(region, bucket, prefix, name, description)
+    return {**info, "max_cost": line} if line else info
 
 
 def _hard_stop_at(parts: Parts) -> int:

@@ -8,6 +8,9 @@ and the node agent uses. It ships in the code bundle beside agent/ (stdlib only:
     <prefix>/jobs/<job>/rendezvous/<reservation>/<i>.json   how the nodes meet
     <prefix>/jobs/<job>/nodes/<rank>.json               each node's heartbeat, then its final record
     <prefix>/jobs/<job>/stop                            the stop marker every node polls
+    <prefix>/jobs/<job>/cost/<instance-id>.json         each instance's part of the cost clock (--max-cost)
+    <prefix>/jobs/<job>/attempts/<k>/                   attempt k of a lineage AWS keeps going (its own
+                                                        rendezvous, nodes/, stop; agent/elastic.py)
     <prefix>/jobs/<job>/model/, output/                 what training leaves (job.json names them)
     <prefix>/checkpoints/<lineage>/                     shared by every attempt of a lineage
 
@@ -21,6 +24,8 @@ LAUNCH = "launch.json"
 NODES = "nodes"
 STOP = "stop"
 RENDEZVOUS = "rendezvous"
+COST = "cost"
+ATTEMPTS = "attempts"
 
 
 def _join(*parts: str) -> str:
@@ -50,3 +55,9 @@ def submitted_key(prefix: str, job: str) -> str:
 def checkpoint_folder(prefix: str, lineage: str) -> str:
     """A lineage's checkpoints, with its trailing slash: resumed attempts read what earlier ones wrote."""
     return _join(prefix, "checkpoints", lineage) + "/"
+
+
+def cost_record(prefix: str, job: str, instance_id: str) -> str:
+    """One instance's part of job `job`'s cost clock (agent/costclock.py): every instance the job
+    launched, in every attempt, writes its own, so no two nodes ever write one key."""
+    return job_key(prefix, job, COST, f"{instance_id}.json")

@@ -25,6 +25,7 @@ STOP_STATUS = {
     "cancel": "Stopped",
     "peer-failed": "Stopped",
     "shutdown": "Stopped",
+    "max-cost": "Stopped",  # the job's cost clock reached --max-cost (costclock.py)
 }
 # CloudWatch Logs PutLogEvents limits: bytes count each message plus 26 per event.
 MAX_BATCH_BYTES = 1_048_576
@@ -127,6 +128,7 @@ class Job:
     stack_tag: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # for training: its W&B lineage, instance, run id
     recovery: dict[str, Any] = field(default_factory=dict)  # a lineage AWS keeps going (elastic.py)
+    cost: dict[str, Any] = field(default_factory=dict)  # --max-cost and the prices its clock counts (costclock.py)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Job:

@@ -716,6 +716,9 @@ def run_node(job_uri: str, job_sha256: str, settings: Settings, sink: LogSink, s
         except Exception as e:  # the record says it all; the peers also see it through failed_peer
             sink.agent(f"could not write the stop marker ({short(e)})")
         return 0
+    from .costclock import start as start_cost_clock  # --max-cost, kept by the nodes
+
+    start_cost_clock(job, me, settings, store, imds, sink)
     if job.recovery:  # a spot lineage AWS keeps going: its attempts, in elastic.py
         from .elastic import run_lineage
 
