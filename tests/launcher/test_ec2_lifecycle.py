@@ -1026,19 +1026,15 @@ def test_the_user_data_runs_here_up_to_the_agent_and_a_swapped_bundle_stops_the_
     assert agent.endswith(f"cwd={code} PYTHONPATH={code}")
     assert (code / "distrain_cloud" / "launcher" / "backends" / "ec2" / "agent" / "__main__.py").is_file()
     assert (tmp_path / "node-1" / "constraints.txt").read_text() == "torch==2.7.0+cu128\n"  # the AMI's stays
-    # A reboot loses the pending hard stop and does not run the user data again: cloud-init runs the
-    # per-boot hook it installed, which re-arms the stop with the minutes left, or powers off.
+    # A reboot does not run the user data again, so no agent runs after it: cloud-init runs the
+    # per-boot hook the user data installed, which says so (boot.py fail) and powers off at once,
+    # whatever time is left (the node idled until its deadline before).
     hook = tmp_path / "node-1-per-boot" / "distrain-hard-stop"
     assert hook.stat().st_mode & 0o111
-    for minutes_later, expected in (
-        (0, "hard-stop +40"),
-        (15, "hard-stop +25"),
-        (39.5, "hard-stop +1"),
-        (41, "power-off"),
-    ):
-        assert _reboot(hook, tmp_path, minutes_later) == expected, minutes_later
-    (tmp_path / "node-1" / "hard-stop-at").write_text("garbage\n")
-    assert _reboot(hook, tmp_path, 0) == "power-off"  # no deadline it can read: not a reason to stay up
+    assert '"$BOOT" fail "the instance rebooted: its node agent does not survive a reboot"' in hook.read_text()
+    assert f"BOOT={tmp_path / 'node-1' / 'boot.py'}" in hook.read_text()
+    for minutes_later in (0, 15, 41):
+        assert _reboot(hook, tmp_path, minutes_later).splitlines()[-1] == "power-off", minutes_later
 
     boto3.client("s3").put_object(Bucket="stack-bucket", Key=plan.payload["code_key"], Body=b"other bytes")
     bad = run_node(0)

@@ -84,6 +84,7 @@ def test_a_spot_submit_is_a_group_over_every_zone_that_stops_at_the_lineages_dea
         "nodes": 1,
         "max_restarts": 2,
         "replacement_wait_s": 1800,
+        "failure_budget": 3,
         "on_demand_after": 1,
         "on_demand_request": None,
     }

@@ -254,3 +254,37 @@ def test_when_every_node_was_reclaimed_the_replacements_start_the_next_attempt(g
     first, second = instances(group)
     replacement = Node(tmp_path, job, first, ends_attempt="Completed")
     assert replacement.run() == 0 and replacement.attempts == [(2, 0)]
+
+
+@pytest.mark.parametrize("what", ["cancel", "deadline"])
+def test_a_node_that_finds_every_rank_taken_watches_the_cancel_and_the_deadline(group, tmp_path, what):
+    """Attempt 1 has all its nodes (an extra instance came, say from a zone rebalance): the extra
+    node waits for the next attempt, and while it waits a cancel or the deadline ends the lineage
+    for it at once (it waited for the attempt's end alone before, on a group that may never end it)."""
+    import threading
+
+    import boto3
+
+    job = make_job()
+    if what == "deadline":
+        job = dataclasses.replace(job, deadline=time.time() + 0.5)
+    s3 = boto3.client("s3", region_name=REGION)
+    for rank in (0, 1):
+        s3.put_object(Bucket=BUCKET, Key=f"distrain/jobs/{GROUP}/attempts/1/claims/{rank}.json", Body=b"{}")
+    first, second = instances(group)
+    node = Node(tmp_path, job, first)
+    if what == "cancel":
+        cancel = threading.Timer(
+            0.5, lambda: s3.put_object(Bucket=BUCKET, Key=f"distrain/jobs/{GROUP}/stop", Body=b'{"reason": "cancel"}')
+        )
+        cancel.start()
+    started = time.monotonic()
+    assert node.run() == 0 and node.attempts == []
+    assert time.monotonic() - started < 5
+    end = lineage_record()
+    assert end["status"] == "Stopped"
+    assert ("cancelled" if what == "cancel" else "max-run reached") in end["reason"]
+    assert instances(group) == [second]  # it left the group: nothing replaces it
+    assert [
+        p["ProcessName"] for p in group.describe_auto_scaling_groups()["AutoScalingGroups"][0]["SuspendedProcesses"]
+    ] == ["Launch"]

@@ -235,6 +235,8 @@ class Ec2Backend:
             hard_stop_minutes=math.ceil(parts.max_run / 60) + HARD_STOP_GRACE_MIN,
             # A recovering lineage's replacements boot later: its hard stop is one moment for all.
             hard_stop_at=_hard_stop_at(parts) if recovery.wanted(spec) else None,
+            # Its nodes' failures count against the lineage's budget (boot.py), in its group.
+            **recovery.user_data_values(parts.job_name, spec),
             python=parts.family.python,
             torch=parts.family.torch,
             requirements=parts.requirements,

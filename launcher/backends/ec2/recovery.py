@@ -55,6 +55,14 @@ LINEAGE_RECORD = "lineage.json"
 # How long the survivors of an interrupted attempt wait for the group's replacements to join
 # (spot capacity may take a while to come back); then the lineage ends, naming the missing nodes.
 REPLACEMENT_WAIT_S = 1800
+# How many node failures (a boot that cannot reach its agent, an agent that crashed, a reboot) a
+# lineage takes: below it the group replaces the node, a retry; the one that uses it up ends the
+# lineage Failed with its reason (boot.py, agent/elastic.py). Kept in S3, where the nodes count it.
+FAILURE_BUDGET = 3
+FAILURES = "failures"
+# After the lineage's end its nodes upload their last records and leave within minutes (the final
+# sync allows 10); `status` then deletes the group even with an instance still running.
+RETIRE_AFTER_S = 1200
 # Which flag or spec key sets each part of the requests, so a refusal names what the user wrote.
 SOURCES = (
     ("LaunchTemplateData.ImageId", "ec2.ami_id / ec2.ami_parameter"),
@@ -95,6 +103,7 @@ def description_block(job_name: str, nodes: int, spec: JobSpec) -> dict[str, Any
         "nodes": nodes,
         "max_restarts": spec.ec2.max_restarts,
         "replacement_wait_s": REPLACEMENT_WAIT_S,
+        "failure_budget": FAILURE_BUDGET,
     }
     if spec.ec2.on_demand_after is not None:
         block["on_demand_after"] = spec.ec2.on_demand_after
@@ -103,6 +112,11 @@ def description_block(job_name: str, nodes: int, spec: JobSpec) -> dict[str, Any
             "MixedInstancesPolicy": {"InstancesDistribution": _distribution(on_demand=True)},
         }
     return block
+
+
+def user_data_values(job_name: str, spec: JobSpec) -> dict[str, Any]:
+    """What the user data's boot.py needs of a lineage: its group, where a failed node counts itself."""
+    return {"group": job_name, "failure_budget": FAILURE_BUDGET} if wanted(spec) else {}
 
 
 def _distribution(*, on_demand: bool) -> dict[str, Any]:
@@ -322,7 +336,12 @@ def lineage_status(
             files = ec2_status.job_files(s3, bucket, prefix, f"{name}/{ATTEMPTS}/{k}")
             attempts.append((k, _claims(s3, bucket, root, k), files))
         end = ec2_status.read_json(s3, bucket, f"{root}/{LINEAGE_RECORD}")
-        cancelled = ec2_status.read_json(s3, bucket, f"{root}/stop")
+        stop = ec2_status.read_json(s3, bucket, f"{root}/stop")
+        failures = _failures(s3, bucket, root)
+    # Only the launcher's cancel writes the lineage's stop; a node's marker there (a bundle older
+    # than the failure budget) is that node's failure, never the user's cancel.
+    cancelled = stop if isinstance(stop, dict) and stop.get("reason") == "cancel" else None
+    node_stop = stop if isinstance(stop, dict) and not cancelled else None
     instances = ec2_status.tagged_instances(region, name).get(name, [])
     by_id = {i["id"]: i for i in instances}
     rows: list[dict[str, Any]] = []
@@ -353,11 +372,17 @@ def lineage_status(
             }
         )
     alive = {i["id"] for i in instances if i["state"] in ("pending", "running")}
-    node_seconds = sum((now if i in alive else last) - first for i, (first, last) in seen.items())
+    for f in failures:  # a node that failed before it claimed a rank was there, and billed, too
+        first, last = seen.get(f["instance_id"], (f["time"], f["time"]))
+        seen[f["instance_id"]] = (min(first, f["time"]), max(last, f["time"]))
+    node_seconds = instance_seconds(instances, seen, now)
     status, detail, terminal = "InProgress", "", False
     if isinstance(end, dict) and end.get("status") in ("Completed", "Failed", "Stopped", "Interrupted"):
         status, terminal = str(end["status"]), True
         detail = str(end.get("reason") or "")[:300]
+    elif node_stop is not None:
+        status, terminal = "Failed", True
+        detail = _text_line(node_stop.get("detail") or node_stop.get("reason") or "a node failed")
     elif rows:
         current = rows[-1]
         if current["status"] == "InProgress":
@@ -375,6 +400,12 @@ def lineage_status(
         status, terminal, detail = "Stopped", True, "cancelled before any node started"
     else:
         detail = _waiting(region, name, len(instances))
+    if failures and not terminal:
+        budget = (description.get("recovery") or {}).get("failure_budget", FAILURE_BUDGET)
+        detail += (
+            f"; {len(failures)} of {budget} node failure(s) so far, the last: {failures[-1]['reason']} "
+            "(the group replaces a failed node; the last failure the budget allows ends the lineage)"
+        )
     cost = _cost(description, node_seconds)
     return {
         "job_name": name,
@@ -391,7 +422,54 @@ def lineage_status(
         "instances": {i["id"]: i["state"] for i in instances},
         "checkpoints": description["checkpoint_uri"],
         "model_artifacts": description["model_uri"] if status == "Completed" else None,
+        "ended_at": _number(end.get("time")) if isinstance(end, dict) else None,
     }
+
+
+def _failures(s3: Any, bucket: str, root: str) -> list[dict[str, Any]]:
+    """The lineage's node failures (boot.py, agent/elastic.py write them), in slot order, checked."""
+    out = []
+    listing = s3.list_objects_v2(Bucket=bucket, Prefix=f"{root}/{FAILURES}/", MaxKeys=50).get("Contents", [])
+    for item in listing:
+        m = re.search(r"/([1-9][0-9]?)\.json$", item["Key"])
+        if not m:
+            continue
+        with contextlib.suppress(UserError):  # a broken record is not a reason to hide the lineage
+            body = ec2_status.read_json(s3, bucket, item["Key"]) or {}
+            when = _number(body.get("time"))
+            out.append(
+                {
+                    "slot": int(m.group(1)),
+                    "instance_id": _text(body.get("instance_id")),
+                    "reason": _text_line(body.get("reason") or "no reason given"),
+                    "time": when if when is not None else item["LastModified"].timestamp(),
+                }
+            )
+    return sorted(out, key=lambda f: f["slot"])
+
+
+def _text_line(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())[:300]
+
+
+def instance_seconds(instances: list[dict[str, Any]], seen: dict[str, tuple[float, float]], now: float) -> float:
+    """What the job's instances ran, each from its launch to its end (to `now` while it runs): every
+    instance EC2 lists with the job's tag, terminated ones too, whether or not it ever claimed a
+    rank; `seen` (first and last time the nodes wrote of each) fills in what EC2 no longer lists
+    (it forgets terminated instances after about an hour) or does not date."""
+    total, listed = 0.0, set()
+    for i in instances:
+        listed.add(i["id"])
+        first, last = seen.get(i["id"], (None, None))
+        start = min(t for t in (i.get("launched"), first, now) if t is not None)  # nothing writes before its launch
+        if i["state"] in ("pending", "running", "shutting-down", "stopping"):
+            end = now
+        else:
+            end = i.get("ended") or last or start
+        total += max(0.0, min(end, now) - start)
+    total += sum(max(0.0, last - first) for i, (first, last) in seen.items() if i not in listed)
+    return total
 
 
 def _why(info: dict[str, Any], stop: Any) -> str:
@@ -537,12 +615,20 @@ def _leave(region: str, ids: list[str]) -> None:
             ec2._terminate(region, [instance])
 
 
-def retire_when_done(region: str, name: str, info: dict[str, Any]) -> None:
-    """Delete the lineage's group and template once it ended and none of its instances runs (an
-    empty group costs nothing, but it is litter; `infra down` needs it gone)."""
+def retire_when_done(region: str, name: str, info: dict[str, Any], *, now: float | None = None) -> None:
+    """Delete the lineage's group (with whatever instance it still has) and template once it ended
+    and none of its instances runs, or RETIRE_AFTER_S after its end whatever runs (an empty group
+    costs nothing, but it is litter; `infra down` needs it gone)."""
     from distrain_cloud.infra import aws
 
-    if not info["terminal"] or any(s in ("pending", "running", "shutting-down") for s in info["instances"].values()):
+    # Its instances may still be shutting down (terminating takes minutes): the group goes anyway,
+    # as nothing of it launches again. A running one may still be uploading its last records, for
+    # at most RETIRE_AFTER_S after the lineage's end: one still up then has no agent that ends it.
+    if not info["terminal"]:
+        return
+    running = any(s in ("pending", "running") for s in info["instances"].values())
+    ended_at = info.get("ended_at")
+    if running and (ended_at is None or (time.time() if now is None else now) - ended_at < RETIRE_AFTER_S):
         return
     try:
         aws.client("autoscaling", region).delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)

@@ -222,15 +222,33 @@ def tagged_instances(region: str, job_name: str | None = None) -> dict[str, list
             for reservation in page.get("Reservations", []):
                 for inst in reservation.get("Instances", []):
                     tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                    launched = inst.get("LaunchTime")
                     found.setdefault(tags.get(key, ""), []).append(
                         {
                             "id": inst["InstanceId"],
                             "state": inst["State"]["Name"],
                             "reason": (inst.get("StateReason") or {}).get("Code", ""),
                             "node_status": tags.get(f"{TAG_PREFIX}status", ""),
+                            # What it costs: from its launch to the time its state last changed, if
+                            # it ended (EC2 names that time in StateTransitionReason).
+                            "launched": launched.timestamp() if hasattr(launched, "timestamp") else None,
+                            "ended": transition_time(inst.get("StateTransitionReason"))
+                            if inst["State"]["Name"] not in ALIVE_STATES
+                            else None,
                         }
                     )
     return found
+
+
+_TRANSITION = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
+
+
+def transition_time(reason: Any) -> float | None:
+    """The epoch in a StateTransitionReason such as "User initiated (2026-11-28 17:00:00 GMT)"."""
+    import calendar
+
+    m = _TRANSITION.search(reason) if isinstance(reason, str) else None
+    return float(calendar.timegm(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))) if m else None
 
 
 def job_status(

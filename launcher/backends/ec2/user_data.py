@@ -20,21 +20,27 @@ EC2_REHEARSAL_SWITCHES = {
     "DISTRAIN_EC2_POWEROFF": "shutdown -h now",
     "DISTRAIN_EC2_PER_BOOT": "/var/lib/cloud/scripts/per-boot",  # cloud-init runs its scripts at every boot
 }
-HARD_STOP_HOOK = "distrain-hard-stop"  # the per-boot script that re-arms the hard stop after a reboot
+HARD_STOP_HOOK = "distrain-hard-stop"  # the per-boot script that powers a rebooted node off
 NODE_AGENT = "distrain_cloud.launcher.backends.ec2.agent"  # what the user data runs: agent/__main__.py
 BOOTSTRAP_FAILED_EXIT = 3  # boot.py's exit when the bundle is not the planned one
 # The one line of boot.py the launcher rewrites with the job's values.
-_BOOT_VALUES = 'BUCKET, CODE_KEY, CODE_SHA256, JOB_PREFIX, FAILED_EXIT = "", "", "", "", 3  # the job\'s values'
+_BOOT_VALUES = (
+    "BUCKET, CODE_KEY, CODE_SHA256, JOB_PREFIX, FAILED_EXIT, GROUP, BUDGET = "
+    '"", "", "", "", 3, "", 0  # the job\'s values'
+)
 
 
-def boot_script(bucket: str, code_key: str, code_sha256: str, job_prefix: str) -> str:
+def boot_script(
+    bucket: str, code_key: str, code_sha256: str, job_prefix: str, group: str = "", failure_budget: int = 0
+) -> str:
     """boot.py as the node gets it: its code (not its docstring: user data is small) with the job's
-    values in place of its placeholder line."""
+    values in place of its placeholder line. `group`: a spot lineage's Auto Scaling group, whose
+    nodes' failures count against `failure_budget` (boot.py's docstring)."""
     text = resources.files(__name__.rpartition(".")[0]).joinpath("boot.py").read_text(encoding="utf-8")
     if text.count(_BOOT_VALUES) != 1:  # a safety net for whoever edits boot.py
         raise RuntimeError("boot.py must hold its placeholder line exactly once")
-    values = repr((bucket, code_key, code_sha256, job_prefix, BOOTSTRAP_FAILED_EXIT))[1:-1]
-    line = f"BUCKET, CODE_KEY, CODE_SHA256, JOB_PREFIX, FAILED_EXIT = {values}"
+    values = repr((bucket, code_key, code_sha256, job_prefix, BOOTSTRAP_FAILED_EXIT, group, int(failure_budget)))[1:-1]
+    line = f"BUCKET, CODE_KEY, CODE_SHA256, JOB_PREFIX, FAILED_EXIT, GROUP, BUDGET = {values}"
     return text[text.index("import hashlib") :].replace(_BOOT_VALUES, line)
 
 
@@ -53,16 +59,19 @@ def ec2_user_data(
     torch: str | None,
     requirements: Sequence[str],
     hard_stop_at: int | None = None,
+    group: str = "",
+    failure_budget: int = 0,
 ) -> str:
     """The user data of every node of an EC2 job (bash, small, references only), in order: the
     hard stop (with shutdown behaviour terminate it ends the instance whatever else happens) and
     the per-boot hook that re-arms it after a reboot, the bundle fetched and its sha256 checked,
     the training requirements installed against the AMI's torch, then the node agent from the
     bundle, given job.json's sha256 to check before it trusts a byte of it. A node that cannot
-    get that far writes its Failed record and the stop marker its peers watch, terminates itself
-    and powers off. `job_prefix` is `<prefix>/jobs/<job>` in `bucket`."""
+    get that far says so (boot.py: a plain job's Failed record and stop marker, or one of a spot
+    lineage's `failure_budget` failures in `group`) and powers off; so does a node that rebooted,
+    since no agent runs after a reboot. `job_prefix` is `<prefix>/jobs/<job>` in `bucket`."""
     q = shlex.quote
-    boot = boot_script(bucket, code_key, code_sha256, job_prefix)
+    boot = boot_script(bucket, code_key, code_sha256, job_prefix, group, failure_budget)
     pip = '"$PY" -m pip install --quiet --disable-pip-version-check'
     venv = (
         f"# This AMI has no torch: a virtualenv gets one that runs on its GPUs.\n"
@@ -74,8 +83,7 @@ def ec2_user_data(
     # The hard stop: minutes from boot, or (a recovering lineage, whose replacements boot later)
     # one epoch for every node: the minutes left then, and power-off at once once it has passed.
     hard_stop = (
-        f"${{DISTRAIN_EC2_HARD_STOP:-shutdown -h}} +{hard_stop_minutes} || true\n"
-        f"HARD_STOP_AT=$(( $(date +%s) + {hard_stop_minutes} * 60 ))"
+        f"${{DISTRAIN_EC2_HARD_STOP:-shutdown -h}} +{hard_stop_minutes} || true"
         if hard_stop_at is None
         else f"HARD_STOP_AT={int(hard_stop_at)}\n"
         'LEFT=$(( (HARD_STOP_AT - $(date +%s) + 59) / 60 )); [ "$LEFT" -gt 0 ] || LEFT=0\n'
@@ -97,20 +105,18 @@ cat > "$WORK/boot.py" <<'DISTRAIN_BOOT_PY'
 {boot}DISTRAIN_BOOT_PY
 fail() {{ "$PY" "$WORK/boot.py" fail "$1" || true; $POWEROFF; exit 1; }}
 trap 'fail "node bootstrap failed at line $LINENO of its user data (see its cloud-init output log)"' ERR
-# User data runs once, and a reboot (maintenance, a kernel panic) loses the pending hard stop: a
-# per-boot hook re-arms it with the minutes left, or powers off once the deadline has passed.
-echo "$HARD_STOP_AT" > "$WORK/hard-stop-at"
+# User data runs once: after a reboot (maintenance, a kernel panic) no node agent runs here, and a
+# node that idled until its deadline would bill for nothing. A per-boot hook says why this node
+# ends (boot.py fail: what its peers, its lineage and `status` read) and powers off at once.
 HOOK="${{DISTRAIN_EC2_PER_BOOT:-/var/lib/cloud/scripts/per-boot}}/{HARD_STOP_HOOK}"
-HARD_STOP="${{DISTRAIN_EC2_HARD_STOP:-shutdown -h}}"
 mkdir -p "$(dirname "$HOOK")"
 {{ echo '#!/bin/bash'
-  printf 'AT_FILE=%q HARD_STOP=%q POWEROFF=%q' "$WORK/hard-stop-at" "$HARD_STOP" "$POWEROFF"; echo
+  printf 'PY=%q BOOT=%q POWEROFF=%q; export AWS_DEFAULT_REGION=%q AWS_REGION=%q' \
+    "$PY" "$WORK/boot.py" "$POWEROFF" "$AWS_REGION" "$AWS_REGION"; echo
   cat <<'DISTRAIN_HOOK'
-# distrain-cloud job {job}: user data runs once; after a reboot this re-arms its hard stop.
-at=$(cat "$AT_FILE" 2>/dev/null) || true
-[[ $at =~ ^[0-9]+$ ]] || at=0  # no deadline it can read is no reason to stay up
-left=$(( (at - $(date +%s) + 59) / 60 ))
-if [ "$left" -gt 0 ]; then eval "$HARD_STOP +$left"; else eval "$POWEROFF"; fi
+# distrain-cloud job {job}: user data runs once; after a reboot no node agent runs here.
+timeout 300 "$PY" "$BOOT" fail "the instance rebooted: its node agent does not survive a reboot" || true
+eval "$POWEROFF"
 DISTRAIN_HOOK
 }} > "$HOOK"
 chmod 755 "$HOOK"

@@ -14,8 +14,14 @@ When attempt k ends:
   off (AWS reclaims it; the group launches its replacement); a survivor moves to attempt k + 1 and
   waits there for the replacements;
 - anything else (completed, failed, cancelled, the deadline) ends the lineage: the node records it
-  in `jobs/<job>/lineage.json` and leaves the group, lowering its desired capacity, so nothing
-  is replaced. A node that boots into an ended lineage leaves at once.
+  in `jobs/<job>/lineage.json`, suspends the group's launches and leaves the group, lowering its
+  desired capacity, so nothing is replaced (a leave AWS refuses still leaves the launches
+  suspended). A node that boots into an ended lineage leaves at once, and a running attempt
+  stops (with a checkpoint) once the lineage has ended.
+A node that cannot go on (its agent crashed; boot.py counts the user data's failures and reboots
+in the same slots) is one of the lineage's `failure_budget` failures, `jobs/<job>/failures/<n>.json`:
+below the budget it powers off and the group replaces it; the one that uses it up ends the
+lineage Failed with its own reason.
 Attempts are numbered across the lineage: a job's group starts at its job.json's `attempt` (1 for
 a submit, the next number for a `resume` of an ended lineage), so `status`, the logs and the
 folders name one number. Before an attempt starts the node applies the lineage's bounds:
@@ -31,6 +37,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -44,6 +52,7 @@ from .store import Store
 ATTEMPTS = "attempts"
 LINEAGE_RECORD = "lineage.json"
 FALLBACK_RECORD = "on-demand.json"
+FAILURES = "failures"
 # Stop reasons after which the lineage goes on: capacity was reclaimed, not the job's own doing.
 CONTINUES = ("spot-interruption", "shutdown")
 ENDED = ("Completed", "Failed", "Stopped", "Interrupted")
@@ -65,10 +74,26 @@ class AttemptJob(Job):
 
 class AttemptAgent(Agent):
     """The node agent for one attempt. Leaving a rendezvous unmet does not end the other instances:
-    they belong to the group, which would only replace them; the lineage's end decides instead."""
+    they belong to the group, which would only replace them; the lineage's end decides instead,
+    and it stops the attempt too (node failures used the budget up while this one waited)."""
+
+    lineage_ended: Callable[[], dict[str, Any] | None] = staticmethod(lambda: None)
 
     def _end_unmet_job(self) -> bool:
         return False
+
+    def check_stop(self, training: bool) -> None:
+        super().check_stop(training)
+        if self.stop is not None:
+            return
+        try:
+            end = self.lineage_ended()
+        except Exception as e:  # one missed look; the next poll looks again
+            self.sink.agent(f"the lineage's end not readable ({short(e)})")
+            return
+        if end is not None:
+            status, reason = one_line(end.get("status", "?")), one_line(end.get("reason", ""))
+            self.request_stop("peer-failed", f"the lineage ended ({status}): {reason}".rstrip(": "))
 
 
 @dataclass(frozen=True)
@@ -78,6 +103,7 @@ class Bounds:
     replacement_wait_s: int
     on_demand_after: int | None = None
     on_demand_request: dict[str, Any] | None = None
+    failure_budget: int = 3
 
     @classmethod
     def from_job(cls, job: Job) -> Bounds:
@@ -89,6 +115,7 @@ class Bounds:
                 replacement_wait_s=int(block.get("replacement_wait_s", 1800)),
                 on_demand_after=int(block["on_demand_after"]) if block.get("on_demand_after") else None,
                 on_demand_request=dict(block["on_demand_request"]) if block.get("on_demand_request") else None,
+                failure_budget=max(1, int(block.get("failure_budget", 3))),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise NodeFailure(f"job.json's recovery is not what the launcher writes ({short(e)})") from None
@@ -172,28 +199,54 @@ class Lineage:
         found = self._get(self.key(LINEAGE_RECORD))
         return found if isinstance(found, dict) else ({} if found is not None else None)
 
-    def end(self, status: str, reason: str, k: int) -> None:
+    def end(self, status: str, reason: str, k: int | None) -> None:
         """Record the lineage's end (the first node's word stays) and leave the group."""
-        body = {"status": status, "reason": one_line(reason), "attempt": k, "by": self.me.instance_id}
+        body = {"status": status, "reason": one_line(reason), "by": self.me.instance_id}
         try:
-            if self._create(self.key(LINEAGE_RECORD), {**body, "time": time.time()}):
+            if self._create(self.key(LINEAGE_RECORD), {**body, **({"attempt": k} if k else {}), "time": time.time()}):
                 self.sink.agent(f"lineage ended: {status} {one_line(reason)}".rstrip())
         except Exception as e:
             self.sink.agent(f"the lineage's end was not recorded ({short(e)})")
         self.leave()
 
-    def leave(self) -> None:
+    def leave(self) -> bool:
         """Leave the group, lowering its desired capacity: this node is not replaced. Its last act
-        (it terminates the instance), after the records and the log copy."""
+        (it terminates the instance), after the records and the log copy. The lineage has ended
+        whenever a node leaves, so the group's launches are suspended first: a node whose leave AWS
+        refuses (no longer in service, a refused right), or that dies before it, is not replaced
+        either. -> whether AWS took the leave."""
         if self.autoscaling is None:
-            return
+            return False
+        group = self.bounds.group
+        try:
+            self.autoscaling.suspend_processes(AutoScalingGroupName=group, ScalingProcesses=["Launch"])
+        except Exception as e:
+            self.sink.agent(f"could not suspend the launches of the Auto Scaling group {group} ({short(e)})")
         try:
             self.autoscaling.terminate_instance_in_auto_scaling_group(
                 InstanceId=self.me.instance_id, ShouldDecrementDesiredCapacity=True
             )
-            self.sink.agent(f"left the Auto Scaling group {self.bounds.group}: it replaces this node no more")
+            self.sink.agent(f"left the Auto Scaling group {group}: it replaces this node no more")
+            return True
         except Exception as e:
-            self.sink.agent(f"could not leave the Auto Scaling group {self.bounds.group} ({short(e)})")
+            self.sink.agent(f"could not leave the Auto Scaling group {group} ({short(e)}); its launches are suspended")
+            return False
+
+    def failed(self, reason: str) -> None:
+        """This node cannot go on (its agent crashed): one of the lineage's `failure_budget` node
+        failures, counted in the first free slot of `failures/` (boot.py counts a boot's there too).
+        Below the budget the node only powers off, and the group replaces it: a retry. The failure
+        that uses the budget up ends the lineage Failed with `reason`; past it, or once the lineage
+        ended, the node leaves."""
+        budget = self.bounds.failure_budget
+        body = {"instance_id": self.me.instance_id, "reason": one_line(reason), "by": "agent", "time": time.time()}
+        slot = next((n for n in range(1, budget + 1) if self._create(self.key(FAILURES, f"{n}.json"), body)), None)
+        if slot == budget:
+            self.end("Failed", f"{budget} node failures, the last: {reason}", None)
+        elif slot is not None and self.ended() is None:
+            self.sink.agent(f"node failure {slot} of {budget}: the Auto Scaling group replaces this node")
+        else:
+            self.leave()
 
     def on_demand(self, k: int) -> None:
         """From attempt on_demand_after + 1 on, the group launches on-demand (once per lineage)."""
@@ -251,7 +304,10 @@ class Lineage:
             rank = self.claim(k)
             if rank is None:  # the attempt has every node: wait for its end, then join the next
                 self.sink.agent(f"attempt {k} has all {self.job.nodes} node(s): waiting for the next")
+                # ... or for the lineage's end, a cancel or the deadline (the loop's top acts on them)
                 while not self.closed(k) and self.ended() is None and not self._noticed():
+                    if self._get(self.key("stop")) is not None or time.time() >= self.job.deadline:
+                        break
                     time.sleep(self.settings.poll_s)
                 if self._noticed():
                     return 0
@@ -275,6 +331,7 @@ class Lineage:
         self.sink.agent(f"attempt {k}: node {rank} of {self.job.nodes}")
         agent = AttemptAgent(job, me, settings, store=self.store, imds=self.imds, sink=self.sink, ec2=self.ec2)
         agent.signalled = self.signalled
+        agent.lineage_ended = self.ended
         result = agent.run()
         written = agent.finish(result)
         reason = agent.stop.reason if agent.stop is not None else None
@@ -319,4 +376,22 @@ def run_lineage(
         autoscaling=client("autoscaling", job.region),
         signalled=signalled,
     )
-    return lineage.run()
+    return run_counted(lineage)
+
+
+def run_counted(lineage: Lineage) -> int:
+    """The lineage's loop, with a crash counted as a node failure (`Lineage.failed`) rather than a
+    power-off the group would replace forever. -> 0 whenever this node's part is accounted for, so
+    that the user data does not count it again (it counts an agent that exits non-zero)."""
+    try:
+        lineage.run()
+    except Exception as e:  # a bug or an AWS outage: counted, and bounded by the budget
+        lineage.sink.write(traceback.format_exc())
+        reason = f"node agent error: {short(e)}"
+        lineage.sink.agent(f"failed: {reason}")
+        try:
+            lineage.failed(reason)
+        except Exception as again:  # not even S3: the user data's fallback counts it
+            lineage.sink.agent(f"the failure was not counted ({short(again)})")
+            return 1
+    return 0
