@@ -498,7 +498,7 @@ def _clean_up(r: Rehearsal, out: Outcome, experiment: list[str], clock: Clock, s
         out.checks.append(Check("nothing of the job is left", not remaining, "; ".join(remaining) or "by tag and name"))
     except Exception as e:  # the clean-up below still runs
         out.checks.append(Check("nothing of the job is left", False, f"not checked: {e}"))
-    acts = [lambda: _delete_fis_template(job, experiment)]
+    acts: list[Callable[[], object]] = [lambda: _delete_fis_template(job, experiment)]
     if remaining:  # the job's own clean-up did not finish: the rehearsal's own, each step idempotent
         acts += [
             lambda: BACKEND.cancel_now(job),

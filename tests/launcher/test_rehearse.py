@@ -22,7 +22,6 @@ What AWS does that moto does not, played here (beside tests/awsrules.py's rules)
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import threading
 import time
@@ -110,7 +109,9 @@ class World:
 
         def run() -> None:
             try:
-                node_agent.run_node(f"s3://stack-bucket/{key}", hashlib.sha256(body).hexdigest(), settings, sink, signalled)
+                node_agent.run_node(
+                    f"s3://stack-bucket/{key}", hashlib.sha256(body).hexdigest(), settings, sink, signalled
+                )
             finally:
                 sink.close()  # its last log lines reach CloudWatch
 
@@ -161,8 +162,9 @@ def rehearsal(world: World, **options: Any) -> rehearse.Rehearsal:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("interrupt", ["fis", "terminate"])
-def test_the_rehearsal_interrupts_a_node_sees_it_recover_and_leaves_nothing(world, interrupt):
+@pytest.mark.parametrize("interrupt", ["fis"])  # "terminate" passes too (about 15 s more: left out of the suite)
+def test_the_rehearsal_interrupts_a_node_sees_it_recover_and_leaves_nothing(world, interrupt, monkeypatch):
+    monkeypatch.setattr(rehearse, "POLL_S", 30.0)  # fewer looks on the simulated clock; the same waits
     planned = rehearsal(world, interrupt=interrupt)
     said: list[str] = []
     outcome = run_rehearsal(planned, clock=world, say=said.append)
@@ -186,6 +188,7 @@ def test_the_rehearsal_interrupts_a_node_sees_it_recover_and_leaves_nothing(worl
     assert "PASS the job completes" in outcome.render() and outcome.render().endswith("rehearsal passed")
 
 
+@pytest.mark.slow
 def test_a_ctrl_c_while_waiting_cleans_up_and_fails(world):
     """No node ever boots (the clock is stopped at the first wait by Ctrl-C): the rehearsal
     cancels the lineage, `status` retires it, nothing is left, and the FAIL says why."""
@@ -202,8 +205,9 @@ def test_a_ctrl_c_while_waiting_cleans_up_and_fails(world):
     assert world.threads == {}
 
 
+@pytest.mark.slow
 def test_a_node_that_never_trains_fails_within_the_bound_and_is_cleaned_up(world, monkeypatch):
-    monkeypatch.setattr(rehearse, "WAITS_S", {**rehearse.WAITS_S, "training": 120.0})
+    monkeypatch.setattr(rehearse, "WAITS_S", {**rehearse.WAITS_S, "training": 60.0})
     world.job = None  # the group's nodes never start their agents
     planned = plan_rehearsal(Options(region=REGION, interrupt="terminate"))
     started = world.aws.now
@@ -212,10 +216,11 @@ def test_a_node_that_never_trains_fails_within_the_bound_and_is_cleaned_up(world
         ("both nodes train (attempt ?)", False),
         ("nothing of the job is left", True),
     ]
-    assert world.aws.now - started <= 120 + rehearse.WAITS_S["clean-up"] + rehearse.POLL_S
+    assert world.aws.now - started <= 60 + rehearse.WAITS_S["clean-up"] + rehearse.POLL_S
     assert outcome.instance_hours == pytest.approx(world.aws.billed_seconds(planned.plan.job_name) / 3600, abs=1e-3)
 
 
+@pytest.mark.slow  # a plan with its preflight on moto: about 3 s on a loaded machine
 def test_the_plan_shows_the_bound_and_checks_the_fis_request(world):
     planned = rehearsal(world)
     spec = planned.plan.payload["spec"]
@@ -234,6 +239,7 @@ def test_the_plan_shows_the_bound_and_checks_the_fis_request(world):
         plan_rehearsal(Options(region=REGION, interrupt="reboot"))
 
 
+@pytest.mark.slow
 def test_the_command_refuses_without_a_terminal_before_anything_is_made(world, capsys):
     import boto3
     from clirun import run_cli
