@@ -649,7 +649,7 @@ def rehearse_spot(
 
     options = Options(region, instance, interrupt, fis_role, steps, max_cost, stack)
     rehearsal = plan_rehearsal(options, dry_run=dry_run)
-    typer.echo(_human(rehearsal.render()))
+    typer.echo(_human(rehearsal.render(full=dry_run)))
     refuse_failed_checks(rehearsal.plan, exit_code=1 if dry_run else 2)
     if dry_run:
         return

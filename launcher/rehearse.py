@@ -93,7 +93,9 @@ class Rehearsal:
 
         return JobRef(self.plan.job_name, "ec2", self.plan.payload["region"])
 
-    def render(self) -> str:
+    def render(self, *, full: bool = False) -> str:
+        """The plan as `submit --dry-run` prints it (`full`), else up to its checks; then the bound."""
+        shown = self.plan.render() if full else self.plan.render().split("\nrequest:", 1)[0]
         cost = self.plan.cost or {}
         worst = cost.get("worst_case_usd")
         how = (
@@ -102,7 +104,7 @@ class Rehearsal:
             else "TerminateInstances (no spot notice)"
         )
         lines = [
-            self.plan.render(),
+            shown,
             "rehearsal:",
             f"  interrupts one node once both train, with {how}; checks recovery, completion and clean-up",
             f"  costs at most ${worst:.2f} ({cost.get('basis', '?')}): {NODES} nodes for max-run {MAX_RUN}, "
