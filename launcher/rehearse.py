@@ -282,14 +282,60 @@ def run_rehearsal(
     return outcome
 
 
+class _Ended(Exception):
+    """The job ended while the rehearsal waited for something else."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        super().__init__(f"the job ended first ({info['status']}: {info.get('detail') or 'no detail'})")
+
+
+class _Watch:
+    """The job's status as `status` gives it, each change said once (the rehearsal's progress)."""
+
+    def __init__(self, job: JobRef, say: Callable[[str], None]) -> None:
+        self.job, self.say, self.last = job, say, ""
+
+    def status(self) -> dict[str, Any]:
+        from .backends.ec2.backend import BACKEND
+
+        info = BACKEND.status(self.job)  # which also retires an ended lineage's group, template and role
+        line = f"{info['status']}, attempt {info.get('attempt')}: {info.get('detail') or ''}".rstrip(": ")
+        if line != self.last:
+            self.say(f"status: {line}")
+            self.last = line
+        return info
+
+    def training(self, after: int = 0) -> tuple[dict[int, dict[str, Any]], int] | None:
+        """(records, attempt) once every node of the live attempt (past `after`) trains; _Ended
+        when the job ended first."""
+        info = self.status()
+        if info["terminal"]:
+            raise _Ended(info)
+        attempt = int(info.get("attempt") or 0)
+        if attempt <= after:
+            return None
+        records = _attempt_records(self.job, attempt)
+        training = {r: rec for r, rec in records.items() if rec.get("phase") == "training" and rec.get("instance_id")}
+        return (training, attempt) if len(training) == NODES else None
+
+    def ended(self) -> dict[str, Any] | None:
+        info = self.status()
+        return info if info["terminal"] else None
+
+
 def _rehearse(r: Rehearsal, out: Outcome, experiment: list[str], clock: Clock, say: Callable[[str], None]) -> None:
-    job, checks = r.job, out.checks
-    records = _wait(clock, "training", lambda: _training(job), say)
+    job, checks, watch = r.job, out.checks, _Watch(r.job, say)
+    try:
+        records = _wait(clock, "training", watch.training, say)
+    except _Ended as e:
+        records, why = None, str(e)
+    else:
+        why = f"not within {WAITS_S['training']:.0f} s"
     checks.append(
         Check(
             f"both nodes train (attempt {records[1] if records else '?'})",
             records is not None,
-            _steps(records[0]) if records else f"not within {WAITS_S['training']:.0f} s",
+            _steps(records[0]) if records else why,
         )
     )
     if records is None:
@@ -303,19 +349,21 @@ def _rehearse(r: Rehearsal, out: Outcome, experiment: list[str], clock: Clock, s
     checks.append(Check(f"node {victim} interrupted", not failed, failed or "it was reclaimed"))
     if failed:
         return
-    later = _wait(clock, "new attempt", lambda: _new_attempt(job, first), say)
+    try:
+        later = _wait(clock, "new attempt", lambda: watch.training(after=first), say)
+        why = f"none within {WAITS_S['new attempt']:.0f} s"
+    except _Ended as e:  # completed before the interruption landed: more --steps
+        later, why = None, f"{e}; a job that completes before the reclaim needs more --steps"
     checks.append(
         Check(
             "a new attempt starts",
             later is not None,
-            f"attempt {later[1]} trains: {_steps(later[0])}"
-            if later
-            else f"none within {WAITS_S['new attempt']:.0f} s (a job that ended first needs more --steps)",
+            f"attempt {later[1]} trains: {_steps(later[0])}" if later else why,
         )
     )
     if later is None:
         return
-    info = _wait(clock, "completed", lambda: _terminal(job), say)
+    info = _wait(clock, "completed", watch.ended, say)
     status = info["status"] if info else "not ended"
     checks.append(Check("the job completes", status == "Completed", f"{status}: {info['detail']}" if info else status))
     restored = _restored_lines(job)
@@ -331,16 +379,13 @@ def _rehearse(r: Rehearsal, out: Outcome, experiment: list[str], clock: Clock, s
 def _wait(clock: Clock, what: str, found: Callable[[], Any], say: Callable[[str], None]) -> Any:
     """`found()` once it is something, polled every POLL_S until WAITS_S[what]; None after that."""
     until = clock.time() + WAITS_S[what]
-    said = ""
+    say(f"waiting until {what} (at most {WAITS_S[what] / 60:.0f} min)")
     while True:
         value = found()
         if value:
             return value
         if clock.time() >= until:
             return None
-        if what != said:
-            say(f"waiting until {what} (at most {WAITS_S[what] / 60:.0f} min)")
-            said = what
         clock.sleep(POLL_S)
 
 
@@ -365,21 +410,6 @@ def _attempt_records(job: JobRef, attempt: int) -> dict[int, dict[str, Any]]:
     with aws.translate_errors():
         found = status.job_files(aws.client("s3", region), bucket, prefix, f"{job.name}/{recovery.ATTEMPTS}/{attempt}")
     return dict(found["nodes"])
-
-
-def _training(job: JobRef, after: int = 0) -> tuple[dict[int, dict[str, Any]], int] | None:
-    """(records, attempt) when every node of the live attempt (past `after`) trains, else None."""
-    info = _status(job)
-    attempt = int(info.get("attempt") or 0)
-    if info["terminal"] or attempt <= after:
-        return None
-    records = _attempt_records(job, attempt)
-    training = {r: rec for r, rec in records.items() if rec.get("phase") == "training" and rec.get("instance_id")}
-    return (training, attempt) if len(training) == NODES else None
-
-
-def _new_attempt(job: JobRef, first: int) -> tuple[dict[int, dict[str, Any]], int] | None:
-    return _training(job, after=first)
 
 
 def _terminal(job: JobRef) -> dict[str, Any] | None:

@@ -22,6 +22,7 @@ What AWS does that moto does not, played here (beside tests/awsrules.py's rules)
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import threading
 import time
@@ -59,6 +60,7 @@ class World:
         self.signals: dict[str, threading.Event] = {}
         self.job: str | None = None
         self.interrupt_on_sleep: int | None = None  # raise KeyboardInterrupt at this sleep
+        self.on_sleep: list[Any] = []  # called at each sleep, before the clock moves
         self.sleeps = 0
 
     # -- the rehearsal's clock
@@ -70,6 +72,8 @@ class World:
         self.sleeps += 1
         if self.sleeps == self.interrupt_on_sleep:
             raise KeyboardInterrupt
+        for act in self.on_sleep:
+            act()
         time.sleep(REAL_POLL_S)
         self.aws.advance(seconds)
         self.nodes()
@@ -220,6 +224,41 @@ def test_a_node_that_never_trains_fails_within_the_bound_and_is_cleaned_up(world
     assert outcome.instance_hours == pytest.approx(world.aws.billed_seconds(planned.plan.job_name) / 3600, abs=1e-3)
 
 
+@pytest.mark.slow
+def test_a_lineage_that_ends_before_its_nodes_train_fails_at_once(world):
+    """A boot that fails on every node ends the lineage Failed (its failure budget): the rehearsal
+    says so at its next look, not after its 25-minute bound, and cleans up."""
+    import boto3
+
+    planned = rehearsal(world, interrupt="terminate")
+    world.job = None  # no agent starts: the budget's last node writes the end, and every node leaves
+    job = planned.plan.job_name
+    end = {"status": "Failed", "reason": "3 node failures, the last: pip install failed", "time": time.time()}
+
+    def boot_failed_everywhere() -> None:
+        if world.sleeps > 1:
+            return
+        boto3.client("s3", region_name=REGION).put_object(
+            Bucket="stack-bucket", Key=f"distrain-cloud/jobs/{job}/lineage.json", Body=json.dumps(end).encode()
+        )
+        asg = boto3.client("autoscaling", region_name=REGION)
+        asg.suspend_processes(AutoScalingGroupName=job, ScalingProcesses=["Launch"])  # as Lineage.leave
+        for instance_id in world.aws.group_instances(job):
+            asg.terminate_instance_in_auto_scaling_group(InstanceId=instance_id, ShouldDecrementDesiredCapacity=True)
+
+    world.on_sleep.append(boot_failed_everywhere)
+    started = world.aws.now
+    said: list[str] = []
+    outcome = run_rehearsal(planned, clock=world, say=said.append)
+    assert [(c.name, c.ok) for c in outcome.checks] == [
+        ("both nodes train (attempt ?)", False),
+        ("nothing of the job is left", True),
+    ]
+    assert outcome.checks[0].detail == "the job ended first (Failed: 3 node failures, the last: pip install failed)"
+    assert world.aws.now - started <= 3 * rehearse.POLL_S + rehearse.WAITS_S["clean-up"]
+    assert any(line.startswith("status: Failed") for line in said), said
+
+
 @pytest.mark.slow  # a plan with its preflight on moto: about 3 s on a loaded machine
 def test_the_plan_shows_the_bound_and_checks_the_fis_request(world):
     planned = rehearsal(world)
@@ -247,4 +286,6 @@ def test_the_command_refuses_without_a_terminal_before_anything_is_made(world, c
     code, out, err = run_cli(capsys, "rehearse", "spot", "--region", REGION, "--interrupt", "terminate")
     assert code == 2 and "add --yes" in err, err
     assert "rehearsal:\n  interrupts one node once both train" in out
+    code, out, err = run_cli(capsys, "rehearse", "spot", "--region", REGION, "--fis-role", "fis", "--dry-run")
+    assert code == 0 and "request:" in out and "costs at most $" in out, err  # the whole plan, then the bound
     assert boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups()["AutoScalingGroups"] == []
