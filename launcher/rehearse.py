@@ -120,6 +120,7 @@ class Outcome:
     job_name: str
     checks: list[Check] = field(default_factory=list)
     instance_hours: float = 0.0
+    instances: dict[str, dict[str, Any]] = field(default_factory=dict)  # every instance of the job seen
     price_per_hour: float | None = None  # per node, as the plan used it
     left: list[str] = field(default_factory=list)  # what the rehearsal's own clean-up could not remove
 
@@ -277,7 +278,7 @@ def run_rehearsal(
         outcome.checks.append(Check("the rehearsal ran to its end", False, f"stopped by {why}"))
     finally:
         _clean_up(rehearsal, outcome, experiment, clock, say)
-        outcome.instance_hours = billed_seconds(job, clock.time()) / 3600
+        outcome.instance_hours = billed_seconds(job, clock.time(), outcome.instances) / 3600
         say(f"rehearsal took {(clock.time() - started) / 60:.1f} min")
     return outcome
 
@@ -292,13 +293,14 @@ class _Ended(Exception):
 class _Watch:
     """The job's status as `status` gives it, each change said once (the rehearsal's progress)."""
 
-    def __init__(self, job: JobRef, say: Callable[[str], None]) -> None:
-        self.job, self.say, self.last = job, say, ""
+    def __init__(self, job: JobRef, say: Callable[[str], None], seen: dict[str, dict[str, Any]]) -> None:
+        self.job, self.say, self.last, self.seen = job, say, "", seen
 
     def status(self) -> dict[str, Any]:
         from .backends.ec2.backend import BACKEND
 
         info = BACKEND.status(self.job)  # which also retires an ended lineage's group, template and role
+        billed_seconds(self.job, 0.0, self.seen)  # every instance, while EC2 still lists it
         line = f"{info['status']}, attempt {info.get('attempt')}: {info.get('detail') or ''}".rstrip(": ")
         if line != self.last:
             self.say(f"status: {line}")
@@ -324,7 +326,7 @@ class _Watch:
 
 
 def _rehearse(r: Rehearsal, out: Outcome, experiment: list[str], clock: Clock, say: Callable[[str], None]) -> None:
-    job, checks, watch = r.job, out.checks, _Watch(r.job, say)
+    job, checks, watch = r.job, out.checks, _Watch(r.job, say, out.instances)
     try:
         records = _wait(clock, "training", watch.training, say)
     except _Ended as e:
@@ -563,13 +565,18 @@ def _delete_fis_template(job: JobRef, experiment: list[str]) -> None:
         aws.client("fis", job.region).delete_experiment_template(id=experiment[0])
 
 
-def billed_seconds(job: JobRef, now: float) -> float:
+def billed_seconds(job: JobRef, now: float, seen: dict[str, dict[str, Any]] | None = None) -> float:
     """Instance-seconds of every instance with the job's tag, from its launch to its termination
-    (to `now` while it runs): what EC2 bills per second for, terminated instances included."""
+    (to `now` while it runs): what EC2 bills per second for, terminated instances included. `seen`
+    (instance id -> what DescribeInstances said) keeps the instances looked at before: EC2 lists a
+    terminated instance for about an hour only, and a rehearsal may last longer."""
     from .backends.ec2.status import tagged_instances
 
+    found = {**(seen or {}), **{i["id"]: i for i in tagged_instances(str(job.region), job.name).get(job.name, [])}}
+    if seen is not None:
+        seen.update(found)
     total = 0.0
-    for i in tagged_instances(str(job.region), job.name).get(job.name, []):
+    for i in found.values():
         start = i.get("launched") or now
         end = now if i["state"] in ALIVE or not i.get("ended") else i["ended"]
         total += max(0.0, end - start)

@@ -289,3 +289,20 @@ def test_the_command_refuses_without_a_terminal_before_anything_is_made(world, c
     code, out, err = run_cli(capsys, "rehearse", "spot", "--region", REGION, "--fis-role", "fis", "--dry-run")
     assert code == 0 and "request:" in out and "costs at most $" in out, err  # the whole plan, then the bound
     assert boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups()["AutoScalingGroups"] == []
+
+
+def test_the_bill_counts_each_instance_from_launch_to_termination_even_once_ec2_forgets_it(monkeypatch):
+    from distrain_cloud.launcher.backends.ec2 import status
+    from distrain_cloud.launcher.jobs import JobRef
+
+    listed = [
+        {"id": "i-1", "state": "terminated", "launched": 1000.0, "ended": 1600.0},
+        {"id": "i-2", "state": "running", "launched": 1500.0, "ended": None},
+        {"id": "i-3", "state": "shutting-down", "launched": 1500.0, "ended": None},  # no end said yet: until now
+    ]
+    monkeypatch.setattr(status, "tagged_instances", lambda region, name: {name: list(listed)})
+    job, seen = JobRef("job", "ec2", REGION), {}
+    assert rehearse.billed_seconds(job, 2000.0, seen) == 600 + 500 + 500
+    del listed[0]  # an hour after its termination EC2 lists it no more; the rehearsal still bills it
+    assert rehearse.billed_seconds(job, 2000.0, seen) == 600 + 500 + 500
+    assert rehearse.billed_seconds(job, 2000.0) == 500 + 500
