@@ -636,7 +636,7 @@ def rehearse_spot(
     instance: Annotated[str | None, typer.Option("--instance", "-i", help="default: the cheapest GPU type")] = None,
     interrupt: Annotated[str, typer.Option("--interrupt", help="fis (a spot notice) or terminate")] = "fis",
     fis_role: Annotated[str | None, typer.Option("--fis-role", help="the role AWS FIS assumes (name or ARN)")] = None,
-    steps: Annotated[int, typer.Option("--steps", help="training steps of the tiny model")] = 3000,
+    steps: Annotated[int, typer.Option("--steps", help="training steps of the tiny model")] = 10000,
     max_cost: Annotated[float, typer.Option("--max-cost", help="refuse if the worst case exceeds this USD")] = 3.0,
     stack: Annotated[str | None, typer.Option("--stack", help="the `infra up` stack (default distrain-cloud)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan; send nothing")] = False,

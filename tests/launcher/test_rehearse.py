@@ -264,7 +264,7 @@ def test_the_plan_shows_the_bound_and_checks_the_fis_request(world):
     planned = rehearsal(world)
     spec = planned.plan.payload["spec"]
     assert (spec.instance, spec.nodes, spec.spot, spec.ec2.max_restarts) == ("g4dn.xlarge", 2, True, 1)
-    assert spec.max_cost == rehearse.MAX_COST_USD and spec.max_run == 40 * 60
+    assert spec.max_cost == rehearse.MAX_COST_USD and spec.max_run == 45 * 60
     request = planned.fis_request or {}
     assert request["roleArn"] == "arn:aws:iam::123456789012:role/fis-rehearse"
     assert request["actions"]["Interrupt"]["actionId"] == "aws:ec2:send-spot-instance-interruptions"
