@@ -225,36 +225,42 @@ def test_a_node_that_never_trains_fails_within_the_bound_and_is_cleaned_up(world
 
 
 @pytest.mark.slow
-def test_a_lineage_that_ends_before_its_nodes_train_fails_at_once(world):
-    """A boot that fails on every node ends the lineage Failed (its failure budget): the rehearsal
-    says so at its next look, not after its 25-minute bound, and cleans up."""
-    import boto3
+def test_a_lineage_that_ends_before_its_nodes_train_fails_at_once(world, capsys, monkeypatch):
+    """A boot that fails on every node ends the lineage Failed (its failure budget): the command
+    says so at its next look, not after its 25-minute bound, cleans up, prints the bill and exits 1."""
+    import functools
 
-    planned = rehearsal(world, interrupt="terminate")
-    world.job = None  # no agent starts: the budget's last node writes the end, and every node leaves
-    job = planned.plan.job_name
+    import boto3
+    from clirun import run_cli
+
     end = {"status": "Failed", "reason": "3 node failures, the last: pip install failed", "time": time.time()}
 
     def boot_failed_everywhere() -> None:
+        """The budget's last node writes the lineage's end, and every node leaves (Lineage.leave)."""
+        asg = boto3.client("autoscaling", region_name=REGION)
         if world.sleeps > 1:
             return
+        (group,) = asg.describe_auto_scaling_groups()["AutoScalingGroups"]
+        job = group["AutoScalingGroupName"]
         boto3.client("s3", region_name=REGION).put_object(
             Bucket="stack-bucket", Key=f"distrain-cloud/jobs/{job}/lineage.json", Body=json.dumps(end).encode()
         )
-        asg = boto3.client("autoscaling", region_name=REGION)
-        asg.suspend_processes(AutoScalingGroupName=job, ScalingProcesses=["Launch"])  # as Lineage.leave
+        asg.suspend_processes(AutoScalingGroupName=job, ScalingProcesses=["Launch"])
         for instance_id in world.aws.group_instances(job):
             asg.terminate_instance_in_auto_scaling_group(InstanceId=instance_id, ShouldDecrementDesiredCapacity=True)
 
-    world.on_sleep.append(boot_failed_everywhere)
-    started = world.aws.now
+    world.on_sleep.append(boot_failed_everywhere)  # and no agent starts (world.job is None)
     said: list[str] = []
-    outcome = run_rehearsal(planned, clock=world, say=said.append)
-    assert [(c.name, c.ok) for c in outcome.checks] == [
-        ("both nodes train (attempt ?)", False),
-        ("nothing of the job is left", True),
-    ]
-    assert outcome.checks[0].detail == "the job ended first (Failed: 3 node failures, the last: pip install failed)"
+    monkeypatch.setattr(rehearse, "run_rehearsal", functools.partial(run_rehearsal, clock=world, say=said.append))
+    started = world.aws.now
+    code, out, err = run_cli(capsys, "rehearse", "spot", "--region", REGION, "--interrupt", "terminate", "--yes")
+    assert code == 1, err
+    results = out.split("\nrehearsal:\n", 1)[1].splitlines()[2:]  # after the plan and the bound
+    assert results[:2] == [
+        f"FAIL both nodes train (attempt ?): the job ended first (Failed: {end['reason']})",
+        "PASS nothing of the job is left: by tag and name",
+    ], out
+    assert results[2].startswith("billed: ") and results[3:] == ["rehearsal FAILED"], out
     assert world.aws.now - started <= 3 * rehearse.POLL_S + rehearse.WAITS_S["clean-up"]
     assert any(line.startswith("status: Failed") for line in said), said
 
