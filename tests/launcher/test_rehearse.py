@@ -265,36 +265,31 @@ def test_a_lineage_that_ends_before_its_nodes_train_fails_at_once(world, capsys,
     assert any(line.startswith("status: Failed") for line in said), said
 
 
-@pytest.mark.slow  # a plan with its preflight on moto: about 3 s on a loaded machine
-def test_the_plan_shows_the_bound_and_checks_the_fis_request(world):
-    planned = rehearsal(world)
+@pytest.mark.slow  # two plans, one with its preflight on moto: 3-6 s on a loaded machine
+def test_the_command_shows_the_bound_and_asks_before_anything_is_made(world, capsys, monkeypatch):
+    import boto3
+    from clirun import run_cli
+
+    made: list[rehearse.Rehearsal] = []
+    monkeypatch.setattr(rehearse, "plan_rehearsal", lambda *a, **k: made.append(plan_rehearsal(*a, **k)) or made[-1])
+    code, out, err = run_cli(capsys, "rehearse", "spot", "--region", REGION, "--fis-role", "fis-rehearse")
+    assert code == 2 and "add --yes" in err, err  # no terminal to ask: nothing is made
+    assert boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups()["AutoScalingGroups"] == []
+    (planned,) = made
     spec = planned.plan.payload["spec"]
     assert (spec.instance, spec.nodes, spec.spot, spec.ec2.max_restarts) == ("g4dn.xlarge", 2, True, 1)
     assert spec.max_cost == rehearse.MAX_COST_USD and spec.max_run == 45 * 60
     request = planned.fis_request or {}
     assert request["roleArn"] == "arn:aws:iam::123456789012:role/fis-rehearse"
     assert request["actions"]["Interrupt"]["actionId"] == "aws:ec2:send-spot-instance-interruptions"
-    text = planned.render()
-    assert f"costs at most ${planned.plan.cost['worst_case_usd']:.2f}" in text
+    assert f"rehearsal:\n  interrupts one node once both train, with AWS FIS ({rehearse.FIS_ACTION}" in out
+    assert f"costs at most ${planned.plan.cost['worst_case_usd']:.2f}" in out and "\nrequest:" not in out
     with pytest.raises(UserError, match="--interrupt fis needs --fis-role ROLE"):
         plan_rehearsal(Options(region=REGION))
-    with pytest.raises(UserError, match="AWS FIS would refuse .*--fis-role: roleArn"):
-        plan_rehearsal(Options(region=REGION, fis_role="arn:aws:iam::" + "x" * 2100), dry_run=True)
     with pytest.raises(UserError, match="--interrupt reboot: expected one of fis, terminate"):
         plan_rehearsal(Options(region=REGION, interrupt="reboot"))
-
-
-@pytest.mark.slow
-def test_the_command_refuses_without_a_terminal_before_anything_is_made(world, capsys):
-    import boto3
-    from clirun import run_cli
-
-    code, out, err = run_cli(capsys, "rehearse", "spot", "--region", REGION, "--interrupt", "terminate")
-    assert code == 2 and "add --yes" in err, err
-    assert "rehearsal:\n  interrupts one node once both train" in out
-    code, out, err = run_cli(capsys, "rehearse", "spot", "--region", REGION, "--fis-role", "fis", "--dry-run")
-    assert code == 0 and "request:" in out and "costs at most $" in out, err  # the whole plan, then the bound
-    assert boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups()["AutoScalingGroups"] == []
+    with pytest.raises(UserError, match="AWS FIS would refuse .*--fis-role: roleArn"):
+        plan_rehearsal(Options(region=REGION, fis_role="arn:aws:iam::" + "x" * 2100), dry_run=True)
 
 
 def test_the_bill_counts_each_instance_from_launch_to_termination_even_once_ec2_forgets_it(monkeypatch):
