@@ -525,7 +525,11 @@ def _clean_up(r: Rehearsal, out: Outcome, experiment: list[str], clock: Clock, s
 
     job, remaining = r.job, ["(not looked at)"]
     try:
-        if not _terminal(job):
+        try:
+            running = not _terminal(job)
+        except UserError:  # no job description: the submit stopped before it launched anything
+            running = False
+        if running:
             say(f"ending {job.name}: cancel --now")
             BACKEND.cancel_now(job)
         # `status` retires an ended lineage's group, template and role once its instances are gone.
@@ -550,7 +554,8 @@ def _clean_up(r: Rehearsal, out: Outcome, experiment: list[str], clock: Clock, s
 
 
 def _cleared(job: JobRef) -> bool:
-    _status(job)  # as a user's `status` does: it retires what the ended lineage no longer needs
+    with contextlib.suppress(UserError):  # no job description: only the tags can tell
+        _status(job)  # as a user's `status` does: it retires what the ended lineage no longer needs
     return not leftovers(job)
 
 

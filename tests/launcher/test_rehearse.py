@@ -307,3 +307,23 @@ def test_the_bill_counts_each_instance_from_launch_to_termination_even_once_ec2_
     del listed[0]  # an hour after its termination EC2 lists it no more; the rehearsal still bills it
     assert rehearse.billed_seconds(job, 2000.0, seen) == 600 + 500 + 500
     assert rehearse.billed_seconds(job, 2000.0) == 500 + 500
+
+
+@pytest.mark.slow
+def test_a_submit_that_fails_is_a_fail_line_and_the_clean_up_still_looks(world, monkeypatch):
+    """AWS refuses the job's role (IAM says no): nothing was launched, so the clean-up finds
+    nothing by tag, and the one FAIL names the refusal."""
+    from distrain_cloud.infra import job_role
+
+    planned = rehearsal(world, interrupt="terminate")
+
+    def refused(role: Any) -> None:
+        raise UserError("IAM refused CreateRole: AccessDenied")
+
+    monkeypatch.setattr(job_role, "create", refused)
+    outcome = run_rehearsal(planned, clock=world, say=lambda line: None)
+    assert [(c.name, c.ok, c.detail) for c in outcome.checks] == [
+        ("the rehearsal ran to its end", False, "stopped by IAM refused CreateRole: AccessDenied"),
+        ("nothing of the job is left", True, "by tag and name"),
+    ]
+    assert outcome.instance_hours == 0 and world.aws.tagged(planned.plan.job_name) == []
