@@ -654,6 +654,40 @@ def _refuse_completed(ref: Any) -> None:
         )
 
 
+rehearse_app = typer.Typer(help="Rehearse a fault on your own account, with real (small) costs.", no_args_is_help=True)
+app.add_typer(rehearse_app, name="rehearse")
+
+
+@rehearse_app.command("spot")
+def rehearse_spot(
+    region: Region = None,
+    instance: Annotated[str | None, typer.Option("--instance", "-i", help="default: the cheapest GPU type")] = None,
+    interrupt: Annotated[str, typer.Option("--interrupt", help="fis (a spot notice) or terminate")] = "fis",
+    fis_role: Annotated[str | None, typer.Option("--fis-role", help="the role AWS FIS assumes (name or ARN)")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="training steps of the tiny model")] = 10000,
+    max_cost: Annotated[float, typer.Option("--max-cost", help="refuse if the worst case exceeds this USD")] = 3.0,
+    stack: Annotated[str | None, typer.Option("--stack", help="the `infra up` stack (default distrain-cloud)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan; send nothing")] = False,
+    yes: Yes = False,
+) -> None:
+    """Run the smallest spot lineage (2 nodes), interrupt one node, check that it recovers, completes
+    and leaves nothing, and print what it cost; exit 1 on any failed check (docs/ec2.md)."""
+    from .plan import refuse_failed_checks
+    from .rehearse import Options, plan_rehearsal, run_rehearsal
+
+    options = Options(region, instance, interrupt, fis_role, steps, max_cost, stack)
+    rehearsal = plan_rehearsal(options, dry_run=dry_run)
+    typer.echo(_human(rehearsal.render(full=dry_run)))
+    refuse_failed_checks(rehearsal.plan, exit_code=1 if dry_run else 2)
+    if dry_run:
+        return
+    if not yes:
+        _confirm(rehearsal.plan)
+    outcome = run_rehearsal(rehearsal)
+    typer.echo(_human(outcome.render()))
+    raise typer.Exit(0 if outcome.ok else 1)
+
+
 @app.command()
 def instances(
     fit: Annotated[
