@@ -211,7 +211,8 @@ def summary(spec: JobSpec) -> str:
     fallback = f", on-demand after {after} interruption(s)" if after else ""
     return (
         f"on AWS's side: an Auto Scaling group keeps {spec.nodes} node(s), up to {spec.ec2.max_restarts} "
-        f"restart(s){fallback}; nothing on this machine needs to run"
+        f"restart(s){fallback}; {FAILURE_BUDGET} node failures (a boot, a crash, a reboot) end it Failed; "
+        "nothing on this machine needs to run"
     )
 
 
