@@ -330,3 +330,18 @@ def test_a_node_waiting_in_the_rendezvous_stops_when_the_lineage_ends(group, tmp
     record = lineage_record(f"distrain/jobs/{GROUP}/attempts/1/nodes/0.json")
     assert record["status"] == "Stopped" and "the lineage ended (Failed): 3 node failures" in record["reason"]
     assert instances(group) == [second]
+
+
+def test_a_nodes_marker_in_the_lineages_stop_ends_it_failed_not_cancelled(group, tmp_path):
+    """A node whose job.json did not verify writes its failure where the job's stop is (it cannot
+    tell a lineage from a plain job then): the lineage ends Failed with its words, not "cancelled"."""
+    import boto3
+
+    marker = {"reason": "peer-failed", "detail": "node 0 failed: job.json hash mismatch: ..."}
+    boto3.client("s3", region_name=REGION).put_object(
+        Bucket=BUCKET, Key=f"distrain/jobs/{GROUP}/stop", Body=json.dumps(marker).encode()
+    )
+    first, _ = instances(group)
+    node = Node(tmp_path, make_job(), first)
+    assert node.run() == 0 and node.attempts == []
+    assert (lineage_record()["status"], lineage_record()["reason"]) == ("Failed", marker["detail"])

@@ -266,6 +266,16 @@ class Lineage:
         except Exception as e:
             self.sink.agent(f"could not switch the group to on-demand ({short(e)}); it stays on spot")
 
+    @staticmethod
+    def _stopped_by(marker: Any) -> tuple[str, str]:
+        """The lineage's end for its stop marker: the launcher's cancel (or a marker no node wrote,
+        as the node agent reads one), else a node's failure there (a job.json that did not verify
+        writes one), which is never reported as the user's cancel."""
+        reason = marker.get("reason") if isinstance(marker, dict) else None
+        if reason in (None, "cancel"):
+            return "Stopped", "cancelled (distrain-cloud cancel)"
+        return "Failed", one_line(marker.get("detail") or reason)
+
     def _noticed(self) -> bool:
         try:
             return self.signalled.is_set() or self.imds.spot_notice() is not None
@@ -283,8 +293,9 @@ class Lineage:
                 self.sink.agent(f"the lineage has ended ({one_line(end.get('status', '?'))}): leaving")
                 self.leave()
                 return 0
-            if self._get(self.key("stop")) is not None:
-                self.end("Stopped", "cancelled (distrain-cloud cancel)", k)
+            marker = self._get(self.key("stop"))
+            if marker is not None:
+                self.end(*self._stopped_by(marker), k)
                 return 0
             if time.time() >= self.job.deadline:
                 self.end("Stopped", "max-run reached: the lineage ran until its deadline", k)
