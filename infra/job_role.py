@@ -263,16 +263,11 @@ def ec2_policy(place: Place, *, log_group: str, secret_prefix: str) -> dict[str,
         # Describe calls have no resource-level scoping in EC2.
         {"Sid": "DescribeInstances", "Effect": "Allow", "Action": "ec2:DescribeInstances", "Resource": "*"},
         # A spot lineage's nodes (launcher/backends/ec2/agent/elastic.py) leave their job's Auto Scaling group at the
-        # lineage's end and may switch its purchase option to on-demand: that group only. At the end they
-        # suspend its launches too (SuspendProcesses can only stop what the group does: never a cost).
+        # lineage's end and may switch its purchase option to on-demand: that group only.
         {
             "Sid": "OwnAutoScalingGroup",
             "Effect": "Allow",
-            "Action": [
-                "autoscaling:TerminateInstanceInAutoScalingGroup",
-                "autoscaling:UpdateAutoScalingGroup",
-                "autoscaling:SuspendProcesses",
-            ],
+            "Action": ["autoscaling:TerminateInstanceInAutoScalingGroup", "autoscaling:UpdateAutoScalingGroup"],
             "Resource": place.arn("autoscaling", f"autoScalingGroup:*:autoScalingGroupName/{place.job}"),
             "Condition": {"StringEquals": own_instances_condition(place)},
         },
