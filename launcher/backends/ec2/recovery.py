@@ -339,10 +339,10 @@ def lineage_status(
         end = ec2_status.read_json(s3, bucket, f"{root}/{LINEAGE_RECORD}")
         stop = ec2_status.read_json(s3, bucket, f"{root}/stop")
         failures = _failures(s3, bucket, root)
-    # Only the launcher's cancel writes the lineage's stop; a node's marker there (a bundle older
-    # than the failure budget) is that node's failure, never the user's cancel.
-    cancelled = stop if isinstance(stop, dict) and stop.get("reason") == "cancel" else None
-    node_stop = stop if isinstance(stop, dict) and not cancelled else None
+    # A node's failure in the lineage's stop (`peer-failed`: a bundle older than the failure budget,
+    # a job.json that did not verify) is that node's failure, never the user's cancel.
+    node_stop = stop if isinstance(stop, dict) and stop.get("reason") == "peer-failed" else None
+    cancelled = stop if stop is not None and node_stop is None else None
     instances = ec2_status.tagged_instances(region, name).get(name, [])
     by_id = {i["id"]: i for i in instances}
     rows: list[dict[str, Any]] = []

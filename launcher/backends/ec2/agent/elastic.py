@@ -268,13 +268,12 @@ class Lineage:
 
     @staticmethod
     def _stopped_by(marker: Any) -> tuple[str, str]:
-        """The lineage's end for its stop marker: the launcher's cancel (or a marker no node wrote,
-        as the node agent reads one), else a node's failure there (a job.json that did not verify
-        writes one), which is never reported as the user's cancel."""
-        reason = marker.get("reason") if isinstance(marker, dict) else None
-        if reason in (None, "cancel"):
-            return "Stopped", "cancelled (distrain-cloud cancel)"
-        return "Failed", one_line(marker.get("detail") or reason)
+        """The lineage's end for its stop marker: a node's failure there (`peer-failed`: a node
+        whose job.json did not verify writes one) is Failed with its words, never the user's
+        cancel; any other marker (the launcher's cancel, one no node wrote) stops the lineage."""
+        if isinstance(marker, dict) and marker.get("reason") == "peer-failed":
+            return "Failed", one_line(marker.get("detail") or "a node failed")
+        return "Stopped", "cancelled (distrain-cloud cancel)"
 
     def _noticed(self) -> bool:
         try:
