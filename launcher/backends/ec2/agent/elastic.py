@@ -355,8 +355,23 @@ class Lineage:
             return None
         if result.status == "Completed" and rank == 0:
             self._publish_output(agent, base_output)
-        self.end(result.status, result.reason, k)
+        reason = result.reason
+        if result.status == "Failed" and not agent.met:  # a peer never came: perhaps it failed its boot
+            last = self.last_failure()
+            reason += f"; the last node failure: {last}" if last else ""
+        self.end(result.status, reason, k)
         return 0 if written else 1
+
+    def last_failure(self) -> str | None:
+        """The reason of the lineage's newest node failure, if any (a failed look is none)."""
+        try:
+            for n in range(self.bounds.failure_budget, 0, -1):
+                found = self._get(self.key(FAILURES, f"{n}.json"))
+                if isinstance(found, dict) and found.get("reason"):
+                    return one_line(found["reason"])
+        except Exception as e:  # the end is recorded without it
+            self.sink.agent(f"the node failures not readable ({short(e)})")
+        return None
 
     def _publish_output(self, agent: Agent, uri: str) -> None:
         """The completing attempt's output also where a plain job's is (`report`, `fetch`)."""
