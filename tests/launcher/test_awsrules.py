@@ -149,3 +149,22 @@ def test_az_rebalance_moves_an_instance_without_a_notice_unless_suspended(aws):
     assert aws.imds(old).identity.spot_action is None  # no notice: the node just ends
     asg().suspend_processes(AutoScalingGroupName="job-g", ScalingProcesses=["AZRebalance"])
     assert aws.rebalance("job-g") == []
+
+
+def test_moto_alone_plays_none_of_it(mocked_aws):
+    """Why the simulator exists: moto replaces a terminated instance at once even with Launch
+    suspended, and never runs a scheduled action whose time has passed."""
+    import boto3
+
+    make_group("job-g", nodes=1)
+    asg().suspend_processes(AutoScalingGroupName="job-g", ScalingProcesses=["Launch"])
+    asg().put_scheduled_update_group_action(
+        AutoScalingGroupName="job-g",
+        ScheduledActionName="lineage-hard-stop",
+        StartTime="2020-01-01T00:00:00Z",
+        DesiredCapacity=0,
+    )
+    (first,) = [i["InstanceId"] for i in group("job-g")["Instances"]]
+    boto3.client("ec2", region_name=REGION).terminate_instances(InstanceIds=[first])
+    (replacement,) = [i["InstanceId"] for i in group("job-g")["Instances"]]
+    assert replacement != first and group("job-g")["DesiredCapacity"] == 1

@@ -330,3 +330,51 @@ def test_a_node_waiting_in_the_rendezvous_stops_when_the_lineage_ends(group, tmp
     record = lineage_record(f"distrain/jobs/{GROUP}/attempts/1/nodes/0.json")
     assert record["status"] == "Stopped" and "the lineage ended (Failed): 3 node failures" in record["reason"]
     assert instances(group) == [second]
+
+
+def test_a_nodes_marker_in_the_lineages_stop_ends_it_failed_not_cancelled(group, tmp_path):
+    """A node whose job.json did not verify writes its failure where the job's stop is (it cannot
+    tell a lineage from a plain job then): the lineage ends Failed with its words, not "cancelled"."""
+    import boto3
+
+    marker = {"reason": "peer-failed", "detail": "node 0 failed: job.json hash mismatch: ..."}
+    boto3.client("s3", region_name=REGION).put_object(
+        Bucket=BUCKET, Key=f"distrain/jobs/{GROUP}/stop", Body=json.dumps(marker).encode()
+    )
+    first, _ = instances(group)
+    node = Node(tmp_path, make_job(), first)
+    assert node.run() == 0 and node.attempts == []
+    assert (lineage_record()["status"], lineage_record()["reason"]) == ("Failed", marker["detail"])
+
+
+def test_a_rendezvous_that_times_out_names_the_last_node_failure(group, tmp_path):
+    """The peer failed its boot once and its replacement was still booting when the rendezvous
+    gave up: the lineage's end names that failure, not only "never joined"."""
+    import boto3
+
+    job = dataclasses.replace(make_job(), rendezvous_timeout_s=1)
+    failure = {"instance_id": "i-gone", "reason": "node bootstrap failed at line 9 (pip)", "by": "boot"}
+    boto3.client("s3", region_name=REGION).put_object(
+        Bucket=BUCKET, Key=f"distrain/jobs/{GROUP}/failures/1.json", Body=json.dumps(failure).encode()
+    )
+    first, _ = instances(group)
+    fake = FakeImds(instance_id=first, region=REGION).start()
+    settings = Settings(work=tmp_path / first, poll_s=0.05)
+    sink = LogSink(settings.work / "node-agent.log")
+    lineage = Lineage(
+        job,
+        NodeIdentity(first, 0, "r-1", "127.0.0.1", REGION),
+        settings,
+        store=Store(BUCKET, REGION, boto3.client("s3", region_name=REGION)),
+        imds=Imds(fake.endpoint),
+        sink=sink,
+        autoscaling=AwsLikeGroups(boto3.client("autoscaling", region_name=REGION)),
+    )
+    try:
+        assert lineage.run() == 0
+    finally:
+        sink.close()
+        fake.stop()
+    end = lineage_record()
+    assert end["status"] == "Failed" and "never joined the rendezvous" in end["reason"]
+    assert end["reason"].endswith("; the last node failure: node bootstrap failed at line 9 (pip)")

@@ -30,7 +30,7 @@ BUCKET, CODE_KEY, CODE_SHA256, JOB_PREFIX, FAILED_EXIT, GROUP, BUDGET = "", "", 
 # A new job role's rights reach every AWS endpoint within seconds to a minute or two (IAM is
 # eventually consistent): a refusal in that window is worth waiting for, not a failed node.
 IAM_PATIENCE_S = 150
-NOT_YET = ("AccessDenied", "InvalidAccessKeyId", "InvalidClientTokenId", "ExpiredToken", "UnauthorizedOperation")
+NOT_YET = ("AccessDenied", "InvalidAccessKeyId", "InvalidClientTokenId", "ExpiredToken")
 
 
 def imds(path: str) -> str:
@@ -53,7 +53,7 @@ def patiently(call: Any, *args: Any) -> Any:
             code = e.response.get("Error", {}).get("Code") if isinstance(e, ClientError) else "NoCredentials"
             if code not in (*NOT_YET, "NoCredentials") or time.monotonic() > until:
                 raise
-            print(f"AWS refused ({code}): the job role may not have reached every endpoint yet", file=sys.stderr)
+            print(f"{code}: the role may not be usable yet", file=sys.stderr)
             time.sleep(10)
 
 

@@ -225,7 +225,8 @@ def summary(spec: JobSpec) -> str:
     fallback = f", on-demand after {after} interruption(s)" if after else ""
     return (
         f"on AWS's side: an Auto Scaling group keeps {spec.nodes} node(s), up to {spec.ec2.max_restarts} "
-        f"restart(s){fallback}; nothing on this machine needs to run"
+        f"restart(s){fallback}; {FAILURE_BUDGET} node failures (a boot, a crash, a reboot) end it Failed; "
+        "nothing on this machine needs to run"
     )
 
 
@@ -353,12 +354,13 @@ def lineage_status(
         end = ec2_status.read_json(s3, bucket, f"{root}/{LINEAGE_RECORD}")
         stop = ec2_status.read_json(s3, bucket, f"{root}/stop")
         failures = _failures(s3, bucket, root)
-    # Only the launcher's cancel writes the lineage's stop; a node's marker there (a bundle older
-    # than the failure budget) is that node's failure, never the user's cancel.
-    cancelled = stop if isinstance(stop, dict) and stop.get("reason") == "cancel" else None
-    # The nodes' cost clock stops the lineage at --max-cost (agent/costclock.py): a stop, not a failure.
+    # Only the launcher's cancel writes the lineage's stop as a cancel. A node's failure there
+    # (`peer-failed`: a bundle older than the failure budget, a job.json that did not verify) is
+    # that node's failure, never the user's cancel; the nodes' cost clock stops the lineage at
+    # --max-cost (agent/costclock.py): a stop, not a failure.
     capped = stop if isinstance(stop, dict) and stop.get("reason") == "max-cost" else None
-    node_stop = stop if isinstance(stop, dict) and not cancelled and not capped else None
+    node_stop = stop if isinstance(stop, dict) and stop.get("reason") == "peer-failed" else None
+    cancelled = stop if stop is not None and node_stop is None and capped is None else None
     instances = ec2_status.tagged_instances(region, name).get(name, [])
     by_id = {i["id"]: i for i in instances}
     rows: list[dict[str, Any]] = []

@@ -33,15 +33,28 @@ _BOOT_VALUES = (
 def boot_script(
     bucket: str, code_key: str, code_sha256: str, job_prefix: str, group: str = "", failure_budget: int = 0
 ) -> str:
-    """boot.py as the node gets it: its code (not its docstring: user data is small) with the job's
-    values in place of its placeholder line. `group`: a spot lineage's Auto Scaling group, whose
-    nodes' failures count against `failure_budget` (boot.py's docstring)."""
+    """boot.py as the node gets it: its code without docstrings or comments (user data is small:
+    the readable file is the package's) with the job's values in place of its placeholder line.
+    `group`: a spot lineage's Auto Scaling group, whose nodes' failures count against
+    `failure_budget` (boot.py's docstring)."""
+    import ast
+
     text = resources.files(__name__.rpartition(".")[0]).joinpath("boot.py").read_text(encoding="utf-8")
     if text.count(_BOOT_VALUES) != 1:  # a safety net for whoever edits boot.py
         raise RuntimeError("boot.py must hold its placeholder line exactly once")
     values = repr((bucket, code_key, code_sha256, job_prefix, BOOTSTRAP_FAILED_EXIT, group, int(failure_budget)))[1:-1]
     line = f"BUCKET, CODE_KEY, CODE_SHA256, JOB_PREFIX, FAILED_EXIT, GROUP, BUDGET = {values}"
-    return text[text.index("import hashlib") :].replace(_BOOT_VALUES, line)
+    tree = ast.parse(text.replace(_BOOT_VALUES, line))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
+            node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
+    return ast.unparse(tree) + "\n"
 
 
 def ec2_user_data(
@@ -105,16 +118,13 @@ cat > "$WORK/boot.py" <<'DISTRAIN_BOOT_PY'
 {boot}DISTRAIN_BOOT_PY
 fail() {{ "$PY" "$WORK/boot.py" fail "$1" || true; $POWEROFF; exit 1; }}
 trap 'fail "node bootstrap failed at line $LINENO of its user data (see its cloud-init output log)"' ERR
-# User data runs once: after a reboot (maintenance, a kernel panic) no node agent runs here, and a
-# node that idled until its deadline would bill for nothing. A per-boot hook says why this node
-# ends (boot.py fail: what its peers, its lineage and `status` read) and powers off at once.
+# User data runs once, so no agent runs after a reboot: a per-boot hook says so and powers off.
 HOOK="${{DISTRAIN_EC2_PER_BOOT:-/var/lib/cloud/scripts/per-boot}}/{HARD_STOP_HOOK}"
 mkdir -p "$(dirname "$HOOK")"
 {{ echo '#!/bin/bash'
   printf 'PY=%q BOOT=%q POWEROFF=%q; export AWS_DEFAULT_REGION=%q AWS_REGION=%q' \
     "$PY" "$WORK/boot.py" "$POWEROFF" "$AWS_REGION" "$AWS_REGION"; echo
   cat <<'DISTRAIN_HOOK'
-# distrain-cloud job {job}: user data runs once; after a reboot no node agent runs here.
 timeout 300 "$PY" "$BOOT" fail "the instance rebooted: its node agent does not survive a reboot" || true
 eval "$POWEROFF"
 DISTRAIN_HOOK

@@ -267,6 +267,15 @@ class Lineage:
         except Exception as e:
             self.sink.agent(f"could not switch the group to on-demand ({short(e)}); it stays on spot")
 
+    @staticmethod
+    def _stopped_by(marker: Any) -> tuple[str, str]:
+        """The lineage's end for its stop marker: a node's failure there (`peer-failed`: a node
+        whose job.json did not verify writes one) is Failed with its words, never the user's
+        cancel; any other marker (the launcher's cancel, one no node wrote) stops the lineage."""
+        if isinstance(marker, dict) and marker.get("reason") == "peer-failed":
+            return "Failed", one_line(marker.get("detail") or "a node failed")
+        return "Stopped", lineage_stop_words(marker)  # a cancel, or the cost clock's stop (its words)
+
     def _noticed(self) -> bool:
         try:
             return self.signalled.is_set() or self.imds.spot_notice() is not None
@@ -284,9 +293,9 @@ class Lineage:
                 self.sink.agent(f"the lineage has ended ({one_line(end.get('status', '?'))}): leaving")
                 self.leave()
                 return 0
-            stop = self._get(self.key("stop"))
-            if stop is not None:  # a cancel, or the cost clock's stop (its words)
-                self.end("Stopped", lineage_stop_words(stop), k)
+            marker = self._get(self.key("stop"))
+            if marker is not None:
+                self.end(*self._stopped_by(marker), k)
                 return 0
             if time.time() >= self.job.deadline:
                 self.end("Stopped", "max-run reached: the lineage ran until its deadline", k)
@@ -347,8 +356,23 @@ class Lineage:
             return None
         if result.status == "Completed" and rank == 0:
             self._publish_output(agent, base_output)
-        self.end(result.status, result.reason, k)
+        reason = result.reason
+        if result.status == "Failed" and not agent.met:  # a peer never came: perhaps it failed its boot
+            last = self.last_failure()
+            reason += f"; the last node failure: {last}" if last else ""
+        self.end(result.status, reason, k)
         return 0 if written else 1
+
+    def last_failure(self) -> str | None:
+        """The reason of the lineage's newest node failure, if any (a failed look is none)."""
+        try:
+            for n in range(self.bounds.failure_budget, 0, -1):
+                found = self._get(self.key(FAILURES, f"{n}.json"))
+                if isinstance(found, dict) and found.get("reason"):
+                    return one_line(found["reason"])
+        except Exception as e:  # the end is recorded without it
+            self.sink.agent(f"the node failures not readable ({short(e)})")
+        return None
 
     def _publish_output(self, agent: Agent, uri: str) -> None:
         """The completing attempt's output also where a plain job's is (`report`, `fetch`)."""
