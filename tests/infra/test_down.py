@@ -72,7 +72,15 @@ def _lineage(stack_name: str, job: str, made: stack.StackResources | None = None
     )
     if made is not None:
         place = job_role.Place("aws", REGION, ACCOUNT, made.stack, made.bucket, "distrain-cloud", job, job)
-        job_role.create(job_role.for_job("ec2", place, boundary_arn=made.job_boundary_arn, log_group=made.log_group))
+        job_role.create(
+            job_role.for_job(
+                "ec2",
+                place,
+                boundary_arn=made.job_boundary_arn,
+                log_group=made.log_group,
+                code_key=f"distrain-cloud/code/{'0' * 64}.tar.gz",
+            )
+        )
     return {"group": job, "template": job, "security_group": group}
 
 
