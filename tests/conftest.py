@@ -221,3 +221,31 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_sep("=", f"not marked slow, yet over {FAST_TEST_LIMIT_S:.0f} s (mark them slow)")
         for seconds, nodeid in sorted(_unmarked_slow, reverse=True):
             terminalreporter.write_line(f"{seconds:5.1f} s  {nodeid}")
+
+
+@pytest.fixture(autouse=True)
+def no_periodic_thread_outlives_its_test() -> Iterator[None]:
+    """Every thread a node agent starts to repeat work (heartbeats, checkpoint syncs, the cost
+    clock: `_Periodic`) must be ended by the agent. On a node the process ends anyway, but tests run
+    agents on threads of this process: a clock left ticking wrote to S3 a minute later, inside
+    another test's no-AWS-call fixture (a full run failed on it)."""
+    import threading
+    import time
+
+    before = set(threading.enumerate())
+    yield
+
+    def periodic_left() -> list[threading.Thread]:
+        return [
+            t
+            for t in threading.enumerate()
+            if t not in before
+            and t.is_alive()
+            and type(getattr(getattr(t, "_target", None), "__self__", None)).__name__ == "_Periodic"
+        ]
+
+    deadline = time.monotonic() + 2.0
+    while periodic_left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = periodic_left()
+    assert not left, f"{len(left)} periodic agent thread(s) outlived the test: {left}"

@@ -170,7 +170,7 @@ class CostClock:
         self.ticking: Any = None  # the thread `start` ticks it on
 
     def close(self) -> None:
-        """Stop ticking (the agent never needs to: the thread ends with the instance)."""
+        """Stop ticking: the node agent does when its work ends (the instance powers off next)."""
         if self.ticking is not None:
             self.ticking.stop()
 

@@ -718,16 +718,22 @@ def run_node(job_uri: str, job_sha256: str, settings: Settings, sink: LogSink, s
         return 0
     from .costclock import start as start_cost_clock  # --max-cost, kept by the nodes
 
-    start_cost_clock(job, me, settings, store, imds, sink)
-    if job.recovery:  # a spot lineage AWS keeps going: its attempts, in elastic.py
-        from .elastic import run_lineage
+    clock = start_cost_clock(job, me, settings, store, imds, sink)
+    try:
+        if job.recovery:  # a spot lineage AWS keeps going: its attempts, in elastic.py
+            from .elastic import run_lineage
 
-        return run_lineage(job, me, settings, store, imds, sink, signalled)
-    sink.to_cloudwatch(client("logs", job.region), job.log_group, job.stream(me.launch_index), settings.log_flush_s)
-    agent = Agent(job, me, settings, store=store, imds=imds, sink=sink, ec2=client("ec2", job.region))
-    agent.signalled = signalled
-    result = agent.run()
-    return 0 if agent.finish(result) else 1
+            return run_lineage(job, me, settings, store, imds, sink, signalled)
+        sink.to_cloudwatch(client("logs", job.region), job.log_group, job.stream(me.launch_index), settings.log_flush_s)
+        agent = Agent(job, me, settings, store=store, imds=imds, sink=sink, ec2=client("ec2", job.region))
+        agent.signalled = signalled
+        result = agent.run()
+        return 0 if agent.finish(result) else 1
+    finally:
+        # The clock's thread ends with the agent's work, not with the process: an agent run in a
+        # process that lives on (tests run nodes on threads) must not keep writing records.
+        if clock is not None:
+            clock.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
