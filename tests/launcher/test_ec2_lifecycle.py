@@ -546,7 +546,7 @@ def test_cancel_now_is_refused_for_other_backends(mocked_aws, capsys):
 
 @pytest.mark.slow
 def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, capsys, job_records):
-    job, plan = submitted(nodes=2, spot=True, **PLAIN_SPOT, secrets={"HF_TOKEN": "ssm:/team/hf"})
+    job, plan = submitted(nodes=2, spot=True, **PLAIN_SPOT, secrets={"HF_TOKEN": "ssm:/distrain-cloud/hf"})
     for rank in (0, 1):
         put_node(job, rank, status="Interrupted", exit_code=143, reason="spot-interruption", step=60)
     assert ec2.BACKEND.status(ref(job))["status"] == "Interrupted"
@@ -557,7 +557,7 @@ def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, caps
     description = s3_json(f"distrain-cloud/jobs/{new}/job.json")
     assert (description["lineage"], description["attempt"]) == (job, 2)
     assert description["checkpoint_uri"] == plan.payload["description"]["checkpoint_uri"]
-    assert description["secrets"] == {"HF_TOKEN": "ssm:/team/hf"} and description["nodes"] == 2
+    assert description["secrets"] == {"HF_TOKEN": "ssm:/distrain-cloud/hf"} and description["nodes"] == 2
     (node, *_) = instances(new)
     assert node["ClientToken"] == f"{new}-a2" and node["InstanceLifecycle"] == "spot"
     assert {t["Key"]: t["Value"] for t in node["Tags"]}["distrain-cloud:lineage"] == job

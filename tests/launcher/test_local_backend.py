@@ -228,7 +228,7 @@ def test_a_completed_job_resumed_on_more_processes_keeps_its_global_batch(cli, t
     # On 2 processes, the job's micro-batch of 16 would double its global batch: refused in one line
     # that names the flags that keep it, which then resume it.
     wider = ("--resume-from", first, "--processes", "2")
-    r = cli("submit", "--instance", "local", *wider, cwd=tmp_path, env=env, timeout=300)
+    r = cli("submit", "--instance", "local", *wider, "--", "--max-steps", "7", cwd=tmp_path, env=env, timeout=300)
     errors = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
     assert r.returncode == 2 and len(errors) == 1, r.stdout[-2000:] + r.stderr[-2000:]
     assert "was trained with a global batch of 16" in errors[0]

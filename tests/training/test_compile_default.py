@@ -224,7 +224,7 @@ def test_the_cli_passes_the_compile_unit_and_refuses_it_for_deepspeed(cli, tmp_p
     command = json.loads(r.stdout)["request"]["command"]
     assert command[command.index("--compile-unit") + 1] == "block"
     wrong = cli(*base, "--strategy", "zero2", "--", "--compile-unit", "block", cwd=tmp_path)
-    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert wrong.returncode == 2 and json.loads(wrong.stdout)["result"]["status"] == "NotSubmitted"
     assert (
         "--compile-unit block applies to --strategy ddp, single, fsdp, zero3 or zero3-offload, not zero2"
         in wrong.stderr
@@ -239,7 +239,7 @@ def test_the_cli_passes_compiled_autograd_and_refuses_it_where_it_does_not_apply
     assert r.returncode == 0, r.stderr
     assert "--compiled-autograd" in json.loads(r.stdout)["request"]["command"]
     wrong = cli(*base, "--strategy", "zero2", "--", "--compiled-autograd", cwd=tmp_path)
-    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert wrong.returncode == 2 and json.loads(wrong.stdout)["result"]["status"] == "NotSubmitted"
     assert "--compiled-autograd applies to --strategy ddp or single, not zero2" in wrong.stderr
 
 

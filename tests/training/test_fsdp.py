@@ -144,7 +144,7 @@ def test_the_cli_shows_the_units_asked_for_and_refuses_them_for_another_strategy
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["configs"]["fsdp_blocks_per_unit"] == 3
     wrong = cli(*base, "--strategy", "ddp", "--", "--fsdp-blocks-per-unit", "3", cwd=tmp_path)
-    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert wrong.returncode == 2 and json.loads(wrong.stdout)["result"]["status"] == "NotSubmitted"
     assert "--fsdp-blocks-per-unit applies to --strategy fsdp, not ddp" in wrong.stderr
 
 
