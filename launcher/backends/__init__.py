@@ -38,6 +38,10 @@ class Backend(Protocol):
     def status(self, job: JobRef) -> dict[str, Any]:
         """At least job_name, status, terminal (bool) and detail."""
 
+    def holder_state(self, holder: dict[str, Any]) -> tuple[bool, str] | None:
+        """(ended, status) of the job that holds a lineage's lease (launcher/lease.py), read where
+        the lease's body `holder` says it lives; None when there is no such job there (yet)."""
+
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]: ...
 
     def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:

@@ -271,6 +271,20 @@ class LocalBackend:
             raise UserError(f"no local job {job.name!r} under {job.workdir}/ (see `distrain-cloud ls`)")
         return root
 
+    def holder_state(self, holder: dict[str, Any]) -> tuple[bool, str] | None:
+        """(ended, status) of the job holding a lineage's lease (launcher/lease.py), from its folder
+        in the runs folder its lease names; None when there is no such job (yet)."""
+        runs = Path(holder["workdir"])
+        if not (runs / holder["job"] / "job.json").is_file():
+            return None
+        if not (runs / holder["job"] / "status.json").is_file():
+            return False, "starting"  # its folder is there, its process not yet
+        try:
+            info = self.status(JobRef(holder["job"], "local", workdir=runs))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise UserError(f"its status.json is malformed ({type(e).__name__})") from None
+        return bool(info["terminal"]), str(info["status"])
+
     def status(self, job: JobRef) -> dict[str, Any]:
         root = self._root(job)
         info = _read_status(root)

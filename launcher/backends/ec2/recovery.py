@@ -46,7 +46,6 @@ from . import layout
 from . import status as ec2_status
 
 if TYPE_CHECKING:
-    from ...jobs import JobRef
     from ...plan import Plan
     from ...spec import JobSpec
 
@@ -581,79 +580,6 @@ def _newness(row: dict[str, Any]) -> tuple[str, int]:
 
 
 # ---------------------------------------------------------------------- cancel and clean-up
-
-
-def cancel(job: JobRef, now_: bool = False) -> str:
-    """Stop the lineage, not only the live attempt: the group launches nothing more, the lineage's
-    stop marker keeps any node that still boots from starting, and the live attempt's nodes save a
-    checkpoint and leave (with `now_`, the group and its instances are deleted at once)."""
-    from distrain_cloud.infra import aws
-
-    from . import backend as ec2
-
-    region, bucket, prefix, description = ec2.described(job)
-    root = layout.job_key(prefix, job.name)
-    marker = {"reason": "cancel", "by": "launcher", "time": time.time()}
-    with aws.translate_errors():
-        s3 = aws.client("s3", region)
-        numbers = attempt_numbers(s3, bucket, root)
-        live = f"{job.name}/{ATTEMPTS}/{numbers[-1]}" if numbers else None
-        before = ec2._record_etags(s3, bucket, prefix, live) if live else {}
-        s3.put_object(Bucket=bucket, Key=f"{root}/stop", Body=json.dumps(marker).encode())
-        if numbers:
-            s3.put_object(Bucket=bucket, Key=f"{root}/{ATTEMPTS}/{numbers[-1]}/stop", Body=json.dumps(marker).encode())
-        asg = aws.client("autoscaling", region)
-        try:
-            if now_:
-                asg.delete_auto_scaling_group(AutoScalingGroupName=job.name, ForceDelete=True)
-            else:
-                asg.suspend_processes(AutoScalingGroupName=job.name, ScalingProcesses=["Launch"])
-        except Exception as e:
-            if "not found" not in str(e).lower() and "ValidationError" not in str(e):
-                raise
-    if now_:
-        alive = [
-            i["id"]
-            for i in ec2_status.tagged_instances(region, job.name).get(job.name, [])
-            if i["state"] in ("pending", "running")
-        ]
-        if alive:
-            ec2._terminate(region, alive)
-        return f"stopping lineage {job.name} at once: its Auto Scaling group and {len(alive)} instance(s) are deleted"
-    # Only a live agent acts on the markers: with the laptop closed right after, a node whose agent
-    # is dead would run until the hard stop. Wait for each to answer, as a plain job's cancel does.
-    print(f"note: waiting up to {ec2.CANCEL_ANSWER_S} s for the node agents to answer the stop", file=sys.stderr)
-    # The live attempt's records answer; a waiting or booting node sees the lineage's stop and ends.
-    with aws.translate_errors():
-        silent = ec2._unanswered(s3, bucket, prefix, job.name, region, before, records=live)
-    said = (
-        f"stopping lineage {job.name}: its Auto Scaling group launches nothing more; the nodes of the live "
-        f"attempt save a checkpoint and end (distrain-cloud status {job.name}; `cancel {job.name} --now` "
-        "ends them at once)"
-    )
-    if not silent:
-        return said
-    _leave(region, silent)
-    return (
-        f"{said}; no node agent answered the stop within {ec2.CANCEL_ANSWER_S} s on {', '.join(silent)}: "
-        "terminated them, without a checkpoint"
-    )
-
-
-def _leave(region: str, ids: list[str]) -> None:
-    """Terminate `ids` out of the group, lowering its desired capacity: nothing replaces them."""
-    from botocore.exceptions import ClientError
-
-    from distrain_cloud.infra import aws
-
-    from . import backend as ec2
-
-    asg = aws.client("autoscaling", region)
-    for instance in ids:
-        try:
-            asg.terminate_instance_in_auto_scaling_group(InstanceId=instance, ShouldDecrementDesiredCapacity=True)
-        except ClientError:  # no longer in the group (it left meanwhile): an ordinary terminate
-            ec2._terminate(region, [instance])
 
 
 def retire_when_done(region: str, name: str, info: dict[str, Any], *, now: float | None = None) -> None:
