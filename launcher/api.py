@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 from distrain_cloud.infra.errors import UserError
 
 from .backends import get_backend
-from .jobs import JobRef
-from .plan import Plan
+from .plan import JobRef, Plan
 from .spec import JobSpec
 
 if TYPE_CHECKING:

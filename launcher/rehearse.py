@@ -36,8 +36,7 @@ from distrain_cloud.infra.errors import UserError
 from .plan import Check
 
 if TYPE_CHECKING:
-    from .jobs import JobRef
-    from .plan import Plan
+    from .plan import JobRef, Plan
     from .spec import JobSpec
 
 INTERRUPTS = ("fis", "terminate")
@@ -91,7 +90,7 @@ class Rehearsal:
 
     @property
     def job(self) -> JobRef:
-        from .jobs import JobRef
+        from .plan import JobRef
 
         return JobRef(self.plan.job_name, "ec2", self.plan.payload["region"])
 

@@ -2,7 +2,7 @@
 
 A backend turns a JobSpec into a Plan without any network call (`plan`), checks the plan
 against what only the cloud can tell (`preflight`, read-only), and acts on it (`submit`).
-Lifecycle calls take a JobRef (see launcher/jobs.py). Modules are imported only when used.
+Lifecycle calls take a JobRef (launcher/plan.py). Modules are imported only when used.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from distrain_cloud.infra.errors import UserError
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from ..jobs import JobRef
     from ..logs import LogLine
-    from ..plan import Plan
+    from ..plan import JobRef, Plan
     from ..spec import JobSpec
 
 

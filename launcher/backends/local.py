@@ -29,11 +29,10 @@ from distrain_cloud.training.stopping import (
     _start_time,
     child_dies_with_us,
 )
-from distrain_cloud.training.strategies import choose_precision, parse_strategy, plan_configs
+from distrain_cloud.training.strategies import choose_precision, parse_strategy
 
-from ..jobs import JobRef
 from ..lease import launched as lineage_launched
-from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
+from ..plan import Check, JobRef, Plan, refuse_failed_checks, unique_job_name
 from ..tracking import tracking_env, wandb_run
 
 if TYPE_CHECKING:
@@ -121,6 +120,8 @@ class LocalBackend:
             )
         strategy = parse_strategy(train.strategy)
         if strategy.shards_state:
+            from distrain_cloud.training.decisions import plan_configs
+
             configs.update(plan_configs(strategy, train, processes, cuda=gpus > 0))
         wandb = wandb_run(spec, argv, tracking)
         stack = _has_training_stack()

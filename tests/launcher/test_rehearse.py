@@ -294,7 +294,7 @@ def test_the_command_shows_the_bound_and_asks_before_anything_is_made(world, cap
 
 def test_the_bill_counts_each_instance_from_launch_to_termination_even_once_ec2_forgets_it(monkeypatch):
     from distrain_cloud.launcher.backends.ec2 import status
-    from distrain_cloud.launcher.jobs import JobRef
+    from distrain_cloud.launcher.plan import JobRef
 
     listed = [
         {"id": "i-1", "state": "terminated", "launched": 1000.0, "ended": 1600.0},

@@ -33,9 +33,8 @@ from distrain_cloud.infra.stack import ALIVE_STATES
 from distrain_cloud.training.strategies import AUTO, parse_strategy
 
 from ... import pricing, quotas
-from ...jobs import JobRef
 from ...lease import launched as lineage_launched
-from ...plan import Check, Plan, refuse_failed_checks
+from ...plan import Check, JobRef, Plan, refuse_failed_checks
 from ...tracking import wandb_run
 from .. import cloud, wait_for
 from . import budget, layout, network, recovery

@@ -19,9 +19,8 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.resources import default_bucket
 
 from ... import quotas
-from ...jobs import JobRef
 from ...lease import launched as lineage_launched
-from ...plan import Check, Plan, refuse_failed_checks
+from ...plan import Check, JobRef, Plan, refuse_failed_checks
 from ...pricing import warm_pool
 from ...tracking import wandb_run
 from .. import cloud, wait_for
