@@ -43,8 +43,10 @@ def submit_job(plan: Plan, *, wait: bool = False) -> int:
     refuse_failed_checks(plan)  # before the lease: a refused plan takes nothing
     backend = get_backend(plan.backend)
     relaunches = wait and getattr(backend, "relaunches_interrupted", lambda plan: False)(plan)
-    spec = plan.payload.get("spec")
-    until = time.time() + (spec.max_wait or spec.max_run * 2) if relaunches else 0.0
+    until = 0.0  # --max-wait counts from the first submit
+    if relaunches:
+        spec: JobSpec = plan.payload["spec"]
+        until = time.time() + (spec.max_wait or spec.max_run * 2)
     with lineage_lease(plan):
         cwd = plan.request.get("cwd")
         write_record(plan, region=plan.payload.get("region"), workdir=Path(cwd).parent if cwd else None)

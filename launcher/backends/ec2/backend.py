@@ -32,12 +32,12 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.stack import ALIVE_STATES
 from distrain_cloud.training.strategies import AUTO, parse_strategy
 
-from ... import pricing, quotas
+from ... import quotas
 from ...lease import launched as lineage_launched
 from ...plan import Check, JobRef, Plan, refuse_failed_checks
 from ...tracking import wandb_run
 from .. import cloud, wait_for
-from . import budget, layout, network, recovery
+from . import budget, layout, network, recovery, spot_price
 from .request import (
     GROUP_PLACEHOLDER,
     HARD_STOP_GRACE_MIN,
@@ -367,7 +367,7 @@ class Ec2Backend:
             public_ip=public_ip,
         )
         placed = self._place(dataclasses.replace(plan, checks=checks), where)
-        placed = pricing.with_current_spot_price(placed, spec, region)  # a spot job's price now
+        placed = spot_price.with_current_spot_price(placed, spec, region)  # a spot job's price now
         placed = budget.apply(placed, spec, region)
         extra = [
             cloud.bucket_check(
