@@ -577,7 +577,7 @@ class Ec2Backend:
         output = description["output_uri"]
         if recovery.is_lineage(description) and info.get("attempts"):
             # each attempt's rank 0 uploads to the attempt's own folder (agent/elastic.py): the last one's
-            output = f"{output.rstrip('/').rsplit('/', 1)[0]}/{recovery.ATTEMPTS}/{int(info['attempt'])}/output/"
+            output = layout.attempt_output_uri(output, int(info["attempt"]))
         return cloud.fetch_outputs(job.name, info, region, dest, output=output, model=description["model_uri"])
 
     def holder_state(self, holder: dict[str, Any]) -> tuple[bool, str] | None:
@@ -1107,12 +1107,16 @@ def _cancel_lineage(job: JobRef, now_: bool = False) -> str:
     with aws.translate_errors():
         s3 = aws.client("s3", region)
         numbers = recovery.attempt_numbers(s3, bucket, root)
-        live = f"{job.name}/{recovery.ATTEMPTS}/{numbers[-1]}" if numbers else None
+        live = layout.attempt_job(job.name, numbers[-1]) if numbers else None
         before = _record_etags(s3, bucket, prefix, live) if live else {}
-        s3.put_object(Bucket=bucket, Key=f"{root}/stop", Body=json.dumps(marker).encode())
+        s3.put_object(
+            Bucket=bucket, Key=layout.job_key(prefix, job.name, layout.STOP), Body=json.dumps(marker).encode()
+        )
         if numbers:
             s3.put_object(
-                Bucket=bucket, Key=f"{root}/{recovery.ATTEMPTS}/{numbers[-1]}/stop", Body=json.dumps(marker).encode()
+                Bucket=bucket,
+                Key=layout.attempt_key(prefix, job.name, numbers[-1], layout.STOP),
+                Body=json.dumps(marker).encode(),
             )
         asg = aws.client("autoscaling", region)
         try:

@@ -50,8 +50,6 @@ if TYPE_CHECKING:
     from ...spec import JobSpec
 
 HARD_STOP_ACTION = "lineage-hard-stop"
-ATTEMPTS = "attempts"
-LINEAGE_RECORD = "lineage.json"
 # How long the survivors of an interrupted attempt wait for the group's replacements to join
 # (spot capacity may take a while to come back); then the lineage ends, naming the missing nodes.
 REPLACEMENT_WAIT_S = 1800
@@ -59,7 +57,6 @@ REPLACEMENT_WAIT_S = 1800
 # lineage takes: below it the group replaces the node, a retry; the one that uses it up ends the
 # lineage Failed with its reason (boot.py, agent/elastic.py). Kept in S3, where the nodes count it.
 FAILURE_BUDGET = 3
-FAILURES = "failures"
 # After the lineage's end its nodes upload their last records and leave within minutes (the final
 # sync allows 10); `status` then deletes the group even with an instance still running.
 RETIRE_AFTER_S = 1200
@@ -292,11 +289,13 @@ def _profile_not_yet_seen(e: Exception) -> bool:
 
 def attempt_numbers(s3: Any, bucket: str, root: str) -> list[int]:
     """The numbers of the attempts with a folder under job folder `root`, in order."""
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{root}/{ATTEMPTS}/", Delimiter="/")
+    pages = s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{root}/{layout.ATTEMPTS}/", Delimiter="/"
+    )
     found = set()
     for page in pages:
         for folder in page.get("CommonPrefixes", []):
-            m = re.fullmatch(r"([1-9][0-9]{0,3})/", folder["Prefix"][len(root) + len(ATTEMPTS) + 2 :])
+            m = re.fullmatch(r"([1-9][0-9]{0,3})/", folder["Prefix"][len(root) + len(layout.ATTEMPTS) + 2 :])
             if m:
                 found.add(int(m.group(1)))
     return sorted(found)
@@ -305,10 +304,12 @@ def attempt_numbers(s3: Any, bucket: str, root: str) -> list[int]:
 def _claims(s3: Any, bucket: str, root: str, attempt: int) -> list[dict[str, Any]]:
     """The claims of attempt `attempt` (who took which rank, where, when), checked field by field."""
     out = []
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{root}/{ATTEMPTS}/{attempt}/claims/")
+    pages = s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{root}/{layout.ATTEMPTS}/{attempt}/{layout.CLAIMS}/"
+    )
     for page in pages:
         for item in page.get("Contents", []):
-            m = re.search(r"/claims/([0-9]{1,4})\.json$", item["Key"])
+            m = re.search("/" + layout.CLAIMS + r"/([0-9]{1,4})\.json$", item["Key"])
             if not m:
                 continue
             with contextlib.suppress(UserError):  # a broken claim is not a reason to hide the lineage
@@ -348,10 +349,10 @@ def lineage_status(
         numbers = attempt_numbers(s3, bucket, root)
         attempts = []
         for k in numbers:
-            files = ec2_status.job_files(s3, bucket, prefix, f"{name}/{ATTEMPTS}/{k}")
+            files = ec2_status.job_files(s3, bucket, prefix, layout.attempt_job(name, k))
             attempts.append((k, _claims(s3, bucket, root, k), files))
-        end = ec2_status.read_json(s3, bucket, f"{root}/{LINEAGE_RECORD}")
-        stop = ec2_status.read_json(s3, bucket, f"{root}/stop")
+        end = ec2_status.read_json(s3, bucket, f"{root}/{layout.LINEAGE_RECORD}")
+        stop = ec2_status.read_json(s3, bucket, f"{root}/{layout.STOP}")
         failures = _failures(s3, bucket, root)
     # Only the launcher's cancel writes the lineage's stop as a cancel. A node's failure there
     # (`peer-failed`: a bundle older than the failure budget, a job.json that did not verify) is
@@ -456,7 +457,7 @@ def lineage_status(
 def _failures(s3: Any, bucket: str, root: str) -> list[dict[str, Any]]:
     """The lineage's node failures (boot.py, agent/elastic.py write them), in slot order, checked."""
     out = []
-    listing = s3.list_objects_v2(Bucket=bucket, Prefix=f"{root}/{FAILURES}/", MaxKeys=50).get("Contents", [])
+    listing = s3.list_objects_v2(Bucket=bucket, Prefix=f"{root}/{layout.FAILURES}/", MaxKeys=50).get("Contents", [])
     for item in listing:
         m = re.search(r"/([1-9][0-9]?)\.json$", item["Key"])
         if not m:
