@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from distrain_cloud.infra.errors import UserError
 
-from .backends import BACKENDS
+from .backends import BACKENDS, get_backend
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -181,9 +181,8 @@ def _holder(raw: bytes) -> dict[str, Any] | None:
 
 
 def _holder_status(holder: dict[str, Any], age: float, where: str) -> str | None:
-    """The holder's status while it is live, None once it has ended (or never launched)."""
-    from .backends import get_backend
-
+    """The holder's status while it is live, None once it has ended (or never launched): its
+    backend answers (`holder_state`), from what the lease's body says of where the job lives."""
     try:
         state = get_backend(holder["backend"]).holder_state(holder)
     except UserError as e:

@@ -1172,7 +1172,7 @@ def _leave_group(region: str, ids: list[str]) -> None:
 
 def status_at(job: JobRef, bucket: str, prefix: str) -> dict[str, Any] | None:
     """Job `job`'s status, read from (bucket, prefix) in its region, as `status` shows it; None when
-    there is no such job there (yet). For callers that know where the job lives (launcher/lease.py)."""
+    there is no such job there (yet). For callers that know where the job lives (holder_state, for the lease)."""
     from distrain_cloud.infra import aws
 
     region = str(job.region)
