@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distrain_cloud.launcher.memory import CONSTANTS, Constants, Estimate, estimate, shape_from_config
+from distrain_cloud.launcher.memory import CONSTANTS, Constants, Estimate, estimate
+from distrain_cloud.launcher.shape import shape_from_config
 from distrain_cloud.launcher.throughput import H1, OURS_1, OURS_C1, S15_H100
 
 

@@ -5,14 +5,18 @@ No printing of plans here.
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+import time
+from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError
 
 from .backends import get_backend
-from .jobs import JobRef
-from .plan import Plan
+from .plan import JobRef, Plan
 from .spec import JobSpec
+
+if TYPE_CHECKING:
+    from .backends import Backend
 
 
 def plan_job(spec: JobSpec, *, dry_run: bool = False, check: bool | None = None) -> Plan:
@@ -37,10 +41,40 @@ def submit_job(plan: Plan, *, wait: bool = False) -> int:
     from .plan import refuse_failed_checks
 
     refuse_failed_checks(plan)  # before the lease: a refused plan takes nothing
+    backend = get_backend(plan.backend)
+    relaunches = wait and getattr(backend, "relaunches_interrupted", lambda plan: False)(plan)
+    until = 0.0  # --max-wait counts from the first submit
+    if relaunches:
+        spec: JobSpec = plan.payload["spec"]
+        until = time.time() + (spec.max_wait or spec.max_run * 2)
     with lineage_lease(plan):
         cwd = plan.request.get("cwd")
         write_record(plan, region=plan.payload.get("region"), workdir=Path(cwd).parent if cwd else None)
-        return get_backend(plan.backend).submit(plan, wait=wait)
+        code = backend.submit(plan, wait=wait)
+        if not relaunches:
+            return code
+        return _relaunch_interrupted(
+            backend, JobRef(plan.job_name, plan.backend, plan.payload.get("region")), code, until
+        )
+
+
+def _relaunch_interrupted(backend: Backend, job: JobRef, code: int, until: float) -> int:
+    """`submit --wait` of a spot job its backend does not relaunch (EC2 without a recovering
+    lineage), once it ended with `code`: while it ended Interrupted, resume it on new instances (a
+    new attempt of its lineage) and follow that, until --max-wait has passed since the first submit."""
+    from .backends import wait_for
+
+    while True:
+        if backend.status(job)["status"] != "Interrupted":
+            return code
+        if time.time() >= until:
+            print(f"{job.name} was interrupted and --max-wait has passed: not relaunched", file=sys.stderr)
+            return code
+        print(f"{job.name}: spot capacity was reclaimed; resuming from its checkpoints", file=sys.stderr)
+        plan = plan_job(resume_spec(job))
+        submit_job(plan)
+        job = JobRef(plan.job_name, job.backend, job.region)
+        code = wait_for(backend, job)
 
 
 def resume_spec(job: JobRef) -> JobSpec:

@@ -12,12 +12,62 @@ differ per account (savings plans, private pricing).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import json
+import math
+import os
 from dataclasses import dataclass, field
 
 from distrain_cloud.infra.errors import UserError
 
-from .pricing import load_snapshot
+SNAPSHOT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "prices.json")
+
+
+@dataclass(frozen=True)
+class PriceSource:
+    as_of: str  # the date of the figures
+    source: str  # where they come from, in full (repository, file, commit; or how they were kept)
+    label: str  # the short form every cost line shows
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    as_of: str
+    source: str
+    prices: dict[str, dict[str, float]]  # instance type -> region -> USD per hour
+    unverified: dict[str, dict[str, str]]  # instance type -> region -> why the figure is not the Price List's
+    sources: dict[str, PriceSource] = dataclasses.field(default_factory=dict)  # family() -> its source
+
+    def source_of(self, instance_name: str) -> PriceSource:
+        return self.sources.get(family(instance_name)) or PriceSource(self.as_of, self.source, "")
+
+
+def family(instance_name: str) -> str:
+    """Which source prices a type: SageMaker's ml.* types and EC2's are priced apart."""
+    return "sagemaker" if instance_name.startswith("ml.") else "ec2"
+
+
+def load_snapshot(path: str = SNAPSHOT_PATH) -> Snapshot:
+    """The shipped snapshot; a figure that is not a positive finite number is left out (no price)."""
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f)
+    prices: dict[str, dict[str, float]] = {}
+    for name, by_region in (raw.get("prices") or {}).items():
+        for region, usd in (by_region or {}).items():
+            if isinstance(usd, (int, float)) and not isinstance(usd, bool) and math.isfinite(usd) and usd > 0:
+                prices.setdefault(str(name), {})[str(region)] = float(usd)
+    unverified = {
+        str(n): {str(r): str(why) for r, why in by_region.items()}
+        for n, by_region in (raw.get("unverified") or {}).items()
+    }
+    sources = {
+        str(name): PriceSource(str(s.get("as_of", "unknown date")), str(s.get("source", "")), str(s.get("label", "")))
+        for name, s in (raw.get("sources") or {}).items()
+        if isinstance(s, dict)
+    }
+    return Snapshot(str(raw.get("as_of", "unknown date")), str(raw.get("source", "")), prices, unverified, sources)
+
 
 _SNAPSHOT = load_snapshot()
 PRICES_SNAPSHOT = _SNAPSHOT

@@ -532,7 +532,8 @@ def report(
     A cloud job's metrics are fetched from S3 into WORKDIR/JOB first (they get there when it ends).
     A resumed job's page plots its whole lineage: the attempts it resumed first, from step 1."""
     from .backends import get_backend
-    from .jobs import JobRef, find_job
+    from .jobs import find_job
+    from .plan import JobRef
     from .report import lineage_folders, write_report
 
     folder, status = Path(job), None

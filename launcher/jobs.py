@@ -15,24 +15,16 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError
 
+from .plan import JobRef
+
 if TYPE_CHECKING:
     from .plan import Plan
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """Enough to find a job again: its name and where it runs."""
-
-    name: str
-    backend: str
-    region: str | None = None
-    workdir: Path = Path("runs")
 
 
 def records_dir() -> Path:

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from distrain_cloud.infra.errors import UserError
 
+from .backends import BACKENDS, get_backend
+
 if TYPE_CHECKING:
     from .plan import Plan
 
@@ -43,7 +45,6 @@ ATTEMPTS = 5  # rounds of read-judge-overwrite before giving up on a lease that 
 # failed before the job existed); younger, it may still be launching. EC2's launch grace too.
 LAUNCH_GRACE_S = 600
 MAX_BODY = 64 * 1024  # a lease is a few hundred bytes; anything longer is not ours
-BACKENDS = ("ec2", "sagemaker", "local")
 _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d{1,2}")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _PREFIX = re.compile(r"[A-Za-z0-9!_.*'()/-]{0,512}")
@@ -180,9 +181,10 @@ def _holder(raw: bytes) -> dict[str, Any] | None:
 
 
 def _holder_status(holder: dict[str, Any], age: float, where: str) -> str | None:
-    """The holder's status while it is live, None once it has ended (or never launched)."""
+    """The holder's status while it is live, None once it has ended (or never launched): its
+    backend answers (`holder_state`), from what the lease's body says of where the job lives."""
     try:
-        state = _STATES[holder["backend"]](holder, where)
+        state = get_backend(holder["backend"]).holder_state(holder)
     except UserError as e:
         raise UserError(
             f"the lineage's lease is held by {holder['job']}, whose status could not be read ({e}); "
@@ -193,61 +195,6 @@ def _holder_status(holder: dict[str, Any], age: float, where: str) -> str | None
         return "launching" if age < LAUNCH_GRACE_S else None
     terminal, status = state
     return None if terminal else re.sub(r"[^\w -]", "", status)[:40]
-
-
-def _ec2_state(holder: dict[str, Any], where: str) -> tuple[bool, str] | None:
-    from distrain_cloud.infra import aws
-
-    from .backends.ec2.backend import status_at
-    from .jobs import JobRef
-
-    region, bucket, prefix, name = holder["region"], holder["bucket"], holder["prefix"], holder["job"]
-    try:
-        with aws.translate_errors():
-            info = status_at(JobRef(name, "ec2", region), bucket, prefix)
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-        raise UserError(f"its job.json is malformed ({type(e).__name__})") from None
-    return None if info is None else (bool(info["terminal"]), str(info["status"]))
-
-
-def _sagemaker_state(holder: dict[str, Any], where: str) -> tuple[bool, str] | None:
-    from botocore.exceptions import ClientError
-
-    from distrain_cloud.infra import aws
-
-    from .backends.sagemaker.status import status_of
-
-    with aws.translate_errors():
-        try:
-            job = aws.client("sagemaker", holder["region"]).describe_training_job(TrainingJobName=holder["job"])
-        except ClientError as e:
-            # SageMaker's answer for a job it does not have: ValidationException "Requested resource not
-            # found" (moto's: "Could not find training job")
-            said = str(e).lower()
-            if aws.error_code(e) == "ValidationException" and ("not found" in said or "could not find" in said):
-                return None
-            raise
-    info = status_of(holder["job"], job)
-    return bool(info["terminal"]), str(info["status"])
-
-
-def _local_state(holder: dict[str, Any], where: str) -> tuple[bool, str] | None:
-    from .backends import local
-    from .jobs import JobRef
-
-    runs = Path(holder["workdir"])
-    if not (runs / holder["job"] / "job.json").is_file():
-        return None
-    if not (runs / holder["job"] / "status.json").is_file():
-        return False, "starting"  # its folder is there, its process not yet
-    try:
-        info = local.BACKEND.status(JobRef(holder["job"], "local", workdir=runs))
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-        raise UserError(f"its status.json is malformed ({type(e).__name__})") from None
-    return bool(info["terminal"]), str(info["status"])
-
-
-_STATES = {"ec2": _ec2_state, "sagemaker": _sagemaker_state, "local": _local_state}
 
 
 # ---------------------------------------------------------------------- where the plan's lineage keeps it

@@ -9,9 +9,21 @@ import json
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from distrain_cloud.infra.errors import UserError
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Enough to find a job again: its name and where it runs (every
+    backend's lifecycle calls take one; launcher/jobs.py finds and records them)."""
+
+    name: str
+    backend: str
+    region: str | None = None
+    workdir: Path = Path("runs")
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def snapshot(
     unverified: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The snapshot's document: every price found, its date and where it came from. `sources`:
-    per family ("ec2", "sagemaker": pricing.family) the date, the source and the short label cost
+    per family ("ec2", "sagemaker": catalog.family) the date, the source and the short label cost
     lines show; by default both are `as_of` and `source`."""
     prices: dict[str, dict[str, float]] = {}
     for table in tables.values():

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from distrain_cloud.infra.errors import UserError
 
 if TYPE_CHECKING:
-    from .jobs import JobRef
+    from .plan import JobRef
 
 # Written by training's save after the weights, the tokenizer and training_args.json: a folder
 # with it holds a whole model.

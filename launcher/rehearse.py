@@ -36,8 +36,7 @@ from distrain_cloud.infra.errors import UserError
 from .plan import Check
 
 if TYPE_CHECKING:
-    from .jobs import JobRef
-    from .plan import Plan
+    from .plan import JobRef, Plan
     from .spec import JobSpec
 
 INTERRUPTS = ("fis", "terminate")
@@ -91,7 +90,7 @@ class Rehearsal:
 
     @property
     def job(self) -> JobRef:
-        from .jobs import JobRef
+        from .plan import JobRef
 
         return JobRef(self.plan.job_name, "ec2", self.plan.payload["region"])
 
@@ -407,12 +406,12 @@ def _attempt_records(job: JobRef, attempt: int) -> dict[int, dict[str, Any]]:
     """The node records of attempt `attempt`, by rank, as the node agents wrote them."""
     from distrain_cloud.infra import aws
 
-    from .backends.ec2 import recovery, status
+    from .backends.ec2 import layout, status
     from .backends.ec2.backend import described
 
     region, bucket, prefix, _ = described(job)
     with aws.translate_errors():
-        found = status.job_files(aws.client("s3", region), bucket, prefix, f"{job.name}/{recovery.ATTEMPTS}/{attempt}")
+        found = status.job_files(aws.client("s3", region), bucket, prefix, layout.attempt_job(job.name, attempt))
     return dict(found["nodes"])
 
 

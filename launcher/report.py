@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from distrain_cloud.infra.errors import UserError
 
 if TYPE_CHECKING:
-    from .jobs import JobRef
+    from .plan import JobRef
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 

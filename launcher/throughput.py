@@ -20,8 +20,8 @@ far the estimate is from each; `instances --fit` shows the largest as the estima
 Not modelled: multi-GPU communication (the llama-8b point, sharded over 4 GPUs, carries its own),
 the older cards' lower matrix efficiency (V100, T4: their fp16 rate is taken at face value), fp8.
 
-Data only at import; nothing here imports torch, and launcher/memory.py is imported lazily (it
-reads this module's tables).
+Data only at import; nothing here imports torch, nor launcher/memory.py (which reads this module's
+tables); the model's shape comes from launcher/shape.py, below both.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .memory import ModelShape
+    from .shape import ModelShape
 
 H1 = "2026-11-26-h100x1"
 S15_H100 = "2026-11-27-h100x1-session15"
@@ -151,7 +151,7 @@ def estimate_tokens_per_sec(
 def _shape(t: Throughput) -> ModelShape:
     from distrain_cloud.training.modeling import PRESETS
 
-    from .memory import shape_from_config
+    from .shape import shape_from_config
 
     shape = shape_from_config(t.model, PRESETS[t.model])
     assert shape is not None  # presets are complete configs

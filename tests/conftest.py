@@ -226,7 +226,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 @pytest.fixture(autouse=True)
 def no_periodic_thread_outlives_its_test() -> Iterator[None]:
     """Every thread a node agent starts to repeat work (heartbeats, checkpoint syncs, the cost
-    clock: `_Periodic`) must be ended by the agent. On a node the process ends anyway, but tests run
+    clock: `agent.job.Periodic`) must be ended by the agent. On a node the process ends anyway, but tests run
     agents on threads of this process: a clock left ticking wrote to S3 a minute later, inside
     another test's no-AWS-call fixture (a full run failed on it)."""
     import threading
@@ -241,7 +241,7 @@ def no_periodic_thread_outlives_its_test() -> Iterator[None]:
             for t in threading.enumerate()
             if t not in before
             and t.is_alive()
-            and type(getattr(getattr(t, "_target", None), "__self__", None)).__name__ == "_Periodic"
+            and type(getattr(getattr(t, "_target", None), "__self__", None)).__name__ == "Periodic"
         ]
 
     deadline = time.monotonic() + 2.0

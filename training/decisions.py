@@ -199,3 +199,20 @@ def shown(decisions: Decisions) -> str:
     """The strategy as a plan shows it: auto's pick and why."""
     d = decisions
     return f"{d.args.strategy} ({d.strategy_why})" if d.strategy_why else d.args.strategy
+
+
+def plan_configs(strategy: Strategy, args, world_size: int, *, cuda: bool) -> dict[str, Any]:
+    """What a plan shows beside the Accelerate launch config: the settings the training process
+    builds for `strategy` from parsed training arguments (a TrainArgs) on `world_size` processes,
+    on GPUs or not (`cuda`: the fsdp engine differs, so the plan must ask as the job will)."""
+    if strategy.uses_deepspeed:
+        return {"deepspeed_config": strategies.deepspeed_config_for(args, world_size)}
+    if strategy is Strategy.fsdp:
+        decided = decide(args, world=world_size, cuda=cuda)
+        if decided.in_graph:
+            return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({decided.engine_why})"}
+        per_unit = (
+            args.fsdp_blocks_per_unit or f"auto (units of about {strategies.FSDP_UNIT_PARAMS // 10**6}M parameters)"
+        )
+        return {"fsdp_plugin": strategies.fsdp_plugin_settings(), "fsdp_blocks_per_unit": per_unit}
+    return {}

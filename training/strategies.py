@@ -330,23 +330,6 @@ def deepspeed_config_for(args, world_size: int) -> dict[str, Any]:
     )
 
 
-def plan_configs(strategy: Strategy, args, world_size: int, *, cuda: bool) -> dict[str, Any]:
-    """What a plan shows beside the Accelerate launch config: the settings the training process
-    builds for `strategy` from parsed training arguments (a TrainArgs) on `world_size` processes,
-    on GPUs or not (`cuda`: the fsdp engine differs, so the plan must ask as the job will)."""
-    if strategy.uses_deepspeed:
-        return {"deepspeed_config": deepspeed_config_for(args, world_size)}
-    if strategy is Strategy.fsdp:
-        from .decisions import decide  # it reads this module's rules: imported where used, no loop
-
-        decided = decide(args, world=world_size, cuda=cuda)
-        if decided.in_graph:
-            return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({decided.engine_why})"}
-        per_unit = args.fsdp_blocks_per_unit or f"auto (units of about {FSDP_UNIT_PARAMS // 10**6}M parameters)"
-        return {"fsdp_plugin": fsdp_plugin_settings(), "fsdp_blocks_per_unit": per_unit}
-    return {}
-
-
 # Eager DDP all-reduces each 25 MB bucket (PyTorch's default) as soon as backward fills it.
 # Under torch.compile, Dynamo splits the compiled graph at every bucket boundary to keep that
 # overlap, and GPT-2 small's ~500 MB of gradients made ~20 graphs: on 4xH200, weak scaling was

@@ -2,7 +2,7 @@
 
 A backend turns a JobSpec into a Plan without any network call (`plan`), checks the plan
 against what only the cloud can tell (`preflight`, read-only), and acts on it (`submit`).
-Lifecycle calls take a JobRef (see launcher/jobs.py). Modules are imported only when used.
+Lifecycle calls take a JobRef (launcher/plan.py). Modules are imported only when used.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from distrain_cloud.infra.errors import UserError
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from ..jobs import JobRef
     from ..logs import LogLine
-    from ..plan import Plan
+    from ..plan import JobRef, Plan
     from ..spec import JobSpec
 
 
@@ -37,6 +36,10 @@ class Backend(Protocol):
 
     def status(self, job: JobRef) -> dict[str, Any]:
         """At least job_name, status, terminal (bool) and detail."""
+
+    def holder_state(self, holder: dict[str, Any]) -> tuple[bool, str] | None:
+        """(ended, status) of the job that holds a lineage's lease (launcher/lease.py), read where
+        the lease's body `holder` says it lives; None when there is no such job there (yet)."""
 
     def list_jobs(self, *, region: str | None, workdir: Path, limit: int) -> list[dict[str, Any]]: ...
 

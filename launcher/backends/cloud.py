@@ -54,13 +54,13 @@ def repo_root() -> Path:
 
 def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main_port: int = 29500) -> TrainingPlan:
     from distrain_cloud.training.args import parse_args
+    from distrain_cloud.training.decisions import plan_configs
     from distrain_cloud.training.strategies import (
         ClusterShape,
         Strategy,
         accelerate_config,
         choose_precision,
         parse_strategy,
-        plan_configs,
         planned_ddp_buckets,
     )
 

@@ -29,11 +29,10 @@ from distrain_cloud.training.stopping import (
     _start_time,
     child_dies_with_us,
 )
-from distrain_cloud.training.strategies import choose_precision, parse_strategy, plan_configs
+from distrain_cloud.training.strategies import choose_precision, parse_strategy
 
-from ..jobs import JobRef
 from ..lease import launched as lineage_launched
-from ..plan import Check, Plan, refuse_failed_checks, unique_job_name
+from ..plan import Check, JobRef, Plan, refuse_failed_checks, unique_job_name
 from ..tracking import tracking_env, wandb_run
 
 if TYPE_CHECKING:
@@ -121,6 +120,8 @@ class LocalBackend:
             )
         strategy = parse_strategy(train.strategy)
         if strategy.shards_state:
+            from distrain_cloud.training.decisions import plan_configs
+
             configs.update(plan_configs(strategy, train, processes, cuda=gpus > 0))
         wandb = wandb_run(spec, argv, tracking)
         stack = _has_training_stack()
@@ -270,6 +271,20 @@ class LocalBackend:
         if not (root / "job.json").is_file():
             raise UserError(f"no local job {job.name!r} under {job.workdir}/ (see `distrain-cloud ls`)")
         return root
+
+    def holder_state(self, holder: dict[str, Any]) -> tuple[bool, str] | None:
+        """(ended, status) of the job holding a lineage's lease (launcher/lease.py), from its folder
+        in the runs folder its lease names; None when there is no such job (yet)."""
+        runs = Path(holder["workdir"])
+        if not (runs / holder["job"] / "job.json").is_file():
+            return None
+        if not (runs / holder["job"] / "status.json").is_file():
+            return False, "starting"  # its folder is there, its process not yet
+        try:
+            info = self.status(JobRef(holder["job"], "local", workdir=runs))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise UserError(f"its status.json is malformed ({type(e).__name__})") from None
+        return bool(info["terminal"]), str(info["status"])
 
     def status(self, job: JobRef) -> dict[str, Any]:
         root = self._root(job)

@@ -361,7 +361,9 @@ def test_the_node_agent_imports_from_the_bundle_alone(tmp_path):
 
     with tarfile.open(fileobj=io.BytesIO(build_bundle(REPO).data)) as tar:
         tar.extractall(tmp_path, filter="data")
-    probe = f"import sys, {NODE_AGENT}.node; print(sorted(m for m in sys.modules if m.startswith('distrain_cloud')))"
+    # the entry and every part it imports only when a job asks for it (a lineage, a cost cap)
+    parts = ", ".join(f"{NODE_AGENT}.{name}" for name in ("run", "node", "elastic", "costclock"))
+    probe = f"import sys, {parts}; print(sorted(m for m in sys.modules if m.startswith('distrain_cloud')))"
     done = subprocess.run(
         [sys.executable, "-S", "-c", probe],
         cwd=tmp_path,
@@ -371,4 +373,4 @@ def test_the_node_agent_imports_from_the_bundle_alone(tmp_path):
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert "distrain_cloud.launcher.backends.ec2.agent.node" in done.stdout
+    assert "distrain_cloud.launcher.backends.ec2.agent.run" in done.stdout

@@ -30,7 +30,7 @@ from distrain_cloud.infra import stack
 from distrain_cloud.launcher.backends.ec2 import backend as ec2
 from distrain_cloud.launcher.backends.ec2 import budget, layout
 from distrain_cloud.launcher.backends.ec2.agent.costclock import TICK_S, CostClock, Prices, reserve_s
-from distrain_cloud.launcher.backends.ec2.agent.elastic import LINEAGE_RECORD, Lineage
+from distrain_cloud.launcher.backends.ec2.agent.elastic import Lineage
 from distrain_cloud.launcher.backends.ec2.agent.imds import Imds
 from distrain_cloud.launcher.backends.ec2.agent.job import Job, NodeIdentity, Settings
 from distrain_cloud.launcher.backends.ec2.agent.logs import LogSink
@@ -151,7 +151,7 @@ class Rehearsal:
         while self.aws.now - self.start < limit_s:
             for when in [w for w in faults if self.start + w <= self.aws.now]:
                 faults.pop(when)(self)  # type: ignore[operator]
-            if self.read(LINEAGE_RECORD) is not None and not self.aws.live(self.job):
+            if self.read(layout.LINEAGE_RECORD) is not None and not self.aws.live(self.job):
                 return
             self.step()
 

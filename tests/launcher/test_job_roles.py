@@ -19,7 +19,7 @@ from distrain_cloud.infra.stack import StackResources
 from distrain_cloud.launcher.api import plan_job, submit_job
 from distrain_cloud.launcher.backends.ec2 import backend as ec2
 from distrain_cloud.launcher.backends.sagemaker import backend as sagemaker
-from distrain_cloud.launcher.jobs import JobRef
+from distrain_cloud.launcher.plan import JobRef
 from distrain_cloud.launcher.spec import load_spec
 
 REGION = "us-east-1"

@@ -12,6 +12,7 @@ import pytest
 
 from distrain_cloud.launcher import memory
 from distrain_cloud.launcher.catalog import all_instances, lookup
+from distrain_cloud.launcher.shape import SHIPPED_VOCAB
 from distrain_cloud.training.args import parse_args
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))  # the calibration runs and their fit live there
@@ -135,7 +136,7 @@ def test_a_local_model_config_is_read_and_an_unknown_hub_model_is_not_guessed(tm
 
 def test_the_shipped_tokenizer_size_is_what_presets_get():
     tokenizer = json.loads((REPO / "training" / "assets" / "tokenizer.json").read_text())
-    assert len(tokenizer["model"]["vocab"]) == memory.SHIPPED_VOCAB
+    assert len(tokenizer["model"]["vocab"]) == SHIPPED_VOCAB
 
 
 # ---------------------------------------------------------------------------------- the plan check

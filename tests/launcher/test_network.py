@@ -19,7 +19,7 @@ from distrain_cloud.launcher import apimodel, catalog
 from distrain_cloud.launcher.api import plan_job, submit_job
 from distrain_cloud.launcher.backends.ec2 import backend as ec2
 from distrain_cloud.launcher.backends.ec2 import network
-from distrain_cloud.launcher.backends.ec2.request import GROUP_PLACEHOLDER
+from distrain_cloud.launcher.backends.ec2.request import GROUP_PLACEHOLDER, efa_count
 from distrain_cloud.launcher.spec import load_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS::")
@@ -77,9 +77,9 @@ def test_in_the_stacks_default_subnets_one_efa_and_the_plan_says_why(aws_calls):
     assert (interface["NetworkCardIndex"], interface["InterfaceType"]) == (0, "efa")
     assert plan.summary["network"].startswith("1 EFA interface, on network card 0 of 4, 100 Gbps baseline")
     assert "set ec2.subnet_id to a private subnet" in plan.summary["network"]
-    assert network.efa_count(catalog.network_facts("p5.48xlarge"), public_ip=True) == 1
-    assert network.efa_count(catalog.network_facts("g4dn.12xlarge"), public_ip=False) == 1
-    assert network.efa_count(catalog.network_facts("g5.xlarge"), public_ip=False) == 0
+    assert efa_count(catalog.network_facts("p5.48xlarge"), public_ip=True) == 1
+    assert efa_count(catalog.network_facts("g4dn.12xlarge"), public_ip=False) == 1
+    assert efa_count(catalog.network_facts("g5.xlarge"), public_ip=False) == 0
     assert aws_calls == []
 
 

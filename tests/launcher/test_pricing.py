@@ -51,7 +51,7 @@ def test_the_generator_reads_on_demand_linux_prices_from_recorded_price_list_fil
     assert "7 prices as of 2025-11-01" in err and "no on-demand price for" in err  # what is missing is said
 
     # What the catalog would make of it: the date, and no "recalled" label on Price List figures.
-    loaded = pricing.load_snapshot(str(out))
+    loaded = catalog.load_snapshot(str(out))
     assert loaded.as_of == "2025-11-01" and loaded.prices["p4d.24xlarge"]["us-east-1"] == 21.9576
 
 
@@ -86,7 +86,7 @@ def test_the_price_list_api_requests_pass_the_api_model_and_are_read_alike(stub_
 
 
 def test_the_catalog_reads_its_prices_from_the_shipped_snapshot():
-    snap = json.loads(Path(pricing.SNAPSHOT_PATH).read_text())
+    snap = json.loads(Path(catalog.SNAPSHOT_PATH).read_text())
     assert snap["as_of"] == catalog.PRICES_AS_OF and snap["source"]
     for instance in catalog.all_instances():
         assert instance.hourly_usd == snap["prices"][instance.name], instance.name
@@ -106,9 +106,9 @@ def test_the_shipped_ec2_prices_are_the_generators_output_from_skypilots_catalog
     (tests/launcher/data/skypilot-aws-vms-excerpt.csv: rows of catalogs/v9/aws/vms.csv at the commit
     the snapshot names, the first zone of each region for the catalog's types, plus distractors:
     other regions, a zone without an on-demand price); nothing EC2 is hand-kept any more."""
-    shipped = json.loads(Path(pricing.SNAPSHOT_PATH).read_text())
+    shipped = json.loads(Path(catalog.SNAPSHOT_PATH).read_text())
     out = tmp_path / "prices.json"
-    out.write_text(Path(pricing.SNAPSHOT_PATH).read_text())  # the SageMaker figures it carries over
+    out.write_text(Path(catalog.SNAPSHOT_PATH).read_text())  # the SageMaker figures it carries over
     argv = ["--skypilot-csv", str(SKYPILOT_CSV), "--commit", SKYPILOT_COMMIT, "--as-of", "2026-11-28"]
     assert pricelist.main([*argv, "--out", str(out)]) == 0
     generated = json.loads(out.read_text())

@@ -38,7 +38,7 @@ from test_node_agent import FAKE_TRAINER  # noqa: E402
 
 from distrain_cloud.infra.errors import UserError  # noqa: E402
 from distrain_cloud.launcher import rehearse  # noqa: E402
-from distrain_cloud.launcher.backends.ec2.agent import node as node_agent  # noqa: E402
+from distrain_cloud.launcher.backends.ec2.agent import run as node_run  # noqa: E402
 from distrain_cloud.launcher.backends.ec2.agent.elastic import AttemptAgent  # noqa: E402
 from distrain_cloud.launcher.backends.ec2.agent.job import Settings  # noqa: E402
 from distrain_cloud.launcher.backends.ec2.agent.logs import LogSink  # noqa: E402
@@ -113,7 +113,7 @@ class World:
 
         def run() -> None:
             try:
-                node_agent.run_node(
+                node_run.run_node(
                     f"s3://stack-bucket/{key}", hashlib.sha256(body).hexdigest(), settings, sink, signalled
                 )
             finally:
@@ -294,7 +294,7 @@ def test_the_command_shows_the_bound_and_asks_before_anything_is_made(world, cap
 
 def test_the_bill_counts_each_instance_from_launch_to_termination_even_once_ec2_forgets_it(monkeypatch):
     from distrain_cloud.launcher.backends.ec2 import status
-    from distrain_cloud.launcher.jobs import JobRef
+    from distrain_cloud.launcher.plan import JobRef
 
     listed = [
         {"id": "i-1", "state": "terminated", "launched": 1000.0, "ended": 1600.0},

@@ -167,7 +167,7 @@ def test_a_resumed_jobs_report_plots_its_lineage_from_step_1(tmp_path, capsys, j
 
 
 def test_an_attempt_whose_metrics_are_gone_is_named_and_the_rest_plotted(tmp_path, job_records):
-    from distrain_cloud.launcher.jobs import JobRef
+    from distrain_cloud.launcher.plan import JobRef
     from distrain_cloud.launcher.report import lineage_folders
 
     runs = tmp_path / "runs"

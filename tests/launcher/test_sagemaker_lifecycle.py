@@ -22,8 +22,8 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.launcher.api import plan_job, submit_job
 from distrain_cloud.launcher.backends import wait_for
 from distrain_cloud.launcher.backends.sagemaker import backend as sm
-from distrain_cloud.launcher.jobs import JobRef
 from distrain_cloud.launcher.lease import LineageBusy
+from distrain_cloud.launcher.plan import JobRef
 from distrain_cloud.launcher.spec import load_spec
 
 REGION = "us-east-1"

@@ -10,7 +10,7 @@ import pytest
 
 from distrain_cloud.launcher import throughput
 from distrain_cloud.launcher.catalog import GPU_COMPUTE_CAPABILITY
-from distrain_cloud.launcher.memory import shape_from_config
+from distrain_cloud.launcher.shape import shape_from_config
 from distrain_cloud.training.modeling import PRESETS
 
 MEASUREMENTS = Path(__file__).resolve().parents[2] / "bench" / "measurements"

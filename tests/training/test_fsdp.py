@@ -12,13 +12,13 @@ import pytest
 
 from distrain_cloud.training import checkpoint
 from distrain_cloud.training.args import ArgumentError, parse_args
+from distrain_cloud.training.decisions import plan_configs
 from distrain_cloud.training.strategies import (
     ClusterShape,
     Strategy,
     accelerate_config,
     fsdp_blocks_per_unit,
     fsdp_plugin_settings,
-    plan_configs,
 )
 
 # Checkpoints every 2 steps, a loss per step, evaluations at steps 5 and 8 (the end): the kill after

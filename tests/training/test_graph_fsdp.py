@@ -16,7 +16,8 @@ from test_fsdp import assert_trains_like, compared_lm_flags, lm_flags
 
 from distrain_cloud.training import checkpoint
 from distrain_cloud.training.args import parse_args
-from distrain_cloud.training.strategies import Strategy, fsdp_in_graph, fsdp_plugin_settings, plan_configs
+from distrain_cloud.training.decisions import plan_configs
+from distrain_cloud.training.strategies import Strategy, fsdp_in_graph, fsdp_plugin_settings
 
 IN_GRAPH = ["--strategy", "fsdp", "--compile", "--compile-unit", "model"]
 

@@ -203,7 +203,7 @@ def test_a_branch_failure_names_the_branch_without_the_token(hub, model_folder, 
 def test_a_failed_push_keeps_the_model_names_the_retry_and_the_retry_pushes_it(hub, train, monkeypatch):
     """The push fails after the whole run: the error line says the model is kept and names
     `distrain-cloud push JOB`, which then pushes that model without retraining."""
-    from distrain_cloud.launcher.jobs import JobRef
+    from distrain_cloud.launcher.plan import JobRef
     from distrain_cloud.launcher.push import push_job
 
     hub.fail["commit"] = (403, "You don't have the rights to create a model under the namespace me")

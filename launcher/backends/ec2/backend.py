@@ -32,13 +32,12 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.stack import ALIVE_STATES
 from distrain_cloud.training.strategies import AUTO, parse_strategy
 
-from ... import pricing, quotas
-from ...jobs import JobRef
+from ... import quotas
 from ...lease import launched as lineage_launched
-from ...plan import Check, Plan, refuse_failed_checks
+from ...plan import Check, JobRef, Plan, refuse_failed_checks
 from ...tracking import wandb_run
 from .. import cloud, wait_for
-from . import budget, layout, network, recovery
+from . import budget, layout, network, recovery, spot_price
 from .request import (
     GROUP_PLACEHOLDER,
     HARD_STOP_GRACE_MIN,
@@ -55,7 +54,6 @@ from .request import (
     user_data_size_check,
 )
 from .status import (
-    Ec2JobStatus,
     bad_record,
     created_key,
     job_files,
@@ -369,7 +367,7 @@ class Ec2Backend:
             public_ip=public_ip,
         )
         placed = self._place(dataclasses.replace(plan, checks=checks), where)
-        placed = pricing.with_current_spot_price(placed, spec, region)  # a spot job's price now
+        placed = spot_price.with_current_spot_price(placed, spec, region)  # a spot job's price now
         placed = budget.apply(placed, spec, region)
         extra = [
             cloud.bucket_check(
@@ -444,27 +442,14 @@ class Ec2Backend:
         print(f"next: distrain-cloud logs {plan.job_name} --follow --region {parts.region}", file=sys.stderr)
         if not wait:
             return 0
-        if recovery.planned(plan):  # AWS relaunches it: follow the lineage to its end
-            return wait_for(self, JobRef(plan.job_name, self.name, parts.region))
-        return self._wait(JobRef(plan.job_name, self.name, parts.region), plan.payload["spec"])
+        # AWS relaunches a recovering lineage itself: this follows it to its end. A plain spot job
+        # that was interrupted ends Interrupted here; api.submit_job resumes it (relaunches_interrupted).
+        return wait_for(self, JobRef(plan.job_name, self.name, parts.region))
 
-    def _wait(self, job: JobRef, spec: JobSpec) -> int:
-        """Follow the job; a spot job that was interrupted is resumed on new instances (a new
-        attempt of its lineage) until --max-wait has passed since the first submit."""
-        from ...api import plan_job, resume_spec, submit_job
-
-        until = time.time() + (spec.max_wait or spec.max_run * 2)
-        while True:
-            code = wait_for(self, job)
-            if not spec.spot or self.status(job)["status"] != Ec2JobStatus.Interrupted.value:
-                return code
-            if time.time() >= until:
-                print(f"{job.name} was interrupted and --max-wait has passed: not relaunched", file=sys.stderr)
-                return code
-            print(f"{job.name}: spot capacity was reclaimed; resuming from its checkpoints", file=sys.stderr)
-            plan = plan_job(resume_spec(job))
-            submit_job(plan)
-            job = JobRef(plan.job_name, self.name, job.region)
+    def relaunches_interrupted(self, plan: Plan) -> bool:
+        """Whether `submit --wait` resumes this plan's job, on new instances, when it ends Interrupted:
+        a spot job whose lineage AWS does not keep going itself (recovery.py)."""
+        return bool(plan.payload["spec"].spot) and not recovery.planned(plan)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -537,7 +522,7 @@ class Ec2Backend:
 
         region, bucket, prefix, description = described(job)
         if recovery.is_lineage(description):
-            return recovery.cancel(job)
+            return _cancel_lineage(job)
         s3 = aws.client("s3", region)
         info = self._status(job, region, bucket, prefix, description)
         alive = sorted(i for i, state in info["instances"].items() if state in ALIVE_STATES)
@@ -574,7 +559,7 @@ class Ec2Backend:
 
         region = aws.region(job.region)
         if recovery.is_lineage(described(job)[3]):
-            return recovery.cancel(job, now_=True)
+            return _cancel_lineage(job, now_=True)
         alive = [i["id"] for i in tagged_instances(region, job.name).get(job.name, []) if i["state"] in ALIVE_STATES]
         _write_stop(job, "cancel")
         if not alive:
@@ -592,8 +577,21 @@ class Ec2Backend:
         output = description["output_uri"]
         if recovery.is_lineage(description) and info.get("attempts"):
             # each attempt's rank 0 uploads to the attempt's own folder (agent/elastic.py): the last one's
-            output = f"{output.rstrip('/').rsplit('/', 1)[0]}/{recovery.ATTEMPTS}/{int(info['attempt'])}/output/"
+            output = layout.attempt_output_uri(output, int(info["attempt"]))
         return cloud.fetch_outputs(job.name, info, region, dest, output=output, model=description["model_uri"])
+
+    def holder_state(self, holder: dict[str, Any]) -> tuple[bool, str] | None:
+        """(ended, status) of the job holding a lineage's lease (launcher/lease.py), read where its
+        lease says it lives; None when there is no such job there (yet)."""
+        from distrain_cloud.infra import aws
+
+        region, bucket, prefix, name = holder["region"], holder["bucket"], holder["prefix"], holder["job"]
+        try:
+            with aws.translate_errors():
+                info = status_at(JobRef(name, "ec2", region), bucket, prefix)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise UserError(f"its job.json is malformed ({type(e).__name__})") from None
+        return None if info is None else (bool(info["terminal"]), str(info["status"]))
 
     def job_spec(self, job: JobRef) -> JobSpec | None:
         """The spec job `job` was submitted with, from its job description in S3 (for `resume`
@@ -1097,9 +1095,84 @@ def _unanswered(
         time.sleep(min(CANCEL_POLL_S, max(0.0, until - time.monotonic())))
 
 
+def _cancel_lineage(job: JobRef, now_: bool = False) -> str:
+    """Stop the lineage, not only the live attempt: the group launches nothing more, the lineage's
+    stop marker keeps any node that still boots from starting, and the live attempt's nodes save a
+    checkpoint and leave (with `now_`, the group and its instances are deleted at once)."""
+    from distrain_cloud.infra import aws
+
+    region, bucket, prefix, description = described(job)
+    root = layout.job_key(prefix, job.name)
+    marker = {"reason": "cancel", "by": "launcher", "time": time.time()}
+    with aws.translate_errors():
+        s3 = aws.client("s3", region)
+        numbers = recovery.attempt_numbers(s3, bucket, root)
+        live = layout.attempt_job(job.name, numbers[-1]) if numbers else None
+        before = _record_etags(s3, bucket, prefix, live) if live else {}
+        s3.put_object(
+            Bucket=bucket, Key=layout.job_key(prefix, job.name, layout.STOP), Body=json.dumps(marker).encode()
+        )
+        if numbers:
+            s3.put_object(
+                Bucket=bucket,
+                Key=layout.attempt_key(prefix, job.name, numbers[-1], layout.STOP),
+                Body=json.dumps(marker).encode(),
+            )
+        asg = aws.client("autoscaling", region)
+        try:
+            if now_:
+                asg.delete_auto_scaling_group(AutoScalingGroupName=job.name, ForceDelete=True)
+            else:
+                asg.suspend_processes(AutoScalingGroupName=job.name, ScalingProcesses=["Launch"])
+        except Exception as e:
+            if "not found" not in str(e).lower() and "ValidationError" not in str(e):
+                raise
+    if now_:
+        alive = [
+            i["id"]
+            for i in tagged_instances(region, job.name).get(job.name, [])
+            if i["state"] in ("pending", "running")
+        ]
+        if alive:
+            _terminate(region, alive)
+        return f"stopping lineage {job.name} at once: its Auto Scaling group and {len(alive)} instance(s) are deleted"
+    # Only a live agent acts on the markers: with the laptop closed right after, a node whose agent
+    # is dead would run until the hard stop. Wait for each to answer, as a plain job's cancel does.
+    print(f"note: waiting up to {CANCEL_ANSWER_S} s for the node agents to answer the stop", file=sys.stderr)
+    # The live attempt's records answer; a waiting or booting node sees the lineage's stop and ends.
+    with aws.translate_errors():
+        silent = _unanswered(s3, bucket, prefix, job.name, region, before, records=live)
+    said = (
+        f"stopping lineage {job.name}: its Auto Scaling group launches nothing more; the nodes of the live "
+        f"attempt save a checkpoint and end (distrain-cloud status {job.name}; `cancel {job.name} --now` "
+        "ends them at once)"
+    )
+    if not silent:
+        return said
+    _leave_group(region, silent)
+    return (
+        f"{said}; no node agent answered the stop within {CANCEL_ANSWER_S} s on {', '.join(silent)}: "
+        "terminated them, without a checkpoint"
+    )
+
+
+def _leave_group(region: str, ids: list[str]) -> None:
+    """Terminate `ids` out of the group, lowering its desired capacity: nothing replaces them."""
+    from botocore.exceptions import ClientError
+
+    from distrain_cloud.infra import aws
+
+    asg = aws.client("autoscaling", region)
+    for instance in ids:
+        try:
+            asg.terminate_instance_in_auto_scaling_group(InstanceId=instance, ShouldDecrementDesiredCapacity=True)
+        except ClientError:  # no longer in the group (it left meanwhile): an ordinary terminate
+            _terminate(region, [instance])
+
+
 def status_at(job: JobRef, bucket: str, prefix: str) -> dict[str, Any] | None:
     """Job `job`'s status, read from (bucket, prefix) in its region, as `status` shows it; None when
-    there is no such job there (yet). For callers that know where the job lives (launcher/lease.py)."""
+    there is no such job there (yet). For callers that know where the job lives (holder_state, for the lease)."""
     from distrain_cloud.infra import aws
 
     region = str(job.region)

@@ -11,8 +11,21 @@ and the node agent uses. It ships in the code bundle beside agent/ (stdlib only:
     <prefix>/jobs/<job>/cost/<instance-id>.json         each instance's part of the cost clock (--max-cost)
     <prefix>/jobs/<job>/attempts/<k>/                   attempt k of a lineage AWS keeps going (its own
                                                         rendezvous, nodes/, stop; agent/elastic.py)
+    <prefix>/jobs/<job>/attempts/<k>/claims/<rank>.json who took rank r of attempt k (created once)
+    <prefix>/jobs/<job>/attempts/<k>/output/            attempt k's rank 0 uploads its output here
+    <prefix>/jobs/<job>/lineage.json                    the lineage's end, written once by the node
+                                                        that ends it (recovery.py reads it)
+    <prefix>/jobs/<job>/failures/<n>.json               the lineage's node failures, one slot each of
+                                                        its failure budget (boot.py and the agent)
+    <prefix>/jobs/<job>/on-demand.json                  the lineage's switch to on-demand, once
+                                                        (--on-demand-after)
     <prefix>/jobs/<job>/model/, output/                 what training leaves (job.json names them)
     <prefix>/checkpoints/<lineage>/                     shared by every attempt of a lineage
+    <prefix>/leases/<lineage>.json                      the lineage's lease: launchers only
+                                                        (launcher/lease.py, lease_key)
+
+boot.py runs before the bundle is unpacked, so it cannot import this module: it spells nodes/,
+stop, failures/ and lineage.json itself, and tests/launcher/test_layout.py holds it to these names.
 
 `prefix` is the spec's key prefix with no slash at either end ("" for the bucket's root).
 """
@@ -26,6 +39,10 @@ STOP = "stop"
 RENDEZVOUS = "rendezvous"
 COST = "cost"
 ATTEMPTS = "attempts"
+CLAIMS = "claims"
+LINEAGE_RECORD = "lineage.json"
+FAILURES = "failures"
+FALLBACK_RECORD = "on-demand.json"
 
 
 def _join(*parts: str) -> str:
@@ -61,3 +78,20 @@ def cost_record(prefix: str, job: str, instance_id: str) -> str:
     """One instance's part of job `job`'s cost clock (agent/costclock.py): every instance the job
     launched, in every attempt, writes its own, so no two nodes ever write one key."""
     return job_key(prefix, job, COST, f"{instance_id}.json")
+
+
+def attempt_job(job: str, k: int) -> str:
+    """Attempt k's folder, named as a job under jobs/ (`<job>/attempts/<k>`): an attempt's folder is
+    laid out as a plain job's, so what reads a job's folder (status.job_files) reads it by this name."""
+    return f"{job}/{ATTEMPTS}/{k}"
+
+
+def attempt_key(prefix: str, job: str, k: int, *parts: str) -> str:
+    """The key of jobs/<job>/attempts/<k>/<parts...> under `prefix` (the folder itself without parts)."""
+    return job_key(prefix, attempt_job(job, k), *parts)
+
+
+def attempt_output_uri(output_uri: str, k: int) -> str:
+    """Where attempt k's rank 0 uploads its output: `.../jobs/<job>/attempts/<k>/output/`, beside the
+    job's own `output/` (`output_uri`, as job.json names it)."""
+    return f"{output_uri.rstrip('/').rsplit('/', 1)[0]}/{ATTEMPTS}/{k}/output/"

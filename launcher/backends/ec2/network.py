@@ -107,16 +107,6 @@ def refuse_problems(found: dict[str, Any]) -> None:
         cloud.refuse_api_problems("ec2", operation, request, SOURCES, "EC2")
 
 
-def efa_count(facts: NetworkFacts, public_ip: bool) -> int:
-    """EFA interfaces per node: one per network card, AWS's advice for multi-card types (EC2 User
-    Guide, "Maximize network bandwidth on Amazon EC2 instances with multiple network cards"); one
-    where the subnet gives public IPv4 addresses, which EC2 assigns only to an instance launched
-    with one network interface (EC2 API Reference, InstanceNetworkInterfaceSpecification,
-    AssociatePublicIpAddress: "You cannot specify more than one network interface")."""
-    most = min(facts.cards, facts.efa_interfaces)
-    return min(most, 1) if public_ip else most
-
-
 def bandwidth(nodes: int, facts: NetworkFacts, interfaces: int, public_ip: bool) -> str:
     """The plan's words for the network between the job's nodes."""
     if nodes == 1:

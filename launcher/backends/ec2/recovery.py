@@ -46,13 +46,10 @@ from . import layout
 from . import status as ec2_status
 
 if TYPE_CHECKING:
-    from ...jobs import JobRef
     from ...plan import Plan
     from ...spec import JobSpec
 
 HARD_STOP_ACTION = "lineage-hard-stop"
-ATTEMPTS = "attempts"
-LINEAGE_RECORD = "lineage.json"
 # How long the survivors of an interrupted attempt wait for the group's replacements to join
 # (spot capacity may take a while to come back); then the lineage ends, naming the missing nodes.
 REPLACEMENT_WAIT_S = 1800
@@ -60,7 +57,6 @@ REPLACEMENT_WAIT_S = 1800
 # lineage takes: below it the group replaces the node, a retry; the one that uses it up ends the
 # lineage Failed with its reason (boot.py, agent/elastic.py). Kept in S3, where the nodes count it.
 FAILURE_BUDGET = 3
-FAILURES = "failures"
 # After the lineage's end its nodes upload their last records and leave within minutes (the final
 # sync allows 10); `status` then deletes the group even with an instance still running.
 RETIRE_AFTER_S = 1200
@@ -293,11 +289,13 @@ def _profile_not_yet_seen(e: Exception) -> bool:
 
 def attempt_numbers(s3: Any, bucket: str, root: str) -> list[int]:
     """The numbers of the attempts with a folder under job folder `root`, in order."""
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{root}/{ATTEMPTS}/", Delimiter="/")
+    pages = s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{root}/{layout.ATTEMPTS}/", Delimiter="/"
+    )
     found = set()
     for page in pages:
         for folder in page.get("CommonPrefixes", []):
-            m = re.fullmatch(r"([1-9][0-9]{0,3})/", folder["Prefix"][len(root) + len(ATTEMPTS) + 2 :])
+            m = re.fullmatch(r"([1-9][0-9]{0,3})/", folder["Prefix"][len(root) + len(layout.ATTEMPTS) + 2 :])
             if m:
                 found.add(int(m.group(1)))
     return sorted(found)
@@ -306,10 +304,12 @@ def attempt_numbers(s3: Any, bucket: str, root: str) -> list[int]:
 def _claims(s3: Any, bucket: str, root: str, attempt: int) -> list[dict[str, Any]]:
     """The claims of attempt `attempt` (who took which rank, where, when), checked field by field."""
     out = []
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{root}/{ATTEMPTS}/{attempt}/claims/")
+    pages = s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{root}/{layout.ATTEMPTS}/{attempt}/{layout.CLAIMS}/"
+    )
     for page in pages:
         for item in page.get("Contents", []):
-            m = re.search(r"/claims/([0-9]{1,4})\.json$", item["Key"])
+            m = re.search("/" + layout.CLAIMS + r"/([0-9]{1,4})\.json$", item["Key"])
             if not m:
                 continue
             with contextlib.suppress(UserError):  # a broken claim is not a reason to hide the lineage
@@ -349,10 +349,10 @@ def lineage_status(
         numbers = attempt_numbers(s3, bucket, root)
         attempts = []
         for k in numbers:
-            files = ec2_status.job_files(s3, bucket, prefix, f"{name}/{ATTEMPTS}/{k}")
+            files = ec2_status.job_files(s3, bucket, prefix, layout.attempt_job(name, k))
             attempts.append((k, _claims(s3, bucket, root, k), files))
-        end = ec2_status.read_json(s3, bucket, f"{root}/{LINEAGE_RECORD}")
-        stop = ec2_status.read_json(s3, bucket, f"{root}/stop")
+        end = ec2_status.read_json(s3, bucket, f"{root}/{layout.LINEAGE_RECORD}")
+        stop = ec2_status.read_json(s3, bucket, f"{root}/{layout.STOP}")
         failures = _failures(s3, bucket, root)
     # Only the launcher's cancel writes the lineage's stop as a cancel. A node's failure there
     # (`peer-failed`: a bundle older than the failure budget, a job.json that did not verify) is
@@ -457,7 +457,7 @@ def lineage_status(
 def _failures(s3: Any, bucket: str, root: str) -> list[dict[str, Any]]:
     """The lineage's node failures (boot.py, agent/elastic.py write them), in slot order, checked."""
     out = []
-    listing = s3.list_objects_v2(Bucket=bucket, Prefix=f"{root}/{FAILURES}/", MaxKeys=50).get("Contents", [])
+    listing = s3.list_objects_v2(Bucket=bucket, Prefix=f"{root}/{layout.FAILURES}/", MaxKeys=50).get("Contents", [])
     for item in listing:
         m = re.search(r"/([1-9][0-9]?)\.json$", item["Key"])
         if not m:
@@ -581,79 +581,6 @@ def _newness(row: dict[str, Any]) -> tuple[str, int]:
 
 
 # ---------------------------------------------------------------------- cancel and clean-up
-
-
-def cancel(job: JobRef, now_: bool = False) -> str:
-    """Stop the lineage, not only the live attempt: the group launches nothing more, the lineage's
-    stop marker keeps any node that still boots from starting, and the live attempt's nodes save a
-    checkpoint and leave (with `now_`, the group and its instances are deleted at once)."""
-    from distrain_cloud.infra import aws
-
-    from . import backend as ec2
-
-    region, bucket, prefix, description = ec2.described(job)
-    root = layout.job_key(prefix, job.name)
-    marker = {"reason": "cancel", "by": "launcher", "time": time.time()}
-    with aws.translate_errors():
-        s3 = aws.client("s3", region)
-        numbers = attempt_numbers(s3, bucket, root)
-        live = f"{job.name}/{ATTEMPTS}/{numbers[-1]}" if numbers else None
-        before = ec2._record_etags(s3, bucket, prefix, live) if live else {}
-        s3.put_object(Bucket=bucket, Key=f"{root}/stop", Body=json.dumps(marker).encode())
-        if numbers:
-            s3.put_object(Bucket=bucket, Key=f"{root}/{ATTEMPTS}/{numbers[-1]}/stop", Body=json.dumps(marker).encode())
-        asg = aws.client("autoscaling", region)
-        try:
-            if now_:
-                asg.delete_auto_scaling_group(AutoScalingGroupName=job.name, ForceDelete=True)
-            else:
-                asg.suspend_processes(AutoScalingGroupName=job.name, ScalingProcesses=["Launch"])
-        except Exception as e:
-            if "not found" not in str(e).lower() and "ValidationError" not in str(e):
-                raise
-    if now_:
-        alive = [
-            i["id"]
-            for i in ec2_status.tagged_instances(region, job.name).get(job.name, [])
-            if i["state"] in ("pending", "running")
-        ]
-        if alive:
-            ec2._terminate(region, alive)
-        return f"stopping lineage {job.name} at once: its Auto Scaling group and {len(alive)} instance(s) are deleted"
-    # Only a live agent acts on the markers: with the laptop closed right after, a node whose agent
-    # is dead would run until the hard stop. Wait for each to answer, as a plain job's cancel does.
-    print(f"note: waiting up to {ec2.CANCEL_ANSWER_S} s for the node agents to answer the stop", file=sys.stderr)
-    # The live attempt's records answer; a waiting or booting node sees the lineage's stop and ends.
-    with aws.translate_errors():
-        silent = ec2._unanswered(s3, bucket, prefix, job.name, region, before, records=live)
-    said = (
-        f"stopping lineage {job.name}: its Auto Scaling group launches nothing more; the nodes of the live "
-        f"attempt save a checkpoint and end (distrain-cloud status {job.name}; `cancel {job.name} --now` "
-        "ends them at once)"
-    )
-    if not silent:
-        return said
-    _leave(region, silent)
-    return (
-        f"{said}; no node agent answered the stop within {ec2.CANCEL_ANSWER_S} s on {', '.join(silent)}: "
-        "terminated them, without a checkpoint"
-    )
-
-
-def _leave(region: str, ids: list[str]) -> None:
-    """Terminate `ids` out of the group, lowering its desired capacity: nothing replaces them."""
-    from botocore.exceptions import ClientError
-
-    from distrain_cloud.infra import aws
-
-    from . import backend as ec2
-
-    asg = aws.client("autoscaling", region)
-    for instance in ids:
-        try:
-            asg.terminate_instance_in_auto_scaling_group(InstanceId=instance, ShouldDecrementDesiredCapacity=True)
-        except ClientError:  # no longer in the group (it left meanwhile): an ordinary terminate
-            ec2._terminate(region, [instance])
 
 
 def retire_when_done(region: str, name: str, info: dict[str, Any], *, now: float | None = None) -> None:

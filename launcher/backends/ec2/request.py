@@ -173,14 +173,23 @@ def run_instances_request(parts: Parts, where: Where, user_data: str, subnet: in
     return request
 
 
+def efa_count(facts: NetworkFacts, public_ip: bool) -> int:
+    """EFA interfaces per node: one per network card, AWS's advice for multi-card types (EC2 User
+    Guide, "Maximize network bandwidth on Amazon EC2 instances with multiple network cards"); one
+    where the subnet gives public IPv4 addresses, which EC2 assigns only to an instance launched
+    with one network interface (EC2 API Reference, InstanceNetworkInterfaceSpecification,
+    AssociatePublicIpAddress: "You cannot specify more than one network interface")."""
+    most = min(facts.cards, facts.efa_interfaces)
+    return min(most, 1) if public_ip else most
+
+
 def efa_interfaces(parts: Parts, where: Where) -> int:
-    """How many EFA interfaces each node gets (network.efa_count): one per network card, as AWS
+    """How many EFA interfaces each node gets (efa_count): one per network card, as AWS
     advises for multi-card types (EC2 User Guide, "Maximize network bandwidth on Amazon EC2
     instances with multiple network cards"): network card 0 at device index 0 an EFA with ENA
     (the primary interface, which carries the node's IP traffic), every further card at device
     index 1 an EFA-only interface (no IP address: none of the subnet's addresses is used up)."""
     from ...catalog import network_facts
-    from .network import efa_count
 
     if not parts.efa:
         return 0

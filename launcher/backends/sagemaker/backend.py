@@ -19,9 +19,8 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.resources import default_bucket
 
 from ... import quotas
-from ...jobs import JobRef
 from ...lease import launched as lineage_launched
-from ...plan import Check, Plan, refuse_failed_checks
+from ...plan import Check, JobRef, Plan, refuse_failed_checks
 from ...pricing import warm_pool
 from ...tracking import wandb_run
 from .. import cloud, wait_for
@@ -243,6 +242,26 @@ class SageMakerBackend:
         return 0
 
     # ------------------------------------------------------------------ lifecycle
+
+    def holder_state(self, holder: dict[str, Any]) -> tuple[bool, str] | None:
+        """(ended, status) of the job holding a lineage's lease (launcher/lease.py); None when
+        SageMaker has no such job (yet)."""
+        from botocore.exceptions import ClientError
+
+        from distrain_cloud.infra import aws
+
+        with aws.translate_errors():
+            try:
+                job = aws.client("sagemaker", holder["region"]).describe_training_job(TrainingJobName=holder["job"])
+            except ClientError as e:
+                # SageMaker's answer for a job it does not have: ValidationException "Requested resource not
+                # found" (moto's: "Could not find training job")
+                said = str(e).lower()
+                if aws.error_code(e) == "ValidationException" and ("not found" in said or "could not find" in said):
+                    return None
+                raise
+        info = status_of(holder["job"], job)
+        return bool(info["terminal"]), str(info["status"])
 
     def status(self, job: JobRef) -> dict[str, Any]:
         from distrain_cloud.infra import aws

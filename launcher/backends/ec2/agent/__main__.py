@@ -1,5 +1,5 @@
 """`python -m distrain_cloud.launcher.backends.ec2.agent`: what the user data runs on every node."""
 
-from .node import main
+from .run import main
 
 main()

@@ -255,7 +255,7 @@ class CostClock:
 def lineage_stop_words(marker: Any) -> str:
     """What a lineage's end says of its stop marker: the cap's words, else a cancel's."""
     if isinstance(marker, dict) and marker.get("reason") == REASON and isinstance(marker.get("detail"), str):
-        from .node import one_line
+        from .job import one_line
 
         return one_line(marker["detail"])
     return "cancelled (distrain-cloud cancel)"
@@ -302,13 +302,13 @@ def start(job: Job, me: NodeIdentity, settings: Settings, store: Store, imds: Im
     except Exception as e:
         sink.agent(f"the cost clock did not start ({short(e)}): --max-cost is not enforced on this node")
         return None
-    from .node import _Periodic
+    from .job import Periodic
 
     try:
         clock.tick()
     except Exception as e:
         sink.agent(f"cost clock tick failed ({short(e)}); retrying")
-    clock.ticking = _Periodic(clock.tick_s, clock.tick, sink.agent, "cost clock tick")
+    clock.ticking = Periodic(clock.tick_s, clock.tick, sink.agent, "cost clock tick")
     clock.ticking.start()
     sink.agent(
         f"cost clock: {clock.market} at ${clock.prices.price(clock.market):g}/h; the job stops before "

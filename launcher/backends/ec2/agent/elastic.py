@@ -42,18 +42,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .. import layout
 from .checkpoints import files_in
 from .costclock import lineage_stop_words
 from .imds import Imds
-from .job import BadObject, Job, NodeFailure, NodeIdentity, Settings, parse_s3_uri, short
+from .job import BadObject, Job, NodeFailure, NodeIdentity, Settings, one_line, parse_s3_uri, short
 from .logs import LogSink
-from .node import Agent, one_line
+from .node import Agent
 from .store import Store
 
-ATTEMPTS = "attempts"
-LINEAGE_RECORD = "lineage.json"
-FALLBACK_RECORD = "on-demand.json"
-FAILURES = "failures"
 # Stop reasons after which the lineage goes on: capacity was reclaimed, not the job's own doing.
 CONTINUES = ("spot-interruption", "shutdown")
 ENDED = ("Completed", "Failed", "Stopped", "Interrupted")
@@ -66,11 +63,11 @@ class AttemptJob(Job):
     number: int = 1
 
     def key(self, *parts: str) -> str:
-        return super().key(ATTEMPTS, str(self.number), *parts)
+        return super().key(layout.ATTEMPTS, str(self.number), *parts)
 
     def sync_id(self) -> str:
         # Checkpoint markers name the attempt: an interrupted one's are never taken for this one's.
-        return f"{self.job}/{ATTEMPTS}/{self.number}"
+        return layout.attempt_job(self.job, self.number)
 
 
 class AttemptAgent(Agent):
@@ -165,7 +162,7 @@ class Lineage:
 
     def newest_attempt(self) -> int:
         """The highest attempt number with anything in S3 (the job's first when none): folders only."""
-        folder = self.key(ATTEMPTS) + "/"
+        folder = self.key(layout.ATTEMPTS) + "/"
         numbers = [self.first]
         pages = self.store.s3.get_paginator("list_objects_v2").paginate(
             Bucket=self.store.bucket, Prefix=folder, Delimiter="/"
@@ -179,7 +176,7 @@ class Lineage:
 
     def closed(self, k: int) -> bool:
         """Attempt k has ended (every stop of an attempt leaves its marker)."""
-        return self._get(self.key(ATTEMPTS, str(k), "stop")) is not None
+        return self._get(self.key(layout.ATTEMPTS, str(k), layout.STOP)) is not None
 
     def claim(self, k: int) -> int | None:
         """The lowest free rank of attempt k, now this node's; None when every rank is taken."""
@@ -191,7 +188,7 @@ class Lineage:
             self.sink.agent(f"zone or market not readable ({short(e)})")
         body = {"instance_id": self.me.instance_id, "zone": zone, "market": market, "time": time.time()}
         for rank in range(self.job.nodes):
-            if self._create(self.key(ATTEMPTS, str(k), "claims", f"{rank}.json"), body):
+            if self._create(self.key(layout.ATTEMPTS, str(k), layout.CLAIMS, f"{rank}.json"), body):
                 return rank
         return None
 
@@ -199,14 +196,16 @@ class Lineage:
 
     def ended(self) -> dict[str, Any] | None:
         """The lineage's end record, if a node wrote it."""
-        found = self._get(self.key(LINEAGE_RECORD))
+        found = self._get(self.key(layout.LINEAGE_RECORD))
         return found if isinstance(found, dict) else ({} if found is not None else None)
 
     def end(self, status: str, reason: str, k: int | None) -> None:
         """Record the lineage's end (the first node's word stays) and leave the group."""
         body = {"status": status, "reason": one_line(reason), "by": self.me.instance_id}
         try:
-            if self._create(self.key(LINEAGE_RECORD), {**body, **({"attempt": k} if k else {}), "time": time.time()}):
+            if self._create(
+                self.key(layout.LINEAGE_RECORD), {**body, **({"attempt": k} if k else {}), "time": time.time()}
+            ):
                 self.sink.agent(f"lineage ended: {status} {one_line(reason)}".rstrip())
         except Exception as e:
             self.sink.agent(f"the lineage's end was not recorded ({short(e)})")
@@ -243,7 +242,9 @@ class Lineage:
         ended, the node leaves."""
         budget = self.bounds.failure_budget
         body = {"instance_id": self.me.instance_id, "reason": one_line(reason), "by": "agent", "time": time.time()}
-        slot = next((n for n in range(1, budget + 1) if self._create(self.key(FAILURES, f"{n}.json"), body)), None)
+        slot = next(
+            (n for n in range(1, budget + 1) if self._create(self.key(layout.FAILURES, f"{n}.json"), body)), None
+        )
         if slot == budget:
             self.end("Failed", f"{budget} node failures, the last: {reason}", None)
         elif slot is not None and self.ended() is None:
@@ -257,7 +258,7 @@ class Lineage:
         if not request or self.autoscaling is None:
             return
         try:
-            if not self._create(self.key(FALLBACK_RECORD), {"attempt": k, "time": time.time()}):
+            if not self._create(self.key(layout.FALLBACK_RECORD), {"attempt": k, "time": time.time()}):
                 return  # another node did it
             self.autoscaling.update_auto_scaling_group(**request)
             self.sink.agent(
@@ -293,7 +294,7 @@ class Lineage:
                 self.sink.agent(f"the lineage has ended ({one_line(end.get('status', '?'))}): leaving")
                 self.leave()
                 return 0
-            marker = self._get(self.key("stop"))
+            marker = self._get(self.key(layout.STOP))
             if marker is not None:
                 self.end(*self._stopped_by(marker), k)
                 return 0
@@ -319,7 +320,7 @@ class Lineage:
                 self.sink.agent(f"attempt {k} has all {self.job.nodes} node(s): waiting for the next")
                 # ... or for the lineage's end, a cancel or the deadline (the loop's top acts on them)
                 while not self.closed(k) and self.ended() is None and not self._noticed():
-                    if self._get(self.key("stop")) is not None or time.time() >= self.job.deadline:
+                    if self._get(self.key(layout.STOP)) is not None or time.time() >= self.job.deadline:
                         break
                     time.sleep(self.settings.poll_s)
                 if self._noticed():
@@ -334,12 +335,12 @@ class Lineage:
         """Attempt k as node `rank`; -> the exit code when this node is done, None to go on to k + 1."""
         values = {f.name: getattr(self.job, f.name) for f in fields(Job)}
         base_output = self.job.output_uri
-        values["output_uri"] = f"{base_output.rstrip('/').rsplit('/', 1)[0]}/{ATTEMPTS}/{k}/output/"
+        values["output_uri"] = layout.attempt_output_uri(base_output, k)
         values["attempt"] = k
         if k > self.first:  # survivors wait for the group's replacements, which spot capacity may delay
             values["rendezvous_timeout_s"] = max(self.job.rendezvous_timeout_s, self.bounds.replacement_wait_s)
         job = AttemptJob(**values, number=k)
-        me = dataclasses.replace(self.me, launch_index=rank, reservation_id=f"{ATTEMPTS}-{k}")
+        me = dataclasses.replace(self.me, launch_index=rank, reservation_id=f"{layout.ATTEMPTS}-{k}")
         settings = dataclasses.replace(self.settings, work=self.settings.work / f"attempt-{k}")
         self.sink.agent(f"attempt {k}: node {rank} of {self.job.nodes}")
         agent = AttemptAgent(job, me, settings, store=self.store, imds=self.imds, sink=self.sink, ec2=self.ec2)
@@ -367,7 +368,7 @@ class Lineage:
         """The reason of the lineage's newest node failure, if any (a failed look is none)."""
         try:
             for n in range(self.bounds.failure_budget, 0, -1):
-                found = self._get(self.key(FAILURES, f"{n}.json"))
+                found = self._get(self.key(layout.FAILURES, f"{n}.json"))
                 if isinstance(found, dict) and found.get("reason"):
                     return one_line(found["reason"])
         except Exception as e:  # the end is recorded without it

@@ -1,10 +1,12 @@
 """The job as the node sees it: the agent's settings, job.json's shape and this node's identity;
-the constants and errors every other part of the agent shares."""
+the constants, errors and small helpers (one_line, Periodic) every other part of the agent shares."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -195,3 +197,34 @@ class NodeIdentity:
 def short(e: BaseException) -> str:
     """An exception in one line of at most 300 characters, for a log line or a record."""
     return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+
+
+def one_line(value: Any, limit: int = 300) -> str:
+    """`value` (read from S3, so anything) as one printable line of at most `limit` characters: it
+    goes into this node's record and the stop marker, which `status` prints."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Periodic:
+    """Call `fn` every `interval` seconds on a thread; errors are logged and the next call tried."""
+
+    def __init__(self, interval: float, fn: Callable[[], object], log: Callable[[str], None], what: str) -> None:
+        self.interval, self.fn, self.log, self.what = interval, fn, log, what
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.fn()
+            except Exception as e:
+                self.log(f"{self.what} failed ({short(e)}); retrying")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
