@@ -249,3 +249,17 @@ def no_periodic_thread_outlives_its_test() -> Iterator[None]:
         time.sleep(0.05)
     left = periodic_left()
     assert not left, f"{len(left)} periodic agent thread(s) outlived the test: {left}"
+
+
+@pytest.fixture(autouse=True)
+def nodes_boot_when_their_agent_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cost clock counts an instance from its kernel's boot (/proc/uptime). Node agents in tests
+    run on this machine, up for hours: each would be billed from the test machine's boot, and a
+    rehearsal with --max-cost passed or failed by how long the machine had been up (one failed at
+    1 h 53 min of uptime). Here a node boots when its agent starts; tests that mean otherwise set
+    their own."""
+    import time
+
+    from distrain_cloud.launcher.backends.ec2.agent import costclock
+
+    monkeypatch.setattr(costclock, "boot_time", lambda now=None: time.time() if now is None else now)
