@@ -31,7 +31,7 @@ RECORD = REPO / "tests" / "durations.json"
 README = REPO / "README.md"
 BEGIN = "<!-- suite-timings: written by bench/suite_time.py from tests/durations.json; do not edit by hand -->"
 END = "<!-- /suite-timings -->"
-BUDGET_S = 15 * 60  # CI's budget for the full suite
+BUDGET_S = 20 * 60  # the project's limit for the full suite on a 2-core machine (CI itself allows 90 min)
 LONGEST_SHOWN = 6
 
 # lane -> (the command shown in README.md, what it is: {tests} is the test count)
@@ -117,7 +117,7 @@ def render(record: dict) -> str:
             continue
         time_s = f"{duration(got['seconds'])} (at {got['commit']}, {got['date']})"
         if lane == "all" and got["seconds"] > BUDGET_S:
-            time_s += f": over CI's {BUDGET_S // 60}-minute budget"
+            time_s += f": over the {BUDGET_S // 60}-minute budget"
         what = what.format(tests=f"{got.get('tests', 0):,}")
         rows.append(f"| {shown} | {what} | {time_s} |")
     total = sum(record["files"].values())
