@@ -346,3 +346,23 @@ def test_after_a_lineage_ran_out_of_restarts_logs_report_and_resume_work(stack, 
     assert group(again)["DesiredCapacity"] == 1  # AWS keeps the new lineage going too
     lease = json.loads(s3().get_object(Bucket=BUCKET, Key=f"distrain-cloud/leases/{job}.json")["Body"].read())
     assert lease["job"] == again, lease
+
+
+def test_a_groups_failed_launch_reaches_the_terminal_printable_and_names_no_other_zone(monkeypatch):
+    """The group's StatusMessage is printed by `status`: control bytes in it (an ESC sequence) are
+    dropped, and a multi-node group, which has one subnet, is not said to try every zone."""
+    from distrain_cloud.infra import aws
+    from distrain_cloud.launcher.backends.ec2 import recovery
+
+    class Groups:
+        def describe_scaling_activities(self, **_: object) -> dict:
+            message = "Launching a new EC2 instance. Status Reason: \x1b[31mInsufficientInstanceCapacity\x1b[0m\n."
+            return {"Activities": [{"StatusCode": "Failed", "StatusMessage": message}]}
+
+    monkeypatch.setattr(aws, "client", lambda *a, **k: Groups())
+    said = recovery._waiting("us-east-1", "job-a", 0)
+    assert "\x1b" not in said and "\n" not in said
+    assert said == (
+        "the Auto Scaling group cannot launch yet (Launching a new EC2 instance. Status Reason: [31mInsufficient"
+        "InstanceCapacity [0m .); it keeps trying in its subnet(s)"
+    )

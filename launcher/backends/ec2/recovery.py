@@ -539,8 +539,9 @@ def _waiting(region: str, name: str, instances: int) -> str:
         activities = []
     failed = [a for a in activities if a.get("StatusCode") in ("Failed", "Cancelled")]
     if failed:
-        message = " ".join(str(failed[0].get("StatusMessage", "")).split())[:200]
-        return f"the Auto Scaling group cannot launch yet ({message}); it keeps trying in every zone"
+        message = _text_line(failed[0].get("StatusMessage", ""))[:200]  # to a terminal: printable only
+        # A multi-node group has one subnet (its placement group's zone); a single node's has every zone's.
+        return f"the Auto Scaling group cannot launch yet ({message}); it keeps trying in its subnet(s)"
     return f"launching: {instances} instance(s) so far"
 
 
