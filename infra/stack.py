@@ -36,7 +36,6 @@ JOB_BOUNDARY = "JobBoundary"
 SECURITY_GROUP = "NodeSecurityGroup"
 LOG_GROUP = "LogGroup"
 LAUNCHER_POLICY = "LauncherPolicy"
-PLACEMENT_GROUP = "PlacementGroup"
 
 # Instances in these states still hold the security group and the instance profile.
 ALIVE_STATES = ("pending", "running", "stopping", "stopped")
@@ -116,7 +115,6 @@ class StackResources:
     security_group_id: str
     log_group: str
     launcher_policy_arn: str
-    placement_group: str | None  # only with EnablePlacementGroup=true
     account: str = "000000000000"
     partition: str = "aws"
     secret_prefix: str = DEFAULT_SECRET_PREFIX  # the SecretPrefix parameter: what job roles may read
@@ -147,9 +145,10 @@ class Leftovers:
     templates: tuple[str, ...] = ()  # their launch templates, by name
     roles: tuple[str, ...] = ()  # job roles (each with its instance profile)
     security_groups: tuple[str, ...] = ()  # the jobs' own security groups, by id
+    placement_groups: tuple[str, ...] = ()  # multi-node jobs' own cluster placement groups, by name
 
     def __bool__(self) -> bool:
-        return bool(self.groups or self.templates or self.roles or self.security_groups)
+        return bool(self.groups or self.templates or self.roles or self.security_groups or self.placement_groups)
 
     def words(self) -> list[str]:
         """One phrase per kind there is, naming at most five of each."""
@@ -158,6 +157,7 @@ class Leftovers:
             ("launch template(s)", self.templates),
             ("job role(s)", self.roles),
             ("job security group(s)", self.security_groups),
+            ("placement group(s)", self.placement_groups),
         )
         return [f"{len(names)} {kind} ({_some(names)})" for kind, names in kinds if names]
 
@@ -305,7 +305,6 @@ def resources(name: str = DEFAULT_STACK, region: str | None = None) -> StackReso
 
     # Job roles' ARNs follow from the stack's own partition and account (no STS or IAM call).
     partition, account = stack["StackId"].split(":")[1], stack["StackId"].split(":")[4]
-    placement = found.get(PLACEMENT_GROUP, {}).get("PhysicalResourceId")
     parameters = {p.get("ParameterKey"): p.get("ParameterValue") for p in stack.get("Parameters", [])}
     return StackResources(
         stack=name,
@@ -315,7 +314,6 @@ def resources(name: str = DEFAULT_STACK, region: str | None = None) -> StackReso
         security_group_id=physical(SECURITY_GROUP),
         log_group=physical(LOG_GROUP),
         launcher_policy_arn=physical(LAUNCHER_POLICY),
-        placement_group=placement or None,
         account=account,
         partition=partition,
         secret_prefix=str(parameters.get("SecretPrefix") or DEFAULT_SECRET_PREFIX),
@@ -595,7 +593,8 @@ def plan_down(name: str = DEFAULT_STACK, region: str | None = None, force: bool 
 def leftovers(name: str, region: str, keep: set[str] | None = None) -> Leftovers:
     """What jobs of stack `name` left in `region` (and IAM): groups and launch templates by the
     stack tag, job security groups by the stack tag and the job tag key (`keep`: the stack's own
-    group, which carries the stack tag too), job roles by the stack's IAM path."""
+    group, which carries the stack tag too), placement groups by the stack tag, job roles by the
+    stack's IAM path."""
     from . import job_role
 
     tag = [{"Name": f"tag:{STACK_TAG}", "Values": [name]}]
@@ -619,20 +618,27 @@ def leftovers(name: str, region: str, keep: set[str] | None = None) -> Leftovers
             for g in page.get("SecurityGroups", [])
             if g["GroupId"] not in (keep or set())
         ]
+        # DescribePlacementGroups has no paginator: it answers every group of the region at once.
+        placement_groups = [
+            str(g["GroupName"]) for g in ec2.describe_placement_groups(Filters=tag).get("PlacementGroups", [])
+        ]
         iam = aws.client("iam")
         roles = [
             str(r["RoleName"])
             for page in iam.get_paginator("list_roles").paginate(PathPrefix=job_role.role_path(name))
             for r in page["Roles"]
         ]
-    return Leftovers(*(tuple(sorted(found)) for found in (groups, templates, roles, security_groups)))
+    found = (groups, templates, roles, security_groups, placement_groups)
+    return Leftovers(*(tuple(sorted(names)) for names in found))
 
 
 def end_leftovers(left: Leftovers, name: str, region: str) -> None:
     """End what jobs left, in the order AWS accepts: the groups first (deleted with their
     instances: ForceDelete), so nothing launches again; every instance of the stack gone, since a
     security group in use by an instance cannot be deleted (DependencyViolation) and a template or
-    role may still serve one; then the launch templates, the job roles, the security groups."""
+    role may still serve one, and a placement group holding an instance cannot be deleted either
+    (InvalidPlacementGroup.InUse); then the launch templates, the job roles, the security groups
+    and the placement groups."""
     from botocore.exceptions import ClientError
 
     from . import job_role
@@ -659,6 +665,12 @@ def end_leftovers(left: Leftovers, name: str, region: str) -> None:
     with aws.translate_errors():
         for group in left.security_groups:
             _delete_security_group(ec2, group)
+        for name_ in left.placement_groups:
+            try:
+                ec2.delete_placement_group(GroupName=name_)
+            except ClientError as e:
+                if aws.error_code(e) != "InvalidPlacementGroup.Unknown":
+                    raise
 
 
 _GROUP_GONE_S = 600  # a group's deletion waits for its instances to terminate: minutes

@@ -11,6 +11,8 @@ What AWS does that this plays, and where AWS says so:
 - A cluster placement group cannot span zones (EC2 User Guide, "Placement strategies", cluster:
   "instances within a single Availability Zone"): a launch into another zone than the group's
   live instances is refused.
+- DescribePlacementGroups answers the region's groups, narrowed by GroupNames and by the filters
+  group-name, strategy, tag:<key> and tag-key (EC2 API Reference, DescribePlacementGroups).
 - DeletePlacementGroup is refused while an instance in the group is not terminated, or an Auto
   Scaling group still launches into it: InvalidPlacementGroup.InUse ("Delete a placement group":
   "you must terminate ... the instances in the placement group").
@@ -77,9 +79,31 @@ def play(monkeypatch) -> dict[tuple[str, str, str], Group]:
         GROUPS[key(self, name)] = group
         return ActionResult({"PlacementGroup": shown(group)})
 
+    def matches(group: Group, filters: dict[str, list[str]]) -> bool:
+        tags = {t["Key"]: t["Value"] for t in group.tags}
+        for name, values in filters.items():
+            if name == "group-name":
+                seen = [group.name]
+            elif name == "strategy":
+                seen = [group.strategy]
+            elif name == "tag-key":
+                seen = list(tags)
+            elif name.startswith("tag:"):
+                seen = [tags[name[4:]]] if name[4:] in tags else []
+            else:
+                raise EC2ClientError("InvalidParameterValue", f"The filter '{name}' is invalid")
+            if not set(seen) & set(values):
+                return False
+        return True
+
     def describe_placement_groups(self: Any) -> ActionResult:
         names = self._get_param("GroupNames", [])
-        found = [g for (a, r, n), g in GROUPS.items() if (a, r) == key(self, "")[:2] and (not names or n in names)]
+        filters = self._filters_from_querystring()
+        found = [
+            g
+            for (a, r, n), g in GROUPS.items()
+            if (a, r) == key(self, "")[:2] and (not names or n in names) and matches(g, filters)
+        ]
         return ActionResult({"PlacementGroups": [shown(g) for g in found]})
 
     def delete_placement_group(self: Any) -> ActionResult:

@@ -43,6 +43,11 @@ def _lineage(stack_name: str, job: str, made: stack.StackResources | None = None
         VpcId=vpc,
         TagSpecifications=[{"ResourceType": "security-group", "Tags": _tags(stack_name, job)}],
     )["GroupId"]
+    ec2.create_placement_group(
+        GroupName=job,
+        Strategy="cluster",
+        TagSpecifications=[{"ResourceType": "placement-group", "Tags": _tags(stack_name, job)}],
+    )
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     ec2.create_launch_template(
         LaunchTemplateName=job,
@@ -61,6 +66,7 @@ def _lineage(stack_name: str, job: str, made: stack.StackResources | None = None
         MaxSize=2,
         DesiredCapacity=2,
         VPCZoneIdentifier=subnet,
+        PlacementGroup=job,
         MixedInstancesPolicy={
             "LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateName": job, "Version": "$Latest"}},
             "InstancesDistribution": {"OnDemandPercentageAboveBaseCapacity": 0},
@@ -81,7 +87,7 @@ def _lineage(stack_name: str, job: str, made: stack.StackResources | None = None
                 code_key=f"distrain-cloud/code/{'0' * 64}.tar.gz",
             )
         )
-    return {"group": job, "template": job, "security_group": group}
+    return {"group": job, "template": job, "security_group": group, "placement_group": job}
 
 
 @pytest.fixture
@@ -136,6 +142,7 @@ def test_down_names_what_jobs_left_and_force_ends_it_in_an_order_aws_accepts(moc
         f"1 launch template(s) ({JOB})",
         f"1 job role(s) ({JOB})",
         f"1 job security group(s) ({live['security_group']})",
+        f"1 placement group(s) ({live['placement_group']})",
         "or pass --force to end them first",
     ):
         assert words in message, message
@@ -152,6 +159,8 @@ def test_down_names_what_jobs_left_and_force_ends_it_in_an_order_aws_accepts(moc
     firsts = [aws_rules.index(op) for op in ("DeleteAutoScalingGroup", "DeleteLaunchTemplate", "DeleteRole")]
     assert firsts == sorted(firsts)
     assert aws_rules.index("DeleteRole") < aws_rules.index("DeleteSecurityGroup") < aws_rules.index("DeleteStack")
+    # The placement group after its instances (the double refuses it while one lives: InUse).
+    assert aws_rules.index("DeleteAutoScalingGroup") < aws_rules.index("DeletePlacementGroup")
     assert "DependencyViolation" not in shown.output
 
     assert _alive(stack.DEFAULT_STACK) == [] and stack.leftovers(stack.DEFAULT_STACK, REGION) == stack.Leftovers()
@@ -159,6 +168,7 @@ def test_down_names_what_jobs_left_and_force_ends_it_in_an_order_aws_accepts(moc
         stack.resources(region=REGION)
     theirs = stack.leftovers("another-stack", REGION)
     assert theirs.groups == (other["group"],) and theirs.security_groups == (other["security_group"],)
+    assert theirs.placement_groups == (other["placement_group"],)
     assert len(_alive("another-stack")) == 2
 
 

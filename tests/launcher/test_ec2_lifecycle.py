@@ -66,7 +66,6 @@ def hand_made_stack(monkeypatch) -> StackResources:
         security_group_id=group,
         log_group=LOG_GROUP,
         launcher_policy_arn="arn:aws:iam::123456789012:policy/launcher",
-        placement_group="stack-placement",
         account="123456789012",
     )
     monkeypatch.setattr(ec2, "stack_resources", lambda name, region: resources)

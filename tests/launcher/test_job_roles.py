@@ -47,7 +47,6 @@ def stack(mocked_aws, monkeypatch) -> StackResources:
         security_group_id=group,
         log_group=LOG_GROUP,
         launcher_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/launcher",
-        placement_group=None,
         account=ACCOUNT,
     )
     monkeypatch.setattr(ec2, "stack_resources", lambda name, region: made)

@@ -119,7 +119,6 @@ def stack(mocked_aws, monkeypatch, job_records):
         security_group_id="sg-1",
         log_group=LOG_GROUP,
         launcher_policy_arn="arn:aws:iam::123456789012:policy/launcher",
-        placement_group=None,
     )
     monkeypatch.setattr(ec2, "stack_resources", lambda name, region: resources)
     # Every command below asks EC2 for the job's instances; moto's first EC2 call in a process
