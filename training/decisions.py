@@ -75,6 +75,21 @@ class Decisions:
             return f", compiled if it runs {COMPILE_MIN_STEPS:,}+ steps"
         return ", compiled"
 
+    @property
+    def ddp_buckets_words(self) -> str:
+        """What a plan shows for DDP's gradient buckets: the size the training processes pick
+        (strategies.ddp_buckets_for), and why."""
+        mb = self.ddp_bucket_mb
+        if self.args.ddp_bucket_mb is not None:
+            return f"{mb} MB (--ddp-bucket-mb)"
+        if mb == strategies.DDP_BUCKET_MB_COMPILED:
+            return f"{mb} MB: one bucket, one compiled graph (GPUs of one node over NVLink)"
+        return (
+            f"{mb} MB: {self.ddp_slow_link}, so the all-reduces overlap the backward"
+            if self.ddp_slow_link
+            else f"{mb} MB"
+        )
+
     def strategy_lines(self, processes: int) -> list[str]:
         """What the job logs about its strategy: auto's pick and why (one process running plain ddp
         says nothing: the usual quick check), then DDP's buckets where it runs DDP."""
@@ -201,16 +216,16 @@ def shown(decisions: Decisions) -> str:
     return f"{d.args.strategy} ({d.strategy_why})" if d.strategy_why else d.args.strategy
 
 
-def plan_configs(strategy: Strategy, args, world_size: int, *, cuda: bool) -> dict[str, Any]:
+def plan_configs(decisions: Decisions, world_size: int) -> dict[str, Any]:
     """What a plan shows beside the Accelerate launch config: the settings the training process
-    builds for `strategy` from parsed training arguments (a TrainArgs) on `world_size` processes,
-    on GPUs or not (`cuda`: the fsdp engine differs, so the plan must ask as the job will)."""
-    if strategy.uses_deepspeed:
+    builds for the decided strategy on `world_size` processes (the engine as decided, so on GPUs
+    or not as the job will be)."""
+    d, args = decisions, decisions.args
+    if d.strategy.uses_deepspeed:
         return {"deepspeed_config": strategies.deepspeed_config_for(args, world_size)}
-    if strategy is Strategy.fsdp:
-        decided = decide(args, world=world_size, cuda=cuda)
-        if decided.in_graph:
-            return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({decided.engine_why})"}
+    if d.strategy is Strategy.fsdp:
+        if d.in_graph:
+            return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({d.engine_why})"}
         per_unit = (
             args.fsdp_blocks_per_unit or f"auto (units of about {strategies.FSDP_UNIT_PARAMS // 10**6}M parameters)"
         )

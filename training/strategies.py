@@ -464,17 +464,6 @@ def planned_link(world_size: int, nodes: int, gpu_model: str | None) -> str | No
     return slow_gpu_link(env, gpu_model)
 
 
-def planned_ddp_buckets(args, *, compiled: bool, world_size: int, nodes: int, gpu_model: str | None) -> str:
-    """What a plan shows for ddp's gradient buckets on an instance (a TrainArgs `args`): the size the
-    training processes will pick there (ddp_buckets_for), and why."""
-    mb, slow = ddp_buckets_for(args, compiled, planned_link(world_size, nodes, gpu_model))
-    if args.ddp_bucket_mb is not None:
-        return f"{mb} MB (--ddp-bucket-mb)"
-    if mb == DDP_BUCKET_MB_COMPILED:
-        return f"{mb} MB: one bucket, one compiled graph (GPUs of one node over NVLink)"
-    return f"{mb} MB: {slow}, so the all-reduces overlap the backward" if slow else f"{mb} MB"
-
-
 def accelerate_config(
     strategy: Strategy,
     cluster: ClusterShape,
