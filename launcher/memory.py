@@ -470,16 +470,36 @@ def suggest_fixes(job: Decisions, shape: ModelShape, instance: InstanceType, nod
     smaller micro-batch only if none fits as it is), a smaller micro-batch, the cheapest
     instance type of the same platform. A smaller micro-batch keeps the global batch through
     --grad-accum."""
+    from distrain_cloud.training.args import ArgumentError, validate
     from distrain_cloud.training.decisions import decide
-    from distrain_cloud.training.strategies import STRATEGIES
+    from distrain_cloud.training.strategies import STRATEGIES, ClusterShape, accelerate_config, choose_precision
 
     from .catalog import all_instances
 
     args = job.args
 
-    def decided(a: TrainArgs) -> Decisions:
-        """The decisions for the job with a fix applied, as the trainer takes them on GPUs."""
-        return decide(a, world=processes(a.strategy, instance, nodes), cuda=True)
+    def decided(a: TrainArgs) -> Decisions | None:
+        """The decisions for the job with a fix applied, as the trainer takes them on GPUs; None
+        where the flag check that the job's entry point runs (args.validate, then decide's own:
+        fp8 under ddp or single) would refuse them. No rule is copied here: a fix that check
+        refuses is never named (once: --strategy zero1 for an fp8 job)."""
+        try:
+            validate(replace(a))  # on a copy: validate fills in defaults
+            return decide(a, world=processes(a.strategy, instance, nodes), cuda=True)
+        except ArgumentError:
+            return None
+
+    def runs_on(i: InstanceType) -> bool:
+        """The job runs on `nodes` of `i` as it is, as a plan there would check: its precision on
+        those GPUs (choose_precision) and its strategy on that many processes (accelerate_config:
+        --strategy single runs one)."""
+        cluster = ClusterShape(num_nodes=nodes, processes_per_node=max(i.gpus, 1))
+        try:
+            precision = choose_precision(args.precision, i.gpus, i.compute_capability, i.name)
+            accelerate_config(job.strategy, cluster, precision=precision)
+        except ValueError:
+            return False
+        return True
 
     def need(d: Decisions, on: InstanceType = instance) -> float:
         return estimate_job(d, shape, processes(d.strategy.value, on, nodes)).device_gib
@@ -488,6 +508,8 @@ def suggest_fixes(job: Decisions, shape: ModelShape, instance: InstanceType, nod
         batch = a.batch_size
         while batch >= 1:
             smaller = decided(replace(a, batch_size=batch, grad_accum=a.grad_accum * a.batch_size // batch))
+            if smaller is None:
+                return None
             if need(smaller) <= usable_gib(instance):
                 return smaller, need(smaller)
             batch //= 2
@@ -498,9 +520,10 @@ def suggest_fixes(job: Decisions, shape: ModelShape, instance: InstanceType, nod
         out += [f"--batch-size {a.batch_size} --grad-accum {a.grad_accum}"] if a.batch_size != args.batch_size else []
         return " ".join(out)
 
-    # --fused-ce is refused with ZeRO-3 (args.validate). fsdp is offered under fp16 (V100, T4) too:
-    # both its engines trained with the loss scaler on GPUs (bench/README.md, session 15).
-    options = [s for s in _STRATEGY_ORDER if s in STRATEGIES and not (args.fused_ce and s.startswith("zero3"))]
+    # fsdp is offered under fp16 (V100, T4) too: both its engines trained with the loss scaler on
+    # GPUs (bench/README.md, session 15). What the flags rule out (--fused-ce with ZeRO-3, fp8 off
+    # ddp) decided() drops.
+    options = [s for s in _STRATEGY_ORDER if s in STRATEGIES]
     # Every other strategy, not only the slower ones: memory does not fall in speed order (fsdp is
     # faster than ZeRO-3 and needs less).
     others = [s for s in options if s != args.strategy]
@@ -514,11 +537,14 @@ def suggest_fixes(job: Decisions, shape: ModelShape, instance: InstanceType, nod
     fixes = [f"{flags(d.args)} (about {gib:.1f} GiB)" for d, gib in filter(None, (best, smaller))]
     if job.strategy.value == "fsdp" and job.in_graph:
         # Sharded inside the graph, fsdp holds the whole 16-bit model at its peak; FSDP2 one unit of it.
-        fsdp2 = need(decided(replace(args, compile_unit="block")))
-        if fsdp2 <= usable_gib(instance):
+        blocks = decided(replace(args, compile_unit="block"))
+        fsdp2 = need(blocks) if blocks else None
+        if fsdp2 is not None and fsdp2 <= usable_gib(instance):
             fixes.insert(0, f"--compile-unit block (fsdp's FSDP2 engine, about {fsdp2:.1f} GiB)")
     bigger = [
-        i for i in all_instances() if i.is_gpu and i.sagemaker == instance.sagemaker and need(job, i) <= usable_gib(i)
+        i
+        for i in all_instances()
+        if i.is_gpu and i.sagemaker == instance.sagemaker and runs_on(i) and need(job, i) <= usable_gib(i)
     ]
     if bigger:
         cheapest = min(bigger, key=lambda i: min(i.hourly_usd.values()))

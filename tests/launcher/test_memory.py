@@ -207,6 +207,59 @@ def test_a_long_fsdp_job_sharded_in_the_graph_is_offered_fsdp2_first_where_only_
     assert fsdp2.ok is True and "(fsdp (FSDP2), compiled, micro-batch 1" in fsdp2.detail
 
 
+LM = ["--task", "causal-lm", "--block-size", "1024"]
+NOT_FITTING = [  # (instance, precision, strategy, training flags): none fits as it is
+    ("g5.xlarge", "bf16", "auto", [*LM, "--preset", "gpt2-xl", "--batch-size", "8"]),
+    ("g5.xlarge", "bf16", "single", [*LM, "--preset", "gpt2-xl", "--batch-size", "8"]),
+    ("g5.12xlarge", "bf16", "ddp", [*LM, "--preset", "gpt2-xl", "--batch-size", "8"]),
+    ("ml.g5.12xlarge", "bf16", "auto", [*LM, "--preset", "gpt2-xl", "--batch-size", "8", "--fused-ce"]),
+    ("ml.g5.48xlarge", "bf16", "zero3", [*LM, "--preset", "gpt2-xl", "--batch-size", "8", "--max-steps", "100"]),
+    ("p3.8xlarge", "fp16", "auto", [*LM, "--preset", "gpt2-xl", "--batch-size", "4"]),
+    ("g6.xlarge", "fp8", "auto", [*LM, "--preset", "llama-1b", "--batch-size", "8"]),
+    ("g6.12xlarge", "fp8", "ddp", [*LM, "--preset", "gpt2-xl", "--batch-size", "8"]),
+    ("ml.g6.12xlarge", "fp8", "auto", [*LM, "--preset", "llama-1b", "--batch-size", "16"]),
+    ("ml.p5.48xlarge", "fp8", "ddp", ["--task", "causal-lm", "--block-size", "2048", "--preset", "llama-8b"]),
+]
+
+
+def _with_fix(overrides: dict, fix: str) -> dict:
+    """The job's spec with one named fix applied as a person would: its flags, given again."""
+    out, train = dict(overrides), list(overrides["train_args"])
+    flags = iter(fix.split(" (")[0].split())
+    for flag in flags:
+        value = next(flags)
+        if flag in ("--strategy", "--instance"):
+            out[flag.removeprefix("--")] = value
+        else:
+            train += [flag, value]  # given last, it wins
+    return {**out, "train_args": train}
+
+
+@pytest.mark.parametrize("instance, precision, strategy, flags", NOT_FITTING, ids=lambda v: str(v)[:20])
+def test_every_fix_named_passes_the_flag_check_and_fits(no_aws_config, instance, precision, strategy, flags):
+    """Each fix the check names, applied to the job, is planned through the same path a submit
+    takes (the flags parsed and validated, the precision on that GPU, the strategy on that many
+    processes, the run's decisions) and fits. fp8 jobs were once offered --strategy zero1, which
+    the flag check refuses (fp8 runs under ddp or single)."""
+    from distrain_cloud.launcher.backends.cloud import plan_training
+    from distrain_cloud.launcher.spec import load_spec
+
+    job = {"instance": instance, "precision": precision, "strategy": strategy, "train_args": flags}
+
+    def planned(overrides: dict):
+        spec = load_spec(None, overrides)
+        return plan_training(spec, lookup(spec.instance), main_addr="x")
+
+    check = planned(job).fit
+    assert check.ok is False, check.detail
+    fixes = check.detail.split("fits with ")[1].split(", or ") if "fits with " in check.detail else []
+    for fix in fixes:
+        fixed = planned(_with_fix(job, fix)).fit
+        assert fixed.ok is True, (fix, fixed.detail)
+    if precision == "fp8":
+        assert not any(f.startswith("--strategy") for f in fixes), check.detail
+
+
 def test_the_batch_size_fix_keeps_the_global_batch():
     instance = lookup("ml.p3.8xlarge")
     args = _args("--task", "causal-lm", "--preset", "gpt2-small", "--block-size", "1024", "--batch-size", "32")
