@@ -191,17 +191,14 @@ def usable_gib(instance: InstanceType) -> float:
     return instance.gpu_memory_gib * USABLE_FRACTION.get(instance.gpu_model or "", USABLE_FRACTION_GDDR)
 
 
-def mode(strategy: str, precision: str, compiled: bool, in_graph: bool = False) -> str:
-    """Which constants apply: how the model's tensors are kept decides what stays on the GPU."""
-    from distrain_cloud.training.strategies import provisional_strategy
+def mode(engine: str, precision: str, compiled: bool) -> str:
+    """Which constants apply: how the engine (a name of training/engines/facts.py) keeps the
+    model's tensors decides what stays on the GPU."""
+    from distrain_cloud.training.engines.facts import FACTS
 
     sixteen = precision in ("bf16", "fp16", "fp8")  # fp8: bf16 autocast around fp8 matmuls (training/fp8.py)
-    # DeepSpeed's model is 16-bit itself. So is FSDP2's, in effect: its MixedPrecisionPolicy
-    # gathers the weights in 16 bits, and Accelerate's FSDP2 path wraps no autocast around it.
-    # fsdp sharded in the graph (`in_graph`) runs under autocast, as DDP does.
-    native = sixteen and (
-        provisional_strategy(strategy).zero_stage is not None or (strategy == "fsdp" and not in_graph)
-    )
+    # An engine that keeps a 16-bit model itself (DeepSpeed, FSDP2) wraps no autocast around it.
+    native = sixteen and not FACTS[engine].autocast
     if compiled:
         return "native-compiled" if native else "compiled"
     if not sixteen:
@@ -260,6 +257,7 @@ def estimate(
     """
     P, W, tokens = shape.params, world_size, batch_size * seq_len
     L, d, V = shape.layers, shape.hidden, shape.vocab
+    from distrain_cloud.training.engines.facts import engine_of
     from distrain_cloud.training.strategies import provisional_strategy
 
     mixed = precision in ("bf16", "fp16", "fp8")
@@ -267,7 +265,8 @@ def estimate(
     offload = strategy.endswith("-offload")
     low = 2 if mixed else 4  # bytes of the model's own (or gathered) copy of a weight
     in_graph = strategy == "fsdp" and compile_unit == "model"  # strategies.fsdp_in_graph
-    how = mode(strategy, precision, compiled, in_graph)
+    engine = engine_of(provisional_strategy(strategy), in_graph)
+    how = mode(engine, precision, compiled)
     notes: list[str] = []
 
     terms: dict[str, float] = {}
@@ -347,7 +346,7 @@ def estimate(
         output = LOGITS_OUTPUT_BYTES if logits_output and how == "compiled" else 0
         loss = how
         if strategy == "fsdp" and compiled and eager_loss:
-            loss = mode(strategy, precision, compiled=False)
+            loss = mode(engine, precision, compiled=False)
         elif compiled and ((strategy == "fsdp" and not in_graph) or (compile_unit == "block" and stage != 3)):
             # The loss is its own graph after the eager LM head, so the logits are its input, saved
             # for its backward; a backward may reuse the memory of saved intermediates but not of

@@ -15,14 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from . import strategies  # by module: a test's shim replaces strategies.resolve_auto (tests/training/auto_shim)
 from .args import ArgumentError
+from .engines.facts import FACTS, GRAPH_FSDP, engine_of
 from .modeling import head_loss_flags_why_not
 from .strategies import AUTO, COMPILE_MIN_STEPS, Strategy
 
 if TYPE_CHECKING:
     from .args import TrainArgs
-
-# How the model is sharded and wrapped, one file each in training/engines/.
-SINGLE, DDP, DEEPSPEED, FSDP2, GRAPH_FSDP = "single", "ddp", "deepspeed", "fsdp2", "graph_fsdp"
 
 
 @dataclass(frozen=True)
@@ -34,7 +32,7 @@ class Decisions:
     strategy: Strategy  # as the processes launch: ddp while auto is still undecided
     strategy_why: str | None  # auto's reason; None for a strategy the user named
     decided: bool  # False: auto waits for the model's size or the run's length
-    engine: str  # SINGLE, DDP, DEEPSPEED, FSDP2 or GRAPH_FSDP
+    engine: str  # a name of engines/facts.py: SINGLE, DDP, DEEPSPEED, FSDP2 or GRAPH_FSDP
     engine_why: str | None  # fsdp's: why this engine of its two
     compiled: bool
     compile_why: str
@@ -124,25 +122,17 @@ def decide(
         args, world=world, cuda=cuda, slow_link=slow_link, saved=saved, params=params, steps=steps
     )
     strategy = strategies.provisional_strategy(resolved.strategy)
-    if resolved.precision == "fp8" and strategy not in (Strategy.ddp, Strategy.single):
+    in_graph, engine_why = False, None
+    if strategy is Strategy.fsdp:
+        in_graph, fsdp_why = strategies.fsdp_in_graph(resolved, cuda=cuda)
+        engine_why = strategy_why or fsdp_why
+    engine = engine_of(strategy, in_graph)
+    if resolved.precision == "fp8" and not FACTS[engine].fp8:
         # auto with fp8 is ddp, but a resumed checkpoint's strategy comes first (resolve_auto)
         raise ArgumentError(
             f"--precision fp8 runs under --strategy ddp or single; this run resumes a checkpoint trained with "
             f"{resolved.strategy} ({strategy_why}): drop --precision fp8"
         )
-    in_graph, engine_why = False, None
-    if strategy is Strategy.fsdp:
-        in_graph, fsdp_why = strategies.fsdp_in_graph(resolved, cuda=cuda)
-        engine_why = strategy_why or fsdp_why
-    engine = (
-        (GRAPH_FSDP if in_graph else FSDP2)
-        if strategy is Strategy.fsdp
-        else DEEPSPEED
-        if strategy.uses_deepspeed
-        else SINGLE
-        if strategy is Strategy.single
-        else DDP
-    )
     length = resolved.max_steps if resolved.max_steps is not None else steps
     compiled, compile_why = strategies.compile_decision(
         resolved.compile,
@@ -171,7 +161,7 @@ def decide(
         compile_why=compile_why,
         compile_length_known=length is not None,
         compile_unit=strategies.compile_unit_for(strategy, resolved.compile_unit, in_graph),
-        head_loss_why_not=head_loss_flags_why_not(resolved, strategy.value, in_graph),
+        head_loss_why_not=head_loss_flags_why_not(resolved, engine),
         ddp_bucket_mb=bucket_mb,
         ddp_slow_link=bucket_link,
     )
