@@ -195,8 +195,9 @@ def mode(engine: str, precision: str, compiled: bool) -> str:
     """Which constants apply: how the engine (a name of training/engines/facts.py) keeps the
     model's tensors decides what stays on the GPU."""
     from distrain_cloud.training.engines.facts import FACTS
+    from distrain_cloud.training.strategies import Precision
 
-    sixteen = precision in ("bf16", "fp16", "fp8")  # fp8: bf16 autocast around fp8 matmuls (training/fp8.py)
+    sixteen = Precision(precision).sixteen_bit
     # An engine that keeps a 16-bit model itself (DeepSpeed, FSDP2) wraps no autocast around it.
     native = sixteen and not FACTS[engine].autocast
     if compiled:
@@ -258,9 +259,9 @@ def estimate(
     P, W, tokens = shape.params, world_size, batch_size * seq_len
     L, d, V = shape.layers, shape.hidden, shape.vocab
     from distrain_cloud.training.engines.facts import engine_of
-    from distrain_cloud.training.strategies import provisional_strategy
+    from distrain_cloud.training.strategies import Precision, provisional_strategy
 
-    mixed = precision in ("bf16", "fp16", "fp8")
+    mixed = Precision(precision).sixteen_bit
     stage = provisional_strategy(strategy).zero_stage
     offload = strategy.endswith("-offload")
     low = 2 if mixed else 4  # bytes of the model's own (or gathered) copy of a weight

@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--precision",
-        choices=(*PRECISIONS, "fp8"),
+        choices=PRECISIONS,
         default=d.precision,
         help="mixed precision (default: the launcher's pick: bf16 on compute capability >= 8.0, fp16 below, "
         "no (fp32) on CPU); fp8: bf16 with float8 matmuls (torchao, compute capability >= 8.9)",
