@@ -40,6 +40,7 @@ CLOUD = [
     ({"instance": "g5.12xlarge"}, 4),
     ({"instance": "ml.g5.12xlarge"}, 4),
     ({"instance": "p4d.24xlarge", "nodes": 2, "train_args": ["--task", "causal-lm", "--max-steps", "40000"]}, 16),
+    ({"instance": "p4d.24xlarge", "train_args": ["--task", "causal-lm", "--max-steps", "40000"]}, 8),
     ({"instance": "ml.p4d.24xlarge", "strategy": "zero2"}, 8),
     ({"instance": "g5.12xlarge", "strategy": "fsdp", "train_args": ["--max-steps", "9000"]}, 4),
 ]
@@ -55,6 +56,16 @@ def test_a_cloud_plan_decides_once_and_parses_the_flags_once(no_aws_config, coun
     assert training.decisions.args.strategy != "auto" and training.args.strategy == spec.strategy
     if "ddp_buckets" in training.configs:
         assert training.configs["ddp_buckets"] == training.decisions.ddp_buckets_words
+    if "fsdp_sharding" in training.configs:  # the engine's reason as the job logs it (auto's, where auto chose)
+        assert training.configs["fsdp_sharding"].endswith(f"({training.decisions.engine_why})")
+
+
+def test_auto_in_the_graph_is_shown_with_autos_reason(no_aws_config):
+    """The plan's fsdp_sharding line gives the reason the job logs (graph_fsdp.py: engine_why),
+    not that of the arguments auto rewrote (it once said --compile-unit model, a flag nobody gave)."""
+    spec = load_spec(None, {"instance": "p4d.24xlarge", "train_args": ["--task", "causal-lm", "--max-steps", "40000"]})
+    training = cloud.plan_training(spec, lookup(spec.instance), main_addr="x")
+    assert training.configs["fsdp_sharding"].startswith("in the compiled graph, every weight a flat shard (auto: ")
 
 
 @pytest.mark.parametrize("overrides, world", CLOUD[:2], ids=["ec2", "sagemaker"])
