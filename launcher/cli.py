@@ -77,42 +77,74 @@ Yes = Annotated[
 ]
 Workdir = Annotated[Path, typer.Option("--workdir", help="local backend: folder holding local jobs")]
 
+# The job's options that `submit` and `export` share: one declaration each, so their names, types,
+# defaults and help cannot drift apart (tests/launcher/test_cli_conventions.py compares them). What
+# an export engine does not express, export refuses by name (export._refuse_inexpressible).
+Instance = Annotated[
+    str | None,
+    typer.Option(
+        "--instance",
+        "-i",
+        help="local, ml.p3.8xlarge (SageMaker), g4dn.12xlarge (EC2), ...; export: a type whose GPUs to use",
+    ),
+]
+Nodes = Annotated[int | None, typer.Option("--nodes", "-n", help="instances (each: one process per GPU)")]
+Processes = Annotated[
+    int | None, typer.Option("--processes", help="processes to start per node: local, or export's cpu nodes")
+]
+Strategy = Annotated[
+    str | None,
+    typer.Option(
+        "--strategy",
+        "-s",
+        help="auto (default: ddp, or fsdp for long compiled runs on one node's GPUs), ddp, zero1, zero2, "
+        "zero3, zero2-offload, zero3-offload, fsdp, single",
+    ),
+]
+Precision = Annotated[str | None, typer.Option("--precision", help="no, fp16, bf16 or fp8 (default: by GPU)")]
+Spot = Annotated[bool | None, typer.Option("--spot/--on-demand", help="spot capacity, resumed from checkpoints")]
+MaxRun = Annotated[
+    str | None,
+    typer.Option("--max-run", help="wall-clock limit: 3600, 90m, 6h (local: stops with a checkpoint, as cancel)"),
+]
+MaxWait = Annotated[str | None, typer.Option("--max-wait", help="spot: limit including waiting")]
+MaxCost = Annotated[
+    float | None, typer.Option("--max-cost", help="USD cap: EC2 nodes stop the job at it, SageMaker refuses above")
+]
+Name = Annotated[str | None, typer.Option("--name", help="job name prefix")]
+PushToHub = Annotated[
+    str | None, typer.Option("--push-to-hub", metavar="REPO", help="push the final model to this Hub repo")
+]
+HubRevision = Annotated[
+    str | None,
+    typer.Option(
+        "--hub-revision", metavar="BRANCH", help="the Hub repo's branch to push to, created from main if missing"
+    ),
+]
+HubPrivate = Annotated[bool | None, typer.Option("--hub-private/--no-hub-private", help="create the Hub repo private")]
+WandbProject = Annotated[str | None, typer.Option("--wandb-project", help="W&B project")]
+WandbEntity = Annotated[str | None, typer.Option("--wandb-entity", help="W&B team or user")]
+RunName = Annotated[str | None, typer.Option("--run-name", help="W&B run name (default: the job name)")]
+ResumeFrom = Annotated[str | None, typer.Option("--resume-from", help="continue from this earlier job's checkpoints")]
+Inputs = Annotated[list[str] | None, typer.Option("--input", help="CHANNEL=S3-URI-or-path; repeatable")]
+
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def submit(
     spec: Annotated[Path | None, typer.Argument(help="job spec YAML (optional); flags override it")] = None,
-    instance: Annotated[
-        str | None, typer.Option("--instance", "-i", help="local, ml.p3.8xlarge (SageMaker), g4dn.12xlarge (EC2), ...")
-    ] = None,
+    instance: Instance = None,
     backend_: Annotated[
         str | None,
         typer.Option("--backend", help="where the job runs: local, sagemaker or ec2 (default: from --instance)"),
     ] = None,
-    nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="instances (each: one process per GPU)")] = None,
-    processes: Annotated[int | None, typer.Option("--processes", help="local: processes to start")] = None,
-    strategy: Annotated[
-        str | None,
-        typer.Option(
-            "--strategy",
-            "-s",
-            help="auto (default: ddp, or fsdp for long compiled runs on one node's GPUs), ddp, zero1, zero2, "
-            "zero3, zero2-offload, zero3-offload, fsdp, single",
-        ),
-    ] = None,
-    precision: Annotated[
-        str | None, typer.Option("--precision", help="no, fp16, bf16 or fp8 (default: by GPU)")
-    ] = None,
-    spot: Annotated[
-        bool | None, typer.Option("--spot/--on-demand", help="spot capacity, resumed from checkpoints")
-    ] = None,
-    max_run: Annotated[
-        str | None,
-        typer.Option("--max-run", help="wall-clock limit: 3600, 90m, 6h (local: stops with a checkpoint, as cancel)"),
-    ] = None,
-    max_wait: Annotated[str | None, typer.Option("--max-wait", help="spot: limit including waiting")] = None,
-    max_cost: Annotated[
-        float | None, typer.Option("--max-cost", help="USD cap: EC2 nodes stop the job at it, SageMaker refuses above")
-    ] = None,
+    nodes: Nodes = None,
+    processes: Processes = None,
+    strategy: Strategy = None,
+    precision: Precision = None,
+    spot: Spot = None,
+    max_run: MaxRun = None,
+    max_wait: MaxWait = None,
+    max_cost: MaxCost = None,
     max_restarts: Annotated[
         int | None,
         typer.Option(
@@ -125,31 +157,20 @@ def submit(
             "--on-demand-after", metavar="K", help="EC2 spot: replacements are on-demand after K interruptions"
         ),
     ] = None,
-    name: Annotated[str | None, typer.Option("--name", help="job name prefix")] = None,
-    push_to_hub: Annotated[
-        str | None, typer.Option("--push-to-hub", metavar="REPO", help="push the final model to this Hub repo")
-    ] = None,
-    hub_revision: Annotated[
-        str | None,
-        typer.Option(
-            "--hub-revision", metavar="BRANCH", help="the Hub repo's branch to push to, created from main if missing"
-        ),
-    ] = None,
-    hub_private: Annotated[
-        bool | None, typer.Option("--hub-private/--no-hub-private", help="create the Hub repo private")
-    ] = None,
-    wandb_project: Annotated[str | None, typer.Option("--wandb-project", help="W&B project")] = None,
-    wandb_entity: Annotated[str | None, typer.Option("--wandb-entity", help="W&B team or user")] = None,
-    run_name: Annotated[str | None, typer.Option("--run-name", help="W&B run name (default: the job name)")] = None,
-    resume_from: Annotated[
-        str | None, typer.Option("--resume-from", help="continue from this earlier job's checkpoints")
-    ] = None,
+    name: Name = None,
+    push_to_hub: PushToHub = None,
+    hub_revision: HubRevision = None,
+    hub_private: HubPrivate = None,
+    wandb_project: WandbProject = None,
+    wandb_entity: WandbEntity = None,
+    run_name: RunName = None,
+    resume_from: ResumeFrom = None,
     region: Region = None,
     secret: Annotated[
         list[str] | None,
         typer.Option("--secret", help="ENV=REFERENCE (Secrets Manager ARN or ssm:/name); repeatable"),
     ] = None,
-    input_: Annotated[list[str] | None, typer.Option("--input", help="CHANNEL=S3-URI-or-path; repeatable")] = None,
+    input_: Inputs = None,
     image_uri: Annotated[str | None, typer.Option("--image-uri", help="SageMaker: explicit training image")] = None,
     keep_alive: Annotated[
         str | None,
@@ -246,27 +267,25 @@ def export_(
     accelerator: Annotated[
         str | None, typer.Option("--accelerator", "-a", help="GPUs per node, A100:8, L4:4, H100-80GB:8, or cpu")
     ] = None,
-    instance: Annotated[
-        str | None, typer.Option("--instance", "-i", help="or a catalog instance type whose GPUs to use")
-    ] = None,
-    nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="nodes (each: one process per GPU)")] = None,
-    processes: Annotated[int | None, typer.Option("--processes", help="CPU processes per node (cpu)")] = None,
-    strategy: Annotated[str | None, typer.Option("--strategy", "-s", help="as for submit")] = None,
-    precision: Annotated[str | None, typer.Option("--precision", help="no, fp16 or bf16 (default: by GPU)")] = None,
-    spot: Annotated[bool | None, typer.Option("--spot/--on-demand", help="SkyPilot: spot capacity")] = None,
-    max_run: Annotated[str | None, typer.Option("--max-run", help="Kubernetes: wall-clock limit")] = None,
-    max_wait: Annotated[str | None, typer.Option("--max-wait", help="refused: no engine expresses it")] = None,
-    max_cost: Annotated[float | None, typer.Option("--max-cost", help="refused: no engine expresses it")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="job name prefix")] = None,
-    region: Annotated[str | None, typer.Option("--region", help="SkyPilot: the AWS region")] = None,
-    push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", metavar="REPO")] = None,
-    hub_revision: Annotated[str | None, typer.Option("--hub-revision", metavar="BRANCH")] = None,
-    hub_private: Annotated[bool | None, typer.Option("--hub-private/--no-hub-private")] = None,
-    wandb_project: Annotated[str | None, typer.Option("--wandb-project", help="W&B project")] = None,
-    wandb_entity: Annotated[str | None, typer.Option("--wandb-entity", help="W&B team or user")] = None,
-    run_name: Annotated[str | None, typer.Option("--run-name", help="W&B run name (default: the job name)")] = None,
-    resume_from: Annotated[str | None, typer.Option("--resume-from", help="refused: see --checkpoints")] = None,
-    input_: Annotated[list[str] | None, typer.Option("--input", help="SkyPilot: CHANNEL=BUCKET-URI")] = None,
+    instance: Instance = None,
+    nodes: Nodes = None,
+    processes: Processes = None,
+    strategy: Strategy = None,
+    precision: Precision = None,
+    spot: Spot = None,
+    max_run: MaxRun = None,
+    max_wait: MaxWait = None,
+    max_cost: MaxCost = None,
+    name: Name = None,
+    region: Region = None,
+    push_to_hub: PushToHub = None,
+    hub_revision: HubRevision = None,
+    hub_private: HubPrivate = None,
+    wandb_project: WandbProject = None,
+    wandb_entity: WandbEntity = None,
+    run_name: RunName = None,
+    resume_from: ResumeFrom = None,
+    input_: Inputs = None,
     secret: Annotated[
         list[str] | None,
         typer.Option("--secret", help="ENV (SkyPilot, given at launch) or ENV=SECRET/KEY (Kubernetes); repeatable"),
@@ -284,7 +303,9 @@ def export_(
     """Write the manifest of the job `submit` would run, for SkyPilot or Kubernetes.
 
     The same entry point and training flags, with precision and strategy resolved for
-    --accelerator. Training flags go after `--`, as for submit.
+    --accelerator. Training flags go after `--`, as for submit. Of submit's options, --spot,
+    --region and --input are SkyPilot's only and --max-run Kubernetes' only; --max-wait,
+    --max-cost and --resume-from are refused (no engine expresses them).
     """
     from .export import ExportOptions, export_job
     from .spec import load_spec

@@ -76,7 +76,7 @@ def model_shape(args: TrainArgs) -> ModelShape | None:
     return shape_from_config(preset, PRESETS[preset])
 
 
-def planned_run(
+def planned_decisions(
     args: TrainArgs,
     *,
     world_size: int,
@@ -84,14 +84,14 @@ def planned_run(
     gpu_model: str | None,
     cuda: bool | None = None,
     saved: dict[str, Any] | None = None,
-) -> tuple[TrainArgs, str]:
-    """`args` with --strategy auto as the job will resolve it on this hardware
-    (training/decisions.planned, with the model's size from model_shape), and the strategy as a
-    plan shows it: auto's pick and why."""
-    from distrain_cloud.training.decisions import planned, shown
+) -> Decisions:
+    """The job's decisions on this hardware (training/decisions.planned, with the model's size from
+    model_shape): --strategy auto as the job will resolve it, the compile, the engine. A plan makes
+    them once, here, and every part of it (configs, the memory check, the summary) reads them."""
+    from distrain_cloud.training.decisions import planned
 
     shape = model_shape(args)
-    decided = planned(
+    return planned(
         args,
         world_size=world_size,
         nodes=nodes,
@@ -100,17 +100,6 @@ def planned_run(
         saved=saved,
         params=shape.params if shape else None,
     )
-    return decided.args, shown(decided)
-
-
-def decisions_for(args: TrainArgs) -> Decisions:
-    """The trainer's decisions (training/decisions.py) for `args`, as planned_run resolved them, on
-    GPUs. Without --max-steps the run's length is known here only where with_planned_steps counts
-    it; otherwise it is taken as long enough to compile (a short run stays eager and needs more
-    memory than estimated), and Decisions.compile_words says the compile depends on it."""
-    from distrain_cloud.training.decisions import decide
-
-    return decide(args, world=1, cuda=True)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -202,13 +191,15 @@ def usable_gib(instance: InstanceType) -> float:
     return instance.gpu_memory_gib * USABLE_FRACTION.get(instance.gpu_model or "", USABLE_FRACTION_GDDR)
 
 
-def mode(strategy: str, precision: str, compiled: bool, in_graph: bool = False) -> str:
-    """Which constants apply: how the model's tensors are kept decides what stays on the GPU."""
-    sixteen = precision in ("bf16", "fp16", "fp8")  # fp8: bf16 autocast around fp8 matmuls (training/fp8.py)
-    # DeepSpeed's model is 16-bit itself. So is FSDP2's, in effect: its MixedPrecisionPolicy
-    # gathers the weights in 16 bits, and Accelerate's FSDP2 path wraps no autocast around it.
-    # fsdp sharded in the graph (`in_graph`) runs under autocast, as DDP does.
-    native = sixteen and (_zero_stage(strategy) is not None or (strategy == "fsdp" and not in_graph))
+def mode(engine: str, precision: str, compiled: bool) -> str:
+    """Which constants apply: how the engine (a name of training/engines/facts.py) keeps the
+    model's tensors decides what stays on the GPU."""
+    from distrain_cloud.training.engines.facts import FACTS
+    from distrain_cloud.training.strategies import Precision
+
+    sixteen = Precision(precision).sixteen_bit
+    # An engine that keeps a 16-bit model itself (DeepSpeed, FSDP2) wraps no autocast around it.
+    native = sixteen and not FACTS[engine].autocast
     if compiled:
         return "native-compiled" if native else "compiled"
     if not sixteen:
@@ -267,12 +258,16 @@ def estimate(
     """
     P, W, tokens = shape.params, world_size, batch_size * seq_len
     L, d, V = shape.layers, shape.hidden, shape.vocab
-    mixed = precision in ("bf16", "fp16", "fp8")
-    stage = _zero_stage(strategy)
+    from distrain_cloud.training.engines.facts import engine_of
+    from distrain_cloud.training.strategies import Precision, provisional_strategy
+
+    mixed = Precision(precision).sixteen_bit
+    stage = provisional_strategy(strategy).zero_stage
     offload = strategy.endswith("-offload")
     low = 2 if mixed else 4  # bytes of the model's own (or gathered) copy of a weight
     in_graph = strategy == "fsdp" and compile_unit == "model"  # strategies.fsdp_in_graph
-    how = mode(strategy, precision, compiled, in_graph)
+    engine = engine_of(provisional_strategy(strategy), in_graph)
+    how = mode(engine, precision, compiled)
     notes: list[str] = []
 
     terms: dict[str, float] = {}
@@ -352,7 +347,7 @@ def estimate(
         output = LOGITS_OUTPUT_BYTES if logits_output and how == "compiled" else 0
         loss = how
         if strategy == "fsdp" and compiled and eager_loss:
-            loss = mode(strategy, precision, compiled=False)
+            loss = mode(engine, precision, compiled=False)
         elif compiled and ((strategy == "fsdp" and not in_graph) or (compile_unit == "block" and stage != 3)):
             # The loss is its own graph after the eager LM head, so the logits are its input, saved
             # for its backward; a backward may reuse the memory of saved intermediates but not of
@@ -375,15 +370,6 @@ def estimate(
     )
 
 
-def _zero_stage(strategy: str) -> int | None:
-    from distrain_cloud.training.strategies import Strategy
-
-    try:
-        return Strategy(strategy).zero_stage
-    except ValueError:
-        return None  # fsdp, where strategies.py has it, is sharded but not DeepSpeed
-
-
 def seq_len(args: TrainArgs) -> int:
     """Tokens per sample at most: language models pack --block-size, classification pads to the
     batch's longest, at most --max-length."""
@@ -392,15 +378,6 @@ def seq_len(args: TrainArgs) -> int:
 
 def processes(strategy: str, instance: InstanceType, nodes: int) -> int:
     return 1 if strategy == "single" else nodes * max(instance.gpus, 1)
-
-
-def compiled(args: TrainArgs) -> bool:
-    """Whether the job will run compiled on a GPU, as the trainer decides it (decisions_for)."""
-    return decisions_for(args).compiled
-
-
-def compile_words(args: TrainArgs) -> str:
-    return decisions_for(args).compile_words
 
 
 def with_planned_steps(args: TrainArgs, *, world_size: int, channels: Mapping[str, Any]) -> TrainArgs:
@@ -429,62 +406,53 @@ def with_planned_steps(args: TrainArgs, *, world_size: int, channels: Mapping[st
     return replace(args, max_steps=math.ceil(args.epochs * per_epoch))
 
 
-def _strategy_words(args: TrainArgs) -> str:
-    """The strategy as the check names it: fsdp with the engine it runs; auto as asked."""
-    from distrain_cloud.training.strategies import AUTO
-
-    return args.strategy if args.strategy == AUTO else decisions_for(args).strategy_words
-
-
-def estimate_job(args: TrainArgs, shape: ModelShape, world_size: int) -> Estimate:
-    """estimate() for parsed training arguments, on GPUs."""
+def estimate_job(job: Decisions, shape: ModelShape, world_size: int) -> Estimate:
+    """estimate() for a job as decided (training/decisions.py), on GPUs: its strategy, whether and
+    what it compiles, and whether it computes losses.head_loss (its flags allow it, the trainer's own
+    decision, and the model is GPT-2 shaped, the causal LMs the size table holds)."""
+    args = job.args
     return estimate(
         shape,
-        strategy=args.strategy,
+        strategy=job.strategy.value,
         precision=args.precision or "bf16",  # not given: 16 bits on any GPU (precision.pick_precision)
         batch_size=args.batch_size,
         seq_len=seq_len(args),
         world_size=world_size,
         task=args.task,
-        compiled=compiled(args),
+        compiled=job.compiled,
         grad_accum=args.grad_accum,
         eval_batch_size=args.eval_batch_size,
         fused_ce=args.fused_ce,
         fsdp_blocks_per_unit=args.fsdp_blocks_per_unit,
-        compile_unit=decisions_for(args).compile_unit,
+        compile_unit=job.compile_unit,
         compiled_autograd=args.compiled_autograd,
-        head_loss=_head_loss(args, shape),
+        head_loss=shape.family == "gpt2" and job.head_loss_why_not is None,
     )
-
-
-def _head_loss(args: TrainArgs, shape: ModelShape) -> bool:
-    """Whether the job computes training/losses.head_loss: its flags allow it (the trainer's own
-    decision) and the model is GPT-2 shaped, the causal LMs the size table holds."""
-    return shape.family == "gpt2" and decisions_for(args).head_loss_why_not is None
 
 
 # ---------------------------------------------------------------------------------- the check
 
 
-def fit_check(args: TrainArgs, instance: InstanceType, *, nodes: int = 1) -> Check:
-    """Whether the job's estimated peak fits each GPU of `instance`; when not, the detail names
-    fixes that fit: another strategy, a smaller --batch-size, a bigger instance. Pure."""
+def fit_check(job: Decisions, instance: InstanceType, *, nodes: int = 1) -> Check:
+    """Whether the estimated peak of the job as decided fits each GPU of `instance`; when not, the
+    detail names fixes that fit: another strategy, a smaller --batch-size, a bigger instance. Pure."""
     from .plan import Check
 
+    args = job.args
     if not instance.is_gpu:
         return Check(CHECK_NAME, None, f"{instance.name} has no GPU: not checked")
     shape = model_shape(args)
     if shape is None:
         return Check(CHECK_NAME, None, f"model {args.model or args.model_config} is not in the size table: not checked")
-    need = estimate_job(args, shape, processes(args.strategy, instance, nodes)).device_gib
+    need = estimate_job(job, shape, processes(job.strategy.value, instance, nodes)).device_gib
     have = usable_gib(instance)
     what = (
-        f"{_strategy_words(args)}{compile_words(args)}, micro-batch {args.batch_size} x "
+        f"{job.strategy_words}{job.compile_words}, micro-batch {args.batch_size} x "
         f"{seq_len(args)} tokens, {shape.params / 1e6:,.0f}M params"
     )
     if need <= have:
         return Check(CHECK_NAME, True, f"about {need:.1f} of {have:.1f} GiB per {instance.gpu_model} ({what})")
-    fixes = suggest_fixes(args, shape, instance, nodes)
+    fixes = suggest_fixes(job, shape, instance, nodes)
     detail = f"needs about {need:.1f} GiB per GPU, more than the {have:.1f} GiB of one {instance.gpu_model} ({what})"
     return Check(CHECK_NAME, False, detail + "; " + ("fits with " + ", or ".join(fixes) if fixes else _NO_FIX))
 
@@ -497,22 +465,51 @@ _NO_FIX = "no strategy, micro-batch or instance type in the catalog fits: use a 
 _STRATEGY_ORDER = ("ddp", "zero1", "zero2", "fsdp", "zero3", "zero2-offload", "zero3-offload")
 
 
-def suggest_fixes(args: TrainArgs, shape: ModelShape, instance: InstanceType, nodes: int) -> list[str]:
+def suggest_fixes(job: Decisions, shape: ModelShape, instance: InstanceType, nodes: int) -> list[str]:
     """Fixes the estimate says fit, each with its estimate: the fastest other strategy (with a
     smaller micro-batch only if none fits as it is), a smaller micro-batch, the cheapest
     instance type of the same platform. A smaller micro-batch keeps the global batch through
     --grad-accum."""
-    from distrain_cloud.training.strategies import STRATEGIES
+    from distrain_cloud.training.args import ArgumentError, validate
+    from distrain_cloud.training.decisions import decide
+    from distrain_cloud.training.strategies import STRATEGIES, ClusterShape, accelerate_config, choose_precision
 
     from .catalog import all_instances
 
-    def need(a: TrainArgs, on: InstanceType = instance) -> float:
-        return estimate_job(a, shape, processes(a.strategy, on, nodes)).device_gib
+    args = job.args
 
-    def largest_batch(a: TrainArgs) -> tuple[TrainArgs, float] | None:
+    def decided(a: TrainArgs) -> Decisions | None:
+        """The decisions for the job with a fix applied, as the trainer takes them on GPUs; None
+        where the flag check that the job's entry point runs (args.validate, then decide's own:
+        fp8 under ddp or single) would refuse them. No rule is copied here: a fix that check
+        refuses is never named (once: --strategy zero1 for an fp8 job)."""
+        try:
+            validate(replace(a))  # on a copy: validate fills in defaults
+            return decide(a, world=processes(a.strategy, instance, nodes), cuda=True)
+        except ArgumentError:
+            return None
+
+    def runs_on(i: InstanceType) -> bool:
+        """The job runs on `nodes` of `i` as it is, as a plan there would check: its precision on
+        those GPUs (choose_precision) and its strategy on that many processes (accelerate_config:
+        --strategy single runs one)."""
+        cluster = ClusterShape(num_nodes=nodes, processes_per_node=max(i.gpus, 1))
+        try:
+            precision = choose_precision(args.precision, i.gpus, i.compute_capability, i.name)
+            accelerate_config(job.strategy, cluster, precision=precision)
+        except ValueError:
+            return False
+        return True
+
+    def need(d: Decisions, on: InstanceType = instance) -> float:
+        return estimate_job(d, shape, processes(d.strategy.value, on, nodes)).device_gib
+
+    def largest_batch(a: TrainArgs) -> tuple[Decisions, float] | None:
         batch = a.batch_size
         while batch >= 1:
-            smaller = replace(a, batch_size=batch, grad_accum=a.grad_accum * a.batch_size // batch)
+            smaller = decided(replace(a, batch_size=batch, grad_accum=a.grad_accum * a.batch_size // batch))
+            if smaller is None:
+                return None
             if need(smaller) <= usable_gib(instance):
                 return smaller, need(smaller)
             batch //= 2
@@ -523,31 +520,35 @@ def suggest_fixes(args: TrainArgs, shape: ModelShape, instance: InstanceType, no
         out += [f"--batch-size {a.batch_size} --grad-accum {a.grad_accum}"] if a.batch_size != args.batch_size else []
         return " ".join(out)
 
-    # --fused-ce is refused with ZeRO-3 (args.validate). fsdp is offered under fp16 (V100, T4) too:
-    # both its engines trained with the loss scaler on GPUs (bench/README.md, session 15).
-    options = [s for s in _STRATEGY_ORDER if s in STRATEGIES and not (args.fused_ce and s.startswith("zero3"))]
+    # fsdp is offered under fp16 (V100, T4) too: both its engines trained with the loss scaler on
+    # GPUs (bench/README.md, session 15). What the flags rule out (--fused-ce with ZeRO-3, fp8 off
+    # ddp) decided() drops.
+    options = [s for s in _STRATEGY_ORDER if s in STRATEGIES]
     # Every other strategy, not only the slower ones: memory does not fall in speed order (fsdp is
     # faster than ZeRO-3 and needs less).
     others = [s for s in options if s != args.strategy]
     found = [f for f in (largest_batch(replace(args, strategy=s)) for s in others) if f]
     # The fastest that keeps the micro-batch, else the one that keeps the largest.
-    best = next((f for f in found if f[0].batch_size == args.batch_size), None)
-    best = best or max(found, key=lambda f: f[0].batch_size, default=None)
+    best = next((f for f in found if f[0].args.batch_size == args.batch_size), None)
+    best = best or max(found, key=lambda f: f[0].args.batch_size, default=None)
     smaller = largest_batch(args)
-    if best and smaller and best[0].batch_size <= smaller[0].batch_size:
+    if best and smaller and best[0].args.batch_size <= smaller[0].args.batch_size:
         best = None  # another strategy helps only if it keeps a larger micro-batch than this one can
-    fixes = [f"{flags(a)} (about {gib:.1f} GiB)" for a, gib in filter(None, (best, smaller))]
-    if args.strategy == "fsdp" and decisions_for(args).in_graph:
+    fixes = [f"{flags(d.args)} (about {gib:.1f} GiB)" for d, gib in filter(None, (best, smaller))]
+    if job.strategy.value == "fsdp" and job.in_graph:
         # Sharded inside the graph, fsdp holds the whole 16-bit model at its peak; FSDP2 one unit of it.
-        fsdp2 = need(replace(args, compile_unit="block"))
-        if fsdp2 <= usable_gib(instance):
+        blocks = decided(replace(args, compile_unit="block"))
+        fsdp2 = need(blocks) if blocks else None
+        if fsdp2 is not None and fsdp2 <= usable_gib(instance):
             fixes.insert(0, f"--compile-unit block (fsdp's FSDP2 engine, about {fsdp2:.1f} GiB)")
     bigger = [
-        i for i in all_instances() if i.is_gpu and i.sagemaker == instance.sagemaker and need(args, i) <= usable_gib(i)
+        i
+        for i in all_instances()
+        if i.is_gpu and i.sagemaker == instance.sagemaker and runs_on(i) and need(job, i) <= usable_gib(i)
     ]
     if bigger:
         cheapest = min(bigger, key=lambda i: min(i.hourly_usd.values()))
-        gib = need(args, cheapest)
+        gib = need(job, cheapest)
         fixes.append(
             f"--instance {cheapest.name} ({cheapest.gpu_model}, about {gib:.1f} of {usable_gib(cheapest):.1f} GiB)"
         )
@@ -579,14 +580,13 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
     """For a JobSpec: a line describing the job, and every GPU instance type of its platform
     (SageMaker, EC2; both for local jobs) with the memory it needs there and its cost."""
     from distrain_cloud.infra.errors import UserError
-    from distrain_cloud.training.args import parse_args
-    from distrain_cloud.training.decisions import planned
-    from distrain_cloud.training.strategies import choose_precision
+    from distrain_cloud.training.decisions import decide, planned
+    from distrain_cloud.training.strategies import AUTO, choose_precision
 
     from .catalog import PRICE_REGIONS, all_instances
 
     region = region or (spec.region if spec.region in PRICE_REGIONS else PRICE_REGIONS[0])
-    args = parse_args(spec.check_training_args(spec.precision or "bf16", "fit"))
+    _, args = spec.training_args(spec.precision or "bf16", "fit")
     shape = model_shape(args)
     if shape is None:
         raise UserError(
@@ -612,10 +612,10 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
             nodes=spec.nodes,
             gpu_model=instance.gpu_model,
             params=shape.params,
-        ).args
-        world = processes(job.strategy, instance, spec.nodes)
+        )
+        world = processes(job.strategy.value, instance, spec.nodes)
         need = estimate_job(job, shape, world).device_gib
-        runs = "fsdp in-graph" if decisions_for(job).in_graph else job.strategy
+        runs = "fsdp in-graph" if job.in_graph else job.args.strategy
         cost, note = None, "no measurement, and no published rates for this GPU"
         rate = measured_tokens_per_sec(job, shape, instance.gpu_model or "") or estimated_tokens_per_sec(
             job, shape, instance
@@ -625,9 +625,12 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
             scaled = f"; x {world} GPUs, multi-GPU scaling not modelled" if world > 1 else ""
             cost, note = hourly / tokens_per_hour * 1e6, rate[1] + scaled
         rows.append(Fit(instance.name, gpus, need, have, hourly, cost, note, runs))
+    # The job as asked, on one GPU: how the line names its strategy (auto as asked) and its compile.
+    asked = decide(args, world=1, cuda=True)
     what = (
-        f"{shape.name} ({shape.params / 1e6:,.0f}M params), {args.task}, {_strategy_words(args)}"
-        f"{compile_words(args)}, micro-batch {args.batch_size} x {seq_len(args)} tokens, "
+        f"{shape.name} ({shape.params / 1e6:,.0f}M params), {args.task}, "
+        f"{args.strategy if args.strategy == AUTO else asked.strategy_words}"
+        f"{asked.compile_words}, micro-batch {args.batch_size} x {seq_len(args)} tokens, "
         f"{spec.nodes} node(s), prices in {region}"
     )
     return what, sorted(rows, key=_cheapest_first)
@@ -639,23 +642,24 @@ def _cheapest_first(r: Fit) -> tuple[bool, bool, float, float]:
     return (not r.fits, r.usd_per_million_tokens is None, r.usd_per_million_tokens or 0.0, r.hourly_usd or 0.0)
 
 
-def measured_tokens_per_sec(args: TrainArgs, shape: ModelShape, gpu_model: str) -> tuple[float, str] | None:
+def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -> tuple[float, str] | None:
     """Tokens/s per GPU measured for this very configuration on this GPU, and where; else None.
     Nothing is scaled from another model, card or micro-batch."""
     from distrain_cloud.training.modeling import PRESETS
 
     from .throughput import THROUGHPUT
 
+    args = job.args
     replicated = ("ddp", "single")  # one process of DDP runs as one GPU alone
     for t in THROUGHPUT:
         same = (
             t.card == gpu_model
             and shape_from_config(shape.name, PRESETS[t.model]) == shape
             and (t.task, t.seq_len, t.batch_size, t.compiled)
-            == (args.task, seq_len(args), args.batch_size, compiled(args))
+            == (args.task, seq_len(args), args.batch_size, job.compiled)
             and (args.strategy == t.strategy or (args.strategy in replicated and t.strategy in replicated))
             and args.precision != "fp8"
-            and not decisions_for(args).in_graph
+            and not job.in_graph
         )
         if same:
             per_gpu = sum(t.tokens_per_sec) / len(t.tokens_per_sec)
@@ -665,7 +669,7 @@ def measured_tokens_per_sec(args: TrainArgs, shape: ModelShape, gpu_model: str) 
     return None
 
 
-def estimated_tokens_per_sec(args: TrainArgs, shape: ModelShape, instance: InstanceType) -> tuple[float, str] | None:
+def estimated_tokens_per_sec(job: Decisions, shape: ModelShape, instance: InstanceType) -> tuple[float, str] | None:
     """Tokens/s per GPU estimated from the card's published rates (launcher/throughput.py's roofline,
     fitted to the measured H100/H200 runs), and how; None for a GPU with no published rates."""
     from .throughput import estimate_tokens_per_sec, largest_error, spec
@@ -673,8 +677,8 @@ def estimated_tokens_per_sec(args: TrainArgs, shape: ModelShape, instance: Insta
     card = spec(instance.gpu_model or "", instance.gpu_memory_gib)
     if card is None:
         return None
-    per_gpu = estimate_tokens_per_sec(shape, seq_len(args), compiled(args), card)
-    fp8 = "; fp8 not modelled: bf16's rate" if args.precision == "fp8" else ""
+    per_gpu = estimate_tokens_per_sec(shape, seq_len(job.args), job.compiled, card)
+    fp8 = "; fp8 not modelled: bf16's rate" if job.args.precision == "fp8" else ""
     return per_gpu, (
         f"est. {per_gpu:,.0f} tokens/s/GPU ({card.tflops:g} TFLOP/s, {card.tb_per_s:g} TB/s; roofline fitted to "
         f"H100/H200 runs, within {largest_error():.0%} of them){fp8}"

@@ -28,6 +28,7 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.secret_env import REFERENCE
 from distrain_cloud.training.args import (
     ArgumentError,
+    TrainArgs,
     branch_problem,
     hyperparameters_to_argv,
     known_flags,
@@ -617,9 +618,14 @@ class JobSpec(BaseModel):
         return argv + list(self.train_args)
 
     def check_training_args(self, precision: str, run_name: str) -> list[str]:
+        return self.training_args(precision, run_name)[0]
+
+    def training_args(self, precision: str, run_name: str) -> tuple[list[str], TrainArgs]:
+        """training_argv, checked as the job's entry point will parse it, and the parsed arguments
+        (a plan parses them here once, and its every part reads these)."""
         argv = self.training_argv(precision, run_name)
         try:
-            parse_args(argv)
+            args = parse_args(argv)
         except ArgumentError as e:
             raise UserError(f"training arguments: {e}{_flag_hint(str(e))}") from None
         # Known before training, not after it: a push without a token would lose the run.
@@ -629,7 +635,7 @@ class JobSpec(BaseModel):
                 f"--push-to-hub {self.hub.repo_id} needs a Hub token: add --secret HF_TOKEN=<Secrets Manager ARN or "
                 "ssm:/name>" + (" or set HF_TOKEN in this environment" if self.backend == "local" else "")
             )
-        return argv
+        return argv, args
 
 
 def _flag_hint(error: str) -> str:

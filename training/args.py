@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .engines.facts import takes_fp8
 from .stopping import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_STOP_GRACE_S
 from .strategies import AUTO, BLOCK_COMPILED, PRECISIONS, STRATEGY_CHOICES, provisional_strategy
 
@@ -169,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--precision",
-        choices=(*PRECISIONS, "fp8"),
+        choices=PRECISIONS,
         default=d.precision,
         help="mixed precision (default: the launcher's pick: bf16 on compute capability >= 8.0, fp16 below, "
         "no (fp32) on CPU); fp8: bf16 with float8 matmuls (torchao, compute capability >= 8.9)",
@@ -600,9 +601,9 @@ def validate(a: TrainArgs) -> None:
                 f"--compile-unit block applies to --strategy ddp, single, fsdp, zero3 or zero3-offload, "
                 f"not {a.strategy} (ZeRO-1/2 compile the whole model inside DeepSpeed's engine)"
             )
-    if a.precision == "fp8" and a.strategy not in ("ddp", "single", AUTO):
-        # the replicated model's linears; the sharded engines hold their weights their own way (fp8.py).
-        # auto: fp8 pins it to ddp (strategies.resolve_auto), unless a resumed checkpoint says otherwise
+    if a.precision == "fp8" and a.strategy != AUTO and not takes_fp8(provisional_strategy(a.strategy)):
+        # the engines' facts (engines/facts.py). auto: fp8 pins it to ddp (strategies.resolve_auto),
+        # unless a resumed checkpoint says otherwise (decisions.decide refuses it then)
         raise ArgumentError(
             f"--precision fp8 runs under --strategy ddp or single, not {a.strategy}: add --strategy ddp"
         )

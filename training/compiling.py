@@ -13,7 +13,7 @@ from torch._dynamo import compiled_autograd as torch_compiled_autograd
 from torch._dynamo import utils as dynamo_utils
 
 from .args import ArgumentError
-from .engines import Engine, transformer_blocks
+from .engines.base import Engine, transformer_blocks
 from .modeling import HEAD_LOSS
 
 

@@ -15,14 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from . import strategies  # by module: a test's shim replaces strategies.resolve_auto (tests/training/auto_shim)
 from .args import ArgumentError
+from .engines.facts import FACTS, GRAPH_FSDP, engine_of
 from .modeling import head_loss_flags_why_not
 from .strategies import AUTO, COMPILE_MIN_STEPS, Strategy
 
 if TYPE_CHECKING:
     from .args import TrainArgs
-
-# How the model is sharded and wrapped, one file each in training/engines/.
-SINGLE, DDP, DEEPSPEED, FSDP2, GRAPH_FSDP = "single", "ddp", "deepspeed", "fsdp2", "graph_fsdp"
 
 
 @dataclass(frozen=True)
@@ -34,7 +32,7 @@ class Decisions:
     strategy: Strategy  # as the processes launch: ddp while auto is still undecided
     strategy_why: str | None  # auto's reason; None for a strategy the user named
     decided: bool  # False: auto waits for the model's size or the run's length
-    engine: str  # SINGLE, DDP, DEEPSPEED, FSDP2 or GRAPH_FSDP
+    engine: str  # a name of engines/facts.py: SINGLE, DDP, DEEPSPEED, FSDP2 or GRAPH_FSDP
     engine_why: str | None  # fsdp's: why this engine of its two
     compiled: bool
     compile_why: str
@@ -75,6 +73,21 @@ class Decisions:
             return f", compiled if it runs {COMPILE_MIN_STEPS:,}+ steps"
         return ", compiled"
 
+    @property
+    def ddp_buckets_words(self) -> str:
+        """What a plan shows for DDP's gradient buckets: the size the training processes pick
+        (strategies.ddp_buckets_for), and why."""
+        mb = self.ddp_bucket_mb
+        if self.args.ddp_bucket_mb is not None:
+            return f"{mb} MB (--ddp-bucket-mb)"
+        if mb == strategies.DDP_BUCKET_MB_COMPILED:
+            return f"{mb} MB: one bucket, one compiled graph (GPUs of one node over NVLink)"
+        return (
+            f"{mb} MB: {self.ddp_slow_link}, so the all-reduces overlap the backward"
+            if self.ddp_slow_link
+            else f"{mb} MB"
+        )
+
     def strategy_lines(self, processes: int) -> list[str]:
         """What the job logs about its strategy: auto's pick and why (one process running plain ddp
         says nothing: the usual quick check), then DDP's buckets where it runs DDP."""
@@ -109,25 +122,17 @@ def decide(
         args, world=world, cuda=cuda, slow_link=slow_link, saved=saved, params=params, steps=steps
     )
     strategy = strategies.provisional_strategy(resolved.strategy)
-    if resolved.precision == "fp8" and strategy not in (Strategy.ddp, Strategy.single):
+    in_graph, engine_why = False, None
+    if strategy is Strategy.fsdp:
+        in_graph, fsdp_why = strategies.fsdp_in_graph(resolved, cuda=cuda)
+        engine_why = strategy_why or fsdp_why
+    engine = engine_of(strategy, in_graph)
+    if resolved.precision == "fp8" and not FACTS[engine].fp8:
         # auto with fp8 is ddp, but a resumed checkpoint's strategy comes first (resolve_auto)
         raise ArgumentError(
             f"--precision fp8 runs under --strategy ddp or single; this run resumes a checkpoint trained with "
             f"{resolved.strategy} ({strategy_why}): drop --precision fp8"
         )
-    in_graph, engine_why = False, None
-    if strategy is Strategy.fsdp:
-        in_graph, fsdp_why = strategies.fsdp_in_graph(resolved, cuda=cuda)
-        engine_why = strategy_why or fsdp_why
-    engine = (
-        (GRAPH_FSDP if in_graph else FSDP2)
-        if strategy is Strategy.fsdp
-        else DEEPSPEED
-        if strategy.uses_deepspeed
-        else SINGLE
-        if strategy is Strategy.single
-        else DDP
-    )
     length = resolved.max_steps if resolved.max_steps is not None else steps
     compiled, compile_why = strategies.compile_decision(
         resolved.compile,
@@ -156,7 +161,7 @@ def decide(
         compile_why=compile_why,
         compile_length_known=length is not None,
         compile_unit=strategies.compile_unit_for(strategy, resolved.compile_unit, in_graph),
-        head_loss_why_not=head_loss_flags_why_not(resolved, strategy.value, in_graph),
+        head_loss_why_not=head_loss_flags_why_not(resolved, engine),
         ddp_bucket_mb=bucket_mb,
         ddp_slow_link=bucket_link,
     )
@@ -201,16 +206,16 @@ def shown(decisions: Decisions) -> str:
     return f"{d.args.strategy} ({d.strategy_why})" if d.strategy_why else d.args.strategy
 
 
-def plan_configs(strategy: Strategy, args, world_size: int, *, cuda: bool) -> dict[str, Any]:
+def plan_configs(decisions: Decisions, world_size: int) -> dict[str, Any]:
     """What a plan shows beside the Accelerate launch config: the settings the training process
-    builds for `strategy` from parsed training arguments (a TrainArgs) on `world_size` processes,
-    on GPUs or not (`cuda`: the fsdp engine differs, so the plan must ask as the job will)."""
-    if strategy.uses_deepspeed:
+    builds for the decided strategy on `world_size` processes (the engine as decided, so on GPUs
+    or not as the job will be)."""
+    d, args = decisions, decisions.args
+    if d.strategy.uses_deepspeed:
         return {"deepspeed_config": strategies.deepspeed_config_for(args, world_size)}
-    if strategy is Strategy.fsdp:
-        decided = decide(args, world=world_size, cuda=cuda)
-        if decided.in_graph:
-            return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({decided.engine_why})"}
+    if d.strategy is Strategy.fsdp:
+        if d.in_graph:
+            return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({d.engine_why})"}
         per_unit = (
             args.fsdp_blocks_per_unit or f"auto (units of about {strategies.FSDP_UNIT_PARAMS // 10**6}M parameters)"
         )

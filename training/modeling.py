@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .args import ArgumentError, TrainArgs, config_overrides, parse_args
+from .engines.facts import FACTS
 from .offline import hub_load
 
 ASSETS = Path(__file__).parent / "assets"
@@ -286,29 +287,30 @@ HEAD_LOSS = "_distrain_head_loss"  # set on a model whose training forward compu
 HEAD_LOSS_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
 
 
-def head_loss_flags_why_not(args: TrainArgs, strategy: str, in_graph: bool = False) -> str | None:
-    """Why the training flags rule out losses.head_loss, or None. Torch-free: the launcher's
-    memory estimate shares it. `in_graph`: fsdp sharded inside the compiled graph, whose LM head
-    weight is gathered when read, as under DDP."""
+def head_loss_flags_why_not(args: TrainArgs, engine: str) -> str | None:
+    """Why the training flags rule out losses.head_loss under `engine` (a name of engines/facts.py),
+    or None. Torch-free: the run's decisions (decisions.decide) hold it, and the launcher's memory
+    estimate reads it there."""
     if args.lm_loss != "fast":
         return "--lm-loss model"
     if args.task != "causal-lm" or args.fused_ce:
         return "not the causal-lm loss"
-    if strategy not in ("ddp", "single") and not (strategy == "fsdp" and in_graph):
-        return f"--strategy {strategy} holds the LM head its own way"
+    if not FACTS[engine].head_loss:
+        return f"--strategy {args.strategy} holds the LM head its own way"
     if args.precision == "fp16":
         # The gradient is computed before fp16's loss scale reaches it, and small ones would flush to zero.
         return "--precision fp16"
     return None
 
 
-def use_head_loss(model, args: TrainArgs, strategy: str, in_graph: bool = False) -> str | None:
-    """Make the training forward compute losses.head_loss (--lm-loss fast); why not, where it does not."""
+def use_head_loss(model, flags_why_not: str | None) -> str | None:
+    """Make the training forward compute losses.head_loss (--lm-loss fast) where the run's flags
+    allow it (`flags_why_not`: the decisions' head_loss_why_not) and the model does; why not,
+    where it does not."""
     import torch
 
-    why = head_loss_flags_why_not(args, strategy, in_graph)
-    if why is not None:
-        return why
+    if flags_why_not is not None:
+        return flags_why_not
     config, head = model.config, model.get_output_embeddings()
     if config.model_type not in HEAD_LOSS_MODEL_TYPES or getattr(model, "loss_type", None) != "ForCausalLM":
         return f"{config.model_type} models: the model's own loss"

@@ -51,7 +51,28 @@ class Strategy(str, Enum):
         return self.shards_state
 
 
-PRECISIONS = ("no", "fp16", "bf16")
+class Precision(str, Enum):
+    """The precisions a job trains in (--precision): fp32 (no), fp16 and bf16 under autocast, and
+    fp8, which is bf16 autocast with the transformer blocks' linear layers multiplying in float8
+    (training/fp8.py): to Accelerate, the loss and the memory estimate, fp8 is bf16."""
+
+    no = "no"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    fp8 = "fp8"
+
+    @property
+    def autocast(self) -> str:
+        """The precision Accelerate's autocast runs in (its mixed_precision; "no": none)."""
+        return Precision.bf16.value if self is Precision.fp8 else self.value
+
+    @property
+    def sixteen_bit(self) -> bool:
+        """Activations and the 16-bit copies of weights take two bytes an element."""
+        return self.autocast != Precision.no.value
+
+
+PRECISIONS = tuple(p.value for p in Precision)
 STRATEGIES = tuple(s.value for s in Strategy)
 # The default: a concrete strategy picked where the job runs (resolve_auto), ddp or fsdp.
 AUTO = "auto"
@@ -464,17 +485,6 @@ def planned_link(world_size: int, nodes: int, gpu_model: str | None) -> str | No
     return slow_gpu_link(env, gpu_model)
 
 
-def planned_ddp_buckets(args, *, compiled: bool, world_size: int, nodes: int, gpu_model: str | None) -> str:
-    """What a plan shows for ddp's gradient buckets on an instance (a TrainArgs `args`): the size the
-    training processes will pick there (ddp_buckets_for), and why."""
-    mb, slow = ddp_buckets_for(args, compiled, planned_link(world_size, nodes, gpu_model))
-    if args.ddp_bucket_mb is not None:
-        return f"{mb} MB (--ddp-bucket-mb)"
-    if mb == DDP_BUCKET_MB_COMPILED:
-        return f"{mb} MB: one bucket, one compiled graph (GPUs of one node over NVLink)"
-    return f"{mb} MB: {slow}, so the all-reduces overlap the backward" if slow else f"{mb} MB"
-
-
 def accelerate_config(
     strategy: Strategy,
     cluster: ClusterShape,
@@ -507,8 +517,7 @@ def accelerate_config(
         "num_processes": cluster.world_size,
         "main_process_ip": cluster.main_addr,
         "main_process_port": cluster.main_port,
-        # fp8 is bf16 autocast to Accelerate; each process converts its model's linears (training/fp8.py)
-        "mixed_precision": "bf16" if precision == "fp8" else precision,
+        "mixed_precision": Precision(precision).autocast,  # each process converts fp8's linears itself
         "use_cpu": cluster.use_cpu and not strategy.uses_deepspeed,
         "gpu_ids": "all",
         "rdzv_backend": "static",

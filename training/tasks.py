@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from .args import TrainArgs
 from .losses import fused_causal_lm_loss, liger_causal_lm_loss
+from .strategies import Precision
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -32,8 +33,8 @@ def _fused_lm_loss(model: Any, unwrapped: Any, input_ids: Any, args: TrainArgs, 
     # only; the LM head and loss run chunked in losses.py.
     out = model(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1)
     head = unwrapped.get_output_embeddings().weight
-    # fp8 runs its autocast in bf16 (fp8.py converts only the blocks' linear layers)
-    dtype = DTYPES.get("bf16" if args.precision == "fp8" else args.precision or "", torch.float32)
+    # the autocast's dtype: bf16 under fp8 (fp8.py converts only the blocks' linear layers)
+    dtype = DTYPES.get(Precision(args.precision).autocast if args.precision else "", torch.float32)
     if args.ce_kernel == "liger":
         return liger_causal_lm_loss(out.hidden_states[-1], head, input_ids, dtype=dtype)
     return fused_causal_lm_loss(out.hidden_states[-1], head, input_ids, dtype=dtype, compile_=compiled)

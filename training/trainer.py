@@ -38,6 +38,7 @@ from . import checkpoint, compiling, data, engines, modeling, tasks
 from .args import ArgumentError, TrainArgs, default_lr
 from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .decisions import Decisions, decide
+from .engines.base import transformer_blocks
 from .fp8 import use_fp8
 from .hub import HubPushError, kept_model_line, push_to_hub
 from .phases import hms as _hms
@@ -129,12 +130,12 @@ class Trainer:
         # Now with the model's size and the run's length: auto's pick, if it waited, and the compile.
         undecided = not self.decisions.decided
         params = sum(p.numel() for p in model.parameters())
-        blocks = bool(engines.transformer_blocks(model))
+        blocks = bool(transformer_blocks(model))
         self._decide(world, cuda=torch.cuda.is_available(), params=params, steps=self.max_steps, has_blocks=blocks)
         a = self.args
         if undecided:  # in-graph fsdp or ddp, both of which take the Accelerator built above
             self._print_strategy()
-        self.lm_loss_why_not = modeling.use_head_loss(model, a, self.strategy.value, self.decisions.in_graph)
+        self.lm_loss_why_not = modeling.use_head_loss(model, self.decisions.head_loss_why_not)
         self.compiled, self.compile_why = self.decisions.compiled, self.decisions.compile_why
         engine = self.engine
         with _slow_phase(

@@ -21,6 +21,8 @@ from ..plan import Check, Plan, unique_job_name
 
 if TYPE_CHECKING:
     from distrain_cloud.infra.job_role import JobRole
+    from distrain_cloud.training.args import TrainArgs
+    from distrain_cloud.training.decisions import Decisions
 
     from ..catalog import InstanceType
     from ..logs import LogLine
@@ -44,6 +46,8 @@ class TrainingPlan:
     configs: dict[str, Any]
     fit: Check
     strategy: str  # as the plan shows it: --strategy auto with what it picks there, and why
+    args: TrainArgs  # `argv` parsed, once
+    decisions: Decisions  # made once (training/decisions.planned); every part of the plan reads these
 
 
 def repo_root() -> Path:
@@ -53,18 +57,10 @@ def repo_root() -> Path:
 
 
 def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main_port: int = 29500) -> TrainingPlan:
-    from distrain_cloud.training.args import parse_args
-    from distrain_cloud.training.decisions import plan_configs
-    from distrain_cloud.training.strategies import (
-        ClusterShape,
-        Strategy,
-        accelerate_config,
-        choose_precision,
-        parse_strategy,
-        planned_ddp_buckets,
-    )
+    from distrain_cloud.training.decisions import plan_configs, shown
+    from distrain_cloud.training.strategies import ClusterShape, Strategy, accelerate_config, choose_precision
 
-    from ..memory import compiled, fit_check, planned_run, with_planned_steps
+    from ..memory import fit_check, planned_decisions, with_planned_steps
 
     hardware = instance.name
     if instance.gpus:
@@ -72,17 +68,17 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
     with value_errors_as_user_errors():
         precision = choose_precision(spec.precision, instance.gpus, instance.compute_capability, hardware)
     job_name = unique_job_name(spec.name)
-    argv = spec.check_training_args(precision, job_name)
+    argv, args = spec.training_args(precision, job_name)
     processes = max(instance.gpus, 1)
     # The run's length where the plan can count it: the compile and auto's pick turn on it.
-    steps = with_planned_steps(parse_args(argv), world_size=spec.nodes * processes, channels=spec.inputs)
-    train, shown = planned_run(
+    steps = with_planned_steps(args, world_size=spec.nodes * processes, channels=spec.inputs)
+    decisions = planned_decisions(
         steps,
         world_size=spec.nodes * processes,
         nodes=spec.nodes,
         gpu_model=instance.gpu_model if instance.gpus else None,
     )
-    strategy = parse_strategy(train.strategy)
+    strategy = decisions.strategy
     cluster = ClusterShape(
         num_nodes=spec.nodes,
         processes_per_node=processes,
@@ -94,15 +90,9 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
         configs: dict[str, Any] = {
             "accelerate_config (node 0)": accelerate_config(strategy, cluster, precision=precision)
         }
-    configs.update(plan_configs(strategy, train, cluster.world_size, cuda=bool(instance.gpus)))
+    configs.update(plan_configs(decisions, cluster.world_size))
     if strategy is Strategy.ddp and cluster.world_size > 1 and instance.gpus:
-        configs["ddp_buckets"] = planned_ddp_buckets(
-            train,
-            compiled=compiled(train),
-            world_size=cluster.world_size,
-            nodes=spec.nodes,
-            gpu_model=instance.gpu_model,
-        )
+        configs["ddp_buckets"] = decisions.ddp_buckets_words
     return TrainingPlan(
         job_name=job_name,
         precision=precision,
@@ -111,8 +101,10 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
         world_size=cluster.world_size,
         hardware=hardware,
         configs=configs,
-        fit=fit_check(train, instance, nodes=spec.nodes),
-        strategy=shown,
+        fit=fit_check(decisions, instance, nodes=spec.nodes),
+        strategy=shown(decisions),
+        args=args,
+        decisions=decisions,
     )
 
 

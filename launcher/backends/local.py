@@ -29,7 +29,7 @@ from distrain_cloud.training.stopping import (
     _start_time,
     child_dies_with_us,
 )
-from distrain_cloud.training.strategies import choose_precision, parse_strategy
+from distrain_cloud.training.strategies import choose_precision
 
 from ..lease import launched as lineage_launched
 from ..plan import Check, JobRef, Plan, refuse_failed_checks, unique_job_name
@@ -74,7 +74,7 @@ class LocalBackend:
             precision = choose_precision(spec.precision, gpus, capability, "this machine")
         job_name = unique_job_name(spec.name)
         spec = _with_absolute_data_paths(spec)
-        argv = spec.check_training_args(precision, job_name)
+        argv, train_args = spec.training_args(precision, job_name)
         root = (spec.local.workdir / job_name).resolve()
         # A lineage shares one checkpoint folder: the first job's.
         checkpoints, lineage = root / "checkpoints", job_name
@@ -104,25 +104,24 @@ class LocalBackend:
             env["DISTRAIN_SECRETS"] = json.dumps(dict(spec.secrets))
             command = [sys.executable, "-m", "distrain_cloud.infra.secret_env", "--", *command]
         configs: dict[str, Any] = {"accelerate_config": node.config}
-        from distrain_cloud.training.args import parse_args
+        from distrain_cloud.training.decisions import shown as strategy_shown
 
-        from ..memory import planned_run
+        from ..memory import planned_decisions
 
-        train_args = parse_args(argv)
         # How long a stop may take before this process kills what is left: the trainers' grace,
         # node_launch's margin, and one more for node_launch's own end.
         stop_bound_s = train_args.stop_grace + 2 * LAUNCHER_MARGIN_S
         saved = saved_state(checkpoints)
         # As the job will resolve --strategy auto, but for the GPUs' link, which the job checks itself.
         with value_errors_as_user_errors():  # e.g. fp8 on a checkpoint trained sharded
-            train, shown = planned_run(
+            decisions = planned_decisions(
                 train_args, world_size=processes, nodes=1, gpu_model=None, cuda=gpus > 0, saved=saved
             )
-        strategy = parse_strategy(train.strategy)
-        if strategy.shards_state:
+        shown = strategy_shown(decisions)
+        if decisions.strategy.shards_state:
             from distrain_cloud.training.decisions import plan_configs
 
-            configs.update(plan_configs(strategy, train, processes, cuda=gpus > 0))
+            configs.update(plan_configs(decisions, processes))
         wandb = wandb_run(spec, argv, tracking)
         stack = _has_training_stack()
         checks = [

@@ -89,3 +89,38 @@ def test_ls_never_cuts_a_job_name_and_shows_when_each_was_created(capsys, monkey
     if columns == 80:
         assert max(map(len, lines)) <= 80, out
     assert "training" in out and "1795" not in out
+
+
+# Options both commands take whose values mean something else to export, by design: its secrets are
+# the engine's own (not AWS references), and its dry run prints a manifest, not a plan.
+_EXPORT_OWN = {"secret", "dry_run"}
+
+
+def _described(param) -> dict:
+    """What a person and click see of one parameter."""
+    return {
+        "opts": (tuple(param.opts), tuple(param.secondary_opts)),
+        "type": param.type.to_info_dict(),  # its name, and choices where it has them
+        "default": param.default,
+        "help": getattr(param, "help", None),
+        "metavar": param.metavar,
+        "multiple": param.multiple,
+        "is_flag": getattr(param, "is_flag", None),
+    }
+
+
+def test_submit_and_export_declare_their_shared_options_once():
+    """export writes the job submit would run: each option both take is one declaration (cli.py's
+    aliases), so its help cannot drift (export's --precision once lost fp8)."""
+    import typer
+
+    from distrain_cloud.launcher.cli import app
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    submit = {p.name: p for p in commands["submit"].params}
+    export = {p.name: p for p in commands["export"].params}
+    shared = sorted(set(submit) & set(export) - _EXPORT_OWN)
+    assert len(shared) >= 20, shared
+    for name in shared:
+        assert _described(submit[name]) == _described(export[name]), name
+    assert "fp8" in export["precision"].help

@@ -14,6 +14,7 @@ from distrain_cloud.launcher import memory
 from distrain_cloud.launcher.catalog import all_instances, lookup
 from distrain_cloud.launcher.shape import SHIPPED_VOCAB
 from distrain_cloud.training.args import parse_args
+from distrain_cloud.training.decisions import decide
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))  # the calibration runs and their fit live there
 from memory_fit import FITTED, TOLERANCE, errors, fit, report  # noqa: E402
@@ -146,19 +147,24 @@ def _args(*argv: str):
     return parse_args([*argv, "--precision", "fp16"])
 
 
+def _decided(args):
+    """The decisions the memory check reads, as the trainer takes them on GPUs."""
+    return decide(args, world=1, cuda=True)
+
+
 def test_gpt2_xl_with_ddp_does_not_fit_a_16_gib_v100_and_the_named_fixes_do():
     instance = lookup("ml.p3.8xlarge")
     args = _args(*XL, "--batch-size", "4")
-    check = memory.fit_check(args, instance)
+    check = memory.fit_check(_decided(args), instance)
     assert check.ok is False and check.name == "fits in GPU memory"
     assert "more than the 15.7 GiB of one V100" in check.detail
     fixes = check.detail.split("fits with ")[1].split(", or ")
     assert [f.split()[0] for f in fixes] == ["--strategy", "--instance"], check.detail
     # Every fix named, applied to the job, passes the same check.
     strategy_fix = fixes[0].split(" (")[0].split()
-    assert memory.fit_check(_args(*XL, "--batch-size", "4", *strategy_fix), instance).ok is True
+    assert memory.fit_check(_decided(_args(*XL, "--batch-size", "4", *strategy_fix)), instance).ok is True
     bigger = lookup(fixes[1].split()[1])
-    assert bigger.sagemaker and memory.fit_check(args, bigger).ok is True
+    assert bigger.sagemaker and memory.fit_check(_decided(args), bigger).ok is True
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero3"])
@@ -168,16 +174,16 @@ def test_fsdp_is_offered_before_zero3_and_to_zero3_jobs_under_bf16_and_fp16(stra
     scaler on GPUs (session 15). A short run, so eager: compiled, ZeRO-2 (faster, and without its
     buckets at the peak) fits first."""
     argv = [*XL, "--batch-size", "8", "--strategy", strategy, "--max-steps", "100"]
-    bf16 = memory.fit_check(parse_args([*argv, "--precision", "bf16"]), lookup("ml.g5.48xlarge"))
+    bf16 = memory.fit_check(_decided(parse_args([*argv, "--precision", "bf16"])), lookup("ml.g5.48xlarge"))
     assert bf16.ok is False and "fits with --strategy fsdp --batch-size 4 --grad-accum 2 (about" in bf16.detail
-    fp16 = memory.fit_check(parse_args([*argv, "--precision", "fp16"]), lookup("ml.p3.16xlarge"))  # 8 V100s
+    fp16 = memory.fit_check(_decided(parse_args([*argv, "--precision", "fp16"])), lookup("ml.p3.16xlarge"))  # 8 V100s
     assert fp16.ok is False and "fits with --strategy fsdp --batch-size 2 --grad-accum 4 (about" in fp16.detail
 
 
 def test_a_long_xl_job_is_offered_compiled_zero2_first():
     """ZeRO-2 compiles by default on GPUs, and compiled its gradient buckets miss the peak."""
     argv = [*XL, "--batch-size", "8", "--strategy", "ddp", "--precision", "bf16"]
-    check = memory.fit_check(parse_args(argv), lookup("ml.g5.12xlarge"))
+    check = memory.fit_check(_decided(parse_args(argv)), lookup("ml.g5.12xlarge"))
     assert check.ok is False and "fits with --strategy zero2 --batch-size 4 --grad-accum 2 (about" in check.detail
 
 
@@ -191,35 +197,88 @@ def test_a_long_fsdp_job_sharded_in_the_graph_is_offered_fsdp2_first_where_only_
     argv = ["--task", "causal-lm", "--model-config", str(config), "--block-size", "1024", "--strategy", "fsdp"]
     argv += ["--batch-size", "1", "--max-steps", "10000", "--precision", "bf16"]
     instance = lookup("ml.g5.12xlarge")
-    check = memory.fit_check(parse_args(argv), instance)
+    check = memory.fit_check(_decided(parse_args(argv)), instance)
     assert check.ok is False and "fits with --compile-unit block (fsdp's FSDP2 engine, about" in check.detail
     assert "(fsdp sharded in the graph, compiled, micro-batch 1 x 1024 tokens" in check.detail
-    assert memory.fit_check(parse_args([*argv, "--compile-unit", "block"]), instance).ok is True
+    assert memory.fit_check(_decided(parse_args([*argv, "--compile-unit", "block"])), instance).ok is True
     # A run too short to repay the longer compile gets FSDP2 by default, and fits as it is.
     short = [*argv[:-4], "--max-steps", "2000", "--precision", "bf16"]
-    fsdp2 = memory.fit_check(parse_args(short), instance)
+    fsdp2 = memory.fit_check(_decided(parse_args(short)), instance)
     assert fsdp2.ok is True and "(fsdp (FSDP2), compiled, micro-batch 1" in fsdp2.detail
+
+
+LM = ["--task", "causal-lm", "--block-size", "1024"]
+NOT_FITTING = [  # (instance, precision, strategy, training flags): none fits as it is
+    ("g5.xlarge", "bf16", "auto", [*LM, "--preset", "gpt2-xl", "--batch-size", "8"]),
+    ("g5.xlarge", "bf16", "single", [*LM, "--preset", "gpt2-xl", "--batch-size", "8"]),
+    ("g5.12xlarge", "bf16", "ddp", [*LM, "--preset", "gpt2-xl", "--batch-size", "8"]),
+    ("ml.g5.12xlarge", "bf16", "auto", [*LM, "--preset", "gpt2-xl", "--batch-size", "8", "--fused-ce"]),
+    ("ml.g5.48xlarge", "bf16", "zero3", [*LM, "--preset", "gpt2-xl", "--batch-size", "8", "--max-steps", "100"]),
+    ("p3.8xlarge", "fp16", "auto", [*LM, "--preset", "gpt2-xl", "--batch-size", "4"]),
+    ("g6.xlarge", "fp8", "auto", [*LM, "--preset", "llama-1b", "--batch-size", "8"]),
+    ("g6.12xlarge", "fp8", "ddp", [*LM, "--preset", "gpt2-xl", "--batch-size", "8"]),
+    ("ml.g6.12xlarge", "fp8", "auto", [*LM, "--preset", "llama-1b", "--batch-size", "16"]),
+    ("ml.p5.48xlarge", "fp8", "ddp", ["--task", "causal-lm", "--block-size", "2048", "--preset", "llama-8b"]),
+]
+
+
+def _with_fix(overrides: dict, fix: str) -> dict:
+    """The job's spec with one named fix applied as a person would: its flags, given again."""
+    out, train = dict(overrides), list(overrides["train_args"])
+    flags = iter(fix.split(" (")[0].split())
+    for flag in flags:
+        value = next(flags)
+        if flag in ("--strategy", "--instance"):
+            out[flag.removeprefix("--")] = value
+        else:
+            train += [flag, value]  # given last, it wins
+    return {**out, "train_args": train}
+
+
+@pytest.mark.parametrize("instance, precision, strategy, flags", NOT_FITTING, ids=lambda v: str(v)[:20])
+def test_every_fix_named_passes_the_flag_check_and_fits(no_aws_config, instance, precision, strategy, flags):
+    """Each fix the check names, applied to the job, is planned through the same path a submit
+    takes (the flags parsed and validated, the precision on that GPU, the strategy on that many
+    processes, the run's decisions) and fits. fp8 jobs were once offered --strategy zero1, which
+    the flag check refuses (fp8 runs under ddp or single)."""
+    from distrain_cloud.launcher.backends.cloud import plan_training
+    from distrain_cloud.launcher.spec import load_spec
+
+    job = {"instance": instance, "precision": precision, "strategy": strategy, "train_args": flags}
+
+    def planned(overrides: dict):
+        spec = load_spec(None, overrides)
+        return plan_training(spec, lookup(spec.instance), main_addr="x")
+
+    check = planned(job).fit
+    assert check.ok is False, check.detail
+    fixes = check.detail.split("fits with ")[1].split(", or ") if "fits with " in check.detail else []
+    for fix in fixes:
+        fixed = planned(_with_fix(job, fix)).fit
+        assert fixed.ok is True, (fix, fixed.detail)
+    if precision == "fp8":
+        assert not any(f.startswith("--strategy") for f in fixes), check.detail
 
 
 def test_the_batch_size_fix_keeps_the_global_batch():
     instance = lookup("ml.p3.8xlarge")
     args = _args("--task", "causal-lm", "--preset", "gpt2-small", "--block-size", "1024", "--batch-size", "32")
-    check = memory.fit_check(dataclasses.replace(args, compile=False), instance)
+    check = memory.fit_check(_decided(dataclasses.replace(args, compile=False)), instance)
     assert check.ok is False and "--batch-size 8 --grad-accum 4 (about" in check.detail, check.detail
 
 
 def test_gpt2_xl_with_zero3_on_80_gib_gpus_passes_with_the_estimate_in_the_detail():
     instance = lookup("ml.p4de.24xlarge")
     args = _args(*XL, "--strategy", "zero3", "--batch-size", "4")
-    check = memory.fit_check(args, instance)
-    need = memory.estimate_job(args, memory.model_shape(args), world_size=8).device_gib
+    check = memory.fit_check(_decided(args), instance)
+    need = memory.estimate_job(_decided(args), memory.model_shape(args), world_size=8).device_gib
     assert need <= memory.usable_gib(instance)
     assert check.ok is True and check.detail.startswith(f"about {need:.1f} of {memory.usable_gib(instance):.1f} GiB")
 
 
 def test_cpu_instances_and_unknown_models_are_not_checked():
-    assert memory.fit_check(_args(), lookup("ml.m5.xlarge")).ok is None
-    check = memory.fit_check(_args("--model", "some-org/some-model"), lookup("ml.p3.8xlarge"))
+    assert memory.fit_check(_decided(_args()), lookup("ml.m5.xlarge")).ok is None
+    check = memory.fit_check(_decided(_args("--model", "some-org/some-model")), lookup("ml.p3.8xlarge"))
     assert check.ok is None and "some-org/some-model is not in the size table" in check.detail
 
 
@@ -244,16 +303,16 @@ def test_a_job_compiled_block_by_block_counts_the_loss_graphs_input():
     shape = memory.model_shape(small)
     assert shape is not None
     compiled = dataclasses.replace(small, precision="bf16", compile=True, lm_loss="model")
-    model = memory.estimate_job(compiled, shape, 2)
-    blocks = memory.estimate_job(dataclasses.replace(compiled, compile_unit="block"), shape, 2)
+    model = memory.estimate_job(_decided(compiled), shape, 2)
+    blocks = memory.estimate_job(_decided(dataclasses.replace(compiled, compile_unit="block")), shape, 2)
     logits_bytes = 2 * 16 * 1024 * shape.vocab
     assert blocks.train_gib - model.train_gib == pytest.approx(logits_bytes / memory.GIB)
     assert not blocks.notes and not model.notes
     # The default head loss is no graph of its own: one logits-sized buffer either way.
     fast = dataclasses.replace(compiled, lm_loss="fast")
-    fast_blocks = memory.estimate_job(dataclasses.replace(fast, compile_unit="block"), shape, 2)
-    assert fast_blocks.train_gib == pytest.approx(memory.estimate_job(fast, shape, 2).train_gib)
-    with_ca = memory.estimate_job(dataclasses.replace(compiled, compiled_autograd=True), shape, 2)
+    fast_blocks = memory.estimate_job(_decided(dataclasses.replace(fast, compile_unit="block")), shape, 2)
+    assert fast_blocks.train_gib == pytest.approx(memory.estimate_job(_decided(fast), shape, 2).train_gib)
+    with_ca = memory.estimate_job(_decided(dataclasses.replace(compiled, compiled_autograd=True)), shape, 2)
     assert with_ca.notes == ("--compiled-autograd: calibrated at GPT-2 small only",)
     # the traced reducer's measured extra: three more fp32 copies of the gradients
     assert with_ca.train_gib - model.train_gib == pytest.approx(3 * 4 * shape.params / memory.GIB)
@@ -407,7 +466,8 @@ def test_the_check_and_the_fit_table_import_nothing_heavy(tmp_path):
         "from distrain_cloud.launcher import memory\n"
         "from distrain_cloud.launcher.catalog import all_instances, lookup\n"
         "from distrain_cloud.training.args import parse_args\n"
-        "memory.fit_check(parse_args(['--preset', 'gpt2-xl']), lookup('ml.p3.8xlarge'))\n"
+        "from distrain_cloud.training.decisions import decide\n"
+        "memory.fit_check(decide(parse_args(['--preset', 'gpt2-xl']), world=1, cuda=True), lookup('ml.p3.8xlarge'))\n"
         "heavy = ('torch', 'transformers', 'accelerate', 'deepspeed', 'boto3', 'sagemaker')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
@@ -425,7 +485,7 @@ def test_compiled_zero1_and_zero2_leave_their_gradient_buckets_out_of_the_peak()
 
     def buffers(strategy: str, compiled: bool) -> float:
         job = dataclasses.replace(small, strategy=strategy, precision="bf16", compile=compiled)
-        return memory.estimate_job(job, shape, 4).terms["buffers"]
+        return memory.estimate_job(_decided(job), shape, 4).terms["buffers"]
 
     buckets = 2 * memory.DS_BUCKET_ELEMENTS * 2 / memory.GIB
     assert buffers("zero2", False) == pytest.approx(buckets) and buffers("zero2", True) == 0
@@ -442,10 +502,10 @@ def test_compiled_zero3_blocks_are_estimated_as_its_whole_model():
     shape = memory.model_shape(small)
     assert shape is not None
     job = dataclasses.replace(small, strategy="zero3", precision="bf16", compile=True, lm_loss="model")
-    blocks = memory.estimate_job(job, shape, 4)
-    whole = memory.estimate_job(dataclasses.replace(job, compile_unit="model"), shape, 4)
-    ddp_blocks = memory.estimate_job(dataclasses.replace(job, strategy="ddp", compile_unit="block"), shape, 4)
-    ddp_whole = memory.estimate_job(dataclasses.replace(job, strategy="ddp", compile_unit="model"), shape, 4)
+    blocks = memory.estimate_job(_decided(job), shape, 4)
+    whole = memory.estimate_job(_decided(dataclasses.replace(job, compile_unit="model")), shape, 4)
+    ddp_blocks = memory.estimate_job(_decided(dataclasses.replace(job, strategy="ddp", compile_unit="block")), shape, 4)
+    ddp_whole = memory.estimate_job(_decided(dataclasses.replace(job, strategy="ddp", compile_unit="model")), shape, 4)
     assert blocks.train_gib == pytest.approx(whole.train_gib)
     assert ddp_blocks.train_gib - ddp_whole.train_gib == pytest.approx(2 * 16 * 1024 * shape.vocab / memory.GIB)
     assert not blocks.notes and not whole.notes
@@ -464,15 +524,15 @@ def test_the_default_head_loss_holds_one_logits_sized_buffer(precision, batch, m
     shape = memory.model_shape(small)
     assert shape is not None
     job = dataclasses.replace(small, precision=precision, compile=False)
-    fast = memory.estimate_job(job, shape, 1)
-    own = memory.estimate_job(dataclasses.replace(job, lm_loss="model"), shape, 1)
+    fast = memory.estimate_job(_decided(job), shape, 1)
+    own = memory.estimate_job(_decided(dataclasses.replace(job, lm_loss="model")), shape, 1)
     measured = model_loss_gib - fast_gib
     assert own.train_gib - fast.train_gib == pytest.approx(measured, rel=0.15)
     assert fast.train_gib == pytest.approx(fast_gib, rel=0.15) and own.train_gib == pytest.approx(
         model_loss_gib, rel=0.15
     )
-    fp16 = memory.estimate_job(dataclasses.replace(job, precision="fp16"), shape, 1)
-    fp16_own = memory.estimate_job(dataclasses.replace(job, precision="fp16", lm_loss="model"), shape, 1)
+    fp16 = memory.estimate_job(_decided(dataclasses.replace(job, precision="fp16")), shape, 1)
+    fp16_own = memory.estimate_job(_decided(dataclasses.replace(job, precision="fp16", lm_loss="model")), shape, 1)
     assert fp16.train_gib == fp16_own.train_gib  # fp16 keeps the model's loss (modeling.head_loss_flags_why_not)
 
 
@@ -484,8 +544,8 @@ def test_an_8b_llama_needs_sharding_on_80_gib_cards_and_the_check_names_a_sharde
     args = parse_args(flags.split())
     shape = memory.model_shape(args)
     assert shape is not None and not shape.tied
-    ddp = memory.estimate_job(dataclasses.replace(args, strategy="ddp", compile=True), shape, 8)
-    fsdp = memory.estimate_job(dataclasses.replace(args, strategy="fsdp", compile=True), shape, 8)
+    ddp = memory.estimate_job(_decided(dataclasses.replace(args, strategy="ddp", compile=True)), shape, 8)
+    fsdp = memory.estimate_job(_decided(dataclasses.replace(args, strategy="fsdp", compile=True)), shape, 8)
     assert ddp.device_gib > 80 > fsdp.device_gib
-    check = memory.fit_check(dataclasses.replace(args, strategy="ddp"), lookup("ml.p5.48xlarge"))
+    check = memory.fit_check(_decided(dataclasses.replace(args, strategy="ddp")), lookup("ml.p5.48xlarge"))
     assert check.ok is False and "fits with --strategy zero2 (about 69.4 GiB)" in check.detail

@@ -159,3 +159,15 @@ def test_user_defaults_come_from_the_config_file_then_distrain_variables_then_fl
     assert r.returncode == 2 and r.stderr.splitlines() == [
         f"error: {config}: unknown key 'regon'; known keys: region, stack, bucket, role, wandb_project, wandb_entity"
     ]
+
+
+def test_the_spec_takes_the_precisions_the_training_flags_take():
+    """A spec's `precision` is a Literal (pydantic and mypy read it as written); its values are
+    strategies.Precision's, the one home of the names."""
+    import typing
+
+    from distrain_cloud.training.strategies import PRECISIONS
+
+    annotation = typing.get_type_hints(JobSpec)["precision"]
+    literal = next(a for a in typing.get_args(annotation) if typing.get_origin(a) is typing.Literal)
+    assert typing.get_args(literal) == PRECISIONS

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from distrain_cloud.training import checkpoint
 from distrain_cloud.training.args import ArgumentError, parse_args
-from distrain_cloud.training.decisions import plan_configs
+from distrain_cloud.training.decisions import decide, plan_configs
 from distrain_cloud.training.strategies import (
     ClusterShape,
     Strategy,
@@ -124,10 +125,10 @@ def test_plans_show_the_plugin_the_training_process_builds(cli, tmp_path):
     args = parse_args(["--strategy", "fsdp"])
     auto = "auto (units of about 100M parameters)"
     expected = {"fsdp_plugin": fsdp_plugin_settings(), "fsdp_blocks_per_unit": auto}
-    assert plan_configs(Strategy.fsdp, args, 2, cuda=True) == expected
+    assert plan_configs(decide(args, world=2, cuda=True), 2) == expected
     two = parse_args(["--strategy", "fsdp", "--fsdp-blocks-per-unit", "2"])
-    assert plan_configs(Strategy.fsdp, two, 2, cuda=True)["fsdp_blocks_per_unit"] == 2
-    assert plan_configs(Strategy.ddp, args, 2, cuda=True) == {}
+    assert plan_configs(decide(two, world=2, cuda=True), 2)["fsdp_blocks_per_unit"] == 2
+    assert plan_configs(decide(replace(args, strategy="ddp"), world=2, cuda=True), 2) == {}
     r = cli(
         "submit", "--instance", "local", "--processes", "2", "--strategy", "fsdp", "--dry-run", "--json", cwd=tmp_path
     )

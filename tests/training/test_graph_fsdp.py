@@ -16,8 +16,8 @@ from test_fsdp import assert_trains_like, compared_lm_flags, lm_flags
 
 from distrain_cloud.training import checkpoint
 from distrain_cloud.training.args import parse_args
-from distrain_cloud.training.decisions import plan_configs
-from distrain_cloud.training.strategies import Strategy, fsdp_in_graph, fsdp_plugin_settings
+from distrain_cloud.training.decisions import decide, plan_configs
+from distrain_cloud.training.strategies import fsdp_in_graph, fsdp_plugin_settings
 
 IN_GRAPH = ["--strategy", "fsdp", "--compile", "--compile-unit", "model"]
 
@@ -42,18 +42,18 @@ def test_fsdp_shards_in_the_graph_by_default_for_long_compiled_runs_on_gpus(flag
 
 def test_the_plan_shows_the_fsdp_engine_a_gpu_job_gets(cli, tmp_path):
     long = parse_args(["--strategy", "fsdp", "--max-steps", "20000"])
-    assert plan_configs(Strategy.fsdp, long, 8, cuda=True) == {
+    assert plan_configs(decide(long, world=8, cuda=True), 8) == {
         "fsdp_sharding": "in the compiled graph, every weight a flat shard (default for 5,000+ steps compiled "
         "(--compile-unit block for FSDP2))"
     }
     blocks = parse_args(["--strategy", "fsdp", "--max-steps", "20000", "--compile-unit", "block"])
-    assert plan_configs(Strategy.fsdp, blocks, 8, cuda=True)["fsdp_plugin"] == fsdp_plugin_settings()
+    assert plan_configs(decide(blocks, world=8, cuda=True), 8)["fsdp_plugin"] == fsdp_plugin_settings()
     base = ("submit", "--instance", "local", "--processes", "2", "--strategy", "fsdp", "--dry-run", "--json")
     r = cli(*base, "--", "--compile", "--compile-unit", "model", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["configs"]["fsdp_sharding"].endswith("(--compile-unit model)")
     # On CPUs the same long run keeps FSDP2, and so does its plan (it once said in-graph here).
-    assert plan_configs(Strategy.fsdp, long, 2, cuda=False)["fsdp_plugin"] == fsdp_plugin_settings()
+    assert plan_configs(decide(long, world=2, cuda=False), 2)["fsdp_plugin"] == fsdp_plugin_settings()
     r = cli(*base, "--", "--max-steps", "20000", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     configs = json.loads(r.stdout)["configs"]

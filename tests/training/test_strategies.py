@@ -91,12 +91,12 @@ def test_over_a_slow_link_the_compiled_default_keeps_small_buckets_to_overlap_th
 
 def test_the_planned_buckets_are_the_size_asked_for_whatever_the_link():
     from distrain_cloud.training.args import parse_args
-    from distrain_cloud.training.strategies import planned_ddp_buckets
+    from distrain_cloud.training.decisions import planned
 
-    on_g5 = {"world_size": 4, "nodes": 1, "gpu_model": "A10G"}
-    asked = parse_args(["--ddp-bucket-mb", "100"])
-    assert planned_ddp_buckets(asked, compiled=True, **on_g5) == "100 MB (--ddp-bucket-mb)"
-    assert planned_ddp_buckets(parse_args([]), compiled=False, **on_g5) == "25 MB"  # eager: 25 anyway
+    on_g5 = {"world_size": 4, "nodes": 1, "gpu_model": "A10G", "params": None}
+    asked = parse_args(["--ddp-bucket-mb", "100", "--compile"])
+    assert planned(asked, **on_g5).ddp_buckets_words == "100 MB (--ddp-bucket-mb)"
+    assert planned(parse_args(["--no-compile"]), **on_g5).ddp_buckets_words == "25 MB"  # eager: 25 anyway
 
 
 def test_a_slow_link_is_named_only_where_it_made_the_default_small():

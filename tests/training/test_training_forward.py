@@ -165,10 +165,17 @@ def train_args(*flags: str):
     return parse_args(["--task", "causal-lm", "--preset", "tiny-gpt2", *flags])
 
 
+def flags_why_not(*flags: str) -> str | None:
+    """Why the run's decisions rule out the head loss for these flags (one process, on CPU)."""
+    from distrain_cloud.training.decisions import decide
+
+    return decide(train_args(*flags), world=1, cuda=False).head_loss_why_not
+
+
 @pytest.mark.parametrize("build", [lambda: gpt2(True), llama], ids=["gpt2", "llama"])
 def test_the_fast_lm_loss_gives_the_models_loss_and_gradients(build):
     own, fast = build(), build()
-    assert modeling.use_head_loss(fast, train_args(), "ddp") is None
+    assert modeling.use_head_loss(fast, flags_why_not()) is None
     grads = []
     for model in (own, fast):
         torch.manual_seed(1)  # the same dropout masks
@@ -196,14 +203,14 @@ def test_the_fast_lm_loss_gives_the_models_loss_and_gradients(build):
 )
 def test_the_fast_lm_loss_is_left_out_where_it_does_not_apply(flags, strategy, why):
     model = gpt2(True)
-    assert why in modeling.use_head_loss(model, train_args(*flags), strategy)
+    assert why in modeling.use_head_loss(model, flags_why_not(*flags, "--strategy", strategy))
     assert modeling.HEAD_LOSS not in model.__dict__
 
 
 def test_the_fast_lm_loss_is_left_out_for_heads_it_does_not_know():
     model = gpt2(True)
     model.lm_head.bias = torch.nn.Parameter(torch.zeros(VOCAB))
-    assert "bias-free" in modeling.use_head_loss(model, train_args(), "ddp")
+    assert "bias-free" in modeling.use_head_loss(model, flags_why_not())
     capped = gpt2(True)
     capped.config.final_logit_softcapping = 30.0
-    assert "capped" in modeling.use_head_loss(capped, train_args(), "ddp")
+    assert "capped" in modeling.use_head_loss(capped, flags_why_not())

@@ -1,27 +1,26 @@
 """One file per engine behind one interface (base.Engine); engine_for picks the one the run's
-decisions name. The trainer never branches on an engine: it calls these."""
+decisions name. The trainer never branches on an engine: it calls these.
+
+Torch-free to import: each engine's row in facts.FACTS names its class, imported when picked,
+so the plan and the flag check read the facts without loading torch."""
 
 from __future__ import annotations
 
-from .. import decisions
-from .base import Engine, Say, transformer_blocks
-from .ddp import DDPEngine
-from .deepspeed import DeepSpeedEngine
-from .fsdp2 import FSDP2Engine
-from .graph_fsdp import GraphFSDPEngine
+import importlib
+from typing import TYPE_CHECKING
 
-ENGINES: dict[str, type[Engine]] = {
-    decisions.SINGLE: DDPEngine,  # one process: Accelerate wraps nothing, DDP's way otherwise
-    decisions.DDP: DDPEngine,
-    decisions.DEEPSPEED: DeepSpeedEngine,
-    decisions.FSDP2: FSDP2Engine,
-    decisions.GRAPH_FSDP: GraphFSDPEngine,
-}
+from .facts import FACTS
+
+if TYPE_CHECKING:
+    from ..decisions import Decisions
+    from .base import Engine, Say
 
 
-def engine_for(decided: decisions.Decisions, say: Say) -> Engine:
+def engine_for(decided: Decisions, say: Say) -> Engine:
     """The engine the run's decisions name, saying its lines through `say`."""
-    return ENGINES[decided.engine](decided, say)
+    module, _, name = FACTS[decided.engine].code.partition(":")
+    engine: type[Engine] = getattr(importlib.import_module(f".{module}", __name__), name)
+    return engine(decided, say)
 
 
-__all__ = ["Engine", "engine_for", "transformer_blocks"]
+__all__ = ["engine_for"]
