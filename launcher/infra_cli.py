@@ -147,7 +147,7 @@ def render_offline(
     resources = template["Resources"]
     width = max(len(name) for name in resources)
     for name, resource in resources.items():
-        lines.append(f"  {name:{width}}  {resource['Type']}{_condition(template, resource.get('Condition'))}")
+        lines.append(f"  {name:{width}}  {resource['Type']}")
     given = {**parameters, **({"VpcId": vpc_id} if vpc_id else {})}
     for key, spec in template["Parameters"].items():
         value = given.get(key, spec.get("Default", "the region's default VPC" if key == "VpcId" else "(none)"))
@@ -158,17 +158,6 @@ def render_offline(
         "(`aws configure`, or AWS_PROFILE and AWS_REGION) and run `infra up --dry-run` again to see the change set"
     )
     return "\n".join(lines)
-
-
-def _condition(template: dict[str, Any], name: str | None) -> str:
-    """A resource's condition in the words of its parameter (`  (if EnableSsm=true)`), or nothing."""
-    if not name:
-        return ""
-    try:  # the template's `!Equals [!Ref PARAMETER, "value"]` conditions
-        (ref, value) = template["Conditions"][name]["Fn::Equals"]
-        return f"  (if {ref['Ref']}={value})"
-    except (KeyError, TypeError, ValueError):
-        return f"  (if {name})"
 
 
 @app.command()

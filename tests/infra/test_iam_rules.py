@@ -49,7 +49,7 @@ NAMES = {
 def stack_policies(ssm: bool = False) -> tuple[dict, dict]:
     """(JobBoundary, LauncherPolicy) of infra/stack.yaml with this stack's names."""
     resources = stack.load_template()["Resources"]
-    conditions = {"SsmEnabled": ssm, "PlacementGroupEnabled": False}
+    conditions = {"SsmEnabled": ssm}
     return tuple(  # type: ignore[return-value]
         render(resources[name]["Properties"]["PolicyDocument"], NAMES, conditions)
         for name in ("JobBoundary", "LauncherPolicy")
@@ -437,7 +437,7 @@ def test_planned_roles_within_the_boundary_that_infra_up_made(mocked_aws, monkey
         "LogGroup.Arn": f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{LOG_GROUP}",
     }
     resources = stack.load_template()["Resources"]
-    conditions = {"SsmEnabled": False, "PlacementGroupEnabled": False}
+    conditions = {"SsmEnabled": False}
     rendered = render(resources["LauncherPolicy"]["Properties"]["PolicyDocument"], names, conditions)
     assert rendered == launcher
     assert render(resources["JobBoundary"]["Properties"]["PolicyDocument"], names, conditions) == boundary

@@ -251,7 +251,7 @@ def test_infra_up_dry_run_without_aws_shows_the_template_and_says_what_needs_aws
         "infra/stack.yaml; not a change set"
     )
     assert "  Bucket                    AWS::S3::Bucket" in lines
-    assert "  PlacementGroup            AWS::EC2::PlacementGroup  (if EnablePlacementGroup=true)" in lines
+    assert "  NodeSecurityGroup         AWS::EC2::SecurityGroup" in lines
     assert "  parameter EnableSsm = true" in lines and "  parameter LogRetentionDays = 30 (default)" in lines
     assert lines[-1].startswith("needs AWS: whether the stack exists and what an update would change or replace")
     # The parameters are checked as a real run checks them.
