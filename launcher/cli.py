@@ -673,18 +673,19 @@ def rehearse_spot(
 ) -> None:
     """Run the smallest spot lineage (2 nodes), interrupt one node, check that it recovers, completes
     and leaves nothing, and print what it cost; exit 1 on any failed check (docs/ec2.md)."""
+    from .backends import rehearsal as rehearsal_of
     from .plan import refuse_failed_checks
-    from .rehearse import Options, plan_rehearsal, run_rehearsal
 
-    options = Options(region, instance, interrupt, fis_role, steps, max_cost, stack)
-    rehearsal = plan_rehearsal(options, dry_run=dry_run)
+    spot = rehearsal_of("spot")  # backends.REHEARSALS says which backend plays it, and why not a flag here
+    options = spot.Options(region, instance, interrupt, fis_role, steps, max_cost, stack)
+    rehearsal = spot.plan_rehearsal(options, dry_run=dry_run)
     typer.echo(_human(rehearsal.render(full=dry_run)))
     refuse_failed_checks(rehearsal.plan, exit_code=1 if dry_run else 2)
     if dry_run:
         return
     if not yes:
         _confirm(rehearsal.plan)
-    outcome = run_rehearsal(rehearsal)
+    outcome = spot.run_rehearsal(rehearsal)
     typer.echo(_human(outcome.render()))
     raise typer.Exit(0 if outcome.ok else 1)
 

@@ -11,6 +11,7 @@ import importlib
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from distrain_cloud.infra.errors import UserError
@@ -65,6 +66,19 @@ def get_backend(name: str) -> Backend:
         )
     module = importlib.import_module(f"{__name__}.{BACKENDS[name]}")
     return module.BACKEND  # type: ignore[no-any-return]
+
+
+# A rehearsal is a fault played on the user's own account through one backend's machinery (`spot`:
+# an EC2 spot lineage, one node interrupted with AWS FIS). It is a registration like BACKENDS, not a
+# Backend method: it is one backend's own command, with flags no other backend would take, and the
+# CLI declares those flags itself so that `--help` imports no backend. The module exposes
+# `Options`, `plan_rehearsal` and `run_rehearsal`; cli.rehearse_spot is a thin command over them.
+REHEARSALS = {"spot": "ec2.rehearse"}
+
+
+def rehearsal(name: str) -> ModuleType:
+    """The module that plays rehearsal `name` (a key of REHEARSALS)."""
+    return importlib.import_module(f"{__name__}.{REHEARSALS[name]}")
 
 
 def wait_for(backend: Backend, job: JobRef, *, poll: float = 15.0) -> int:

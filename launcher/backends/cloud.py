@@ -431,3 +431,19 @@ def _extract_members(s3: Any, uri: str, names: Sequence[str], folder: Path) -> N
         raise UserError(f"{uri} is not a readable .tar.gz ({e}); download it and look inside") from e
     finally:
         body.close()
+
+
+# ---------------------------------------------------------------------- fields of an AWS answer
+
+
+def as_list(value: Any) -> list[Any]:
+    """A field of an AWS answer that should be a list: itself, or empty (every byte may be hostile)."""
+    return value if isinstance(value, list) else []
+
+
+def as_number(value: Any) -> float | None:
+    """A field of an AWS answer that should be a count or a quota: the number, or None when it is
+    not one (a bool, a string) or is out of any sane range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value < 1e12 else None

@@ -20,7 +20,7 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.launcher import apimodel
 from distrain_cloud.launcher.api import plan_job
 from distrain_cloud.launcher.backends.sagemaker import backend as sm
-from distrain_cloud.launcher.images import parse_cuda_version
+from distrain_cloud.launcher.backends.sagemaker.images import parse_cuda_version
 from distrain_cloud.launcher.memory import CHECK_NAME
 from distrain_cloud.launcher.spec import load_spec
 from distrain_cloud.training.args import hyperparameters_to_argv, parse_args

@@ -32,12 +32,11 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.stack import ALIVE_STATES
 from distrain_cloud.training.strategies import AUTO, parse_strategy
 
-from ... import quotas
 from ...lease import launched as lineage_launched
 from ...plan import Check, JobRef, Plan, refuse_failed_checks
 from ...tracking import wandb_run
 from .. import cloud, wait_for
-from . import budget, layout, network, recovery, spot_price
+from . import budget, layout, network, quotas, recovery, spot_price
 from .request import (
     GROUP_PLACEHOLDER,
     HARD_STOP_GRACE_MIN,

@@ -18,12 +18,11 @@ from distrain_cloud.infra import job_role
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.resources import default_bucket
 
-from ... import quotas
 from ...lease import launched as lineage_launched
 from ...plan import Check, JobRef, Plan, refuse_failed_checks
-from ...pricing import warm_pool
 from ...tracking import wandb_run
 from .. import cloud, wait_for
+from . import quotas
 from .request import Parts, checkpoint_uri_of, offline_identity, refuse_api_problems
 from .request import build as build_request
 from .status import TrainingJobStatus, host_of, status_of
@@ -38,6 +37,17 @@ if TYPE_CHECKING:
     from ...spec import JobSpec
 
 
+def warm_pool(spec: JobSpec, cost: dict[str, Any]) -> str:
+    """What the plan says of a SageMaker warm pool (--keep-alive): how long, and what it costs."""
+    seconds = spec.sagemaker.keep_alive or 0
+    usd = cost.get("keep_alive_usd")
+    price = f" (${usd:.2f} if no job reuses it, {cost['basis']})" if usd is not None else ""
+    return (
+        f"{seconds} s after the job ends, {spec.nodes} x {spec.instance} stay warm for the next job of the same "
+        f"instance settings{price}"
+    )
+
+
 class SageMakerBackend:
     name = "sagemaker"
 
@@ -48,7 +58,7 @@ class SageMakerBackend:
         so the job role's ARN, the stack's bucket, a previous job's checkpoints) is a placeholder until preflight."""
         from ...bundle import build_bundle
         from ...catalog import lookup
-        from ...images import choose_training_image
+        from .images import choose_training_image
 
         instance = lookup(spec.instance)
         if not instance.sagemaker:
