@@ -582,19 +582,9 @@ def cancel(
     from .jobs import find_job
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
-    if ref.backend == "local":  # from any shell: it signals the job's processes, checked to be the job's
-        from .backends.local import BACKEND as local
-
-        typer.echo(_human(local.cancel(ref, now=now)))
-        return
-    if not now:
-        typer.echo(_human(get_backend(ref.backend).cancel(ref)))
-        return
-    if ref.backend != "ec2":
-        raise UserError(f"--now applies to EC2 and local jobs; {job} is a {ref.backend} job: drop --now")
-    from .backends.ec2.backend import BACKEND as ec2
-
-    typer.echo(_human(ec2.cancel_now(ref)))
+    # A local job is stopped from any shell: its processes are signalled, checked to be the job's.
+    # --now where the backend cannot stop at once is refused by it (Backend.stops_now).
+    typer.echo(_human(get_backend(ref.backend).cancel(ref, now=now)))
 
 
 @app.command()
@@ -611,12 +601,13 @@ def resume(
     """Continue a stopped, interrupted or failed job from its checkpoints: a new job of the same
     lineage, with the spec JOB was submitted with (SageMaker: the same as `submit --resume-from JOB`)."""
     from .api import plan_job, resume_spec
+    from .backends import get_backend
     from .jobs import find_job
-    from .push import refuse_nothing_to_resume
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
     _refuse_completed(ref)
-    refuse_nothing_to_resume(ref)  # never a silent retraining from step 1
+    # Never a silent retraining from step 1 (optional in the Protocol: a local job's checkpoints are here).
+    getattr(get_backend(ref.backend), "refuse_empty_resume", lambda job: None)(ref)
     spec = resume_spec(ref)
     plan = plan_job(spec, dry_run=dry_run)
     if dry_run:  # a submit's --json document is printed once it returns (_act)

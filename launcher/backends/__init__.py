@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from distrain_cloud.infra.errors import UserError
 
@@ -25,7 +25,33 @@ if TYPE_CHECKING:
 
 
 class Backend(Protocol):
+    """What the common floor (api.py, lease.py, jobs.py, cli.py) asks a backend; it never asks
+    which backend it holds. The order of a job's life:
+
+    1. `plan(spec)`: the exact requests, without a network call; `preflight(plan)` adds what only
+       the cloud can tell (read-only); `submit(plan)` acts on it (after api.submit_job took the
+       lineage's lease: `holder_state` answers for a lease this backend's job holds).
+    2. `status`, `log_lines`, `cancel`, `fetch_outputs` take the JobRef that jobs.find_job made
+       (from this machine's record, else by asking each backend's `find`).
+
+    Optional, found with getattr: `job_spec(job)` (the spec a job was submitted with, for `resume`
+    from another machine), `relaunches_interrupted(plan)` (whether `submit --wait` resumes a job
+    that ended Interrupted; api.submit_job runs that loop) and `refuse_empty_resume(job)` (a
+    UserError when `resume` would train nothing or from step 1: local, whose checkpoints are here).
+    """
+
     name: str
+    # Whether `cancel(job, now=True)` means something here: stopping at once, without the
+    # checkpoint a plain cancel waits for. The others refuse `--now` (`refuse_now`).
+    stops_now: bool
+    # How a person names the backend in a sentence ("EC2", "SageMaker", "local").
+    title: str
+    # Whether its jobs run on paid cloud machines (not this one): a job of it may have been
+    # submitted from another machine, and its costs are worth a confirmation.
+    billed: bool
+    # Whether `find` can look a job up by its name alone (SageMaker's DescribeTrainingJob); the
+    # others need the job's record, or `--backend` (jobs.py says which in a not-found error).
+    finds_by_name: bool
 
     def plan(self, spec: JobSpec) -> Plan: ...
 
@@ -47,7 +73,15 @@ class Backend(Protocol):
     def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
         """The job's log, line by line, every host; with `follow`, until the job ends."""
 
-    def cancel(self, job: JobRef) -> str: ...
+    def cancel(self, job: JobRef, *, now: bool = False) -> str:
+        """Stop the job; returns the line the CLI prints. Plain: the job saves a checkpoint on the
+        way out and this says so. `now` (only where `stops_now`): stop it at once, nothing saved;
+        a backend without that way refuses with `refuse_now(self, job)` before any request."""
+
+    def find(self, name: str, region: str | None) -> JobRef | None:
+        """The job `name` submitted from another machine (this one has no record of it), where the
+        service can answer by name alone (SageMaker's DescribeTrainingJob); None where it cannot,
+        or has no such job. `region` None: the configured one, or None when AWS is not set up here."""
 
     def fetch_outputs(self, job: JobRef, dest: Path) -> dict[str, Any]:
         """Cloud backends: bring what `report` reads (output/metrics.jsonl, output/sample.txt,
@@ -66,6 +100,13 @@ def get_backend(name: str) -> Backend:
         )
     module = importlib.import_module(f"{__name__}.{BACKENDS[name]}")
     return module.BACKEND  # type: ignore[no-any-return]
+
+
+def refuse_now(backend: Backend, job: JobRef) -> NoReturn:
+    """The refusal of `cancel --now` for a backend that cannot stop a job at once: one line naming
+    the backends that can (each backend's `stops_now`)."""
+    takers = sorted((b.title for b in map(get_backend, BACKENDS) if b.stops_now), key=str.lower)
+    raise UserError(f"--now applies to {' and '.join(takers)} jobs; {job.name} is a {backend.name} job: drop --now")
 
 
 # A rehearsal is a fault played on the user's own account through one backend's machinery (`spot`:

@@ -61,6 +61,10 @@ def local_gpus() -> tuple[int, tuple[int, int] | None]:
 
 class LocalBackend:
     name = "local"
+    title = "local"
+    billed = False
+    stops_now = True  # the job's process tree killed at once, no checkpoint
+    finds_by_name = False  # a job of this machine has a record or a folder: jobs.find_job finds it first
 
     def plan(self, spec: JobSpec) -> Plan:
         if spec.nodes != 1:
@@ -271,6 +275,34 @@ class LocalBackend:
         if not (root / "job.json").is_file():
             raise UserError(f"no local job {job.name!r} under {job.workdir}/ (see `distrain-cloud ls`)")
         return root
+
+    def refuse_empty_resume(self, job: JobRef) -> None:
+        """`resume` of a local job that would retrain for nothing: one whose model is whole (training
+        finished; what failed came after, such as the push) or whose lineage kept no complete
+        checkpoint (it would train again from step 1, silently). Refused, naming what the user likely
+        wants. (Optional in the Protocol: cloud lineages keep their checkpoints in S3, and there
+        training says so at its start.)"""
+        from distrain_cloud.training.checkpoint import newest_state
+
+        from ..push import MODEL_CARD
+
+        model = job.workdir / job.name / "model"
+        if (model / MODEL_CARD).is_file():
+            raise UserError(
+                f"{job.name} trained every step and saved its model in {model.resolve()}: what failed came after (its "
+                f"push to the Hub: `distrain-cloud push {job.name}` retries only that). To train further, resume it "
+                f"with a higher --max-steps: distrain-cloud submit --resume-from {job.name} -- --max-steps N"
+            )
+        checkpoints, _ = _lineage(job.workdir, job.name)
+        if newest_state(checkpoints) is None:
+            raise UserError(
+                f"{job.name} has no checkpoint to resume from in {checkpoints} (it saved none): a resume would train "
+                f"again from step 1; to train afresh, submit its spec again (without --resume-from {job.name})"
+            )
+
+    def find(self, name: str, region: str | None) -> JobRef | None:
+        """None: a local job is found by its record or its folder (jobs.find_job), never elsewhere."""
+        return None
 
     def holder_state(self, holder: dict[str, Any]) -> tuple[bool, str] | None:
         """(ended, status) of the job holding a lineage's lease (launcher/lease.py), from its folder

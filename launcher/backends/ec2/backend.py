@@ -84,6 +84,10 @@ PLACEMENT_GROUP_MAX_NODES = 16
 
 class Ec2Backend:
     name = "ec2"
+    title = "EC2"
+    billed = True
+    stops_now = True  # TerminateInstances: the nodes end at once, without their last checkpoint
+    finds_by_name = False  # a job's S3 prefix is the stack's, which only its record (or --backend) names
 
     # ------------------------------------------------------------------ plan
 
@@ -511,14 +515,17 @@ class Ec2Backend:
         done: Callable[[], bool] = (lambda: bool(self.status(job)["terminal"])) if follow else (lambda: True)
         return cloud.log_lines(region, description["log_group"], job.name, lambda s: s.split("/", 1)[-1], done)
 
-    def cancel(self, job: JobRef) -> str:
-        """Graceful: the stop marker every node agent watches; each node checkpoints, uploads and ends.
+    def cancel(self, job: JobRef, *, now: bool = False) -> str:
+        """Graceful: the stop marker every node agent watches; each node checkpoints, uploads and ends
+        (`now`: `cancel_now`, the instances terminated at once).
 
         Only a live agent acts on the marker, so cancel waits up to CANCEL_ANSWER_S for each live
         instance's agent to answer (its record moves) and terminates those that did not: with the
         laptop closed right after, nothing is left waiting for the hard stop (max-run + 10 min)."""
         from distrain_cloud.infra import aws
 
+        if now:
+            return self.cancel_now(job)
         region, bucket, prefix, description = described(job)
         if recovery.is_lineage(description):
             return _cancel_lineage(job)
@@ -578,6 +585,11 @@ class Ec2Backend:
             # each attempt's rank 0 uploads to the attempt's own folder (agent/elastic.py): the last one's
             output = layout.attempt_output_uri(output, int(info["attempt"]))
         return cloud.fetch_outputs(job.name, info, region, dest, output=output, model=description["model_uri"])
+
+    def find(self, name: str, region: str | None) -> JobRef | None:
+        """None: EC2 cannot look a job up by name alone (its records are under the stack's S3 prefix,
+        which only the job's record or `--backend ec2` with the stack's default leads to)."""
+        return None
 
     def holder_state(self, holder: dict[str, Any]) -> tuple[bool, str] | None:
         """(ended, status) of the job holding a lineage's lease (launcher/lease.py), read where its

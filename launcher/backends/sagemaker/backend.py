@@ -21,7 +21,7 @@ from distrain_cloud.infra.resources import default_bucket
 from ...lease import launched as lineage_launched
 from ...plan import Check, JobRef, Plan, refuse_failed_checks
 from ...tracking import wandb_run
-from .. import cloud, wait_for
+from .. import cloud, refuse_now, wait_for
 from . import quotas
 from .request import Parts, checkpoint_uri_of, offline_identity, refuse_api_problems
 from .request import build as build_request
@@ -50,6 +50,10 @@ def warm_pool(spec: JobSpec, cost: dict[str, Any]) -> str:
 
 class SageMakerBackend:
     name = "sagemaker"
+    title = "SageMaker"
+    billed = True
+    stops_now = False  # StopTrainingJob is the only stop, and it lets the job save
+    finds_by_name = True  # DescribeTrainingJob answers for a job submitted from anywhere
 
     # ------------------------------------------------------------------ plan
 
@@ -309,9 +313,13 @@ class SageMakerBackend:
         done = (lambda: bool(self.status(job)["terminal"])) if follow else (lambda: True)
         return cloud.log_lines(aws.region(job.region), group, job.name, host_of, done)
 
-    def cancel(self, job: JobRef) -> str:
+    def cancel(self, job: JobRef, *, now: bool = False) -> str:
+        """StopTrainingJob: SageMaker sends the job SIGTERM and it saves a checkpoint on the way
+        out. There is no stopping it at once (`now`): refused, nothing sent."""
         from distrain_cloud.infra import aws
 
+        if now:
+            refuse_now(self, job)
         job_name, info = job.name, self.status(job)
         if info["terminal"]:
             return f"{job_name} already ended: {info['status']}"
@@ -320,6 +328,22 @@ class SageMakerBackend:
         with aws.translate_errors():
             aws.client("sagemaker", aws.region(job.region)).stop_training_job(TrainingJobName=job_name)
         return f"stopping {job_name}: it saves a checkpoint first (distrain-cloud status {job_name})"
+
+    def find(self, name: str, region: str | None) -> JobRef | None:
+        """The training job `name` in `region` (one DescribeTrainingJob): a job submitted from
+        another machine. SageMaker's "not found" (moto's "could not find") is None; any other
+        error (no credentials after --region, denied, throttled) is the lookup's answer."""
+        from distrain_cloud.infra import aws
+
+        region = aws.region(region)
+        try:
+            with aws.translate_errors():
+                aws.client("sagemaker", region).describe_training_job(TrainingJobName=name)
+        except UserError as e:
+            if aws.error_code(e.__cause__) not in ("ValidationException", "ValidationError"):
+                raise
+            return None
+        return JobRef(name, self.name, region)
 
     def fetch_outputs(self, job: JobRef, dest: Path) -> dict[str, Any]:
         """The job's output folder reaches S3 as one archive when the job ends:
