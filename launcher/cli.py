@@ -229,7 +229,7 @@ def submit(
     if dry_run:  # a submit's --json document is printed once it returns (_act)
         _echo_plan(plan, as_json)
     if bundle_files:
-        listing = plan.payload.get("bundle_listing")
+        listing = plan.bundle_listing
         typer.echo(
             f"code bundle files:\n{listing}"
             if listing

@@ -52,11 +52,10 @@ def write_record(plan: Plan, *, region: str | None, workdir: Path | None) -> Non
         "workdir": str(workdir.resolve()) if workdir else None,
         "instance": plan.summary.get("instance"),
         "created": time.time(),
-        **plan.payload.get("record", {}),  # a backend's own whereabouts (EC2: stack, bucket, prefix)
+        **plan.record,  # a backend's own whereabouts (EC2: stack, bucket, prefix)
+        # what `resume` plans again: references only, like the spec itself
+        "spec": plan.spec.model_dump(mode="json", exclude_defaults=True),
     }
-    spec = plan.payload.get("spec")
-    if spec is not None:  # what `resume` plans again: references only, like the spec itself
-        record["spec"] = spec.model_dump(mode="json", exclude_defaults=True)
     (folder / f"{check_name(plan.job_name)}.json").write_text(json.dumps(record, indent=2))
 
 

@@ -52,6 +52,9 @@ class Backend(Protocol):
     # Whether `find` can look a job up by its name alone (SageMaker's DescribeTrainingJob); the
     # others need the job's record, or `--backend` (jobs.py says which in a not-found error).
     finds_by_name: bool
+    # The fields of a lineage lease's body that `holder_state` reads (they come from the plan's
+    # LeaseTarget): lease.py refuses a body that lacks one, or holds one that is not well formed.
+    lease_fields: tuple[str, ...]
 
     def plan(self, spec: JobSpec) -> Plan: ...
 

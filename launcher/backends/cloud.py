@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import distrain_cloud.training
 from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 
-from ..plan import Check, Plan, unique_job_name
+from ..plan import Check, unique_job_name
 
 if TYPE_CHECKING:
     from distrain_cloud.infra.job_role import JobRole
@@ -240,15 +240,14 @@ def bucket_check(
     return Check("bucket exists", True, f"{bucket} will be created")
 
 
-def upload_code(plan: Plan) -> bool:
-    """Make sure the plan's bucket exists, then upload its code bundle unless the same bytes
-    are there already (the key is the bundle's sha256). Returns whether it uploaded."""
+def upload_code(region: str, bucket: str, key: str, bundle: bytes) -> bool:
+    """Make sure the job's bucket exists, then upload its code bundle unless the same bytes are
+    there already (`key` is the bundle's sha256). Returns whether it uploaded."""
     from distrain_cloud.infra import aws, resources
 
-    region, bucket = plan.payload["region"], plan.payload["bucket"]
     with aws.translate_errors():
         resources.ensure_bucket(bucket, region)
-        return resources.upload_if_absent(bucket, plan.payload["code_key"], plan.payload["bundle"], region)
+        return resources.upload_if_absent(bucket, key, bundle, region)
 
 
 # How far back each poll of a followed log reads again. CloudWatch orders events by the time the

@@ -32,7 +32,7 @@ from distrain_cloud.training.stopping import (
 from distrain_cloud.training.strategies import choose_precision, parse_strategy
 
 from ..lease import launched as lineage_launched
-from ..plan import Check, JobRef, Plan, refuse_failed_checks, unique_job_name
+from ..plan import Check, JobRef, LeaseTarget, Plan, refuse_failed_checks, unique_job_name
 from ..tracking import tracking_env, wandb_run
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ class LocalBackend:
     billed = False
     stops_now = True  # the job's process tree killed at once, no checkpoint
     finds_by_name = False  # a job of this machine has a record or a folder: jobs.find_job finds it first
+    lease_fields: tuple[str, ...] = ("workdir",)  # the runs folder the holder's job folder is in
 
     def plan(self, spec: JobSpec) -> Plan:
         if spec.nodes != 1:
@@ -163,10 +164,13 @@ class LocalBackend:
                 "stop_bound_s": stop_bound_s,
                 **({"max_run_s": max_run_s} if max_run_s else {}),
             },
+            spec=spec,
             configs=configs,
             checks=checks,
-            payload={"spec": spec, "record": {"lineage": lineage, "resumed_from": spec.resume_from}},
-        )
+            record={"lineage": lineage, "resumed_from": spec.resume_from},
+            # The lease is a file beside the job records; its holder is found in this runs folder.
+            lease=LeaseTarget(lineage, None, None, extra=(("workdir", str(root.parent)),)),
+        )  # no backend payload: submit reads the request and the spec alone
 
     def preflight(self, plan: Plan) -> Plan:
         return plan  # nothing to ask a cloud: every check ran in plan

@@ -14,7 +14,7 @@ QUESTIONS = sorted(name for name, value in vars(Backend).items() if inspect.isfu
 NOT_ASKED = {"local": {"fetch_outputs"}}
 
 
-FACTS = {"name": str, "title": str, "billed": bool, "stops_now": bool, "finds_by_name": bool}
+FACTS = {"name": str, "title": str, "billed": bool, "stops_now": bool, "finds_by_name": bool, "lease_fields": tuple}
 
 
 def test_the_protocol_asks_what_the_floor_asks():
@@ -29,6 +29,10 @@ def test_each_backend_states_the_facts_the_floor_reads(name):
     backend = get_backend(name)
     for fact, kind in FACTS.items():
         assert isinstance(getattr(backend, fact, None), kind), f"{name} does not say {fact} ({kind.__name__})"
+    # lease.py checks each field a holder_state reads when it reads a lease back: it must know them
+    from distrain_cloud.launcher.lease import _FIELDS
+
+    assert backend.lease_fields and set(backend.lease_fields) <= _FIELDS.keys()
 
 
 def test_a_backend_that_cannot_stop_at_once_refuses_now_naming_those_that_can():

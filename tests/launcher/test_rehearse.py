@@ -276,7 +276,7 @@ def test_the_command_shows_the_bound_and_asks_before_anything_is_made(world, cap
     assert code == 2 and "add --yes" in err, err  # no terminal to ask: nothing is made
     assert boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups()["AutoScalingGroups"] == []
     (planned,) = made
-    spec = planned.plan.payload["spec"]
+    spec = planned.plan.spec
     assert (spec.instance, spec.nodes, spec.spot, spec.ec2.max_restarts) == ("g4dn.xlarge", 2, True, 1)
     assert spec.max_cost == rehearse.MAX_COST_USD and spec.max_run == 45 * 60
     request = planned.fis_request or {}

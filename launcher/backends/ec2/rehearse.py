@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from distrain_cloud.infra.errors import UserError
 
 from ...plan import Check
+from .request import payload_of
 
 if TYPE_CHECKING:
     from ...plan import JobRef, Plan
@@ -92,7 +93,7 @@ class Rehearsal:
     def job(self) -> JobRef:
         from ...plan import JobRef
 
-        return JobRef(self.plan.job_name, "ec2", self.plan.payload["region"])
+        return JobRef(self.plan.job_name, "ec2", self.plan.region)
 
     def render(self, *, full: bool = False) -> str:
         """The plan as `submit --dry-run` prints it (`full`), else up to its checks; then the bound."""
@@ -221,10 +222,10 @@ def plan_rehearsal(options: Options, *, dry_run: bool = False) -> Rehearsal:
 def fis_template_request(plan: Plan, instance_id: str, role: str) -> dict[str, Any]:
     """CreateExperimentTemplate for one spot node of `plan`'s job: its interruption notice now,
     its reclaim FIS_NOTICE later (FIS User Guide, "Amazon EC2 actions")."""
-    where = plan.payload.get("where")
-    partition = getattr(where, "partition", None) or "aws"
-    account = getattr(where, "account", None) or "<account>"
-    region = plan.payload["region"]
+    where = payload_of(plan).where
+    partition = where.partition or "aws"
+    account = where.account or "<account>"
+    region = payload_of(plan).parts.region
     role_arn = role if role.startswith("arn:") else f"arn:{partition}:iam::{account}:role/{role}"
     name = plan.job_name
     return {
@@ -246,7 +247,7 @@ def fis_template_request(plan: Plan, instance_id: str, role: str) -> dict[str, A
         },
         "stopConditions": [{"source": "none"}],
         "roleArn": role_arn,
-        "tags": {"distrain-cloud:job": name, "distrain-cloud:stack": plan.payload["spec"].stack},
+        "tags": {"distrain-cloud:job": name, "distrain-cloud:stack": plan.spec.stack},
     }
 
 
@@ -445,7 +446,7 @@ def _interrupt(r: Rehearsal, instance_id: str, experiment: list[str]) -> str | N
 
     from distrain_cloud.infra import aws
 
-    region = r.plan.payload["region"]
+    region = payload_of(r.plan).parts.region
     try:
         if r.fis_request is None:
             aws.client("ec2", region).terminate_instances(InstanceIds=[instance_id])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.resources import default_bucket
 
 from ...lease import launched as lineage_launched
-from ...plan import Check, JobRef, Plan, refuse_failed_checks
+from ...plan import Check, JobRef, LeaseTarget, Plan, refuse_failed_checks
 from ...tracking import wandb_run
 from .. import cloud, refuse_now, wait_for
 from . import quotas
@@ -35,6 +36,24 @@ if TYPE_CHECKING:
 
     from ...logs import LogLine
     from ...spec import JobSpec
+
+
+@dataclass(frozen=True)
+class SageMakerPayload:
+    """What a SageMaker plan's submit needs beyond the request, shown nowhere (Plan.payload)."""
+
+    bundle: bytes  # the code bundle's bytes, uploaded at submit unless its key is there
+    parts: Parts  # the job's pieces the request is built from (request.py)
+    bucket: str  # the bucket of the job's code, output and checkpoints
+    code_key: str  # the bundle's key there (its sha256)
+    role: JobRole | None  # the job's own role, made at submit; None with --role (the user's, unchanged)
+
+
+def payload_of(plan: Plan) -> SageMakerPayload:
+    """The plan's SageMaker record; a plan of another backend is a bug, said as one."""
+    if not isinstance(plan.payload, SageMakerPayload):
+        raise TypeError(f"{plan.job_name} is a {plan.backend} plan, not a SageMaker one")
+    return plan.payload
 
 
 def warm_pool(spec: JobSpec, cost: dict[str, Any]) -> str:
@@ -54,6 +73,7 @@ class SageMakerBackend:
     billed = True
     stops_now = False  # StopTrainingJob is the only stop, and it lets the job save
     finds_by_name = True  # DescribeTrainingJob answers for a job submitted from anywhere
+    lease_fields: tuple[str, ...] = ("region",)  # DescribeTrainingJob there
 
     # ------------------------------------------------------------------ plan
 
@@ -133,7 +153,11 @@ class SageMakerBackend:
             bundle={"sha256": bundle.sha256, "size": bundle.size, "files": len(bundle.files)},
             cost=cost,
             checks=checks,
-            payload={"bundle": bundle.data, "bundle_listing": bundle.listing(), "spec": spec, "parts": parts},
+            bundle_listing=bundle.listing(),
+            spec=spec,
+            region=region,
+            # Provisional: _place fills in the bucket, the bundle's key and the role.
+            payload=SageMakerPayload(bundle=bundle.data, parts=parts, bucket="", code_key="", role=None),
         )
         # With no role the job gets its own (made at submit, under the stack's boundary) and uses the
         # stack's bucket, which only AWS can name.
@@ -153,7 +177,7 @@ class SageMakerBackend:
         --role, the job's own role (`stack` fills in what only AWS names; placeholders without)."""
         from ...bundle import bundle_key
 
-        spec, parts = plan.payload["spec"], plan.payload["parts"]
+        spec, parts = plan.spec, payload_of(plan).parts
         bucket = bucket or default_bucket(account, parts.region)
         code_key = bundle_key(parts.prefix, parts.code_sha256)
         checkpoint_uri = checkpoint_uri or checkpoint_uri_of(bucket, parts)
@@ -192,7 +216,11 @@ class SageMakerBackend:
             checks=checks,
             configs=configs,
             bundle={**(plan.bundle or {}), "s3": f"s3://{bucket}/{code_key}"},
-            payload={**plan.payload, "bucket": bucket, "code_key": code_key, "region": parts.region, "role": role},
+            region=parts.region,
+            lease=None
+            if checkpoint_uri.startswith("s3://<")  # an account or a stack's bucket only AWS names
+            else LeaseTarget(parts.lineage, checkpoint_uri, parts.region, submit_creates=bucket),
+            payload=dataclasses.replace(payload_of(plan), bucket=bucket, code_key=code_key, role=role),
         )
 
     def preflight(self, plan: Plan) -> Plan:
@@ -200,7 +228,7 @@ class SageMakerBackend:
         the job's own), the bucket, a resumed job's checkpoints, the instance quota."""
         from distrain_cloud.infra import aws, resources
 
-        spec, parts = plan.payload["spec"], plan.payload["parts"]
+        spec, parts = plan.spec, payload_of(plan).parts
         region = aws.region(spec.region)  # a real submit needs a configured region, not an assumed one
         if region != parts.region:
             raise UserError(f"the plan was made for {parts.region} but the region is {region}; plan again")
@@ -220,23 +248,24 @@ class SageMakerBackend:
             checkpoint_uri, lineage = _previous_checkpoints(spec.resume_from, region, checks)
             # The plan guessed the job it resumes; a resumed job's lineage is that job's own.
             parts = dataclasses.replace(parts, lineage=lineage)
-            plan = dataclasses.replace(plan, payload={**plan.payload, "parts": parts})
+            plan = dataclasses.replace(plan, payload=dataclasses.replace(payload_of(plan), parts=parts))
         placed = self._place(dataclasses.replace(plan, checks=checks), account, role_arn, bucket, checkpoint_uri, stack)
         checks = placed.checks
         refuse_api_problems(placed.request)  # the looked-up parts too (a previous job's checkpoint URI)
-        checks.append(cloud.bucket_check(placed.payload["bucket"], region, named_by_user=bool(spec.sagemaker.bucket)))
+        checks.append(cloud.bucket_check(payload_of(placed).bucket, region, named_by_user=bool(spec.sagemaker.bucket)))
         checks += quotas.sagemaker_checks(spec, region)  # counts in-progress jobs; --keep-alive's warm pool
         return dataclasses.replace(placed, checks=checks)
 
     # ------------------------------------------------------------------ act
 
     def submit(self, plan: Plan, *, wait: bool = False) -> int:
-        region = plan.payload["region"]
+        payload = payload_of(plan)
+        region = payload.parts.region
         refuse_failed_checks(plan)
-        uploaded = cloud.upload_code(plan)
+        uploaded = cloud.upload_code(region, payload.bucket, payload.code_key, payload.bundle)
         from distrain_cloud.infra import aws
 
-        role: JobRole | None = plan.payload.get("role")
+        role = payload.role
         if role is not None:
             job_role.create(role)
         try:
