@@ -46,8 +46,8 @@ class Backend(Protocol):
     stops_now: bool
     # How a person names the backend in a sentence ("EC2", "SageMaker", "local").
     title: str
-    # Whether its jobs run on paid cloud machines (not this one): a job of it may have been
-    # submitted from another machine, and its costs are worth a confirmation.
+    # Whether its jobs run on paid cloud machines, not this one: a job of it may have been
+    # submitted from another machine (jobs.py names the flag that reaches it).
     billed: bool
     # Whether `find` can look a job up by its name alone (SageMaker's DescribeTrainingJob); the
     # others need the job's record, or `--backend` (jobs.py says which in a not-found error).
@@ -83,8 +83,9 @@ class Backend(Protocol):
 
     def find(self, name: str, region: str | None) -> JobRef | None:
         """The job `name` submitted from another machine (this one has no record of it), where the
-        service can answer by name alone (SageMaker's DescribeTrainingJob); None where it cannot,
-        or has no such job. `region` None: the configured one, or None when AWS is not set up here."""
+        service can answer by name alone (SageMaker's DescribeTrainingJob), in `region` (None: the
+        configured one); None where it cannot, or has no such job. Only asked where
+        `finds_by_name`."""
 
     def fetch_outputs(self, job: JobRef, dest: Path) -> dict[str, Any]:
         """Cloud backends: bring what `report` reads (output/metrics.jsonl, output/sample.txt,
