@@ -723,7 +723,9 @@ def instances(
 
 def _notice_default_limit(spec: JobSpec, plan: Plan) -> None:
     """A cloud job bills until it ends: say so when its limit is the default, not a choice."""
-    if plan.backend == "local" or "max_run" in spec.model_fields_set:
+    from .backends import get_backend
+
+    if not get_backend(plan.backend).billed or "max_run" in spec.model_fields_set:
         return
     worst = (plan.cost or {}).get("worst_case_usd")
     cost = f" (worst case ${worst:.2f}, {plan.cost['basis']})" if plan.cost and worst is not None else ""
@@ -749,6 +751,7 @@ def _act(plan: Plan, spec: JobSpec, *, dry_run: bool, as_json: bool, wait: bool,
     import contextlib
 
     from .api import submit_job
+    from .backends import get_backend
     from .plan import refuse_failed_checks
 
     try:
@@ -756,7 +759,7 @@ def _act(plan: Plan, spec: JobSpec, *, dry_run: bool, as_json: bool, wait: bool,
         _notice_default_limit(spec, plan)
         if dry_run:
             raise typer.Exit(0)
-        if plan.backend != "local" and not yes:
+        if get_backend(plan.backend).billed and not yes:  # paid work starts only on a yes
             _confirm(plan)
         if plan.summary.get("wandb"):  # before the job starts: a local job runs in the foreground
             print(f"W&B run: {plan.summary['wandb']}", file=sys.stderr)

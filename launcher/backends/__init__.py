@@ -46,8 +46,9 @@ class Backend(Protocol):
     stops_now: bool
     # How a person names the backend in a sentence ("EC2", "SageMaker", "local").
     title: str
-    # Whether its jobs run on paid cloud machines, not this one: a job of it may have been
-    # submitted from another machine (jobs.py names the flag that reaches it).
+    # Whether its jobs run on paid cloud machines, not this one: a submit asks for a yes and
+    # notes a default --max-run (cli.py), and a job of it may have been submitted from another
+    # machine (jobs.py names the flag that reaches it).
     billed: bool
     # Whether `find` can look a job up by its name alone (SageMaker's DescribeTrainingJob); the
     # others need the job's record, or `--backend` (jobs.py says which in a not-found error).
