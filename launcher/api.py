@@ -45,17 +45,14 @@ def submit_job(plan: Plan, *, wait: bool = False) -> int:
     relaunches = wait and getattr(backend, "relaunches_interrupted", lambda plan: False)(plan)
     until = 0.0  # --max-wait counts from the first submit
     if relaunches:
-        spec: JobSpec = plan.payload["spec"]
-        until = time.time() + (spec.max_wait or spec.max_run * 2)
+        until = time.time() + (plan.spec.max_wait or plan.spec.max_run * 2)
     with lineage_lease(plan):
         cwd = plan.request.get("cwd")
-        write_record(plan, region=plan.payload.get("region"), workdir=Path(cwd).parent if cwd else None)
+        write_record(plan, region=plan.region, workdir=Path(cwd).parent if cwd else None)
         code = backend.submit(plan, wait=wait)
         if not relaunches:
             return code
-        return _relaunch_interrupted(
-            backend, JobRef(plan.job_name, plan.backend, plan.payload.get("region")), code, until
-        )
+        return _relaunch_interrupted(backend, JobRef(plan.job_name, plan.backend, plan.region), code, until)
 
 
 def _relaunch_interrupted(backend: Backend, job: JobRef, code: int, until: float) -> int:

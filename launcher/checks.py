@@ -25,7 +25,7 @@ _DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt")
 def offline_checks(spec: JobSpec, plan: Plan) -> list[Check]:
     from distrain_cloud.training.args import ArgumentError, parse_args
 
-    planned = plan.payload.get("spec") or spec  # as the backend planned it (local: data paths made absolute)
+    planned = plan.spec  # as the backend planned it (local: data paths made absolute)
     argv = planned.training_argv("no", plan.job_name)
     try:
         args = parse_args(argv)

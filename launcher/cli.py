@@ -250,7 +250,7 @@ def submit(
     if dry_run:  # a submit's --json document is printed once it returns (_act)
         _echo_plan(plan, as_json)
     if bundle_files:
-        listing = plan.payload.get("bundle_listing")
+        listing = plan.bundle_listing
         typer.echo(
             f"code bundle files:\n{listing}"
             if listing
@@ -603,19 +603,9 @@ def cancel(
     from .jobs import find_job
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
-    if ref.backend == "local":  # from any shell: it signals the job's processes, checked to be the job's
-        from .backends.local import BACKEND as local
-
-        typer.echo(_human(local.cancel(ref, now=now)))
-        return
-    if not now:
-        typer.echo(_human(get_backend(ref.backend).cancel(ref)))
-        return
-    if ref.backend != "ec2":
-        raise UserError(f"--now applies to EC2 and local jobs; {job} is a {ref.backend} job: drop --now")
-    from .backends.ec2.backend import BACKEND as ec2
-
-    typer.echo(_human(ec2.cancel_now(ref)))
+    # A local job is stopped from any shell: its processes are signalled, checked to be the job's.
+    # --now where the backend cannot stop at once is refused by it (Backend.stops_now).
+    typer.echo(_human(get_backend(ref.backend).cancel(ref, now=now)))
 
 
 @app.command()
@@ -632,12 +622,13 @@ def resume(
     """Continue a stopped, interrupted or failed job from its checkpoints: a new job of the same
     lineage, with the spec JOB was submitted with (SageMaker: the same as `submit --resume-from JOB`)."""
     from .api import plan_job, resume_spec
+    from .backends import get_backend
     from .jobs import find_job
-    from .push import refuse_nothing_to_resume
 
     ref = find_job(job, backend=backend, region=region, workdir=workdir)
     _refuse_completed(ref)
-    refuse_nothing_to_resume(ref)  # never a silent retraining from step 1
+    # Never a silent retraining from step 1 (optional in the Protocol: a local job's checkpoints are here).
+    getattr(get_backend(ref.backend), "refuse_empty_resume", lambda job: None)(ref)
     spec = resume_spec(ref)
     plan = plan_job(spec, dry_run=dry_run)
     if dry_run:  # a submit's --json document is printed once it returns (_act)
@@ -694,18 +685,19 @@ def rehearse_spot(
 ) -> None:
     """Run the smallest spot lineage (2 nodes), interrupt one node, check that it recovers, completes
     and leaves nothing, and print what it cost; exit 1 on any failed check (docs/ec2.md)."""
+    from .backends import rehearsal as rehearsal_of
     from .plan import refuse_failed_checks
-    from .rehearse import Options, plan_rehearsal, run_rehearsal
 
-    options = Options(region, instance, interrupt, fis_role, steps, max_cost, stack)
-    rehearsal = plan_rehearsal(options, dry_run=dry_run)
+    spot = rehearsal_of("spot")  # backends.REHEARSALS says which backend plays it, and why not a flag here
+    options = spot.Options(region, instance, interrupt, fis_role, steps, max_cost, stack)
+    rehearsal = spot.plan_rehearsal(options, dry_run=dry_run)
     typer.echo(_human(rehearsal.render(full=dry_run)))
     refuse_failed_checks(rehearsal.plan, exit_code=1 if dry_run else 2)
     if dry_run:
         return
     if not yes:
         _confirm(rehearsal.plan)
-    outcome = run_rehearsal(rehearsal)
+    outcome = spot.run_rehearsal(rehearsal)
     typer.echo(_human(outcome.render()))
     raise typer.Exit(0 if outcome.ok else 1)
 
@@ -752,7 +744,9 @@ def instances(
 
 def _notice_default_limit(spec: JobSpec, plan: Plan) -> None:
     """A cloud job bills until it ends: say so when its limit is the default, not a choice."""
-    if plan.backend == "local" or "max_run" in spec.model_fields_set:
+    from .backends import get_backend
+
+    if not get_backend(plan.backend).billed or "max_run" in spec.model_fields_set:
         return
     worst = (plan.cost or {}).get("worst_case_usd")
     cost = f" (worst case ${worst:.2f}, {plan.cost['basis']})" if plan.cost and worst is not None else ""
@@ -778,6 +772,7 @@ def _act(plan: Plan, spec: JobSpec, *, dry_run: bool, as_json: bool, wait: bool,
     import contextlib
 
     from .api import submit_job
+    from .backends import get_backend
     from .plan import refuse_failed_checks
 
     try:
@@ -785,7 +780,7 @@ def _act(plan: Plan, spec: JobSpec, *, dry_run: bool, as_json: bool, wait: bool,
         _notice_default_limit(spec, plan)
         if dry_run:
             raise typer.Exit(0)
-        if plan.backend != "local" and not yes:
+        if get_backend(plan.backend).billed and not yes:  # paid work starts only on a yes
             _confirm(plan)
         if plan.summary.get("wandb"):  # before the job starts: a local job runs in the foreground
             print(f"W&B run: {plan.summary['wandb']}", file=sys.stderr)

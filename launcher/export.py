@@ -138,6 +138,8 @@ def export_job(spec: JobSpec, options: ExportOptions) -> Export:
 
 
 def _refuse_inexpressible(spec: JobSpec, options: ExportOptions) -> None:
+    from .backends import BACKENDS
+
     engine = options.engine
     kube = engine != "skypilot"
 
@@ -169,8 +171,9 @@ def _refuse_inexpressible(spec: JobSpec, options: ExportOptions) -> None:
     for channel, source in spec.inputs.items():
         if not _BUCKET_URI.fullmatch(source):
             refuse(f"--input {channel}={source}", "a path on this machine, which the engine's nodes cannot read")
-    for section in ("sagemaker", "ec2", "local"):
-        if getattr(spec, section).model_fields_set - {"workdir"}:
+    for section in BACKENDS:  # a backend's settings section is named after it (spec.py)
+        settings = getattr(spec, section, None)
+        if settings is not None and settings.model_fields_set - {"workdir"}:
             refuse(f"{section}:", f"settings of the {section} backend")
     if kube and not options.image:
         raise UserError(

@@ -2,7 +2,8 @@
 
 Records live in `$DISTRAIN_HOME/jobs/<job>.json` (default `~/.distrain-cloud`); they hold where
 the job is (backend, region, work folder), never anything secret. A job with no record (submitted
-from another machine) is found by its local folder, else looked up on SageMaker.
+from another machine) is found by its local folder, else asked of each backend that can look a
+job up by name (`Backend.find`: SageMaker).
 
 Records are read back as untrusted (a hand edit, a half-written file, another tool's file in
 the folder): one that is not the shape `write_record` writes is refused in one line naming it
@@ -51,11 +52,10 @@ def write_record(plan: Plan, *, region: str | None, workdir: Path | None) -> Non
         "workdir": str(workdir.resolve()) if workdir else None,
         "instance": plan.summary.get("instance"),
         "created": time.time(),
-        **plan.payload.get("record", {}),  # a backend's own whereabouts (EC2: stack, bucket, prefix)
+        **plan.record,  # a backend's own whereabouts (EC2: stack, bucket, prefix)
+        # what `resume` plans again: references only, like the spec itself
+        "spec": plan.spec.model_dump(mode="json", exclude_defaults=True),
     }
-    spec = plan.payload.get("spec")
-    if spec is not None:  # what `resume` plans again: references only, like the spec itself
-        record["spec"] = spec.model_dump(mode="json", exclude_defaults=True)
     (folder / f"{check_name(plan.job_name)}.json").write_text(json.dumps(record, indent=2))
 
 
@@ -103,7 +103,8 @@ def _load_record(path: Path) -> tuple[dict[str, Any] | None, str]:
 def find_job(
     name: str, *, backend: str | None = None, region: str | None = None, workdir: Path = Path("runs")
 ) -> JobRef:
-    """The job `name`: the backend named, else its record, else its local folder, else SageMaker."""
+    """The job `name`: the backend named, else its record, else its local folder, else the backend
+    that finds it by name (`_elsewhere`)."""
     check_name(name)
     if backend:
         return JobRef(name, backend, region, workdir)
@@ -117,37 +118,39 @@ def find_job(
         )
     if (workdir / name / "job.json").is_file():
         return JobRef(name, "local", region, workdir)
-    return _on_sagemaker(name, region, workdir)
+    return _elsewhere(name, region, workdir)
 
 
-def _on_sagemaker(name: str, region: str | None, workdir: Path) -> JobRef:
-    """A job this machine knows nothing of may have been submitted from another one: it is
-    looked up on SageMaker where AWS is set up (or --region asks for it, whose set-up errors
-    then stand); a name found nowhere is a typo more often than not, and says so (exit 2)."""
+def _elsewhere(name: str, region: str | None, workdir: Path) -> JobRef:
+    """A job this machine knows nothing of may have been submitted from another one: each backend
+    that can look a job up by name alone (`finds_by_name`: SageMaker) is asked where AWS is set
+    up (or --region asks for it, whose set-up errors then stand); a name found nowhere is a typo
+    more often than not, and says so (exit 2), with the flag that reaches the billed backends
+    that cannot look by name."""
     from distrain_cloud.infra import aws
 
+    from .backends import BACKENDS, get_backend
+
+    backends = [get_backend(b) for b in BACKENDS]
+    finders = [b for b in backends if b.finds_by_name]
+    blind = [b for b in backends if b.billed and not b.finds_by_name]
     where = f"no record on this machine and no folder {workdir / name}"
     if not region:
         region, missing = aws.configured()
         if region is None:
+            flags = "".join(f", and --backend {b.name} for an {b.title} job" for b in blind)
             raise UserError(
                 f"no job named {name} is known here ({where}){_close_names(name, workdir)}; a job submitted "
-                f"from another machine: add --region REGION ({missing}), and --backend ec2 for an EC2 job"
+                f"from another machine: add --region REGION ({missing}){flags}"
             )
     region = aws.region(region)
-    try:
-        with aws.translate_errors():
-            aws.client("sagemaker", region).describe_training_job(TrainingJobName=name)
-    except UserError as e:
-        # SageMaker's "not found" (moto's "could not find"); any other error (no credentials after
-        # --region, denied, throttled) is the lookup's answer.
-        if aws.error_code(e.__cause__) not in ("ValidationException", "ValidationError"):
-            raise
-        raise UserError(
-            f"no job named {name} is known ({where}, none on SageMaker in {region}){_close_names(name, workdir)}; "
-            "an EC2 job submitted from another machine: add --backend ec2"
-        ) from None
-    return JobRef(name, "sagemaker", region, workdir)
+    for backend in finders:
+        found = backend.find(name, region)
+        if found is not None:
+            return JobRef(found.name, found.backend, found.region, workdir)
+    looked = "".join(f", none on {b.title} in {region}" for b in finders)
+    flags = "; ".join(f"an {b.title} job submitted from another machine: add --backend {b.name}" for b in blind)
+    raise UserError(f"no job named {name} is known ({where}{looked}){_close_names(name, workdir)}; {flags}")
 
 
 def _close_names(name: str, workdir: Path) -> str:

@@ -101,7 +101,7 @@ def lineage_lease(plan: Plan) -> Iterator[Lease | None]:
         return
     store, me = found
     lease = take(store, me)
-    plan.payload["lease"] = lease
+    plan.held = lease
     try:
         yield lease
     except UserError:
@@ -112,9 +112,8 @@ def lineage_lease(plan: Plan) -> Iterator[Lease | None]:
 
 def launched(plan: Plan) -> None:
     """Called by a backend once its job exists (instances, a training job, a process)."""
-    lease = plan.payload.get("lease")
-    if isinstance(lease, Lease):
-        lease.launched = True
+    if plan.held is not None:
+        plan.held.launched = True
 
 
 def take(store: Store, me: dict[str, Any]) -> Lease:
@@ -157,8 +156,21 @@ def take(store: Store, me: dict[str, Any]) -> Lease:
 # ---------------------------------------------------------------------- the holder
 
 
+# Each field a lease's body may carry beyond job, backend and attempt, and what a well-formed one
+# looks like; a backend's `lease_fields` names those its holder_state reads.
+_FIELDS = {
+    "lineage": lambda v: True,
+    "region": lambda v: bool(_REGION.fullmatch(v)),
+    "bucket": lambda v: bool(_BUCKET.fullmatch(v)),
+    "prefix": lambda v: bool(_PREFIX.fullmatch(v)),
+    "workdir": os.path.isabs,
+}
+
+
 def _holder(raw: bytes) -> dict[str, Any] | None:
-    """The lease's body, if it is one we wrote (its bytes are checked like any S3 object's)."""
+    """The lease's body, if it is one we wrote (its bytes are checked like any S3 object's): its
+    backend is one of ours, and every field that backend's holder_state reads is there and well
+    formed (any other field present is checked too)."""
     from .spec import JOB_NAME
 
     try:
@@ -169,14 +181,12 @@ def _holder(raw: bytes) -> dict[str, Any] | None:
         return None
     if body.get("backend") not in BACKENDS or not isinstance(body.get("attempt", 0), (int, type(None))):
         return None
-    if body["backend"] != "local" and not (isinstance(body.get("region"), str) and _REGION.fullmatch(body["region"])):
+    needed = get_backend(body["backend"]).lease_fields
+    if any(name not in body for name in needed):
         return None
-    if body["backend"] == "local" and not (isinstance(body.get("workdir"), str) and os.path.isabs(body["workdir"])):
-        return None
-    if body["backend"] == "ec2" and not (
-        _BUCKET.fullmatch(str(body.get("bucket", ""))) and _PREFIX.fullmatch(str(body.get("prefix", "")))
-    ):
-        return None
+    for name, ok in _FIELDS.items():
+        if name in body and not (isinstance(body[name], str) and ok(body[name])):
+            return None
     return body
 
 
@@ -201,26 +211,22 @@ def _holder_status(holder: dict[str, Any], age: float, where: str) -> str | None
 
 
 def _place(plan: Plan) -> tuple[Store, dict[str, Any]] | None:
-    """(store, body) of the lease `plan` takes; None for a plan not yet checked against AWS."""
+    """(store, body) of the lease `plan` takes, from where its backend placed it (`plan.lease`);
+    None for a plan not yet checked against AWS."""
+    target = plan.lease
+    if target is None:
+        return None
     me: dict[str, Any] = {"job": plan.job_name, "backend": plan.backend, "time": time.time()}
-    if plan.backend == "ec2":
-        where, parts = plan.payload["where"], plan.payload["parts"]
-        if not where.resolved:
-            return None
-        me |= {"lineage": where.lineage, "attempt": where.attempt, "region": parts.region}
-        me |= {"bucket": where.bucket, "prefix": parts.prefix}
-        return s3_store(where.checkpoint_uri, where.lineage, parts.region, plan), me
-    if plan.backend == "sagemaker":
-        parts, uri = plan.payload["parts"], plan.request["CheckpointConfig"]["S3Uri"]
-        if uri.startswith("s3://<"):
-            return None
-        me |= {"lineage": parts.lineage, "attempt": None, "region": parts.region}
-        return s3_store(uri, parts.lineage, parts.region, plan), me
-    from .jobs import records_dir
+    me |= {"lineage": target.lineage, "attempt": target.attempt, **dict(target.extra)}
+    if target.checkpoint_uri is None:  # a lineage of this machine
+        from .jobs import records_dir
 
-    lineage = plan.payload["record"]["lineage"]
-    me |= {"lineage": lineage, "attempt": None, "workdir": str(Path(plan.request["cwd"]).parent)}
-    return FileStore(records_dir().parent / "leases" / f"{lineage}.json"), me
+        return FileStore(records_dir().parent / "leases" / f"{target.lineage}.json"), me
+    if target.region is None:
+        raise ValueError(f"{plan.job_name}: a lease beside S3 checkpoints needs their region")
+    me["region"] = target.region
+    store = s3_store(target.checkpoint_uri, target.lineage, target.region, creates=target.submit_creates)
+    return store, me
 
 
 def lease_key(checkpoint_uri: str, lineage: str) -> tuple[str, str]:
@@ -235,11 +241,10 @@ def lease_key(checkpoint_uri: str, lineage: str) -> tuple[str, str]:
     return bucket, f"{key}.lease.json"
 
 
-def s3_store(checkpoint_uri: str, lineage: str, region: str, plan: Plan | None = None) -> S3Store:
+def s3_store(checkpoint_uri: str, lineage: str, region: str, *, creates: str | None = None) -> S3Store:
     bucket, key = lease_key(checkpoint_uri, lineage)
     # A first SageMaker job may be the first use of its default bucket, which its submit creates.
-    own = plan is not None and plan.payload.get("bucket") == bucket
-    return S3Store(bucket, key, region, create_bucket=own)
+    return S3Store(bucket, key, region, create_bucket=creates == bucket)
 
 
 def _encode(body: dict[str, Any]) -> bytes:

@@ -584,6 +584,7 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
     from distrain_cloud.training.strategies import AUTO, choose_precision
 
     from .catalog import PRICE_REGIONS, all_instances
+    from .spec import INSTANCE_KINDS
 
     region = region or (spec.region if spec.region in PRICE_REGIONS else PRICE_REGIONS[0])
     _, args = spec.training_args(spec.precision or "bf16", "fit")
@@ -595,7 +596,7 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
         )
     rows = []
     for instance in all_instances():
-        if not instance.is_gpu or (spec.backend != "local" and instance.sagemaker != (spec.backend == "sagemaker")):
+        if not instance.is_gpu or (spec.backend != "local" and not INSTANCE_KINDS[spec.backend][0](instance.name)):
             continue
         price = instance.hourly_usd.get(region)
         hourly = price * spec.nodes if price is not None else None

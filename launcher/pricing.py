@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .catalog import InstanceType
     from .plan import Check
-    from .spec import JobSpec
 
 MAX_COST_CHECK = "cost <= --max-cost"
 
@@ -96,14 +95,3 @@ def budget_check(max_cost: float, cost: dict[str, Any], nodes: int) -> Check:
         return Check(name, False, "no price known to compare")
     keep = " + keep-alive" if cost.get("keep_alive_usd") else ""
     return Check(name, worst <= max_cost, f"worst case ${worst}: {nodes} node(s) x max_run{keep}, {cost['basis']}")
-
-
-def warm_pool(spec: JobSpec, cost: dict[str, Any]) -> str:
-    """What the plan says of a SageMaker warm pool (--keep-alive): how long, and what it costs."""
-    seconds = spec.sagemaker.keep_alive or 0
-    usd = cost.get("keep_alive_usd")
-    price = f" (${usd:.2f} if no job reuses it, {cost['basis']})" if usd is not None else ""
-    return (
-        f"{seconds} s after the job ends, {spec.nodes} x {spec.instance} stay warm for the next job of the same "
-        f"instance settings{price}"
-    )

@@ -117,29 +117,3 @@ def _token_from_secret(job: str) -> str | None:
     secrets = ((read_record(job) or {}).get("spec") or {}).get("secrets") or {}
     ref = secrets.get("HF_TOKEN") if isinstance(secrets, dict) else None
     return resolve(ref, "HF_TOKEN") if isinstance(ref, str) else None
-
-
-def refuse_nothing_to_resume(ref: JobRef) -> None:
-    """`resume` of a local job that would retrain for nothing: one whose model is whole (training
-    finished; what failed came after, such as the push) or whose lineage kept no complete
-    checkpoint (it would train again from step 1, silently). Refused, naming what the user likely
-    wants. Cloud lineages keep their checkpoints in S3: there training says so at its start."""
-    if ref.backend != "local":
-        return
-    from distrain_cloud.training.checkpoint import newest_state
-
-    from .backends.local import _lineage
-
-    model = ref.workdir / ref.name / "model"
-    if (model / MODEL_CARD).is_file():
-        raise UserError(
-            f"{ref.name} trained every step and saved its model in {model.resolve()}: what failed came after (its "
-            f"push to the Hub: `distrain-cloud push {ref.name}` retries only that). To train further, resume it with "
-            f"a higher --max-steps: distrain-cloud submit --resume-from {ref.name} -- --max-steps N"
-        )
-    checkpoints, _ = _lineage(ref.workdir, ref.name)
-    if newest_state(checkpoints) is None:
-        raise UserError(
-            f"{ref.name} has no checkpoint to resume from in {checkpoints} (it saved none): a resume would train "
-            f"again from step 1; to train afresh, submit its spec again (without --resume-from {ref.name})"
-        )

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import faults
 from .strategies import Strategy, parse_strategy
 
 MARKER = "COMPLETE"
@@ -306,7 +307,7 @@ def save(
         accelerator.save_state(str(path))
         if own is not None:
             own(path)
-        fault_point("save")
+        faults.in_save("save")  # a test's kill or full disk half-way (training/faults.py)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             _write_atomic(path / STATE, json.dumps(state, indent=2))
@@ -392,12 +393,3 @@ def _write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def fault_point(where: str) -> None:
-    # Test hooks: die like a `kill -9` at a chosen point, to prove partial saves are ignored;
-    # or fail like a full disk there, to prove the job says so in one line.
-    if os.environ.get("DISTRAIN_TEST_CRASH_IN") == where:
-        os.kill(os.getpid(), 9)
-    if os.environ.get("DISTRAIN_TEST_NO_SPACE_IN") == where:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), where)

@@ -4,7 +4,6 @@ block compile, compiled autograd, and the contexts that run compiled code eagerl
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
 
 import torch
@@ -12,6 +11,7 @@ import torch._inductor.config as inductor_config
 from torch._dynamo import compiled_autograd as torch_compiled_autograd
 from torch._dynamo import utils as dynamo_utils
 
+from . import faults
 from .args import ArgumentError
 from .engines.base import Engine, transformer_blocks
 from .modeling import HEAD_LOSS
@@ -26,7 +26,7 @@ def inductor_or_eager(mode: str, say):
 
     def backend(graph, example_inputs):
         try:
-            if os.environ.get("DISTRAIN_TEST_COMPILE_FAIL"):  # test hook: an Inductor failure
+            if faults.compile_fails():  # a test's Inductor failure (training/faults.py)
                 raise RuntimeError("injected compile failure")
             return inductor(graph, example_inputs)
         except Exception as e:

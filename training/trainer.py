@@ -34,7 +34,7 @@ from accelerate.utils import (
 from torch._dynamo.utils import counters
 from tqdm.auto import tqdm
 
-from . import checkpoint, compiling, data, engines, modeling, tasks
+from . import checkpoint, compiling, data, engines, faults, modeling, tasks
 from .args import ArgumentError, TrainArgs, default_lr
 from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .decisions import Decisions, decide
@@ -290,7 +290,7 @@ class Trainer:
         ca = self.backward_compiler
         try:
             with compiling.compiled_autograd(ca):
-                if self.compiled and os.environ.pop("DISTRAIN_TEST_COMPILED_BACKWARD_FAIL", ""):  # test hook, once
+                if self.compiled and faults.compiled_backward_fails_once():  # a test's (training/faults.py)
                     compiling.fail_partway(self.model)
                 if ca is None:
                     self.accelerator.backward(loss)
@@ -460,7 +460,7 @@ class Trainer:
                         self.engine.save_extras, accelerator=acc, model=self.model, optimizer=self.optimizer
                     )
                     checkpoint.save(acc, self.contract.checkpoint_dir, step, saved, a.keep_checkpoints, shards)
-                _maybe_die_for_test(step)
+                faults.after_step(step)  # a test's kill, failure, hang or slow step (training/faults.py)
                 if step >= self.max_steps or self.stop_requested:
                     break
             if batch is None:
@@ -542,7 +542,7 @@ class Trainer:
         if acc.is_main_process:
             try:
                 model_dir.mkdir(parents=True, exist_ok=True)
-                checkpoint.fault_point("model")
+                faults.in_save("model")
                 unwrapped.save_pretrained(model_dir, state_dict=state_dict, safe_serialization=True)
                 self.tokenizer.save_pretrained(model_dir)
                 resolved = {
@@ -829,26 +829,6 @@ def lr_at(step: int, peak: float, warmup: int, total: int, kind: str) -> float:
     if kind == "cosine":
         return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
     return peak * (1.0 - progress)
-
-
-def _maybe_die_for_test(step: int) -> None:
-    # Test hook: a `kill -9` right after this optimizer step, to prove exact resume.
-    if os.environ.get("DISTRAIN_TEST_KILL_AT_STEP") == str(step):
-        os.kill(os.getpid(), 9)
-    # And a failure no check foresaw (a library's error, a bug), to prove it is still one line.
-    if os.environ.get("DISTRAIN_TEST_RAISE_AT_STEP") == str(step):
-        raise RuntimeError(f"injected failure at step {step}")
-    # And a process whose next step never ends (a peer gone silent, a stuck collective): the others
-    # wait for it inside their next collective.
-    hang = os.environ.get("DISTRAIN_TEST_HANG_AT_STEP", "").split(":")  # STEP[:RANK]
-    if hang[0] == str(step) and os.environ.get("RANK", "0") == (hang[1:] or ["0"])[0]:
-        while True:
-            time.sleep(3600)
-    # And steps slower than this machine's: a run long enough, in seconds, for something that polls
-    # (a node agent's look at its spot notice) to act before the last step, whatever the load.
-    slow = os.environ.get("DISTRAIN_TEST_STEP_SLEEP_S")
-    if slow:
-        time.sleep(float(slow))
 
 
 def _local_gpu(cuda: bool) -> tuple[str | None, bool | None]:

@@ -11,7 +11,8 @@ import importlib
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from distrain_cloud.infra.errors import UserError
 
@@ -24,7 +25,37 @@ if TYPE_CHECKING:
 
 
 class Backend(Protocol):
+    """What the common floor (api.py, lease.py, jobs.py, cli.py) asks a backend; it never asks
+    which backend it holds. The order of a job's life:
+
+    1. `plan(spec)`: the exact requests, without a network call; `preflight(plan)` adds what only
+       the cloud can tell (read-only); `submit(plan)` acts on it (after api.submit_job took the
+       lineage's lease: `holder_state` answers for a lease this backend's job holds).
+    2. `status`, `log_lines`, `cancel`, `fetch_outputs` take the JobRef that jobs.find_job made
+       (from this machine's record, else by asking each backend's `find`).
+
+    Optional, found with getattr: `job_spec(job)` (the spec a job was submitted with, for `resume`
+    from another machine), `relaunches_interrupted(plan)` (whether `submit --wait` resumes a job
+    that ended Interrupted; api.submit_job runs that loop) and `refuse_empty_resume(job)` (a
+    UserError when `resume` would train nothing or from step 1: local, whose checkpoints are here).
+    """
+
     name: str
+    # Whether `cancel(job, now=True)` means something here: stopping at once, without the
+    # checkpoint a plain cancel waits for. The others refuse `--now` (`refuse_now`).
+    stops_now: bool
+    # How a person names the backend in a sentence ("EC2", "SageMaker", "local").
+    title: str
+    # Whether its jobs run on paid cloud machines, not this one: a submit asks for a yes and
+    # notes a default --max-run (cli.py), and a job of it may have been submitted from another
+    # machine (jobs.py names the flag that reaches it).
+    billed: bool
+    # Whether `find` can look a job up by its name alone (SageMaker's DescribeTrainingJob); the
+    # others need the job's record, or `--backend` (jobs.py says which in a not-found error).
+    finds_by_name: bool
+    # The fields of a lineage lease's body that `holder_state` reads (they come from the plan's
+    # LeaseTarget): lease.py refuses a body that lacks one, or holds one that is not well formed.
+    lease_fields: tuple[str, ...]
 
     def plan(self, spec: JobSpec) -> Plan: ...
 
@@ -46,7 +77,16 @@ class Backend(Protocol):
     def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
         """The job's log, line by line, every host; with `follow`, until the job ends."""
 
-    def cancel(self, job: JobRef) -> str: ...
+    def cancel(self, job: JobRef, *, now: bool = False) -> str:
+        """Stop the job; returns the line the CLI prints. Plain: the job saves a checkpoint on the
+        way out and this says so. `now` (only where `stops_now`): stop it at once, nothing saved;
+        a backend without that way refuses with `refuse_now(self, job)` before any request."""
+
+    def find(self, name: str, region: str | None) -> JobRef | None:
+        """The job `name` submitted from another machine (this one has no record of it), where the
+        service can answer by name alone (SageMaker's DescribeTrainingJob), in `region` (None: the
+        configured one); None where it cannot, or has no such job. Only asked where
+        `finds_by_name`."""
 
     def fetch_outputs(self, job: JobRef, dest: Path) -> dict[str, Any]:
         """Cloud backends: bring what `report` reads (output/metrics.jsonl, output/sample.txt,
@@ -65,6 +105,26 @@ def get_backend(name: str) -> Backend:
         )
     module = importlib.import_module(f"{__name__}.{BACKENDS[name]}")
     return module.BACKEND  # type: ignore[no-any-return]
+
+
+def refuse_now(backend: Backend, job: JobRef) -> NoReturn:
+    """The refusal of `cancel --now` for a backend that cannot stop a job at once: one line naming
+    the backends that can (each backend's `stops_now`)."""
+    takers = sorted((b.title for b in map(get_backend, BACKENDS) if b.stops_now), key=str.lower)
+    raise UserError(f"--now applies to {' and '.join(takers)} jobs; {job.name} is a {backend.name} job: drop --now")
+
+
+# A rehearsal is a fault played on the user's own account through one backend's machinery (`spot`:
+# an EC2 spot lineage, one node interrupted with AWS FIS). It is a registration like BACKENDS, not a
+# Backend method: it is one backend's own command, with flags no other backend would take, and the
+# CLI declares those flags itself so that `--help` imports no backend. The module exposes
+# `Options`, `plan_rehearsal` and `run_rehearsal`; cli.rehearse_spot is a thin command over them.
+REHEARSALS = {"spot": "ec2.rehearse"}
+
+
+def rehearsal(name: str) -> ModuleType:
+    """The module that plays rehearsal `name` (a key of REHEARSALS)."""
+    return importlib.import_module(f"{__name__}.{REHEARSALS[name]}")
 
 
 def wait_for(backend: Backend, job: JobRef, *, poll: float = 15.0) -> int:

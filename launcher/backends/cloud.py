@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import distrain_cloud.training
 from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
 
-from ..plan import Check, Plan, unique_job_name
+from ..plan import Check, unique_job_name
 
 if TYPE_CHECKING:
     from distrain_cloud.infra.job_role import JobRole
@@ -232,15 +232,14 @@ def bucket_check(
     return Check("bucket exists", True, f"{bucket} will be created")
 
 
-def upload_code(plan: Plan) -> bool:
-    """Make sure the plan's bucket exists, then upload its code bundle unless the same bytes
-    are there already (the key is the bundle's sha256). Returns whether it uploaded."""
+def upload_code(region: str, bucket: str, key: str, bundle: bytes) -> bool:
+    """Make sure the job's bucket exists, then upload its code bundle unless the same bytes are
+    there already (`key` is the bundle's sha256). Returns whether it uploaded."""
     from distrain_cloud.infra import aws, resources
 
-    region, bucket = plan.payload["region"], plan.payload["bucket"]
     with aws.translate_errors():
         resources.ensure_bucket(bucket, region)
-        return resources.upload_if_absent(bucket, plan.payload["code_key"], plan.payload["bundle"], region)
+        return resources.upload_if_absent(bucket, key, bundle, region)
 
 
 # How far back each poll of a followed log reads again. CloudWatch orders events by the time the
@@ -423,3 +422,19 @@ def _extract_members(s3: Any, uri: str, names: Sequence[str], folder: Path) -> N
         raise UserError(f"{uri} is not a readable .tar.gz ({e}); download it and look inside") from e
     finally:
         body.close()
+
+
+# ---------------------------------------------------------------------- fields of an AWS answer
+
+
+def as_list(value: Any) -> list[Any]:
+    """A field of an AWS answer that should be a list: itself, or empty (every byte may be hostile)."""
+    return value if isinstance(value, list) else []
+
+
+def as_number(value: Any) -> float | None:
+    """A field of an AWS answer that should be a count or a quota: the number, or None when it is
+    not one (a bool, a string) or is out of any sane range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value < 1e12 else None

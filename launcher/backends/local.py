@@ -32,7 +32,7 @@ from distrain_cloud.training.stopping import (
 from distrain_cloud.training.strategies import choose_precision
 
 from ..lease import launched as lineage_launched
-from ..plan import Check, JobRef, Plan, refuse_failed_checks, unique_job_name
+from ..plan import Check, JobRef, LeaseTarget, Plan, refuse_failed_checks, unique_job_name
 from ..tracking import tracking_env, wandb_run
 
 if TYPE_CHECKING:
@@ -61,6 +61,11 @@ def local_gpus() -> tuple[int, tuple[int, int] | None]:
 
 class LocalBackend:
     name = "local"
+    title = "local"
+    billed = False
+    stops_now = True  # the job's process tree killed at once, no checkpoint
+    finds_by_name = False  # a job of this machine has a record or a folder: jobs.find_job finds it first
+    lease_fields: tuple[str, ...] = ("workdir",)  # the runs folder the holder's job folder is in
 
     def plan(self, spec: JobSpec) -> Plan:
         if spec.nodes != 1:
@@ -158,10 +163,13 @@ class LocalBackend:
                 "stop_bound_s": stop_bound_s,
                 **({"max_run_s": max_run_s} if max_run_s else {}),
             },
+            spec=spec,
             configs=configs,
             checks=checks,
-            payload={"spec": spec, "record": {"lineage": lineage, "resumed_from": spec.resume_from}},
-        )
+            record={"lineage": lineage, "resumed_from": spec.resume_from},
+            # The lease is a file beside the job records; its holder is found in this runs folder.
+            lease=LeaseTarget(lineage, None, None, extra=(("workdir", str(root.parent)),)),
+        )  # no backend payload: submit reads the request and the spec alone
 
     def preflight(self, plan: Plan) -> Plan:
         return plan  # nothing to ask a cloud: every check ran in plan
@@ -270,6 +278,34 @@ class LocalBackend:
         if not (root / "job.json").is_file():
             raise UserError(f"no local job {job.name!r} under {job.workdir}/ (see `distrain-cloud ls`)")
         return root
+
+    def refuse_empty_resume(self, job: JobRef) -> None:
+        """`resume` of a local job that would retrain for nothing: one whose model is whole (training
+        finished; what failed came after, such as the push) or whose lineage kept no complete
+        checkpoint (it would train again from step 1, silently). Refused, naming what the user likely
+        wants. (Optional in the Protocol: cloud lineages keep their checkpoints in S3, and there
+        training says so at its start.)"""
+        from distrain_cloud.training.checkpoint import newest_state
+
+        from ..push import MODEL_CARD
+
+        model = job.workdir / job.name / "model"
+        if (model / MODEL_CARD).is_file():
+            raise UserError(
+                f"{job.name} trained every step and saved its model in {model.resolve()}: what failed came after (its "
+                f"push to the Hub: `distrain-cloud push {job.name}` retries only that). To train further, resume it "
+                f"with a higher --max-steps: distrain-cloud submit --resume-from {job.name} -- --max-steps N"
+            )
+        checkpoints, _ = _lineage(job.workdir, job.name)
+        if newest_state(checkpoints) is None:
+            raise UserError(
+                f"{job.name} has no checkpoint to resume from in {checkpoints} (it saved none): a resume would train "
+                f"again from step 1; to train afresh, submit its spec again (without --resume-from {job.name})"
+            )
+
+    def find(self, name: str, region: str | None) -> JobRef | None:
+        """None: a local job is found by its record or its folder (jobs.find_job), never elsewhere."""
+        return None
 
     def holder_state(self, holder: dict[str, Any]) -> tuple[bool, str] | None:
         """(ended, status) of the job holding a lineage's lease (launcher/lease.py), from its folder

@@ -202,7 +202,7 @@ def _sagemaker_plan(installed: Installed, folder: Path, env: dict[str, str]) -> 
         "from distrain_cloud.launcher.spec import load_spec;"
         "spec = load_spec(None, json.loads(sys.argv[1]));"
         "plan = plan_job(spec, dry_run=True);"
-        "open('bundle.tar.gz', 'wb').write(plan.payload['bundle']);"
+        "open('bundle.tar.gz', 'wb').write(plan.payload.bundle);"
         "print(json.dumps({'request': plan.request, 'sha256': plan.bundle['sha256']}))"
     )
     settings = {

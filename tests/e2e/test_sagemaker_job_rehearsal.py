@@ -37,7 +37,7 @@ def test_the_planned_entrypoint_trains_from_the_bundle(tmp_path, no_aws_config):
 
     root = tmp_path / "opt-ml"
     (root / "input" / "data" / "code").mkdir(parents=True)
-    (root / "input" / "data" / "code" / f"{plan.bundle['sha256']}.tar.gz").write_bytes(plan.payload["bundle"])
+    (root / "input" / "data" / "code" / f"{plan.bundle['sha256']}.tar.gz").write_bytes(plan.payload.bundle)
     config = root / "input" / "config"
     config.mkdir(parents=True)
     (config / "hyperparameters.json").write_text(json.dumps(request["HyperParameters"]))

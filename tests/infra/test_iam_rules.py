@@ -477,7 +477,7 @@ def test_planned_roles_within_the_boundary_that_infra_up_made(mocked_aws, monkey
 
     secret_a = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:distrain-cloud/a-token-Xy12Zq"
     parameter_b = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/distrain-cloud/b-key"
-    assert may_(role_a, "s3:GetObject", f"{bucket}/{lineage.payload['code_key']}")
+    assert may_(role_a, "s3:GetObject", f"{bucket}/{lineage.payload.code_key}")
     assert may_(role_a, "secretsmanager:GetSecretValue", secret_a)
     assert not may_(role_a, "ssm:GetParameter", parameter_b)
     assert may_(role_b, "ssm:GetParameter", parameter_b)
@@ -486,8 +486,8 @@ def test_planned_roles_within_the_boundary_that_infra_up_made(mocked_aws, monkey
     assert may_(role_b, "s3:GetObject", f"{bucket}/{PREFIX}/jobs/{a}/output/model.tar.gz")
     assert not may_(role_b, "s3:GetObject", f"{bucket}/{PREFIX}/jobs/{a}-other/output/model.tar.gz")
     assert not may_(role_b, "s3:PutObject", f"{bucket}/{PREFIX}/jobs/{a}/output/model.tar.gz")
-    if lineage.payload["code_key"] != trainer.payload["code_key"]:  # (the same code is the same bundle)
-        assert not may_(role_b, "s3:GetObject", f"{bucket}/{lineage.payload['code_key']}")
+    if lineage.payload.code_key != trainer.payload.code_key:  # (the same code is the same bundle)
+        assert not may_(role_b, "s3:GetObject", f"{bucket}/{lineage.payload.code_key}")
     # The lineage's nodes: the on-demand switch it planned goes; a resize does not.
     group, tags = group_arn(a), group_tags(a)
     on_demand = lineage.configs["job.json"]["recovery"]["on_demand_request"]

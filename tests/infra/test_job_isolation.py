@@ -172,7 +172,7 @@ def test_an_ec2_jobs_credentials_reach_only_its_own_prefixes_and_instances(made)
     b, plan_b = _submit(instance="g4dn.12xlarge", nodes=2)
     role_a = _instance_role(a)
     not_denied = _s3_isolation(
-        made.bucket, _credentials(role_a), _s3_keys(a, plan_a), _s3_keys(b, plan_b), plan_a.payload["code_key"]
+        made.bucket, _credentials(role_a), _s3_keys(a, plan_a), _s3_keys(b, plan_b), plan_a.payload.code_key
     )
     assert not_denied == []
     assert role_a != _instance_role(b)  # each job's instances carry a role of their own
@@ -211,6 +211,6 @@ def test_a_sagemaker_jobs_role_reaches_only_its_own_prefixes(made):
     boto3.client("s3", REGION).put_object(Bucket=made.bucket, Key=own["job.json"], Body=b'{"job": "a"}')
     boto3.client("s3", REGION).put_object(Bucket=made.bucket, Key=other["job.json"], Body=b"{}")
 
-    not_denied = _s3_isolation(made.bucket, _credentials(role_a), own, other, plan_a.payload["code_key"])
+    not_denied = _s3_isolation(made.bucket, _credentials(role_a), own, other, plan_a.payload.code_key)
     assert not_denied == []
     assert role_a != sagemaker.describe_training_job(TrainingJobName=b)["RoleArn"]

@@ -14,9 +14,37 @@ QUESTIONS = sorted(name for name, value in vars(Backend).items() if inspect.isfu
 NOT_ASKED = {"local": {"fetch_outputs"}}
 
 
+FACTS = {"name": str, "title": str, "billed": bool, "stops_now": bool, "finds_by_name": bool, "lease_fields": tuple}
+
+
 def test_the_protocol_asks_what_the_floor_asks():
-    # lease.py asks holder_state; cli.py the rest
-    assert {"plan", "preflight", "submit", "status", "cancel", "holder_state", "fetch_outputs"} <= set(QUESTIONS)
+    # lease.py asks holder_state; jobs.py find; cli.py the rest
+    asked = {"plan", "preflight", "submit", "status", "cancel", "holder_state", "find", "fetch_outputs"}
+    assert asked <= set(QUESTIONS)
+    assert FACTS.keys() <= Backend.__annotations__.keys()
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_each_backend_states_the_facts_the_floor_reads(name):
+    backend = get_backend(name)
+    for fact, kind in FACTS.items():
+        assert isinstance(getattr(backend, fact, None), kind), f"{name} does not say {fact} ({kind.__name__})"
+    # lease.py checks each field a holder_state reads when it reads a lease back: it must know them
+    from distrain_cloud.launcher.lease import _FIELDS
+
+    assert backend.lease_fields and set(backend.lease_fields) <= _FIELDS.keys()
+
+
+def test_a_backend_that_cannot_stop_at_once_refuses_now_naming_those_that_can():
+    from distrain_cloud.infra.errors import UserError
+    from distrain_cloud.launcher.plan import JobRef
+
+    takers = sorted(get_backend(n).title for n in BACKENDS if get_backend(n).stops_now)
+    assert takers  # else --now means nothing anywhere
+    for name in (n for n in BACKENDS if not get_backend(n).stops_now):
+        with pytest.raises(UserError) as refused:  # before any request: no AWS is set up here
+            get_backend(name).cancel(JobRef("job-1", name, "us-east-1"), now=True)
+        assert str(refused.value).startswith("--now applies to ") and all(t in str(refused.value) for t in takers)
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))

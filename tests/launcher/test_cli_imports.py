@@ -49,7 +49,7 @@ def test_local_dry_run_imports_nothing_heavy(tmp_path, train):
     [
         "import distrain_cloud.launcher.catalog as c\n"
         "c.lookup('ml.p5.48xlarge'); c.hourly_price('p3.2xlarge', 'us-west-2')",
-        "import distrain_cloud.launcher.catalog as c, distrain_cloud.launcher.images as im\n"
+        "import distrain_cloud.launcher.catalog as c, distrain_cloud.launcher.backends.sagemaker.images as im\n"
         "if im.image_config_path():\n"
         "    im.choose_training_image(c.lookup('ml.p3.8xlarge'), 'us-east-1')",
     ],

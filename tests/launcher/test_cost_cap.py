@@ -69,8 +69,8 @@ def test_the_cost_block_is_in_the_job_json_the_user_data_pins():
     description = plan.configs["job.json"]
     assert description["cost"]["max_usd"] == 50.0
     pinned = re.search(r"--job-sha256 '?([0-9a-f]{64})", "\n".join(plan.configs["user_data"])).group(1)
-    assert hashlib.sha256(plan.payload["job_json"]).hexdigest() == pinned
-    assert json.loads(plan.payload["job_json"])["cost"] == description["cost"]
+    assert hashlib.sha256(plan.payload.job_json).hexdigest() == pinned
+    assert json.loads(plan.payload.job_json)["cost"] == description["cost"]
     assert "cost" not in dry().configs["job.json"]  # no cap, no clock
 
 

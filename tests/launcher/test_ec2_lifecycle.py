@@ -178,7 +178,7 @@ def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once
         if op.endswith(("PutObject", "RunInstances"))
     ]
     lease = f"distrain-cloud/leases/{job}.json"  # the first submit of a lineage takes its lease too
-    code, description = plan.payload["code_key"], f"distrain-cloud/jobs/{job}/job.json"
+    code, description = plan.payload.code_key, f"distrain-cloud/jobs/{job}/job.json"
     assert writes == [
         ("s3.PutObject", lease),
         ("s3.PutObject", code),
@@ -194,7 +194,7 @@ def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once
     }  # fmt: skip
     assert "launched" not in capsys.readouterr().out
     description = s3_json(f"distrain-cloud/jobs/{job}/job.json")
-    assert description == json.loads(json.dumps(plan.payload["description"]))
+    assert description == json.loads(json.dumps(plan.payload.description))
     # The user data pins the very bytes uploaded, as it pins the bundle's.
     import hashlib
 
@@ -205,7 +205,7 @@ def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once
     assert f" --job-sha256 {pin} " in plan.request["UserData"]
     assert description["bucket"] == "stack-bucket" and description["log_group"] == LOG_GROUP
     assert description["checkpoint_uri"] == f"s3://stack-bucket/distrain-cloud/checkpoints/{job}/"
-    code = boto3.client("s3").head_object(Bucket="stack-bucket", Key=plan.payload["code_key"])
+    code = boto3.client("s3").head_object(Bucket="stack-bucket", Key=plan.payload.code_key)
     assert code["ContentLength"] == plan.bundle["size"]
 
     nodes = instances(job)
@@ -238,7 +238,7 @@ def test_submit_uploads_the_bundle_writes_the_job_description_then_launches_once
 
 def test_preflight_fills_in_what_only_aws_knows(stack):
     plan = plan_job(spec(nodes=2))
-    where = plan.payload["where"]
+    where = plan.payload.where
     assert where.resolved and where.ami_id == AMI and where.bucket == "stack-bucket"
     assert where.subnets[0].startswith("subnet-") and len(where.subnets) > 1  # the default VPC's zones
     placeholder = re.compile(r"<(stack|newest|a default|lineage)")
@@ -555,7 +555,7 @@ def test_resume_is_a_new_attempt_of_the_lineage_from_its_checkpoints(stack, caps
     assert new != job
     description = s3_json(f"distrain-cloud/jobs/{new}/job.json")
     assert (description["lineage"], description["attempt"]) == (job, 2)
-    assert description["checkpoint_uri"] == plan.payload["description"]["checkpoint_uri"]
+    assert description["checkpoint_uri"] == plan.payload.description["checkpoint_uri"]
     assert description["secrets"] == {"HF_TOKEN": "ssm:/distrain-cloud/hf"} and description["nodes"] == 2
     (node, *_) = instances(new)
     assert node["ClientToken"] == f"{new}-a2" and node["InstanceLifecycle"] == "spot"
@@ -1039,7 +1039,7 @@ def test_the_user_data_runs_here_up_to_the_agent_and_a_swapped_bundle_stops_the_
     for minutes_later in (0, 15, 41):
         assert _reboot(hook, tmp_path, minutes_later).splitlines()[-1] == "power-off", minutes_later
 
-    boto3.client("s3").put_object(Bucket="stack-bucket", Key=plan.payload["code_key"], Body=b"other bytes")
+    boto3.client("s3").put_object(Bucket="stack-bucket", Key=plan.payload.code_key, Body=b"other bytes")
     bad = run_node(0)
     assert bad.returncode == 1 and bad.stdout.splitlines()[-1] == "power-off", bad.stdout + bad.stderr
     record = s3_json(f"distrain-cloud/jobs/{job}/nodes/0.json")

@@ -192,8 +192,8 @@ def test_user_data_stops_hard_first_verifies_the_bundle_and_hands_over_to_the_ag
     # job.json's bytes pinned as the bundle's are: the agent checks them before it trusts any of them.
     import hashlib
 
-    pin = hashlib.sha256(plan.payload["job_json"]).hexdigest()
-    assert json.loads(plan.payload["job_json"]) == plan.configs["job.json"]
+    pin = hashlib.sha256(plan.payload.job_json).hexdigest()
+    assert json.loads(plan.payload.job_json) == plan.configs["job.json"]
     assert f"/distrain-cloud/jobs/{plan.job_name}/job.json' --job-sha256 {pin} || fail " in agent
     assert lines[-1] == "$POWEROFF"  # whatever the agent did, the node ends
     order = [text.index(s) for s in ("shutdown -h", "boot.py", "pip install", "-m distrain_cloud.launcher")]
@@ -258,8 +258,9 @@ def test_requirements_are_the_train_extra_without_torch():
 
 def test_the_client_token_is_stable_for_one_job_and_attempt():
     plan = dry(nodes=2)
-    where = plan.payload["where"]
-    again = ec2.BACKEND._place(plan, where)  # what preflight does: render the same job again
+    found = plan.payload
+    # what preflight does: render the same job again
+    again = ec2.BACKEND._place(plan, found.where, found.parts, found.code_key, found.bundle)
     assert again.request["ClientToken"] == plan.request["ClientToken"] == f"{plan.job_name}-a1"
     assert ec2_request.client_token(plan.job_name, 1) == ec2_request.client_token(plan.job_name, 1)
     tokens = {ec2_request.client_token(plan.job_name, a, z) for a in (1, 2) for z in (0, 1)}

@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 
 from distrain_cloud.infra.errors import UserError
-from distrain_cloud.launcher import images
-from distrain_cloud.launcher.catalog import PRICE_REGIONS, all_instances, lookup
-from distrain_cloud.launcher.images import (
+from distrain_cloud.launcher.backends.sagemaker import images
+from distrain_cloud.launcher.backends.sagemaker.images import (
     choose_training_image,
     cuda_incompatibility,
     parse_cuda_version,
     training_images,
 )
+from distrain_cloud.launcher.catalog import PRICE_REGIONS, all_instances, lookup
 
 ACCOUNT = "111122223333"
 REPO = Path(__file__).resolve().parents[2]

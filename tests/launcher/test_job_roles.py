@@ -136,7 +136,7 @@ def test_the_plan_shows_the_jobs_role_and_its_policy_without_asking_aws(aws_call
         "Sid": "ReadCode",
         "Effect": "Allow",
         "Action": "s3:GetObject",
-        "Resource": [f"{bucket}/{plan.payload['code_key']}"],  # its own bundle, no other job's
+        "Resource": [f"{bucket}/{plan.payload.code_key}"],  # its own bundle, no other job's
     }
     own = {"aws:ResourceTag/distrain-cloud:stack": "team-a", "aws:ResourceTag/distrain-cloud:job": job}
     assert statements["TerminateOwnInstances"]["Condition"] == {"StringEquals": own}
@@ -280,7 +280,7 @@ def test_a_sagemaker_job_gets_its_own_role_retried_while_iam_propagates_and_dele
     mine = boto3.client("iam").create_role(RoleName="mine", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
     spec = load_spec(None, {"instance": "ml.g5.xlarge", "region": REGION, "sagemaker.role": mine["Arn"]})
     plan = plan_job(spec)
-    assert "not isolated" in plan.summary["role"] and plan.payload["role"] is None
+    assert "not isolated" in plan.summary["role"] and plan.payload.role is None
     assert submit_job(plan) == 0
     assert sagemaker.BACKEND.status(JobRef(plan.job_name, "sagemaker", REGION))["status"] == "Completed"
     assert [r["Arn"] for r in boto3.client("iam").list_roles()["Roles"]] == [mine["Arn"]]

@@ -112,8 +112,7 @@ class Rehearsal:
         found = recovery.requests(
             run, name=JOB, nodes=nodes, subnets=(subnet,), deadline=self.start + MAX_RUN_S + 600, tags=tags
         )
-        plan = types.SimpleNamespace(payload={"recovery": found, "region": REGION}, job_name=JOB)
-        recovery.launch(plan)  # type: ignore[arg-type]
+        recovery.launch(found, REGION, JOB)
 
     # -- the clock, as the nodes see it
 

@@ -448,7 +448,7 @@ def test_an_unforeseen_failure_is_one_line_with_its_traceback_in_a_file(cli, tmp
         f"error: RuntimeError: injected failure at step 2 (traceback in {traceback_file}; DISTRAIN_DEBUG=1 prints it)"
     ]
     assert not any("Traceback" in line for line in output)
-    assert "_maybe_die_for_test" in traceback_file.read_text()  # nothing lost: the whole traceback
+    assert "in after_step" in traceback_file.read_text()  # nothing lost: the whole traceback
     status = json.loads(cli("status", root.name, "--json", cwd=tmp_path).stdout)
     assert (status["status"], status["exit_code"]) == ("Failed", 1)
     assert status["detail"].startswith("RuntimeError: injected failure at step 2")

@@ -108,7 +108,7 @@ def test_every_flag_named_in_a_message_exists():
 
 
 def test_a_message_naming_a_flag_that_does_not_exist_is_found():
-    # launcher/images.py once said --instance-type (the flag is --instance) and --transformers-version
+    # the SageMaker images module once said --instance-type (the flag is --instance) and --transformers-version
     # (only the job-spec key sagemaker.transformers_version exists).
     source = """
 def pick(instance):

@@ -172,7 +172,7 @@ def test_each_job_has_its_own_group_its_nodes_use_and_it_goes_with_the_job(stack
 
     pair = plan_job(spec(nodes=2))
     one = plan_job(spec(nodes=1))
-    assert pair.payload["where"].public_ip and pair.payload["where"].network.cards == 1  # DescribeInstanceTypes'
+    assert pair.payload.where.public_ip and pair.payload.where.network.cards == 1  # DescribeInstanceTypes'
     submit_job(pair)
     submit_job(one)
     (group,) = groups_of(pair.job_name)
@@ -255,7 +255,7 @@ def test_a_multi_node_lineage_stays_in_one_zone_in_its_placement_group_with_azre
     asked: list = []
     play_spot_scores(monkeypatch, best["AvailabilityZoneId"], asked)
     plan = plan_job(spec(nodes=2, spot=True))
-    requests = plan.payload["recovery"]
+    requests = plan.payload.recovery
     group = requests["CreateAutoScalingGroup"]
     assert group["VPCZoneIdentifier"] == best["SubnetId"] and group["PlacementGroup"] == plan.job_name
     (request,) = asked

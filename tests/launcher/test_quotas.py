@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 from clirun import run_cli
 
-from distrain_cloud.launcher import apimodel, quotas
+from distrain_cloud.launcher import apimodel
+from distrain_cloud.launcher.backends.ec2 import quotas as ec2_quotas
+from distrain_cloud.launcher.backends.sagemaker import quotas as sagemaker_quotas
 from distrain_cloud.launcher.spec import load_spec
 
 REGION = "us-east-1"
@@ -18,7 +20,7 @@ ACCOUNT = "123456789012"  # moto's
 
 
 def _ec2_quota(stub, code: str, value: float) -> None:
-    name = next(n for c, n in quotas.EC2_VCPU_QUOTAS.values() if c == code)
+    name = next(n for c, n in ec2_quotas.EC2_VCPU_QUOTAS.values() if c == code)
     quota = {"ServiceCode": "ec2", "QuotaCode": code, "QuotaName": name, "Value": value, "Adjustable": True}
     stub.add_response("get_service_quota", {"Quota": quota}, {"ServiceCode": "ec2", "QuotaCode": code})
 
@@ -100,7 +102,7 @@ def test_ec2_vcpus_already_running_count_against_the_quota(stack, stub_client, c
     _requests_pass_the_api_model(calls, {"ec2.DescribeInstances", "service-quotas.GetServiceQuota"})
 
     # The spot quota counts the spot instances only: 4 in use + 48 <= 64.
-    spot = quotas.ec2_vcpu_check(load_spec(None, {"instance": "g4dn.12xlarge", "spot": True}), REGION)
+    spot = ec2_quotas.ec2_vcpu_check(load_spec(None, {"instance": "g4dn.12xlarge", "spot": True}), REGION)
     assert (spot.name, spot.ok) == ("vCPU quota: spot G and VT instances", True)
     assert spot.detail == (
         "All G and VT Spot Instance Requests: 64 vCPUs allowed, 4 in use by 1 running instance(s), 48 needed "
@@ -110,20 +112,20 @@ def test_ec2_vcpus_already_running_count_against_the_quota(stack, stub_client, c
 
 def test_an_unread_ec2_quota_is_skipped_and_still_shows_the_usage(stack):
     _run("g4dn.12xlarge", 1)
-    check = quotas.ec2_vcpu_check(load_spec(None, {"instance": "g4dn.xlarge", "region": REGION}), REGION)
+    check = ec2_quotas.ec2_vcpu_check(load_spec(None, {"instance": "g4dn.xlarge", "region": REGION}), REGION)
     assert check.ok is None  # moto has no EC2 quotas: not a refusal
     assert check.detail.startswith("Running On-Demand G and VT instances: not checked (")
     assert check.detail.endswith("; 48 vCPUs in use")
 
 
 def test_ec2_quota_classes():
-    assert [quotas.ec2_quota_class(t) for t in ("p4d.24xlarge", "g6e.xlarge", "vt1.3xlarge", "c5.2xlarge")] == [
+    assert [ec2_quotas.ec2_quota_class(t) for t in ("p4d.24xlarge", "g6e.xlarge", "vt1.3xlarge", "c5.2xlarge")] == [
         "P",
         "G and VT",
         "G and VT",
         "Standard",
     ]
-    assert quotas.ec2_quota_class("inf2.xlarge") is None and quotas.ec2_quota_class("trn1.32xlarge") is None
+    assert ec2_quotas.ec2_quota_class("inf2.xlarge") is None and ec2_quotas.ec2_quota_class("trn1.32xlarge") is None
 
 
 def _training_job(name: str, instance_type: str, count: int, *, spot: bool, role: str, status: str) -> None:
@@ -183,7 +185,7 @@ def test_sagemaker_in_progress_jobs_on_the_type_count_against_the_quota(mocked_a
     _requests_pass_the_api_model(
         calls, {"sagemaker.ListTrainingJobs", "sagemaker.DescribeTrainingJob", "service-quotas.ListServiceQuotas"}
     )
-    spot = quotas.sagemaker_instance_check(
+    spot = sagemaker_quotas.sagemaker_instance_check(
         load_spec(None, {"instance": "ml.g5.12xlarge", "nodes": 2, "spot": True}), REGION
     )
     assert (spot.name, spot.ok) == ("quota: ml.g5.12xlarge for spot training job usage", True)
@@ -201,7 +203,7 @@ def test_a_warm_pool_beyond_its_quota_is_said_not_refused(stub_client):
     }
     stub.add_response("list_service_quotas", page, {"ServiceCode": "sagemaker"})
     spec = load_spec(None, {"instance": "ml.g5.12xlarge", "nodes": 2, "sagemaker.keep_alive": "30m"})
-    check = quotas.sagemaker_warm_pool_check(spec, REGION)
+    check = sagemaker_quotas.sagemaker_warm_pool_check(spec, REGION)
     assert (check.name, check.ok) == ("warm pool quota: ml.g5.12xlarge", None)  # the job runs; no pool is kept
     assert check.detail.startswith(
         "ml.g5.12xlarge for training warm pool usage: 0 allowed, 2 needed: the job runs but SageMaker keeps no "
@@ -209,4 +211,4 @@ def test_a_warm_pool_beyond_its_quota_is_said_not_refused(stub_client):
     )
     stub.add_response("list_service_quotas", page, {"ServiceCode": "sagemaker"})
     spec = load_spec(None, {"instance": "ml.g5.2xlarge", "sagemaker.keep_alive": 600})
-    assert quotas.sagemaker_warm_pool_check(spec, REGION).ok is True
+    assert sagemaker_quotas.sagemaker_warm_pool_check(spec, REGION).ok is True

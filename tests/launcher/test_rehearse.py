@@ -1,4 +1,4 @@
-"""`distrain-cloud rehearse spot` (launcher/rehearse.py) on moto and AWS's rules (tests/awsrules.py).
+"""`distrain-cloud rehearse spot` (launcher/backends/ec2/rehearse.py) on moto and AWS's rules (tests/awsrules.py).
 
 The rehearsal runs on a real account only; here its library function runs as the command runs it,
 against moto in-process with the simulator's clock: the launcher's real plan, submit, status,
@@ -37,12 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # the
 from test_node_agent import FAKE_TRAINER  # noqa: E402
 
 from distrain_cloud.infra.errors import UserError  # noqa: E402
-from distrain_cloud.launcher import rehearse  # noqa: E402
+from distrain_cloud.launcher.backends.ec2 import rehearse  # noqa: E402
 from distrain_cloud.launcher.backends.ec2.agent import run as node_run  # noqa: E402
 from distrain_cloud.launcher.backends.ec2.agent.elastic import AttemptAgent  # noqa: E402
 from distrain_cloud.launcher.backends.ec2.agent.job import Settings  # noqa: E402
 from distrain_cloud.launcher.backends.ec2.agent.logs import LogSink  # noqa: E402
-from distrain_cloud.launcher.rehearse import Options, plan_rehearsal, run_rehearsal  # noqa: E402
+from distrain_cloud.launcher.backends.ec2.rehearse import Options, plan_rehearsal, run_rehearsal  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS::")
 
@@ -276,7 +276,7 @@ def test_the_command_shows_the_bound_and_asks_before_anything_is_made(world, cap
     assert code == 2 and "add --yes" in err, err  # no terminal to ask: nothing is made
     assert boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups()["AutoScalingGroups"] == []
     (planned,) = made
-    spec = planned.plan.payload["spec"]
+    spec = planned.plan.spec
     assert (spec.instance, spec.nodes, spec.spot, spec.ec2.max_restarts) == ("g4dn.xlarge", 2, True, 1)
     assert spec.max_cost == rehearse.MAX_COST_USD and spec.max_run == 45 * 60
     request = planned.fis_request or {}

@@ -426,9 +426,9 @@ def test_a_secret_value_is_in_no_request_and_not_in_the_bundle(role, recorder, c
     assert arn.encode() in create[3]  # the reference travels; the value does not
     assert value not in plan.to_json() and value not in out + err
 
-    raw = gzip.decompress(plan.payload["bundle"])
+    raw = gzip.decompress(plan.payload.bundle)
     assert needle not in raw
-    with tarfile.open(fileobj=io.BytesIO(plan.payload["bundle"]), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(plan.payload.bundle), mode="r:gz") as tar:
         for member in tar.getmembers():
             if member.isfile():
                 assert needle not in tar.extractfile(member).read(), member.name

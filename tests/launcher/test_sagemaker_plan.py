@@ -20,7 +20,7 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.launcher import apimodel
 from distrain_cloud.launcher.api import plan_job
 from distrain_cloud.launcher.backends.sagemaker import backend as sm
-from distrain_cloud.launcher.images import parse_cuda_version
+from distrain_cloud.launcher.backends.sagemaker.images import parse_cuda_version
 from distrain_cloud.launcher.memory import CHECK_NAME
 from distrain_cloud.launcher.spec import load_spec
 from distrain_cloud.training.args import hyperparameters_to_argv, parse_args
@@ -438,14 +438,14 @@ def test_metric_regexes_match_the_entry_points_own_lines(offline, tmp_path, caps
 def test_the_code_bundle_is_content_addressed_stable_and_tagged(offline):
     a, b = dry(), dry()
     assert a.job_name != b.job_name
-    assert a.bundle["sha256"] == b.bundle["sha256"] and a.payload["bundle"] == b.payload["bundle"]
+    assert a.bundle["sha256"] == b.bundle["sha256"] and a.payload.bundle == b.payload.bundle
     sha = a.bundle["sha256"]
     assert re.fullmatch(r"[0-9a-f]{64}", sha)
     (code,) = [c for c in a.request["InputDataConfig"] if c["ChannelName"] == "code"]
     assert code["DataSource"]["S3DataSource"]["S3Uri"] == a.bundle["s3"]
     assert a.bundle["s3"].endswith(f"/distrain-cloud/code/{sha}.tar.gz")
     assert {"Key": "distrain-cloud:code-sha256", "Value": sha} in a.request["Tags"]
-    with tarfile.open(fileobj=io.BytesIO(a.payload["bundle"]), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(a.payload.bundle), mode="r:gz") as tar:
         names = set(tar.getnames())
     # what the entrypoint runs must be in the bundle
     assert {"distrain_cloud/training/node_launch.py", "distrain_cloud/infra/secret_env.py"} <= names
@@ -459,7 +459,7 @@ def test_the_entrypoint_unpacks_the_bundle_and_runs_its_job_script(offline):
     assert "/input/data/code/" in script and "/opt/ml" in script and "\n" not in script
     assert 'exec bash "$R/code/distrain_cloud/training/job_entry.sh" --hyperparameters' in script
     # The rest travels in the bundle the plan hashed: secrets resolved, then the node launcher.
-    with tarfile.open(fileobj=io.BytesIO(plan.payload["bundle"]), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(plan.payload.bundle), mode="r:gz") as tar:
         member = tar.getmember("distrain_cloud/training/job_entry.sh")
         job_script = tar.extractfile(member).read().decode()
     assert member.mode & 0o111

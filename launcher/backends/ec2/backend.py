@@ -32,21 +32,22 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.stack import ALIVE_STATES
 from distrain_cloud.training.strategies import AUTO, parse_strategy
 
-from ... import quotas
 from ...lease import launched as lineage_launched
-from ...plan import Check, JobRef, Plan, refuse_failed_checks
+from ...plan import Check, JobRef, LeaseTarget, Plan, refuse_failed_checks
 from ...tracking import wandb_run
 from .. import cloud, wait_for
-from . import budget, layout, network, recovery, spot_price
+from . import budget, layout, network, quotas, recovery, spot_price
 from .request import (
     GROUP_PLACEHOLDER,
     HARD_STOP_GRACE_MIN,
     MAIN_PORT,
+    Ec2Payload,
     Parts,
     Where,
     hardware,
     job_description,
     lineage_checkpoint_uri,
+    payload_of,
     refuse_api_problems,
     run_instances_request,
     secret_free_check,
@@ -85,6 +86,11 @@ PLACEMENT_GROUP_MAX_NODES = 16
 
 class Ec2Backend:
     name = "ec2"
+    title = "EC2"
+    billed = True
+    stops_now = True  # TerminateInstances: the nodes end at once, without their last checkpoint
+    finds_by_name = False  # a job's S3 prefix is the stack's, which only its record (or --backend) names
+    lease_fields: tuple[str, ...] = ("region", "bucket", "prefix")  # the job's records in S3
 
     # ------------------------------------------------------------------ plan
 
@@ -198,22 +204,19 @@ class Ec2Backend:
             bundle={"sha256": bundle.sha256, "size": bundle.size, "files": len(bundle.files)},
             cost=cost,
             checks=checks,
-            payload={
-                "bundle": bundle.data,
-                "bundle_listing": bundle.listing(),
-                "spec": spec,
-                "parts": parts,
-                "code_key": bundle_key(parts.prefix, bundle.sha256),
-            },
+            bundle_listing=bundle.listing(),
+            spec=spec,
+            region=region,
         )
-        return budget.apply(self._place(plan, where), spec, region)  # the worst case, --max-cost, the limits
+        placed = self._place(plan, where, parts, bundle_key(parts.prefix, bundle.sha256), bundle.data)
+        return budget.apply(placed, spec, region)  # the worst case, --max-cost, the limits
 
-    def _place(self, plan: Plan, where: Where) -> Plan:
+    def _place(self, plan: Plan, where: Where, parts: Parts, code_key: str, bundle: bytes) -> Plan:
         """The plan with `where` rendered into the job description, user data and request, and
         the checks that depend on them (size, secrets, the API model) redone."""
-        parts: Parts = plan.payload["parts"]
+        spec = plan.spec
         where = dataclasses.replace(where, checkpoint_uri=where.checkpoint_uri or lineage_checkpoint_uri(where, parts))
-        description = job_description(parts, where, plan.payload["spec"])
+        description = job_description(parts, where, spec)
         # Beyond the contract: which of the job's own network resources status retires with it.
         description["network"] = {
             "security_group": network.group_name(parts.job_name),
@@ -221,7 +224,6 @@ class Ec2Backend:
         }
         network_requests = network.requests(parts.job_name, where.stack, where.vpc, where.placement_group)
         network.refuse_problems(network_requests)
-        spec = plan.payload["spec"]
         role = _job_role(
             parts, where, lineage_group=recovery.wanted(spec), on_demand=spec.ec2.on_demand_after is not None
         )
@@ -240,7 +242,7 @@ class Ec2Backend:
             region=parts.region,
             bucket=where.bucket,
             job_prefix=layout.job_key(parts.prefix, parts.job_name),
-            code_key=plan.payload["code_key"],
+            code_key=code_key,
             code_sha256=parts.code_sha256,
             job_sha256=hashlib.sha256(job_json).hexdigest(),
             hard_stop_minutes=math.ceil(parts.max_run / 60) + HARD_STOP_GRACE_MIN,
@@ -282,7 +284,7 @@ class Ec2Backend:
         checks.append(Check("request fits the EC2 API model", True, "required fields, types and enums of RunInstances"))
         if lineage_requests:
             checks.append(Check("request fits the EC2 API model", True, "the launch template and Auto Scaling group"))
-        wandb = wandb_run(plan.payload["spec"], list(parts.argv), description["env"])
+        wandb = wandb_run(spec, list(parts.argv), description["env"])
         summary = {
             **plan.summary,
             "output": description["output_uri"],
@@ -305,20 +307,31 @@ class Ec2Backend:
                 "network": network_requests,
                 **({"recovery": lineage_requests} if lineage_requests else {}),
             },
-            bundle={**(plan.bundle or {}), "s3": f"s3://{where.bucket}/{plan.payload['code_key']}"},
-            payload={
-                **plan.payload,
-                "where": where,
-                "role": role,
-                "description": description,
-                "job_json": job_json,
-                "network": network_requests,
-                "region": parts.region,
-                "bucket": where.bucket,
-                # in the local job record: where status, logs and resume find the job again
-                "record": {"stack": where.stack, "bucket": where.bucket, "prefix": parts.prefix},
-                **({"recovery": lineage_requests} if lineage_requests else {}),
-            },
+            bundle={**(plan.bundle or {}), "s3": f"s3://{where.bucket}/{code_key}"},
+            region=parts.region,
+            # in the local job record: where status, logs and resume find the job again
+            record={"stack": where.stack, "bucket": where.bucket, "prefix": parts.prefix},
+            lease=LeaseTarget(
+                where.lineage,
+                where.checkpoint_uri,
+                parts.region,
+                attempt=where.attempt,
+                extra=(("bucket", where.bucket), ("prefix", parts.prefix)),
+                submit_creates=where.bucket,
+            )
+            if where.resolved  # the stack's bucket and the lineage are AWS's answers (preflight)
+            else None,
+            payload=Ec2Payload(
+                bundle=bundle,
+                parts=parts,
+                code_key=code_key,
+                where=where,
+                role=role,
+                description=description,
+                job_json=job_json,
+                network=network_requests,
+                recovery=lineage_requests or None,
+            ),
         )
 
     def preflight(self, plan: Plan) -> Plan:
@@ -326,8 +339,8 @@ class Ec2Backend:
         subnet (and other zones'), a resumed job's lineage, the bucket, the vCPU quota."""
         from distrain_cloud.infra import aws
 
-        spec: JobSpec = plan.payload["spec"]
-        parts: Parts = plan.payload["parts"]
+        spec, found = plan.spec, payload_of(plan)
+        parts = found.parts
         region = aws.region(spec.region)  # a real submit needs a configured region, not an assumed one
         if region != parts.region:
             raise UserError(f"the plan was made for {parts.region} but the region is {region}; plan again")
@@ -366,7 +379,7 @@ class Ec2Backend:
             network=facts,
             public_ip=public_ip,
         )
-        placed = self._place(dataclasses.replace(plan, checks=checks), where)
+        placed = self._place(dataclasses.replace(plan, checks=checks), where, parts, found.code_key, found.bundle)
         placed = spot_price.with_current_spot_price(placed, spec, region)  # a spot job's price now
         placed = budget.apply(placed, spec, region)
         extra = [
@@ -387,14 +400,13 @@ class Ec2Backend:
 
         from distrain_cloud.infra import aws
 
-        where: Where = plan.payload["where"]
+        payload = payload_of(plan)
+        where, parts, role = payload.where, payload.parts, payload.role
         if not where.resolved:
             raise UserError("this plan was not checked against AWS (preflight); plan it again without --dry-run")
         refuse_failed_checks(plan)
-        uploaded = cloud.upload_code(plan)
-        parts: Parts = plan.payload["parts"]
+        uploaded = cloud.upload_code(parts.region, where.bucket, payload.code_key, payload.bundle)
         key = layout.job_key(parts.prefix, parts.job_name, layout.JOB_JSON)
-        role: JobRole = plan.payload["role"]
         job_role.create(role)  # the job's own identity first: nothing below runs without it
         try:
             with aws.translate_errors():
@@ -406,13 +418,16 @@ class Ec2Backend:
                     s3.put_object(
                         Bucket=where.bucket,
                         Key=at,
-                        Body=plan.payload["job_json"],  # exactly the bytes whose sha256 the user data pins
+                        Body=payload.job_json,  # exactly the bytes whose sha256 the user data pins
                         ContentType="application/json",
                     )
             # The job's own security group (AWS names its id: the requests get it) and placement group.
             plan = network.with_group(plan, network.create(plan))
-            where = plan.payload["where"]
-            ids = recovery.launch(plan) if recovery.planned(plan) else launch(plan.request, where, parts)
+            where, lineage = payload_of(plan).where, payload_of(plan).recovery
+            if lineage:
+                ids = recovery.launch(lineage, parts.region, parts.job_name)
+            else:
+                ids = launch(plan.request, where, parts)
         except BaseException as e:
             # The request may have reached AWS and only its answer been lost (a read timeout, a
             # Ctrl-C): instances without their role, or a lineage without its lease, would run unseen.
@@ -449,7 +464,7 @@ class Ec2Backend:
     def relaunches_interrupted(self, plan: Plan) -> bool:
         """Whether `submit --wait` resumes this plan's job, on new instances, when it ends Interrupted:
         a spot job whose lineage AWS does not keep going itself (recovery.py)."""
-        return bool(plan.payload["spec"].spot) and not recovery.planned(plan)
+        return bool(plan.spec.spot) and not recovery.planned(plan)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -512,14 +527,17 @@ class Ec2Backend:
         done: Callable[[], bool] = (lambda: bool(self.status(job)["terminal"])) if follow else (lambda: True)
         return cloud.log_lines(region, description["log_group"], job.name, lambda s: s.split("/", 1)[-1], done)
 
-    def cancel(self, job: JobRef) -> str:
-        """Graceful: the stop marker every node agent watches; each node checkpoints, uploads and ends.
+    def cancel(self, job: JobRef, *, now: bool = False) -> str:
+        """Graceful: the stop marker every node agent watches; each node checkpoints, uploads and ends
+        (`now`: `cancel_now`, the instances terminated at once).
 
         Only a live agent acts on the marker, so cancel waits up to CANCEL_ANSWER_S for each live
         instance's agent to answer (its record moves) and terminates those that did not: with the
         laptop closed right after, nothing is left waiting for the hard stop (max-run + 10 min)."""
         from distrain_cloud.infra import aws
 
+        if now:
+            return self.cancel_now(job)
         region, bucket, prefix, description = described(job)
         if recovery.is_lineage(description):
             return _cancel_lineage(job)
@@ -579,6 +597,11 @@ class Ec2Backend:
             # each attempt's rank 0 uploads to the attempt's own folder (agent/elastic.py): the last one's
             output = layout.attempt_output_uri(output, int(info["attempt"]))
         return cloud.fetch_outputs(job.name, info, region, dest, output=output, model=description["model_uri"])
+
+    def find(self, name: str, region: str | None) -> JobRef | None:
+        """None: EC2 cannot look a job up by name alone (its records are under the stack's S3 prefix,
+        which only the job's record or `--backend ec2` with the stack's default leads to)."""
+        return None
 
     def holder_state(self, holder: dict[str, Any]) -> tuple[bool, str] | None:
         """(ended, status) of the job holding a lineage's lease (launcher/lease.py), read where its
@@ -650,7 +673,7 @@ def _check_image(ami_id: str, region: str, plan: Plan, checks: list[Check]) -> s
 
     from ...catalog import AMI_FAMILIES, lookup
 
-    parts: Parts = plan.payload["parts"]
+    parts = payload_of(plan).parts
     try:
         images = aws.client("ec2", region).describe_images(ImageIds=[ami_id]).get("Images", [])
     except ClientError as e:
@@ -867,7 +890,7 @@ def started_anyway(plan: Plan) -> list[str] | None:
     Auto Scaling group; [] when nothing; None when that could not be looked up."""
     from distrain_cloud.infra import aws
 
-    region, name = plan.payload["region"], plan.job_name
+    region, name = payload_of(plan).parts.region, plan.job_name
     try:
         found = [i["id"] for i in tagged_instances(region, name).get(name, [])]
         if recovery.planned(plan):

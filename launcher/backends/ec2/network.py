@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.stack import STACK_TAG
 
-from .request import GROUP_PLACEHOLDER, TAG_PREFIX
+from .request import GROUP_PLACEHOLDER, TAG_PREFIX, payload_of
 
 if TYPE_CHECKING:
     from ...catalog import NetworkFacts
@@ -156,15 +156,13 @@ def facts_from_api(info: dict[str, Any]) -> NetworkFacts:
 def with_group(plan: Plan, group: str) -> Plan:
     """`plan` with its job's security group id (named by AWS at submit) in place of the
     placeholder, in every request that names it."""
-    from .request import Where
-
-    where: Where = plan.payload["where"]
-    payload = {
-        **plan.payload,
-        "where": dataclasses.replace(where, security_group=group),
-        "network": _put(plan.payload["network"], group),
-        **({"recovery": _put(plan.payload["recovery"], group)} if "recovery" in plan.payload else {}),
-    }
+    found = payload_of(plan)
+    payload = dataclasses.replace(
+        found,
+        where=dataclasses.replace(found.where, security_group=group),
+        network=_put(found.network, group),
+        recovery=_put(found.recovery, group) if found.recovery is not None else None,
+    )
     return dataclasses.replace(plan, request=_put(plan.request, group), payload=payload)
 
 
@@ -187,9 +185,10 @@ def create(plan: Plan) -> str:
 
     from distrain_cloud.infra import aws
 
-    found = plan.payload["network"]
+    payload = payload_of(plan)
+    found = payload.network
     with aws.translate_errors():
-        ec2 = aws.client("ec2", plan.payload["region"])
+        ec2 = aws.client("ec2", payload.parts.region)
         try:
             group = str(ec2.create_security_group(**found["CreateSecurityGroup"])["GroupId"])
         except ClientError as e:

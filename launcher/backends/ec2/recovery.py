@@ -44,6 +44,7 @@ from distrain_cloud.infra.errors import UserError
 
 from . import layout
 from . import status as ec2_status
+from .request import payload_of
 
 if TYPE_CHECKING:
     from ...plan import Plan
@@ -81,7 +82,7 @@ def wanted(spec: JobSpec) -> bool:
 
 
 def planned(plan: Plan) -> bool:
-    return "recovery" in plan.payload
+    return payload_of(plan).recovery is not None
 
 
 def is_lineage(description: dict[str, Any]) -> bool:
@@ -229,15 +230,14 @@ def summary(spec: JobSpec) -> str:
 # ---------------------------------------------------------------------- submit
 
 
-def launch(plan: Plan) -> list[str]:
-    """Create the launch template, the group and its hard stop; -> the instances the group has
-    started so far (AWS starts them asynchronously: often none yet)."""
+def launch(found: dict[str, Any], region: str, name: str) -> list[str]:
+    """Create the launch template, the group and its hard stop (`found`: the plan's `requests`
+    for lineage `name`); -> the instances the group has started so far (AWS starts them
+    asynchronously: often none yet)."""
     from botocore.exceptions import ClientError
 
     from distrain_cloud.infra import aws, job_role
 
-    found = plan.payload["recovery"]
-    region = plan.payload["region"]
     with aws.translate_errors():
         ec2 = aws.client("ec2", region)
         try:
@@ -253,12 +253,12 @@ def launch(plan: Plan) -> list[str]:
         except BaseException:
             with contextlib.suppress(Exception):  # nothing runs from it: it goes too
                 # unless the group was made and only its answer lost: the group launches from it
-                if not asg.describe_auto_scaling_groups(AutoScalingGroupNames=[plan.job_name])["AutoScalingGroups"]:
+                if not asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]:
                     ec2.delete_launch_template(LaunchTemplateName=found["CreateLaunchTemplate"]["LaunchTemplateName"])
             raise
         asg.put_scheduled_update_group_action(**found["PutScheduledUpdateGroupAction"])
         asg.suspend_processes(**found["SuspendProcesses"])
-        group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[plan.job_name])["AutoScalingGroups"]
+        group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
     return [i["InstanceId"] for g in group for i in g.get("Instances", [])]
 
 
@@ -268,9 +268,10 @@ def set_hard_stop(plan: Plan) -> bool:
     would keep replacing nodes that stop at once past the deadline."""
     from distrain_cloud.infra import aws
 
+    payload = payload_of(plan)
     try:
-        aws.client("autoscaling", plan.payload["region"], max_attempts=3).put_scheduled_update_group_action(
-            **plan.payload["recovery"]["PutScheduledUpdateGroupAction"]
+        aws.client("autoscaling", payload.parts.region, max_attempts=3).put_scheduled_update_group_action(
+            **(payload.recovery or {})["PutScheduledUpdateGroupAction"]
         )
     except Exception:
         return False

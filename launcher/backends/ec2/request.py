@@ -18,7 +18,10 @@ from .. import cloud
 from . import layout
 
 if TYPE_CHECKING:
+    from distrain_cloud.infra.job_role import JobRole
+
     from ...catalog import AmiFamily, InstanceType, NetworkFacts
+    from ...plan import Plan
     from ...spec import JobSpec
 
 TAG_PREFIX = "distrain-cloud:"
@@ -104,6 +107,29 @@ class Where:
     @property
     def resolved(self) -> bool:
         return not self.ami_id.startswith("<")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ec2Payload:
+    """What an EC2 plan's submit needs beyond the request, shown nowhere (Plan.payload); read by
+    backend.py, network.py, recovery.py and rehearse.py, never by the common floor."""
+
+    bundle: bytes  # the code bundle's bytes, uploaded at submit unless its key is there
+    parts: Parts  # the job's pieces fixed at plan time
+    code_key: str  # the bundle's key in the stack's bucket (its sha256)
+    where: Where  # what only AWS names (placeholders until preflight; the security group until submit)
+    role: JobRole  # the job's own role, made at submit
+    description: dict[str, Any]  # job.json: the contract, and what status retires with the job
+    job_json: bytes  # job.json's exact bytes, whose sha256 the user data pins
+    network: dict[str, Any]  # the job's security group and placement group requests (network.py)
+    recovery: dict[str, Any] | None = None  # a recovering lineage's template, group, hard stop (recovery.py)
+
+
+def payload_of(plan: Plan) -> Ec2Payload:
+    """The plan's EC2 record; a plan of another backend is a bug, said as one."""
+    if not isinstance(plan.payload, Ec2Payload):
+        raise TypeError(f"{plan.job_name} is a {plan.backend} plan, not an EC2 one")
+    return plan.payload
 
 
 # ---------------------------------------------------------------------- the request

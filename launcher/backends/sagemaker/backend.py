@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,12 +19,11 @@ from distrain_cloud.infra import job_role
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.resources import default_bucket
 
-from ... import quotas
 from ...lease import launched as lineage_launched
-from ...plan import Check, JobRef, Plan, refuse_failed_checks
-from ...pricing import warm_pool
+from ...plan import Check, JobRef, LeaseTarget, Plan, refuse_failed_checks
 from ...tracking import wandb_run
-from .. import cloud, wait_for
+from .. import cloud, refuse_now, wait_for
+from . import quotas
 from .request import Parts, checkpoint_uri_of, offline_identity, refuse_api_problems
 from .request import build as build_request
 from .status import TrainingJobStatus, host_of, status_of
@@ -38,8 +38,42 @@ if TYPE_CHECKING:
     from ...spec import JobSpec
 
 
+@dataclass(frozen=True)
+class SageMakerPayload:
+    """What a SageMaker plan's submit needs beyond the request, shown nowhere (Plan.payload)."""
+
+    bundle: bytes  # the code bundle's bytes, uploaded at submit unless its key is there
+    parts: Parts  # the job's pieces the request is built from (request.py)
+    bucket: str  # the bucket of the job's code, output and checkpoints
+    code_key: str  # the bundle's key there (its sha256)
+    role: JobRole | None  # the job's own role, made at submit; None with --role (the user's, unchanged)
+
+
+def payload_of(plan: Plan) -> SageMakerPayload:
+    """The plan's SageMaker record; a plan of another backend is a bug, said as one."""
+    if not isinstance(plan.payload, SageMakerPayload):
+        raise TypeError(f"{plan.job_name} is a {plan.backend} plan, not a SageMaker one")
+    return plan.payload
+
+
+def warm_pool(spec: JobSpec, cost: dict[str, Any]) -> str:
+    """What the plan says of a SageMaker warm pool (--keep-alive): how long, and what it costs."""
+    seconds = spec.sagemaker.keep_alive or 0
+    usd = cost.get("keep_alive_usd")
+    price = f" (${usd:.2f} if no job reuses it, {cost['basis']})" if usd is not None else ""
+    return (
+        f"{seconds} s after the job ends, {spec.nodes} x {spec.instance} stay warm for the next job of the same "
+        f"instance settings{price}"
+    )
+
+
 class SageMakerBackend:
     name = "sagemaker"
+    title = "SageMaker"
+    billed = True
+    stops_now = False  # StopTrainingJob is the only stop, and it lets the job save
+    finds_by_name = True  # DescribeTrainingJob answers for a job submitted from anywhere
+    lease_fields: tuple[str, ...] = ("region",)  # DescribeTrainingJob there
 
     # ------------------------------------------------------------------ plan
 
@@ -48,7 +82,7 @@ class SageMakerBackend:
         so the job role's ARN, the stack's bucket, a previous job's checkpoints) is a placeholder until preflight."""
         from ...bundle import build_bundle
         from ...catalog import lookup
-        from ...images import choose_training_image
+        from .images import choose_training_image
 
         instance = lookup(spec.instance)
         if not instance.sagemaker:
@@ -119,7 +153,11 @@ class SageMakerBackend:
             bundle={"sha256": bundle.sha256, "size": bundle.size, "files": len(bundle.files)},
             cost=cost,
             checks=checks,
-            payload={"bundle": bundle.data, "bundle_listing": bundle.listing(), "spec": spec, "parts": parts},
+            bundle_listing=bundle.listing(),
+            spec=spec,
+            region=region,
+            # Provisional: _place fills in the bucket, the bundle's key and the role.
+            payload=SageMakerPayload(bundle=bundle.data, parts=parts, bucket="", code_key="", role=None),
         )
         # With no role the job gets its own (made at submit, under the stack's boundary) and uses the
         # stack's bucket, which only AWS can name.
@@ -139,7 +177,7 @@ class SageMakerBackend:
         --role, the job's own role (`stack` fills in what only AWS names; placeholders without)."""
         from ...bundle import bundle_key
 
-        spec, parts = plan.payload["spec"], plan.payload["parts"]
+        spec, parts = plan.spec, payload_of(plan).parts
         bucket = bucket or default_bucket(account, parts.region)
         code_key = bundle_key(parts.prefix, parts.code_sha256)
         checkpoint_uri = checkpoint_uri or checkpoint_uri_of(bucket, parts)
@@ -178,7 +216,11 @@ class SageMakerBackend:
             checks=checks,
             configs=configs,
             bundle={**(plan.bundle or {}), "s3": f"s3://{bucket}/{code_key}"},
-            payload={**plan.payload, "bucket": bucket, "code_key": code_key, "region": parts.region, "role": role},
+            region=parts.region,
+            lease=None
+            if checkpoint_uri.startswith("s3://<")  # an account or a stack's bucket only AWS names
+            else LeaseTarget(parts.lineage, checkpoint_uri, parts.region, submit_creates=bucket),
+            payload=dataclasses.replace(payload_of(plan), bucket=bucket, code_key=code_key, role=role),
         )
 
     def preflight(self, plan: Plan) -> Plan:
@@ -186,7 +228,7 @@ class SageMakerBackend:
         the job's own), the bucket, a resumed job's checkpoints, the instance quota."""
         from distrain_cloud.infra import aws, resources
 
-        spec, parts = plan.payload["spec"], plan.payload["parts"]
+        spec, parts = plan.spec, payload_of(plan).parts
         region = aws.region(spec.region)  # a real submit needs a configured region, not an assumed one
         if region != parts.region:
             raise UserError(f"the plan was made for {parts.region} but the region is {region}; plan again")
@@ -206,23 +248,24 @@ class SageMakerBackend:
             checkpoint_uri, lineage = _previous_checkpoints(spec.resume_from, region, checks)
             # The plan guessed the job it resumes; a resumed job's lineage is that job's own.
             parts = dataclasses.replace(parts, lineage=lineage)
-            plan = dataclasses.replace(plan, payload={**plan.payload, "parts": parts})
+            plan = dataclasses.replace(plan, payload=dataclasses.replace(payload_of(plan), parts=parts))
         placed = self._place(dataclasses.replace(plan, checks=checks), account, role_arn, bucket, checkpoint_uri, stack)
         checks = placed.checks
         refuse_api_problems(placed.request)  # the looked-up parts too (a previous job's checkpoint URI)
-        checks.append(cloud.bucket_check(placed.payload["bucket"], region, named_by_user=bool(spec.sagemaker.bucket)))
+        checks.append(cloud.bucket_check(payload_of(placed).bucket, region, named_by_user=bool(spec.sagemaker.bucket)))
         checks += quotas.sagemaker_checks(spec, region)  # counts in-progress jobs; --keep-alive's warm pool
         return dataclasses.replace(placed, checks=checks)
 
     # ------------------------------------------------------------------ act
 
     def submit(self, plan: Plan, *, wait: bool = False) -> int:
-        region = plan.payload["region"]
+        payload = payload_of(plan)
+        region = payload.parts.region
         refuse_failed_checks(plan)
-        uploaded = cloud.upload_code(plan)
+        uploaded = cloud.upload_code(region, payload.bucket, payload.code_key, payload.bundle)
         from distrain_cloud.infra import aws
 
-        role: JobRole | None = plan.payload.get("role")
+        role = payload.role
         if role is not None:
             job_role.create(role)
         try:
@@ -299,9 +342,13 @@ class SageMakerBackend:
         done = (lambda: bool(self.status(job)["terminal"])) if follow else (lambda: True)
         return cloud.log_lines(aws.region(job.region), group, job.name, host_of, done)
 
-    def cancel(self, job: JobRef) -> str:
+    def cancel(self, job: JobRef, *, now: bool = False) -> str:
+        """StopTrainingJob: SageMaker sends the job SIGTERM and it saves a checkpoint on the way
+        out. There is no stopping it at once (`now`): refused, nothing sent."""
         from distrain_cloud.infra import aws
 
+        if now:
+            refuse_now(self, job)
         job_name, info = job.name, self.status(job)
         if info["terminal"]:
             return f"{job_name} already ended: {info['status']}"
@@ -310,6 +357,22 @@ class SageMakerBackend:
         with aws.translate_errors():
             aws.client("sagemaker", aws.region(job.region)).stop_training_job(TrainingJobName=job_name)
         return f"stopping {job_name}: it saves a checkpoint first (distrain-cloud status {job_name})"
+
+    def find(self, name: str, region: str | None) -> JobRef | None:
+        """The training job `name` in `region` (one DescribeTrainingJob): a job submitted from
+        another machine. SageMaker's "not found" (moto's "could not find") is None; any other
+        error (no credentials after --region, denied, throttled) is the lookup's answer."""
+        from distrain_cloud.infra import aws
+
+        region = aws.region(region)
+        try:
+            with aws.translate_errors():
+                aws.client("sagemaker", region).describe_training_job(TrainingJobName=name)
+        except UserError as e:
+            if aws.error_code(e.__cause__) not in ("ValidationException", "ValidationError"):
+                raise
+            return None
+        return JobRef(name, self.name, region)
 
     def fetch_outputs(self, job: JobRef, dest: Path) -> dict[str, Any]:
         """The job's output folder reaches S3 as one archive when the job ends:

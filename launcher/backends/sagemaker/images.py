@@ -5,9 +5,10 @@ The images and their tags come from sagemaker-core's image config
 sagemaker.core.image_uris costs a second or more and the launcher stays SDK-free.
 Where sagemaker-core is installed its file is read (it is the newest truth); elsewhere a
 snapshot of the training images' entries shipped in launcher/data/ stands in, so a plan
-needs no SDK. Refresh the snapshot with `python -m distrain_cloud.launcher.images
---refresh-snapshot`. The URI is built the way `sagemaker.core.image_uris.retrieve(
-framework="huggingface", image_scope="training", ...)` builds it;
+needs no SDK. Refresh the snapshot with
+`python -m distrain_cloud.launcher.backends.sagemaker.images --refresh-snapshot`. The URI is
+built the way `sagemaker.core.image_uris.retrieve(framework="huggingface",
+image_scope="training", ...)` builds it;
 tests/launcher/test_images.py checks they agree, and that the snapshot matches the SDK.
 
 The one rule this module exists for: never hand out an image whose CUDA build cannot
@@ -55,7 +56,8 @@ MIN_CUDA_BY_COMPUTE_CAPABILITY: dict[tuple[int, int], tuple[int, int]] = {
 
 _CONFIG_RELPATH = ("sagemaker", "core", "image_uri_config", "huggingface.json")
 # The training images' entries of that file, for installs without sagemaker-core.
-SNAPSHOT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "huggingface_images.json")
+_LAUNCHER = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # launcher/, beside catalog.py
+SNAPSHOT_PATH = os.path.join(_LAUNCHER, "data", "huggingface_images.json")
 _SNAPSHOT_KEYS = ("processors", "py_versions", "repository", "container_version", "registries")
 # The job-spec keys that pin an image (no CLI flag sets them); refusals name them.
 TRANSFORMERS_KEY = "sagemaker.transformers_version"
@@ -243,7 +245,7 @@ def snapshot_of(config: Mapping[str, Any], source: str) -> dict[str, Any]:
     return {
         "source": source,
         "file": "/".join(_CONFIG_RELPATH),
-        "refresh": "python -m distrain_cloud.launcher.images --refresh-snapshot",
+        "refresh": "python -m distrain_cloud.launcher.backends.sagemaker.images --refresh-snapshot",
         "training": training,
     }
 
@@ -532,11 +534,13 @@ def _check_explicit(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m distrain_cloud.launcher.images`: the images in use and their source;
+    """`python -m distrain_cloud.launcher.backends.sagemaker.images`: the images in use and their source;
     `--refresh-snapshot` rewrites the shipped snapshot from the installed sagemaker-core."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m distrain_cloud.launcher.images", description=main.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m distrain_cloud.launcher.backends.sagemaker.images", description=main.__doc__
+    )
     parser.add_argument("--refresh-snapshot", action="store_true", help="rewrite the snapshot from sagemaker-core")
     args = parser.parse_args(argv)
     if args.refresh_snapshot:

@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from distrain_cloud.infra.errors import UserError
 
-from .plan import Check
+from ...plan import Check
+from .request import payload_of
 
 if TYPE_CHECKING:
-    from .plan import JobRef, Plan
-    from .spec import JobSpec
+    from ...plan import JobRef, Plan
+    from ...spec import JobSpec
 
 INTERRUPTS = ("fis", "terminate")
 NODES = 2
@@ -90,9 +91,9 @@ class Rehearsal:
 
     @property
     def job(self) -> JobRef:
-        from .plan import JobRef
+        from ...plan import JobRef
 
-        return JobRef(self.plan.job_name, "ec2", self.plan.payload["region"])
+        return JobRef(self.plan.job_name, "ec2", self.plan.region)
 
     def render(self, *, full: bool = False) -> str:
         """The plan as `submit --dry-run` prints it (`full`), else up to its checks; then the bound."""
@@ -160,7 +161,7 @@ REAL_CLOCK: Clock = _RealClock()
 
 def cheapest_gpu_type(region: str) -> str:
     """The cheapest GPU type of the catalog the EC2 backend takes, by its list price in `region`."""
-    from .catalog import all_instances, hourly_price
+    from ...catalog import all_instances, hourly_price
 
     priced = []
     for i in all_instances():
@@ -176,7 +177,7 @@ def cheapest_gpu_type(region: str) -> str:
 
 
 def rehearsal_spec(options: Options, region: str) -> JobSpec:
-    from .spec import load_spec
+    from ...spec import load_spec
 
     if options.interrupt not in INTERRUPTS:
         raise UserError(f"--interrupt {options.interrupt}: expected one of {', '.join(INTERRUPTS)}")
@@ -206,8 +207,8 @@ def rehearsal_spec(options: Options, region: str) -> JobSpec:
 def plan_rehearsal(options: Options, *, dry_run: bool = False) -> Rehearsal:
     """The rehearsal's plan: the job's (checked against AWS unless `dry_run`) and the FIS request,
     checked against FIS's API model, with placeholders for the node and the account."""
-    from .api import plan_job
-    from .backends.cloud import plan_region
+    from ...api import plan_job
+    from ..cloud import plan_region
 
     region = options.region or plan_region(None)[0]
     plan = plan_job(rehearsal_spec(options, region), dry_run=dry_run)
@@ -221,10 +222,10 @@ def plan_rehearsal(options: Options, *, dry_run: bool = False) -> Rehearsal:
 def fis_template_request(plan: Plan, instance_id: str, role: str) -> dict[str, Any]:
     """CreateExperimentTemplate for one spot node of `plan`'s job: its interruption notice now,
     its reclaim FIS_NOTICE later (FIS User Guide, "Amazon EC2 actions")."""
-    where = plan.payload.get("where")
-    partition = getattr(where, "partition", None) or "aws"
-    account = getattr(where, "account", None) or "<account>"
-    region = plan.payload["region"]
+    where = payload_of(plan).where
+    partition = where.partition or "aws"
+    account = where.account or "<account>"
+    region = payload_of(plan).parts.region
     role_arn = role if role.startswith("arn:") else f"arn:{partition}:iam::{account}:role/{role}"
     name = plan.job_name
     return {
@@ -246,12 +247,12 @@ def fis_template_request(plan: Plan, instance_id: str, role: str) -> dict[str, A
         },
         "stopConditions": [{"source": "none"}],
         "roleArn": role_arn,
-        "tags": {"distrain-cloud:job": name, "distrain-cloud:stack": plan.payload["spec"].stack},
+        "tags": {"distrain-cloud:job": name, "distrain-cloud:stack": plan.spec.stack},
     }
 
 
 def _refuse_fis_problems(request: dict[str, Any]) -> None:
-    from .backends.cloud import refuse_api_problems
+    from ..cloud import refuse_api_problems
 
     sources = (("roleArn", "--fis-role"), ("targets", "the interrupted node"))
     refuse_api_problems("fis", "CreateExperimentTemplate", request, sources, "AWS FIS")
@@ -264,7 +265,7 @@ def run_rehearsal(
     rehearsal: Rehearsal, *, clock: Clock = REAL_CLOCK, say: Callable[[str], None] | None = None
 ) -> Outcome:
     """Submit, interrupt, check; then clean up whatever happened (Ctrl-C included) and bill."""
-    from .api import submit_job
+    from ...api import submit_job
 
     say = say or (lambda line: print(line, file=sys.stderr))
     plan, job = rehearsal.plan, rehearsal.job
@@ -298,7 +299,7 @@ class _Watch:
         self.job, self.say, self.last, self.seen = job, say, "", seen
 
     def status(self) -> dict[str, Any]:
-        from .backends.ec2.backend import BACKEND
+        from .backend import BACKEND
 
         info = BACKEND.status(self.job)  # which also retires an ended lineage's group, template and role
         billed_seconds(self.job, 0.0, self.seen)  # every instance, while EC2 still lists it
@@ -397,7 +398,7 @@ def _wait(clock: Clock, what: str, found: Callable[[], Any], say: Callable[[str]
 
 def _status(job: JobRef) -> dict[str, Any]:
     """The backend's status (which also retires an ended lineage's group, template and role)."""
-    from .backends.ec2.backend import BACKEND
+    from .backend import BACKEND
 
     return BACKEND.status(job)
 
@@ -406,8 +407,8 @@ def _attempt_records(job: JobRef, attempt: int) -> dict[int, dict[str, Any]]:
     """The node records of attempt `attempt`, by rank, as the node agents wrote them."""
     from distrain_cloud.infra import aws
 
-    from .backends.ec2 import layout, status
-    from .backends.ec2.backend import described
+    from . import layout, status
+    from .backend import described
 
     region, bucket, prefix, _ = described(job)
     with aws.translate_errors():
@@ -429,7 +430,7 @@ def _steps(records: dict[int, dict[str, Any]]) -> str:
 def _restored_lines(job: JobRef) -> list[str]:
     """The node agents' "restored <checkpoint> from ..." lines in the job's logs (a node of a later
     attempt restores what the interrupted one saved; the first attempt finds none)."""
-    from .backends.ec2.backend import BACKEND
+    from .backend import BACKEND
 
     with contextlib.suppress(UserError):
         return [line.text() for line in BACKEND.log_lines(job) if " restored checkpoint" in f" {line.message}"]
@@ -445,7 +446,7 @@ def _interrupt(r: Rehearsal, instance_id: str, experiment: list[str]) -> str | N
 
     from distrain_cloud.infra import aws
 
-    region = r.plan.payload["region"]
+    region = payload_of(r.plan).parts.region
     try:
         if r.fis_request is None:
             aws.client("ec2", region).terminate_instances(InstanceIds=[instance_id])
@@ -466,7 +467,7 @@ def _ended(job: JobRef, instance_id: str, experiment: list[str]) -> bool | str |
     """True once `instance_id` no longer runs; why not, when the FIS experiment failed; else None."""
     from distrain_cloud.infra import aws
 
-    from .backends.ec2.status import tagged_instances
+    from .status import tagged_instances
 
     if len(experiment) == 2:
         state = aws.client("fis", job.region).get_experiment(id=experiment[1])["experiment"].get("state", {})
@@ -486,8 +487,8 @@ def leftovers(job: JobRef) -> list[str]:
 
     from distrain_cloud.infra import aws
 
-    from .backends.ec2.request import TAG_PREFIX
-    from .backends.ec2.status import tagged_instances
+    from .request import TAG_PREFIX
+    from .status import tagged_instances
 
     region, name = str(job.region), job.name
     by_tag = [{"Name": f"tag:{TAG_PREFIX}job", "Values": [name]}]
@@ -519,8 +520,8 @@ def leftovers(job: JobRef) -> list[str]:
 def _clean_up(r: Rehearsal, out: Outcome, experiment: list[str], clock: Clock, say: Callable[[str], None]) -> None:
     """Whatever happened: end the job if it still runs, check that it left nothing (as `status`
     retires it), then remove what is left itself and name anything it could not."""
-    from .backends.ec2 import recovery
-    from .backends.ec2.backend import BACKEND
+    from . import recovery
+    from .backend import BACKEND
 
     job, remaining = r.job, ["(not looked at)"]
     try:
@@ -559,7 +560,7 @@ def _cleared(job: JobRef) -> bool:
 
 
 def _retire_role(name: str) -> None:
-    from .backends.cloud import retire_role_quietly
+    from ..cloud import retire_role_quietly
 
     retire_role_quietly(name)
 
@@ -576,7 +577,7 @@ def billed_seconds(job: JobRef, now: float, seen: dict[str, dict[str, Any]] | No
     (to `now` while it runs): what EC2 bills per second for, terminated instances included. `seen`
     (instance id -> what DescribeInstances said) keeps the instances looked at before: EC2 lists a
     terminated instance for about an hour only, and a rehearsal may last longer."""
-    from .backends.ec2.status import tagged_instances
+    from .status import tagged_instances
 
     found = {**(seen or {}), **{i["id"]: i for i in tagged_instances(str(job.region), job.name).get(job.name, [])}}
     if seen is not None:
