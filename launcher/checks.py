@@ -23,14 +23,10 @@ _DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt")
 
 
 def offline_checks(spec: JobSpec, plan: Plan) -> list[Check]:
-    from distrain_cloud.training.args import ArgumentError, parse_args
-
-    planned = plan.spec  # as the backend planned it (local: data paths made absolute)
-    argv = planned.training_argv("no", plan.job_name)
-    try:
-        args = parse_args(argv)
-    except ArgumentError:
-        return []  # the backend's plan names the bad flag itself
+    if plan.training is None:
+        return []  # a plan without training flags: nothing of theirs to check
+    # As the plan parsed them, once (from the spec as the backend planned it: local's data paths absolute).
+    argv, args = plan.training.argv, plan.training.args
     checks = [_learning_rate(args), _task_fits_preset(args), _builtin_dataset(args), _config_overrides(args, argv)]
     if plan.backend == "local":
         checks += _local_data_files(args, Path(plan.request["cwd"]))

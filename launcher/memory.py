@@ -587,7 +587,7 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
     from .spec import INSTANCE_KINDS
 
     region = region or (spec.region if spec.region in PRICE_REGIONS else PRICE_REGIONS[0])
-    _, args = spec.training_args(spec.precision or "bf16", "fit")
+    args = spec.training_args(spec.precision or "bf16", "fit").args
     shape = model_shape(args)
     if shape is None:
         raise UserError(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from distrain_cloud.infra.errors import UserError
 
 if TYPE_CHECKING:
-    from .spec import JobSpec
+    from .spec import JobSpec, TrainingFlags
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,9 @@ class Plan:
     # What the common floor reads besides (api.py, lease.py, jobs.py, cli.py); never shown.
     region: str | None = field(default=None, repr=False)  # where the job runs; None: this machine
     lease: LeaseTarget | None = field(default=None, repr=False)  # None: not placed (a plan not checked)
+    # The training flags every node receives, parsed once for this plan: what checks.py and the
+    # W&B line (tracking.wandb_run) read, so that no part of a plan parses them again.
+    training: TrainingFlags | None = field(default=None, repr=False)
     # A backend's own whereabouts, kept in the job record (EC2: stack, bucket, prefix; local: lineage).
     record: dict[str, Any] = field(default_factory=dict, repr=False)
     bundle_listing: str | None = field(default=None, repr=False)  # the code bundle's files (--bundle-files)

@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -32,10 +32,19 @@ from distrain_cloud.training.args import (
     branch_problem,
     hyperparameters_to_argv,
     known_flags,
-    parse_args,
+    parse_flags,
     repo_id_problem,
 )
 from distrain_cloud.training.strategies import AUTO, STRATEGY_CHOICES
+
+
+class TrainingFlags(NamedTuple):
+    """A job's training flags, parsed once for its plan (JobSpec.training_args)."""
+
+    argv: list[str]  # what every node's entry point receives
+    args: TrainArgs  # argv parsed and checked, as the entry point will: what the plan's parts read
+    hyperparameters: dict[str, str]  # the flags that differ from the defaults (a SageMaker request's map)
+
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 # A job name: what SageMaker accepts, and never a path (no dots, no slashes).
@@ -618,14 +627,14 @@ class JobSpec(BaseModel):
         return argv + list(self.train_args)
 
     def check_training_args(self, precision: str, run_name: str) -> list[str]:
-        return self.training_args(precision, run_name)[0]
+        return self.training_args(precision, run_name).argv
 
-    def training_args(self, precision: str, run_name: str) -> tuple[list[str], TrainArgs]:
+    def training_args(self, precision: str, run_name: str) -> TrainingFlags:
         """training_argv, checked as the job's entry point will parse it, and the parsed arguments
-        (a plan parses them here once, and its every part reads these)."""
+        (a plan parses them here once, and its every part reads these: Plan.training)."""
         argv = self.training_argv(precision, run_name)
         try:
-            args = parse_args(argv)
+            args, hyperparameters = parse_flags(argv)
         except ArgumentError as e:
             raise UserError(f"training arguments: {e}{_flag_hint(str(e))}") from None
         # Known before training, not after it: a push without a token would lose the run.
@@ -635,7 +644,7 @@ class JobSpec(BaseModel):
                 f"--push-to-hub {self.hub.repo_id} needs a Hub token: add --secret HF_TOKEN=<Secrets Manager ARN or "
                 "ssm:/name>" + (" or set HF_TOKEN in this environment" if self.backend == "local" else "")
             )
-        return argv, args
+        return TrainingFlags(argv, args, hyperparameters)
 
 
 def _flag_hint(error: str) -> str:

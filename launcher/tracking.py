@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from distrain_cloud.training.args import TrainArgs
+
     from .spec import JobSpec
 
 WANDB_APP = "https://wandb.ai"
@@ -39,15 +41,12 @@ def tracking_env(*, lineage: str, instance: str, image: str | None = None) -> di
 
 
 def wandb_run(
-    spec: JobSpec, argv: list[str], env: Mapping[str, str], here: Mapping[str, str] | None = None
+    spec: JobSpec, args: TrainArgs, env: Mapping[str, str], here: Mapping[str, str] | None = None
 ) -> str | None:
     """Where the job's W&B run will be, for the plan's summary and the submit: its URL, or its
     project and id where the entity is the key's default (the job's log prints the URL); None
-    when the run is not online. `env` is the job's tracking_env; `here` this process's
-    environment, which a local job inherits."""
-    from distrain_cloud.training.args import parse_args
-
-    args = parse_args(argv)
+    when the run is not online. `args` are the job's training flags as its plan parsed them;
+    `env` is the job's tracking_env; `here` this process's environment, which a local job inherits."""
     if args.report_to != "wandb" or not _online(spec, os.environ if here is None else here):
         return None
     run_id = env["DISTRAIN_WANDB_RUN_ID"]

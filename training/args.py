@@ -476,6 +476,16 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
     return args
 
 
+def parse_flags(argv: Sequence[str]) -> tuple[TrainArgs, dict[str, str]]:
+    """One parse of `argv` for a plan: parse_args's arguments and argv_to_hyperparameters's map
+    (read before validate fills in a default --lr, which the map leaves to the job)."""
+    ns = vars(_parse(list(argv)))
+    hyperparameters = _non_defaults(ns)
+    args = TrainArgs(**ns)
+    validate(args)
+    return args, hyperparameters
+
+
 # The flags that name data files; a --dataset is a path where one exists, or where it looks like one.
 DATA_FILE_FLAGS = ("--train-file", "--validation-file")
 DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt")
@@ -717,7 +727,10 @@ def argv_to_hyperparameters(argv: Sequence[str]) -> dict[str, str]:
 
     Round-trips with hyperparameters_to_argv: the job turns the map back into the same flags.
     """
-    ns = vars(_parse(list(argv)))
+    return _non_defaults(vars(_parse(list(argv))))
+
+
+def _non_defaults(ns: dict[str, Any]) -> dict[str, str]:
     defaults = TrainArgs().to_dict()
     out = {}
     for key, value in ns.items():

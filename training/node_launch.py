@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .args import hyperparameters_to_argv, parse_args
+from .args import TrainArgs, hyperparameters_to_argv, parse_args
 from .contract import SECOND_INTERRUPT_S, Contract
 from .precision import no_gpu_here, pick_precision, visible_gpus
 from .stopping import (
@@ -74,10 +74,16 @@ def stamped(line: str) -> str:
 
 
 def plan_node(
-    train_argv: Sequence[str], contract: Contract, *, processes: int | None = None, gpus: int | None = None
+    train_argv: Sequence[str],
+    contract: Contract,
+    *,
+    processes: int | None = None,
+    gpus: int | None = None,
+    args: TrainArgs | None = None,
 ) -> NodeLaunch:
-    """Pure: what this node will run. The launcher calls it to render plans."""
-    args = parse_args(train_argv)
+    """Pure: what this node will run. The launcher calls it to render plans, with `args`: the
+    flags as its plan parsed them once (None: parsed here)."""
+    args = parse_args(train_argv) if args is None else args
     gpus = contract.gpus_per_node if gpus is None else gpus
     use_cpu = gpus == 0
     per_node = processes or (gpus if gpus else 1)

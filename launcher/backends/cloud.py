@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from ..catalog import InstanceType
     from ..logs import LogLine
-    from ..spec import JobSpec
+    from ..spec import JobSpec, TrainingFlags
 
 ASSUMED_REGION = "us-east-1"
 
@@ -39,15 +39,22 @@ class TrainingPlan:
 
     job_name: str
     precision: str
-    argv: list[str]
+    flags: TrainingFlags  # the training flags and them parsed, once: the plan carries them (Plan.training)
     processes: int  # per node
     world_size: int
     hardware: str  # "g5.12xlarge has A10G (8.6)", or the name of a CPU type
     configs: dict[str, Any]
     fit: Check
     strategy: str  # as the plan shows it: --strategy auto with what it picks there, and why
-    args: TrainArgs  # `argv` parsed, once
     decisions: Decisions  # made once (training/decisions.planned); every part of the plan reads these
+
+    @property
+    def argv(self) -> list[str]:
+        return self.flags.argv
+
+    @property
+    def args(self) -> TrainArgs:
+        return self.flags.args
 
 
 def repo_root() -> Path:
@@ -68,7 +75,8 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
     with value_errors_as_user_errors():
         precision = choose_precision(spec.precision, instance.gpus, instance.compute_capability, hardware)
     job_name = unique_job_name(spec.name)
-    argv, args = spec.training_args(precision, job_name)
+    flags = spec.training_args(precision, job_name)
+    args = flags.args
     processes = max(instance.gpus, 1)
     # The run's length where the plan can count it: the compile and auto's pick turn on it.
     steps = with_planned_steps(args, world_size=spec.nodes * processes, channels=spec.inputs)
@@ -96,14 +104,13 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
     return TrainingPlan(
         job_name=job_name,
         precision=precision,
-        argv=argv,
+        flags=flags,
         processes=processes,
         world_size=cluster.world_size,
         hardware=hardware,
         configs=configs,
         fit=fit_check(decisions, instance, nodes=spec.nodes),
         strategy=shown(decisions),
-        args=args,
         decisions=decisions,
     )
 

@@ -79,7 +79,8 @@ class LocalBackend:
             precision = choose_precision(spec.precision, gpus, capability, "this machine")
         job_name = unique_job_name(spec.name)
         spec = _with_absolute_data_paths(spec)
-        argv, train_args = spec.training_args(precision, job_name)
+        flags = spec.training_args(precision, job_name)
+        argv, train_args = flags.argv, flags.args
         root = (spec.local.workdir / job_name).resolve()
         # A lineage shares one checkpoint folder: the first job's.
         checkpoints, lineage = root / "checkpoints", job_name
@@ -96,7 +97,7 @@ class LocalBackend:
             main_port=free_port(),
         )
         with value_errors_as_user_errors():
-            node = plan_node(argv, contract, processes=spec.local.processes)
+            node = plan_node(argv, contract, processes=spec.local.processes, args=train_args)
         processes = node.config["num_processes"]
         command = [sys.executable, "-m", "distrain_cloud.training.node_launch"]
         if spec.local.processes:
@@ -127,7 +128,7 @@ class LocalBackend:
             from distrain_cloud.training.decisions import plan_configs
 
             configs.update(plan_configs(decisions, processes))
-        wandb = wandb_run(spec, argv, tracking)
+        wandb = wandb_run(spec, train_args, tracking)
         stack = _has_training_stack()
         checks = [
             Check("training arguments parse", True),
@@ -166,6 +167,7 @@ class LocalBackend:
             spec=spec,
             configs=configs,
             checks=checks,
+            training=flags,
             record={"lineage": lineage, "resumed_from": spec.resume_from},
             # The lease is a file beside the job records; its holder is found in this runs folder.
             lease=LeaseTarget(lineage, None, None, extra=(("workdir", str(root.parent)),)),

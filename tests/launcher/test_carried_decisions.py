@@ -69,10 +69,35 @@ def test_auto_in_the_graph_is_shown_with_autos_reason(no_aws_config):
 
 
 @pytest.mark.parametrize("overrides, world", CLOUD[:2], ids=["ec2", "sagemaker"])
-def test_a_whole_dry_run_decides_once(no_aws_config, counted, overrides, world):
-    """The whole `submit --dry-run`: the plan's one decide(), and nobody else's."""
-    plan_job(load_spec(None, {"region": "us-east-1", **overrides}), dry_run=True)
-    assert {k: v for k, v in counted.items() if k != "parse"} == {("decide", world): 1}
+def test_a_whole_dry_run_decides_once_and_parses_the_flags_once(no_aws_config, counted, overrides, world):
+    """The whole `submit --dry-run`: the plan's one decide() and one parse of the training flags,
+    and nobody else's (the offline checks, the W&B line and SageMaker's hyperparameters read the
+    plan's `training`)."""
+    plan = plan_job(load_spec(None, {"region": "us-east-1", **overrides}), dry_run=True)
+    assert dict(counted) == {("decide", world): 1, "parse": 1}
+    assert plan.training is not None and plan.training.args.strategy == "auto"
+
+
+def test_a_whole_local_dry_run_parses_the_flags_once(no_aws_config, counted, tmp_path):
+    """Local too: its node's launch (training/node_launch.plan_node), the checks and the W&B line
+    read the plan's parse."""
+    spec = load_spec(None, {"local.workdir": str(tmp_path), "train_args": ["--max-steps", "3"]})
+    plan = plan_job(spec, dry_run=True)
+    assert counted["parse"] == 1
+    assert plan.training is not None and plan.training.args.max_steps == 3
+
+
+def test_sagemakers_hyperparameters_come_from_the_plans_parse(no_aws_config):
+    """The request's map is the flags that differ from the defaults, as argv_to_hyperparameters
+    gives them from the same argv: a default --lr the flag check fills in stays the job's."""
+    from distrain_cloud.training.args import argv_to_hyperparameters
+
+    spec = load_spec(None, {"instance": "ml.g5.12xlarge", "region": "us-east-1", "train_args": ["--batch-size", "8"]})
+    plan = plan_job(spec, dry_run=True)
+    assert plan.training is not None
+    assert plan.request["HyperParameters"] == argv_to_hyperparameters(plan.training.argv)
+    assert plan.request["HyperParameters"]["batch_size"] == "8" and "lr" not in plan.request["HyperParameters"]
+    assert plan.training.args.lr is not None  # filled in by the check, not carried in the request
 
 
 def test_a_dry_run_reads_each_service_model_once(no_aws_config, monkeypatch):

@@ -17,6 +17,7 @@ from distrain_cloud.launcher.backends import local
 from distrain_cloud.launcher.cli import main
 from distrain_cloud.launcher.spec import load_spec
 from distrain_cloud.launcher.tracking import tracking_env, wandb_run
+from distrain_cloud.training.args import parse_args
 
 ROLE = "arn:aws:iam::123456789012:role/distrain-sm"
 HF_REF = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-token-AbCdEf"
@@ -132,11 +133,11 @@ def test_an_offline_run_names_no_url(tmp_path):
     spec = load_spec(None, {"local.workdir": str(tmp_path), **with_key})
     env = tracking_env(lineage="job-1", instance="local")
     # A local job inherits this environment: its mode, or a key of its own.
-    assert wandb_run(spec, [], env, here={"WANDB_MODE": "offline"}) is None
-    assert wandb_run(load_spec(None, {}), [], env, here={"WANDB_API_KEY": "set"}) == (
+    assert wandb_run(spec, parse_args([]), env, here={"WANDB_MODE": "offline"}) is None
+    assert wandb_run(load_spec(None, {}), parse_args([]), env, here={"WANDB_API_KEY": "set"}) == (
         "project distrain-cloud, run id job-1 (the job's log prints its URL)"
     )
-    assert wandb_run(load_spec(None, {}), [], env, here={}) is None
+    assert wandb_run(load_spec(None, {}), parse_args([]), env, here={}) is None
 
 
 @pytest.mark.parametrize(
@@ -158,7 +159,7 @@ def test_the_run_url_is_on_the_w_and_b_server_the_job_logs_to(tmp_path, here, ap
     spec = load_spec(None, {"local.workdir": str(tmp_path)})
     env = tracking_env(lineage="job-1", instance="local")
     config = {"WANDB_CONFIG_DIR": str(tmp_path / "no-settings")}
-    url = wandb_run(spec, ["--wandb-entity", "team"], env, here={"WANDB_API_KEY": "k", **config, **here})
+    url = wandb_run(spec, parse_args(["--wandb-entity", "team"]), env, here={"WANDB_API_KEY": "k", **config, **here})
     assert url == f"{app}/team/distrain-cloud/runs/job-1"
 
 
@@ -168,12 +169,12 @@ def test_the_run_url_follows_wandb_login_host_and_is_unknown_for_a_cloud_jobs_se
     env = tracking_env(lineage="job-1", instance="local")
     here = {"WANDB_API_KEY": "k", "WANDB_CONFIG_DIR": str(tmp_path)}
     assert (
-        wandb_run(spec, ["--wandb-entity", "t"], env, here=here)
+        wandb_run(spec, parse_args(["--wandb-entity", "t"]), env, here=here)
         == "https://wandb.corp.example/t/distrain-cloud/runs/job-1"
     )
     secrets = {"WANDB_API_KEY": WANDB_REF, "WANDB_BASE_URL": "ssm:/distrain-cloud/wandb-url"}
     cloud = load_spec(None, {"instance": "ml.g5.xlarge", "secrets": secrets})
-    assert wandb_run(cloud, ["--wandb-entity", "t"], env, here={}) == (
+    assert wandb_run(cloud, parse_args(["--wandb-entity", "t"]), env, here={}) == (
         "project distrain-cloud, run id job-1 (the job's log prints its URL)"
     )
 

@@ -207,6 +207,7 @@ class Ec2Backend:
             bundle_listing=bundle.listing(),
             spec=spec,
             region=region,
+            training=training.flags,
         )
         placed = self._place(plan, where, parts, bundle_key(parts.prefix, bundle.sha256), bundle.data)
         return budget.apply(placed, spec, region)  # the worst case, --max-cost, the limits
@@ -284,7 +285,7 @@ class Ec2Backend:
         checks.append(Check("request fits the EC2 API model", True, "required fields, types and enums of RunInstances"))
         if lineage_requests:
             checks.append(Check("request fits the EC2 API model", True, "the launch template and Auto Scaling group"))
-        wandb = wandb_run(spec, list(parts.argv), description["env"])
+        wandb = wandb_run(spec, plan.training.args, description["env"]) if plan.training else None
         summary = {
             **plan.summary,
             "output": description["output_uri"],

@@ -96,7 +96,7 @@ class SageMakerBackend:
             pytorch_version=spec.sagemaker.pytorch_version,
         )
         training = cloud.plan_training(spec, instance, main_addr="algo-1")
-        job_name, precision, argv, processes = training.job_name, training.precision, training.argv, training.processes
+        job_name, precision, processes = training.job_name, training.precision, training.processes
         configs = training.configs
 
         bundle = build_bundle(cloud.repo_root(), allow_large=spec.bundle.allow_large)
@@ -104,7 +104,7 @@ class SageMakerBackend:
             job_name=job_name,
             region=region,
             image_uri=image.uri,
-            argv=tuple(argv),
+            hyperparameters=tuple(training.flags.hyperparameters.items()),
             prefix=spec.sagemaker.prefix.strip("/"),
             code_sha256=bundle.sha256,
             lineage=spec.resume_from or job_name,
@@ -156,6 +156,7 @@ class SageMakerBackend:
             bundle_listing=bundle.listing(),
             spec=spec,
             region=region,
+            training=training.flags,
             # Provisional: _place fills in the bucket, the bundle's key and the role.
             payload=SageMakerPayload(bundle=bundle.data, parts=parts, bucket="", code_key="", role=None),
         )
@@ -185,7 +186,7 @@ class SageMakerBackend:
         if role is not None:
             role_arn = role.arn
         request = build_request(spec, parts, account, role_arn, bucket, checkpoint_uri)
-        wandb = wandb_run(spec, list(parts.argv), request["Environment"])
+        wandb = wandb_run(spec, plan.training.args, request["Environment"]) if plan.training else None
         summary = {
             **plan.summary,
             "output": f"s3://{bucket}/{parts.prefix}/jobs/{parts.job_name}/",

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from distrain_cloud.infra import job_role
 from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.resources import default_bucket
-from distrain_cloud.training.args import argv_to_hyperparameters
 from distrain_cloud.training.contract import SAGEMAKER_CHECKPOINT_DIR
 
 from ...tracking import tracking_env
@@ -34,7 +33,9 @@ class Parts:
     job_name: str
     region: str
     image_uri: str
-    argv: tuple[str, ...]
+    # The training flags that differ from the defaults, as the request carries them (parsed once,
+    # with the plan's: JobSpec.training_args); the job turns them back into flags (hyperparameters_to_argv).
+    hyperparameters: tuple[tuple[str, str], ...]
     prefix: str
     code_sha256: str
     lineage: str
@@ -116,7 +117,7 @@ def build(
             "ContainerEntrypoint": sagemaker_entrypoint(CODE_CHANNEL),
             "MetricDefinitions": [{"Name": m, "Regex": METRIC_REGEX.format(m)} for m in METRICS],
         },
-        "HyperParameters": argv_to_hyperparameters(list(parts.argv)),
+        "HyperParameters": dict(parts.hyperparameters),
         "InputDataConfig": channels,
         "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/{parts.prefix}/jobs/"},
         "ResourceConfig": {
