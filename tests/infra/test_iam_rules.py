@@ -408,10 +408,10 @@ def test_planned_roles_within_the_boundary_that_infra_up_made(mocked_aws, monkey
     import boto3
 
     from distrain_cloud.launcher.api import plan_job
-    from distrain_cloud.launcher.backends.ec2 import backend as ec2
+    from distrain_cloud.launcher.backends.ec2 import preflight as ec2_preflight
     from distrain_cloud.launcher.spec import load_spec
 
-    monkeypatch.setattr(ec2, "resolve_ami", lambda parameter, region: "ami-dca37ea5")  # a DLAMI moto lists
+    monkeypatch.setattr(ec2_preflight, "resolve_ami", lambda parameter, region: "ami-dca37ea5")  # a DLAMI moto lists
     stack.execute(stack.plan_up(STACK, REGION))
     made = stack.resources(STACK, REGION)
     iam = boto3.client("iam")

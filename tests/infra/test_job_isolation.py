@@ -27,7 +27,7 @@ from botocore.exceptions import ClientError
 
 from distrain_cloud.infra import stack
 from distrain_cloud.launcher.api import plan_job, submit_job
-from distrain_cloud.launcher.backends.ec2 import backend as ec2
+from distrain_cloud.launcher.backends.ec2 import preflight as ec2_preflight
 from distrain_cloud.launcher.spec import load_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:Tried to parse AWS::")]
@@ -40,7 +40,7 @@ JOB_TAG, STACK_TAG, STATUS_TAG = "distrain-cloud:job", stack.STACK_TAG, "distrai
 
 @pytest.fixture
 def made(mocked_aws, monkeypatch) -> stack.StackResources:
-    monkeypatch.setattr(ec2, "resolve_ami", lambda parameter, region: AMI)
+    monkeypatch.setattr(ec2_preflight, "resolve_ami", lambda parameter, region: AMI)
     stack.execute(stack.plan_up(stack.DEFAULT_STACK, REGION))
     return stack.resources(stack.DEFAULT_STACK, REGION)
 

@@ -27,8 +27,8 @@ from clirun import run_cli
 from test_pricing import _entry, _spot_history
 
 from distrain_cloud.infra import stack
-from distrain_cloud.launcher.backends.ec2 import backend as ec2
 from distrain_cloud.launcher.backends.ec2 import budget, layout
+from distrain_cloud.launcher.backends.ec2 import preflight as ec2_preflight
 from distrain_cloud.launcher.backends.ec2.agent.costclock import TICK_S, CostClock, Prices, reserve_s
 from distrain_cloud.launcher.backends.ec2.agent.elastic import Lineage
 from distrain_cloud.launcher.backends.ec2.agent.imds import Imds
@@ -235,7 +235,7 @@ def test_the_stack_deleted_mid_run_refuses_then_ends_the_lineage_in_order(aws, c
     from distrain_cloud.launcher import infra_cli
 
     stack.execute(stack.plan_up(region=REGION))
-    monkeypatch.setattr(ec2, "resolve_ami", lambda parameter, region: AMI)
+    monkeypatch.setattr(ec2_preflight, "resolve_ami", lambda parameter, region: AMI)
     r = Rehearsal(aws, capsys, tmp_path, ["--max-cost", "50"])
     r.run(limit_s=30 * 60)
     assert len(aws.live(r.job)) == 2 and r.read(layout.STOP) is None  # training, within its cap

@@ -4,7 +4,7 @@ Most tests build the stack's resources by hand (a bucket, a security group in th
 an instance profile, a log group) and hand them to the backend in place of `infra.stack`'s
 lookup; one runs the real `infra up` and the CLI against a moto server in another process,
 which is the path the two-node rehearsal takes. moto cannot serve the public DLAMI parameters:
-tests set ec2.ami_id (a Deep Learning AMI of moto's own list) or replace `ec2.resolve_ami`.
+tests set ec2.ami_id (a Deep Learning AMI of moto's own list) or replace `ec2_preflight.resolve_ami`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.stack import StackResources
 from distrain_cloud.launcher.api import plan_job, submit_job
 from distrain_cloud.launcher.backends.ec2 import backend as ec2
+from distrain_cloud.launcher.backends.ec2 import preflight as ec2_preflight
+from distrain_cloud.launcher.backends.ec2 import records as ec2_records
 from distrain_cloud.launcher.backends.ec2 import request as ec2_request
 from distrain_cloud.launcher.backends.ec2 import status as ec2_status
 from distrain_cloud.launcher.plan import JobRef
@@ -33,7 +35,7 @@ REGION = "us-east-1"
 AMI = "ami-dca37ea5"  # "Deep Learning AMI Ubuntu Linux - 2.4_Oct2017" in moto's image list
 LOG_GROUP = "/distrain-cloud/distrain-cloud/jobs"
 REPO = Path(__file__).resolve().parents[2]
-_real_resolve = ec2.resolve_ami  # the stack fixture replaces it
+_real_resolve = ec2_preflight.resolve_ami  # the stack fixture replaces it
 
 pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS::")
 
@@ -68,8 +70,8 @@ def hand_made_stack(monkeypatch) -> StackResources:
         launcher_policy_arn="arn:aws:iam::123456789012:policy/launcher",
         account="123456789012",
     )
-    monkeypatch.setattr(ec2, "stack_resources", lambda name, region: resources)
-    monkeypatch.setattr(ec2, "resolve_ami", lambda parameter, region: AMI)
+    monkeypatch.setattr(ec2_records, "stack_resources", lambda name, region: resources)
+    monkeypatch.setattr(ec2_preflight, "resolve_ami", lambda parameter, region: AMI)
     return resources
 
 
@@ -280,7 +282,7 @@ def test_a_missing_stack_is_one_line_saying_to_run_infra_up(mocked_aws, calls, c
 
 
 def test_a_missing_ami_parameter_names_the_keys_to_set(stack, monkeypatch):
-    monkeypatch.setattr(ec2, "resolve_ami", _real_resolve)  # moto has none of the public DLAMI parameters
+    monkeypatch.setattr(ec2_preflight, "resolve_ami", _real_resolve)  # moto has none of the public DLAMI parameters
     with pytest.raises(UserError, match=r"SSM parameter /aws/service/deeplearning/.* does not exist in us-east-1"):
         plan_job(spec())
 
@@ -288,7 +290,7 @@ def test_a_missing_ami_parameter_names_the_keys_to_set(stack, monkeypatch):
 def test_an_ami_parameter_of_the_users_is_resolved_from_ssm(stack, monkeypatch):
     import boto3
 
-    monkeypatch.setattr(ec2, "resolve_ami", _real_resolve)
+    monkeypatch.setattr(ec2_preflight, "resolve_ami", _real_resolve)
     boto3.client("ssm", region_name=REGION).put_parameter(Name="/team/ami", Value=AMI, Type="String")
     plan = plan_job(spec(ec2={"ami_parameter": "/team/ami"}))
     assert plan.request["ImageId"] == AMI
@@ -506,8 +508,8 @@ def test_a_graceful_cancel_terminates_the_nodes_whose_agents_do_not_answer(stack
     ids = sorted(n["InstanceId"] for n in instances(job))
     for rank, instance_id in enumerate(ids):
         put_node(job, rank, status="InProgress", phase="training", step=40, instance_id=instance_id)
-    monkeypatch.setattr(ec2, "CANCEL_ANSWER_S", 1)  # 45 s for real
-    monkeypatch.setattr(ec2, "CANCEL_POLL_S", 0.2)
+    monkeypatch.setattr(ec2_records, "CANCEL_ANSWER_S", 1)  # 45 s for real
+    monkeypatch.setattr(ec2_records, "CANCEL_POLL_S", 0.2)
     started = time.monotonic()
     code, out, err = run_cli(capsys, "cancel", job)
     assert code == 0 and time.monotonic() - started < 20

@@ -18,6 +18,8 @@ from distrain_cloud.infra.errors import UserError
 from distrain_cloud.infra.stack import StackResources
 from distrain_cloud.launcher.api import plan_job, submit_job
 from distrain_cloud.launcher.backends.ec2 import backend as ec2
+from distrain_cloud.launcher.backends.ec2 import preflight as ec2_preflight
+from distrain_cloud.launcher.backends.ec2 import records as ec2_records
 from distrain_cloud.launcher.backends.sagemaker import backend as sagemaker
 from distrain_cloud.launcher.plan import JobRef
 from distrain_cloud.launcher.spec import load_spec
@@ -49,9 +51,9 @@ def stack(mocked_aws, monkeypatch) -> StackResources:
         launcher_policy_arn=f"arn:aws:iam::{ACCOUNT}:policy/launcher",
         account=ACCOUNT,
     )
-    monkeypatch.setattr(ec2, "stack_resources", lambda name, region: made)
+    monkeypatch.setattr(ec2_records, "stack_resources", lambda name, region: made)
     monkeypatch.setattr(sagemaker, "_stack_resources", lambda name, region: made)
-    monkeypatch.setattr(ec2, "resolve_ami", lambda parameter, region: AMI)
+    monkeypatch.setattr(ec2_preflight, "resolve_ami", lambda parameter, region: AMI)
     monkeypatch.setattr(job_role, "PROPAGATION_POLL_S", 0.0)
     return made
 

@@ -188,9 +188,9 @@ def test_status_shows_each_attempt_and_the_lineages_cost_and_ls_one_row(stack, c
 def test_cancel_stops_the_lineage_not_only_the_live_attempt(stack, capsys, monkeypatch):
     import boto3
 
-    from distrain_cloud.launcher.backends.ec2 import backend
+    from distrain_cloud.launcher.backends.ec2 import records
 
-    monkeypatch.setattr(backend, "CANCEL_ANSWER_S", 1)  # 45 s for real
+    monkeypatch.setattr(records, "CANCEL_ANSWER_S", 1)  # 45 s for real
     job = submitted(capsys)
     (node,) = [i["InstanceId"] for i in group(job)["Instances"]]
     put(f"jobs/{job}/attempts/1/claims/0.json", {"instance_id": node, "time": time.time()})

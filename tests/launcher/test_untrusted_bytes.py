@@ -107,7 +107,7 @@ def stack(mocked_aws, monkeypatch, job_records):
     import boto3
 
     from distrain_cloud.infra.stack import StackResources
-    from distrain_cloud.launcher.backends.ec2 import backend as ec2
+    from distrain_cloud.launcher.backends.ec2 import records as ec2_records
 
     boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET)
     boto3.client("logs", region_name=REGION).create_log_group(logGroupName=LOG_GROUP)
@@ -120,7 +120,7 @@ def stack(mocked_aws, monkeypatch, job_records):
         log_group=LOG_GROUP,
         launcher_policy_arn="arn:aws:iam::123456789012:policy/launcher",
     )
-    monkeypatch.setattr(ec2, "stack_resources", lambda name, region: resources)
+    monkeypatch.setattr(ec2_records, "stack_resources", lambda name, region: resources)
     # Every command below asks EC2 for the job's instances; moto's first EC2 call in a process
     # loads its catalogues (seconds): paid here, once, not inside the first test's timing.
     boto3.client("ec2", region_name=REGION).describe_instances()

@@ -8,7 +8,8 @@ trains, syncs checkpoints, reports in `nodes/<rank>.json` and terminates its own
 reads what it wrote. The S3 layout (layout.py) and records are the contract between launcher and
 node agent (docs/ec2.md).
 
-This file: the Backend interface, preflight's lookups, the launch, the job's role, cancel.
+This file: the Backend interface, the launch, the job's role, status and cancel. Preflight's reads
+are preflight.py's; where a job's records are, and the launcher's writes to them, records.py's.
 
 What only AWS can name (the stack's bucket, instance profile and security group, the AMI id, a
 subnet, a resumed job's lineage) is a placeholder until preflight fills it in.
@@ -36,7 +37,7 @@ from ...lease import launched as lineage_launched
 from ...plan import Check, JobRef, LeaseTarget, Plan, refuse_failed_checks
 from ...tracking import wandb_run
 from .. import cloud, wait_for
-from . import budget, layout, network, quotas, recovery, spot_price
+from . import budget, layout, network, preflight, quotas, records, recovery, spot_price
 from .request import (
     GROUP_PLACEHOLDER,
     HARD_STOP_GRACE_MIN,
@@ -61,24 +62,16 @@ from .status import (
     job_names,
     job_status,
     read_description,
-    read_json,
     tagged_instances,
 )
 from .user_data import ec2_user_data
 
 if TYPE_CHECKING:
     from distrain_cloud.infra.job_role import JobRole
-    from distrain_cloud.infra.stack import StackResources
 
-    from ...catalog import NetworkFacts
     from ...logs import LogLine
     from ...spec import JobSpec
 
-# How long a graceful cancel waits for each live instance's agent to answer the stop marker (a new
-# record: an agent of this version writes one at once, an older one within its 30 s heartbeat,
-# after polling every 5 s) before it terminates that instance itself.
-CANCEL_ANSWER_S = 45
-CANCEL_POLL_S = 3
 # A cluster placement group is one zone's capacity, launched all or nothing: past this many
 # nodes such a launch rarely finds room (our choice, not an AWS limit; docs/ec2.md).
 PLACEMENT_GROUP_MAX_NODES = 16
@@ -346,18 +339,22 @@ class Ec2Backend:
         if region != parts.region:
             raise UserError(f"the plan was made for {parts.region} but the region is {region}; plan again")
         checks = [c for c in plan.checks if c.ok is not None]
-        stack = stack_resources(spec.stack, region)
+        stack = records.stack_resources(spec.stack, region)
         checks.append(
             Check(f"stack {spec.stack}", True, f"bucket {stack.bucket}, the VPC of {stack.security_group_id}")
         )
         with aws.translate_errors():
-            ami_id = spec.ec2.ami_id or resolve_ami(parts.ami_parameter, region)
-            root_device = _check_image(ami_id, region, plan, checks)
-            subnets, vpc, public_ip = _subnets(spec.ec2.subnet_id, stack.security_group_id, parts, region, checks)
-            facts = _network_facts(parts.instance_type, region)
+            ami_id = spec.ec2.ami_id or preflight.resolve_ami(parts.ami_parameter, region)
+            root_device = preflight.check_image(ami_id, region, plan, checks)
+            subnets, vpc, public_ip = preflight.choose_subnets(
+                spec.ec2.subnet_id, stack.security_group_id, parts, region, checks
+            )
+            facts = preflight.network_facts(parts.instance_type, region)
             lineage, attempt, checkpoint_uri = parts.job_name, 1, ""
             if spec.resume_from:
-                lineage, attempt, checkpoint_uri = _previous_attempt(spec.resume_from, stack.bucket, parts, checks)
+                lineage, attempt, checkpoint_uri = preflight.previous_attempt(
+                    spec.resume_from, stack.bucket, parts, checks
+                )
         where = Where(
             stack=spec.stack,
             bucket=stack.bucket,
@@ -470,7 +467,7 @@ class Ec2Backend:
     # ------------------------------------------------------------------ lifecycle
 
     def status(self, job: JobRef) -> dict[str, Any]:
-        return self._status(job, *described(job))
+        return self._status(job, *records.described(job))
 
     def _status(
         self, job: JobRef, region: str, bucket: str, prefix: str, description: dict[str, Any]
@@ -500,7 +497,7 @@ class Ec2Backend:
             s3 = aws.client("s3", region)
             instances = tagged_instances(region)
             names: list[tuple[str, str, str]] = []
-            for bucket, prefix in _places(region):
+            for bucket, prefix in records.places(region):
                 names += [(n, bucket, prefix) for n in job_names(s3, bucket, prefix)]
             names.sort(key=lambda item: created_key(item[0]), reverse=True)
             for name, bucket, prefix in names[:limit]:
@@ -521,7 +518,7 @@ class Ec2Backend:
         return recovery.one_row_per_lineage(rows)
 
     def log_lines(self, job: JobRef, *, follow: bool = False) -> Iterator[LogLine]:
-        region, bucket, prefix, description = described(job)
+        region, bucket, prefix, description = records.described(job)
         if not description.get("log_group"):
             where = f"s3://{bucket}/{layout.job_key(prefix, job.name, layout.JOB_JSON)}"
             raise bad_record(where, "it names no log group, so its logs cannot be found")
@@ -532,14 +529,14 @@ class Ec2Backend:
         """Graceful: the stop marker every node agent watches; each node checkpoints, uploads and ends
         (`now`: `cancel_now`, the instances terminated at once).
 
-        Only a live agent acts on the marker, so cancel waits up to CANCEL_ANSWER_S for each live
+        Only a live agent acts on the marker, so cancel waits up to CANCEL_ANSWER_S (records.py) for each live
         instance's agent to answer (its record moves) and terminates those that did not: with the
         laptop closed right after, nothing is left waiting for the hard stop (max-run + 10 min)."""
         from distrain_cloud.infra import aws
 
         if now:
             return self.cancel_now(job)
-        region, bucket, prefix, description = described(job)
+        region, bucket, prefix, description = records.described(job)
         if recovery.is_lineage(description):
             return _cancel_lineage(job)
         s3 = aws.client("s3", region)
@@ -548,25 +545,26 @@ class Ec2Backend:
         if info["terminal"]:
             if not alive:
                 return f"{job.name} already ended: {info['status']}"
-            _terminate(region, alive)  # no agent is left to end them (a node that never started, say)
+            records.terminate(region, alive)  # no agent is left to end them (a node that never started, say)
             return f"{job.name} already ended ({info['status']}); terminated what still ran: {', '.join(alive)}"
         with aws.translate_errors():
-            before = _record_etags(s3, bucket, prefix, job.name)
-            _write_stop(job, "cancel")
+            before = records.record_etags(s3, bucket, prefix, job.name)
+            records.write_stop(job, "cancel")
             if alive:
                 print(
-                    f"note: waiting up to {CANCEL_ANSWER_S} s for the node agents to answer the stop", file=sys.stderr
+                    f"note: waiting up to {records.CANCEL_ANSWER_S} s for the node agents to answer the stop",
+                    file=sys.stderr,
                 )
-            silent = _unanswered(s3, bucket, prefix, job.name, region, before, records=job.name) if alive else []
+            silent = records.unanswered(s3, bucket, prefix, job.name, region, before, records=job.name) if alive else []
         if not silent:
             return (
                 f"stopping {job.name}: every node saves a checkpoint, uploads it and terminates "
                 f"(distrain-cloud status {job.name}; `cancel {job.name} --now` terminates at once)"
             )
-        _terminate(region, silent)
+        records.terminate(region, silent)
         rest = len(alive) - len(silent)
         return (
-            f"stopping {job.name}: no node agent answered the stop within {CANCEL_ANSWER_S} s on "
+            f"stopping {job.name}: no node agent answered the stop within {records.CANCEL_ANSWER_S} s on "
             f"{', '.join(silent)}: terminated them, without a checkpoint"
             + (f"; the other {rest} node(s) save a checkpoint and end" if rest > 0 else "")
         )
@@ -577,10 +575,10 @@ class Ec2Backend:
         from distrain_cloud.infra import aws
 
         region = aws.region(job.region)
-        if recovery.is_lineage(described(job)[3]):
+        if recovery.is_lineage(records.described(job)[3]):
             return _cancel_lineage(job, now_=True)
         alive = [i["id"] for i in tagged_instances(region, job.name).get(job.name, []) if i["state"] in ALIVE_STATES]
-        _write_stop(job, "cancel")
+        records.write_stop(job, "cancel")
         if not alive:
             cloud.retire_role_quietly(job.name)
             return f"{job.name} has no running instance"
@@ -591,7 +589,7 @@ class Ec2Backend:
     def fetch_outputs(self, job: JobRef, dest: Path) -> dict[str, Any]:
         """Rank 0's node agent uploads the output folder (and, when training completed, the model
         folder) as plain files when the job ends: output_uri and model_uri of its description."""
-        region, bucket, prefix, description = described(job)  # once: the status and the output's place
+        region, bucket, prefix, description = records.described(job)  # once: the status and the output's place
         info = self._status(job, region, bucket, prefix, description)
         output = description["output_uri"]
         if recovery.is_lineage(description) and info.get("attempts"):
@@ -624,7 +622,7 @@ class Ec2Backend:
 
         from ...spec import JobSpec
 
-        description = described(job)[3]
+        description = records.described(job)[3]
         if description.get("spec") is None:
             return None
         try:
@@ -636,208 +634,6 @@ class Ec2Backend:
                 f"the spec in {job.name}'s job.json is not a job spec ({where}: {first['msg']}): "
                 f"submit it again with --resume-from {job.name}"
             ) from None
-
-
-# ---------------------------------------------------------------------- preflight
-
-
-def stack_resources(name: str, region: str) -> StackResources:
-    """The stack's resources; with no stack, one line saying to run `infra up`."""
-    from distrain_cloud.infra import stack
-
-    return stack.resources(name, region)
-
-
-def resolve_ami(parameter: str, region: str) -> str:
-    """The AMI id in SSM parameter `parameter` (a public DLAMI parameter, or one of the user's).
-    Tests replace this function: moto cannot serve /aws/service/* parameters."""
-    from botocore.exceptions import ClientError
-
-    from distrain_cloud.infra import aws
-
-    try:
-        value = aws.client("ssm", region).get_parameter(Name=parameter)["Parameter"]["Value"]
-    except ClientError as e:
-        if aws.error_code(e) == "ParameterNotFound":
-            raise UserError(
-                f"SSM parameter {parameter} does not exist in {region}: set ec2.ami_parameter or ec2.ami_id"
-            ) from None
-        raise
-    return str(value)
-
-
-def _check_image(ami_id: str, region: str, plan: Plan, checks: list[Check]) -> str | None:
-    """Add the AMI checks; returns its root device name (None when it could not be described)."""
-    from botocore.exceptions import ClientError
-
-    from distrain_cloud.infra import aws
-
-    from ...catalog import AMI_FAMILIES, lookup
-
-    parts = payload_of(plan).parts
-    try:
-        images = aws.client("ec2", region).describe_images(ImageIds=[ami_id]).get("Images", [])
-    except ClientError as e:
-        if aws.error_code(e).startswith("InvalidAMIID"):
-            images = []
-        else:
-            raise
-    if not images:
-        checks.append(Check("AMI exists", False, f"{ami_id} is not an AMI in {region}"))
-        return None
-    image = images[0]
-    name = str(image.get("Name", ""))
-    checks.append(Check("AMI exists", True, f"{ami_id} ({name})"))
-    model = lookup(parts.instance_type).gpu_model
-    if model and "OSS Nvidia Driver" in name and model not in AMI_FAMILIES["oss-pytorch"].gpu_models:
-        checks[:] = [c for c in checks if c.name != "AMI drives the GPU"]  # the plan's verdict was the family's
-        checks.append(
-            Check(
-                "AMI drives the GPU",
-                False,
-                f"{name} has the OSS NVIDIA driver, which cannot run {parts.instance_type}'s {model}; "
-                f"drop ec2.ami_id (the {parts.family.name} family's AMI is the default)",
-            )
-        )
-    root = image.get("RootDeviceName")
-    return str(root) if root else None
-
-
-def _subnets(
-    subnet_id: str | None, security_group: str, parts: Parts, region: str, checks: list[Check]
-) -> tuple[tuple[str, ...], str, bool]:
-    """(subnets, their VPC, whether they give public IPv4 addresses): the subnet to launch in,
-    then one per other zone to try when it has no capacity, each in a zone where EC2 offers the
-    instance type (DescribeInstanceTypeOfferings). The spec's only, or the default subnets of the
-    stack security group's VPC (any public one if none). A multi-node launch stays in one subnet:
-    a single-node lineage's group spans them all, a multi-node one takes the first (recovery.py),
-    which for a spot job is the zone EC2 scores likeliest to hold all its nodes now."""
-    from distrain_cloud.infra import aws
-
-    ec2 = aws.client("ec2", region)
-    offered = _offered_zones(parts.instance_type, region)
-    if subnet_id:
-        (found,) = ec2.describe_subnets(SubnetIds=[subnet_id])["Subnets"]
-        zone = found.get("AvailabilityZone", "?")
-        if offered is not None and zone not in offered:
-            checks.append(
-                Check(
-                    "subnet",
-                    False,
-                    f"ec2.subnet_id {subnet_id} is in {zone}, where EC2 offers no {parts.instance_type}; "
-                    f"choose a subnet in {', '.join(sorted(offered)) or 'another region'}",
-                )
-            )
-        else:
-            checks.append(Check("subnet", True, f"{subnet_id} ({zone})"))
-        return (subnet_id,), str(found["VpcId"]), bool(found.get("MapPublicIpOnLaunch"))
-    groups = ec2.describe_security_groups(GroupIds=[security_group])["SecurityGroups"]
-    vpc = groups[0]["VpcId"]
-    subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]
-    usable = [s for s in subnets if s.get("DefaultForAz")] or [s for s in subnets if s.get("MapPublicIpOnLaunch")]
-    if not usable:
-        raise UserError(f"the stack's VPC {vpc} has no default or public subnet in {region}: set ec2.subnet_id")
-    by_zone: dict[str, dict[str, Any]] = {}
-    for s in sorted(usable, key=lambda s: (s.get("AvailabilityZone", ""), s["SubnetId"])):
-        if offered is None or s.get("AvailabilityZone") in offered:
-            by_zone.setdefault(s.get("AvailabilityZone", ""), s)
-    if not by_zone:
-        zones = sorted({s.get("AvailabilityZone", "?") for s in usable})
-        raise UserError(
-            f"--instance {parts.instance_type}: EC2 offers it in none of the zones of the stack's VPC "
-            f"({', '.join(zones)}) in {region}: choose another type or region"
-        )
-    ordered = list(by_zone.values())
-    scored = ""
-    if parts.spot and parts.nodes > 1 and len(ordered) > 1:  # one zone for all: the likeliest to hold them
-        scores = _spot_scores(parts, region)
-        if scores:
-            ordered.sort(key=lambda s: -scores.get(str(s.get("AvailabilityZoneId")), 0))
-            scored = f", spot placement score {scores.get(str(ordered[0].get('AvailabilityZoneId')), 0)} of 10"
-    chosen = tuple(s["SubnetId"] for s in ordered)
-    others = f"{len(chosen) - 1} other zone(s) if it is full"
-    if parts.nodes > 1:
-        others += " (all nodes in one zone each time)"
-    checks.append(Check("subnet", True, f"{chosen[0]} ({ordered[0].get('AvailabilityZone', '?')}{scored}); {others}"))
-    return chosen, str(vpc), any(bool(s.get("MapPublicIpOnLaunch")) for s in ordered)
-
-
-def _spot_scores(parts: Parts, region: str) -> dict[str, int]:
-    """Zone id -> how likely EC2 says a spot request for all of the job's nodes in that one zone
-    is to succeed now (GetSpotPlacementScores, 1 to 10; EC2 User Guide, "Spot placement score").
-    Advisory: {} when EC2 does not answer (no ec2:GetSpotPlacementScores, throttled)."""
-    from distrain_cloud.infra import aws
-
-    request = {
-        "InstanceTypes": [parts.instance_type],
-        "TargetCapacity": parts.nodes,
-        "SingleAvailabilityZone": True,
-        "RegionNames": [region],
-    }
-    try:
-        answer = aws.client("ec2", region, max_attempts=2).get_spot_placement_scores(**request)
-    except Exception:  # the order of the zones only: never a reason to refuse the job
-        return {}
-    scores: dict[str, int] = {}
-    for item in answer.get("SpotPlacementScores", []):
-        zone, score = item.get("AvailabilityZoneId"), item.get("Score")
-        if isinstance(zone, str) and isinstance(score, int) and not isinstance(score, bool):
-            scores[zone] = max(0, min(score, 10))
-    return scores
-
-
-def _offered_zones(instance_type: str, region: str) -> set[str] | None:
-    """The zones of `region` where EC2 offers `instance_type`; None when that is not known (the
-    launcher may lack ec2:DescribeInstanceTypeOfferings): every zone is tried then."""
-    from botocore.exceptions import ClientError
-
-    from distrain_cloud.infra import aws
-
-    try:
-        pages = (
-            aws.client("ec2", region)
-            .get_paginator("describe_instance_type_offerings")
-            .paginate(LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
-        )
-        found = {o["Location"] for page in pages for o in page.get("InstanceTypeOfferings", [])}
-    except ClientError as e:
-        if aws.error_code(e) in ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException"):
-            return None
-        raise
-    # None named: no zone to prefer; every zone is tried, and RunInstances' own refusal says why.
-    return found or None
-
-
-def _network_facts(instance_type: str, region: str) -> NetworkFacts | None:
-    """The type's network cards and EFA interfaces as the EC2 API says (DescribeInstanceTypes);
-    None (the catalog's then) when it does not say (no right to ask, a type it does not list)."""
-    from botocore.exceptions import ClientError
-
-    from distrain_cloud.infra import aws
-
-    try:
-        (found,) = aws.client("ec2", region).describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
-    except (ClientError, ValueError):
-        return None
-    return network.facts_from_api(found.get("NetworkInfo") or {})
-
-
-def _previous_attempt(job_name: str, bucket: str, parts: Parts, checks: list[Check]) -> tuple[str, int, str]:
-    """(lineage, attempt, checkpoint URI) of a new attempt after EC2 job `job_name`."""
-    from distrain_cloud.infra import aws
-
-    s3 = aws.client("s3", parts.region)
-    previous = read_description(s3, bucket, parts.prefix, job_name)
-    if previous is None:
-        raise UserError(
-            f"--resume-from {job_name}: no EC2 job of that name in s3://{bucket}/{parts.prefix}/jobs/ "
-            f"({parts.region}); `distrain-cloud ls` lists the jobs"
-        )
-    lineage, attempt, uri = str(previous["lineage"]), int(previous["attempt"]) + 1, str(previous["checkpoint_uri"])
-    if recovery.is_lineage(previous):  # its group counted attempts on from its own number
-        attempt = max([attempt - 1, *recovery.attempt_numbers(s3, bucket, layout.job_key(parts.prefix, job_name))]) + 1
-    checks.append(Check(f"resume from {job_name}", True, f"lineage {lineage}, attempt {attempt}, {uri}"))
-    return lineage, attempt, uri
 
 
 # ---------------------------------------------------------------------- launch
@@ -872,7 +668,7 @@ def launch(request: dict[str, Any], where: Where, parts: Parts) -> list[str]:
                     )
                 continue
             return [instance["InstanceId"] for instance in reply.get("Instances", [])]
-    _put_json(
+    records.put_json(
         parts.region,
         where.bucket,
         layout.job_key(parts.prefix, parts.job_name, layout.LAUNCH),
@@ -993,87 +789,7 @@ def retire_role_when_done(
     network.retire_when_done(name, description, info, holding=any(i["state"] in holding for i in instances))
 
 
-# ---------------------------------------------------------------------- where a job is, and cancel
-
-
-# ---------------------------------------------------------------------- status
-
-
-def job_location(job_name: str, region: str) -> tuple[str, str]:
-    """(bucket, prefix) of an EC2 job: from the record written when it was submitted here, else
-    the default stack's bucket and the default prefix."""
-    from distrain_cloud.infra.stack import DEFAULT_STACK
-
-    from ...jobs import read_record
-
-    record = read_record(job_name) or {}
-    if record.get("bucket") and not str(record["bucket"]).startswith("<"):
-        return str(record["bucket"]), str(record.get("prefix", "distrain-cloud"))
-    return stack_resources(str(record.get("stack") or DEFAULT_STACK), region).bucket, str(
-        record.get("prefix", "distrain-cloud")
-    )
-
-
-def described(job: JobRef) -> tuple[str, str, str, dict[str, Any]]:
-    """(region, bucket, prefix, job.json) of EC2 job `job`; one-line UserError when there is none."""
-    from distrain_cloud.infra import aws
-
-    region = aws.region(job.region)
-    bucket, prefix = job_location(job.name, region)
-    with aws.translate_errors():
-        description = read_description(aws.client("s3", region), bucket, prefix, job.name)
-    if description is None:
-        raise UserError(
-            f"no EC2 job {job.name} in s3://{bucket}/{prefix}/jobs/ ({region}); `distrain-cloud ls` lists the jobs"
-        )
-    return region, bucket, prefix, description
-
-
-def _places(region: str) -> list[tuple[str, str]]:
-    """Every (bucket, prefix) EC2 jobs of this machine's records live in, and the default stack's."""
-    from distrain_cloud.infra.stack import DEFAULT_STACK
-
-    from ...jobs import recorded_jobs
-
-    places = {
-        (str(r["bucket"]), str(r.get("prefix", "distrain-cloud")))
-        for r in recorded_jobs()
-        if r.get("backend") == "ec2" and r.get("region") == region and r.get("bucket")
-    }
-    try:
-        places.add((stack_resources(DEFAULT_STACK, region).bucket, "distrain-cloud"))
-    except UserError:
-        pass  # no default stack: only recorded jobs
-    return sorted(places)
-
-
-def _put_json(region: str, bucket: str, key: str, body: dict[str, Any]) -> None:
-    from distrain_cloud.infra import aws
-
-    with aws.translate_errors():
-        aws.client("s3", region).put_object(
-            Bucket=bucket, Key=key, Body=json.dumps(body).encode(), ContentType="application/json"
-        )
-
-
-def _write_stop(job: JobRef, reason: str) -> None:
-    from distrain_cloud.infra import aws
-
-    region = aws.region(job.region)
-    bucket, prefix = job_location(job.name, region)
-    _put_json(
-        region,
-        bucket,
-        layout.job_key(prefix, job.name, layout.STOP),
-        {"reason": reason, "by": "launcher", "time": time.time()},
-    )
-
-
-def _terminate(region: str, ids: list[str]) -> None:
-    from distrain_cloud.infra import aws
-
-    with aws.translate_errors():
-        aws.client("ec2", region).terminate_instances(InstanceIds=ids)
+# ---------------------------------------------------------------------- status and cancel
 
 
 def _with_clock(
@@ -1089,50 +805,20 @@ def _hard_stop_at(parts: Parts) -> int:
     return math.ceil(parts.submitted + parts.max_run) + HARD_STOP_GRACE_MIN * 60
 
 
-def _record_etags(s3: Any, bucket: str, prefix: str, job_name: str) -> dict[str, str]:
-    """node record key -> its ETag: what a record that moved no longer has."""
-    pages = s3.get_paginator("list_objects_v2").paginate(
-        Bucket=bucket, Prefix=layout.job_key(prefix, job_name, layout.NODES) + "/"
-    )
-    return {item["Key"]: item["ETag"] for page in pages for item in page.get("Contents", [])}
-
-
-def _unanswered(
-    s3: Any, bucket: str, prefix: str, job_name: str, region: str, before: dict[str, str], records: str | None
-) -> list[str]:
-    """The job's live instances whose agent has not answered the stop marker within CANCEL_ANSWER_S:
-    no node record under `records` (the job's own key, or a lineage's live attempt; None: no
-    attempt is live, so none) moved since `before`, none is final, none is in its final sync (which
-    writes no heartbeat but ends by itself). Instances that end meanwhile answered."""
-    until = time.monotonic() + CANCEL_ANSWER_S
-    while True:
-        alive = {i["id"] for i in tagged_instances(region, job_name).get(job_name, []) if i["state"] in ALIVE_STATES}
-        answered = set()
-        for key, etag in (_record_etags(s3, bucket, prefix, records) if records else {}).items():
-            record = read_json(s3, bucket, key) or {}
-            ending = record.get("status") != "InProgress" or record.get("phase") == "final-sync"
-            if etag != before.get(key) or ending:
-                answered.add(str(record.get("instance_id")))
-        silent = sorted(alive - answered)
-        if not silent or time.monotonic() >= until:
-            return silent
-        time.sleep(min(CANCEL_POLL_S, max(0.0, until - time.monotonic())))
-
-
 def _cancel_lineage(job: JobRef, now_: bool = False) -> str:
     """Stop the lineage, not only the live attempt: the group launches nothing more, the lineage's
     stop marker keeps any node that still boots from starting, and the live attempt's nodes save a
     checkpoint and leave (with `now_`, the group and its instances are deleted at once)."""
     from distrain_cloud.infra import aws
 
-    region, bucket, prefix, description = described(job)
+    region, bucket, prefix, description = records.described(job)
     root = layout.job_key(prefix, job.name)
     marker = {"reason": "cancel", "by": "launcher", "time": time.time()}
     with aws.translate_errors():
         s3 = aws.client("s3", region)
         numbers = recovery.attempt_numbers(s3, bucket, root)
         live = layout.attempt_job(job.name, numbers[-1]) if numbers else None
-        before = _record_etags(s3, bucket, prefix, live) if live else {}
+        before = records.record_etags(s3, bucket, prefix, live) if live else {}
         s3.put_object(
             Bucket=bucket, Key=layout.job_key(prefix, job.name, layout.STOP), Body=json.dumps(marker).encode()
         )
@@ -1158,14 +844,14 @@ def _cancel_lineage(job: JobRef, now_: bool = False) -> str:
             if i["state"] in ("pending", "running")
         ]
         if alive:
-            _terminate(region, alive)
+            records.terminate(region, alive)
         return f"stopping lineage {job.name} at once: its Auto Scaling group and {len(alive)} instance(s) are deleted"
     # Only a live agent acts on the markers: with the laptop closed right after, a node whose agent
     # is dead would run until the hard stop. Wait for each to answer, as a plain job's cancel does.
-    print(f"note: waiting up to {CANCEL_ANSWER_S} s for the node agents to answer the stop", file=sys.stderr)
+    print(f"note: waiting up to {records.CANCEL_ANSWER_S} s for the node agents to answer the stop", file=sys.stderr)
     # The live attempt's records answer; a waiting or booting node sees the lineage's stop and ends.
     with aws.translate_errors():
-        silent = _unanswered(s3, bucket, prefix, job.name, region, before, records=live)
+        silent = records.unanswered(s3, bucket, prefix, job.name, region, before, records=live)
     said = (
         f"stopping lineage {job.name}: its Auto Scaling group launches nothing more; the nodes of the live "
         f"attempt save a checkpoint and end (distrain-cloud status {job.name}; `cancel {job.name} --now` "
@@ -1175,7 +861,7 @@ def _cancel_lineage(job: JobRef, now_: bool = False) -> str:
         return said
     _leave_group(region, silent)
     return (
-        f"{said}; no node agent answered the stop within {CANCEL_ANSWER_S} s on {', '.join(silent)}: "
+        f"{said}; no node agent answered the stop within {records.CANCEL_ANSWER_S} s on {', '.join(silent)}: "
         "terminated them, without a checkpoint"
     )
 
@@ -1191,7 +877,7 @@ def _leave_group(region: str, ids: list[str]) -> None:
         try:
             asg.terminate_instance_in_auto_scaling_group(InstanceId=instance, ShouldDecrementDesiredCapacity=True)
         except ClientError:  # no longer in the group (it left meanwhile): an ordinary terminate
-            _terminate(region, [instance])
+            records.terminate(region, [instance])
 
 
 def status_at(job: JobRef, bucket: str, prefix: str) -> dict[str, Any] | None:

@@ -408,7 +408,7 @@ def _attempt_records(job: JobRef, attempt: int) -> dict[int, dict[str, Any]]:
     from distrain_cloud.infra import aws
 
     from . import layout, status
-    from .backend import described
+    from .records import described
 
     region, bucket, prefix, _ = described(job)
     with aws.translate_errors():
