@@ -53,6 +53,32 @@ def group(name: str) -> dict:
     return found
 
 
+@pytest.mark.parametrize(
+    "overrides, recovering",
+    [({"spot": True}, True), ({"spot": True, "ec2": {"max_restarts": 0}}, False), ({}, False)],
+    ids=["spot", "spot-no-restarts", "on-demand"],
+)
+def test_whether_a_job_recovers_is_decided_once_and_carried(no_aws_config, monkeypatch, overrides, recovering):
+    """recovery.wanted is asked once, by the plan; job.json's block, the user data, the role, the
+    requests, the worst case, the limits line and submit's relaunch read the plan's Parts.recovering."""
+    from distrain_cloud.launcher.api import plan_job
+    from distrain_cloud.launcher.backends.ec2 import backend, recovery
+    from distrain_cloud.launcher.backends.ec2.request import payload_of
+    from distrain_cloud.launcher.spec import load_spec
+
+    asked = []
+    wanted = recovery.wanted
+    monkeypatch.setattr(recovery, "wanted", lambda spec: asked.append(spec) or wanted(spec))
+    spec = load_spec(None, {"instance": "g4dn.12xlarge", "region": REGION, **overrides})
+    plan = plan_job(spec, dry_run=True)
+    assert len(asked) == 1
+    payload = payload_of(plan)
+    assert payload.parts.recovering is recovering
+    assert ("recovery" in payload.description) is recovering and (payload.recovery is not None) is recovering
+    assert ("every attempt" in plan.summary["limits"]) is recovering
+    assert backend.BACKEND.relaunches_interrupted(plan) is (spec.spot and not recovering)
+
+
 def test_a_spot_submit_is_a_group_over_every_zone_that_stops_at_the_lineages_deadline(stack, capsys):
     """Bounds set at submit: the group never holds more than --nodes (the lineage's worst case),
     spans a subnet of every zone (AWS goes to another on InsufficientInstanceCapacity), and the

@@ -139,6 +139,7 @@ class Ec2Backend:
             placement=placement,
             volume_size_gb=spec.ec2.volume_size_gb,
             requirements=tuple(train_requirements()),
+            recovering=recovery.wanted(spec),
         )
         stack = spec.stack
         where = Where(
@@ -218,11 +219,9 @@ class Ec2Backend:
         }
         network_requests = network.requests(parts.job_name, where.stack, where.vpc, where.placement_group)
         network.refuse_problems(network_requests)
-        role = _job_role(
-            parts, where, lineage_group=recovery.wanted(spec), on_demand=spec.ec2.on_demand_after is not None
-        )
+        role = _job_role(parts, where, lineage_group=parts.recovering, on_demand=spec.ec2.on_demand_after is not None)
         description["role"] = role.name  # beyond the contract: `status` deletes it once the job ended
-        if recovery.wanted(spec):  # a spot lineage the AWS side keeps going (recovery.py)
+        if parts.recovering:  # a spot lineage the AWS side keeps going (recovery.py)
             description["recovery"] = recovery.description_block(parts.job_name, parts.nodes, spec)
         cost_block = budget.description_block(spec, parts.region)
         if cost_block:  # --max-cost, kept by the nodes' cost clock (agent/costclock.py)
@@ -241,9 +240,9 @@ class Ec2Backend:
             job_sha256=hashlib.sha256(job_json).hexdigest(),
             hard_stop_minutes=math.ceil(parts.max_run / 60) + HARD_STOP_GRACE_MIN,
             # A recovering lineage's replacements boot later: its hard stop is one moment for all.
-            hard_stop_at=_hard_stop_at(parts) if recovery.wanted(spec) else None,
+            hard_stop_at=_hard_stop_at(parts) if parts.recovering else None,
             # Its nodes' failures count against the lineage's budget (boot.py), in its group.
-            **recovery.user_data_values(parts.job_name, spec),
+            **recovery.user_data_values(parts),
             python=parts.family.python,
             torch=parts.family.torch,
             requirements=parts.requirements,
@@ -252,7 +251,7 @@ class Ec2Backend:
         budget.with_max_price(request, None, spec, parts.region)
         refuse_api_problems(request)
         lineage_requests = None
-        if recovery.wanted(spec):
+        if parts.recovering:
             tags = request["TagSpecifications"][0]["Tags"][:2]  # the stack and job tags
             lineage_requests = recovery.requests(
                 request, name=parts.job_name, nodes=parts.nodes, subnets=where.subnets, deadline=_hard_stop_at(parts),
@@ -436,7 +435,7 @@ class Ec2Backend:
                 raise
             lineage_launched(plan)  # they (may) run: the role and the lineage's lease stay theirs
             what = f"({', '.join(running)})" if running else "(could not check whether anything started)"
-            if running and recovery.planned(plan) and not recovery.set_hard_stop(plan):
+            if running and parts.recovering and not recovery.set_hard_stop(plan):
                 what += " without its hard stop at max-run (cancel it unless it should run)"
             print(
                 f"note: {plan.job_name} runs on AWS {what} although the launch did not complete: "
@@ -462,7 +461,7 @@ class Ec2Backend:
     def relaunches_interrupted(self, plan: Plan) -> bool:
         """Whether `submit --wait` resumes this plan's job, on new instances, when it ends Interrupted:
         a spot job whose lineage AWS does not keep going itself (recovery.py)."""
-        return bool(plan.spec.spot) and not recovery.planned(plan)
+        return bool(plan.spec.spot) and not payload_of(plan).parts.recovering
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -687,11 +686,11 @@ def started_anyway(plan: Plan) -> list[str] | None:
     Auto Scaling group; [] when nothing; None when that could not be looked up."""
     from distrain_cloud.infra import aws
 
-    region, name = payload_of(plan).parts.region, plan.job_name
+    parts, name = payload_of(plan).parts, plan.job_name
     try:
-        found = [i["id"] for i in tagged_instances(region, name).get(name, [])]
-        if recovery.planned(plan):
-            asg = aws.client("autoscaling", region, max_attempts=3)
+        found = [i["id"] for i in tagged_instances(parts.region, name).get(name, [])]
+        if parts.recovering:
+            asg = aws.client("autoscaling", parts.region, max_attempts=3)
             if asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]:
                 found.insert(0, f"Auto Scaling group {name}")
     except Exception:  # unreachable, throttled: unknown, so keep what a running job needs

@@ -24,7 +24,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ...plan import Check
-from .request import HARD_STOP_GRACE_MIN
+from .request import HARD_STOP_GRACE_MIN, payload_of
 
 if TYPE_CHECKING:
     from ...plan import Plan
@@ -50,14 +50,13 @@ def on_demand(spec: JobSpec, region: str) -> float | None:
     return hourly_price(lookup(spec.instance), region)
 
 
-def launches(spec: JobSpec) -> int:
-    """How many times each node may be launched: every attempt of a lineage."""
-    from . import recovery
+def launches(spec: JobSpec, recovering: bool) -> int:
+    """How many times each node may be launched: every attempt of a lineage (`recovering`: the
+    plan's request.Parts.recovering)."""
+    return spec.ec2.max_restarts + 1 if recovering else 1
 
-    return spec.ec2.max_restarts + 1 if recovery.wanted(spec) else 1
 
-
-def worst_case(spec: JobSpec, region: str, cost: dict[str, Any]) -> dict[str, Any]:
+def worst_case(spec: JobSpec, region: str, cost: dict[str, Any], recovering: bool) -> dict[str, Any]:
     """`cost` (pricing.estimate's) with the EC2 worst case: max-run plus the hard stop's grace, at
     on-demand where the job may fall back to it, plus a minute per launch."""
     price = on_demand(spec, region)
@@ -68,7 +67,7 @@ def worst_case(spec: JobSpec, region: str, cost: dict[str, Any]) -> dict[str, An
     if spec.spot and not fallback and "spot_ceiling_usd" in cost:  # the spot price now was read
         per_node = (cost["hourly_usd"] + 0.005) / spec.nodes  # hourly_usd is rounded to the cent: a bound
     seconds = spec.max_run + HARD_STOP_GRACE_MIN * 60
-    minimum = launches(spec) * MIN_BILLED_S
+    minimum = launches(spec, recovering) * MIN_BILLED_S
     worst = spec.nodes * per_node * (seconds + minimum) / 3600
     what = cost["basis"] if per_node != price else "on-demand" + (" (--on-demand-after)" if fallback else "")
     return {
@@ -76,7 +75,7 @@ def worst_case(spec: JobSpec, region: str, cost: dict[str, Any]) -> dict[str, An
         "worst_case_usd": round(worst, 2),
         "worst_case": (
             f"{spec.nodes} node(s) x (max-run {_hours(spec.max_run)} + {HARD_STOP_GRACE_MIN} min hard-stop grace"
-            f" + {launches(spec)} x 1 min minimum per launch) at ${per_node:.4g}/h {what}"
+            f" + {launches(spec, recovering)} x 1 min minimum per launch) at ${per_node:.4g}/h {what}"
         ),
     }
 
@@ -139,13 +138,11 @@ def check(spec: JobSpec, region: str, cost: dict[str, Any]) -> Check:
     )
 
 
-def limits(spec: JobSpec) -> str:
+def limits(spec: JobSpec, recovering: bool) -> str:
     """The plan's words on what the time limit and the cap cover, and what happens at the end."""
-    from . import recovery
-
     deadline = f"max-run {_hours(spec.max_run)} counts from submit"
     cap = f" and --max-cost ${spec.max_cost:g}" if spec.max_cost is not None else ""
-    if recovery.wanted(spec):
+    if recovering:
         covers = (
             f"{deadline}{cap} cover the whole lineage: every attempt and every node, the group's replacements "
             f"included (a restart does not start them again); after the last restart (--max-restarts "
@@ -170,11 +167,14 @@ def apply(plan: Plan, spec: JobSpec, region: str) -> Plan:
     own cost and check, which this replaces)."""
     from ...pricing import MAX_COST_CHECK
 
-    cost = worst_case(spec, region, plan.cost or {}) if plan.cost else plan.cost
+    recovering = payload_of(plan).parts.recovering
+    cost = worst_case(spec, region, plan.cost or {}, recovering) if plan.cost else plan.cost
     checks = [c for c in plan.checks if not c.name.startswith(MAX_COST_CHECK)]
     if spec.max_cost is not None:
         checks.append(check(spec, region, cost or {}))
-    return dataclasses.replace(plan, cost=cost, checks=checks, summary={**plan.summary, "limits": limits(spec)})
+    return dataclasses.replace(
+        plan, cost=cost, checks=checks, summary={**plan.summary, "limits": limits(spec, recovering)}
+    )
 
 
 def with_max_price(request: dict[str, Any], lineage: dict[str, Any] | None, spec: JobSpec, region: str) -> None:

@@ -49,6 +49,7 @@ from .request import payload_of
 if TYPE_CHECKING:
     from ...plan import Plan
     from ...spec import JobSpec
+    from .request import Parts
 
 HARD_STOP_ACTION = "lineage-hard-stop"
 # How long the survivors of an interrupted attempt wait for the group's replacements to join
@@ -77,12 +78,9 @@ SOURCES = (
 
 
 def wanted(spec: JobSpec) -> bool:
-    """Whether `spec` runs as a lineage the AWS side keeps going (spot, with restarts allowed)."""
+    """Whether `spec` runs as a lineage the AWS side keeps going (spot, with restarts allowed):
+    asked once, by the plan, which carries the answer (request.Parts.recovering)."""
     return bool(spec.spot and spec.ec2.max_restarts > 0)
-
-
-def planned(plan: Plan) -> bool:
-    return payload_of(plan).recovery is not None
 
 
 def is_lineage(description: dict[str, Any]) -> bool:
@@ -112,9 +110,9 @@ def description_block(job_name: str, nodes: int, spec: JobSpec) -> dict[str, Any
     return block
 
 
-def user_data_values(job_name: str, spec: JobSpec) -> dict[str, Any]:
+def user_data_values(parts: Parts) -> dict[str, Any]:
     """What the user data's boot.py needs of a lineage: its group, where a failed node counts itself."""
-    return {"group": job_name, "failure_budget": FAILURE_BUDGET} if wanted(spec) else {}
+    return {"group": parts.job_name, "failure_budget": FAILURE_BUDGET} if parts.recovering else {}
 
 
 def _distribution(*, on_demand: bool) -> dict[str, Any]:

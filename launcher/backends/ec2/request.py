@@ -74,6 +74,9 @@ class Parts:
     placement: bool  # the job's own cluster placement group (multi-node, ec2.placement)
     volume_size_gb: int
     requirements: tuple[str, ...]
+    # A spot lineage the AWS side keeps going (recovery.wanted: spot, restarts allowed), decided
+    # once here: job.json's block, the user data, the role, the requests, the cost and submit read it.
+    recovering: bool
 
 
 @dataclasses.dataclass(frozen=True)
