@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import types
 from pathlib import Path
+
+import pytest
 
 from distrain_cloud.launcher.backends.ec2 import layout
 
@@ -45,3 +48,51 @@ def test_an_attempts_keys_sit_in_its_jobs_folder():
     assert layout.job_key("p", "run-1", layout.LINEAGE_RECORD) == "p/jobs/run-1/lineage.json"
     job_output = "s3://b/p/jobs/run-1/output/"
     assert layout.attempt_output_uri(job_output, 2) == "s3://b/p/jobs/run-1/attempts/2/output/"
+
+
+def test_the_recovery_block_round_trips_and_its_defaults_are_one_sides():
+    """job.json's `recovery` is one record both sides read (recovery.py writes it, the node agent's
+    elastic.py reads it back), so the replacement wait and the failure budget are defined once."""
+    from distrain_cloud.launcher.backends.ec2 import recovery
+    from distrain_cloud.launcher.backends.ec2.agent import elastic
+    from distrain_cloud.launcher.spec import load_spec
+
+    spec = load_spec(None, {"instance": "g4dn.12xlarge", "spot": True, "ec2": {"on_demand_after": 1}})
+    written = recovery.description_block("job-a", 2, spec)
+    block = layout.RecoveryBlock.from_json(written)
+    assert block.to_json() == written and list(block.to_json()) == list(written)
+    assert (block.replacement_wait_s, block.failure_budget) == (layout.REPLACEMENT_WAIT_S, layout.FAILURE_BUDGET)
+    assert block.on_demand_request == written["on_demand_request"] and block.on_demand_after == 1
+    # What a node reads when a value is left out: the launcher's defaults, not copies of them.
+    job = types.SimpleNamespace(recovery={"group": "job-a", "max_restarts": 2})
+    bounds = elastic.bounds_of(job)  # type: ignore[arg-type]
+    assert (bounds.replacement_wait_s, bounds.failure_budget) == (layout.REPLACEMENT_WAIT_S, layout.FAILURE_BUDGET)
+    assert (bounds.on_demand_after, bounds.on_demand_request) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        None,
+        ["group"],
+        {"max_restarts": 2},
+        {"group": "job-a"},
+        {"group": "job-a", "max_restarts": "two"},
+        {"group": "job-a", "max_restarts": 2, "replacement_wait_s": [1800]},
+        {"group": "job-a", "max_restarts": 2, "on_demand_after": "soon"},
+        {"group": "job-a", "max_restarts": 2, "on_demand_after": 1, "on_demand_request": "update"},
+    ],
+)
+def test_a_hostile_recovery_block_is_one_node_failure_line(block):
+    """Every byte of job.json may be hostile: a block that is not what the launcher writes ends the
+    node with one line, never a traceback."""
+    from distrain_cloud.launcher.backends.ec2.agent import elastic
+    from distrain_cloud.launcher.backends.ec2.agent.job import NodeFailure
+
+    with pytest.raises(NodeFailure, match="job.json's recovery is not what the launcher writes"):
+        elastic.bounds_of(types.SimpleNamespace(recovery=block))  # type: ignore[arg-type]
+
+
+def test_a_hostile_failure_budget_is_at_least_one():
+    block = layout.RecoveryBlock.from_json({"group": "g", "max_restarts": 1, "failure_budget": -5})
+    assert block.failure_budget == 1

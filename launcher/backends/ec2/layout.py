@@ -28,9 +28,15 @@ boot.py runs before the bundle is unpacked, so it cannot import this module: it 
 stop, failures/ and lineage.json itself, and tests/launcher/test_layout.py holds it to these names.
 
 `prefix` is the spec's key prefix with no slash at either end ("" for the bucket's root).
+
+Beside the keys, one record whose fields both sides read: job.json's `recovery` (RecoveryBlock),
+which recovery.py writes and agent/elastic.py reads back, so its defaults exist once.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 JOB_JSON = "job.json"
 LAUNCH = "launch.json"
@@ -95,3 +101,57 @@ def attempt_output_uri(output_uri: str, k: int) -> str:
     """Where attempt k's rank 0 uploads its output: `.../jobs/<job>/attempts/<k>/output/`, beside the
     job's own `output/` (`output_uri`, as job.json names it)."""
     return f"{output_uri.rstrip('/').rsplit('/', 1)[0]}/{ATTEMPTS}/{k}/output/"
+
+
+# How long the survivors of an interrupted attempt wait for the group's replacements to join
+# (spot capacity may take a while to come back); then the lineage ends, naming the missing nodes.
+REPLACEMENT_WAIT_S = 1800
+# How many node failures (a boot that cannot reach its agent, an agent that crashed, a reboot) a
+# lineage takes: below it the group replaces the node, a retry; the one that uses it up ends the
+# lineage Failed with its reason (boot.py, agent/elastic.py). Kept in S3, where the nodes count it.
+FAILURE_BUDGET = 3
+
+
+@dataclass(frozen=True)
+class RecoveryBlock:
+    """job.json's `recovery`: what the nodes of a spot lineage AWS keeps going need to keep it going
+    (recovery.description_block writes it, agent/elastic.py reads it back)."""
+
+    group: str  # the lineage's Auto Scaling group (named as the job)
+    nodes: int  # the nodes of each attempt (a record: the agent counts job.json's own `nodes`)
+    max_restarts: int  # new attempts after spot interruptions (--max-restarts)
+    replacement_wait_s: int = REPLACEMENT_WAIT_S  # an attempt's wait for the group's replacements
+    failure_budget: int = FAILURE_BUDGET  # node failures the lineage takes; the last one ends it
+    on_demand_after: int | None = None  # attempts on spot before the group turns on-demand (--on-demand-after)
+    # The one request a node sends that changes the group (UpdateAutoScalingGroup, to on-demand):
+    # rendered by the launcher, so the plan checks it against the API model.
+    on_demand_request: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        block: dict[str, Any] = {
+            "group": self.group,
+            "nodes": self.nodes,
+            "max_restarts": self.max_restarts,
+            "replacement_wait_s": self.replacement_wait_s,
+            "failure_budget": self.failure_budget,
+        }
+        if self.on_demand_after is not None:
+            block["on_demand_after"] = self.on_demand_after
+            block["on_demand_request"] = self.on_demand_request
+        return block
+
+    @classmethod
+    def from_json(cls, block: Any) -> RecoveryBlock:
+        """The block as a node reads it back from S3, where any byte may be hostile: KeyError,
+        TypeError or ValueError when it is not what to_json writes. A value left out takes its
+        default; a falsy on_demand_after or on_demand_request means none; the failure budget is at
+        least 1."""
+        return cls(
+            group=str(block["group"]),
+            nodes=int(block.get("nodes", 0)),
+            max_restarts=int(block["max_restarts"]),
+            replacement_wait_s=int(block.get("replacement_wait_s", REPLACEMENT_WAIT_S)),
+            failure_budget=max(1, int(block.get("failure_budget", FAILURE_BUDGET))),
+            on_demand_after=int(block["on_demand_after"]) if block.get("on_demand_after") else None,
+            on_demand_request=dict(block["on_demand_request"]) if block.get("on_demand_request") else None,
+        )

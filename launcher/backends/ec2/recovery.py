@@ -44,6 +44,7 @@ from distrain_cloud.infra.errors import UserError
 
 from . import layout
 from . import status as ec2_status
+from .layout import FAILURE_BUDGET
 from .request import payload_of
 
 if TYPE_CHECKING:
@@ -52,13 +53,6 @@ if TYPE_CHECKING:
     from .request import Parts
 
 HARD_STOP_ACTION = "lineage-hard-stop"
-# How long the survivors of an interrupted attempt wait for the group's replacements to join
-# (spot capacity may take a while to come back); then the lineage ends, naming the missing nodes.
-REPLACEMENT_WAIT_S = 1800
-# How many node failures (a boot that cannot reach its agent, an agent that crashed, a reboot) a
-# lineage takes: below it the group replaces the node, a retry; the one that uses it up ends the
-# lineage Failed with its reason (boot.py, agent/elastic.py). Kept in S3, where the nodes count it.
-FAILURE_BUDGET = 3
 # After the lineage's end its nodes upload their last records and leave within minutes (the final
 # sync allows 10); `status` then deletes the group even with an instance still running.
 RETIRE_AFTER_S = 1200
@@ -92,22 +86,22 @@ def is_lineage(description: dict[str, Any]) -> bool:
 
 
 def description_block(job_name: str, nodes: int, spec: JobSpec) -> dict[str, Any]:
-    """job.json's `recovery`: what the node agents need to keep the lineage going. The one request
-    a node sends that changes the group is rendered here, so the plan checks it against the API model."""
-    block: dict[str, Any] = {
-        "group": job_name,
-        "nodes": nodes,
-        "max_restarts": spec.ec2.max_restarts,
-        "replacement_wait_s": REPLACEMENT_WAIT_S,
-        "failure_budget": FAILURE_BUDGET,
-    }
-    if spec.ec2.on_demand_after is not None:
-        block["on_demand_after"] = spec.ec2.on_demand_after
-        block["on_demand_request"] = {
+    """job.json's `recovery` (layout.RecoveryBlock): what the node agents need to keep the lineage
+    going. The one request a node sends that changes the group is rendered here, so the plan checks
+    it against the API model."""
+    after = spec.ec2.on_demand_after
+    return layout.RecoveryBlock(
+        group=job_name,
+        nodes=nodes,
+        max_restarts=spec.ec2.max_restarts,
+        on_demand_after=after,
+        on_demand_request=None
+        if after is None
+        else {
             "AutoScalingGroupName": job_name,
             "MixedInstancesPolicy": {"InstancesDistribution": _distribution(on_demand=True)},
-        }
-    return block
+        },
+    ).to_json()
 
 
 def user_data_values(parts: Parts) -> dict[str, Any]:

@@ -96,29 +96,13 @@ class AttemptAgent(Agent):
             self.request_stop("peer-failed", f"the lineage ended ({status}): {reason}".rstrip(": "))
 
 
-@dataclass(frozen=True)
-class Bounds:
-    group: str
-    max_restarts: int
-    replacement_wait_s: int
-    on_demand_after: int | None = None
-    on_demand_request: dict[str, Any] | None = None
-    failure_budget: int = 3
-
-    @classmethod
-    def from_job(cls, job: Job) -> Bounds:
-        block = job.recovery
-        try:
-            return cls(
-                group=str(block["group"]),
-                max_restarts=int(block["max_restarts"]),
-                replacement_wait_s=int(block.get("replacement_wait_s", 1800)),
-                on_demand_after=int(block["on_demand_after"]) if block.get("on_demand_after") else None,
-                on_demand_request=dict(block["on_demand_request"]) if block.get("on_demand_request") else None,
-                failure_budget=max(1, int(block.get("failure_budget", 3))),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise NodeFailure(f"job.json's recovery is not what the launcher writes ({short(e)})") from None
+def bounds_of(job: Job) -> layout.RecoveryBlock:
+    """The lineage's bounds, as job.json's `recovery` gives them (layout.RecoveryBlock: its
+    defaults are the launcher's); one NodeFailure line when the block is not what the launcher writes."""
+    try:
+        return layout.RecoveryBlock.from_json(job.recovery)
+    except (KeyError, TypeError, ValueError) as e:
+        raise NodeFailure(f"job.json's recovery is not what the launcher writes ({short(e)})") from None
 
 
 class Lineage:
@@ -140,7 +124,7 @@ class Lineage:
         self.job, self.me, self.settings = job, me, settings
         self.store, self.imds, self.sink, self.ec2, self.autoscaling = store, imds, sink, ec2, autoscaling
         self.signalled = signalled or threading.Event()
-        self.bounds = Bounds.from_job(job)
+        self.bounds = bounds_of(job)
         # Attempts are numbered across the lineage: a `resume` of an ended lineage is a new job
         # whose job.json names the attempt it starts at; its group's attempts count on from there.
         self.first = max(1, job.attempt)
