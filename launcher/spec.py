@@ -393,7 +393,12 @@ INSTANCE_KINDS: dict[str, tuple[Any, str, str]] = {
     "sagemaker": (lambda i: i.startswith("ml."), "a SageMaker type", "on SageMaker"),
     "ec2": (lambda i: i != "local" and not i.startswith("ml."), "an EC2 type", "on EC2"),
 }
-_EXAMPLES = {"local": "--instance local", "sagemaker": "--instance ml.g5.12xlarge", "ec2": "--instance g5.12xlarge"}
+# How --instance picks each backend, for a refusal to give as its fix (here, and backends.get_backend).
+INSTANCE_EXAMPLES = {
+    "local": "--instance local",
+    "sagemaker": "--instance ml.g5.12xlarge",
+    "ec2": "--instance g5.12xlarge",
+}
 
 
 class JobSpec(BaseModel):
@@ -547,7 +552,7 @@ class JobSpec(BaseModel):
     def _backend_runs_instance(self) -> JobSpec:
         if not INSTANCE_KINDS[self.backend][0](self.instance):
             inferred = inferred_backend(self.instance)
-            fix = _EXAMPLES[self.backend]
+            fix = INSTANCE_EXAMPLES[self.backend]
             if {self.backend, inferred} == {"ec2", "sagemaker"}:  # the same type, spelled for the other
                 other = self.instance.removeprefix("ml.") if self.backend == "ec2" else f"ml.{self.instance}"
                 fix = f"--instance {other}"

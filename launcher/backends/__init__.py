@@ -99,12 +99,18 @@ BACKENDS = {"local": "local", "sagemaker": "sagemaker.backend", "ec2": "ec2.back
 
 def get_backend(name: str) -> Backend:
     if name not in BACKENDS:
-        raise UserError(
-            f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)} "
-            "(--instance picks it: local, ml.g5.12xlarge for SageMaker, g5.12xlarge for EC2)"
-        )
+        raise UserError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}, {_picked_by_instance()}")
     module = importlib.import_module(f"{__name__}.{BACKENDS[name]}")
     return module.BACKEND  # type: ignore[no-any-return]
+
+
+def _picked_by_instance() -> str:
+    """How --instance picks each backend, in the backends' own words (spec.py's example of each, its
+    title), as refuse_now asks each backend: a new backend is named here without a line of this."""
+    from ..spec import INSTANCE_EXAMPLES
+
+    picks = (f"{INSTANCE_EXAMPLES[name]} for {get_backend(name).title}" for name in BACKENDS)
+    return "or let the instance pick it (" + ", ".join(picks) + ")"
 
 
 def refuse_now(backend: Backend, job: JobRef) -> NoReturn:

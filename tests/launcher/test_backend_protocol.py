@@ -47,6 +47,22 @@ def test_a_backend_that_cannot_stop_at_once_refuses_now_naming_those_that_can():
         assert str(refused.value).startswith("--now applies to ") and all(t in str(refused.value) for t in takers)
 
 
+def test_an_unknown_backend_is_refused_naming_each_backend_and_the_instance_that_picks_it():
+    """get_backend's refusal is built from the registry and each backend's facts, as refuse_now's
+    is: a new backend is named there without a line of its own."""
+    from distrain_cloud.infra.errors import UserError
+    from distrain_cloud.launcher.spec import INSTANCE_EXAMPLES, inferred_backend
+
+    with pytest.raises(UserError) as refused:
+        get_backend("batch")
+    said = str(refused.value)
+    assert said.startswith(f"unknown backend 'batch'; choose one of: {', '.join(BACKENDS)}, or let the instance")
+    for name in BACKENDS:
+        assert f"{INSTANCE_EXAMPLES[name]} for {get_backend(name).title}" in said
+        # each example picks the backend it is given for
+        assert inferred_backend(INSTANCE_EXAMPLES[name].removeprefix("--instance ")) == name
+
+
 @pytest.mark.parametrize("name", sorted(BACKENDS))
 def test_each_backend_answers_every_question_with_the_protocols_parameters(name):
     backend = get_backend(name)
