@@ -9,7 +9,7 @@ import argparse
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -32,78 +32,357 @@ class ArgumentError(ValueError):
     """A bad training argument; the message is one line that names the flag."""
 
 
+def _flag(help: str, **options: Any) -> dict[str, Any]:
+    """A TrainArgs field's flag (its metadata): its help, and what argparse needs beyond the field's
+    type and default (choices, metavar, an action other than a bool's pair, as --compile/--no-compile).
+    build_parser makes the flags from the fields, so a flag and its field cannot drift apart."""
+    return {"help": help, **options}
+
+
+# The parser's groups (sections of --help), each with the first of its fields: a group holds that
+# field and those that follow it in TrainArgs, up to the next group's.
+_GROUPS = (
+    ("model", "task"),
+    ("data", "dataset"),
+    ("optimisation", "strategy"),
+    ("logging, evaluation, checkpoints", "log_every"),
+)
+
+
 @dataclass
 class TrainArgs:
+    """The training flags as the entry point parses them, one field each (build_parser makes the
+    flags from these fields: their defaults, types and the help, choices and metavar of `_flag`)."""
+
     # what to train
-    task: str = "classification"
-    model: str | None = None
-    model_config: str | None = None
-    preset: str | None = None
-    config_overrides: str | None = None
-    tokenizer: str | None = None
+    task: str = field(
+        default="classification", metadata=_flag("what to train the model for (default: %(default)s)", choices=TASKS)
+    )
+    model: str | None = field(default=None, metadata=_flag("Hub id or local folder of a pretrained model"))
+    model_config: str | None = field(
+        default=None, metadata=_flag("config.json path or Hub id: build the model with random weights")
+    )
+    preset: str | None = field(
+        default=None,
+        metadata=_flag("a named config built offline (default: tiny-gpt2 when no model is given)", choices=PRESETS),
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata=_flag(
+            ("change the model config's values, e.g. 'attn_pdrop=0,resid_pdrop=0' (names as in its config.json)"),
+            metavar="KEY=VALUE,...",
+        ),
+    )
+    tokenizer: str | None = field(
+        default=None, metadata=_flag("Hub id or folder (default: the model's, or the shipped offline tokenizer)")
+    )
     # data
-    dataset: str | None = None
-    dataset_config: str | None = None
-    train_file: str | None = None
-    validation_file: str | None = None
-    text_column: str = "text"
-    label_column: str = "label"
-    validation_fraction: float = 0.1
-    max_length: int = 128
-    block_size: int = 128
-    max_train_samples: int | None = None
-    max_eval_samples: int | None = None
+    dataset: str | None = field(
+        default=None, metadata=_flag("Hub dataset id, local file or folder, or builtin:sentiment / builtin:corpus")
+    )
+    dataset_config: str | None = field(default=None, metadata=_flag("the Hub dataset's config name"))
+    train_file: str | None = field(default=None, metadata=_flag("csv, json/jsonl, parquet or txt"))
+    validation_file: str | None = field(
+        default=None, metadata=_flag("evaluation data, in a format --train-file takes (default: carved out of it)")
+    )
+    text_column: str = field(default="text", metadata=_flag("the column holding the text (default: %(default)s)"))
+    label_column: str = field(
+        default="label", metadata=_flag("classification: the column holding the label (default: %(default)s)")
+    )
+    validation_fraction: float = field(
+        default=0.1, metadata=_flag("carved out of the training data when it has no validation split")
+    )
+    max_length: int = field(default=128, metadata=_flag("classification: truncate to this many tokens"))
+    block_size: int = field(default=128, metadata=_flag("language models: pack text into blocks of this many tokens"))
+    max_train_samples: int | None = field(
+        default=None, metadata=_flag("train on at most this many examples (for quick runs)")
+    )
+    max_eval_samples: int | None = field(default=None, metadata=_flag("evaluate on at most this many examples"))
     # how
-    strategy: str = AUTO  # resolved where the job runs: strategies.resolve_auto
-    precision: str | None = None  # None: chosen where the job runs (precision.resolve_precision)
-    fp8_recipe: str = "tensorwise"  # torchao's float8 scaling (training/fp8.py)
-    fp8_bf16_edge_blocks: int = 0  # the first and last N transformer blocks stay bf16 under fp8
-    batch_size: int = 16
-    eval_batch_size: int | None = None
-    grad_accum: int = 1
-    lr: float | None = None  # 5e-5 fine-tuning a pretrained --model, 1e-3 training from a config
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
-    scheduler: str = "linear"
-    epochs: float = 3.0
-    max_steps: int | None = None
-    seed: int = 42
-    compile: bool | None = None  # None: decided at run time (strategies.compile_decision)
-    compile_mode: str = "default"
-    compile_tuning: bool = False
-    compile_unit: str | None = None  # None: "model", or "block" under fsdp (trainer._compile)
-    compiled_autograd: bool = False
-    num_workers: int | None = None  # 2 on GPUs (batches prepared ahead), 0 on CPU
-    pad_to_multiple_of: int | None = None  # padded batches: 8 on GPUs, 1 on CPU
-    sdpa_backend: str = "auto"
-    fused_ce: bool = False
-    lm_loss: str = "fast"
-    ce_kernel: str = "chunked"
-    ddp_reduce_dtype: str = "fp32"
-    ddp_bucket_mb: int | None = None  # 25 eager, 1000 with --compile (strategies.ddp_bucket_mb)
-    zero3_block_fetch: bool = True
-    fsdp_blocks_per_unit: int | None = None  # None: units of ~100M parameters (strategies.fsdp_blocks_per_unit)
-    mlm_probability: float = 0.15
-    profile_steps: str | None = None
+    # resolved where the job runs: strategies.resolve_auto
+    strategy: str = field(
+        default=AUTO,
+        metadata=_flag(
+            ("auto (default): ddp, or fsdp sharded in the compiled graph for long compiled runs on GPUs of one node"),
+            choices=STRATEGY_CHOICES,
+        ),
+    )
+    # None: chosen where the job runs (precision.resolve_precision)
+    precision: str | None = field(
+        default=None,
+        metadata=_flag(
+            (
+                "mixed precision (default: the launcher's pick: bf16 on compute capability >= 8.0, fp16 below, "
+                "no (fp32) on CPU); fp8: bf16 with float8 matmuls (torchao, compute capability >= 8.9)"
+            ),
+            choices=PRECISIONS,
+        ),
+    )
+    # torchao's float8 scaling (training/fp8.py)
+    fp8_recipe: str = field(
+        default="tensorwise",
+        metadata=_flag(
+            (
+                "--precision fp8's scaling: tensorwise (default; one scale per tensor, fastest), rowwise (one "
+                "per row), rowwise-gw-hp (rowwise, weight gradients in bf16: the most accurate)"
+            ),
+            choices=FP8_RECIPES,
+        ),
+    )
+    # the first and last N transformer blocks stay bf16 under fp8
+    fp8_bf16_edge_blocks: int = field(
+        default=0,
+        metadata=_flag(
+            "--precision fp8: the first N and the last N transformer blocks stay bf16 (default: %(default)s)",
+            metavar="N",
+        ),
+    )
+    batch_size: int = field(default=16, metadata=_flag("per device, per micro-step"))
+    eval_batch_size: int | None = field(
+        default=None, metadata=_flag("per device, for evaluation (default: --batch-size)")
+    )
+    grad_accum: int = field(
+        default=1, metadata=_flag("micro-steps whose gradients add up to one optimizer step (default: %(default)s)")
+    )
+    # 5e-5 fine-tuning a pretrained --model, 1e-3 training from a config
+    lr: float | None = field(
+        default=None, metadata=_flag("peak learning rate (default: 5e-5 for a pretrained --model, 1e-3 from a config)")
+    )
+    weight_decay: float = field(default=0.01, metadata=_flag("AdamW weight decay (default: %(default)g)"))
+    max_grad_norm: float = field(default=1.0, metadata=_flag("0 turns clipping off"))
+    warmup_steps: int = field(
+        default=0, metadata=_flag("optimizer steps over which the learning rate rises from 0 (default: %(default)s)")
+    )
+    scheduler: str = field(
+        default="linear",
+        metadata=_flag(
+            "learning rate after warmup: decays to 0 (linear, cosine) or stays (default: %(default)s)",
+            choices=SCHEDULERS,
+        ),
+    )
+    epochs: float = field(
+        default=3.0,
+        metadata=_flag(
+            "passes over the training data, fractions allowed (default: %(default)g; --max-steps overrides it)"
+        ),
+    )
+    max_steps: int | None = field(
+        default=None, metadata=_flag("optimizer steps to train, at least 1; overrides --epochs")
+    )
+    seed: int = field(
+        default=42,
+        metadata=_flag(
+            "seeds the weights, dropout and the data order; a resumed run keeps its place (default: %(default)s)"
+        ),
+    )
+    # None: decided at run time (strategies.compile_decision)
+    compile: bool | None = field(
+        default=None,
+        metadata=_flag(
+            "torch.compile the model (default: on for CUDA GPUs under ddp, single, fsdp, zero2 and zero3 for "
+            "runs of 1,000+ steps; a compile error falls back to eager with a warning)"
+        ),
+    )
+    compile_mode: str = field(
+        default="default",
+        metadata=_flag(
+            "torch.compile mode with --compile (max-autotune* tune GEMMs; compiles take minutes)", choices=COMPILE_MODES
+        ),
+    )
+    compile_tuning: bool = field(
+        default=False,
+        metadata=_flag(
+            "with --compile: Inductor also tunes the launch settings of the kernels it generates (coordinate "
+            "descent); the first compile takes longer"
+        ),
+    )
+    # None: "model", or "block" under fsdp (trainer._compile)
+    compile_unit: str | None = field(
+        default=None,
+        metadata=_flag(
+            (
+                "what one torch.compile covers: the whole model (default; one graph per step) or each "
+                "transformer block plus the loss (regional: one block's compile serves every block, and DDP "
+                "all-reduces each finished block's gradients during the backward); fsdp and zero3 compile blocks "
+                "by default, and fsdp with model shards every weight inside the compiled graph instead of "
+                "FSDP2's hooks between blocks"
+            ),
+            choices=COMPILE_UNITS,
+        ),
+    )
+    compiled_autograd: bool = field(
+        default=False,
+        metadata=_flag(
+            (
+                "ddp, compiled: also compile the backward as one graph with DDP's gradient all-reduces inside it "
+                "(PyTorch's compiled autograd), so the compiler can overlap them with the backward's kernels; "
+                "one graph, not split at buckets. Measured on 4 H200s: it hides most of the all-reduce, yet its "
+                "steps ran 0.3-3%% slower than the default's, so it stays opt-in"
+            ),
+            action="store_true",
+        ),
+    )
+    # padded batches: 8 on GPUs, 1 on CPU
+    pad_to_multiple_of: int | None = field(
+        default=None,
+        metadata=_flag(
+            "classification: round each batch's padded length up to a multiple of this (default: 8 on GPUs, 1 on CPU)"
+        ),
+    )
+    # 2 on GPUs (batches prepared ahead), 0 on CPU
+    num_workers: int | None = field(default=None, metadata=_flag("data loader workers (default: 2 on GPUs, 0 on CPU)"))
+    sdpa_backend: str = field(
+        default="auto",
+        metadata=_flag(
+            "attention kernel for SDPA models (auto: PyTorch's choice, without cuDNN for padded batches)",
+            choices=("auto", "flash", "cudnn", "efficient", "math"),
+        ),
+    )
+    fused_ce: bool = field(
+        default=False,
+        metadata=_flag("causal-lm: chunked LM head + cross-entropy that never materialises the full logits"),
+    )
+    lm_loss: str = field(
+        default="fast",
+        metadata=_flag(
+            (
+                "causal-lm: fast computes the LM head's loss and its gradient in one pass where it applies (DDP, "
+                "one process or fsdp in the compiled graph; bf16 or fp32; GPT-2/Llama/Mistral/Qwen heads); model "
+                "keeps the model's own loss"
+            ),
+            choices=("fast", "model"),
+        ),
+    )
+    ce_kernel: str = field(
+        default="chunked",
+        metadata=_flag(
+            "--fused-ce implementation: our chunked one, or liger-kernel's (must be installed)",
+            choices=("chunked", "liger"),
+        ),
+    )
+    ddp_reduce_dtype: str = field(
+        default="fp32",
+        metadata=_flag(
+            (
+                "ddp: dtype of the gradient all-reduce (bf16/fp16 halve the bytes; gradients are averaged in "
+                "that precision)"
+            ),
+            choices=("fp32", "bf16", "fp16"),
+        ),
+    )
+    # 25 eager, 1000 with --compile (strategies.ddp_bucket_mb)
+    ddp_bucket_mb: int | None = field(
+        default=None,
+        metadata=_flag(
+            "ddp: gradient bucket size in MB; all-reduces start bucket by bucket during backward (default: "
+            "25, or 1000 with --compile, where each bucket also splits the compiled graph; 25 still where "
+            "GPUs meet over a link slower than NVLink: several nodes, PCIe-only cards, NCCL_P2P_DISABLE)"
+        ),
+    )
+    zero3_block_fetch: bool = field(
+        default=True,
+        metadata=_flag(
+            "zero3: gather each transformer block's parameters at once (the model's _no_split_modules), not "
+            "layer by layer"
+        ),
+    )
+    # None: units of ~100M parameters (strategies.fsdp_blocks_per_unit)
+    fsdp_blocks_per_unit: int | None = field(
+        default=None,
+        metadata=_flag(
+            (
+                "fsdp: consecutive transformer blocks sharded, gathered and reduced as one unit (default: units "
+                "of about 100M parameters; 1 for the least memory)"
+            ),
+            metavar="N",
+        ),
+    )
+    mlm_probability: float = field(
+        default=0.15, metadata=_flag("masked-lm: the share of tokens masked (default: %(default)g)")
+    )
+    profile_steps: str | None = field(
+        default=None,
+        metadata=_flag(
+            "profile these optimizer steps with torch.profiler; the table goes to the output folder",
+            metavar="START:END",
+        ),
+    )
     # when
-    log_every: int = 10
-    eval_every: int | None = None
-    save_every: int | None = None
-    keep_checkpoints: int = 2
-    stop_grace: float = DEFAULT_STOP_GRACE_S  # seconds a stop waits for the step boundary and its save
-    collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # seconds a collective waits for a peer
+    log_every: int = field(
+        default=10, metadata=_flag("optimizer steps between step lines and metrics records (default: %(default)s)")
+    )
+    eval_every: int | None = field(default=None, metadata=_flag("steps between evaluations (always one at the end)"))
+    save_every: int | None = field(default=None, metadata=_flag("steps between checkpoints (also saved on SIGTERM)"))
+    keep_checkpoints: int = field(
+        default=2,
+        metadata=_flag(
+            "the newest checkpoints kept; older ones are deleted as new ones are saved (default: %(default)s)"
+        ),
+    )
+    # seconds a stop waits for the step boundary and its save
+    stop_grace: float = field(
+        default=DEFAULT_STOP_GRACE_S,
+        metadata=_flag(
+            (
+                "on SIGTERM/Ctrl-C, how long the step in progress may take to end and its checkpoint to be "
+                "saved; after that every process exits (code 124) saying no checkpoint was saved (default: "
+                "%(default)g)"
+            ),
+            metavar="SECONDS",
+        ),
+    )
+    # seconds a collective waits for a peer
+    collective_timeout: float = field(
+        default=DEFAULT_COLLECTIVE_TIMEOUT_S,
+        metadata=_flag(
+            (
+                "how long a collective (all-reduce, barrier) waits for a peer that never comes before the job "
+                "fails; also bounds what the main process does while the others wait, such as preparing the data "
+                "(default: %(default)g)"
+            ),
+            metavar="SECONDS",
+        ),
+    )
     # where results go
-    report_to: str = "wandb"
-    wandb_project: str = "distrain-cloud"
-    wandb_entity: str | None = None
-    run_name: str | None = None
-    push_to_hub: str | None = None
-    hub_private: bool = False  # a repo --push-to-hub creates is private
-    hub_revision: str | None = None  # the branch --push-to-hub commits to (None: main)
-    save_model: bool = True
-    generate_prompt: str = "The"
-    generate_tokens: int = 24
+    report_to: str = field(
+        default="wandb",
+        metadata=_flag(
+            ("where metrics go besides metrics.jsonl: W&B (offline without a key) or nowhere (default: %(default)s)"),
+            choices=("wandb", "none"),
+        ),
+    )
+    wandb_project: str = field(default="distrain-cloud", metadata=_flag("the W&B project (default: %(default)s)"))
+    wandb_entity: str | None = field(default=None, metadata=_flag("the W&B team or user (default: the key's own)"))
+    run_name: str | None = field(default=None, metadata=_flag("the W&B run's display name (default: the job's name)"))
+    save_model: bool = field(
+        default=True, metadata=_flag("write the final model to the model folder (--no-save-model for benchmarks)")
+    )
+    push_to_hub: str | None = field(
+        default=None, metadata=_flag("push the final model to this Hub repo (token from HF_TOKEN)", metavar="REPO")
+    )
+    # a repo --push-to-hub creates is private
+    hub_private: bool = field(
+        default=False, metadata=_flag("create the --push-to-hub repo private (a repo that exists keeps its visibility)")
+    )
+    # the branch --push-to-hub commits to (None: main)
+    hub_revision: str | None = field(
+        default=None,
+        metadata=_flag(
+            "the --push-to-hub branch to commit to, created from main if missing (default: main)", metavar="BRANCH"
+        ),
+    )
+    generate_prompt: str = field(
+        default="The",
+        metadata=_flag(
+            "causal-lm: the text the sample generated from the saved model starts with (default: %(default)r)"
+        ),
+    )
+    generate_tokens: int = field(
+        default=24,
+        metadata=_flag(
+            "causal-lm: tokens of the sample generated from the saved model (default: %(default)s; 0: no sample)"
+        ),
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,309 +394,25 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The training flags, one for each TrainArgs field and in its order, named as the field with
+    dashes: the field's default, int or float as annotated (a bool is a pair, --compile/--no-compile,
+    unless its metadata gives another action), and the help, choices and metavar of its `_flag`."""
     p = _Parser(
         prog="distrain-train",
         description="Fine-tune or train a Hugging Face transformer with Accelerate (the job entry point).",
     )
-    d = TrainArgs()
-    g = p.add_argument_group("model")
-    g.add_argument("--task", choices=TASKS, default=d.task, help="what to train the model for (default: %(default)s)")
-    g.add_argument("--model", help="Hub id or local folder of a pretrained model")
-    g.add_argument("--model-config", help="config.json path or Hub id: build the model with random weights")
-    g.add_argument(
-        "--preset", choices=PRESETS, help="a named config built offline (default: tiny-gpt2 when no model is given)"
-    )
-    g.add_argument(
-        "--config-overrides",
-        metavar="KEY=VALUE,...",
-        help="change the model config's values, e.g. 'attn_pdrop=0,resid_pdrop=0' (names as in its config.json)",
-    )
-    g.add_argument("--tokenizer", help="Hub id or folder (default: the model's, or the shipped offline tokenizer)")
-    g = p.add_argument_group("data")
-    g.add_argument("--dataset", help="Hub dataset id, local file or folder, or builtin:sentiment / builtin:corpus")
-    g.add_argument("--dataset-config", help="the Hub dataset's config name")
-    g.add_argument("--train-file", help="csv, json/jsonl, parquet or txt")
-    g.add_argument(
-        "--validation-file", help="evaluation data, in a format --train-file takes (default: carved out of it)"
-    )
-    g.add_argument("--text-column", default=d.text_column, help="the column holding the text (default: %(default)s)")
-    g.add_argument(
-        "--label-column",
-        default=d.label_column,
-        help="classification: the column holding the label (default: %(default)s)",
-    )
-    g.add_argument(
-        "--validation-fraction",
-        type=float,
-        default=d.validation_fraction,
-        help="carved out of the training data when it has no validation split",
-    )
-    g.add_argument("--max-length", type=int, default=d.max_length, help="classification: truncate to this many tokens")
-    g.add_argument(
-        "--block-size",
-        type=int,
-        default=d.block_size,
-        help="language models: pack text into blocks of this many tokens",
-    )
-    g.add_argument("--max-train-samples", type=int, help="train on at most this many examples (for quick runs)")
-    g.add_argument("--max-eval-samples", type=int, help="evaluate on at most this many examples")
-    g = p.add_argument_group("optimisation")
-    g.add_argument(
-        "--strategy",
-        choices=STRATEGY_CHOICES,
-        default=d.strategy,
-        help="auto (default): ddp, or fsdp sharded in the compiled graph for long compiled runs on GPUs of one node",
-    )
-    g.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default=d.precision,
-        help="mixed precision (default: the launcher's pick: bf16 on compute capability >= 8.0, fp16 below, "
-        "no (fp32) on CPU); fp8: bf16 with float8 matmuls (torchao, compute capability >= 8.9)",
-    )
-    g.add_argument(
-        "--fp8-recipe",
-        choices=FP8_RECIPES,
-        default=d.fp8_recipe,
-        help="--precision fp8's scaling: tensorwise (default; one scale per tensor, fastest), rowwise (one "
-        "per row), rowwise-gw-hp (rowwise, weight gradients in bf16: the most accurate)",
-    )
-    g.add_argument(
-        "--fp8-bf16-edge-blocks",
-        type=int,
-        default=d.fp8_bf16_edge_blocks,
-        metavar="N",
-        help="--precision fp8: the first N and the last N transformer blocks stay bf16 (default: %(default)s)",
-    )
-    g.add_argument("--batch-size", type=int, default=d.batch_size, help="per device, per micro-step")
-    g.add_argument("--eval-batch-size", type=int, help="per device, for evaluation (default: --batch-size)")
-    g.add_argument(
-        "--grad-accum",
-        type=int,
-        default=d.grad_accum,
-        help="micro-steps whose gradients add up to one optimizer step (default: %(default)s)",
-    )
-    g.add_argument(
-        "--lr",
-        type=float,
-        default=d.lr,
-        help="peak learning rate (default: 5e-5 for a pretrained --model, 1e-3 from a config)",
-    )
-    g.add_argument(
-        "--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay (default: %(default)g)"
-    )
-    g.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm, help="0 turns clipping off")
-    g.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=d.warmup_steps,
-        help="optimizer steps over which the learning rate rises from 0 (default: %(default)s)",
-    )
-    g.add_argument(
-        "--scheduler",
-        choices=SCHEDULERS,
-        default=d.scheduler,
-        help="learning rate after warmup: decays to 0 (linear, cosine) or stays (default: %(default)s)",
-    )
-    g.add_argument(
-        "--epochs",
-        type=float,
-        default=d.epochs,
-        help="passes over the training data, fractions allowed (default: %(default)g; --max-steps overrides it)",
-    )
-    g.add_argument("--max-steps", type=int, help="optimizer steps to train, at least 1; overrides --epochs")
-    g.add_argument(
-        "--seed",
-        type=int,
-        default=d.seed,
-        help="seeds the weights, dropout and the data order; a resumed run keeps its place (default: %(default)s)",
-    )
-    g.add_argument(
-        "--compile",
-        action=argparse.BooleanOptionalAction,
-        default=d.compile,
-        help="torch.compile the model (default: on for CUDA GPUs under ddp, single, fsdp, zero2 and "
-        "zero3 for runs of 1,000+ steps; a compile error falls back to eager with a warning)",
-    )
-    g.add_argument(
-        "--compile-mode",
-        choices=COMPILE_MODES,
-        default=d.compile_mode,
-        help="torch.compile mode with --compile (max-autotune* tune GEMMs; compiles take minutes)",
-    )
-    g.add_argument(
-        "--compile-tuning",
-        action=argparse.BooleanOptionalAction,
-        default=d.compile_tuning,
-        help="with --compile: Inductor also tunes the launch settings of the kernels it generates "
-        "(coordinate descent); the first compile takes longer",
-    )
-    g.add_argument(
-        "--compile-unit",
-        choices=COMPILE_UNITS,
-        default=d.compile_unit,
-        help="what one torch.compile covers: the whole model (default; one graph per step) or each "
-        "transformer block plus the loss (regional: one block's compile serves every block, and DDP "
-        "all-reduces each finished block's gradients during the backward); fsdp and zero3 compile blocks "
-        "by default, and fsdp with model shards every weight inside the compiled graph instead of FSDP2's "
-        "hooks between blocks",
-    )
-    g.add_argument(
-        "--compiled-autograd",
-        action="store_true",
-        default=d.compiled_autograd,
-        help="ddp, compiled: also compile the backward as one graph with DDP's gradient all-reduces "
-        "inside it (PyTorch's compiled autograd), so the compiler can overlap them with the backward's "
-        "kernels; one graph, not split at buckets. Measured on 4 H200s: it hides most of the all-reduce, "
-        "yet its steps ran 0.3-3%% slower than the default's, so it stays opt-in",
-    )
-    g.add_argument(
-        "--pad-to-multiple-of",
-        type=int,
-        default=d.pad_to_multiple_of,
-        help="classification: round each batch's padded length up to a multiple of this (default: 8 on GPUs, 1 on CPU)",
-    )
-    g.add_argument(
-        "--num-workers", type=int, default=d.num_workers, help="data loader workers (default: 2 on GPUs, 0 on CPU)"
-    )
-    g.add_argument(
-        "--sdpa-backend",
-        choices=("auto", "flash", "cudnn", "efficient", "math"),
-        default=d.sdpa_backend,
-        help="attention kernel for SDPA models (auto: PyTorch's choice, without cuDNN for padded batches)",
-    )
-    g.add_argument(
-        "--fused-ce",
-        action=argparse.BooleanOptionalAction,
-        default=d.fused_ce,
-        help="causal-lm: chunked LM head + cross-entropy that never materialises the full logits",
-    )
-    g.add_argument(
-        "--lm-loss",
-        choices=("fast", "model"),
-        default=d.lm_loss,
-        help="causal-lm: fast computes the LM head's loss and its gradient in one pass where it applies "
-        "(DDP, one process or fsdp in the compiled graph; bf16 or fp32; GPT-2/Llama/Mistral/Qwen heads); "
-        "model keeps the model's own loss",
-    )
-    g.add_argument(
-        "--ce-kernel",
-        choices=("chunked", "liger"),
-        default=d.ce_kernel,
-        help="--fused-ce implementation: our chunked one, or liger-kernel's (must be installed)",
-    )
-    g.add_argument(
-        "--ddp-reduce-dtype",
-        choices=("fp32", "bf16", "fp16"),
-        default=d.ddp_reduce_dtype,
-        help="ddp: dtype of the gradient all-reduce (bf16/fp16 halve the bytes; gradients are "
-        "averaged in that precision)",
-    )
-    g.add_argument(
-        "--ddp-bucket-mb",
-        type=int,
-        default=d.ddp_bucket_mb,
-        help="ddp: gradient bucket size in MB; all-reduces start bucket by bucket during backward "
-        "(default: 25, or 1000 with --compile, where each bucket also splits the compiled graph; "
-        "25 still where GPUs meet over a link slower than NVLink: several nodes, PCIe-only cards, "
-        "NCCL_P2P_DISABLE)",
-    )
-    g.add_argument(
-        "--zero3-block-fetch",
-        action=argparse.BooleanOptionalAction,
-        default=d.zero3_block_fetch,
-        help="zero3: gather each transformer block's parameters at once (the model's "
-        "_no_split_modules), not layer by layer",
-    )
-    g.add_argument(
-        "--fsdp-blocks-per-unit",
-        type=int,
-        default=d.fsdp_blocks_per_unit,
-        metavar="N",
-        help="fsdp: consecutive transformer blocks sharded, gathered and reduced as one unit "
-        "(default: units of about 100M parameters; 1 for the least memory)",
-    )
-    g.add_argument(
-        "--mlm-probability",
-        type=float,
-        default=d.mlm_probability,
-        help="masked-lm: the share of tokens masked (default: %(default)g)",
-    )
-    g.add_argument(
-        "--profile-steps",
-        metavar="START:END",
-        help="profile these optimizer steps with torch.profiler; the table goes to the output folder",
-    )
-    g = p.add_argument_group("logging, evaluation, checkpoints")
-    g.add_argument(
-        "--log-every",
-        type=int,
-        default=d.log_every,
-        help="optimizer steps between step lines and metrics records (default: %(default)s)",
-    )
-    g.add_argument("--eval-every", type=int, help="steps between evaluations (always one at the end)")
-    g.add_argument("--save-every", type=int, help="steps between checkpoints (also saved on SIGTERM)")
-    g.add_argument(
-        "--keep-checkpoints",
-        type=int,
-        default=d.keep_checkpoints,
-        help="the newest checkpoints kept; older ones are deleted as new ones are saved (default: %(default)s)",
-    )
-    g.add_argument(
-        "--stop-grace",
-        type=float,
-        default=d.stop_grace,
-        metavar="SECONDS",
-        help="on SIGTERM/Ctrl-C, how long the step in progress may take to end and its checkpoint to be "
-        "saved; after that every process exits (code 124) saying no checkpoint was saved (default: %(default)g)",
-    )
-    g.add_argument(
-        "--collective-timeout",
-        type=float,
-        default=d.collective_timeout,
-        metavar="SECONDS",
-        help="how long a collective (all-reduce, barrier) waits for a peer that never comes before the job "
-        "fails; also bounds what the main process does while the others wait, such as preparing the data "
-        "(default: %(default)g)",
-    )
-    g.add_argument(
-        "--report-to",
-        choices=("wandb", "none"),
-        default=d.report_to,
-        help="where metrics go besides metrics.jsonl: W&B (offline without a key) or nowhere (default: %(default)s)",
-    )
-    g.add_argument("--wandb-project", default=d.wandb_project, help="the W&B project (default: %(default)s)")
-    g.add_argument("--wandb-entity", help="the W&B team or user (default: the key's own)")
-    g.add_argument("--run-name", help="the W&B run's display name (default: the job's name)")
-    g.add_argument(
-        "--save-model",
-        action=argparse.BooleanOptionalAction,
-        default=d.save_model,
-        help="write the final model to the model folder (--no-save-model for benchmarks)",
-    )
-    g.add_argument("--push-to-hub", metavar="REPO", help="push the final model to this Hub repo (token from HF_TOKEN)")
-    g.add_argument(
-        "--hub-private",
-        action=argparse.BooleanOptionalAction,
-        default=d.hub_private,
-        help="create the --push-to-hub repo private (a repo that exists keeps its visibility)",
-    )
-    g.add_argument(
-        "--hub-revision",
-        metavar="BRANCH",
-        help="the --push-to-hub branch to commit to, created from main if missing (default: main)",
-    )
-    g.add_argument(
-        "--generate-prompt",
-        default=d.generate_prompt,
-        help="causal-lm: the text the sample generated from the saved model starts with (default: %(default)r)",
-    )
-    g.add_argument(
-        "--generate-tokens",
-        type=int,
-        default=d.generate_tokens,
-        help="causal-lm: tokens of the sample generated from the saved model (default: %(default)s; 0: no sample)",
-    )
+    titles = {first: title for title, first in _GROUPS}
+    group: Any = p
+    for f in fields(TrainArgs):
+        if f.name in titles:
+            group = p.add_argument_group(titles[f.name])
+        options = dict(f.metadata)
+        annotation = str(f.type)  # its text (`from __future__ import annotations`): "int | None", ...
+        if annotation.startswith("bool"):
+            options.setdefault("action", argparse.BooleanOptionalAction)
+        elif annotation.startswith(("int", "float")):
+            options["type"] = int if annotation.startswith("int") else float
+        group.add_argument("--" + f.name.replace("_", "-"), default=f.default, **options)
     return p
 
 

@@ -39,6 +39,20 @@ def test_every_flag_has_help_text(capsys, monkeypatch, tmp_path):
         assert f"{flag} {says}" in text, flag
 
 
+def test_the_flags_are_the_fields_with_their_defaults():
+    """build_parser makes one flag of each TrainArgs field, in its order, with its default: a flag
+    cannot be added, renamed or given another default without its field (nor the reverse)."""
+    from dataclasses import fields
+
+    from distrain_cloud.training.args import TrainArgs
+
+    parser = build_parser()
+    assert [a.dest for a in parser._actions if not isinstance(a, argparse._HelpAction)] == [
+        f.name for f in fields(TrainArgs)
+    ]
+    assert vars(parser.parse_args([])) == TrainArgs().to_dict()
+
+
 @pytest.mark.parametrize(
     "flags, field, value",
     [
