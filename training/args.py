@@ -58,6 +58,7 @@ class TrainArgs:
     precision: str | None = None  # None: chosen where the job runs (precision.resolve_precision)
     fp8_recipe: str = "tensorwise"  # torchao's float8 scaling (training/fp8.py)
     fp8_bf16_edge_blocks: int = 0  # the first and last N transformer blocks stay bf16 under fp8
+    fp8_fast_accum: bool = False  # the backward's float8 matmuls accumulate fast too (training/fp8.py)
     batch_size: int = 16
     eval_batch_size: int | None = None
     grad_accum: int = 1
@@ -188,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.fp8_bf16_edge_blocks,
         metavar="N",
         help="--precision fp8: the first N and the last N transformer blocks stay bf16 (default: %(default)s)",
+    )
+    g.add_argument(
+        "--fp8-fast-accum",
+        action=argparse.BooleanOptionalAction,
+        default=d.fp8_fast_accum,
+        help="--precision fp8: the backward's float8 matmuls (the gradients) also accumulate in the tensor "
+        "cores' fast, less exact mode, as the forward's do (default: off)",
     )
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="per device, per micro-step")
     g.add_argument("--eval-batch-size", type=int, help="per device, for evaluation (default: --batch-size)")
@@ -607,8 +615,14 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(
             f"--precision fp8 runs under --strategy ddp or single, not {a.strategy}: add --strategy ddp"
         )
-    if a.precision != "fp8" and (a.fp8_recipe != TrainArgs.fp8_recipe or a.fp8_bf16_edge_blocks):
-        flag = "--fp8-recipe" if a.fp8_recipe != TrainArgs.fp8_recipe else "--fp8-bf16-edge-blocks"
+    if a.precision != "fp8" and (a.fp8_recipe != TrainArgs.fp8_recipe or a.fp8_bf16_edge_blocks or a.fp8_fast_accum):
+        flag = (
+            "--fp8-recipe"
+            if a.fp8_recipe != TrainArgs.fp8_recipe
+            else "--fp8-bf16-edge-blocks"
+            if a.fp8_bf16_edge_blocks
+            else "--fp8-fast-accum"
+        )
         raise ArgumentError(f"{flag} applies to --precision fp8, not {a.precision or 'the default precision'}")
     if a.fp8_bf16_edge_blocks < 0:
         raise ArgumentError(f"--fp8-bf16-edge-blocks must be 0 or more, got {a.fp8_bf16_edge_blocks}")
