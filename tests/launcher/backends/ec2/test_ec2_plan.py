@@ -28,7 +28,7 @@ from distrain_cloud.launcher.backends.ec2.user_data import EC2_REHEARSAL_SWITCHE
 from distrain_cloud.launcher.cli import main
 from distrain_cloud.launcher.spec import load_spec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 ACCELERATE = "accelerate_config (node 0)"
 HF_REF = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-token-AbCdEf"
 WANDB_REF = "ssm:/team/wandb-key"

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from awsrules import AwsRules
 from clirun import run_cli
-from test_pricing import _entry, _spot_history
+from test_spot_price import _entry, _spot_history
 
 from distrain_cloud.infra import stack
 from distrain_cloud.launcher.backends.ec2 import backend as ec2

@@ -33,7 +33,7 @@ import pytest
 from awsrules import AwsRules
 from test_ec2_lifecycle import REGION, hand_made_stack
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # the agent tests' stand-in trainer
+sys.path.insert(0, str(Path(__file__).resolve().parent / "agent"))  # the agent tests' stand-in trainer
 from test_node_agent import FAKE_TRAINER  # noqa: E402
 
 from distrain_cloud.infra.errors import UserError  # noqa: E402
