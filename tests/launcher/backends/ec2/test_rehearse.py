@@ -4,7 +4,7 @@ The rehearsal runs on a real account only; here its library function runs as the
 against moto in-process with the simulator's clock: the launcher's real plan, submit, status,
 cancel and clean-up; the group's nodes are the node agent's real entry (`run_node`, the lineage
 loop, rendezvous, checkpoint sync, records, CloudWatch logs) on threads, each with its own metadata
-service, training with the agent tests' stand-in trainer (tests/training/test_node_agent.py) in
+service, training with the agent tests' stand-in trainer (tests/launcher/backends/ec2/agent/test_node_agent.py) in
 place of the real one. The clock moves POLL_S each time the rehearsal waits.
 
 What AWS does that moto does not, played here (beside tests/awsrules.py's rules):
