@@ -58,6 +58,9 @@ class Config:
     flags: str = ""  # the run's extra training flags, without their dashes (no-logits-upcast is gone since)
     not_modelled: str | None = None
     precision: str = "bf16"  # or "fp8": torchao float8 linears under bf16 autocast
+    # why a plain configuration is left out of the fit for now: the rows then only test the
+    # estimate (within 15%), as unseen data, until launcher/memory.py's constants are refitted
+    held_out: str | None = None
 
     @property
     def label(self) -> str:
@@ -79,7 +82,13 @@ class Config:
         """A configuration the constants are fitted to: no unread flags, nothing unmodelled, bf16,
         and not --compiled-autograd, whose one term is measured from its own runs (fp8's smaller
         activations are derived from bf16's, so its runs test that derivation)."""
-        return not self.flags and self.not_modelled is None and not self.compiled_autograd and self.precision == "bf16"
+        return (
+            not self.flags
+            and self.not_modelled is None
+            and self.held_out is None
+            and not self.compiled_autograd
+            and self.precision == "bf16"
+        )
 
     def estimate(self, constants: Constants = CONSTANTS) -> Estimate:
         from distrain_cloud.training.modeling import PRESETS
@@ -123,6 +132,8 @@ S15 = "2026-11-27-h200x2-session15"
 S16 = "2026-11-27-h200x4-session16"
 S18 = "2026-11-28-h200x4-session18"
 S19 = "2026-11-28-h200x4-session19"
+S20 = "2026-11-28-h200x4-session20"
+HELD_OUT_S20 = "measured in session 20, after the last refit"
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
 CLS, HF_CLS = "ours-cls-gpt2-small-g1-b32", "hf-cls-gpt2-small-g1-b32"
@@ -583,4 +594,32 @@ CONFIGS: tuple[Config, ...] = (
            runs=_runs("H200", (f"{S19}-llama8b", "ours-llama-8b-fsdp-compile-g4-b4-k1", 62.0842, 89.37))),
     Config("llama-8b", 4, "zero3", batch_size=4, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
            runs=_runs("H200", (f"{S19}-llama8b", "ours-llama-8b-zero3-compile-g4-b4-k1", 82.5627, 108.36))),
+    # session 20 (4xH200, one host, 1-GPU runs side by side): GPT-2 small at micro-batch 16 and 32,
+    # llama-1b at micro-batch 16 in bf16 and fp8. The two new bf16 shapes are held out of the fit
+    # (they would move activation["compiled"] from 42.3 to 42.2, in launcher/memory.py, which this
+    # session's change left alone); their estimates are +4.2% and -2.3% of the measured peaks.
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, head_loss=True,
+           runs=_runs("H200",
+        (f"{S20}-c1", "ours-gpt2-small-ddp-compile-g1-b16-k1", 8.6963, 12.81),
+        (f"{S20}-c3", "ours-gpt2-small-ddp-compile-g1-b16-k1", 8.6963, 13.19))),
+    Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, head_loss=True,
+           flags="compile-tuning", runs=_runs("H200",
+        (f"{S20}-c1", "ours-gpt2-small-ddp-compile-g1-b16-k1-cdt", 8.6932, 12.85))),
+    Config("gpt2-small", 1, "ddp", batch_size=32, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, held_out=HELD_OUT_S20, runs=_runs("H200",
+        (f"{S20}-c1", "ours-gpt2-small-ddp-compile-g1-b32-k1-b32", 15.6938, 18.63),
+        (f"{S20}-c3", "ours-gpt2-small-ddp-compile-g1-b32-k1-b32", 15.6938, 18.63))),
+    Config("gpt2-small", 1, "ddp", batch_size=32, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, flags="compile-tuning", runs=_runs("H200",
+        (f"{S20}-c1", "ours-gpt2-small-ddp-compile-g1-b32-k1-b32cdt", 15.6913, 18.68))),
+    Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, held_out=HELD_OUT_S20, runs=_runs("H200",
+        (f"{S20}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
+        (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06))),
+    Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, precision="fp8",
+           runs=_runs("H200", (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34))),
+    Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, precision="fp8", flags="fp8-fast-accum",
+           runs=_runs("H200", (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8fa16", 51.6363, 68.34))),
 )  # fmt: skip

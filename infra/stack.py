@@ -656,21 +656,26 @@ def end_leftovers(left: Leftovers, name: str, region: str) -> None:
     with aws.translate_errors():
         ec2 = aws.client("ec2", region)
         for template in left.templates:
-            try:
-                ec2.delete_launch_template(LaunchTemplateName=template)
-            except ClientError as e:
-                if aws.error_code(e) != "InvalidLaunchTemplateName.NotFoundException":
-                    raise
+            missing = "InvalidLaunchTemplateName.NotFoundException"
+            _delete(ec2.delete_launch_template, missing, LaunchTemplateName=template)
     job_role.retire_all(name)
     with aws.translate_errors():
         for group in left.security_groups:
             _delete_security_group(ec2, group)
-        for name_ in left.placement_groups:
-            try:
-                ec2.delete_placement_group(GroupName=name_)
-            except ClientError as e:
-                if aws.error_code(e) != "InvalidPlacementGroup.Unknown":
-                    raise
+        for placement in left.placement_groups:
+            _delete(ec2.delete_placement_group, "InvalidPlacementGroup.Unknown", GroupName=placement)
+
+
+def _delete(delete: Any, missing: str, **request: str) -> None:
+    """A delete request that takes "no such thing" (the error code `missing`) as done: a job's own
+    clean-up may have got there first."""
+    from botocore.exceptions import ClientError
+
+    try:
+        delete(**request)
+    except ClientError as e:
+        if aws.error_code(e) != missing:
+            raise
 
 
 _GROUP_GONE_S = 600  # a group's deletion waits for its instances to terminate: minutes

@@ -173,7 +173,7 @@ class NetworkFacts:
 
 
 # From DescribeInstanceTypes (NetworkInfo) as moto 5.2.5 ships it (moto/ec2/resources/
-# instance_types.json, recorded from the EC2 API; tests/launcher/test_network.py compares every
+# instance_types.json, recorded from the EC2 API; tests/launcher/backends/ec2/test_network.py compares every
 # row with it). The p3 rows are not in that file: their NetworkPerformance is the EC2 P3
 # instance page's, their baseline unknown here.
 _NETWORK: dict[str, NetworkFacts] = {

@@ -33,6 +33,14 @@ def printable(text: str) -> str:
     return text.translate(_SHOWN)
 
 
+def one_line(value: object, limit: int = 300) -> str:
+    """`value` (read from AWS or a node, so anything) as one printable line of at most `limit`
+    characters, for a detail or a record that a person reads in one line."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 # The host of a local job's lines: this machine, one node. Its text lines go unprefixed.
 LOCAL_HOST = "local"
 # A local job's log line starts with the time it was written (training.node_launch.stamped).

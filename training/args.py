@@ -137,6 +137,14 @@ class TrainArgs:
             metavar="N",
         ),
     )
+    # the backward's float8 matmuls accumulate fast too (training/fp8.py)
+    fp8_fast_accum: bool = field(
+        default=False,
+        metadata=_flag(
+            "--precision fp8: the backward's float8 matmuls (the gradients) also accumulate in the tensor "
+            "cores' fast, less exact mode, as the forward's do (default: off)"
+        ),
+    )
     batch_size: int = field(default=16, metadata=_flag("per device, per micro-step"))
     eval_batch_size: int | None = field(
         default=None, metadata=_flag("per device, for evaluation (default: --batch-size)")
@@ -612,8 +620,14 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(
             f"--precision fp8 runs under --strategy ddp or single, not {a.strategy}: add --strategy ddp"
         )
-    if a.precision != "fp8" and (a.fp8_recipe != TrainArgs.fp8_recipe or a.fp8_bf16_edge_blocks):
-        flag = "--fp8-recipe" if a.fp8_recipe != TrainArgs.fp8_recipe else "--fp8-bf16-edge-blocks"
+    if a.precision != "fp8" and (a.fp8_recipe != TrainArgs.fp8_recipe or a.fp8_bf16_edge_blocks or a.fp8_fast_accum):
+        flag = (
+            "--fp8-recipe"
+            if a.fp8_recipe != TrainArgs.fp8_recipe
+            else "--fp8-bf16-edge-blocks"
+            if a.fp8_bf16_edge_blocks
+            else "--fp8-fast-accum"
+        )
         raise ArgumentError(f"{flag} applies to --precision fp8, not {a.precision or 'the default precision'}")
     if a.fp8_bf16_edge_blocks < 0:
         raise ArgumentError(f"--fp8-bf16-edge-blocks must be 0 or more, got {a.fp8_bf16_edge_blocks}")

@@ -14,6 +14,13 @@ reaches the loss least damped). --fp8-recipe picks torchao's scaling: tensorwise
 tensor, cuBLAS's kernel), rowwise (one per row, CUTLASS's) or rowwise-gw-hp (rowwise, with the
 weight gradient multiplied in bf16). GPT-2's layers are Conv1D, not nn.Linear: nothing to convert, refused.
 
+Accumulation: torchao multiplies the forward with the tensor cores' fast accumulation and the two
+backward matmuls (input and weight gradients) with the exact one, which on Hopper promotes the
+partial sums to fp32 every few steps and runs slower. --fp8-fast-accum runs the backward's fast
+too (DeepSeek-V3's report names that promotion as what keeps long reductions exact: the weight
+gradient sums over every token of the micro-batch), so it is opt-in; bench/README.md (session 20)
+has its speed.
+
 torchao is optional (not in requirements.txt): torchao 0.17.0 is the release built against
 torch 2.11 (bench/README.md ("What the GPU machine needs") has the wheel's download line).
 """
@@ -76,11 +83,26 @@ def fp8_layer_names(model: Any, bf16_edge_blocks: int = 0) -> set[str]:
     }
 
 
-def use_fp8(model: Any, recipe: str = "tensorwise", bf16_edge_blocks: int = 0) -> str:
+def fp8_config(recipe: str = "tensorwise", fast_accum: bool = False) -> Any:
+    """torchao's Float8LinearConfig for `recipe`, with the backward's matmuls in fast accumulation
+    where `fast_accum` (the forward's already are, in every recipe)."""
+    import dataclasses
+
+    from torchao.float8 import Float8LinearConfig
+    from torchao.float8.config import Float8GemmConfig
+
+    config = Float8LinearConfig.from_recipe_name(TORCHAO_RECIPES[recipe])
+    if not fast_accum:
+        return config
+    fast = Float8GemmConfig(use_fast_accum=True)
+    return dataclasses.replace(config, gemm_config_grad_input=fast, gemm_config_grad_weight=fast)
+
+
+def use_fp8(model: Any, recipe: str = "tensorwise", bf16_edge_blocks: int = 0, fast_accum: bool = False) -> str:
     """Convert `model`'s eligible linear layers (fp8_layer_names) to torchao's Float8Linear with
-    `recipe`'s scaling, in place, before the model is prepared and compiled. Returns the log line;
-    raises ArgumentError when nothing converts."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    `recipe`'s scaling (fp8_config), in place, before the model is prepared and compiled. Returns the
+    log line; raises ArgumentError when nothing converts."""
+    from torchao.float8 import convert_to_float8_training
 
     eligible = fp8_layer_names(model, bf16_edge_blocks)
     if not eligible:
@@ -90,7 +112,7 @@ def use_fp8(model: Any, recipe: str = "tensorwise", bf16_edge_blocks: int = 0) -
         )
     convert_to_float8_training(
         model,
-        config=Float8LinearConfig.from_recipe_name(TORCHAO_RECIPES[recipe]),
+        config=fp8_config(recipe, fast_accum),
         module_filter_fn=lambda _module, fqn: fqn in eligible,
     )
     kept = (
@@ -98,4 +120,5 @@ def use_fp8(model: Any, recipe: str = "tensorwise", bf16_edge_blocks: int = 0) -
         if bf16_edge_blocks
         else "the LM head stays"
     )
-    return f"fp8=on linear_layers={len(eligible)} (torchao float8, {recipe} scaling; {kept} bf16)"
+    accum = ", fast accumulation in the backward too" if fast_accum else ""
+    return f"fp8=on linear_layers={len(eligible)} (torchao float8, {recipe} scaling{accum}; {kept} bf16)"

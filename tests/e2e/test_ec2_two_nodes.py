@@ -46,7 +46,7 @@ NODE_TIMEOUT_S = 300
 FLAGS = ["--max-steps", "24", "--save-every", "3", "--log-every", "1", "--report-to", "none"]
 # A CPU instance type: the launcher renders one process per node, --precision no and gloo, which is
 # what this machine can run (a GPU type such as g4dn.12xlarge renders 4 fp16 processes per node; its
-# plans are tested in tests/launcher/test_ec2_plan.py).
+# plans are tested in tests/launcher/backends/ec2/test_ec2_plan.py).
 JOB_YAML = f"instance: c5.2xlarge\nnodes: 2\nmax_run: 30m\nregion: {REGION}\nec2:\n  ami_id: {AMI}\n"
 SUBMIT = ["submit", "job.yaml", "--yes"]
 # Variables of this process that would change what a node does.

@@ -214,3 +214,27 @@ def test_a_sagemaker_jobs_role_reaches_only_its_own_prefixes(made):
     not_denied = _s3_isolation(made.bucket, _credentials(role_a), own, other, plan_a.payload.code_key)
     assert not_denied == []
     assert role_a != sagemaker.describe_training_job(TrainingJobName=b)["RoleArn"]
+
+
+def test_an_input_prefix_that_names_other_keys_fails_the_plan_before_anything_is_made(made, capsys):
+    """SageMaker reads every key that starts with an S3Prefix URI; the job's own role reads an input
+    only on a `/` boundary. `.../data` beside `data-old/` would be denied inside a billed job: the
+    plan's check fails first, names the key (escaped: any writer of the bucket chose it) and the
+    fix, and nothing is created. With the folder named, the same submit goes through."""
+    from clirun import run_cli
+
+    s3 = boto3.client("s3", REGION)
+    for key in ("data/train.jsonl", "data-old\x1b[2J/train.jsonl"):
+        s3.put_object(Bucket=made.bucket, Key=key, Body=b"{}\n")
+    submit = ["submit", "--instance", "ml.g5.xlarge", "--region", REGION, "--max-run", "2h", "--yes"]
+
+    code, _, err = run_cli(capsys, *submit, "--input", f"train=s3://{made.bucket}/data")
+    assert code == 2 and "plan check failed, nothing was created" in err, err
+    assert "--input train reads only its own keys" in err and "'data-old [2J/'" in err, err
+    assert f"name the folder: --input train=s3://{made.bucket}/data/" in err and "\x1b" not in err
+    assert boto3.client("sagemaker", REGION).list_training_jobs()["TrainingJobSummaries"] == []
+
+    code, _, err = run_cli(capsys, *submit, "--input", f"train=s3://{made.bucket}/data/")
+    assert code == 0, err
+    (job,) = boto3.client("sagemaker", REGION).list_training_jobs()["TrainingJobSummaries"]
+    assert job["TrainingJobStatus"]

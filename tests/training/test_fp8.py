@@ -204,6 +204,7 @@ def test_fp8_keeps_the_edge_blocks_in_bf16_where_asked():
         (["--fp8-recipe", "rowwise"], "--fp8-recipe applies to --precision fp8, not bf16"),
         (["--fp8-bf16-edge-blocks", "1"], "--fp8-bf16-edge-blocks applies to --precision fp8, not the default"),
         (["--precision", "fp8", "--strategy", "ddp", "--fp8-bf16-edge-blocks", "-1"], "must be 0 or more, got -1"),
+        (["--fp8-fast-accum", "--precision", "bf16"], "--fp8-fast-accum applies to --precision fp8, not bf16"),
     ],
 )
 def test_fp8_flags_without_fp8_are_refused(flags, message):
@@ -238,3 +239,40 @@ def test_fp8_converts_with_the_recipe_and_edge_blocks_asked_for():
     converted = [m for m in model.modules() if isinstance(m, Float8Linear)]
     assert len(converted) == 14  # the middle two blocks' seven linears each
     assert all(m.config.cast_config_input.scaling_granularity.value == "axiswise" for m in converted)  # rowwise
+
+
+def test_fp8_fast_accum_is_off_by_default_and_parsed():
+    assert parse_args(["--precision", "fp8", "--strategy", "ddp"]).fp8_fast_accum is False
+    assert parse_args(["--precision", "fp8", "--strategy", "ddp", "--fp8-fast-accum"]).fp8_fast_accum is True
+
+
+@pytest.mark.slow  # importing torchao and transformers' Llama
+def test_fp8_fast_accum_reaches_the_backward_matmuls_and_still_trains():
+    """--fp8-fast-accum: every converted layer's two backward matmuls accumulate fast, as the
+    forward's do in torchao's own recipe; the scaling stays the recipe's, and the model trains."""
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    default = fp8.fp8_config("tensorwise")
+    assert default.gemm_config_output.use_fast_accum  # torchao's forward: fast already
+    assert not default.gemm_config_grad_input.use_fast_accum and not default.gemm_config_grad_weight.use_fast_accum
+    rowwise = fp8.fp8_config("rowwise", fast_accum=True)
+    assert rowwise.gemm_config_grad_input.use_fast_accum and rowwise.gemm_config_grad_weight.use_fast_accum
+    assert rowwise.round_scales_to_power_of_2  # the rest of the recipe is kept
+    assert rowwise.cast_config_grad_output.scaling_granularity.value == "axiswise"
+
+    torch.manual_seed(0)
+    model = _narrow_llama()
+    line = fp8.use_fp8(model, fast_accum=True)
+    assert line == (
+        "fp8=on linear_layers=14 (torchao float8, tensorwise scaling, fast accumulation in the backward too; "
+        "the LM head stays bf16)"
+    )
+    converted = [m for m in model.modules() if isinstance(m, Float8Linear)]
+    assert len(converted) == 14
+    assert all(m.config.gemm_config_grad_weight.use_fast_accum for m in converted)
+    assert all(m.linear_mm_config.grad_weight.use_fast_accum for m in converted)  # what the matmul reads
+    ids = torch.randint(0, 256, (2, 32))
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)

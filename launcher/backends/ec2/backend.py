@@ -435,8 +435,11 @@ class Ec2Backend:
                 raise
             lineage_launched(plan)  # they (may) run: the role and the lineage's lease stay theirs
             what = f"({', '.join(running)})" if running else "(could not check whether anything started)"
-            if running and parts.recovering and not recovery.set_hard_stop(plan):
-                what += " without its hard stop at max-run (cancel it unless it should run)"
+            if running and parts.recovering and not recovery.finish_group(plan):
+                what += (
+                    " perhaps without its hard stop at max-run and AZRebalance suspended"
+                    " (cancel it unless it should run)"
+                )
             print(
                 f"note: {plan.job_name} runs on AWS {what} although the launch did not complete: "
                 f"`distrain-cloud status {plan.job_name}` follows it, `distrain-cloud cancel {plan.job_name}` stops it",

@@ -25,7 +25,7 @@ and the node agent uses. It ships in the code bundle beside agent/ (stdlib only:
                                                         (launcher/lease.py, lease_key)
 
 boot.py runs before the bundle is unpacked, so it cannot import this module: it spells nodes/,
-stop, failures/ and lineage.json itself, and tests/launcher/test_layout.py holds it to these names.
+stop, failures/ and lineage.json itself, and tests/launcher/backends/ec2/test_layout.py holds it to these names.
 
 `prefix` is the spec's key prefix with no slash at either end ("" for the bucket's root).
 

@@ -10,7 +10,7 @@ in and the EFA interfaces it gets, planned here (pure) and made and retired besi
   tries again).
 - Placement group: a multi-node job's own cluster placement group (named after the job), made at
   submit and deleted with the job like its security group. moto does not implement placement
-  groups (tests play them: tests/launcher/test_network.py).
+  groups (tests play them: tests/launcher/backends/ec2/test_network.py).
 - EFA: one interface per network card (launcher/backends/ec2/request.py renders them).
 
 docs/ec2.md says what a user gets, docs/security.md why jobs are apart, docs/decisions.md why so.

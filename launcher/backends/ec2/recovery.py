@@ -254,17 +254,19 @@ def launch(found: dict[str, Any], region: str, name: str) -> list[str]:
     return [i["InstanceId"] for g in group for i in g.get("Instances", [])]
 
 
-def set_hard_stop(plan: Plan) -> bool:
-    """Put the group's hard stop again (the same named action: idempotent), for a submit that
-    lost its answer after the group was made; -> whether AWS took it. Without it, the group
-    would keep replacing nodes that stop at once past the deadline."""
+def finish_group(plan: Plan) -> bool:
+    """Put what `launch` does after the group exists again, for a submit that lost its answer
+    after the group was made: its hard stop (the same named action) and the suspension of
+    AZRebalance (suspending a suspended process changes nothing); both idempotent. -> whether
+    AWS took both. Without the hard stop the group would keep replacing nodes that stop at once
+    past the deadline; without the suspension, a rebalance would split a multi-node job's zone."""
     from distrain_cloud.infra import aws
 
-    payload = payload_of(plan)
+    found = payload_of(plan).recovery or {}
     try:
-        aws.client("autoscaling", payload.parts.region, max_attempts=3).put_scheduled_update_group_action(
-            **(payload.recovery or {})["PutScheduledUpdateGroupAction"]
-        )
+        asg = aws.client("autoscaling", payload_of(plan).parts.region, max_attempts=3)
+        asg.put_scheduled_update_group_action(**found["PutScheduledUpdateGroupAction"])
+        asg.suspend_processes(**found["SuspendProcesses"])
     except Exception:
         return False
     return True

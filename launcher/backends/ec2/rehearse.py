@@ -19,7 +19,7 @@ What it does, in order (docs/ec2.md, "Rehearse on your account"):
    termination, at the price the plan used.
 
 Every wait is bounded (WAITS_S); the clock is injectable, so tests drive the same function on a
-simulated clock (tests/launcher/test_rehearse.py, on moto and tests/awsrules.py).
+simulated clock (tests/launcher/backends/ec2/test_rehearse.py, on moto and tests/awsrules.py).
 """
 
 from __future__ import annotations

@@ -254,6 +254,8 @@ class SageMakerBackend:
         checks = placed.checks
         refuse_api_problems(placed.request)  # the looked-up parts too (a previous job's checkpoint URI)
         checks.append(cloud.bucket_check(payload_of(placed).bucket, region, named_by_user=bool(spec.sagemaker.bucket)))
+        if stack is not None:  # the job's own role: it reads its inputs on a `/` boundary
+            checks += input_prefix_checks(spec.inputs, stack.bucket, region)
         checks += quotas.sagemaker_checks(spec, region)  # counts in-progress jobs; --keep-alive's warm pool
         return dataclasses.replace(placed, checks=checks)
 
@@ -446,6 +448,45 @@ def _own_role(job_name: str, role_arn: str) -> bool:
     """Whether `role_arn` is the role the launcher made for this job (never a --role of the user's)."""
     resource = role_arn.split(":", 5)[-1]
     return resource.startswith(f"role{job_role.PATH_ROOT}") and resource.rsplit("/", 1)[-1] == job_name
+
+
+def input_prefix_checks(inputs: dict[str, str], bucket: str, region: str) -> list[Check]:
+    """SageMaker reads every key that starts with an S3Prefix channel's URI (`.../data` reads
+    `data-old/x` too: SageMaker API Reference, S3DataSource, S3Uri), while the job's own role
+    reads an input only as the key itself and the keys under `key/` (infra/job_role.py). A channel
+    whose prefix names other keys too would stop the job with AccessDenied after it started, and
+    was billed: found here by one listing per channel in the stack's bucket without a final `/`."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from distrain_cloud.infra import aws
+
+    from ...logs import one_line
+
+    checks = []
+    for name, uri in inputs.items():
+        if not uri.startswith(f"s3://{bucket}/") or uri.endswith("/"):
+            continue
+        key = uri.removeprefix(f"s3://{bucket}/")
+        try:
+            page = aws.client("s3", region, max_attempts=2).list_objects_v2(
+                Bucket=bucket, Prefix=key, Delimiter="/", MaxKeys=100
+            )
+        except (BotoCoreError, ClientError) as e:
+            checks.append(Check(f"--input {name} reads only its own keys", None, f"not checked ({aws.error_code(e)})"))
+            continue
+        # `key` itself and the folder `key/`; anything else the listing names is a key beside them.
+        beside = [str(o.get("Key")) for o in page.get("Contents", []) if o.get("Key") != key]
+        beside += [str(p.get("Prefix")) for p in page.get("CommonPrefixes", []) if p.get("Prefix") != f"{key}/"]
+        if beside:
+            detail = (
+                f"{uri}: SageMaker reads every key that starts with {key!r}, and {one_line(beside[0], 120)!r}"
+                f"{' and more' if len(beside) > 1 else ''} is beyond what the job's role may read (AccessDenied once "
+                f"the job runs); name the folder: --input {name}=s3://{bucket}/{key}/"
+            )
+            checks.append(Check(f"--input {name} reads only its own keys", False, detail))
+        else:
+            checks.append(Check(f"--input {name} reads only its own keys", True, uri))
+    return checks
 
 
 def _stack_resources(stack: str, region: str) -> Any:

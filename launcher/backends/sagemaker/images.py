@@ -9,7 +9,7 @@ needs no SDK. Refresh the snapshot with
 `python -m distrain_cloud.launcher.backends.sagemaker.images --refresh-snapshot`. The URI is
 built the way `sagemaker.core.image_uris.retrieve(framework="huggingface",
 image_scope="training", ...)` builds it;
-tests/launcher/test_images.py checks they agree, and that the snapshot matches the SDK.
+tests/launcher/backends/sagemaker/test_images.py checks they agree, and that the snapshot matches the SDK.
 
 The one rule this module exists for: never hand out an image whose CUDA build cannot
 run on the instance's GPU. Each image's CUDA version is in its tag (cu121, cu124,

@@ -4,7 +4,7 @@ The rehearsal runs on a real account only; here its library function runs as the
 against moto in-process with the simulator's clock: the launcher's real plan, submit, status,
 cancel and clean-up; the group's nodes are the node agent's real entry (`run_node`, the lineage
 loop, rendezvous, checkpoint sync, records, CloudWatch logs) on threads, each with its own metadata
-service, training with the agent tests' stand-in trainer (tests/training/test_node_agent.py) in
+service, training with the agent tests' stand-in trainer (tests/launcher/backends/ec2/agent/test_node_agent.py) in
 place of the real one. The clock moves POLL_S each time the rehearsal waits.
 
 What AWS does that moto does not, played here (beside tests/awsrules.py's rules):
@@ -33,7 +33,7 @@ import pytest
 from awsrules import AwsRules
 from test_ec2_lifecycle import REGION, hand_made_stack
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # the agent tests' stand-in trainer
+sys.path.insert(0, str(Path(__file__).resolve().parent / "agent"))  # the agent tests' stand-in trainer
 from test_node_agent import FAKE_TRAINER  # noqa: E402
 
 from distrain_cloud.infra.errors import UserError  # noqa: E402

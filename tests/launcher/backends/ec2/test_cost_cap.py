@@ -3,8 +3,8 @@ hard stop's grace, on-demand where the lineage may fall back to it, a minute per
 that refuses only a cap too small to run, the cost block job.json gives the nodes' clock, the spot
 maximum price the clock counts, and the plan's words on what the limits cover.
 
-The clock itself is tests/training/test_cost_clock.py; the rehearsal of the cap reached on a lineage
-is tests/e2e/test_cost_rehearsal.py.
+The clock itself is tests/launcher/backends/ec2/agent/test_cost_clock.py; the rehearsal of the cap reached on a lineage
+is tests/launcher/backends/ec2/test_cost_rehearsal.py.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from awscalls import calls as calls  # noqa: F401 -- the fixture
 from clirun import run_cli
 
 from distrain_cloud.infra.errors import UserError
@@ -34,7 +35,7 @@ from distrain_cloud.launcher.spec import load_spec
 REGION = "us-east-1"
 AMI = "ami-dca37ea5"  # "Deep Learning AMI Ubuntu Linux - 2.4_Oct2017" in moto's image list
 LOG_GROUP = "/distrain-cloud/distrain-cloud/jobs"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 _real_resolve = ec2_preflight.resolve_ami  # the stack fixture replaces it
 
 pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS::")
@@ -136,34 +137,6 @@ def instances(job: str) -> list[dict]:
         Filters=[{"Name": "tag:distrain-cloud:job", "Values": [job]}]
     )
     return [i for r in pages["Reservations"] for i in r["Instances"]]
-
-
-class Calls:
-    """The operations every botocore client sends, in order ("ec2.RunInstances")."""
-
-    def __init__(self) -> None:
-        self.ops: list[str] = []
-        self.params: list[dict] = []
-
-    def __call__(self, model, params, **_) -> None:
-        self.ops.append(f"{model.service_model.service_name}.{model.name}")
-        self.params.append(params)
-
-
-@pytest.fixture
-def calls(monkeypatch) -> Calls:
-    import botocore.session
-
-    seen = Calls()
-    real = botocore.session.Session.create_client
-
-    def create_client(self, *args, **kwargs):
-        client = real(self, *args, **kwargs)
-        client.meta.events.register("provide-client-params", seen)
-        return client
-
-    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
-    return seen
 
 
 # ====================================================================== submit

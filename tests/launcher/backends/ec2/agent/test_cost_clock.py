@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ is not a package
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # tests/ is not a package
 from imds import FakeImds  # noqa: E402
 from test_elastic import BUCKET as LINEAGE_BUCKET  # noqa: E402
 from test_elastic import GROUP, Node, instances, lineage_record  # noqa: E402

@@ -314,6 +314,8 @@ def test_a_launch_whose_answer_was_lost_keeps_its_role_and_lease(stack, capsys, 
         asg = boto3.client("autoscaling", region_name=REGION)
         (action,) = asg.describe_scheduled_actions(AutoScalingGroupName=job)["ScheduledUpdateGroupActions"]
         assert action["DesiredCapacity"] == 0  # its hard stop, which the lost answer skipped
+        suspended = [p["ProcessName"] for p in group(job)["SuspendedProcesses"]]
+        assert suspended == ["AZRebalance"]  # and the suspension, skipped too
         boto3.client("ec2", region_name=REGION).describe_launch_templates(LaunchTemplateNames=[job])
     code, _, err = run_cli(capsys, "resume", job, "--yes")  # the lease is the live job's
     assert code == 2 and "has a live attempt" in err, err

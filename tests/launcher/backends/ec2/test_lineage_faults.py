@@ -10,7 +10,7 @@ the job ends in a named terminal state, `status` counts every instance the job l
 `status` retires the lineage nothing is left (instances, group, launch template).
 
 What a node trains is played (`Played.attempt`): the node agent's attempt is tested on its own in
-tests/training/test_node_agent.py; what matters here is who leaves, who is replaced and what it costs.
+agent/test_node_agent.py beside this file; what matters here is who leaves, who is replaced and what it costs.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ seconds each instance is billed. The nodes are played at the level that decides 
 booted node keeps its part of the cost clock (agent/costclock.py, as the agent's hook starts it,
 on the simulated clock), and once a stop is asked for it runs the lineage's own end
 (agent/elastic.py: the lineage record, suspending the group's launches, leaving the group). What
-a node trains in between is the node agent's and is tested on its own (tests/training/
-test_node_agent.py, test_cost_clock.py: a node stops training with a checkpoint on the cap's marker).
+a node trains in between is the node agent's and is tested on its own (agent/test_node_agent.py,
+agent/test_cost_clock.py beside this file: a node stops training with a checkpoint on the cap's marker).
 
 Each rehearsal asserts what issue 38 asks: instance-hours billed <= the plan's worst case, a
 named terminal state within the stated bound, and nothing left (instances, groups, templates,
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from awsrules import AwsRules
 from clirun import run_cli
-from test_pricing import _entry, _spot_history
+from test_spot_price import _entry, _spot_history
 
 from distrain_cloud.infra import stack
 from distrain_cloud.launcher.backends.ec2 import budget, layout

@@ -2,7 +2,7 @@
 
 The bounds a node applies before it starts an attempt (--max-restarts, --on-demand-after, an
 ended or cancelled lineage) and the rank claims, in seconds; the attempts themselves are the node
-agent's (tests/training/test_node_agent.py), and tests/e2e/test_ec2_two_nodes.py runs a whole
+agent's (tests/launcher/backends/ec2/agent/test_node_agent.py), and tests/e2e/test_ec2_two_nodes.py runs a whole
 lineage with real nodes.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ is not a package
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # tests/ is not a package
 from imds import FakeImds  # noqa: E402
 
 from distrain_cloud.launcher.backends.ec2.agent.elastic import Lineage  # noqa: E402

@@ -1,6 +1,6 @@
 """The simulator of AWS's control-plane rules (tests/awsrules.py): each rule it plays, on moto.
 
-Other tests rehearse faults on it (tests/launcher/test_lineage_faults.py); these pin that it plays what
+Other tests rehearse faults on it (tests/launcher/backends/ec2/test_lineage_faults.py); these pin that it plays what
 it says, and that moto alone does not (so that the simulator is not a no-op).
 """
 

@@ -16,7 +16,7 @@ from distrain_cloud.launcher.backends.sagemaker.images import (
 from distrain_cloud.launcher.catalog import PRICE_REGIONS, all_instances, lookup
 
 ACCOUNT = "111122223333"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def fake_config(*entries, processors=("gpu",)):

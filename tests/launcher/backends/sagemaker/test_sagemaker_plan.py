@@ -26,7 +26,7 @@ from distrain_cloud.launcher.spec import load_spec
 from distrain_cloud.training.args import hyperparameters_to_argv, parse_args
 from distrain_cloud.training.contract import free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 EXAMPLE = REPO / "examples" / "sagemaker-gpt2-emotion.yaml"
 ROLE = "arn:aws:iam::123456789012:role/distrain-sm"
 HF_REF = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-token-AbCdEf"

@@ -28,7 +28,7 @@ from distrain_cloud.launcher.backends.ec2.user_data import EC2_REHEARSAL_SWITCHE
 from distrain_cloud.launcher.cli import main
 from distrain_cloud.launcher.spec import load_spec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 ACCELERATE = "accelerate_config (node 0)"
 HF_REF = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-token-AbCdEf"
 WANDB_REF = "ssm:/team/wandb-key"
@@ -102,7 +102,7 @@ def test_p4d_on_two_nodes_is_eight_processes_each_with_efa_and_the_placement_gro
     assert plan.configs["job.json"]["processes_per_node"] == 8
     assert request["MinCount"] == request["MaxCount"] == 2  # all or nothing
     # The stack's default subnets give public IPv4 addresses: one EFA interface, and the plan says
-    # why (tests/launcher/test_network.py: one per network card in a private subnet).
+    # why (tests/launcher/backends/ec2/test_network.py: one per network card in a private subnet).
     (interface,) = request["NetworkInterfaces"]
     assert interface["InterfaceType"] == "efa" and interface["DeviceIndex"] == 0
     assert interface["Groups"] == [ec2_request.GROUP_PLACEHOLDER]  # the job's own, made at submit
@@ -162,7 +162,7 @@ def test_tags_name_the_job_lineage_stack_and_code():
 
 def test_the_cost_uses_the_ec2_price_not_sagemakers():
     plan = dry(nodes=2, max_run="1h")
-    # max-run, the hard stop's 10-minute grace and a minute per launch (tests/launcher/test_cost_cap.py)
+    # max-run, the hard stop's 10-minute grace and a minute per launch (tests/launcher/backends/ec2/test_cost_cap.py)
     assert plan.cost["worst_case_usd"] == pytest.approx(
         2 * catalog.hourly_price("g4dn.12xlarge", "us-east-1") * (3600 + 600 + 60) / 3600, abs=0.01
     )

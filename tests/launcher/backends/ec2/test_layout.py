@@ -10,7 +10,7 @@ import pytest
 
 from distrain_cloud.launcher.backends.ec2 import layout
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 EC2 = REPO / "launcher" / "backends" / "ec2"
 # The names of layout's key parts: its module-level string constants.
 KEY_NAMES = {name: value for name, value in vars(layout).items() if name.isupper() and isinstance(value, str) and value}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ is not a package
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # tests/ is not a package
 from imds import FakeImds  # noqa: E402
 
 from distrain_cloud.launcher.backends.ec2.agent import node as node_agent  # noqa: E402
