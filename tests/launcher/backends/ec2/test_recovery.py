@@ -154,7 +154,7 @@ def test_the_worst_case_and_max_cost_cover_the_whole_lineage(stack, capsys, monk
     the plan's, however many attempts it takes; a --max-cost that cannot pay for a short run and its
     stop refuses before anything is made (a larger one is enforced by the nodes: test_cost_cap.py)."""
     import boto3
-    from test_pricing import _entry, _spot_history
+    from test_spot_price import _entry, _spot_history
 
     _spot_history(monkeypatch, [_entry("us-east-1a", "1.5000")])  # the spot price now (moto says 0.00001)
     code, out, _ = run_cli(capsys, *SPOT, "--nodes", "2", "--dry-run", "--check", "--json")
