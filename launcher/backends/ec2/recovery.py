@@ -34,7 +34,6 @@ is the lineage's end; `jobs/<job>/stop` is a cancel of the whole lineage.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import sys
 import time
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrain_cloud.infra.errors import UserError
 
+from ...logs import one_line
 from . import layout
 from . import status as ec2_status
 from .layout import FAILURE_BUDGET
@@ -396,10 +396,10 @@ def lineage_status(
         detail = str(end.get("reason") or "")[:300]
     elif capped is not None:  # the nodes save a checkpoint and leave; Stopped once none runs
         status, terminal = ("InProgress", False) if alive else ("Stopped", True)
-        detail = ("" if terminal else "stopping: ") + _text_line(capped.get("detail") or "max-cost reached")
+        detail = ("" if terminal else "stopping: ") + one_line(capped.get("detail") or "max-cost reached")
     elif node_stop is not None:
         status, terminal = "Failed", True
-        detail = _text_line(node_stop.get("detail") or node_stop.get("reason") or "a node failed")
+        detail = one_line(node_stop.get("detail") or node_stop.get("reason") or "a node failed")
     elif rows:
         current = rows[-1]
         if current["status"] == "InProgress":
@@ -464,16 +464,11 @@ def _failures(s3: Any, bucket: str, root: str) -> list[dict[str, Any]]:
                 {
                     "slot": int(m.group(1)),
                     "instance_id": _text(body.get("instance_id")),
-                    "reason": _text_line(body.get("reason") or "no reason given"),
+                    "reason": one_line(body.get("reason") or "no reason given"),
                     "time": when if when is not None else item["LastModified"].timestamp(),
                 }
             )
     return sorted(out, key=lambda f: f["slot"])
-
-
-def _text_line(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
-    return " ".join("".join(c if c.isprintable() else " " for c in text).split())[:300]
 
 
 def instance_seconds(instances: list[dict[str, Any]], seen: dict[str, tuple[float, float]], now: float) -> float:
@@ -502,7 +497,7 @@ def _why(info: dict[str, Any], stop: Any) -> str:
         return ""
     detail = stop.get("detail") if isinstance(stop, dict) and info["status"] != "Failed" else None
     text = detail if isinstance(detail, str) and detail else info["detail"]
-    return " ".join("".join(c if c.isprintable() else " " for c in text).split())[:300]
+    return one_line(text)
 
 
 def _when(epoch: float) -> str:
@@ -534,7 +529,7 @@ def _waiting(region: str, name: str, instances: int) -> str:
         activities = []
     failed = [a for a in activities if a.get("StatusCode") in ("Failed", "Cancelled")]
     if failed:
-        message = _text_line(failed[0].get("StatusMessage", ""))[:200]  # to a terminal: printable only
+        message = one_line(failed[0].get("StatusMessage", ""))[:200]  # to a terminal: printable only
         # A multi-node group has one subnet (its placement group's zone); a single node's has every zone's.
         return f"the Auto Scaling group cannot launch yet ({message}); it keeps trying in its subnet(s)"
     return f"launching: {instances} instance(s) so far"

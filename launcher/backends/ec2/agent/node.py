@@ -35,6 +35,7 @@ from typing import Any
 
 from distrain_cloud.training.contract import STOP_EXIT_CODE, Contract
 
+from ....logs import one_line
 from .. import layout
 from .checkpoints import CheckpointSync, files_in, keep_checkpoints, restore_checkpoint, restore_compile_cache
 from .imds import Imds
@@ -50,7 +51,6 @@ from .job import (
     Periodic,
     Settings,
     StopRequested,
-    one_line,
     parse_s3_uri,
     short,
 )
