@@ -255,7 +255,7 @@ class CostClock:
 def lineage_stop_words(marker: Any) -> str:
     """What a lineage's end says of its stop marker: the cap's words, else a cancel's."""
     if isinstance(marker, dict) and marker.get("reason") == REASON and isinstance(marker.get("detail"), str):
-        from ....logs import one_line
+        from .job import one_line
 
         return one_line(marker["detail"])
     return "cancelled (distrain-cloud cancel)"

@@ -42,12 +42,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ....logs import one_line
 from .. import layout
 from .checkpoints import files_in
 from .costclock import lineage_stop_words
 from .imds import Imds
-from .job import BadObject, Job, NodeFailure, NodeIdentity, Settings, parse_s3_uri, short
+from .job import BadObject, Job, NodeFailure, NodeIdentity, Settings, one_line, parse_s3_uri, short
 from .logs import LogSink
 from .node import Agent
 from .store import Store

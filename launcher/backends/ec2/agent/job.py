@@ -1,8 +1,9 @@
 """The job as the node sees it: the agent's settings, job.json's shape and this node's identity;
-the constants, errors and small helpers (short, Periodic) every other part of the agent shares."""
+the constants, errors and small helpers (one_line, Periodic) every other part of the agent shares."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -196,6 +197,17 @@ class NodeIdentity:
 def short(e: BaseException) -> str:
     """An exception in one line of at most 300 characters, for a log line or a record."""
     return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+
+
+def one_line(value: Any, limit: int = 300) -> str:
+    """`value` (read from S3, so anything) as one printable line of at most `limit` characters: it
+    goes into this node's record and the stop marker, which `status` prints. The launcher's
+    `logs.one_line` is the same rule; the agent keeps its own copy because it ships in the bundle
+    alone (tests/launcher/test_bundle.py: the agent imports nothing of the launcher outside
+    its folder and layout.py)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Periodic:

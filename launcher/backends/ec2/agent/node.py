@@ -35,7 +35,6 @@ from typing import Any
 
 from distrain_cloud.training.contract import STOP_EXIT_CODE, Contract
 
-from ....logs import one_line
 from .. import layout
 from .checkpoints import CheckpointSync, files_in, keep_checkpoints, restore_checkpoint, restore_compile_cache
 from .imds import Imds
@@ -51,6 +50,7 @@ from .job import (
     Periodic,
     Settings,
     StopRequested,
+    one_line,
     parse_s3_uri,
     short,
 )
