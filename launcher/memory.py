@@ -516,7 +516,8 @@ def suggest_fixes(job: Decisions, shape: ModelShape, instance: InstanceType, nod
         return None
 
     def flags(a: TrainArgs) -> str:
-        out = [f"--strategy {a.strategy}"] if a.strategy != args.strategy else []
+        out = [f"--precision {a.precision}"] if a.precision != args.precision else []
+        out += [f"--strategy {a.strategy}"] if a.strategy != args.strategy else []
         out += [f"--batch-size {a.batch_size} --grad-accum {a.grad_accum}"] if a.batch_size != args.batch_size else []
         return " ".join(out)
 
@@ -534,6 +535,12 @@ def suggest_fixes(job: Decisions, shape: ModelShape, instance: InstanceType, nod
     smaller = largest_batch(args)
     if best and smaller and best[0].args.batch_size <= smaller[0].args.batch_size:
         best = None  # another strategy helps only if it keeps a larger micro-batch than this one can
+    if args.precision == "fp8" and not (best or smaller):
+        # fp8 runs under ddp or single only (decide()), so no other strategy was open to it: the
+        # sharded ones are, in bf16. Named only when nothing keeps fp8; the same ordering as above.
+        in_bf16 = [f for f in (largest_batch(replace(args, precision="bf16", strategy=s)) for s in options) if f]
+        best = next((f for f in in_bf16 if f[0].args.batch_size == args.batch_size), None)
+        best = best or max(in_bf16, key=lambda f: f[0].args.batch_size, default=None)
     fixes = [f"{flags(d.args)} (about {gib:.1f} GiB)" for d, gib in filter(None, (best, smaller))]
     if job.strategy.value == "fsdp" and job.in_graph:
         # Sharded inside the graph, fsdp holds the whole 16-bit model at its peak; FSDP2 one unit of it.

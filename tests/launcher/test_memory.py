@@ -239,7 +239,7 @@ def _with_fix(overrides: dict, fix: str) -> dict:
     flags = iter(fix.split(" (")[0].split())
     for flag in flags:
         value = next(flags)
-        if flag in ("--strategy", "--instance"):
+        if flag in ("--strategy", "--instance", "--precision"):
             out[flag.removeprefix("--")] = value
         else:
             train += [flag, value]  # given last, it wins
@@ -267,8 +267,21 @@ def test_every_fix_named_passes_the_flag_check_and_fits(no_aws_config, instance,
     for fix in fixes:
         fixed = planned(_with_fix(job, fix)).fit
         assert fixed.ok is True, (fix, fixed.detail)
-    if precision == "fp8":
+    if precision == "fp8":  # another strategy only with bf16: fp8 runs under ddp or single
         assert not any(f.startswith("--strategy") for f in fixes), check.detail
+
+
+def test_an_fp8_job_that_fits_nowhere_in_fp8_is_offered_bf16_with_a_sharded_strategy(no_aws_config):
+    """llama-8b under ddp on 8 x 80 GB: no micro-batch or instance keeps fp8 (its weights and AdamW
+    state are whole on every GPU), and fp8 takes no sharded strategy. The fix says so: bf16 with
+    the strategy that fits, which planned again fits (the test above plans every fix)."""
+    from distrain_cloud.launcher.backends.cloud import plan_training
+    from distrain_cloud.launcher.spec import load_spec
+
+    job = {"instance": "ml.p5.48xlarge", "precision": "fp8", "strategy": "ddp", "train_args": NOT_FITTING[-1][3]}
+    spec = load_spec(None, job)
+    check = plan_training(spec, lookup(spec.instance), main_addr="x").fit
+    assert check.ok is False and "fits with --precision bf16 --strategy " in check.detail, check.detail
 
 
 def test_the_batch_size_fix_keeps_the_global_batch():
