@@ -240,6 +240,7 @@ def test_the_role_is_deleted_once_status_sees_the_job_ended_with_no_live_instanc
     assert [c for c in calls if c.startswith("iam.")] == ["iam.GetRole"]
 
 
+@pytest.mark.slow  # two EC2 jobs launched and ended on moto: about 5 s
 def test_ls_and_cancel_now_delete_the_roles_of_ended_jobs(stack):
     first, second = plan_job(ec2_spec()), plan_job(ec2_spec())
     submit_job(first)
