@@ -133,6 +133,7 @@ S16 = "2026-11-27-h200x4-session16"
 S18 = "2026-11-28-h200x4-session18"
 S19 = "2026-11-28-h200x4-session19"
 S20 = "2026-11-28-h200x4-session20"
+S20X1 = "2026-11-28-h200x1-session20-gpt2-b64"
 HELD_OUT_S20 = "measured in session 20, after the last refit"
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -608,7 +609,12 @@ CONFIGS: tuple[Config, ...] = (
     Config("gpt2-small", 1, "ddp", batch_size=32, compiled=True, kv_cache=False, logits_output=False,
            head_loss=True, held_out=HELD_OUT_S20, runs=_runs("H200",
         (f"{S20}-c1", "ours-gpt2-small-ddp-compile-g1-b32-k1-b32", 15.6938, 18.63),
-        (f"{S20}-c3", "ours-gpt2-small-ddp-compile-g1-b32-k1-b32", 15.6938, 18.63))),
+        (f"{S20}-c3", "ours-gpt2-small-ddp-compile-g1-b32-k1-b32", 15.6938, 18.63),
+        (S20X1, "ours-gpt2-small-ddp-compile-g1-b32-k1-b32", 15.6938, 18.63))),
+    # session 20, last call (1xH200, alone): GPT-2 small at micro-batch 64, held out as the others
+    Config("gpt2-small", 1, "ddp", batch_size=64, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, held_out=HELD_OUT_S20, runs=_runs("H200",
+        (S20X1, "ours-gpt2-small-ddp-compile-g1-b64-k1-b64", 29.6668, 35.64))),
     Config("gpt2-small", 1, "ddp", batch_size=32, compiled=True, kv_cache=False, logits_output=False,
            head_loss=True, flags="compile-tuning", runs=_runs("H200",
         (f"{S20}-c1", "ours-gpt2-small-ddp-compile-g1-b32-k1-b32cdt", 15.6913, 18.68))),
