@@ -3,6 +3,8 @@ services' API models (the launcher's own check: launcher/apimodel.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 
@@ -18,20 +20,26 @@ class Calls:
         self.params.append(params)
 
 
-@pytest.fixture
-def calls(monkeypatch) -> Calls:
-    """Every client made from now on records its requests here (import it into a test module to use it)."""
+def on_every_client(monkeypatch: pytest.MonkeyPatch, event: str, handler: Any, *, first: bool = False) -> None:
+    """Register `handler` for botocore `event` on every client made from now on (through infra.aws
+    or not): how a test records or answers requests. `first`: before botocore's own handlers."""
     import botocore.session
 
-    seen = Calls()
     real = botocore.session.Session.create_client
 
     def create_client(self, *args, **kwargs):
         client = real(self, *args, **kwargs)
-        client.meta.events.register("provide-client-params", seen)
+        (client.meta.events.register_first if first else client.meta.events.register)(event, handler)
         return client
 
     monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+
+
+@pytest.fixture
+def calls(monkeypatch) -> Calls:
+    """Every client made from now on records its requests here (import it into a test module to use it)."""
+    seen = Calls()
+    on_every_client(monkeypatch, "provide-client-params", seen)
     return seen
 
 

@@ -92,17 +92,10 @@ class Recorder:
 @pytest.fixture
 def recorder(monkeypatch):
     """Hooks every client botocore creates (through infra.aws or not) with a before-send recorder."""
-    import botocore.session
+    from awscalls import on_every_client
 
     rec = Recorder()
-    real = botocore.session.Session.create_client
-
-    def create_client(self, *args, **kwargs):
-        client = real(self, *args, **kwargs)
-        client.meta.events.register_first("before-send", rec)
-        return client
-
-    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+    on_every_client(monkeypatch, "before-send", rec, first=True)
     return rec
 
 

@@ -761,19 +761,12 @@ def test_a_node_that_fails_stops_the_others(cluster):
 
 def ec2_requests(monkeypatch) -> list[tuple[str, dict]]:
     """(operation, params) of every EC2 request the clients made from now on will send."""
-    import botocore.session
+    from awscalls import on_every_client
 
     sent: list[tuple[str, dict]] = []
-    real = botocore.session.Session.create_client
-
-    def create_client(self, *args, **kwargs):
-        client = real(self, *args, **kwargs)
-        client.meta.events.register(
-            "provide-client-params.ec2", lambda model, params, **_: sent.append((model.name, params))
-        )
-        return client
-
-    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+    on_every_client(
+        monkeypatch, "provide-client-params.ec2", lambda model, params, **_: sent.append((model.name, params))
+    )
     return sent
 
 
@@ -864,16 +857,9 @@ def test_a_node_that_may_not_end_the_job_says_so_in_one_line_and_still_records(c
         error = {"Code": "UnauthorizedOperation", "Message": "You are not authorized to perform this operation."}
         raise ClientError({"Error": error}, "DescribeInstances")
 
-    import botocore.session
+    from awscalls import on_every_client
 
-    real = botocore.session.Session.create_client
-
-    def create_client(self, *args, **kwargs):
-        client = real(self, *args, **kwargs)
-        client.meta.events.register_first("before-call.ec2.DescribeInstances", refuse)
-        return client
-
-    monkeypatch.setattr(botocore.session.Session, "create_client", create_client)
+    on_every_client(monkeypatch, "before-call.ec2.DescribeInstances", refuse, first=True)
     results = c.run(ranks=[0])
     assert results[0].status == "Failed" and c.record(0)["gave_up"] is True
     lines = [line for line in (c.tmp_path / "node0" / "node-agent.log").read_text().splitlines() if "could not" in line]
