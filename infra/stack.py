@@ -618,9 +618,11 @@ def leftovers(name: str, region: str, keep: set[str] | None = None) -> Leftovers
             for g in page.get("SecurityGroups", [])
             if g["GroupId"] not in (keep or set())
         ]
-        # DescribePlacementGroups has no paginator: it answers every group of the region at once.
+        # DescribePlacementGroups has no paginator: it answers every group of the region at once,
+        # those being deleted or just deleted too (state deleting, deleted): not leftovers.
+        live = [*tag, {"Name": "state", "Values": ["pending", "available"]}]
         placement_groups = [
-            str(g["GroupName"]) for g in ec2.describe_placement_groups(Filters=tag).get("PlacementGroups", [])
+            str(g["GroupName"]) for g in ec2.describe_placement_groups(Filters=live).get("PlacementGroups", [])
         ]
         iam = aws.client("iam")
         roles = [

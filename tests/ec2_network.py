@@ -12,7 +12,7 @@ What AWS does that this plays, and where AWS says so:
   "instances within a single Availability Zone"): a launch into another zone than the group's
   live instances is refused.
 - DescribePlacementGroups answers the region's groups, narrowed by GroupNames and by the filters
-  group-name, strategy, tag:<key> and tag-key (EC2 API Reference, DescribePlacementGroups).
+  group-name, state, strategy, tag:<key> and tag-key (EC2 API Reference, DescribePlacementGroups).
 - DeletePlacementGroup is refused while an instance in the group is not terminated, or an Auto
   Scaling group still launches into it: InvalidPlacementGroup.InUse ("Delete a placement group":
   "you must terminate ... the instances in the placement group").
@@ -86,6 +86,8 @@ def play(monkeypatch) -> dict[tuple[str, str, str], Group]:
                 seen = [group.name]
             elif name == "strategy":
                 seen = [group.strategy]
+            elif name == "state":  # a played group is available until deleted (then gone at once)
+                seen = ["available"]
             elif name == "tag-key":
                 seen = list(tags)
             elif name.startswith("tag:"):
