@@ -248,6 +248,7 @@ def estimate(
     compile_unit: str | None = None,
     compiled_autograd: bool = False,
     head_loss: bool = False,
+    fp8_head: bool = False,
     constants: Constants = CONSTANTS,
 ) -> Estimate:
     """Peak memory per device of a training step, and of the evaluation.
@@ -359,6 +360,11 @@ def estimate(
             # model alike (4 H200s, sessions 10 and 11).
             output = low
         terms["logits"] = (constants.logits[loss] + output) * tokens * V
+    if lm and fp8_head and "logits" in terms:
+        # --fp8-head (losses._Fp8HeadLoss): the backward starts by casting the logits' gradient to
+        # float8 twice, row-major and transposed (each matmul reads it in its own layout), one byte
+        # per value each, beside the 16-bit gradient and every saved activation. Derived, not fitted.
+        terms["logits"] += 2 * tokens * V
 
     # Evaluation keeps the weights, optimizer state and buffers, but no gradients or activations.
     resident = terms["weights"] + terms["optimizer"] + terms["buffers"]
@@ -427,6 +433,7 @@ def estimate_job(job: Decisions, shape: ModelShape, world_size: int) -> Estimate
         compile_unit=job.compile_unit,
         compiled_autograd=args.compiled_autograd,
         head_loss=shape.family == "gpt2" and job.head_loss_why_not is None,
+        fp8_head=args.fp8_head,
     )
 
 

@@ -19,6 +19,8 @@ from .strategies import AUTO, BLOCK_COMPILED, PRECISIONS, STRATEGY_CHOICES, prov
 
 # --fp8-recipe's choices: torchao's float8 recipes (training/fp8.py maps them to its names)
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise-gw-hp")
+# --fp8-fast-accum's choices: which backward matmuls accumulate fast (training/fp8.py)
+FP8_FAST_ACCUM = ("none", "grad-input", "all")
 
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
@@ -137,12 +139,25 @@ class TrainArgs:
             metavar="N",
         ),
     )
-    # the backward's float8 matmuls accumulate fast too (training/fp8.py)
-    fp8_fast_accum: bool = field(
+    # which of the backward's float8 matmuls accumulate fast too (training/fp8.py)
+    fp8_fast_accum: str = field(
+        default="none",
+        metadata=_flag(
+            (
+                "--precision fp8: the backward's float8 matmuls that also accumulate in the tensor cores' fast, "
+                "less exact mode, as the forward's do: none (default), grad-input (the input gradients, whose sums "
+                "run over a layer's width), all (the weight gradients too, summed over every token; the flag alone)"
+            ),
+            choices=FP8_FAST_ACCUM,
+            nargs="?",
+            const="all",
+        ),
+    )
+    # the LM head multiplies in float8 too (losses.head_loss)
+    fp8_head: bool = field(
         default=False,
         metadata=_flag(
-            "--precision fp8: the backward's float8 matmuls (the gradients) also accumulate in the tensor "
-            "cores' fast, less exact mode, as the forward's do (default: off)"
+            "--precision fp8: the LM head's matmuls in float8 too, inside the fast LM loss (default: bf16)",
         ),
     )
     batch_size: int = field(default=16, metadata=_flag("per device, per micro-step"))
@@ -620,14 +635,14 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(
             f"--precision fp8 runs under --strategy ddp or single, not {a.strategy}: add --strategy ddp"
         )
-    if a.precision != "fp8" and (a.fp8_recipe != TrainArgs.fp8_recipe or a.fp8_bf16_edge_blocks or a.fp8_fast_accum):
-        flag = (
-            "--fp8-recipe"
-            if a.fp8_recipe != TrainArgs.fp8_recipe
-            else "--fp8-bf16-edge-blocks"
-            if a.fp8_bf16_edge_blocks
-            else "--fp8-fast-accum"
-        )
+    fp8_flags = {
+        "--fp8-recipe": a.fp8_recipe != TrainArgs.fp8_recipe,
+        "--fp8-bf16-edge-blocks": bool(a.fp8_bf16_edge_blocks),
+        "--fp8-fast-accum": a.fp8_fast_accum != TrainArgs.fp8_fast_accum,
+        "--fp8-head": a.fp8_head,
+    }
+    if a.precision != "fp8" and any(fp8_flags.values()):
+        flag = next(name for name, given in fp8_flags.items() if given)
         raise ArgumentError(f"{flag} applies to --precision fp8, not {a.precision or 'the default precision'}")
     if a.fp8_bf16_edge_blocks < 0:
         raise ArgumentError(f"--fp8-bf16-edge-blocks must be 0 or more, got {a.fp8_bf16_edge_blocks}")

@@ -150,6 +150,12 @@ def decide(
         max_steps=COMPILE_MIN_STEPS if resolved.max_steps is None else resolved.max_steps,
     )
     bucket_mb, bucket_link = strategies.ddp_buckets_for(resolved, sized_for, slow_link)
+    head_loss_why_not = head_loss_flags_why_not(resolved, engine)
+    if resolved.fp8_head and head_loss_why_not:
+        raise ArgumentError(
+            f"--fp8-head multiplies the LM head inside the fast LM loss, which this run does not use "
+            f"({head_loss_why_not}): drop --fp8-head"
+        )
     return Decisions(
         args=resolved,
         strategy=strategy,
@@ -161,7 +167,7 @@ def decide(
         compile_why=compile_why,
         compile_length_known=length is not None,
         compile_unit=strategies.compile_unit_for(strategy, resolved.compile_unit, in_graph),
-        head_loss_why_not=head_loss_flags_why_not(resolved, engine),
+        head_loss_why_not=head_loss_why_not,
         ddp_bucket_mb=bucket_mb,
         ddp_slow_link=bucket_link,
     )

@@ -83,22 +83,27 @@ def fp8_layer_names(model: Any, bf16_edge_blocks: int = 0) -> set[str]:
     }
 
 
-def fp8_config(recipe: str = "tensorwise", fast_accum: bool = False) -> Any:
-    """torchao's Float8LinearConfig for `recipe`, with the backward's matmuls in fast accumulation
-    where `fast_accum` (the forward's already are, in every recipe)."""
+def fp8_config(recipe: str = "tensorwise", fast_accum: str = "none") -> Any:
+    """torchao's Float8LinearConfig for `recipe`, with the backward's matmuls that `fast_accum`
+    names (--fp8-fast-accum: none, grad-input or all) in fast accumulation (the forward's already
+    are, in every recipe)."""
     import dataclasses
 
     from torchao.float8 import Float8LinearConfig
     from torchao.float8.config import Float8GemmConfig
 
     config = Float8LinearConfig.from_recipe_name(TORCHAO_RECIPES[recipe])
-    if not fast_accum:
+    if fast_accum == "none":
         return config
     fast = Float8GemmConfig(use_fast_accum=True)
+    if fast_accum == "grad-input":
+        return dataclasses.replace(config, gemm_config_grad_input=fast)
     return dataclasses.replace(config, gemm_config_grad_input=fast, gemm_config_grad_weight=fast)
 
 
-def use_fp8(model: Any, recipe: str = "tensorwise", bf16_edge_blocks: int = 0, fast_accum: bool = False) -> str:
+def use_fp8(
+    model: Any, recipe: str = "tensorwise", bf16_edge_blocks: int = 0, fast_accum: str = "none", head: bool = False
+) -> str:
     """Convert `model`'s eligible linear layers (fp8_layer_names) to torchao's Float8Linear with
     `recipe`'s scaling (fp8_config), in place, before the model is prepared and compiled. Returns the
     log line; raises ArgumentError when nothing converts."""
@@ -115,10 +120,13 @@ def use_fp8(model: Any, recipe: str = "tensorwise", bf16_edge_blocks: int = 0, f
         config=fp8_config(recipe, fast_accum),
         module_filter_fn=lambda _module, fqn: fqn in eligible,
     )
-    kept = (
-        f"the LM head and the first and last {bf16_edge_blocks} blocks stay"
-        if bf16_edge_blocks
-        else "the LM head stays"
-    )
-    accum = ", fast accumulation in the backward too" if fast_accum else ""
-    return f"fp8=on linear_layers={len(eligible)} (torchao float8, {recipe} scaling{accum}; {kept} bf16)"
+    kept = [] if head else ["the LM head"]
+    kept += [f"the first and last {bf16_edge_blocks} blocks"] if bf16_edge_blocks else []
+    accum = {
+        "none": "",
+        "grad-input": ", fast accumulation in the input gradients too",
+        "all": ", fast accumulation in the backward too",
+    }[fast_accum]
+    stays = f"; {' and '.join(kept)} {'stay' if len(kept) > 1 else 'stays'} bf16" if kept else ""
+    head_words = "; the LM head in float8 inside the fast loss" if head else ""
+    return f"fp8=on linear_layers={len(eligible)} (torchao float8, {recipe} scaling{accum}{head_words}{stays})"

@@ -269,7 +269,8 @@ def training_forward(model) -> None:
 
             labels = kwargs.pop("labels")
             hidden = getattr(self, self.base_model_prefix)(*args, **kwargs)[0]
-            return CausalLMOutputWithPast(loss=head_loss(hidden, self.get_output_embeddings().weight, labels))
+            weight = self.get_output_embeddings().weight
+            return CausalLMOutputWithPast(loss=head_loss(hidden, weight, labels, fp8=self.__dict__.get(HEAD_LOSS_FP8)))
         out = type(self).forward(self, *args, **kwargs)
         if self.training and getattr(out, "loss", None) is not None:
             return type(out)(loss=out.loss)
@@ -282,6 +283,7 @@ def training_forward(model) -> None:
 
 
 HEAD_LOSS = "_distrain_head_loss"  # set on a model whose training forward computes losses.head_loss
+HEAD_LOSS_FP8 = "_distrain_head_loss_fp8"  # --fp8-head: head_loss's `fp8` ("exact" or "fast")
 # Causal LMs whose forward is exactly: the base model, then a bias-free linear head, then
 # ForCausalLMLoss. Others (logit soft-capping, scaled logits, heads with a bias) keep their own.
 HEAD_LOSS_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
@@ -303,14 +305,33 @@ def head_loss_flags_why_not(args: TrainArgs, engine: str) -> str | None:
     return None
 
 
-def use_head_loss(model, flags_why_not: str | None) -> str | None:
+def use_head_loss(model, flags_why_not: str | None, fp8: str | None = None) -> str | None:
     """Make the training forward compute losses.head_loss (--lm-loss fast) where the run's flags
     allow it (`flags_why_not`: the decisions' head_loss_why_not) and the model does; why not,
-    where it does not."""
-    import torch
+    where it does not. `fp8` (--fp8-head): the head multiplies in float8, its backward accumulating
+    "fast" or "exact"; a head that cannot is refused (ArgumentError)."""
+    if fp8 is not None:
+        from .losses import fp8_head_why_not
 
+        why = flags_why_not or _head_loss_model_why_not(model)
+        if why is None:
+            vocab, hidden = model.get_output_embeddings().weight.shape
+            why = fp8_head_why_not(hidden, vocab)
+        if why:
+            raise ArgumentError(f"--fp8-head: the LM head cannot multiply in float8 here: {why}; drop --fp8-head")
     if flags_why_not is not None:
         return flags_why_not
+    why = _head_loss_model_why_not(model)
+    if why is None:
+        model.__dict__[HEAD_LOSS] = True
+        model.__dict__[HEAD_LOSS_FP8] = fp8
+    return why
+
+
+def _head_loss_model_why_not(model) -> str | None:
+    """Why this model's training forward cannot compute losses.head_loss, or None."""
+    import torch
+
     config, head = model.config, model.get_output_embeddings()
     if config.model_type not in HEAD_LOSS_MODEL_TYPES or getattr(model, "loss_type", None) != "ForCausalLM":
         return f"{config.model_type} models: the model's own loss"
@@ -318,7 +339,6 @@ def use_head_loss(model, flags_why_not: str | None) -> str | None:
         return "an LM head other than a bias-free linear layer"
     if any(getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
         return "logits scaled or capped by the model"
-    model.__dict__[HEAD_LOSS] = True
     return None
 
 

@@ -121,7 +121,7 @@ class Trainer:
         if self.precision_note:  # after the data and model: bad input is one line on stderr, nothing else
             self._print(self.precision_note)
         if a.precision == "fp8":  # before prepare and compile: the linear layers multiply in float8
-            self._print(use_fp8(model, a.fp8_recipe, a.fp8_bf16_edge_blocks, a.fp8_fast_accum))
+            self._print(use_fp8(model, a.fp8_recipe, a.fp8_bf16_edge_blocks, a.fp8_fast_accum, a.fp8_head))
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
             a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda"
         )
@@ -135,7 +135,9 @@ class Trainer:
         a = self.args
         if undecided:  # in-graph fsdp or ddp, both of which take the Accelerator built above
             self._print_strategy()
-        self.lm_loss_why_not = modeling.use_head_loss(model, self.decisions.head_loss_why_not)
+        # --fp8-head: the head's backward accumulates fast only where every backward matmul does
+        head_fp8 = ("fast" if a.fp8_fast_accum == "all" else "exact") if a.fp8_head else None
+        self.lm_loss_why_not = modeling.use_head_loss(model, self.decisions.head_loss_why_not, head_fp8)
         self.compiled, self.compile_why = self.decisions.compiled, self.decisions.compile_why
         engine = self.engine
         with _slow_phase(

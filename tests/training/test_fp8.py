@@ -155,9 +155,22 @@ def test_fp8_converts_every_block_linear_but_the_head_and_still_trains():
 
 
 @pytest.mark.slow  # an entry-point run with torchao
-def test_the_trainer_converts_the_model_and_trains_in_fp8(train):
+@pytest.mark.parametrize(
+    "flags, fp8_line",
+    [
+        ([], "fp8=on linear_layers=14 (torchao float8, tensorwise scaling; the LM head stays bf16)"),
+        (
+            ["--fp8-head", "--fp8-fast-accum", "grad-input"],
+            "fp8=on linear_layers=14 (torchao float8, tensorwise scaling, fast accumulation in the input gradients "
+            "too; the LM head in float8 inside the fast loss)",
+        ),
+    ],
+    ids=["default", "head"],
+)
+def test_the_trainer_converts_the_model_and_trains_in_fp8(train, flags, fp8_line):
     """The trainer's fp8 path on CPU processes told they are on an H100 (fp8_shim): the model's
-    block linears become Float8Linear before prepare, under bf16 autocast, and the loss is finite."""
+    block linears become Float8Linear before prepare, under bf16 autocast, and the loss is finite;
+    with --fp8-head the LM head multiplies in float8 inside the fast loss too."""
     import os
     from pathlib import Path
 
@@ -171,16 +184,14 @@ def test_the_trainer_converts_the_model_and_trains_in_fp8(train):
         "--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", narrow, "--precision", "fp8",
         "--strategy", "ddp", "--dataset", "builtin:corpus", "--block-size", "32", "--batch-size", "4",
         "--max-steps", "4", "--log-every", "2", "--report-to", "none", "--no-save-model",
-        "--max-eval-samples", "8", "--generate-tokens", "2",
+        "--max-eval-samples", "8", "--generate-tokens", "2", *flags,
         env={"PYTHONPATH": os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))},
     )  # fmt: skip
     assert run.returncode == 0, run.describe()
     assert run.lines("precision=") == [
         "precision=fp8 (--precision: bf16 autocast, the linear layers' matmuls in float8)"
     ]
-    assert run.lines("fp8=") == [
-        "fp8=on linear_layers=14 (torchao float8, tensorwise scaling; the LM head stays bf16)"
-    ], run.describe()
+    assert run.lines("fp8=") == [fp8_line], run.describe()
     assert len(run.train_losses) == 2 and all(0 < v < 20 for v in run.train_losses.values()), run.train_losses
 
 
@@ -205,6 +216,7 @@ def test_fp8_keeps_the_edge_blocks_in_bf16_where_asked():
         (["--fp8-bf16-edge-blocks", "1"], "--fp8-bf16-edge-blocks applies to --precision fp8, not the default"),
         (["--precision", "fp8", "--strategy", "ddp", "--fp8-bf16-edge-blocks", "-1"], "must be 0 or more, got -1"),
         (["--fp8-fast-accum", "--precision", "bf16"], "--fp8-fast-accum applies to --precision fp8, not bf16"),
+        (["--fp8-head", "--precision", "bf16"], "--fp8-head applies to --precision fp8, not bf16"),
     ],
 )
 def test_fp8_flags_without_fp8_are_refused(flags, message):
@@ -242,8 +254,12 @@ def test_fp8_converts_with_the_recipe_and_edge_blocks_asked_for():
 
 
 def test_fp8_fast_accum_is_off_by_default_and_parsed():
-    assert parse_args(["--precision", "fp8", "--strategy", "ddp"]).fp8_fast_accum is False
-    assert parse_args(["--precision", "fp8", "--strategy", "ddp", "--fp8-fast-accum"]).fp8_fast_accum is True
+    fp8_ddp = ["--precision", "fp8", "--strategy", "ddp"]
+    assert parse_args(fp8_ddp).fp8_fast_accum == "none"
+    assert parse_args([*fp8_ddp, "--fp8-fast-accum"]).fp8_fast_accum == "all"  # the flag alone: as before
+    assert parse_args(["--fp8-fast-accum", "grad-input", *fp8_ddp]).fp8_fast_accum == "grad-input"
+    with pytest.raises(ArgumentError, match="--fp8-fast-accum: invalid choice: 'grad-weight'"):
+        parse_args([*fp8_ddp, "--fp8-fast-accum", "grad-weight"])
 
 
 @pytest.mark.slow  # importing torchao and transformers' Llama
@@ -256,14 +272,16 @@ def test_fp8_fast_accum_reaches_the_backward_matmuls_and_still_trains():
     default = fp8.fp8_config("tensorwise")
     assert default.gemm_config_output.use_fast_accum  # torchao's forward: fast already
     assert not default.gemm_config_grad_input.use_fast_accum and not default.gemm_config_grad_weight.use_fast_accum
-    rowwise = fp8.fp8_config("rowwise", fast_accum=True)
+    rowwise = fp8.fp8_config("rowwise", fast_accum="all")
     assert rowwise.gemm_config_grad_input.use_fast_accum and rowwise.gemm_config_grad_weight.use_fast_accum
+    half = fp8.fp8_config("tensorwise", fast_accum="grad-input")  # the short sums only
+    assert half.gemm_config_grad_input.use_fast_accum and not half.gemm_config_grad_weight.use_fast_accum
     assert rowwise.round_scales_to_power_of_2  # the rest of the recipe is kept
     assert rowwise.cast_config_grad_output.scaling_granularity.value == "axiswise"
 
     torch.manual_seed(0)
     model = _narrow_llama()
-    line = fp8.use_fp8(model, fast_accum=True)
+    line = fp8.use_fp8(model, fast_accum="all")
     assert line == (
         "fp8=on linear_layers=14 (torchao float8, tensorwise scaling, fast accumulation in the backward too; "
         "the LM head stays bf16)"

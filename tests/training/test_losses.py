@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distrain_cloud.training.losses import IGNORE, fused_causal_lm_loss, head_loss
+from distrain_cloud.training.losses import IGNORE, fp8_head_why_not, fused_causal_lm_loss, head_loss
 
 BATCH, SEQ, DIM, VOCAB = 3, 7, 16, 50
 
@@ -121,6 +121,82 @@ def test_head_loss_with_no_label_that_counts_gives_zero_not_nan():
     loss, grad_hidden, grad_weight = loss_and_grads(head, hidden, weight, input_ids)
     assert loss.item() == 0.0
     assert grad_hidden.abs().sum() == 0 and grad_weight.abs().sum() == 0
+
+
+# ---------------------------------------------------------------- --fp8-head (torch._scaled_mm, on CPU too)
+
+FP8_VOCAB = 64  # _scaled_mm's sizes: multiples of 16 (the 3 x 7 rows are padded to 32 inside)
+
+
+def fp8_inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(BATCH, SEQ, DIM, generator=g, requires_grad=True)
+    weight = (0.3 * torch.randn(FP8_VOCAB, DIM, generator=g)).requires_grad_()
+    return hidden, weight, torch.randint(0, FP8_VOCAB, (BATCH, SEQ), generator=g)
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return F.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()
+
+
+@pytest.mark.parametrize("accum", ["exact", "fast"])
+def test_the_fp8_head_stays_close_to_cross_entropy_and_keeps_the_inputs_dtypes(accum):
+    hidden, weight, input_ids = fp8_inputs(seed=4)
+    input_ids[0, 3] = IGNORE
+
+    def fp8_head(h, w, ids):
+        return head_loss(h, w, ids, fp8=accum)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = loss_and_grads(fp8_head, hidden, weight, input_ids, scale=0.25)
+        bf16 = loss_and_grads(head, hidden, weight, input_ids, scale=0.25)
+    want = loss_and_grads(lambda h, w, ids: reference_of(h, w, ids, FP8_VOCAB), hidden, weight, input_ids, scale=0.25)
+    assert got[0].dtype == torch.float32 and got[1].dtype == got[2].dtype == torch.float32
+    assert got[1].shape == hidden.shape  # the padding rows leave with the backward
+    torch.testing.assert_close(got[0], want[0], rtol=2e-2, atol=2e-2)
+    assert cosine(got[1], want[1]) > 0.99 and cosine(got[2], want[2]) > 0.99  # e4m3/e5m2: 3 and 2 mantissa bits
+    assert got[1][0, 2].abs().sum() == 0 and got[1][:, -1].abs().sum() == 0  # ignored, and no next label
+    assert not torch.equal(got[2], bf16[2])  # float8's rounding shows: the float8 path ran
+
+
+def reference_of(hidden, weight, input_ids, vocab):
+    logits = hidden @ weight.t()
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, vocab), input_ids[:, 1:].reshape(-1), ignore_index=IGNORE, reduction="mean"
+    )
+
+
+def test_the_fp8_head_with_no_label_that_counts_gives_zero_not_nan():
+    hidden, weight, input_ids = fp8_inputs(seed=5)
+    input_ids[:, 1:] = IGNORE  # every gradient zero: the scale of an all-zero tensor must stay finite
+    loss, grad_hidden, grad_weight = loss_and_grads(
+        lambda h, w, ids: head_loss(h, w, ids, fp8="exact"), hidden, weight, input_ids
+    )
+    assert loss.item() == 0.0
+    assert grad_hidden.abs().sum() == 0 and grad_weight.abs().sum() == 0
+
+
+@pytest.mark.slow  # Inductor compiles a forward and a backward
+def test_the_fp8_head_compiled_gives_the_eager_values():
+    hidden, weight, input_ids = fp8_inputs(seed=6)
+    torch._dynamo.reset()
+
+    def fp8_head(h, w, ids):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return head_loss(h, w, ids, fp8="exact")
+
+    got = loss_and_grads(torch.compile(fp8_head, fullgraph=True), hidden, weight, input_ids, scale=3.0)
+    want = loss_and_grads(fp8_head, hidden, weight, input_ids, scale=3.0)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-5)
+    torch._dynamo.reset()
+
+
+def test_fp8_head_sizes_must_be_multiples_of_16():
+    assert fp8_head_why_not(2048, 128256) is None
+    assert fp8_head_why_not(2048, 50257) == (
+        "its hidden size (2048) and vocabulary (50257) must both be multiples of 16"
+    )
 
 
 INTERPRETED_KERNEL_CHECK = """

@@ -214,3 +214,53 @@ def test_the_fast_lm_loss_is_left_out_for_heads_it_does_not_know():
     capped = gpt2(True)
     capped.config.final_logit_softcapping = 30.0
     assert "capped" in modeling.use_head_loss(capped, flags_why_not())
+
+
+# ---------------------------------------------------------------- --fp8-head
+
+
+def test_the_fp8_head_trains_the_model_through_its_forward_close_to_the_bf16_head():
+    """use_head_loss with `fp8`: the model's own training forward runs the head in float8 (CPU's
+    _scaled_mm), and loss and gradients stay near the bf16 head's (float8 has 3 mantissa bits)."""
+    bf16, fp8 = llama(), llama()
+    assert modeling.use_head_loss(bf16, flags_why_not()) is None
+    assert modeling.use_head_loss(fp8, flags_why_not(), fp8="exact") is None
+    assert fp8.__dict__[modeling.HEAD_LOSS_FP8] == "exact" and bf16.__dict__[modeling.HEAD_LOSS_FP8] is None
+    results = []
+    for model in (bf16, fp8):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=IDS, labels=IDS).loss
+        loss.backward()
+        results.append((loss, model.get_output_embeddings().weight.grad, model.model.layers[0].mlp.up_proj.weight.grad))
+    (want, *want_grads), (got, *got_grads) = results
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert torch.nn.functional.cosine_similarity(g.flatten(), w.flatten(), dim=0) > 0.98
+        assert not torch.equal(g, w)  # float8's rounding: the fp8 head ran
+
+
+def test_the_fp8_head_is_refused_where_the_head_cannot_run_in_float8():
+    from distrain_cloud.training.args import ArgumentError
+
+    odd = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, hidden_size=64,
+            intermediate_size=128, vocab_size=100, max_position_embeddings=64,
+        )
+    )  # fmt: skip
+    modeling.training_forward(odd)
+    with pytest.raises(ArgumentError, match=r"--fp8-head: .* vocabulary \(100\) must both be multiples of 16; drop"):
+        modeling.use_head_loss(odd, flags_why_not(), fp8="exact")
+    biased = llama()
+    biased.lm_head.bias = torch.nn.Parameter(torch.zeros(biased.config.vocab_size))
+    with pytest.raises(ArgumentError, match="--fp8-head: .* an LM head other than a bias-free linear layer"):
+        modeling.use_head_loss(biased, flags_why_not(), fp8="exact")
+
+
+def test_the_fp8_head_needs_the_fast_lm_loss():
+    from distrain_cloud.training.args import ArgumentError
+    from distrain_cloud.training.decisions import decide
+
+    args = train_args("--precision", "fp8", "--strategy", "ddp", "--fp8-head", "--lm-loss", "model")
+    with pytest.raises(ArgumentError, match=r"--fp8-head .* \(--lm-loss model\): drop --fp8-head"):
+        decide(args, world=1, cuda=True)
