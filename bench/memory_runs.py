@@ -58,6 +58,7 @@ class Config:
     flags: str = ""  # the run's extra training flags, without their dashes (no-logits-upcast is gone since)
     not_modelled: str | None = None
     precision: str = "bf16"  # or "fp8": torchao float8 linears under bf16 autocast
+    fp8_head: bool = False  # --fp8-head: the LM head's matmuls in float8 too (losses._Fp8HeadLoss)
     # why a plain configuration is left out of the fit for now: the rows then only test the
     # estimate (within 15%), as unseen data, until launcher/memory.py's constants are refitted
     held_out: str | None = None
@@ -75,6 +76,7 @@ class Config:
         parts += [f"accum{self.grad_accum}"] if self.grad_accum > 1 else []
         parts += [self.task] if self.task != "causal-lm" else []
         parts += [self.precision] if self.precision != "bf16" else []
+        parts += ["fp8-head"] if self.fp8_head else []
         return " ".join(parts + ([self.flags] if self.flags else []))
 
     @property
@@ -113,6 +115,7 @@ class Config:
             compile_unit=self.compile_unit,
             compiled_autograd=self.compiled_autograd,
             head_loss=self.head_loss,
+            fp8_head=self.fp8_head,
             constants=constants,
         )
 
@@ -133,6 +136,7 @@ S16 = "2026-11-27-h200x4-session16"
 S18 = "2026-11-28-h200x4-session18"
 S19 = "2026-11-28-h200x4-session19"
 S20 = "2026-11-28-h200x4-session20"
+S21 = "2026-11-28-h200x1-session21"
 S20X1 = "2026-11-28-h200x1-session20-gpt2-b64"
 HELD_OUT_S20 = "measured in session 20, after the last refit"
 S17 = "2026-11-27-h100x1-session17"
@@ -621,11 +625,27 @@ CONFIGS: tuple[Config, ...] = (
     Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
            head_loss=True, held_out=HELD_OUT_S20, runs=_runs("H200",
         (f"{S20}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
-        (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06))),
+        (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
+        (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06))),
     Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
-           head_loss=True, precision="fp8",
-           runs=_runs("H200", (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34))),
+           head_loss=True, precision="fp8", runs=_runs("H200",
+        (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34),
+        (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34))),
     Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
            head_loss=True, precision="fp8", flags="fp8-fast-accum",
            runs=_runs("H200", (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8fa16", 51.6363, 68.34))),
+    # session 21 (1xH200, each run alone): --fp8-head at micro-batch 16 and 8 (three 400-step runs at 8:
+    # c2's fp8h2 row is the bench reporting fp8h's one run twice), and the input gradients' fast
+    # accumulation alone (the same memory as fp8's)
+    Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, precision="fp8", fp8_head=True,
+           runs=_runs("H200", (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8h16", 59.0313, 70.64))),
+    Config("llama-1b", 1, "ddp", batch_size=8, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, precision="fp8", fp8_head=True, runs=_runs("H200",
+        (f"{S21}-c2", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h", 36.5761, 71.2),
+        (f"{S21}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h2", 36.5761, 71.2),
+        (f"{S21}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h3", 36.5761, 71.2))),
+    Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, precision="fp8", flags="fp8-fast-accum grad-input",
+           runs=_runs("H200", (f"{S21}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8gi16", 51.6363, 68.34))),
 )  # fmt: skip

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,11 +64,21 @@ class Run:
     n_params: int | None = None
     fpt: float | None = None  # training FLOPs per token, for MFU
     variant: str = ""  # --variant NAME: compared with the runs of the same variant
+    repeat: int = 1  # --repeat: the k-th run of the same command
     result: dict = field(default_factory=dict)
 
     @property
     def key(self):
-        return (self.impl, tuple(self.cmd), self.gpus)
+        return (self.impl, tuple(self.cmd), self.gpus, self.repeat)
+
+
+def repeats(r: Run, n: int) -> list[Run]:
+    """`r` and n - 1 runs of the same command after it (--repeat), each its own run: ids ending
+    -r2 ... -rN, and variants of their own, so the llama suite compares each with the plain run."""
+    return [r] + [
+        replace(r, id=f"{r.id}-r{k}", label=f"{r.label} (run {k})", variant=f"{r.variant or 'ours'}-r{k}", repeat=k)
+        for k in range(2, n + 1)
+    ]
 
 
 @dataclass
@@ -1329,6 +1339,14 @@ def parse_args(argv=None):
         action="store_true",
         help="tiny CPU plumbing check: tiny models, CPU processes (--gpus = processes, default 2)",
     )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each selected run N times, one after another (ids -r2 ... -rN): the run-to-run spread, of a "
+        "loss say; without it a command runs once, however many --variant names give it",
+    )
     p.add_argument("--only", metavar="REGEX", help="run only the runs whose id matches (ids: see --dry-run logs)")
     p.add_argument("--deadline-min", type=float, help="start no run after this many minutes; clamp timeouts to it")
     p.add_argument(
@@ -1473,6 +1491,8 @@ def parse_args(argv=None):
                 f"--{what}warmup and --{what}steps must be multiples of --{what}log-every "
                 f"(whole log windows), got {w}, {s}, {le}"
             )
+    if a.repeat < 1:
+        p.error(f"--repeat must be 1 or more, got {a.repeat}")
     return a
 
 
@@ -1519,10 +1539,18 @@ def main(argv=None) -> int:
             print(f"bench: --only '{a.only}' matches no run id; the ids: {ids}", file=sys.stderr)
             return 2
         suites = {k: rs for k, rs in kept.items() if rs}  # a suite left empty has no table
+    if a.repeat > 1:  # after --only, so that the runs it keeps are the ones repeated
+        suites = {k: [c for r in rs for c in repeats(r, a.repeat)] for k, rs in suites.items()}
     all_runs: list[Run] = [r for rs in suites.values() for r in rs]
     unique: dict = {}
     for r in all_runs:
-        unique.setdefault(r.key, r)
+        first = unique.setdefault(r.key, r)
+        if first is not r and not a.dry_run:  # the dry run marks it under the command
+            print(
+                f"bench: {r.id} is the same command as {first.id}: it runs once and both rows show that run "
+                "(--repeat N runs a command N times)",
+                flush=True,
+            )
 
     # data sized so that one epoch of ours covers the longest run
     lm = [r for r in all_runs if r.task == "lm"]

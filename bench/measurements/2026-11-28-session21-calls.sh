@@ -12,13 +12,16 @@ nvidia-smi >"$o/nvidia-smi.txt" 2>&1
 python3 -c 'import sys, torch, transformers, accelerate, torchao; print(sys.version.split()[0], torch.__version__,
   torch.version.cuda, transformers.__version__, accelerate.__version__, torchao.__version__)' >"$o/versions.txt" 2>&1
 # fp8: torchao's defaults (fp8), the LM head in float8 too (h), the input gradients' matmuls in fast
-# accumulation (gi); b16/b32: the micro-batch
+# accumulation (gi); b16/b32: the micro-batch. fp8h2 and fp8h3 repeat fp8h with a flag that changes no
+# number of the training (bench/run.py runs one command once: the same flags would not run again).
 V=(--variant 'llama:b16=--batch-size 16' --variant 'llama:b32=--batch-size 32'
   --variant 'llama:fp8b16=--precision fp8 --batch-size 16'
   --variant 'llama:fp8h16=--precision fp8 --fp8-head --batch-size 16'
   --variant 'llama:fp8gi16=--precision fp8 --fp8-fast-accum grad-input --batch-size 16'
   --variant 'llama:fp8hgi16=--precision fp8 --fp8-head --fp8-fast-accum grad-input --batch-size 16'
   --variant 'llama:fp8h=--precision fp8 --fp8-head'
+  --variant 'llama:fp8h2=--precision fp8 --fp8-head --eval-batch-size 8'
+  --variant 'llama:fp8h3=--precision fp8 --fp8-head --generate-tokens 2'
   --variant 'llama:fp8hgi=--precision fp8 --fp8-head --fp8-fast-accum grad-input'
   --variant 'llama:fp8gi=--precision fp8 --fp8-fast-accum grad-input')
 SPEED=(--suite llama --gpus 1 --llama-steps 40 --llama-warmup 20 --llama-log-every 10 --eval-samples 500)

@@ -427,3 +427,27 @@ def test_the_xl_suite_runs_the_8b_llama_at_its_sequence_length():
     assert {"ours llama-8b zero3 x4", "ours llama-8b fsdp x4"} <= set(plan)
     assert "--preset llama-8b" in plan["ours llama-8b fsdp x4"] and "--block-size 2048" in plan["ours llama-8b fsdp x4"]
     assert "= the Python standard library's source, not repeated: the first" in r.stdout  # the default text
+
+
+def test_repeat_runs_each_selected_command_again_under_its_own_id():
+    """--repeat 3: the run --only keeps, twice more, each a run of its own (two variants with the
+    same flags are one run reported twice) and compared with the plain run as a variant."""
+    r = dry_run(
+        "--suite", "llama", "--gpus", "1", "--variant", "llama:fp8h=--precision fp8 --fp8-head",
+        "--only", "k1-fp8h$", "--repeat", "3",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "# 3 unique runs, 3 table rows" in r.stdout and "reused" not in r.stdout
+    labels = [line[2:].split("  [")[0] for line in r.stdout.splitlines() if line.startswith("# ours")]
+    assert labels[:3] == [
+        "ours llama-1b +compile [fp8h]",
+        "ours llama-1b +compile [fp8h] (run 2)",
+        "ours llama-1b +compile [fp8h] (run 3)",
+    ], labels
+    commands = planned(r)
+    assert commands["ours llama-1b +compile [fp8h] (run 3)"] == commands["ours llama-1b +compile [fp8h]"]
+    same = dry_run("--suite", "llama", "--gpus", "1", "--variant", "llama:a=--precision fp8",
+                   "--variant", "llama:b=--precision fp8", "--only", "k1-a$|k1-b$")  # fmt: skip
+    assert "(same run as above; reused)" in same.stdout and "# 1 unique runs, 2 table rows" in same.stdout
+    refused = dry_run("--suite", "llama", "--repeat", "0")
+    assert refused.returncode == 2 and "--repeat must be 1 or more, got 0" in refused.stderr
