@@ -594,6 +594,7 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
     """For a JobSpec: a line describing the job, and every GPU instance type of its platform
     (SageMaker, EC2; both for local jobs) with the memory it needs there and its cost."""
     from distrain_cloud.infra.errors import UserError
+    from distrain_cloud.training.args import ArgumentError
     from distrain_cloud.training.decisions import decide, planned
     from distrain_cloud.training.strategies import AUTO, choose_precision
 
@@ -608,6 +609,10 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
             f"model {args.model or args.model_config}: its size is not known here (launcher/memory.py HUB_MODELS, "
             "or a local config.json), so which instances fit cannot be told"
         )
+    try:  # the job as asked, on one GPU: what the line says of it; it refuses what only decide() weighs
+        asked = decide(args, world=1, cuda=True)
+    except ArgumentError as e:  # e.g. --fp8-head with --lm-loss model
+        raise UserError(f"training arguments: {e}") from None
     rows = []
     for instance in all_instances():
         if not instance.is_gpu or (spec.backend != "local" and not INSTANCE_KINDS[spec.backend][0](instance.name)):
@@ -640,8 +645,7 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
             scaled = f"; x {world} GPUs, multi-GPU scaling not modelled" if world > 1 else ""
             cost, note = hourly / tokens_per_hour * 1e6, rate[1] + scaled
         rows.append(Fit(instance.name, gpus, need, have, hourly, cost, note, runs))
-    # The job as asked, on one GPU: how the line names its strategy (auto as asked) and its compile.
-    asked = decide(args, world=1, cuda=True)
+    # How the line names the job's strategy (auto as asked) and its compile.
     what = (
         f"{shape.name} ({shape.params / 1e6:,.0f}M params), {args.task}, "
         f"{args.strategy if args.strategy == AUTO else asked.strategy_words}"

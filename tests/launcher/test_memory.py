@@ -573,3 +573,32 @@ def test_an_8b_llama_needs_sharding_on_80_gib_cards_and_the_check_names_a_sharde
     assert ddp.device_gib > 80 > fsdp.device_gib
     check = memory.fit_check(_decided(dataclasses.replace(args, strategy="ddp")), lookup("ml.p5.48xlarge"))
     assert check.ok is False and "fits with --strategy zero2 (about 69.4 GiB)" in check.detail
+
+
+@pytest.mark.parametrize("command", ["fit", "ec2", "sagemaker"])
+def test_a_flag_only_the_decisions_refuse_is_one_line_in_the_plan_and_the_fit_table(
+    command, tmp_path, capsys, no_aws_config
+):
+    """--fp8-head with --lm-loss model passes the flag check and is refused by decide(), which the
+    plans and the fit table reach after it: one `error:` line there too, not a traceback."""
+    from distrain_cloud.launcher import cli
+
+    train = ["--task", "causal-lm", "--preset", "llama-1b", "--fp8-head", "--lm-loss", "model"]
+    if command == "fit":
+        spec = tmp_path / "job.yaml"
+        spec.write_text(
+            "instance: p5.48xlarge\nprecision: fp8\nhyperparameters:\n  task: causal-lm\n  preset: llama-1b\n"
+            "  fp8_head: true\n  lm_loss: model\n"
+        )
+        argv = ["instances", "--fit", str(spec)]
+    else:
+        instance = "p5.48xlarge" if command == "ec2" else "ml.p5.48xlarge"
+        argv = ["submit", "--instance", instance, "--precision", "fp8", "--dry-run", "--", *train]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: ") and err.endswith(
+        "--fp8-head multiplies the LM head inside the fast LM loss, which this run does not use (--lm-loss model): "
+        "drop --fp8-head"
+    ), err
