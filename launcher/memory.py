@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .catalog import InstanceType
     from .plan import Check
     from .spec import JobSpec
+    from .throughput import Throughput
 
 GIB = 2**30
 CHECK_NAME = "fits in GPU memory"
@@ -677,7 +678,7 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
             and (t.task, t.seq_len, t.batch_size, t.compiled)
             == (args.task, seq_len(args), args.batch_size, job.compiled)
             and (args.strategy == t.strategy or (args.strategy in replicated and t.strategy in replicated))
-            and args.precision != "fp8"
+            and _same_precision(args, t)
             and not job.in_graph
         )
         if same:
@@ -686,6 +687,21 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
             where = f"1 {t.card}" if t.gpus == 1 else f"{t.gpus} {t.card}s ({t.strategy})"
             return per_gpu, f"{per_gpu:,.0f} tokens/s/GPU measured on {where}: {sources}"
     return None
+
+
+def _same_precision(args: TrainArgs, t: Throughput) -> bool:
+    """Whether a job of `args` multiplies as measured run `t` did: bf16 (or any 16 bits) both, or
+    fp8 both, with torchao's default recipe and the LM head as `t` ran it."""
+    from distrain_cloud.training.args import TrainArgs
+
+    if (args.precision == "fp8") != (t.precision == "fp8"):
+        return False
+    defaults = TrainArgs()
+    return args.precision != "fp8" or (
+        args.fp8_head == t.fp8_head
+        and (args.fp8_recipe, args.fp8_fast_accum, args.fp8_bf16_edge_blocks)
+        == (defaults.fp8_recipe, defaults.fp8_fast_accum, defaults.fp8_bf16_edge_blocks)
+    )
 
 
 def estimated_tokens_per_sec(job: Decisions, shape: ModelShape, instance: InstanceType) -> tuple[float, str] | None:

@@ -61,3 +61,38 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
     assert rate("H100", compiled=False) < rate("H100")  # eager moves more bytes
     # llama-1b on an H200: the estimate lands near its measured 66,921 tokens/s (2.3% under)
     assert rate("H200") == pytest.approx(66921, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    "flags, rate",
+    [
+        ([], 68744),  # bf16: the micro-batch-16 row
+        (["--precision", "fp8"], 83767),  # torchao's default recipe
+        (["--precision", "fp8", "--fp8-head"], 91196),
+        (["--precision", "fp8", "--fp8-fast-accum", "all"], None),  # never measured: not priced as fp8's
+        (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 83698),
+    ],
+)
+def test_an_llama_1b_job_on_an_h200_is_priced_by_the_run_that_multiplied_as_it_will(flags, rate):
+    from distrain_cloud.launcher.memory import measured_tokens_per_sec, model_shape
+    from distrain_cloud.training.args import parse_args
+    from distrain_cloud.training.decisions import decide
+
+    args = parse_args(
+        [
+            "--task",
+            "causal-lm",
+            "--preset",
+            "llama-1b",
+            "--block-size",
+            "2048",
+            "--compile",
+            "--strategy",
+            "ddp",
+            *flags,
+        ]
+    )
+    shape = model_shape(args)
+    assert shape is not None
+    measured = measured_tokens_per_sec(decide(args, world=1, cuda=True), shape, "H200")
+    assert (measured and round(measured[0])) == rate, measured
