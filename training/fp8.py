@@ -7,19 +7,20 @@ scale per tensor and multiplies with `torch._scaled_mm`: the H100's fp8 tensor c
 twice the bf16 rate. Under torch.compile Inductor fuses the casts into neighbouring kernels.
 
 Not converted: the LM head (its vocabulary-wide logits are where fp8's error hurts most, and
-losses.head_loss reads its weight directly), layers whose sizes are not multiples of 16
-(`_scaled_mm` needs them) and, with --fp8-bf16-edge-blocks N, the linears of the first and last N
-transformer blocks (the blocks nearest the embeddings and the head, where quantisation error
-reaches the loss least damped). --fp8-recipe picks torchao's scaling: tensorwise (one scale per
-tensor, cuBLAS's kernel), rowwise (one per row, CUTLASS's) or rowwise-gw-hp (rowwise, with the
-weight gradient multiplied in bf16). GPT-2's layers are Conv1D, not nn.Linear: nothing to convert, refused.
+losses.head_loss reads its weight directly; --fp8-head multiplies it in float8 there instead),
+layers whose sizes are not multiples of 16 (`_scaled_mm` needs them) and, with
+--fp8-bf16-edge-blocks N, the linears of the first and last N transformer blocks (the blocks nearest
+the embeddings and the head, where quantisation error reaches the loss least damped). --fp8-recipe
+picks torchao's scaling: tensorwise (one scale per tensor, cuBLAS's kernel), rowwise (one per row,
+CUTLASS's) or rowwise-gw-hp (rowwise, with the weight gradient multiplied in bf16). GPT-2's layers
+are Conv1D, not nn.Linear: nothing to convert, refused.
 
 Accumulation: torchao multiplies the forward with the tensor cores' fast accumulation and the two
 backward matmuls (input and weight gradients) with the exact one, which on Hopper promotes the
-partial sums to fp32 every few steps and runs slower. --fp8-fast-accum runs the backward's fast
-too (DeepSeek-V3's report names that promotion as what keeps long reductions exact: the weight
-gradient sums over every token of the micro-batch), so it is opt-in; bench/README.md (session 20)
-has its speed.
+partial sums to fp32 every few steps and runs slower. --fp8-fast-accum grad-input runs the input
+gradients' fast too, --fp8-fast-accum (all) the weight gradients' as well (DeepSeek-V3's report
+names that promotion as what keeps long reductions exact: the weight gradient sums over every token
+of the micro-batch), so both are opt-in; bench/README.md (sessions 20, 21) has their speed.
 
 torchao is optional (not in requirements.txt): torchao 0.17.0 is the release built against
 torch 2.11 (bench/README.md ("What the GPU machine needs") has the wheel's download line).
