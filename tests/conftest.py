@@ -81,9 +81,10 @@ def moto_plays_ec2_network() -> Iterator[None]:
 def no_placement_groups_left() -> None:
     """Each test starts with none of an earlier test's played placement groups (moto's own state
     is new per `mock_aws`)."""
-    from ec2_network import GROUPS
+    from ec2_network import DELETED, GROUPS
 
     GROUPS.clear()
+    DELETED.clear()
 
 
 @pytest.fixture

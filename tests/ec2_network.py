@@ -13,6 +13,10 @@ What AWS does that this plays, and where AWS says so:
   live instances is refused.
 - DescribePlacementGroups answers the region's groups, narrowed by GroupNames and by the filters
   group-name, state, strategy, tag:<key> and tag-key (EC2 API Reference, DescribePlacementGroups).
+  A deleted group stays in its answers for a while in the state `deleted` (the state filter's
+  values there: pending | available | deleting | deleted), so a caller that lists what is left
+  must filter on the state; played by keeping every deleted group listed, as `deleted`, for the
+  rest of the test. Its name may be taken again at once.
 - DeletePlacementGroup is refused while an instance in the group is not terminated, or an Auto
   Scaling group still launches into it: InvalidPlacementGroup.InUse ("Delete a placement group":
   "you must terminate ... the instances in the placement group").
@@ -31,6 +35,7 @@ import itertools
 from typing import Any
 
 GROUPS: dict[tuple[str, str, str], Group] = {}  # (account, region, name) -> the group
+DELETED: list[tuple[str, str, Group]] = []  # (account, region, group): still listed, as `deleted`
 _IDS = itertools.count(1)
 
 
@@ -41,6 +46,7 @@ class Group:
     tags: list[dict[str, str]]
     group_id: str
     instances: set[str] = dataclasses.field(default_factory=set)
+    state: str = "available"
 
 
 def play(monkeypatch) -> dict[tuple[str, str, str], Group]:
@@ -52,6 +58,7 @@ def play(monkeypatch) -> dict[tuple[str, str, str], Group]:
     from moto.ec2.responses import EC2Response
 
     GROUPS.clear()
+    DELETED.clear()
 
     def key(response: Any, name: str) -> tuple[str, str, str]:
         return (response.current_account, response.region, name)
@@ -61,7 +68,7 @@ def play(monkeypatch) -> dict[tuple[str, str, str], Group]:
             "GroupName": group.name,
             "GroupId": group.group_id,
             "Strategy": group.strategy,
-            "State": "available",
+            "State": group.state,
             "Tags": group.tags,
         }
 
@@ -86,8 +93,8 @@ def play(monkeypatch) -> dict[tuple[str, str, str], Group]:
                 seen = [group.name]
             elif name == "strategy":
                 seen = [group.strategy]
-            elif name == "state":  # a played group is available until deleted (then gone at once)
-                seen = ["available"]
+            elif name == "state":
+                seen = [group.state]
             elif name == "tag-key":
                 seen = list(tags)
             elif name.startswith("tag:"):
@@ -101,10 +108,11 @@ def play(monkeypatch) -> dict[tuple[str, str, str], Group]:
     def describe_placement_groups(self: Any) -> ActionResult:
         names = self._get_param("GroupNames", [])
         filters = self._filters_from_querystring()
+        listed = [(a, r, g) for (a, r, _), g in GROUPS.items()] + DELETED
         found = [
             g
-            for (a, r, n), g in GROUPS.items()
-            if (a, r) == key(self, "")[:2] and (not names or n in names) and matches(g, filters)
+            for a, r, g in listed
+            if (a, r) == key(self, "")[:2] and (not names or g.name in names) and matches(g, filters)
         ]
         return ActionResult({"PlacementGroups": [shown(g) for g in found]})
 
@@ -116,6 +124,8 @@ def play(monkeypatch) -> dict[tuple[str, str, str], Group]:
         if _live(self, group) or _groups_launching(self, name):
             raise EC2ClientError("InvalidPlacementGroup.InUse", f"The Placement Group '{name}' is in use.")
         del GROUPS[key(self, name)]
+        group.state = "deleted"
+        DELETED.append((self.current_account, self.region, group))
         return ActionResult({})
 
     real_run = EC2Response.run_instances
