@@ -761,6 +761,26 @@ def git_commit() -> str | None:
         return None
 
 
+# The folders whose Python a run executes: the product and the bench itself.
+SOURCE_DIRS = ("training", "launcher", "infra", "bench")
+
+
+def source_sha(root: Path = lib.REPO) -> str:
+    """sha256 (first 16 hex digits) of the Python sources under SOURCE_DIRS, by path and content.
+    A results file names the code it ran even where git's view is stale (a device copy of a
+    working tree keeps the checkout's old HEAD): `bench/run.py --source-sha` at a commit gives the
+    value to compare."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    files = sorted(
+        f for d in SOURCE_DIRS for f in (root / d).rglob("*.py") if "__pycache__" not in f.relative_to(root).parts
+    )
+    for f in files:
+        digest.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 class GpuMemSampler:
     """Peak nvidia-smi memory.used per GPU while a run is alive (context + cache + tensors)."""
 
@@ -1237,7 +1257,7 @@ def render(meta: dict, suites: dict[str, list[Run]], ctx: Ctx) -> tuple[str, dic
     v = meta["versions"]
     gpus = meta.get("gpus") or []
     md.append(
-        f"- date: {meta['date']}  commit: {meta.get('commit')}  host GPUs: "
+        f"- date: {meta['date']}  commit: {meta.get('commit')} (sources {meta.get('source_sha')})  host GPUs: "
         + (f"{len(gpus)} x {gpus[0]['name']} (driver {gpus[0]['driver']})" if gpus else "none (CPU)")
     )
     md.append("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
@@ -1338,6 +1358,11 @@ def parse_args(argv=None):
         "--cpu-smoke",
         action="store_true",
         help="tiny CPU plumbing check: tiny models, CPU processes (--gpus = processes, default 2)",
+    )
+    p.add_argument(
+        "--source-sha",
+        action="store_true",
+        help="print the sha of the Python sources this checkout would run (results.json's source_sha) and exit",
     )
     p.add_argument(
         "--repeat",
@@ -1498,6 +1523,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.source_sha:
+        print(source_sha())
+        return 0
     names = list(SUITES) if a.suite == "all" else [s.strip() for s in a.suite.split(",") if s.strip()]
     bad = [s for s in names if s not in SUITES]
     if bad:
@@ -1628,6 +1656,7 @@ def main(argv=None) -> int:
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "commit": git_commit(),
+        "source_sha": source_sha(),
         "versions": versions(),
         "gpus": gpu_inventory(),
         "host_cpus": os.cpu_count(),

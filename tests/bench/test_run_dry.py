@@ -451,3 +451,28 @@ def test_repeat_runs_each_selected_command_again_under_its_own_id():
     assert "(same run as above; reused)" in same.stdout and "# 1 unique runs, 2 table rows" in same.stdout
     refused = dry_run("--suite", "llama", "--repeat", "0")
     assert refused.returncode == 2 and "--repeat must be 1 or more, got 0" in refused.stderr
+
+
+def test_the_source_sha_names_the_python_a_run_executes(tmp_path):
+    """results.json's source_sha: the same for the same sources wherever they are, different when
+    one byte of one file changes, blind to caches and to files outside the sources' folders."""
+    run = _bench()
+
+    def tree(root: Path, body: str) -> str:
+        for d in run.SOURCE_DIRS:
+            (root / d).mkdir(parents=True, exist_ok=True)
+        (root / "training" / "trainer.py").write_text(body)
+        (root / "bench" / "run.py").write_text("x = 1\n")
+        return run.source_sha(root)
+
+    first = tree(tmp_path / "a", "step = 1\n")
+    assert first == tree(tmp_path / "b", "step = 1\n")  # where the checkout sits does not count
+    (tmp_path / "b" / "training" / "__pycache__").mkdir()
+    (tmp_path / "b" / "training" / "__pycache__" / "trainer.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "b" / "notes.py").write_text("outside the sources\n")
+    assert run.source_sha(tmp_path / "b") == first
+    assert tree(tmp_path / "c", "step = 2\n") != first
+    printed = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), "--source-sha"], capture_output=True, text=True, check=True
+    )
+    assert printed.stdout.strip() == run.source_sha() and len(printed.stdout.strip()) == 16
