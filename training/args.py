@@ -416,6 +416,15 @@ class _Parser(argparse.ArgumentParser):
         raise ArgumentError(message)
 
 
+def fp8_flags_given(a: TrainArgs) -> list[str]:
+    """The --fp8-* flags `a` sets away from their defaults (they apply to --precision fp8 only)."""
+    return [
+        f"--{name.replace('_', '-')}"
+        for name in ("fp8_recipe", "fp8_bf16_edge_blocks", "fp8_fast_accum", "fp8_head")
+        if getattr(a, name) != getattr(TrainArgs, name)
+    ]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The training flags, one for each TrainArgs field and in its order, named as the field with
     dashes: the field's default, int or float as annotated (a bool is a pair, --compile/--no-compile,
@@ -635,14 +644,9 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(
             f"--precision fp8 runs under --strategy ddp or single, not {a.strategy}: add --strategy ddp"
         )
-    fp8_flags = {
-        "--fp8-recipe": a.fp8_recipe != TrainArgs.fp8_recipe,
-        "--fp8-bf16-edge-blocks": bool(a.fp8_bf16_edge_blocks),
-        "--fp8-fast-accum": a.fp8_fast_accum != TrainArgs.fp8_fast_accum,
-        "--fp8-head": a.fp8_head,
-    }
-    if a.precision != "fp8" and any(fp8_flags.values()):
-        flag = next(name for name, given in fp8_flags.items() if given)
+    given = fp8_flags_given(a)
+    if a.precision != "fp8" and given:
+        flag = given[0]
         raise ArgumentError(f"{flag} applies to --precision fp8, not {a.precision or 'the default precision'}")
     if a.fp8_bf16_edge_blocks < 0:
         raise ArgumentError(f"--fp8-bf16-edge-blocks must be 0 or more, got {a.fp8_bf16_edge_blocks}")

@@ -310,18 +310,14 @@ def use_head_loss(model, flags_why_not: str | None, fp8: str | None = None) -> s
     allow it (`flags_why_not`: the decisions' head_loss_why_not) and the model does; why not,
     where it does not. `fp8` (--fp8-head): the head multiplies in float8, its backward accumulating
     "fast" or "exact"; a head that cannot is refused (ArgumentError)."""
+    why = flags_why_not or _head_loss_model_why_not(model)
     if fp8 is not None:
         from .losses import fp8_head_why_not
 
-        why = flags_why_not or _head_loss_model_why_not(model)
-        if why is None:
-            vocab, hidden = model.get_output_embeddings().weight.shape
-            why = fp8_head_why_not(hidden, vocab)
-        if why:
-            raise ArgumentError(f"--fp8-head: the LM head cannot multiply in float8 here: {why}; drop --fp8-head")
-    if flags_why_not is not None:
-        return flags_why_not
-    why = _head_loss_model_why_not(model)
+        vocab, hidden = model.get_output_embeddings().weight.shape if why is None else (0, 0)
+        problem = why or fp8_head_why_not(hidden, vocab)
+        if problem:
+            raise ArgumentError(f"--fp8-head: the LM head cannot multiply in float8 here: {problem}; drop --fp8-head")
     if why is None:
         model.__dict__[HEAD_LOSS] = True
         model.__dict__[HEAD_LOSS_FP8] = fp8

@@ -73,7 +73,7 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
         (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 83698),
     ],
 )
-def test_an_llama_1b_job_on_an_h200_is_priced_by_the_run_that_multiplied_as_it_will(flags, rate):
+def test_a_llama_1b_job_on_an_h200_is_priced_by_the_run_that_multiplied_as_it_will(flags, rate):
     from distrain_cloud.launcher.memory import measured_tokens_per_sec, model_shape
     from distrain_cloud.training.args import parse_args
     from distrain_cloud.training.decisions import decide
