@@ -89,18 +89,22 @@ def planned_decisions(
     """The job's decisions on this hardware (training/decisions.planned, with the model's size from
     model_shape): --strategy auto as the job will resolve it, the compile, the engine. A plan makes
     them once, here, and every part of it (configs, the memory check, the summary) reads them."""
+    from distrain_cloud.infra.errors import value_errors_as_user_errors
     from distrain_cloud.training.decisions import planned
 
     shape = model_shape(args)
-    return planned(
-        args,
-        world_size=world_size,
-        nodes=nodes,
-        gpu_model=gpu_model,
-        cuda=cuda,
-        saved=saved,
-        params=shape.params if shape else None,
-    )
+    # decide() refuses in one line what only it weighs: fp8 on a checkpoint trained sharded,
+    # --fp8-head with --lm-loss model
+    with value_errors_as_user_errors():
+        return planned(
+            args,
+            world_size=world_size,
+            nodes=nodes,
+            gpu_model=gpu_model,
+            cuda=cuda,
+            saved=saved,
+            params=shape.params if shape else None,
+        )
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -594,8 +598,7 @@ class Fit:
 def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]:
     """For a JobSpec: a line describing the job, and every GPU instance type of its platform
     (SageMaker, EC2; both for local jobs) with the memory it needs there and its cost."""
-    from distrain_cloud.infra.errors import UserError
-    from distrain_cloud.training.args import ArgumentError
+    from distrain_cloud.infra.errors import UserError, value_errors_as_user_errors
     from distrain_cloud.training.decisions import decide, planned
     from distrain_cloud.training.strategies import AUTO, choose_precision
 
@@ -610,10 +613,8 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
             f"model {args.model or args.model_config}: its size is not known here (launcher/memory.py HUB_MODELS, "
             "or a local config.json), so which instances fit cannot be told"
         )
-    try:  # the job as asked, on one GPU: what the line says of it; it refuses what only decide() weighs
-        asked = decide(args, world=1, cuda=True)
-    except ArgumentError as e:  # e.g. --fp8-head with --lm-loss model
-        raise UserError(f"training arguments: {e}") from None
+    with value_errors_as_user_errors():  # as planned_decisions: decide() refuses what only it weighs
+        asked = decide(args, world=1, cuda=True)  # the job as asked, on one GPU: what the line says of it
     rows = []
     for instance in all_instances():
         if not instance.is_gpu or (spec.backend != "local" and not INSTANCE_KINDS[spec.backend][0](instance.name)):
@@ -692,16 +693,11 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
 def _same_precision(args: TrainArgs, t: Throughput) -> bool:
     """Whether a job of `args` multiplies as measured run `t` did: bf16 (or any 16 bits) both, or
     fp8 both, with torchao's default recipe and the LM head as `t` ran it."""
-    from distrain_cloud.training.args import TrainArgs
+    from distrain_cloud.training.args import fp8_flags_given
 
     if (args.precision == "fp8") != (t.precision == "fp8"):
         return False
-    defaults = TrainArgs()
-    return args.precision != "fp8" or (
-        args.fp8_head == t.fp8_head
-        and (args.fp8_recipe, args.fp8_fast_accum, args.fp8_bf16_edge_blocks)
-        == (defaults.fp8_recipe, defaults.fp8_fast_accum, defaults.fp8_bf16_edge_blocks)
-    )
+    return args.precision != "fp8" or (args.fp8_head == t.fp8_head and set(fp8_flags_given(args)) <= {"--fp8-head"})
 
 
 def estimated_tokens_per_sec(job: Decisions, shape: ModelShape, instance: InstanceType) -> tuple[float, str] | None:

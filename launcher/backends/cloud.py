@@ -80,13 +80,12 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
     processes = max(instance.gpus, 1)
     # The run's length where the plan can count it: the compile and auto's pick turn on it.
     steps = with_planned_steps(args, world_size=spec.nodes * processes, channels=spec.inputs)
-    with value_errors_as_user_errors():  # flags only the decisions weigh, e.g. --fp8-head with --lm-loss model
-        decisions = planned_decisions(
-            steps,
-            world_size=spec.nodes * processes,
-            nodes=spec.nodes,
-            gpu_model=instance.gpu_model if instance.gpus else None,
-        )
+    decisions = planned_decisions(
+        steps,
+        world_size=spec.nodes * processes,
+        nodes=spec.nodes,
+        gpu_model=instance.gpu_model if instance.gpus else None,
+    )
     strategy = decisions.strategy
     cluster = ClusterShape(
         num_nodes=spec.nodes,

@@ -119,10 +119,9 @@ class LocalBackend:
         stop_bound_s = train_args.stop_grace + 2 * LAUNCHER_MARGIN_S
         saved = saved_state(checkpoints)
         # As the job will resolve --strategy auto, but for the GPUs' link, which the job checks itself.
-        with value_errors_as_user_errors():  # e.g. fp8 on a checkpoint trained sharded
-            decisions = planned_decisions(
-                train_args, world_size=processes, nodes=1, gpu_model=None, cuda=gpus > 0, saved=saved
-            )
+        decisions = planned_decisions(  # its refusals are one line (e.g. fp8 on a checkpoint trained sharded)
+            train_args, world_size=processes, nodes=1, gpu_model=None, cuda=gpus > 0, saved=saved
+        )
         shown = strategy_shown(decisions)
         if decisions.strategy.shards_state:
             from distrain_cloud.training.decisions import plan_configs

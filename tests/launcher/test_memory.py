@@ -602,3 +602,43 @@ def test_a_flag_only_the_decisions_refuse_is_one_line_in_the_plan_and_the_fit_ta
         "--fp8-head multiplies the LM head inside the fast LM loss, which this run does not use (--lm-loss model): "
         "drop --fp8-head"
     ), err
+
+
+@pytest.mark.parametrize(
+    "flags, saved, words",
+    [
+        (["--fp8-head", "--lm-loss", "model"], None, "drop --fp8-head"),
+        ([], {"strategy": "fsdp", "sharding": "in-graph"}, "resumes a checkpoint trained with fsdp"),
+    ],
+    ids=["fp8-head-without-the-fast-loss", "fp8-on-a-checkpoint-trained-sharded"],
+)
+def test_every_plan_gets_decides_refusals_as_one_user_error(flags, saved, words):
+    """planned_decisions, which the local and the cloud plans share, turns what only decide()
+    refuses into the user error a plan prints as one line (no traceback, exit 2)."""
+    from distrain_cloud.infra.errors import UserError
+    from distrain_cloud.launcher.memory import planned_decisions
+    from distrain_cloud.training.args import parse_args
+
+    args = parse_args(["--task", "causal-lm", "--preset", "llama-1b", "--precision", "fp8", *flags])
+    with pytest.raises(UserError, match=words) as refused:
+        planned_decisions(args, world_size=1, nodes=1, gpu_model="H100", saved=saved)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "flag, line",
+    [
+        (
+            ["--fp8-fast-accum", "grad-weight"],
+            "argument --fp8-fast-accum: invalid choice: 'grad-weight' (choose from 'none', 'grad-input', 'all')",
+        ),
+        (["--fp8-haed"], "unrecognized arguments: --fp8-haed (did you mean --fp8-head?)"),
+    ],
+)
+def test_a_mistyped_fp8_option_is_one_line_naming_what_is_right(flag, line, capsys, no_aws_config):
+    from distrain_cloud.launcher import cli
+
+    argv = ["submit", "--instance", "p5.48xlarge", "--precision", "fp8", "--dry-run", "--"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*argv, "--task", "causal-lm", "--preset", "llama-1b", *flag])
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip() == f"error: training arguments: {line}"
