@@ -21,6 +21,8 @@ from .strategies import AUTO, BLOCK_COMPILED, PRECISIONS, STRATEGY_CHOICES, prov
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise-gw-hp")
 # --fp8-fast-accum's choices: which backward matmuls accumulate fast (training/fp8.py)
 FP8_FAST_ACCUM = ("none", "grad-input", "all")
+# --fp8-linear's choices: whose float8 linear layer (training/fp8.py)
+FP8_LINEARS = ("torchao", "native")
 
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
@@ -151,6 +153,17 @@ class TrainArgs:
             choices=FP8_FAST_ACCUM,
             nargs="?",
             const="all",
+        ),
+    )
+    # whose float8 linear layers: torchao's, or fp8_linear.Float8Linear on torch._scaled_mm alone
+    fp8_linear: str = field(
+        default="torchao",
+        metadata=_flag(
+            (
+                "--precision fp8: whose float8 linear layers: torchao (default) or native (torch._scaled_mm, "
+                "the same tensorwise scaling with no torchao; its backward reuses the forward's float8 copies)"
+            ),
+            choices=FP8_LINEARS,
         ),
     )
     # the LM head multiplies in float8 too (losses.head_loss)
@@ -420,7 +433,7 @@ def fp8_flags_given(a: TrainArgs) -> list[str]:
     """The --fp8-* flags `a` sets away from their defaults (they apply to --precision fp8 only)."""
     return [
         f"--{name.replace('_', '-')}"
-        for name in ("fp8_recipe", "fp8_bf16_edge_blocks", "fp8_fast_accum", "fp8_head")
+        for name in ("fp8_recipe", "fp8_bf16_edge_blocks", "fp8_fast_accum", "fp8_linear", "fp8_head")
         if getattr(a, name) != getattr(TrainArgs, name)
     ]
 
@@ -650,6 +663,11 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(f"{flag} applies to --precision fp8, not {a.precision or 'the default precision'}")
     if a.fp8_bf16_edge_blocks < 0:
         raise ArgumentError(f"--fp8-bf16-edge-blocks must be 0 or more, got {a.fp8_bf16_edge_blocks}")
+    if a.fp8_linear == "native" and a.fp8_recipe != "tensorwise":
+        raise ArgumentError(
+            f"--fp8-linear native scales tensorwise only; --fp8-recipe {a.fp8_recipe} is torchao's: "
+            "drop --fp8-linear native or --fp8-recipe"
+        )
     if a.compiled_autograd:
         if a.strategy not in ("ddp", "single", AUTO):
             raise ArgumentError(f"--compiled-autograd applies to --strategy ddp or single, not {a.strategy}")

@@ -22,6 +22,10 @@ gradients' fast too, --fp8-fast-accum (all) the weight gradients' as well (DeepS
 names that promotion as what keeps long reductions exact: the weight gradient sums over every token
 of the micro-batch), so both are opt-in; bench/README.md (sessions 20, 21) has their speed.
 
+--fp8-linear native swaps the layers for fp8_linear.Float8Linear instead: the tensorwise recipe on
+torch._scaled_mm alone, whose backward reads the float8 copies of the input and weight its forward
+made where torchao's casts them again (fp8_linear.py says what that saves). No torchao needed.
+
 torchao is optional (not in requirements.txt): torchao 0.17.0 is the release built against
 torch 2.11 (bench/README.md ("What the GPU machine needs") has the wheel's download line).
 """
@@ -38,9 +42,10 @@ FP8_CAPABILITY = (8, 9)
 TORCHAO_PIN = "torchao==0.17.0"
 
 
-def fp8_problem(gpus: int, capability: tuple[int, int] | None) -> str | None:
+def fp8_problem(gpus: int, capability: tuple[int, int] | None, torchao: bool = True) -> str | None:
     """Why --precision fp8 cannot run on these GPUs (one line naming the fix), or None. Torch-free.
-    The strategy is checked with the other flags (args.py: ddp or single)."""
+    The strategy is checked with the other flags (args.py: ddp or single). `torchao`: the run's
+    linear layers are torchao's (--fp8-linear torchao), which must then be installed."""
     if gpus == 0:
         return (
             "--precision fp8 needs a CUDA GPU with float8 matrix units (H100, L4); this machine has none: "
@@ -52,8 +57,11 @@ def fp8_problem(gpus: int, capability: tuple[int, int] | None) -> str | None:
             f"L40S); these GPUs are {capability[0]}.{capability[1]}: use --precision bf16"
         )
 
-    if importlib.util.find_spec("torchao") is None:
-        return f"--precision fp8 needs torchao, which is not installed: pip install {TORCHAO_PIN}"
+    if torchao and importlib.util.find_spec("torchao") is None:
+        return (
+            f"--precision fp8 needs torchao, which is not installed: pip install {TORCHAO_PIN}, "
+            "or add --fp8-linear native (torch alone)"
+        )
     return None
 
 
@@ -103,24 +111,35 @@ def fp8_config(recipe: str = "tensorwise", fast_accum: str = "none") -> Any:
 
 
 def use_fp8(
-    model: Any, recipe: str = "tensorwise", bf16_edge_blocks: int = 0, fast_accum: str = "none", head: bool = False
+    model: Any,
+    recipe: str = "tensorwise",
+    bf16_edge_blocks: int = 0,
+    fast_accum: str = "none",
+    head: bool = False,
+    linear: str = "torchao",
 ) -> str:
-    """Convert `model`'s eligible linear layers (fp8_layer_names) to torchao's Float8Linear with
-    `recipe`'s scaling (fp8_config), in place, before the model is prepared and compiled. Returns the
-    log line; raises ArgumentError when nothing converts."""
-    from torchao.float8 import convert_to_float8_training
-
+    """Convert `model`'s eligible linear layers (fp8_layer_names) to float8 ones, in place, before the
+    model is prepared and compiled: torchao's Float8Linear with `recipe`'s scaling (fp8_config), or
+    with `linear` "native" fp8_linear.Float8Linear (tensorwise only). Returns the log line; raises
+    ArgumentError when nothing converts."""
     eligible = fp8_layer_names(model, bf16_edge_blocks)
     if not eligible:
         raise ArgumentError(
             f"--precision fp8: {type(model).__name__} has no nn.Linear layer to run in float8 "
             "(GPT-2's layers are Conv1D): use --precision bf16, or a Llama-style model such as --preset llama-1b"
         )
-    convert_to_float8_training(
-        model,
-        config=fp8_config(recipe, fast_accum),
-        module_filter_fn=lambda _module, fqn: fqn in eligible,
-    )
+    if linear == "native":
+        from . import fp8_linear
+
+        fp8_linear.convert(model, eligible, fast_accum in ("grad-input", "all"), fast_accum == "all")
+    else:
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(
+            model,
+            config=fp8_config(recipe, fast_accum),
+            module_filter_fn=lambda _module, fqn: fqn in eligible,
+        )
     kept = [] if head else ["the LM head"]
     kept += [f"the first and last {bf16_edge_blocks} blocks"] if bf16_edge_blocks else []
     accum = {
@@ -130,4 +149,5 @@ def use_fp8(
     }[fast_accum]
     stays = f"; {' and '.join(kept)} {'stay' if len(kept) > 1 else 'stays'} bf16" if kept else ""
     head_words = "; the LM head in float8 inside the fast loss" if head else ""
-    return f"fp8=on linear_layers={len(eligible)} (torchao float8, {recipe} scaling{accum}{head_words}{stays})"
+    whose = "torchao float8" if linear == "torchao" else "float8 on torch._scaled_mm"
+    return f"fp8=on linear_layers={len(eligible)} ({whose}, {recipe} scaling{accum}{head_words}{stays})"

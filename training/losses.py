@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from .fp8_linear import E4M3, E5M2, FP8_MULTIPLE, column_major, pad_rows, to_fp8
+
 IGNORE = -100
 
 
@@ -164,23 +166,8 @@ class _HeadLoss(torch.autograd.Function):
 # The same loss with the head's three matmuls in float8 (torch._scaled_mm, one dynamic scale per
 # tensor, as torchao's tensorwise recipe scales the other linears): the forward's hidden states and
 # weight in e4m3, the backward's logit gradient in e5m2 (the wider range gradients need). On
-# llama-1b the bf16 head is a sixth of an fp8 step (bench/README.md, session 20). _scaled_mm
-# takes its first operand row-major and its second column-major (cuBLAS's float8 layouts), so
-# each backward matmul reads one operand transposed: a copy of a float8 tensor, half a bf16 one.
-
-E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-
-
-def _fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x` in float8 `dtype` scaled so that its largest magnitude lands on the format's largest
-    value, and the inverse scale, which _scaled_mm multiplies back."""
-    top = torch.finfo(dtype).max
-    scale = top / x.abs().amax().float().clamp(min=1e-12)
-    return (x.float() * scale).clamp(-top, top).to(dtype), scale.reciprocal()
-
-
-def _column_major(x: torch.Tensor) -> torch.Tensor:
-    return x.t().contiguous().t()
+# llama-1b the bf16 head is a sixth of an fp8 step (bench/README.md, session 20). The casts and
+# layouts are fp8_linear's, which --fp8-linear native's layers share.
 
 
 class _Fp8HeadLoss(torch.autograd.Function):
@@ -189,8 +176,8 @@ class _Fp8HeadLoss(torch.autograd.Function):
         device = hidden.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
         with torch.autocast(device_type=device, enabled=False):
-            h8, h_inv = _fp8(hidden, E4M3)
-            w8, w_inv = _fp8(weight, E4M3)
+            h8, h_inv = to_fp8(hidden, E4M3)
+            w8, w_inv = to_fp8(weight, E4M3)
             # the forward reduces over the hidden size only: fast accumulation, as torchao's forward
             logits = torch._scaled_mm(h8, w8.t(), scale_a=h_inv, scale_b=w_inv, out_dtype=dtype, use_fast_accum=True)
             loss = cross_entropy_grad_(logits, targets)
@@ -202,22 +189,19 @@ class _Fp8HeadLoss(torch.autograd.Function):
     def backward(ctx, grad_out):
         h8, h_inv, w8, w_inv, grad = ctx.saved_tensors
         with torch.autocast(device_type=h8.device.type, enabled=False):
-            g8, g_inv = _fp8(grad, E5M2)
+            g8, g_inv = to_fp8(grad, E5M2)
             grad_h = torch._scaled_mm(
-                g8, _column_major(w8), scale_a=g_inv, scale_b=w_inv, out_dtype=torch.float32, use_fast_accum=ctx.fast
+                g8, column_major(w8), scale_a=g_inv, scale_b=w_inv, out_dtype=torch.float32, use_fast_accum=ctx.fast
             )
             grad_w = torch._scaled_mm(
                 g8.t().contiguous(),
-                _column_major(h8),
+                column_major(h8),
                 scale_a=g_inv,
                 scale_b=h_inv,
                 out_dtype=torch.float32,
                 use_fast_accum=ctx.fast,
             )
         return (grad_h * grad_out).to(ctx.dtypes[0]), (grad_w * grad_out).to(ctx.dtypes[1]), None, None
-
-
-FP8_MULTIPLE = 16  # _scaled_mm's operands: every dimension a multiple of 16
 
 
 def fp8_head_why_not(hidden_size: int, vocab_size: int) -> str | None:
@@ -237,6 +221,6 @@ def head_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, 
     if fp8 is None:
         return _HeadLoss.apply(h, weight, targets)
     if pad := -h.shape[0] % FP8_MULTIPLE:  # rows of zeros, labelled IGNORE: they add nothing
-        h = torch.nn.functional.pad(h, (0, 0, 0, pad))
+        h = pad_rows(h)
         targets = torch.nn.functional.pad(targets, (0, pad), value=IGNORE)
     return _Fp8HeadLoss.apply(h, weight, targets, fp8 == "fast")

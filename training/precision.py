@@ -70,7 +70,7 @@ def resolve_precision(args) -> str:
     """Set args.precision (a TrainArgs) where it was not given; the log line saying what and why.
     --precision fp8 is checked against these GPUs here, before anything loads (ValueError)."""
     if args.precision == "fp8":
-        problem = fp8_problem(*visible_gpus())
+        problem = fp8_problem(*visible_gpus(), torchao=args.fp8_linear == "torchao")
         if problem:
             raise ValueError(problem)
         return "precision=fp8 (--precision: bf16 autocast, the linear layers' matmuls in float8)"

@@ -121,7 +121,8 @@ class Trainer:
         if self.precision_note:  # after the data and model: bad input is one line on stderr, nothing else
             self._print(self.precision_note)
         if a.precision == "fp8":  # before prepare and compile: the linear layers multiply in float8
-            self._print(use_fp8(model, a.fp8_recipe, a.fp8_bf16_edge_blocks, a.fp8_fast_accum, a.fp8_head))
+            fp8_line = use_fp8(model, a.fp8_recipe, a.fp8_bf16_edge_blocks, a.fp8_fast_accum, a.fp8_head, a.fp8_linear)
+            self._print(fp8_line)
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
             a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda"
         )

@@ -1,0 +1,255 @@
+"""--fp8-linear native: fp8_linear.Float8Linear multiplies in float8 on torch._scaled_mm alone
+(torchao's tensorwise recipe, no torchao), its backward reading the float8 copies its forward
+made; through the trainer as a user runs it, on CPU processes told they are on an H100."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from distrain_cloud.training import fp8, fp8_linear
+from distrain_cloud.training.args import ArgumentError, parse_args
+from distrain_cloud.training.fp8_linear import E4M3, E5M2, Float8Linear, to_fp8
+
+FP8_DDP = ["--precision", "fp8", "--strategy", "ddp"]
+
+
+def _pair(bias: bool = False, out: int = 96, fast: tuple[bool, bool] = (False, False)):
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(64, out, bias=bias)
+    layer = torch.nn.Linear(64, out, bias=bias)
+    layer.load_state_dict(ref.state_dict())
+    return ref, Float8Linear.from_linear(layer, *fast)
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None
+    return p.grad
+
+
+def _run(layer, x, g):
+    x = x.detach().clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    y.float().backward(g)
+    return y, x.grad
+
+
+def test_it_computes_the_tensorwise_recipe_exactly_and_stays_near_bf16():
+    """Each matmul equals one of its float8-rounded operands multiplied out in fp32 (the recipe,
+    bit for bit on CPU), and the three results sit within float8's rounding of the bf16 layer."""
+    ref, layer = _pair()
+    x, g = torch.randn(3, 48, 64), torch.randn(3, 48, 96)
+    y, gx = _run(layer, x, g)
+    y_ref, gx_ref = _run(ref, x, g)
+
+    x8, x_inv = to_fp8(x.to(torch.bfloat16).reshape(-1, 64), E4M3)
+    w8, w_inv = to_fp8(layer.weight.detach(), E4M3)
+    g8, g_inv = to_fp8(g.to(torch.bfloat16).reshape(-1, 96), E5M2)
+    deq = lambda t8, inv: t8.float() * inv  # noqa: E731
+    assert torch.equal(layer.weight.grad, deq(g8, g_inv).t() @ deq(x8, x_inv))  # fp32, no bf16 rounding
+    assert layer.weight.grad.dtype == torch.float32 and y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float().reshape(-1, 96), deq(x8, x_inv) @ deq(w8, w_inv).t(), rtol=1e-2, atol=1e-2)
+
+    def rel(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    assert rel(y, y_ref) < 0.06 and rel(gx, gx_ref) < 0.1 and rel(layer.weight.grad, ref.weight.grad) < 0.1
+
+
+def test_the_backward_casts_only_the_gradient_and_keeps_float8_copies():
+    """The forward casts the input and the weight once; the backward casts the output gradient
+    alone and multiplies the forward's float8 copies (torchao's casts both again from bf16)."""
+    _, layer = _pair()
+    casts: list[torch.dtype] = []
+    real = fp8_linear.to_fp8
+
+    def counting(t, dtype):
+        casts.append(dtype)
+        return real(t, dtype)
+
+    saved: list[torch.dtype] = []
+
+    def pack(t):
+        saved.append(t.dtype)
+        return t
+
+    x = torch.randn(64, 64, requires_grad=True)
+    with pytest.MonkeyPatch.context() as mp, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        mp.setattr(fp8_linear, "to_fp8", counting)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(x)
+        assert casts == [E4M3, E4M3]
+        y.float().sum().backward()
+    assert casts == [E4M3, E4M3, E5M2]
+    assert saved.count(E4M3) == 2 and torch.bfloat16 not in saved  # the matmul saves no bf16 input
+
+
+@pytest.mark.parametrize("fast", [(False, False), (True, False), (True, True)], ids=["none", "grad-input", "all"])
+def test_fast_accumulation_reaches_the_backward_matmuls_it_names(fast, monkeypatch):
+    _, layer = _pair(fast=fast)
+    calls: list[bool] = []
+    real = torch._scaled_mm
+
+    def recording(*args, **kw):
+        calls.append(kw["use_fast_accum"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", recording)
+    _run(layer, torch.randn(32, 64), torch.randn(32, 96))
+    assert calls == [True, *fast]  # the forward, then the input and the weight gradients
+
+
+def test_odd_row_counts_and_a_bias_train_and_generation_runs_unpadded():
+    """The weight gradient sums over the rows, which _scaled_mm needs in sixteens: 21 rows are
+    padded with zeros (nothing added) when a backward will run, and left as they are when not."""
+    ref, layer = _pair(bias=True)
+    x, g = torch.randn(3, 7, 64), torch.randn(3, 7, 96)
+    y, gx = _run(layer, x, g)
+    y_ref, gx_ref = _run(ref, x, g)
+    assert y.shape == (3, 7, 96) and gx.shape == x.shape
+    assert ((layer.bias.grad - ref.bias.grad).norm() / ref.bias.grad.norm()) < 0.05
+    assert ((y.float() - y_ref.float()).norm() / y_ref.float().norm()) < 0.06
+    seen: list[int] = []
+    real = torch._scaled_mm
+
+    def recording(a, *rest, **kw):
+        seen.append(a.shape[0])
+        return real(a, *rest, **kw)
+
+    with pytest.MonkeyPatch.context() as mp, torch.no_grad():
+        mp.setattr(torch, "_scaled_mm", recording)
+        layer(torch.randn(1, 5, 64))
+    assert seen == [5]
+
+
+def test_the_layer_keeps_the_linears_parameters_and_state_dict():
+    """The optimizer and checkpoints see the same tensors under the same names."""
+    linear = torch.nn.Linear(32, 16)
+    layer = Float8Linear.from_linear(linear, False, False)
+    assert layer.weight is linear.weight and layer.bias is linear.bias
+    assert list(layer.state_dict()) == ["weight", "bias"] and "float8=tensorwise" in repr(layer)
+
+
+@pytest.mark.slow  # a torch.compile on CPU
+def test_it_compiles_whole_and_agrees_with_eager():
+    """One graph, no break: the casts are ordinary tensor ops Inductor may fuse."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        Float8Linear.from_linear(torch.nn.Linear(64, 128), False, False),
+        torch.nn.GELU(),
+        Float8Linear.from_linear(torch.nn.Linear(128, 64, bias=False), False, False),
+    )
+    x = torch.randn(4, 32, 64)
+    compiled, _ = _run(torch.compile(model, fullgraph=True), x, torch.ones(4, 32, 64))
+    grads = [_grad(p).clone() for p in model.parameters()]
+    model.zero_grad()
+    eager, _ = _run(model, x, torch.ones(4, 32, 64))
+    torch.testing.assert_close(compiled.float(), eager.float(), rtol=0.1, atol=0.1)
+    for a, p in zip(grads, model.parameters(), strict=True):
+        assert ((a - _grad(p)).norm() / _grad(p).norm()) < 0.05
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is optional")
+def test_it_gives_torchaos_tensorwise_values():
+    """The same recipe as torchao's Float8Linear: the same input gradient and output (to bf16's
+    rounding); the weight gradient to within 2% (torchao returns it in bf16, and its CPU matmul
+    rounds more than that on the way)."""
+    from torchao.float8 import convert_to_float8_training
+
+    ref, layer = _pair()
+    theirs = torch.nn.Sequential(ref)
+    convert_to_float8_training(theirs, config=fp8.fp8_config("tensorwise"))
+    x, g = torch.randn(2, 48, 64), torch.randn(2, 48, 96)
+    y, gx = _run(layer, x, g)
+    y_ao, gx_ao = _run(theirs, x, g)
+    torch.testing.assert_close(y, y_ao, rtol=2e-2, atol=0.07)
+    torch.testing.assert_close(gx, gx_ao)
+    assert ((layer.weight.grad - ref.weight.grad).norm() / layer.weight.grad.norm()) < 2e-2
+
+
+def _narrow_llama():
+    from distrain_cloud.training import modeling
+
+    narrow = "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2"
+    args = parse_args(["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", f"{narrow},vocab_size=256"])
+    return modeling.load_model(args, modeling.load_tokenizer(args))
+
+
+@pytest.mark.slow  # transformers' Llama
+def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains():
+    torch.manual_seed(0)
+    model = _narrow_llama()
+    line = fp8.use_fp8(model, linear="native", fast_accum="grad-input")
+    assert line == (
+        "fp8=on linear_layers=14 (float8 on torch._scaled_mm, tensorwise scaling, fast accumulation in the input "
+        "gradients too; the LM head stays bf16)"
+    )
+    layers = [m for m in model.modules() if isinstance(m, Float8Linear)]
+    assert len(layers) == 14 and all(m.fast_grad_input and not m.fast_grad_weight for m in layers)
+    assert not isinstance(model.get_output_embeddings(), Float8Linear)
+    ids = torch.randint(0, 256, (2, 32))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(4):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+
+
+@pytest.mark.slow  # an entry-point run
+def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp_path):
+    """What a user runs: --fp8-linear native through the entry point, on CPU processes told they are
+    on an H100 (fp8_shim), with torchao hidden: the layers convert, the loss is finite."""
+    shim = str(Path(__file__).parent / "fp8_shim")
+    hide = tmp_path / "no_torchao"  # an empty namespace package shadows an installed torchao: no torchao.float8
+    (hide / "torchao").mkdir(parents=True)
+    narrow = (
+        "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
+        "num_key_value_heads=2,vocab_size=1024"
+    )
+    run = train(
+        "--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", narrow, *FP8_DDP,
+        "--fp8-linear", "native", "--fp8-head", "--dataset", "builtin:corpus", "--block-size", "32",
+        "--batch-size", "4", "--max-steps", "4", "--log-every", "2", "--report-to", "none", "--no-save-model",
+        "--max-eval-samples", "8", "--generate-tokens", "2",
+        env={"PYTHONPATH": os.pathsep.join(filter(None, [shim, str(hide), os.environ.get("PYTHONPATH")]))},
+    )  # fmt: skip
+    assert run.returncode == 0, run.describe()
+    assert run.lines("fp8=") == [
+        "fp8=on linear_layers=14 (float8 on torch._scaled_mm, tensorwise scaling; the LM head in float8 inside "
+        "the fast loss)"
+    ], run.describe()
+    assert len(run.train_losses) == 2 and all(0 < v < 20 for v in run.train_losses.values()), run.train_losses
+
+
+def test_native_needs_no_torchao_and_torchaos_layers_do(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    assert fp8.fp8_problem(1, (9, 0), torchao=False) is None
+    problem = fp8.fp8_problem(1, (9, 0))
+    assert problem is not None and problem.endswith("or add --fp8-linear native (torch alone)")
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--fp8-linear", "native", "--fp8-recipe", "rowwise"], "--fp8-linear native scales tensorwise only; "
+         "--fp8-recipe rowwise is torchao's: drop --fp8-linear native or --fp8-recipe"),
+        (["--fp8-linear", "nativ"], "argument --fp8-linear: invalid choice: 'nativ'"),
+    ],
+)  # fmt: skip
+def test_fp8_linear_is_checked_with_the_other_flags(flags, message):
+    with pytest.raises(ArgumentError, match=f"^{message}"):
+        parse_args([*FP8_DDP, *flags])
+    with pytest.raises(ArgumentError, match="^--fp8-linear applies to --precision fp8, not bf16"):
+        parse_args(["--precision", "bf16", "--fp8-linear", "native"])
+    assert parse_args([*FP8_DDP, "--fp8-linear", "native"]).fp8_linear == "native"

@@ -1,0 +1,114 @@
+"""Float8 matmuls on torch._scaled_mm alone: the LM head's (losses.head_loss, --fp8-head) and,
+with --fp8-linear native, every converted linear layer's (`Float8Linear`), with no torchao.
+
+The scaling is torchao's tensorwise recipe: one dynamic scale per tensor, its largest magnitude
+mapped onto the float8 format's largest value; e4m3 for the forward's operands, e5m2 for the
+output gradient (the wider range gradients need); the forward accumulates in the tensor cores'
+fast mode, the backward in the exact one unless --fp8-fast-accum says otherwise.
+
+What differs from torchao's `Float8Linear` is what the backward reads. torchao saves the layer's
+bf16 input and its fp32 weight and casts both to float8 again in the backward (an amax pass and a
+cast over each); the backward here reads the float8 copies the forward made. Same values (a
+tensorwise scale does not depend on when it is computed), a byte an element saved instead of two,
+and two passes over every layer input fewer a step.
+
+_scaled_mm takes its first operand row-major and its second column-major (cuBLAS's float8
+layouts), so each backward matmul reads one operand transposed: a copy of a float8 tensor, half a
+bf16 one. Every dimension it multiplies over must be a multiple of 16 (FP8_MULTIPLE): the weight
+gradient sums over the rows, so a batch whose row count is not one is padded with zero rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FP8_MULTIPLE = 16  # _scaled_mm's operands: every dimension a multiple of 16
+
+
+def to_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` in float8 `dtype` scaled so that its largest magnitude lands on the format's largest
+    value, and the inverse scale, which _scaled_mm multiplies back."""
+    top = torch.finfo(dtype).max
+    scale = top / x.abs().amax().float().clamp(min=1e-12)
+    return (x.float() * scale).clamp(-top, top).to(dtype), scale.reciprocal()
+
+
+def column_major(x: torch.Tensor) -> torch.Tensor:
+    return x.t().contiguous().t()
+
+
+def pad_rows(x: torch.Tensor, multiple: int = FP8_MULTIPLE) -> torch.Tensor:
+    """`x` [N, d] with zero rows appended up to a multiple of `multiple` rows (itself if none)."""
+    pad = -x.shape[0] % multiple
+    return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+
+
+class _Float8Matmul(torch.autograd.Function):
+    """x [N, in] @ weight[out, in].T in float8, N a multiple of FP8_MULTIPLE."""
+
+    @staticmethod
+    def forward(ctx, x, weight, fast_grad_input: bool, fast_grad_weight: bool):
+        x8, x_inv = to_fp8(x, E4M3)
+        w8, w_inv = to_fp8(weight, E4M3)
+        out = torch._scaled_mm(x8, w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype, use_fast_accum=True)
+        ctx.save_for_backward(x8, x_inv, w8, w_inv)
+        ctx.dtypes, ctx.fast = (x.dtype, weight.dtype), (fast_grad_input, fast_grad_weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x8, x_inv, w8, w_inv = ctx.saved_tensors
+        g8, g_inv = to_fp8(grad.contiguous(), E5M2)  # row-major: a gradient may arrive as a strided view
+        grad_x = torch._scaled_mm(
+            g8, column_major(w8), scale_a=g_inv, scale_b=w_inv, out_dtype=ctx.dtypes[0], use_fast_accum=ctx.fast[0]
+        )
+        # in the weight's own dtype (fp32 master weights): no bf16 rounding before it accumulates
+        grad_w = torch._scaled_mm(
+            g8.t().contiguous(),
+            column_major(x8),
+            scale_a=g_inv,
+            scale_b=x_inv,
+            out_dtype=ctx.dtypes[1],
+            use_fast_accum=ctx.fast[1],
+        )
+        return grad_x, grad_w, None, None
+
+
+class Float8Linear(torch.nn.Linear):
+    """nn.Linear whose matmul runs in float8 (_Float8Matmul) in the autocast dtype; the bias, if
+    any, is added in that dtype. `fast_grad_input`/`fast_grad_weight`: --fp8-fast-accum."""
+
+    fast_grad_input = False
+    fast_grad_weight = False
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, fast_grad_input: bool, fast_grad_weight: bool) -> Float8Linear:
+        """A Float8Linear holding `linear`'s own parameters (the optimizer's, if one was built)."""
+        with torch.device("meta"):
+            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        new.weight, new.bias = linear.weight, linear.bias
+        new.fast_grad_input, new.fast_grad_weight = fast_grad_input, fast_grad_weight
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        with torch.autocast(device_type=device, enabled=False):
+            rows = x.reshape(-1, self.in_features).to(dtype)
+            # only a backward sums over the rows; generation's odd row counts run as they are
+            padded = pad_rows(rows) if torch.is_grad_enabled() else rows
+            out = _Float8Matmul.apply(padded, self.weight, self.fast_grad_input, self.fast_grad_weight)
+            out = out[: rows.shape[0]].reshape(*x.shape[:-1], self.out_features)
+            return out if self.bias is None else out + self.bias.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, float8=tensorwise"
+
+
+def convert(model: torch.nn.Module, names: set[str], fast_grad_input: bool, fast_grad_weight: bool) -> None:
+    """Replace the nn.Linear layers of `model` named in `names` by Float8Linear, in place."""
+    for name in sorted(names):
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent)
+        setattr(owner, child, Float8Linear.from_linear(getattr(owner, child), fast_grad_input, fast_grad_weight))
