@@ -139,6 +139,8 @@ S20 = "2026-11-28-h200x4-session20"
 S21 = "2026-11-28-h200x1-session21"
 S20X1 = "2026-11-28-h200x1-session20-gpt2-b64"
 HELD_OUT_S20 = "measured in session 20, after the last refit"
+S22 = "2026-11-29-h200x1-session22"
+HELD_OUT_S22 = "measured in session 22, after the last refit"
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
 CLS, HF_CLS = "ours-cls-gpt2-small-g1-b32", "hf-cls-gpt2-small-g1-b32"
@@ -626,11 +628,14 @@ CONFIGS: tuple[Config, ...] = (
            head_loss=True, held_out=HELD_OUT_S20, runs=_runs("H200",
         (f"{S20}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
         (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
-        (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06))),
+        (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
+        (f"{S22}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
+        (f"{S22}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06))),
     Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
            head_loss=True, precision="fp8", runs=_runs("H200",
         (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34),
-        (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34))),
+        (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34),
+        (f"{S22}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34))),
     Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
            head_loss=True, precision="fp8", flags="fp8-fast-accum",
            runs=_runs("H200", (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8fa16", 51.6363, 68.34))),
@@ -644,8 +649,22 @@ CONFIGS: tuple[Config, ...] = (
            head_loss=True, precision="fp8", fp8_head=True, runs=_runs("H200",
         (f"{S21}-c2", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h", 36.5761, 71.2),
         (f"{S21}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h2", 36.5761, 71.2),
-        (f"{S21}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h3", 36.5761, 71.2))),
+        (f"{S21}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h3", 36.5761, 71.2),
+        (f"{S22}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h", 36.5761, 71.2),
+        (f"{S22}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h-r2", 36.5761, 71.2))),
     Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
            head_loss=True, precision="fp8", flags="fp8-fast-accum grad-input",
            runs=_runs("H200", (f"{S21}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8gi16", 51.6363, 68.34))),
+    # session 22 (1xH200, each run alone): llama-1b at micro-batch 32 in bf16 (held out, a new shape)
+    # and fp8, and fp8 through --fp8-linear native, whose peak is torchao's to the MiB (the estimate
+    # does not read the flag)
+    Config("llama-1b", 1, "ddp", batch_size=32, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, held_out=HELD_OUT_S22,
+           runs=_runs("H200", (f"{S22}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32", 114.7157, 121.93))),
+    Config("llama-1b", 1, "ddp", batch_size=32, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, precision="fp8",
+           runs=_runs("H200", (f"{S22}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-fp8b32", 88.9053, 96.42))),
+    Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
+           head_loss=True, precision="fp8", flags="fp8-linear native",
+           runs=_runs("H200", (f"{S22}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-natb16", 51.6364, 68.46))),
 )  # fmt: skip

@@ -220,8 +220,7 @@ def ours_lm(
     # the table's columns, its id and the packages the run needs follow it.
     batch, accum = int(last_value(cmd, "--batch-size", batch)), int(last_value(cmd, "--grad-accum", accum))
     strategy = last_value(cmd, "--strategy", strategy)
-    needs = ("datasets", "accelerate", "yaml") + (("deepspeed",) if strategy.startswith("zero") else ())
-    needs += ("torchao",) if last_value(cmd, "--precision", "") == "fp8" else ()  # optional: training/fp8.py
+    needs = packages_needed(cmd, strategy)
     tag = f"ours-{preset}-{strategy}{'-compile' if compiled else ''}-g{gpus}-b{batch}-k{accum}"
     if variant[0]:
         tag, label = f"{tag}-{variant[0]}", f"{label or 'ours ' + strategy} [{variant[0]}]"
@@ -479,6 +478,17 @@ def last_value(cmd: list[str], flag: str, default: object) -> str:
     """The value the last `flag VALUE` in `cmd` gives (argparse keeps the last), else `default`."""
     found = [cmd[i + 1] for i, arg in enumerate(cmd[:-1]) if arg == flag]
     return found[-1] if found else str(default)
+
+
+def packages_needed(cmd: list[str], strategy: str) -> tuple[str, ...]:
+    """The optional packages a run of ours imports, by the flags that win in `cmd`: deepspeed for
+    ZeRO, torchao for fp8 on torchao's layers (args.fp8_linear_of: asked for, or a rowwise recipe)."""
+    needs = ("datasets", "accelerate", "yaml") + (("deepspeed",) if strategy.startswith("zero") else ())
+    torchao = last_value(cmd, "--fp8-linear", "auto") == "torchao" or last_value(cmd, "--fp8-recipe", "") not in (
+        "",
+        "tensorwise",
+    )
+    return needs + (("torchao",) if last_value(cmd, "--precision", "") == "fp8" and torchao else ())
 
 
 def variant_strategy(flags: list[str], default: str) -> tuple[str, list[str]]:

@@ -666,14 +666,17 @@ def _cheapest_first(r: Fit) -> tuple[bool, bool, float, float]:
 def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -> tuple[float, str] | None:
     """Tokens/s per GPU measured for this very configuration on this GPU, and where; else None.
     Nothing is scaled from another model, card or micro-batch."""
+    from distrain_cloud.training.args import fp8_linear_of
     from distrain_cloud.training.modeling import PRESETS
 
     from .throughput import THROUGHPUT
 
     args = job.args
     replicated = ("ddp", "single")  # one process of DDP runs as one GPU alone
-    for t in THROUGHPUT:
-        same = (
+    layers = fp8_linear_of(args) if args.precision == "fp8" else None
+
+    def same(t: Throughput) -> bool:
+        return (
             t.card == gpu_model
             and shape_from_config(shape.name, PRESETS[t.model]) == shape
             and (t.task, t.seq_len, t.batch_size, t.compiled)
@@ -682,22 +685,28 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
             and _same_precision(args, t)
             and not job.in_graph
         )
-        if same:
-            per_gpu = sum(t.tokens_per_sec) / len(t.tokens_per_sec)
-            sources = ", ".join(dict.fromkeys(source for source, _ in t.runs))
-            where = f"1 {t.card}" if t.gpus == 1 else f"{t.gpus} {t.card}s ({t.strategy})"
-            return per_gpu, f"{per_gpu:,.0f} tokens/s/GPU measured on {where}: {sources}"
+
+    # an fp8 run with the same layers first; else one whose layers ran the same recipe
+    for t in sorted(filter(same, THROUGHPUT), key=lambda t: layers is not None and t.fp8_linear != layers):
+        per_gpu = sum(t.tokens_per_sec) / len(t.tokens_per_sec)
+        sources = ", ".join(dict.fromkeys(source for source, _ in t.runs))
+        where = f"1 {t.card}" if t.gpus == 1 else f"{t.gpus} {t.card}s ({t.strategy})"
+        other = f" ({t.fp8_linear}'s float8 layers, the same recipe)" if layers and t.fp8_linear != layers else ""
+        return per_gpu, f"{per_gpu:,.0f} tokens/s/GPU measured on {where}: {sources}{other}"
     return None
 
 
 def _same_precision(args: TrainArgs, t: Throughput) -> bool:
     """Whether a job of `args` multiplies as measured run `t` did: bf16 (or any 16 bits) both, or
-    fp8 both, with torchao's default recipe and the LM head as `t` ran it."""
+    fp8 both, with the default recipe and the LM head as `t` ran it (whose float8 layers ran it,
+    torchao's or the native ones, changes no number: measured_tokens_per_sec prefers the same)."""
     from distrain_cloud.training.args import fp8_flags_given
 
     if (args.precision == "fp8") != (t.precision == "fp8"):
         return False
-    return args.precision != "fp8" or (args.fp8_head == t.fp8_head and set(fp8_flags_given(args)) <= {"--fp8-head"})
+    return args.precision != "fp8" or (
+        args.fp8_head == t.fp8_head and set(fp8_flags_given(args)) <= {"--fp8-head", "--fp8-linear"}
+    )
 
 
 def estimated_tokens_per_sec(job: Decisions, shape: ModelShape, instance: InstanceType) -> tuple[float, str] | None:

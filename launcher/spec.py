@@ -420,7 +420,8 @@ class JobSpec(BaseModel):
     precision: Literal["no", "fp16", "bf16", "fp8"] | None = Field(
         None,
         description="default: bf16 where the GPU supports it, fp16 on older GPUs, no on CPU; fp8: float8 matmuls "
-        "(torchao; compute capability >= 8.9, --strategy ddp or single; auto picks ddp)",
+        "(compute capability >= 8.9, --strategy ddp or single; auto picks ddp; torch alone, torchao's layers with "
+        "the training flag --fp8-linear torchao)",
     )
     region: str | None = Field(None, description="AWS region; default from AWS_REGION / the profile")
     stack: str = Field(

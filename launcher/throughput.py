@@ -41,6 +41,7 @@ S18 = "2026-11-28-h200x4-session18"
 S19 = "2026-11-28-h200x4-session19"
 S20 = "2026-11-28-h200x4-session20"
 S21 = "2026-11-28-h200x1-session21"
+S22 = "2026-11-29-h200x1-session22"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 LLAMA_C1 = "ours-llama-1b-ddp-compile-g1-b8-k1"
@@ -62,8 +63,9 @@ class Throughput:
     task: str = "causal-lm"
     strategy: str = "ddp"
     gpus: int = 1
-    precision: str = "bf16"  # or "fp8": torchao's default recipe (training/fp8.py)
+    precision: str = "bf16"  # or "fp8": the tensorwise recipe (training/fp8.py)
     fp8_head: bool = False  # --fp8-head: the LM head in float8 too
+    fp8_linear: str = "torchao"  # --fp8-linear: whose float8 linear layers
 
 
 # Today's trainer (the head loss since session 17, the loss-only forwards since session 4): the
@@ -86,21 +88,31 @@ THROUGHPUT: tuple[Throughput, ...] = (
                runs=((f"{S19}-llama8b", "ours-llama-8b-zero3-compile-g4-b4-k1"),)),
     # llama-1b at the trainer's default micro-batch (16), and in fp8 (sessions 19-21): not fitted to
     # (the roofline's llama-1b point is the micro-batch-8 bf16 row above), each prices its own jobs
-    Throughput("H200", "llama-1b", True, (69523.1, 68399.7, 68308.8), batch_size=16, seq_len=2048,
-               runs=((f"{S21}-c1", f"{LLAMA_C16}-b16"), (f"{S20}-c1", f"{LLAMA_C16}-b16"),
-                     (f"{S20}-c4", f"{LLAMA_C16}-b16")),
-               note="one run alone, two side by side with other 1-GPU runs on the same host"),
-    Throughput("H200", "llama-1b", True, (84890.1, 82643.7), batch_size=16, seq_len=2048, precision="fp8",
-               runs=((f"{S21}-c1", f"{LLAMA_C16}-fp8b16"), (f"{S20}-c4", f"{LLAMA_C16}-fp8b16"))),
+    Throughput("H200", "llama-1b", True, (69523.1, 69650.3, 69338.6, 68399.7, 68308.8), batch_size=16,
+               seq_len=2048, runs=((f"{S21}-c1", f"{LLAMA_C16}-b16"), (f"{S22}-c2", f"{LLAMA_C16}-b16"),
+                                   (f"{S22}-c4", f"{LLAMA_C16}-b16"), (f"{S20}-c1", f"{LLAMA_C16}-b16"),
+                                   (f"{S20}-c4", f"{LLAMA_C16}-b16")),
+               note="three runs alone, two side by side with other 1-GPU runs on the same host"),
+    Throughput("H200", "llama-1b", True, (84890.1, 85045.5, 82643.7), batch_size=16, seq_len=2048, precision="fp8",
+               runs=((f"{S21}-c1", f"{LLAMA_C16}-fp8b16"), (f"{S22}-c2", f"{LLAMA_C16}-fp8b16"),
+                     (f"{S20}-c4", f"{LLAMA_C16}-fp8b16"))),
+    Throughput("H200", "llama-1b", True, (85972.6,), batch_size=16, seq_len=2048, precision="fp8",
+               fp8_linear="native", runs=((f"{S22}-c2", f"{LLAMA_C16}-natb16"),)),
+    Throughput("H200", "llama-1b", True, (69357.5,), batch_size=32, seq_len=2048,
+               runs=((f"{S22}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),)),
+    Throughput("H200", "llama-1b", True, (84892.3,), batch_size=32, seq_len=2048, precision="fp8",
+               runs=((f"{S22}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-fp8b32"),)),
     Throughput("H200", "llama-1b", True, (91195.6,), batch_size=16, seq_len=2048, precision="fp8", fp8_head=True,
                runs=((f"{S21}-c1", f"{LLAMA_C16}-fp8h16"),)),
     Throughput("H200", "llama-1b", True, (77572.9, 77638.3, 77821.1), batch_size=8, seq_len=2048, precision="fp8",
                runs=((f"{S19}-fp8-a", f"{LLAMA_C1}-fp8"), (f"{S19}-fp8-b", f"{LLAMA_C1}-fp8"),
                      (f"{S19}-fp8-b", f"{LLAMA_C1}-fp8")),
                note="side by side with other 1-GPU runs on the same host"),
-    Throughput("H200", "llama-1b", True, (83632.2, 83807.0, 83655.1), batch_size=8, seq_len=2048, precision="fp8",
-               fp8_head=True, runs=((f"{S21}-c2", f"{LLAMA_C1}-fp8h"), (f"{S21}-c3", f"{LLAMA_C1}-fp8h2"),
-                                    (f"{S21}-c3", f"{LLAMA_C1}-fp8h3"))),
+    Throughput("H200", "llama-1b", True, (83632.2, 83807.0, 83655.1, 82712.3, 83164.6), batch_size=8, seq_len=2048,
+               precision="fp8", fp8_head=True,
+               runs=((f"{S21}-c2", f"{LLAMA_C1}-fp8h"), (f"{S21}-c3", f"{LLAMA_C1}-fp8h2"),
+                     (f"{S21}-c3", f"{LLAMA_C1}-fp8h3"), (f"{S22}-c3", f"{LLAMA_C1}-fp8h"),
+                     (f"{S22}-c3", f"{LLAMA_C1}-fp8h-r2"))),
 )  # fmt: skip
 # The runs the estimate is fitted to: each shape's fastest engine (ZeRO-3's 8B row is the slower of two).
 MEASURED: tuple[Throughput, ...] = THROUGHPUT[:5]

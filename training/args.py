@@ -21,8 +21,8 @@ from .strategies import AUTO, BLOCK_COMPILED, PRECISIONS, STRATEGY_CHOICES, prov
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise-gw-hp")
 # --fp8-fast-accum's choices: which backward matmuls accumulate fast (training/fp8.py)
 FP8_FAST_ACCUM = ("none", "grad-input", "all")
-# --fp8-linear's choices: whose float8 linear layer (training/fp8.py)
-FP8_LINEARS = ("torchao", "native")
+# --fp8-linear's choices: whose float8 linear layers (training/fp8.py); auto: fp8_linear_of
+FP8_LINEARS = ("auto", "native", "torchao")
 
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
@@ -155,13 +155,14 @@ class TrainArgs:
             const="all",
         ),
     )
-    # whose float8 linear layers: torchao's, or fp8_linear.Float8Linear on torch._scaled_mm alone
+    # whose float8 linear layers: fp8_linear.Float8Linear on torch._scaled_mm alone, or torchao's
     fp8_linear: str = field(
-        default="torchao",
+        default=AUTO,
         metadata=_flag(
             (
-                "--precision fp8: whose float8 linear layers: torchao (default) or native (torch._scaled_mm, "
-                "the same tensorwise scaling with no torchao; its backward reuses the forward's float8 copies)"
+                "--precision fp8: whose float8 linear layers: native (torch._scaled_mm alone, tensorwise "
+                "scaling, its backward reusing the forward's float8 copies), torchao (needs torchao), or auto "
+                "(default: native, torchao for --fp8-recipe's rowwise recipes)"
             ),
             choices=FP8_LINEARS,
         ),
@@ -427,6 +428,15 @@ class TrainArgs:
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, no usage block
         raise ArgumentError(message)
+
+
+def fp8_linear_of(a: TrainArgs) -> str:
+    """Whose float8 linear layers the run uses: --fp8-linear, or for auto native (the tensorwise
+    recipe with no torchao, 1.1% faster than torchao's on llama-1b, bench/README.md session 22)
+    unless --fp8-recipe names one of torchao's rowwise recipes."""
+    if a.fp8_linear != AUTO:
+        return a.fp8_linear
+    return "native" if a.fp8_recipe == "tensorwise" else "torchao"
 
 
 def fp8_flags_given(a: TrainArgs) -> list[str]:

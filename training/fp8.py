@@ -1,10 +1,10 @@
-"""--precision fp8: the model's linear layers multiply in float8 (torchao's float8 training).
+"""--precision fp8: the model's linear layers multiply in float8.
 
 bf16 autocast runs around them as under --precision bf16, with fp32 master weights and AdamW
-state. torchao's `convert_to_float8_training` swaps each eligible `nn.Linear` for a
-`Float8Linear`, which casts its input, weight and output gradient to float8 with one dynamic
-scale per tensor and multiplies with `torch._scaled_mm`: the H100's fp8 tensor cores, about
-twice the bf16 rate. Under torch.compile Inductor fuses the casts into neighbouring kernels.
+state. Each eligible `nn.Linear` becomes a float8 one, which casts its input, weight and output
+gradient to float8 with one dynamic scale per tensor (torchao's tensorwise recipe) and
+multiplies with `torch._scaled_mm`: the H100's fp8 tensor cores, about twice the bf16 rate. Under
+torch.compile Inductor fuses the casts into neighbouring kernels.
 
 Not converted: the LM head (its vocabulary-wide logits are where fp8's error hurts most, and
 losses.head_loss reads its weight directly; --fp8-head multiplies it in float8 there instead),
@@ -22,9 +22,10 @@ gradients' fast too, --fp8-fast-accum (all) the weight gradients' as well (DeepS
 names that promotion as what keeps long reductions exact: the weight gradient sums over every token
 of the micro-batch), so both are opt-in; bench/README.md (sessions 20, 21) has their speed.
 
---fp8-linear native swaps the layers for fp8_linear.Float8Linear instead: the tensorwise recipe on
-torch._scaled_mm alone, whose backward reads the float8 copies of the input and weight its forward
-made where torchao's casts them again (fp8_linear.py says what that saves). No torchao needed.
+Whose layers (--fp8-linear, args.fp8_linear_of): auto, the default, swaps them for
+fp8_linear.Float8Linear, the tensorwise recipe on torch._scaled_mm alone, whose backward reads the
+float8 copies of the input and weight its forward made (fp8_linear.py), and needs no torchao; it
+takes torchao's Float8Linear for the rowwise recipes, which are torchao's, or when asked.
 
 torchao is optional (not in requirements.txt): torchao 0.17.0 is the release built against
 torch 2.11 (bench/README.md ("What the GPU machine needs") has the wheel's download line).
@@ -116,11 +117,11 @@ def use_fp8(
     bf16_edge_blocks: int = 0,
     fast_accum: str = "none",
     head: bool = False,
-    linear: str = "torchao",
+    linear: str = "native",
 ) -> str:
     """Convert `model`'s eligible linear layers (fp8_layer_names) to float8 ones, in place, before the
-    model is prepared and compiled: torchao's Float8Linear with `recipe`'s scaling (fp8_config), or
-    with `linear` "native" fp8_linear.Float8Linear (tensorwise only). Returns the log line; raises
+    model is prepared and compiled: fp8_linear.Float8Linear (`linear` "native", tensorwise only) or
+    torchao's Float8Linear with `recipe`'s scaling (fp8_config). Returns the log line; raises
     ArgumentError when nothing converts."""
     eligible = fp8_layer_names(model, bf16_edge_blocks)
     if not eligible:

@@ -11,6 +11,7 @@ import glob
 import os
 import sys
 
+from .args import fp8_linear_of
 from .fp8 import fp8_problem
 from .strategies import choose_precision
 
@@ -70,7 +71,7 @@ def resolve_precision(args) -> str:
     """Set args.precision (a TrainArgs) where it was not given; the log line saying what and why.
     --precision fp8 is checked against these GPUs here, before anything loads (ValueError)."""
     if args.precision == "fp8":
-        problem = fp8_problem(*visible_gpus(), torchao=args.fp8_linear == "torchao")
+        problem = fp8_problem(*visible_gpus(), torchao=fp8_linear_of(args) == "torchao")
         if problem:
             raise ValueError(problem)
         return "precision=fp8 (--precision: bf16 autocast, the linear layers' matmuls in float8)"

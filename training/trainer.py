@@ -35,7 +35,7 @@ from torch._dynamo.utils import counters
 from tqdm.auto import tqdm
 
 from . import checkpoint, compiling, data, engines, faults, modeling, tasks
-from .args import ArgumentError, TrainArgs, default_lr
+from .args import ArgumentError, TrainArgs, default_lr, fp8_linear_of
 from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .decisions import Decisions, decide
 from .engines.base import transformer_blocks
@@ -121,7 +121,8 @@ class Trainer:
         if self.precision_note:  # after the data and model: bad input is one line on stderr, nothing else
             self._print(self.precision_note)
         if a.precision == "fp8":  # before prepare and compile: the linear layers multiply in float8
-            fp8_line = use_fp8(model, a.fp8_recipe, a.fp8_bf16_edge_blocks, a.fp8_fast_accum, a.fp8_head, a.fp8_linear)
+            layers = fp8_linear_of(a)
+            fp8_line = use_fp8(model, a.fp8_recipe, a.fp8_bf16_edge_blocks, a.fp8_fast_accum, a.fp8_head, layers)
             self._print(fp8_line)
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
             a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda"

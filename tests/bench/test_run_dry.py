@@ -476,3 +476,18 @@ def test_the_source_sha_names_the_python_a_run_executes(tmp_path):
         [sys.executable, str(REPO / "bench" / "run.py"), "--source-sha"], capture_output=True, text=True, check=True
     )
     assert printed.stdout.strip() == run.source_sha() and len(printed.stdout.strip()) == 16
+
+
+@pytest.mark.parametrize(
+    "flags, torchao",
+    [
+        (["--precision", "fp8"], False),  # the native layers: torch alone
+        (["--precision", "fp8", "--fp8-linear", "torchao"], True),
+        (["--precision", "fp8", "--fp8-recipe", "rowwise"], True),
+        (["--precision", "fp8", "--fp8-linear", "torchao", "--precision", "bf16"], False),  # the last one wins
+        ([], False),
+    ],
+)
+def test_a_run_needs_torchao_only_for_torchaos_float8_layers(flags, torchao):
+    needs = _bench().packages_needed(["python", "-m", "x", "--strategy", "ddp", *flags], "ddp")
+    assert ("torchao" in needs) == torchao and "deepspeed" not in needs

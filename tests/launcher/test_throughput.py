@@ -66,11 +66,14 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
 @pytest.mark.parametrize(
     "flags, rate",
     [
-        ([], 68744),  # bf16: the micro-batch-16 row
-        (["--precision", "fp8"], 83767),  # torchao's default recipe
-        (["--precision", "fp8", "--fp8-head"], 91196),
+        ([], 69044),  # bf16: the micro-batch-16 row
+        (["--batch-size", "32"], 69358),
+        (["--precision", "fp8"], 85973),  # the default recipe on the native layers (auto)
+        (["--precision", "fp8", "--fp8-linear", "torchao"], 84193),  # the same recipe on torchao's
+        (["--precision", "fp8", "--fp8-head"], 91196),  # measured on torchao's layers only
         (["--precision", "fp8", "--fp8-fast-accum", "all"], None),  # never measured: not priced as fp8's
-        (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 83698),
+        (["--precision", "fp8", "--fp8-recipe", "rowwise"], None),
+        (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 83394),
     ],
 )
 def test_a_llama_1b_job_on_an_h200_is_priced_by_the_run_that_multiplied_as_it_will(flags, rate):
@@ -96,3 +99,24 @@ def test_a_llama_1b_job_on_an_h200_is_priced_by_the_run_that_multiplied_as_it_wi
     assert shape is not None
     measured = measured_tokens_per_sec(decide(args, world=1, cuda=True), shape, "H200")
     assert (measured and round(measured[0])) == rate, measured
+
+
+def test_an_fp8_job_priced_by_the_other_layers_run_says_so():
+    """The native layers and torchao's run one recipe: a job is priced by a run of its own layers
+    where there is one, else by the other's, named."""
+    from distrain_cloud.launcher.memory import measured_tokens_per_sec, model_shape
+    from distrain_cloud.training.args import parse_args
+    from distrain_cloud.training.decisions import decide
+
+    def priced(*flags: str) -> str:
+        train = ["--task", "causal-lm", "--preset", "llama-1b", "--block-size", "2048", "--compile"]
+        args = parse_args([*train, "--strategy", "ddp", "--precision", "fp8", *flags])
+        shape = model_shape(args)
+        assert shape is not None
+        measured = measured_tokens_per_sec(decide(args, world=1, cuda=True), shape, "H200")
+        assert measured is not None
+        return measured[1]
+
+    assert priced().endswith("2026-11-29-h200x1-session22-c2")
+    assert priced("--fp8-head").endswith("2026-11-28-h200x1-session21-c1 (torchao's float8 layers, the same recipe)")
+    assert "the same recipe" not in priced("--fp8-linear", "torchao", "--fp8-head")

@@ -314,6 +314,25 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+@pytest.fixture
+def narrow_llama():
+    """narrow_llama(layers=2): llama-1b's architecture 64 wide with a 256-token vocabulary, built from
+    its config in this process (the fp8 conversions' subject)."""
+
+    def build(layers: int = 2):
+        from distrain_cloud.training import modeling
+        from distrain_cloud.training.args import parse_args
+
+        narrow = (
+            f"hidden_size=64,intermediate_size=128,num_hidden_layers={layers},num_attention_heads=4,"
+            "num_key_value_heads=2,vocab_size=256"
+        )
+        args = parse_args(["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", narrow])
+        return modeling.load_model(args, modeling.load_tokenizer(args))
+
+    return build
+
+
 @pytest.fixture(scope="session")
 def shared_env(tmp_path_factory) -> dict[str, str]:
     """Caches shared by every run of the session, away from the developer's home folder."""

@@ -85,15 +85,18 @@ def test_the_launchers_rule_refuses_fp8_below_compute_capability_8_9():
         choose_precision("fp8", 0, None, "this machine")
 
 
-def test_fp8_needs_torchao_and_says_which(gpus, monkeypatch):
+@pytest.mark.parametrize("flags", [["--fp8-linear", "torchao"], ["--fp8-recipe", "rowwise"]])
+def test_torchaos_layers_need_torchao_and_say_which(gpus, monkeypatch, flags):
+    """torchao's layers, asked for or by one of its rowwise recipes, need torchao; the default
+    (auto: the native layers, tensorwise) does not."""
     gpus(H100)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
     with pytest.raises(ValueError, match=r"^--precision fp8 needs torchao, which is not installed: pip install "):
-        resolve_precision(parse_args(["--precision", "fp8", "--strategy", "ddp"]))
+        resolve_precision(parse_args(["--precision", "fp8", "--strategy", "ddp", *flags]))
+    assert resolve_precision(parse_args(["--precision", "fp8", "--strategy", "ddp"])).startswith("precision=fp8 ")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is optional")
 @pytest.mark.parametrize("caps", [(L4,), (H100, H100)])
 def test_fp8_is_accepted_on_float8_gpus(gpus, caps):
     gpus(*caps)
@@ -113,17 +116,8 @@ def test_the_entry_point_refuses_fp8_on_cpu_in_one_line(train):
     assert not run.contract.model_dir.exists() or not any(run.contract.model_dir.iterdir())
 
 
-def _narrow_llama():
-    from distrain_cloud.training import modeling
-
-    narrow = "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2"
-    args = parse_args(["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", f"{narrow},vocab_size=256"])
-    return modeling.load_model(args, modeling.load_tokenizer(args))
-
-
-@pytest.mark.slow  # importing torchao
+@pytest.mark.slow  # loading GPT-2
 def test_gpt2_has_nothing_to_convert_and_says_so():
-    pytest.importorskip("torchao")
     from distrain_cloud.training import modeling
 
     args = parse_args(["--task", "causal-lm", "--preset", "tiny-gpt2"])
@@ -132,14 +126,14 @@ def test_gpt2_has_nothing_to_convert_and_says_so():
 
 
 @pytest.mark.slow  # importing torchao and transformers' Llama
-def test_fp8_converts_every_block_linear_but_the_head_and_still_trains():
+def test_fp8_converts_every_block_linear_but_the_head_and_still_trains(narrow_llama):
     pytest.importorskip("torchao")
     from torchao.float8.float8_linear import Float8Linear
 
     torch.manual_seed(0)
-    model = _narrow_llama()
-    line = fp8.use_fp8(model)
-    assert line.startswith("fp8=on linear_layers=14 ")  # 2 layers x q, k, v, o, gate, up, down
+    model = narrow_llama()
+    line = fp8.use_fp8(model, linear="torchao")
+    assert line.startswith("fp8=on linear_layers=14 (torchao float8")  # 2 layers x q, k, v, o, gate, up, down
     assert sum(isinstance(m, Float8Linear) for m in model.modules()) == 14
     assert not isinstance(model.get_output_embeddings(), Float8Linear)  # the LM head stays in bf16
     ids = torch.randint(0, 256, (2, 32))
@@ -158,14 +152,17 @@ def test_fp8_converts_every_block_linear_but_the_head_and_still_trains():
 @pytest.mark.parametrize(
     "flags, fp8_line",
     [
-        ([], "fp8=on linear_layers=14 (torchao float8, tensorwise scaling; the LM head stays bf16)"),
         (
-            ["--fp8-head", "--fp8-fast-accum", "grad-input"],
+            ["--fp8-linear", "torchao"],
+            "fp8=on linear_layers=14 (torchao float8, tensorwise scaling; the LM head stays bf16)",
+        ),
+        (
+            ["--fp8-linear", "torchao", "--fp8-head", "--fp8-fast-accum", "grad-input"],
             "fp8=on linear_layers=14 (torchao float8, tensorwise scaling, fast accumulation in the input gradients "
             "too; the LM head in float8 inside the fast loss)",
         ),
     ],
-    ids=["default", "head"],
+    ids=["torchao", "torchao-head"],
 )
 def test_the_trainer_converts_the_model_and_trains_in_fp8(train, flags, fp8_line):
     """The trainer's fp8 path on CPU processes told they are on an H100 (fp8_shim): the model's
@@ -195,13 +192,9 @@ def test_the_trainer_converts_the_model_and_trains_in_fp8(train, flags, fp8_line
     assert len(run.train_losses) == 2 and all(0 < v < 20 for v in run.train_losses.values()), run.train_losses
 
 
-def test_fp8_keeps_the_edge_blocks_in_bf16_where_asked():
+def test_fp8_keeps_the_edge_blocks_in_bf16_where_asked(narrow_llama):
     # torch-only: which linears would convert (no torchao needed to choose them)
-    from distrain_cloud.training import modeling
-
-    narrow = "hidden_size=64,intermediate_size=128,num_hidden_layers=4,num_attention_heads=4,num_key_value_heads=2"
-    args = parse_args(["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", f"{narrow},vocab_size=256"])
-    model = modeling.load_model(args, modeling.load_tokenizer(args))
+    model = narrow_llama(layers=4)
     every = fp8.fp8_layer_names(model)
     assert len(every) == 28 and not any("lm_head" in n for n in every)  # 4 layers x 7 linears
     middle = fp8.fp8_layer_names(model, bf16_edge_blocks=1)
@@ -234,16 +227,12 @@ def test_fp8_recipes_name_torchaos():
 
 
 @pytest.mark.slow  # importing torchao and transformers' Llama
-def test_fp8_converts_with_the_recipe_and_edge_blocks_asked_for():
+def test_fp8_converts_with_the_recipe_and_edge_blocks_asked_for(narrow_llama):
     pytest.importorskip("torchao")
     from torchao.float8.float8_linear import Float8Linear
 
-    from distrain_cloud.training import modeling
-
-    narrow = "hidden_size=64,intermediate_size=128,num_hidden_layers=4,num_attention_heads=4,num_key_value_heads=2"
-    args = parse_args(["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", f"{narrow},vocab_size=256"])
-    model = modeling.load_model(args, modeling.load_tokenizer(args))
-    line = fp8.use_fp8(model, "rowwise", bf16_edge_blocks=1)
+    model = narrow_llama(layers=4)
+    line = fp8.use_fp8(model, "rowwise", bf16_edge_blocks=1, linear="torchao")
     assert line == (
         "fp8=on linear_layers=14 (torchao float8, rowwise scaling; the LM head and the first and last 1 blocks "
         "stay bf16)"
@@ -263,7 +252,7 @@ def test_fp8_fast_accum_is_off_by_default_and_parsed():
 
 
 @pytest.mark.slow  # importing torchao and transformers' Llama
-def test_fp8_fast_accum_reaches_the_backward_matmuls_and_still_trains():
+def test_fp8_fast_accum_reaches_the_backward_matmuls_and_still_trains(narrow_llama):
     """--fp8-fast-accum: every converted layer's two backward matmuls accumulate fast, as the
     forward's do in torchao's own recipe; the scaling stays the recipe's, and the model trains."""
     pytest.importorskip("torchao")
@@ -280,8 +269,8 @@ def test_fp8_fast_accum_reaches_the_backward_matmuls_and_still_trains():
     assert rowwise.cast_config_grad_output.scaling_granularity.value == "axiswise"
 
     torch.manual_seed(0)
-    model = _narrow_llama()
-    line = fp8.use_fp8(model, fast_accum="all")
+    model = narrow_llama()
+    line = fp8.use_fp8(model, fast_accum="all", linear="torchao")
     assert line == (
         "fp8=on linear_layers=14 (torchao float8, tensorwise scaling, fast accumulation in the backward too; "
         "the LM head stays bf16)"

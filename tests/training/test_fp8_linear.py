@@ -172,18 +172,10 @@ def test_it_gives_torchaos_tensorwise_values():
     assert ((layer.weight.grad - ref.weight.grad).norm() / layer.weight.grad.norm()) < 2e-2
 
 
-def _narrow_llama():
-    from distrain_cloud.training import modeling
-
-    narrow = "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2"
-    args = parse_args(["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", f"{narrow},vocab_size=256"])
-    return modeling.load_model(args, modeling.load_tokenizer(args))
-
-
 @pytest.mark.slow  # transformers' Llama
-def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains():
+def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains(narrow_llama):
     torch.manual_seed(0)
-    model = _narrow_llama()
+    model = narrow_llama()
     line = fp8.use_fp8(model, linear="native", fast_accum="grad-input")
     assert line == (
         "fp8=on linear_layers=14 (float8 on torch._scaled_mm, tensorwise scaling, fast accumulation in the input "
@@ -207,8 +199,9 @@ def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains():
 
 @pytest.mark.slow  # an entry-point run
 def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp_path):
-    """What a user runs: --fp8-linear native through the entry point, on CPU processes told they are
-    on an H100 (fp8_shim), with torchao hidden: the layers convert, the loss is finite."""
+    """What a user runs: --precision fp8 (--fp8-linear auto: native) through the entry point, on CPU
+    processes told they are on an H100 (fp8_shim), with torchao hidden: the layers convert, the loss
+    is finite."""
     shim = str(Path(__file__).parent / "fp8_shim")
     hide = tmp_path / "no_torchao"  # an empty namespace package shadows an installed torchao: no torchao.float8
     (hide / "torchao").mkdir(parents=True)
@@ -218,7 +211,7 @@ def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp
     )
     run = train(
         "--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", narrow, *FP8_DDP,
-        "--fp8-linear", "native", "--fp8-head", "--dataset", "builtin:corpus", "--block-size", "32",
+        "--fp8-head", "--dataset", "builtin:corpus", "--block-size", "32",
         "--batch-size", "4", "--max-steps", "4", "--log-every", "2", "--report-to", "none", "--no-save-model",
         "--max-eval-samples", "8", "--generate-tokens", "2",
         env={"PYTHONPATH": os.pathsep.join(filter(None, [shim, str(hide), os.environ.get("PYTHONPATH")]))},
@@ -253,3 +246,18 @@ def test_fp8_linear_is_checked_with_the_other_flags(flags, message):
     with pytest.raises(ArgumentError, match="^--fp8-linear applies to --precision fp8, not bf16"):
         parse_args(["--precision", "bf16", "--fp8-linear", "native"])
     assert parse_args([*FP8_DDP, "--fp8-linear", "native"]).fp8_linear == "native"
+
+
+@pytest.mark.parametrize(
+    "flags, layers",
+    [
+        ([], "native"),  # auto: the tensorwise recipe needs no torchao
+        (["--fp8-recipe", "rowwise"], "torchao"),  # auto: torchao's own recipe
+        (["--fp8-linear", "torchao"], "torchao"),
+        (["--fp8-linear", "native"], "native"),
+    ],
+)
+def test_auto_picks_the_native_layers_unless_the_recipe_is_torchaos(flags, layers):
+    from distrain_cloud.training.args import fp8_linear_of
+
+    assert fp8_linear_of(parse_args([*FP8_DDP, *flags])) == layers
