@@ -23,6 +23,8 @@ FP8_RECIPES = ("tensorwise", "rowwise", "rowwise-gw-hp")
 FP8_FAST_ACCUM = ("none", "grad-input", "all")
 # --fp8-linear's choices: whose float8 linear layers (training/fp8.py); auto: fp8_linear_of
 FP8_LINEARS = ("auto", "native", "torchao")
+# --fp8-scaling's choices: when the native layers' scales are computed (training/fp8_linear.py)
+FP8_SCALINGS = ("dynamic", "delayed")
 
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
@@ -165,6 +167,18 @@ class TrainArgs:
                 "(default: native, torchao for --fp8-recipe's rowwise recipes)"
             ),
             choices=FP8_LINEARS,
+        ),
+    )
+    # the native layers' scales from each tensor (dynamic) or from the last forwards' (delayed)
+    fp8_scaling: str = field(
+        default="dynamic",
+        metadata=_flag(
+            (
+                "--precision fp8, the native layers: dynamic (default; each input and weight scaled by its own "
+                "largest magnitude, a pass over it before the cast) or delayed (by the largest of the last 16 "
+                "forwards', Transformer Engine's recipe: no pass first; a larger value saturates)"
+            ),
+            choices=FP8_SCALINGS,
         ),
     )
     # the LM head multiplies in float8 too (losses.head_loss)
@@ -443,7 +457,7 @@ def fp8_flags_given(a: TrainArgs) -> list[str]:
     """The --fp8-* flags `a` sets away from their defaults (they apply to --precision fp8 only)."""
     return [
         f"--{name.replace('_', '-')}"
-        for name in ("fp8_recipe", "fp8_bf16_edge_blocks", "fp8_fast_accum", "fp8_linear", "fp8_head")
+        for name in ("fp8_recipe", "fp8_bf16_edge_blocks", "fp8_fast_accum", "fp8_linear", "fp8_scaling", "fp8_head")
         if getattr(a, name) != getattr(TrainArgs, name)
     ]
 
@@ -678,6 +692,10 @@ def validate(a: TrainArgs) -> None:
             f"--fp8-linear native scales tensorwise only; --fp8-recipe {a.fp8_recipe} is torchao's: "
             "drop --fp8-linear native or --fp8-recipe"
         )
+    if a.fp8_scaling == "delayed" and fp8_linear_of(a) != "native":
+        torchaos = {"--fp8-linear torchao": a.fp8_linear == "torchao", "--fp8-recipe": a.fp8_recipe != "tensorwise"}
+        why = " and ".join(flag for flag, given in torchaos.items() if given)
+        raise ArgumentError(f"--fp8-scaling delayed runs on the native float8 layers, not torchao's: drop {why}")
     if a.compiled_autograd:
         if a.strategy not in ("ddp", "single", AUTO):
             raise ArgumentError(f"--compiled-autograd applies to --strategy ddp or single, not {a.strategy}")

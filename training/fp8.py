@@ -26,6 +26,8 @@ Whose layers (--fp8-linear, args.fp8_linear_of): auto, the default, swaps them f
 fp8_linear.Float8Linear, the tensorwise recipe on torch._scaled_mm alone, whose backward reads the
 float8 copies of the input and weight its forward made (fp8_linear.py), and needs no torchao; it
 takes torchao's Float8Linear for the rowwise recipes, which are torchao's, or when asked.
+--fp8-scaling delayed (native layers only) scales the inputs and weights by the largest magnitudes
+of their last forwards instead of their own, so no amax pass precedes a cast (fp8_linear.py).
 
 torchao is optional (not in requirements.txt): torchao 0.17.0 is the release built against
 torch 2.11 (bench/README.md ("What the GPU machine needs") has the wheel's download line).
@@ -118,6 +120,7 @@ def use_fp8(
     fast_accum: str = "none",
     head: bool = False,
     linear: str = "native",
+    scaling: str = "dynamic",
 ) -> str:
     """Convert `model`'s eligible linear layers (fp8_layer_names) to float8 ones, in place, before the
     model is prepared and compiled: fp8_linear.Float8Linear (`linear` "native", tensorwise only) or
@@ -132,7 +135,8 @@ def use_fp8(
     if linear == "native":
         from . import fp8_linear
 
-        fp8_linear.convert(model, eligible, fast_accum in ("grad-input", "all"), fast_accum == "all")
+        fast = (fast_accum in ("grad-input", "all"), fast_accum == "all")
+        fp8_linear.convert(model, eligible, *fast, delayed=scaling == "delayed")
     else:
         from torchao.float8 import convert_to_float8_training
 
@@ -151,4 +155,5 @@ def use_fp8(
     stays = f"; {' and '.join(kept)} {'stay' if len(kept) > 1 else 'stays'} bf16" if kept else ""
     head_words = "; the LM head in float8 inside the fast loss" if head else ""
     whose = "torchao float8" if linear == "torchao" else "float8 on torch._scaled_mm"
-    return f"fp8=on linear_layers={len(eligible)} ({whose}, {recipe} scaling{accum}{head_words}{stays})"
+    when = " delayed" if scaling == "delayed" else ""
+    return f"fp8=on linear_layers={len(eligible)} ({whose}, {recipe}{when} scaling{accum}{head_words}{stays})"

@@ -27,12 +27,22 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP8_MULTIPLE = 16  # _scaled_mm's operands: every dimension a multiple of 16
 
 
+def fp8_scale(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The scale that maps magnitude `amax` onto float8 `dtype`'s largest value."""
+    return torch.finfo(dtype).max / amax.float().clamp(min=1e-12)
+
+
+def cast_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` times `scale` in float8 `dtype`, saturated at its largest value, and the inverse scale,
+    which _scaled_mm multiplies back."""
+    top = torch.finfo(dtype).max
+    return (x.float() * scale).clamp(-top, top).to(dtype), scale.reciprocal()
+
+
 def to_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """`x` in float8 `dtype` scaled so that its largest magnitude lands on the format's largest
-    value, and the inverse scale, which _scaled_mm multiplies back."""
-    top = torch.finfo(dtype).max
-    scale = top / x.abs().amax().float().clamp(min=1e-12)
-    return (x.float() * scale).clamp(-top, top).to(dtype), scale.reciprocal()
+    value (dynamic scaling), and the inverse scale."""
+    return cast_fp8(x, dtype, fp8_scale(x.abs().amax(), dtype))
 
 
 def column_major(x: torch.Tensor) -> torch.Tensor:
@@ -46,12 +56,15 @@ def pad_rows(x: torch.Tensor, multiple: int = FP8_MULTIPLE) -> torch.Tensor:
 
 
 class _Float8Matmul(torch.autograd.Function):
-    """x [N, in] @ weight[out, in].T in float8, N a multiple of FP8_MULTIPLE."""
+    """x [N, in] @ weight[out, in].T in float8, N a multiple of FP8_MULTIPLE; `scales` (x's, the
+    weight's) known beforehand (delayed scaling), else each tensor's own (dynamic)."""
 
     @staticmethod
-    def forward(ctx, x, weight, fast_grad_input: bool, fast_grad_weight: bool):
-        x8, x_inv = to_fp8(x, E4M3)
-        w8, w_inv = to_fp8(weight, E4M3)
+    def forward(ctx, x, weight, fast_grad_input: bool, fast_grad_weight: bool, scales=None):
+        if scales is None:
+            (x8, x_inv), (w8, w_inv) = to_fp8(x, E4M3), to_fp8(weight, E4M3)
+        else:
+            (x8, x_inv), (w8, w_inv) = cast_fp8(x, E4M3, scales[0]), cast_fp8(weight, E4M3, scales[1])
         out = torch._scaled_mm(x8, w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype, use_fast_accum=True)
         ctx.save_for_backward(x8, x_inv, w8, w_inv)
         ctx.dtypes, ctx.fast = (x.dtype, weight.dtype), (fast_grad_input, fast_grad_weight)
@@ -73,15 +86,53 @@ class _Float8Matmul(torch.autograd.Function):
             out_dtype=ctx.dtypes[1],
             use_fast_accum=ctx.fast[1],
         )
-        return grad_x, grad_w, None, None
+        return grad_x, grad_w, None, None, None
+
+
+AMAX_HISTORY = 16  # --fp8-scaling delayed: the forwards whose largest magnitudes set the scales
+
+
+def _record(history: torch.Tensor, t: torch.Tensor) -> None:
+    """Push `t`'s largest magnitude onto `history`, the newest first."""
+    history.copy_(torch.cat([t.detach().abs().amax().float().reshape(1), history[:-1]]))
 
 
 class Float8Linear(torch.nn.Linear):
     """nn.Linear whose matmul runs in float8 (_Float8Matmul) in the autocast dtype; the bias, if
-    any, is added in that dtype. `fast_grad_input`/`fast_grad_weight`: --fp8-fast-accum."""
+    any, is added in that dtype. `fast_grad_input`/`fast_grad_weight`: --fp8-fast-accum.
+
+    Delayed scaling (`use_delayed_scaling`, --fp8-scaling delayed), Transformer Engine's recipe:
+    the input's and weight's scales come from the largest magnitudes of the last AMAX_HISTORY
+    forwards that built a graph for a backward, so the cast needs no pass over the tensor first and
+    the compiler may fuse it into the kernel that produces the input. A value beyond the history's
+    largest saturates. The first such forward scales dynamically; evaluation and generation read
+    the history without adding to it. The output gradient always scales dynamically. The history
+    is not saved with the model (a non-persistent buffer): a resumed run starts it again."""
 
     fast_grad_input = False
     fast_grad_weight = False
+    delayed = False
+    primed = False  # a history to scale by has been recorded
+    amax_input: torch.Tensor  # delayed scaling's histories (buffers), the newest first
+    amax_weight: torch.Tensor
+
+    def use_delayed_scaling(self) -> None:
+        self.delayed = True
+        for name in ("amax_input", "amax_weight"):
+            self.register_buffer(name, torch.zeros(AMAX_HISTORY, device=self.weight.device), persistent=False)
+
+    def _scales(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Delayed scaling's two scales, from the history before this forward adds `x` to it."""
+        if not self.delayed:
+            return None
+        scales = None
+        if self.primed:
+            scales = (fp8_scale(self.amax_input.amax(), E4M3), fp8_scale(self.amax_weight.amax(), E4M3))
+        if torch.is_grad_enabled():
+            _record(self.amax_input, x)
+            _record(self.amax_weight, self.weight)
+            self.primed = True
+        return scales
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, fast_grad_input: bool, fast_grad_weight: bool) -> Float8Linear:
@@ -99,17 +150,24 @@ class Float8Linear(torch.nn.Linear):
             rows = x.reshape(-1, self.in_features).to(dtype)
             # only a backward sums over the rows; generation's odd row counts run as they are
             padded = pad_rows(rows) if torch.is_grad_enabled() else rows
-            out = _Float8Matmul.apply(padded, self.weight, self.fast_grad_input, self.fast_grad_weight)
+            scales = self._scales(rows)
+            out = _Float8Matmul.apply(padded, self.weight, self.fast_grad_input, self.fast_grad_weight, scales)
             out = out[: rows.shape[0]].reshape(*x.shape[:-1], self.out_features)
             return out if self.bias is None else out + self.bias.to(dtype)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, float8=tensorwise"
+        return f"{super().extra_repr()}, float8=tensorwise{' delayed' if self.delayed else ''}"
 
 
-def convert(model: torch.nn.Module, names: set[str], fast_grad_input: bool, fast_grad_weight: bool) -> None:
-    """Replace the nn.Linear layers of `model` named in `names` by Float8Linear, in place."""
+def convert(
+    model: torch.nn.Module, names: set[str], fast_grad_input: bool, fast_grad_weight: bool, delayed: bool = False
+) -> None:
+    """Replace the nn.Linear layers of `model` named in `names` by Float8Linear, in place; with
+    `delayed`, scaled from their amax history (Float8Linear.use_delayed_scaling)."""
     for name in sorted(names):
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
-        setattr(owner, child, Float8Linear.from_linear(getattr(owner, child), fast_grad_input, fast_grad_weight))
+        layer = Float8Linear.from_linear(getattr(owner, child), fast_grad_input, fast_grad_weight)
+        if delayed:
+            layer.use_delayed_scaling()
+        setattr(owner, child, layer)

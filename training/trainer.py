@@ -122,7 +122,9 @@ class Trainer:
             self._print(self.precision_note)
         if a.precision == "fp8":  # before prepare and compile: the linear layers multiply in float8
             layers = fp8_linear_of(a)
-            fp8_line = use_fp8(model, a.fp8_recipe, a.fp8_bf16_edge_blocks, a.fp8_fast_accum, a.fp8_head, layers)
+            fp8_line = use_fp8(
+                model, a.fp8_recipe, a.fp8_bf16_edge_blocks, a.fp8_fast_accum, a.fp8_head, layers, a.fp8_scaling
+            )
             self._print(fp8_line)
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
             a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda"

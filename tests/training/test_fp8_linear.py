@@ -4,6 +4,7 @@ made; through the trainer as a user runs it, on CPU processes told they are on a
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 from pathlib import Path
@@ -198,10 +199,15 @@ def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains(narr
 
 
 @pytest.mark.slow  # an entry-point run
-def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp_path):
+@pytest.mark.parametrize(
+    "flags, scaling",
+    [([], "tensorwise scaling"), (["--fp8-scaling", "delayed", "--compile"], "tensorwise delayed scaling")],
+    ids=["dynamic", "delayed-compiled"],
+)
+def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp_path, flags, scaling):
     """What a user runs: --precision fp8 (--fp8-linear auto: native) through the entry point, on CPU
     processes told they are on an H100 (fp8_shim), with torchao hidden: the layers convert, the loss
-    is finite."""
+    is finite; with --fp8-scaling delayed, compiled too."""
     shim = str(Path(__file__).parent / "fp8_shim")
     hide = tmp_path / "no_torchao"  # an empty namespace package shadows an installed torchao: no torchao.float8
     (hide / "torchao").mkdir(parents=True)
@@ -213,13 +219,12 @@ def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp
         "--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", narrow, *FP8_DDP,
         "--fp8-head", "--dataset", "builtin:corpus", "--block-size", "32",
         "--batch-size", "4", "--max-steps", "4", "--log-every", "2", "--report-to", "none", "--no-save-model",
-        "--max-eval-samples", "8", "--generate-tokens", "2",
+        "--max-eval-samples", "8", "--generate-tokens", "2", *flags,
         env={"PYTHONPATH": os.pathsep.join(filter(None, [shim, str(hide), os.environ.get("PYTHONPATH")]))},
     )  # fmt: skip
     assert run.returncode == 0, run.describe()
     assert run.lines("fp8=") == [
-        "fp8=on linear_layers=14 (float8 on torch._scaled_mm, tensorwise scaling; the LM head in float8 inside "
-        "the fast loss)"
+        f"fp8=on linear_layers=14 (float8 on torch._scaled_mm, {scaling}; the LM head in float8 inside the fast loss)"
     ], run.describe()
     assert len(run.train_losses) == 2 and all(0 < v < 20 for v in run.train_losses.values()), run.train_losses
 
@@ -261,3 +266,88 @@ def test_auto_picks_the_native_layers_unless_the_recipe_is_torchaos(flags, layer
     from distrain_cloud.training.args import fp8_linear_of
 
     assert fp8_linear_of(parse_args([*FP8_DDP, *flags])) == layers
+
+
+# ---------------------------------------------------------------- --fp8-scaling delayed
+
+
+def _delayed() -> Float8Linear:
+    _, layer = _pair()
+    layer.use_delayed_scaling()
+    return layer
+
+
+def test_delayed_scaling_scales_by_the_history_and_records_each_training_forward():
+    """The first forward scales dynamically; later ones by the largest magnitude of the last 16
+    forwards with gradients (a value beyond it saturates); evaluation adds nothing."""
+    from distrain_cloud.training.fp8_linear import AMAX_HISTORY, cast_fp8, fp8_scale
+
+    layer = _delayed()
+    x1 = torch.randn(32, 64)
+    y1, _ = _run(layer, x1, torch.ones(32, 96))
+    _, dynamic = _pair()
+    torch.testing.assert_close(y1, _run(dynamic, x1, torch.ones(32, 96))[0])  # the first: its own scale
+    top1 = x1.to(torch.bfloat16).abs().amax().float()
+    assert layer.primed and layer.amax_input[0] == top1 and not layer.amax_input[1:].any()
+
+    x2 = 4 * x1  # four times larger: scaled by x1's largest, so most of it saturates at e4m3's 448
+    y2, _ = _run(layer, x2, torch.ones(32, 96))
+    x8, inv = cast_fp8(x2.to(torch.bfloat16), E4M3, fp8_scale(top1, E4M3))
+    w8, w_inv = cast_fp8(layer.weight.detach(), E4M3, fp8_scale(layer.amax_weight[1], E4M3))
+    expected = (x8.float() * inv) @ (w8.float() * w_inv).t()
+    torch.testing.assert_close(y2.float(), expected, rtol=1e-2, atol=1e-2)
+    assert torch.equal(layer.amax_input[:2], torch.stack([4 * top1, top1]))
+
+    with torch.no_grad():  # evaluation, generation: scaled by the history, not added to it
+        layer(torch.randn(5, 64))
+    assert torch.count_nonzero(layer.amax_input) == 2
+    for _ in range(AMAX_HISTORY + 3):
+        _run(layer, torch.randn(32, 64), torch.ones(32, 96))
+    assert len(layer.amax_input) == AMAX_HISTORY and torch.count_nonzero(layer.amax_input) == AMAX_HISTORY
+    assert 4 * top1 not in layer.amax_input  # the oldest fell out
+
+
+def test_delayed_scaling_keeps_no_state_in_the_checkpoint():
+    layer = _delayed()
+    _run(layer, torch.randn(16, 64), torch.ones(16, 96))
+    assert list(layer.state_dict()) == ["weight"] and "float8=tensorwise delayed" in repr(layer)
+
+
+@pytest.mark.slow  # a torch.compile on CPU
+def test_delayed_scaling_compiles_whole_once_primed():
+    """Two graphs in all: the first forward's (dynamic), then every later one's; the histories
+    update inside the graph as they do eagerly."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        Float8Linear.from_linear(torch.nn.Linear(64, 128), False, False),
+        torch.nn.GELU(),
+        Float8Linear.from_linear(torch.nn.Linear(128, 64, bias=False), False, False),
+    )
+    for layer in (model[0], model[2]):
+        layer.use_delayed_scaling()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, fullgraph=True)
+    counters.clear()
+    for i in range(4):
+        x = torch.randn(4, 32, 64) * (1 + i)
+        y, _ = _run(compiled, x, torch.ones(4, 32, 64))
+        y_eager, _ = _run(eager, x, torch.ones(4, 32, 64))
+        torch.testing.assert_close(y.float(), y_eager.float(), rtol=0.1, atol=0.2)
+    assert counters["stats"]["unique_graphs"] == 2
+    torch.testing.assert_close(model[0].amax_input, eager[0].amax_input)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--fp8-linear", "torchao"], "drop --fp8-linear torchao$"),
+        (["--fp8-recipe", "rowwise"], "drop --fp8-recipe$"),
+        (["--fp8-recipe", "rowwise", "--fp8-linear", "torchao"], "drop --fp8-linear torchao and --fp8-recipe$"),
+    ],
+)
+def test_delayed_scaling_runs_on_the_native_layers_only(flags, message):
+    with pytest.raises(ArgumentError, match=f"^--fp8-scaling delayed runs on the native float8 layers, .*{message}"):
+        parse_args([*FP8_DDP, "--fp8-scaling", "delayed", *flags])
+    assert parse_args([*FP8_DDP, "--fp8-scaling", "delayed"]).fp8_scaling == "delayed"
