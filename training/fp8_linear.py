@@ -1,5 +1,6 @@
-"""Float8 matmuls on torch._scaled_mm alone: the LM head's (losses.head_loss, --fp8-head) and,
-with --fp8-linear native, every converted linear layer's (`Float8Linear`), with no torchao.
+"""Float8 matmuls on torch._scaled_mm alone: the LM head's (losses.head_loss, --fp8-head) and
+every converted linear layer's (`Float8Linear`; --fp8-linear native, auto's choice for the
+tensorwise recipe), with no torchao.
 
 The scaling is torchao's tensorwise recipe: one dynamic scale per tensor, its largest magnitude
 mapped onto the float8 format's largest value; e4m3 for the forward's operands, e5m2 for the
