@@ -1,6 +1,7 @@
-"""--fp8-linear native: fp8_linear.Float8Linear multiplies in float8 on torch._scaled_mm alone
-(torchao's tensorwise recipe, no torchao), its backward reading the float8 copies its forward
-made; through the trainer as a user runs it, on CPU processes told they are on an H100."""
+"""--fp8-linear native (auto's choice): fp8_linear.Float8Linear multiplies in float8 on
+torch._scaled_mm alone (torchao's tensorwise recipe, no torchao), its backward reading the float8
+copies its forward made; through the trainer as a user runs it, on CPU processes told they are on
+an H100. And --fp8-scaling delayed, its scales from the last forwards'."""
 
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ def _run(layer, x, g):
 
 
 def test_it_computes_the_tensorwise_recipe_exactly_and_stays_near_bf16():
-    """Each matmul equals one of its float8-rounded operands multiplied out in fp32 (the recipe,
-    bit for bit on CPU), and the three results sit within float8's rounding of the bf16 layer."""
+    """The weight gradient is its float8-rounded operands multiplied out in fp32, bit for bit on
+    CPU, and the output is too, to bf16's rounding; all three results sit within float8's
+    rounding of the bf16 layer's."""
     ref, layer = _pair()
     x, g = torch.randn(3, 48, 64), torch.randn(3, 48, 96)
     y, gx = _run(layer, x, g)
