@@ -47,6 +47,13 @@ class TrainingPlan:
     fit: Check
     strategy: str  # as the plan shows it: --strategy auto with what it picks there, and why
     decisions: Decisions  # made once (training/decisions.planned); every part of the plan reads these
+    # what the job's image must carry that no job installs (torchao for its float8 layers), else None
+    image: Check | None = None
+
+    @property
+    def checks(self) -> list[Check]:
+        """The training's checks, in the plan's order: its fit on the GPUs, then the image's."""
+        return [self.fit, *([self.image] if self.image else [])]
 
     @property
     def argv(self) -> list[str]:
@@ -112,6 +119,23 @@ def plan_training(spec: JobSpec, instance: InstanceType, *, main_addr: str, main
         fit=fit_check(decisions, instance, nodes=spec.nodes),
         strategy=shown(decisions),
         decisions=decisions,
+        image=torchao_check(decisions.args) if instance.gpus else None,
+    )
+
+
+def torchao_check(args: TrainArgs) -> Check | None:
+    """torchao's float8 layers (--fp8-linear torchao, or a rowwise --fp8-recipe) run only where the
+    job's image carries torchao, which no job installs (training/requirements.txt does not name it):
+    said at plan time, since the job refuses it only once its instance is up."""
+    from distrain_cloud.training.args import fp8_linear_of
+
+    if args.precision != "fp8" or fp8_linear_of(args) != "torchao":
+        return None
+    return Check(
+        "torchao in the job's image",
+        None,
+        "torchao's float8 layers need it and no job installs it; the default (--fp8-linear auto, the "
+        "tensorwise recipe) needs torch alone",
     )
 
 

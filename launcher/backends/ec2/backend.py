@@ -170,7 +170,7 @@ class Ec2Backend:
         )
         on = training.hardware if instance.gpus else "CPU"
         checks.append(Check("precision fits the GPU", True, f"{precision} ({on})"))
-        checks.append(training.fit)
+        checks.extend(training.checks)
         checks.append(Check(f"stack {stack}", None, "its bucket, VPC and job role boundary, at submit"))
         if spec.ec2.ami_id:
             checks.append(Check("AMI", None, f"{spec.ec2.ami_id} is described at submit"))

@@ -132,7 +132,7 @@ class SageMakerBackend:
         )
         if spec.max_cost is not None:
             checks.append(cloud.budget_check(spec.max_cost, cost, spec.nodes))
-        checks.append(training.fit)
+        checks.extend(training.checks)
         plan = Plan(
             backend=self.name,
             job_name=job_name,

@@ -69,6 +69,21 @@ def test_fp8_on_h100s_launches_bf16_processes_that_convert_their_linears():
     assert argv[argv.index("--precision") + 1] == "fp8"
 
 
+@pytest.mark.slow  # cloud plans
+@pytest.mark.parametrize(
+    "train_args, torchao",
+    [([], False), (["--fp8-linear", "torchao"], True), (["--fp8-recipe", "rowwise"], True)],
+    ids=["native", "torchao", "rowwise"],
+)
+def test_an_fp8_plan_says_when_the_image_must_carry_torchao(train_args, torchao):
+    """No job installs torchao: a plan on torchao's float8 layers says the image must carry it (a
+    check it cannot make, shown, not failed); the default native layers need torch alone."""
+    plan = dry(instance="p5.48xlarge", precision="fp8", strategy="ddp", train_args=train_args)
+    said = [c for c in plan.checks if c.name == "torchao in the job's image"]
+    assert [c.ok for c in said] == ([None] if torchao else [])
+    assert not plan.failed_checks
+
+
 def test_g4dn_12xlarge_runs_four_processes_in_fp16_on_a_t4_capable_ami():
     plan = dry(strategy="zero2")
     request, config = plan.request, plan.configs[ACCELERATE]

@@ -184,6 +184,14 @@ def test_fp8_on_one_gpu_with_the_default_strategy_is_planned_as_ddp(offline, cap
     assert (summary["precision"], summary["strategy"]) == ("fp8", "ddp (auto: --precision fp8 applies to ddp)")
 
 
+def test_a_plan_on_torchaos_float8_layers_says_the_image_must_carry_torchao(offline):
+    plan = dry(instance="ml.p5.48xlarge", precision="fp8", strategy="ddp", train_args=["--fp8-linear", "torchao"])
+    (said,) = [c for c in plan.checks if c.name == "torchao in the job's image"]
+    assert said.ok is None and "no job installs it" in said.detail
+    default = dry(instance="ml.p5.48xlarge", precision="fp8").checks
+    assert not any(c.name == "torchao in the job's image" for c in default)
+
+
 def test_deepspeed_batch_is_computed_from_the_real_world_size(offline):
     plan = dry(
         instance="ml.g5.12xlarge", nodes=2, strategy="zero3", train_args=["--batch-size", "4", "--grad-accum", "2"]
