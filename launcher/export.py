@@ -134,6 +134,8 @@ def export_job(spec: JobSpec, options: ExportOptions) -> Export:
         manifest, next_step, notes = _kubernetes(spec, options, job_name, instance, command, env, secrets, per_node)
     if training.fit.ok is False:
         notes.append(f"memory: {training.fit.detail}")
+    if training.image:  # what the image must carry that the job does not install (torchao)
+        notes.append(f"{training.image.name}: {training.image.detail}")
     return Export(engine, job_name, manifest, command, precision, training.strategy, next_step, notes)
 
 

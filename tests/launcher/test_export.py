@@ -265,6 +265,15 @@ def test_skypilot_gets_the_gpu_memory_the_plan_assumed(capsys, hardware, acceler
     assert problems(sky, "skypilot") == []
 
 
+@pytest.mark.parametrize("layers, noted", [([], False), (["--", "--fp8-linear", "torchao"], True)])
+def test_an_export_on_torchaos_float8_layers_notes_the_image_must_carry_torchao(capsys, layers, noted):
+    """As the cloud plans do: no job installs torchao, so its float8 layers need an image with it."""
+    code, _, err = export(capsys, "skypilot", "--dry-run", "--accelerator", "H100:8", "--precision", "fp8", *layers)
+    assert code == 0, err
+    note = "note: torchao in the job's image: torchao's float8 layers need it and no job installs it"
+    assert (note in err) is noted, err
+
+
 def test_a_name_is_one_every_engine_takes(capsys):
     for engine in ("skypilot", "trainjob", "pytorchjob"):
         document, _ = dry_run(capsys, engine, "--accelerator", "L4:1", "--name", "Run-42", *IMAGE)
