@@ -633,6 +633,19 @@ def test_every_plan_gets_decides_refusals_as_one_user_error(flags, saved, words)
             "argument --fp8-fast-accum: invalid choice: 'grad-weight' (choose from 'none', 'grad-input', 'all')",
         ),
         (["--fp8-haed"], "unrecognized arguments: --fp8-haed (did you mean --fp8-head?)"),
+        (
+            ["--fp8-linear", "nativ"],
+            "argument --fp8-linear: invalid choice: 'nativ' (choose from 'auto', 'native', 'torchao')",
+        ),
+        (
+            ["--fp8-scaling", "delay"],
+            "argument --fp8-scaling: invalid choice: 'delay' (choose from 'dynamic', 'delayed')",
+        ),
+        (["--fp8-scalling", "delayed"], "unrecognized arguments: --fp8-scalling delayed (did you mean --fp8-scaling?)"),
+        (
+            ["--fp8-scaling", "delayed", "--fp8-linear", "torchao"],
+            "--fp8-scaling delayed runs on the native float8 layers, not torchao's: drop --fp8-linear torchao",
+        ),
     ],
 )
 def test_a_mistyped_fp8_option_is_one_line_naming_what_is_right(flag, line, capsys, no_aws_config):

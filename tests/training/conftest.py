@@ -333,6 +333,29 @@ def narrow_llama():
     return build
 
 
+@pytest.fixture
+def few_steps():
+    """few_steps(model, steps, autocast=False): the losses of `steps` AdamW steps (lr 1e-2) on one
+    fixed batch of 2 x 32 tokens, under bf16 autocast where asked (the float8 layers' dtype)."""
+
+    def train(model, steps: int, autocast: bool = False) -> list[float]:
+        import torch
+
+        ids = torch.randint(0, model.config.vocab_size, (2, 32))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = []
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    return train
+
+
 @pytest.fixture(scope="session")
 def shared_env(tmp_path_factory) -> dict[str, str]:
     """Caches shared by every run of the session, away from the developer's home folder."""

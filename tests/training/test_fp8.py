@@ -126,7 +126,7 @@ def test_gpt2_has_nothing_to_convert_and_says_so():
 
 
 @pytest.mark.slow  # importing torchao and transformers' Llama
-def test_fp8_converts_every_block_linear_but_the_head_and_still_trains(narrow_llama):
+def test_fp8_converts_every_block_linear_but_the_head_and_still_trains(narrow_llama, few_steps):
     pytest.importorskip("torchao")
     from torchao.float8.float8_linear import Float8Linear
 
@@ -136,15 +136,7 @@ def test_fp8_converts_every_block_linear_but_the_head_and_still_trains(narrow_ll
     assert line.startswith("fp8=on linear_layers=14 (torchao float8")  # 2 layers x q, k, v, o, gate, up, down
     assert sum(isinstance(m, Float8Linear) for m in model.modules()) == 14
     assert not isinstance(model.get_output_embeddings(), Float8Linear)  # the LM head stays in bf16
-    ids = torch.randint(0, 256, (2, 32))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(3):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    losses = few_steps(model, 3)
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
 
 

@@ -176,7 +176,7 @@ def test_it_gives_torchaos_tensorwise_values():
 
 
 @pytest.mark.slow  # transformers' Llama
-def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains(narrow_llama):
+def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains(narrow_llama, few_steps):
     torch.manual_seed(0)
     model = narrow_llama()
     line = fp8.use_fp8(model, linear="native", fast_accum="grad-input")
@@ -187,16 +187,7 @@ def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains(narr
     layers = [m for m in model.modules() if isinstance(m, Float8Linear)]
     assert len(layers) == 14 and all(m.fast_grad_input and not m.fast_grad_weight for m in layers)
     assert not isinstance(model.get_output_embeddings(), Float8Linear)
-    ids = torch.randint(0, 256, (2, 32))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(4):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    losses = few_steps(model, 4, autocast=True)
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
 
 
