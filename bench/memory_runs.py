@@ -124,6 +124,14 @@ def _runs(card: str, *rows: tuple[str, str, float, float | None]) -> tuple[Run, 
     return tuple(Run(source, run, card, peak, smi) for source, run, peak, smi in rows)
 
 
+def _llama1b(**config) -> Config:
+    """llama-1b on 1 GPU as sessions 19-22 measured it: compiled DDP, sequence 2048, the head loss,
+    no key/value cache, no logits output."""
+    return Config(
+        "llama-1b", 1, "ddp", seq_len=2048, compiled=True, kv_cache=False, logits_output=False, head_loss=True, **config
+    )
+
+
 H1x200, H2, H4 = "2026-11-26-h200x1", "2026-11-26-h200x2", "2026-11-26-h200x4"
 H100x2, H100x4 = "2026-11-26-h100x2", "2026-11-26-h100x4"
 S10 = "2026-11-27-h200x4-session10"
@@ -589,11 +597,9 @@ CONFIGS: tuple[Config, ...] = (
            runs=_runs("H200", (f"{S18}-scaling-zero", "ours-gpt2-small-ddp-compile-g4-b16-k1", 9.6736, 20.16))),
     Config("gpt2-small", 4, "fsdp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
         (f"{S18}-scaling-zero", "ours-gpt2-small-fsdp-compile-g4-b16-k1", 8.5723, 20.78))),
-    Config("llama-1b", 1, "ddp", batch_size=8, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
-           head_loss=True, runs=_runs("H200",
+    _llama1b(batch_size=8, runs=_runs("H200",
         (f"{S18}-llama-ours", "ours-llama-1b-ddp-compile-g1-b8-k1", 40.8118, 63.12))),
-    Config("llama-1b", 1, "ddp", batch_size=8, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
-           head_loss=True, precision="fp8",
+    _llama1b(batch_size=8, precision="fp8",
            runs=_runs("H200", (f"{S18}-llama-ours", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8", 33.0014, 55.69))),
     # session 19 (4xH200, one host): the llama-8b preset (Llama 3.1 8B's shapes, untied head), seq 2048,
     # micro-batch 4, compiled FSDP2 (one block a unit) and compiled ZeRO-3 (blocks fetched whole)
@@ -624,47 +630,38 @@ CONFIGS: tuple[Config, ...] = (
     Config("gpt2-small", 1, "ddp", batch_size=32, compiled=True, kv_cache=False, logits_output=False,
            head_loss=True, flags="compile-tuning", runs=_runs("H200",
         (f"{S20}-c1", "ours-gpt2-small-ddp-compile-g1-b32-k1-b32cdt", 15.6913, 18.68))),
-    Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
-           head_loss=True, held_out=HELD_OUT_S20, runs=_runs("H200",
+    _llama1b(batch_size=16, held_out=HELD_OUT_S20, runs=_runs("H200",
         (f"{S20}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
         (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
         (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
         (f"{S22}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
         (f"{S22}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06))),
-    Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
-           head_loss=True, precision="fp8", runs=_runs("H200",
+    _llama1b(batch_size=16, precision="fp8", runs=_runs("H200",
         (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34),
         (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34),
         (f"{S22}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34))),
-    Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
-           head_loss=True, precision="fp8", flags="fp8-fast-accum",
+    _llama1b(batch_size=16, precision="fp8", flags="fp8-fast-accum",
            runs=_runs("H200", (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8fa16", 51.6363, 68.34))),
     # session 21 (1xH200, each run alone): --fp8-head at micro-batch 16 and 8 (three 400-step runs at 8:
     # c2's fp8h2 row is the bench reporting fp8h's one run twice), and the input gradients' fast
     # accumulation alone (the same memory as fp8's)
-    Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
-           head_loss=True, precision="fp8", fp8_head=True,
+    _llama1b(batch_size=16, precision="fp8", fp8_head=True,
            runs=_runs("H200", (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8h16", 59.0313, 70.64))),
-    Config("llama-1b", 1, "ddp", batch_size=8, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
-           head_loss=True, precision="fp8", fp8_head=True, runs=_runs("H200",
+    _llama1b(batch_size=8, precision="fp8", fp8_head=True, runs=_runs("H200",
         (f"{S21}-c2", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h", 36.5761, 71.2),
         (f"{S21}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h2", 36.5761, 71.2),
         (f"{S21}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h3", 36.5761, 71.2),
         (f"{S22}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h", 36.5761, 71.2),
         (f"{S22}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-fp8h-r2", 36.5761, 71.2))),
-    Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
-           head_loss=True, precision="fp8", flags="fp8-fast-accum grad-input",
+    _llama1b(batch_size=16, precision="fp8", flags="fp8-fast-accum grad-input",
            runs=_runs("H200", (f"{S21}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8gi16", 51.6363, 68.34))),
     # session 22 (1xH200, each run alone): llama-1b at micro-batch 32 in bf16 (held out, a new shape)
     # and fp8, and fp8 through --fp8-linear native, whose peak is torchao's to the MiB (the estimate
     # does not read the flag)
-    Config("llama-1b", 1, "ddp", batch_size=32, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
-           head_loss=True, held_out=HELD_OUT_S22,
+    _llama1b(batch_size=32, held_out=HELD_OUT_S22,
            runs=_runs("H200", (f"{S22}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32", 114.7157, 121.93))),
-    Config("llama-1b", 1, "ddp", batch_size=32, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
-           head_loss=True, precision="fp8",
+    _llama1b(batch_size=32, precision="fp8",
            runs=_runs("H200", (f"{S22}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-fp8b32", 88.9053, 96.42))),
-    Config("llama-1b", 1, "ddp", batch_size=16, seq_len=2048, compiled=True, kv_cache=False, logits_output=False,
-           head_loss=True, precision="fp8", flags="fp8-linear native",
+    _llama1b(batch_size=16, precision="fp8", flags="fp8-linear native",
            runs=_runs("H200", (f"{S22}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-natb16", 51.6364, 68.46))),
 )  # fmt: skip
