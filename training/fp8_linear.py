@@ -98,6 +98,14 @@ def _record(history: torch.Tensor, t: torch.Tensor) -> None:
     history.copy_(torch.cat([t.detach().abs().amax().float().reshape(1), history[:-1]]))
 
 
+def delayed_scale(history: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The scale for float8 `dtype` from an amax `history`: its largest, or 1 while it holds nothing
+    (Transformer Engine's scales also start at 1). A tensor expression, not a branch, so that a
+    compiled step has one graph from the first forward on."""
+    top = history.amax()
+    return torch.where(top > 0, fp8_scale(top, dtype), torch.ones_like(top, dtype=torch.float32))
+
+
 class Float8Linear(torch.nn.Linear):
     """nn.Linear whose matmul runs in float8 (_Float8Matmul) in the autocast dtype; the bias, if
     any, is added in that dtype. `fast_grad_input`/`fast_grad_weight`: --fp8-fast-accum.
@@ -106,14 +114,15 @@ class Float8Linear(torch.nn.Linear):
     the input's and weight's scales come from the largest magnitudes of the last AMAX_HISTORY
     forwards that built a graph for a backward, so the cast needs no pass over the tensor first and
     the compiler may fuse it into the kernel that produces the input. A value beyond the history's
-    largest saturates. The first such forward scales dynamically; evaluation and generation read
-    the history without adding to it. The output gradient always scales dynamically. The history
-    is not saved with the model (a non-persistent buffer): a resumed run starts it again."""
+    largest saturates. The weight's history starts with the weight's own largest magnitude; the
+    input's starts empty, so the first training forward casts its input at scale 1. Evaluation and
+    generation read the histories without adding to them. The output gradient always scales
+    dynamically. The histories are not saved with the model (non-persistent buffers): a resumed
+    run starts them again."""
 
     fast_grad_input = False
     fast_grad_weight = False
     delayed = False
-    primed = False  # a history to scale by has been recorded
     amax_input: torch.Tensor  # delayed scaling's histories (buffers), the newest first
     amax_weight: torch.Tensor
 
@@ -121,18 +130,17 @@ class Float8Linear(torch.nn.Linear):
         self.delayed = True
         for name in ("amax_input", "amax_weight"):
             self.register_buffer(name, torch.zeros(AMAX_HISTORY, device=self.weight.device), persistent=False)
+        with torch.no_grad():
+            _record(self.amax_weight, self.weight)
 
     def _scales(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Delayed scaling's two scales, from the history before this forward adds `x` to it."""
+        """Delayed scaling's two scales, from the histories before this forward adds `x` to them."""
         if not self.delayed:
             return None
-        scales = None
-        if self.primed:
-            scales = (fp8_scale(self.amax_input.amax(), E4M3), fp8_scale(self.amax_weight.amax(), E4M3))
+        scales = (delayed_scale(self.amax_input, E4M3), delayed_scale(self.amax_weight, E4M3))
         if torch.is_grad_enabled():
             _record(self.amax_input, x)
             _record(self.amax_weight, self.weight)
-            self.primed = True
         return scales
 
     @classmethod
