@@ -312,7 +312,9 @@ def test_a_runs_timeout_ends_its_whole_process_tree(tmp_path):
 
     bench = _bench()
     pid_file = tmp_path / "worker.pid"
-    ctx = bench.Ctx(argparse.Namespace(), 0, tmp_path, tmp_path, tmp_path, tmp_path, cpu=True, peak=1.0)
+    ctx = bench.Ctx(
+        argparse.Namespace(compile_cache="per-run"), 0, tmp_path, tmp_path, tmp_path, tmp_path, cpu=True, peak=1.0
+    )
     runner = bench.Runner(ctx, tmp_path / "out", None, None)
     runner.stop_grace_s = 0.5
     cmd = [sys.executable, "-c", STUCK_RUN, str(pid_file)]
@@ -350,7 +352,8 @@ def _busy_runner(tmp_path, monkeypatch, *, allow: bool):
     (bin_dir / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_APPS", str(tmp_path / "apps"))
-    ctx = bench.Ctx(argparse.Namespace(allow_busy_gpus=allow), 1, tmp_path, tmp_path, tmp_path, tmp_path, False, 1.0)
+    a = argparse.Namespace(allow_busy_gpus=allow, compile_cache="shared")
+    ctx = bench.Ctx(a, 1, tmp_path, tmp_path, tmp_path, tmp_path, False, 1.0)
     runner = bench.Runner(ctx, tmp_path / "out", None, None)
     runner.busy_wait_s = 0.3
     mark = tmp_path / "started"
@@ -381,6 +384,25 @@ def test_free_gpus_time_the_run_as_before(tmp_path, monkeypatch):
     (tmp_path / "apps").write_text("No running processes found\n")
     res = runner.execute(run)
     assert mark.exists() and "busy" not in res["status"]
+
+
+@pytest.mark.parametrize("mode", ["shared", "per-run"])
+def test_the_runs_of_one_invocation_share_one_compile_cache_unless_told(tmp_path, monkeypatch, mode):
+    """shared: every run reads and fills one Inductor cache in the work folder (a --repeat run then
+    skips most of its compile); per-run: none is set, so each job keeps its own beside its
+    checkpoints (training/contract.py), even where the bench's own environment names one."""
+    bench = _bench()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "the-callers"))
+    ctx = bench.Ctx(bench.parse_args(["--compile-cache", mode]), 1, tmp_path, tmp_path, tmp_path, tmp_path, True, 1.0)
+    runner = bench.Runner(ctx, tmp_path / "out", None, None)
+    seen = tmp_path / "seen"
+    code = f"import os; open({str(seen)!r}, 'a').write(os.environ.get('TORCHINDUCTOR_CACHE_DIR', '-') + '\\n')"
+    for name in ("r1", "r2"):
+        run = bench.Run(name, "hf_trainer", name, [sys.executable, "-c", code], 1, "gpt2-small", "lm", "single",
+                        128, 1, 1, 1, 0, 1, timeout=60)  # fmt: skip
+        runner.execute(run)
+    expected = str(tmp_path / "compile-cache") if mode == "shared" else "-"
+    assert seen.read_text().splitlines() == [expected, expected]
 
 
 def test_the_lm_text_is_the_standard_librarys_source_not_repeated(tmp_path):
