@@ -148,6 +148,7 @@ S21 = "2026-11-28-h200x1-session21"
 S20X1 = "2026-11-28-h200x1-session20-gpt2-b64"
 HELD_OUT_S20 = "measured in session 20, after the last refit"
 S22 = "2026-11-29-h200x1-session22"
+S23 = "2026-11-29-h200x1-session23"
 HELD_OUT_S22 = "measured in session 22, after the last refit"
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -635,7 +636,9 @@ CONFIGS: tuple[Config, ...] = (
         (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
         (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
         (f"{S22}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
-        (f"{S22}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06))),
+        (f"{S22}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
+        (f"{S23}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
+        (f"{S23}-c3", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06))),
     _llama1b(batch_size=16, precision="fp8", runs=_runs("H200",
         (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34),
         (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34),
@@ -663,5 +666,15 @@ CONFIGS: tuple[Config, ...] = (
     _llama1b(batch_size=32, precision="fp8",
            runs=_runs("H200", (f"{S22}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-fp8b32", 88.9053, 96.42))),
     _llama1b(batch_size=16, precision="fp8", flags="fp8-linear native",
-           runs=_runs("H200", (f"{S22}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-natb16", 51.6364, 68.46))),
+           runs=_runs("H200", (f"{S22}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-natb16", 51.6364, 68.46),
+        (f"{S23}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-natb16", 51.6364, 68.46),
+        (f"{S23}-c3", "ours-llama-1b-ddp-compile-g1-b16-k1-natb16", 51.6364, 68.46))),
+    # session 23 (1xH200, each run alone; fp8 now means the native layers): the native layers with
+    # --fp8-head at micro-batch 16, and at 8 with dynamic and delayed scaling (400-step loss runs)
+    _llama1b(batch_size=16, precision="fp8", fp8_head=True, flags="fp8-linear native",
+           runs=_runs("H200", (f"{S23}-c3", "ours-llama-1b-ddp-compile-g1-b16-k1-nathb16", 59.0314, 70.64))),
+    _llama1b(batch_size=8, precision="fp8", flags="fp8-linear native",
+           runs=_runs("H200", (f"{S23}-c2", "ours-llama-1b-ddp-compile-g1-b8-k1-nat", 33.0014, 69.39))),
+    _llama1b(batch_size=8, precision="fp8", flags="fp8-scaling delayed",
+           runs=_runs("H200", (f"{S23}-c2", "ours-llama-1b-ddp-compile-g1-b8-k1-natd", 33.0642, 69.51))),
 )  # fmt: skip

@@ -3,7 +3,9 @@
 # root, with the GPU wheels (torchao 0.17.0 among them) installed first (bench/README.md, "What the
 # GPU machine needs"). One GPU: the runs go one after another, each alone on it, in the order of the
 # variants below (a deadline cuts the last). Everything lands under $OUT/cN, packed into $OUT/cN.tgz.
-# Each call may land on another machine: ratios are taken within one call only.
+# Each call may land on another machine: ratios are taken within one call only. The calls, in order:
+# `bash THIS 1` (machine A; ran f614125); `bash THIS 2 'k1-nat$|k1-natd$' 8.9 1` (machine B);
+# `bash THIS 1 'k1-b16$|k1-natb16$|k1-nathb16$' 8.3` (call 3, machine B warm; its output c1 kept as c3).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1

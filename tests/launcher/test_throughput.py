@@ -66,11 +66,13 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
 @pytest.mark.parametrize(
     "flags, rate",
     [
-        ([], 69044),  # bf16: the micro-batch-16 row
+        ([], 69132),  # bf16: the micro-batch-16 row
         (["--batch-size", "32"], 69358),
-        (["--precision", "fp8"], 85973),  # the default recipe on the native layers (auto)
+        (["--precision", "fp8"], 85785),  # the default recipe on the native layers (auto)
         (["--precision", "fp8", "--fp8-linear", "torchao"], 84193),  # the same recipe on torchao's
-        (["--precision", "fp8", "--fp8-head"], 91196),  # measured on torchao's layers only
+        (["--precision", "fp8", "--fp8-head"], 93712),  # the native layers' own run (session 23)
+        (["--precision", "fp8", "--fp8-head", "--fp8-linear", "torchao"], 91196),
+        (["--precision", "fp8", "--batch-size", "8"], 79964),
         (["--precision", "fp8", "--fp8-fast-accum", "all"], None),  # never measured: not priced as fp8's
         (["--precision", "fp8", "--fp8-recipe", "rowwise"], None),
         (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 83394),
@@ -117,6 +119,11 @@ def test_an_fp8_job_priced_by_the_other_layers_run_says_so():
         assert measured is not None
         return measured[1]
 
-    assert priced().endswith("2026-11-29-h200x1-session22-c2")
-    assert priced("--fp8-head").endswith("2026-11-28-h200x1-session21-c1 (torchao's float8 layers, the same recipe)")
+    assert priced().endswith("2026-11-29-h200x1-session23-c3")
+    assert priced("--fp8-head").endswith("2026-11-29-h200x1-session23-c3")
+    # micro-batch 32 ran on torchao's layers only (session 22)
+    assert priced("--batch-size", "32").endswith(
+        "2026-11-29-h200x1-session22-c1 (torchao's float8 layers, the same recipe)"
+    )
     assert "the same recipe" not in priced("--fp8-linear", "torchao", "--fp8-head")
+    assert "the same recipe" not in priced("--fp8-linear", "torchao", "--batch-size", "32")
