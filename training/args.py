@@ -175,8 +175,8 @@ class TrainArgs:
         metadata=_flag(
             (
                 "--precision fp8, the native layers: dynamic (default; each input and weight scaled by its own "
-                "largest magnitude, a pass over it before the cast) or delayed (by the largest of the last 16 "
-                "forwards', Transformer Engine's recipe: no pass first; a larger value saturates)"
+                "largest magnitude) or delayed (by the largest of the last 16 forwards', Transformer Engine's "
+                "recipe; a larger value saturates; no faster on an H200, bench/README.md session 23)"
             ),
             choices=FP8_SCALINGS,
         ),
