@@ -321,6 +321,19 @@ class TrainArgs:
             choices=("fp32", "bf16", "fp16"),
         ),
     )
+    # ddp and single keep fp32 weights under bf16 autocast, so the stream between blocks is fp32
+    residual_dtype: str = field(
+        default="fp32",
+        metadata=_flag(
+            (
+                "ddp and single under --precision bf16 or fp8: the dtype of the hidden states between the "
+                "transformer blocks (the residual stream). fp32 (default: autocast over fp32 weights) or bf16 "
+                "(each block's input cast: half the bytes through the norms and adds, as fsdp and ZeRO, whose "
+                "weights are 16-bit, already run it)"
+            ),
+            choices=("fp32", "bf16"),
+        ),
+    )
     # 25 eager, 1000 with --compile (strategies.ddp_bucket_mb)
     ddp_bucket_mb: int | None = field(
         default=None,
@@ -647,6 +660,17 @@ def validate(a: TrainArgs) -> None:
             f"--ddp-reduce-dtype applies to --strategy ddp, not {a.strategy} "
             "(DeepSpeed reduces in the training precision)"
         )
+    if a.residual_dtype == "bf16":
+        if a.precision not in ("bf16", "fp8"):
+            raise ArgumentError(
+                f"--residual-dtype bf16 applies to --precision bf16 or fp8 (bf16 autocast), not "
+                f"{a.precision or 'the default precision'}: add --precision bf16"
+            )
+        if a.strategy not in ("ddp", "single", AUTO):
+            raise ArgumentError(
+                f"--residual-dtype bf16 applies to --strategy ddp or single: {a.strategy} already runs the "
+                "residual stream in bf16 (its weights are 16-bit); drop --residual-dtype"
+            )
     if a.fsdp_blocks_per_unit is not None and a.strategy != "fsdp":
         raise ArgumentError(f"--fsdp-blocks-per-unit applies to --strategy fsdp, not {a.strategy}")
     if a.fsdp_blocks_per_unit is not None and a.fsdp_blocks_per_unit < 1:

@@ -38,7 +38,7 @@ from . import checkpoint, compiling, data, engines, faults, modeling, tasks
 from .args import ArgumentError, TrainArgs, default_lr, fp8_linear_of
 from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .decisions import Decisions, decide
-from .engines.base import transformer_blocks
+from .engines.base import residual_in_bf16, transformer_blocks
 from .fp8 import use_fp8
 from .hub import HubPushError, kept_model_line, push_to_hub
 from .phases import hms as _hms
@@ -142,6 +142,11 @@ class Trainer:
         # --fp8-head: the head's backward accumulates fast only where every backward matmul does
         head_fp8 = ("fast" if a.fp8_fast_accum == "all" else "exact") if a.fp8_head else None
         self.lm_loss_why_not = modeling.use_head_loss(model, self.decisions.head_loss_why_not, head_fp8)
+        if a.residual_dtype == "bf16":
+            if self.strategy.value in ("ddp", "single"):
+                self._print(residual_in_bf16(model))
+            else:  # auto's sharded pick: its 16-bit weights make the stream bf16 already
+                self._print(f"residual_dtype=bf16 (already: {self.strategy.value}'s weights are 16-bit)")
         self.compiled, self.compile_why = self.decisions.compiled, self.decisions.compile_why
         engine = self.engine
         with _slow_phase(

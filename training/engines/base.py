@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..args import ArgumentError
 from ..decisions import Decisions
 
 Say = Callable[[str], None]
@@ -94,3 +95,30 @@ def transformer_blocks(model: Any) -> list[Any]:
     model = getattr(model, "_orig_mod", model)
     names = set(getattr(model, "_no_split_modules", None) or ())
     return [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
+
+
+def residual_in_bf16(model: Any) -> str:
+    """--residual-dtype bf16: cast each transformer block's input hidden states to bf16, so that
+    the residual stream runs in bf16 under autocast over fp32 weights (ddp, single). There the
+    embeddings' output is fp32, and each block adds its bf16 sublayer outputs onto that fp32
+    stream, so every norm and add reads and writes 4 bytes an element; the sharded engines,
+    whose weights are 16-bit, already run it in 2. In a pre-norm model (GPT-2, Llama) only the
+    first block's cast converts anything; a post-norm one (BERT), whose norms autocast to fp32,
+    needs each. The log line, or ArgumentError where the model names no block class."""
+    blocks = transformer_blocks(model)
+    if not blocks:
+        raise ArgumentError(
+            f"--residual-dtype bf16: {type(model).__name__} names no transformer block class "
+            "(_no_split_modules); drop --residual-dtype"
+        )
+
+    def cast(_module, args, kwargs):
+        if args:
+            return (args[0].to(torch.bfloat16), *args[1:]), kwargs
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": kwargs["hidden_states"].to(torch.bfloat16)}
+        return None
+
+    for block in blocks:
+        block.register_forward_pre_hook(cast, with_kwargs=True)
+    return f"residual_dtype=bf16 (--residual-dtype: each of the {len(blocks)} blocks' inputs cast to bf16)"
