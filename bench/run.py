@@ -1028,6 +1028,14 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
     res["peak_mem_gb"] = max(peaks) if peaks else None
     losses = [r["train_loss"] for r in rows if "train_loss" in r]
     res["final_train_loss"] = losses[-1] if losses else None  # the last window's (fp8 vs bf16)
+    # The whole curve, a point per logged step: a final loss alone cannot tell a steady lag from
+    # one spike (session 23's delayed scaling), and the logs do not come back from the GPU machines.
+    res["train_loss_curve"] = [[r["step"], round(r["train_loss"], 5)] for r in rows if "train_loss" in r]
+    first = re.search(r"^first_step_s=([\d.]+)(?: compile_cache_hits=(\d+))?", text, re.M)
+    if first:  # the first step's seconds, compile included; compiled, the compile cache's hits (--compile-cache)
+        res["first_step_s"] = float(first.group(1))
+        if first.group(2) is not None:
+            res["compile_cache_hits"] = int(first.group(2))
     evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
     res["final_eval_loss"] = evals[-1] if evals else None  # held-out text: the loss comparison
     res["complete"] = bool(windows) and windows[-1][1] >= run.warmup + run.steps

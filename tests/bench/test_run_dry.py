@@ -431,8 +431,12 @@ def test_the_llama_suite_compares_each_variants_eval_loss(tmp_path):
             "tokens_per_sec": 110.0}, {"step": 40, "eval_loss": 1.6, "eval_perplexity": 4.95}]  # fmt: skip
     metrics.write_text("\n".join(__import__("json").dumps(r) for r in rows))
     run = bench.Run("r", "ours", "r", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60)
-    res = bench.parse_ours(run, metrics, "")
+    res = bench.parse_ours(run, metrics, "setup: ...\nfirst_step_s=101.7 compile_cache_hits=12\ncompiled_graphs=1\n")
     assert (res["final_train_loss"], res["final_eval_loss"], res["tokens_per_sec"]) == (1.5, 1.6, 110.0)
+    assert res["train_loss_curve"] == [[20, 2.0], [40, 1.5]]  # a steady lag and a spike read apart
+    assert (res["first_step_s"], res["compile_cache_hits"]) == (101.7, 12)
+    eager = bench.parse_ours(run, metrics, "first_step_s=0.4\n")
+    assert eager["first_step_s"] == 0.4 and "compile_cache_hits" not in eager
     ctx = bench.Ctx(bench.parse_args(["--suite", "llama"]), 1, tmp_path, tmp_path, tmp_path, tmp_path, False, 1e15)
     base = bench.Run("b", "ours", "ours", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60, result=res)
     fp8 = bench.Run("v", "ours", "ours", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60, variant="fp8",
