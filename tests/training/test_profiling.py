@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from distrain_cloud.training.profiling import merge, overlap, timeline_summary
+from distrain_cloud.training.profiling import kernel_families, merge, overlap, timeline_summary
 
 
 def test_merge_and_overlap():
@@ -32,6 +32,33 @@ def test_exposed_communication_is_what_compute_does_not_cover():
 
 def test_no_kernels_no_figures():
     assert timeline_summary([], steps=5) == {}
+    assert kernel_families([], steps=5) == {}
+
+
+def test_each_kernel_counts_in_its_family():
+    """Names as an H200's llama-1b step showed them (session 19): cuDNN's attention holds "wgmma"
+    and must not count as a GEMM; cuBLAS's split-K reduction is the GEMM's."""
+    kernels = [
+        ("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN", 0, 600),
+        ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", 600, 700),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64", 700, 1000),
+        ("triton_poi_fused__unsafe_view_mul_silu_silu_backward_view_3", 1000, 1100),
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::FusedAdam>", 1100, 1150),
+        ("_cross_entropy_grad_kernel", 1150, 1170),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1100, 1300),
+        ("Memset (Device)", 1300, 1310),
+    ]
+    assert kernel_families(kernels, steps=2) == pytest.approx(
+        {
+            "profile_kernels_gemm_ms": 0.35,
+            "profile_kernels_attention_ms": 0.15,
+            "profile_kernels_triton_ms": 0.05,
+            "profile_kernels_optimizer_ms": 0.025,
+            "profile_kernels_loss_ms": 0.01,
+            "profile_kernels_comm_ms": 0.1,
+            "profile_kernels_other_ms": 0.005,
+        }
+    )
 
 
 def test_host_time_per_step_of_each_labelled_phase():
