@@ -1030,7 +1030,11 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
     res["final_train_loss"] = losses[-1] if losses else None  # the last window's (fp8 vs bf16)
     # The whole curve, a point per logged step: a final loss alone cannot tell a steady lag from
     # one spike (session 23's delayed scaling), and the logs do not come back from the GPU machines.
-    res["train_loss_curve"] = [[r["step"], round(r["train_loss"], 5)] for r in rows if "train_loss" in r]
+    res["train_loss_curve"] = [
+        [r["step"], round(r["train_loss"], 5)]
+        for r in rows  # a malformed row (the job's own file, but a whole call's results hang on it) is left out
+        if isinstance(r.get("step"), int) and isinstance(r.get("train_loss"), (int, float))
+    ]
     first = re.search(r"^first_step_s=([\d.]+)(?: compile_cache_hits=(\d+))?", text, re.M)
     if first:  # the first step's seconds, compile included; compiled, the compile cache's hits (--compile-cache)
         res["first_step_s"] = float(first.group(1))

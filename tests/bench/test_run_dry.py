@@ -434,6 +434,9 @@ def test_the_llama_suite_compares_each_variants_eval_loss(tmp_path):
     res = bench.parse_ours(run, metrics, "setup: ...\nfirst_step_s=101.7 compile_cache_hits=12\ncompiled_graphs=1\n")
     assert (res["final_train_loss"], res["final_eval_loss"], res["tokens_per_sec"]) == (1.5, 1.6, 110.0)
     assert res["train_loss_curve"] == [[20, 2.0], [40, 1.5]]  # a steady lag and a spike read apart
+    with metrics.open("a") as f:  # rows no trainer writes: no step, a loss that is not a number
+        f.write('\n{"train_loss": 1.0}\n{"step": 60, "train_loss": "1.2"}\n{"step": "x", "train_loss": 1.1}')
+    assert bench.parse_ours(run, metrics, "")["train_loss_curve"] == [[20, 2.0], [40, 1.5]]
     assert (res["first_step_s"], res["compile_cache_hits"]) == (101.7, 12)
     eager = bench.parse_ours(run, metrics, "first_step_s=0.4\n")
     assert eager["first_step_s"] == 0.4 and "compile_cache_hits" not in eager
