@@ -103,7 +103,7 @@ def delayed_scale(history: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     (Transformer Engine's scales also start at 1). A tensor expression, not a branch, so that a
     compiled step has one graph from the first forward on."""
     top = history.amax()
-    return torch.where(top > 0, fp8_scale(top, dtype), torch.ones_like(top, dtype=torch.float32))
+    return torch.where(top > 0, fp8_scale(top, dtype), torch.ones_like(top))
 
 
 class Float8Linear(torch.nn.Linear):

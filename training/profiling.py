@@ -10,7 +10,7 @@ It also prints one `profile_...` key=value line per run, with these figures per 
 - the part of the collective time that no compute kernel overlaps (what a multi-GPU step pays for
   its communication);
 - the kernel time of each family: GEMMs, attention, Inductor's Triton kernels, the optimizer's,
-  the loss kernel, collectives and the rest (KERNEL_FAMILIES).
+  the loss kernel and the rest (KERNEL_FAMILIES).
 """
 
 from __future__ import annotations
@@ -112,12 +112,13 @@ def kernel_family(name: str) -> str:
 
 def kernel_families(kernels: list[tuple[str, float, float]], steps: int) -> dict[str, float]:
     """Per-step milliseconds of GPU kernel time in each family, summed over the kernels (not
-    merged: overlapping kernels each count): profile_kernels_gemm_ms=..., and so on."""
+    merged: overlapping kernels each count): profile_kernels_gemm_ms=..., and so on. Collectives
+    are left out: timeline_summary's profile_comm_ms has them."""
     per_step_ms = 1.0 / (1000.0 * max(steps, 1))
     totals = dict.fromkeys([*(f for f, _ in KERNEL_FAMILIES), "other"], 0.0)
     for name, start, end in kernels:
         totals[kernel_family(name)] += end - start
-    return {f"profile_kernels_{family}_ms": us * per_step_ms for family, us in totals.items() if us}
+    return {f"profile_kernels_{f}_ms": us * per_step_ms for f, us in totals.items() if us and f != "comm"}
 
 
 class Profiler:

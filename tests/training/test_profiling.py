@@ -37,7 +37,8 @@ def test_no_kernels_no_figures():
 
 def test_each_kernel_counts_in_its_family():
     """Names as an H200's llama-1b step showed them (session 19): cuDNN's attention holds "wgmma"
-    and must not count as a GEMM; cuBLAS's split-K reduction is the GEMM's."""
+    and must not count as a GEMM; cuBLAS's split-K reduction is the GEMM's; a collective is left to
+    profile_comm_ms."""
     kernels = [
         ("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN", 0, 600),
         ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", 600, 700),
@@ -55,7 +56,6 @@ def test_each_kernel_counts_in_its_family():
             "profile_kernels_triton_ms": 0.05,
             "profile_kernels_optimizer_ms": 0.025,
             "profile_kernels_loss_ms": 0.01,
-            "profile_kernels_comm_ms": 0.1,
             "profile_kernels_other_ms": 0.005,
         }
     )
