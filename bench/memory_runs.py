@@ -116,6 +116,7 @@ class Config:
             compiled_autograd=self.compiled_autograd,
             head_loss=self.head_loss,
             fp8_head=self.fp8_head,
+            residual_bf16="residual-dtype bf16" in self.flags,
             constants=constants,
         )
 
@@ -149,6 +150,7 @@ S20X1 = "2026-11-28-h200x1-session20-gpt2-b64"
 HELD_OUT_S20 = "measured in session 20, after the last refit"
 S22 = "2026-11-29-h200x1-session22"
 S23 = "2026-11-29-h200x1-session23"
+S24 = "2026-11-29-h200x1-session24"
 HELD_OUT_S22 = "measured in session 22, after the last refit"
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -638,7 +640,8 @@ CONFIGS: tuple[Config, ...] = (
         (f"{S22}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
         (f"{S22}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
         (f"{S23}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
-        (f"{S23}-c3", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06))),
+        (f"{S23}-c3", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06),
+        (f"{S24}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 65.4468, 82.06))),
     _llama1b(batch_size=16, precision="fp8", runs=_runs("H200",
         (f"{S20}-c4", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34),
         (f"{S21}-c1", "ours-llama-1b-ddp-compile-g1-b16-k1-fp8b16", 51.6363, 68.34),
@@ -677,4 +680,17 @@ CONFIGS: tuple[Config, ...] = (
            runs=_runs("H200", (f"{S23}-c2", "ours-llama-1b-ddp-compile-g1-b8-k1-nat", 33.0014, 69.39))),
     _llama1b(batch_size=8, precision="fp8", flags="fp8-scaling delayed",
            runs=_runs("H200", (f"{S23}-c2", "ours-llama-1b-ddp-compile-g1-b8-k1-natd", 33.0642, 69.51))),
+    # session 24 (1xH200, each run alone): the native layers with --fp8-head at micro-batch 8 (three
+    # 400-step runs), and --residual-dtype bf16 (the two norms' fp32 inputs kept for the backward
+    # become bf16: 4 d bytes less per token and layer, derived in launcher/memory.py)
+    _llama1b(batch_size=8, precision="fp8", fp8_head=True, flags="fp8-linear native", runs=_runs("H200",
+        (f"{S24}-c1", "ours-llama-1b-ddp-compile-g1-b8-k1-nath", 36.5762, 71.45),
+        (f"{S24}-c1", "ours-llama-1b-ddp-compile-g1-b8-k1-nath-r2", 36.5762, 71.57),
+        (f"{S24}-c1", "ours-llama-1b-ddp-compile-g1-b8-k1-nath-r3", 36.5762, 71.57))),
+    _llama1b(batch_size=16, flags="residual-dtype bf16",
+           runs=_runs("H200", (f"{S24}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-r16", 61.4468, 78.00))),
+    _llama1b(batch_size=8, flags="residual-dtype bf16",
+           runs=_runs("H200", (f"{S24}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-r", 38.8118, 74.82))),
+    _llama1b(batch_size=16, precision="fp8", fp8_head=True, flags="fp8-linear native residual-dtype bf16",
+           runs=_runs("H200", (f"{S24}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-natrhb16", 55.0314, 66.54))),
 )  # fmt: skip

@@ -254,6 +254,7 @@ def estimate(
     compiled_autograd: bool = False,
     head_loss: bool = False,
     fp8_head: bool = False,
+    residual_bf16: bool = False,
     constants: Constants = CONSTANTS,
 ) -> Estimate:
     """Peak memory per device of a training step, and of the evaluation.
@@ -336,6 +337,12 @@ def estimate(
         # the down projection's, 3 d + I elements. Derived, not fitted: llama-1b on an H200 measured
         # 33.0 GiB against 35.4 estimated (bf16's run: 40.8, estimated 38.9).
         per_token_layer -= 3 * d + shape.intermediate
+    if residual_bf16 and how in ("autocast", "compiled"):
+        # --residual-dtype bf16: each pre-norm block keeps its input and its mid-block sum (the two
+        # norms' inputs) for the backward in bf16 where autocast's stream keeps them in fp32, 2
+        # bytes less on each of 2 d values. Derived; llama-1b on an H200 (session 24) measured 4.0
+        # GiB less at micro-batch 16 (bf16, and fp8 with --fp8-head) and 2.0 at 8: 4 d exactly.
+        per_token_layer -= 4 * d
     terms["activations"] = per_token_layer * tokens * L
     if kv_cache:  # each layer's keys and values, in the compute dtype
         terms["kv_cache"] = 2 * L * tokens * d * (2 if mixed else 4)
@@ -439,6 +446,7 @@ def estimate_job(job: Decisions, shape: ModelShape, world_size: int) -> Estimate
         compiled_autograd=args.compiled_autograd,
         head_loss=shape.family == "gpt2" and job.head_loss_why_not is None,
         fp8_head=args.fp8_head,
+        residual_bf16=args.residual_dtype == "bf16",
     )
 
 

@@ -320,6 +320,22 @@ def test_the_estimate_follows_the_strategy_and_the_micro_batch():
     assert gib("zero2", 8) - gib("zero2", 4) == pytest.approx(2 * (gib("zero2", 4) - gib("zero2", 2)))
 
 
+def test_a_bf16_residual_stream_saves_two_fp32_hidden_states_per_block_and_token():
+    """--residual-dtype bf16 under ddp: the two norms' inputs each block keeps drop from 4 bytes a
+    value to 2 (4 d bytes per token and layer), as llama-1b measured on an H200 (4.0 GiB at
+    micro-batch 16); the plan's estimate reads the flag from the job's arguments."""
+    llama = ["--task", "causal-lm", "--preset", "llama-1b", "--block-size", "2048", "--compile", "--precision", "bf16"]
+    args = parse_args(llama)
+    shape = memory.model_shape(args)
+    assert shape is not None
+    fp32_stream = memory.estimate_job(_decided(args), shape, 1).terms["activations"]
+    bf16 = _decided(parse_args([*llama, "--residual-dtype", "bf16"]))
+    bf16_stream = memory.estimate_job(bf16, shape, 1).terms["activations"]
+    tokens = args.batch_size * 2048
+    assert fp32_stream - bf16_stream == pytest.approx(4 * shape.hidden * tokens * shape.layers / 2**30)
+    assert fp32_stream - bf16_stream == pytest.approx(4.0)  # micro-batch 16, as measured
+
+
 def test_a_job_compiled_block_by_block_counts_the_loss_graphs_input():
     """--compile-unit block leaves the loss a graph of its own after the eager LM head, as under
     fsdp: its input, the 16-bit logits, is saved beside their gradient. The job's args reach it."""
