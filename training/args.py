@@ -334,6 +334,14 @@ class TrainArgs:
             choices=("fp32", "bf16"),
         ),
     )
+    # training/fusion.py: Llama-style models' q/k/v and gate/up projections, each group one matmul
+    fuse_projections: bool = field(
+        default=False,
+        metadata=_flag(
+            "ddp and single, Llama/Mistral/Qwen2/Qwen3 models: each attention's q, k and v projections as "
+            "one matmul, and each MLP's gate and up projections as another (the saved model keeps its layers)"
+        ),
+    )
     # 25 eager, 1000 with --compile (strategies.ddp_bucket_mb)
     ddp_bucket_mb: int | None = field(
         default=None,
@@ -670,6 +678,17 @@ def validate(a: TrainArgs) -> None:
             raise ArgumentError(
                 f"--residual-dtype bf16 applies to --strategy ddp or single: {a.strategy} already runs the "
                 "residual stream in bf16 (its weights are 16-bit); drop --residual-dtype"
+            )
+    if a.fuse_projections:
+        if a.strategy not in ("ddp", "single", AUTO):
+            raise ArgumentError(
+                f"--fuse-projections applies to --strategy ddp or single, not {a.strategy} (a sharded "
+                "engine gathers each layer's weights for that layer's own call); drop --fuse-projections"
+            )
+        if a.precision == "fp8" and (fp8_linear_of(a) != "native" or a.fp8_scaling == "delayed"):
+            raise ArgumentError(
+                "--fuse-projections under --precision fp8 fuses the native float8 layers with dynamic scaling: "
+                "drop --fp8-linear torchao, a rowwise --fp8-recipe and --fp8-scaling delayed, or --fuse-projections"
             )
     if a.fsdp_blocks_per_unit is not None and a.strategy != "fsdp":
         raise ArgumentError(f"--fsdp-blocks-per-unit applies to --strategy fsdp, not {a.strategy}")

@@ -22,6 +22,8 @@ gradient sums over the rows, so a batch whose row count is not one is padded wit
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -90,6 +92,29 @@ class _Float8Matmul(torch.autograd.Function):
         return grad_x, grad_w, None, None, None
 
 
+def float8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    fast_grad_input: bool,
+    fast_grad_weight: bool,
+    scales_of: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) with the matmul in float8 (_Float8Matmul), in the autocast dtype;
+    `scales_of(rows)` gives delayed scaling's scales (None: dynamic). Float8Linear's forward, and
+    --fuse-projections' (training/fusion.py) over a group's concatenated weights."""
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    with torch.autocast(device_type=device, enabled=False):
+        rows = x.reshape(-1, weight.shape[1]).to(dtype)
+        # only a backward sums over the rows; generation's odd row counts run as they are
+        padded = pad_rows(rows) if torch.is_grad_enabled() else rows
+        scales = scales_of(rows) if scales_of is not None else None
+        out = _Float8Matmul.apply(padded, weight, fast_grad_input, fast_grad_weight, scales)
+        out = out[: rows.shape[0]].reshape(*x.shape[:-1], weight.shape[0])
+        return out if bias is None else out + bias.to(dtype)
+
+
 AMAX_HISTORY = 16  # --fp8-scaling delayed: the forwards whose largest magnitudes set the scales
 
 
@@ -154,16 +179,7 @@ class Float8Linear(torch.nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        device = x.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        with torch.autocast(device_type=device, enabled=False):
-            rows = x.reshape(-1, self.in_features).to(dtype)
-            # only a backward sums over the rows; generation's odd row counts run as they are
-            padded = pad_rows(rows) if torch.is_grad_enabled() else rows
-            scales = self._scales(rows)
-            out = _Float8Matmul.apply(padded, self.weight, self.fast_grad_input, self.fast_grad_weight, scales)
-            out = out[: rows.shape[0]].reshape(*x.shape[:-1], self.out_features)
-            return out if self.bias is None else out + self.bias.to(dtype)
+        return float8_linear(x, self.weight, self.bias, self.fast_grad_input, self.fast_grad_weight, self._scales)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, float8=tensorwise{' delayed' if self.delayed else ''}"

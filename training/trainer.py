@@ -40,6 +40,7 @@ from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .decisions import Decisions, decide
 from .engines.base import residual_in_bf16, transformer_blocks
 from .fp8 import use_fp8
+from .fusion import fuse_projections
 from .hub import HubPushError, kept_model_line, push_to_hub
 from .phases import hms as _hms
 from .phases import slow_phase as _slow_phase
@@ -147,6 +148,11 @@ class Trainer:
                 self._print(residual_in_bf16(model))
             else:  # auto's sharded pick: its 16-bit weights make the stream bf16 already
                 self._print(f"residual_dtype=bf16 (already: {self.strategy.value}'s weights are 16-bit)")
+        if a.fuse_projections:  # after fp8's layers are in: a float8 group is fused in float8
+            if self.strategy.value in ("ddp", "single"):
+                self._print(fuse_projections(model))
+            else:  # auto's sharded pick gathers each layer's weights for that layer's own call
+                self._print(f"fuse_projections=off (--fuse-projections: not under {self.strategy.value})")
         self.compiled, self.compile_why = self.decisions.compiled, self.decisions.compile_why
         engine = self.engine
         with _slow_phase(
