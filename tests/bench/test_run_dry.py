@@ -333,6 +333,38 @@ def test_a_runs_timeout_ends_its_whole_process_tree(tmp_path):
     assert time.monotonic() - started < 10
 
 
+# A run that finished its work (its windows, its eval and the trainer's done: line) and then hung
+# while exiting, as llama-1b's processes did for over 10 s on an H200 when a deadline's clamp came.
+DONE_THEN_SLOW_EXIT = """
+import sys, time
+for step in (5, 10):
+    print(f"step={step} train_loss={3.0 / step} tokens_per_sec=1000.0 step_time=0.1", flush=True)
+print("step=10 eval_loss=0.5", flush=True)
+print("done: 10 steps in 0m01s of training, after 1s of setup" if sys.argv[1] == "done" else "", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow  # two 2 s timeouts
+@pytest.mark.parametrize("last, status", [("done", "ok"), ("nothing", "TIMEOUT (2s)")])
+def test_a_run_stopped_while_exiting_after_its_done_line_keeps_its_figures(tmp_path, last, status):
+    import argparse
+
+    bench = _bench()
+    ctx = bench.Ctx(
+        argparse.Namespace(compile_cache="per-run"), 0, tmp_path, tmp_path, tmp_path, tmp_path, cpu=True, peak=1.0
+    )
+    runner = bench.Runner(ctx, tmp_path / "out", None, None)
+    runner.stop_grace_s = 0.5
+    cmd = [sys.executable, "-c", DONE_THEN_SLOW_EXIT, last]
+    run = bench.Run("slow-exit", "ours", "slow-exit", cmd, 1, "tiny-gpt2", "lm", "ddp", 128, 1, 1, 10, 0, 5, timeout=2)
+    res = runner.execute(run)
+    assert res["status"] == status
+    assert res["tokens_per_sec"] == 1000.0 and res["complete"]
+    if status == "ok":  # no error fields, and a note that says what happened
+        assert "error" not in res and res["note"] == "stopped at its 2s limit while exiting, after its done: line"
+
+
 FAKE_NVIDIA_SMI = """#!/bin/sh
 # --query-compute-apps: the lines of $FAKE_APPS while it exists; any other query: nothing
 case "$*" in *query-compute-apps*) [ -f "$FAKE_APPS" ] && cat "$FAKE_APPS";; esac
