@@ -1,0 +1,192 @@
+"""Every eval loss the bench has recorded, pooled by protocol and recipe, against bf16's.
+
+    python bench/loss_ledger.py                      # every protocol with two or more recipes
+    python bench/loss_ledger.py --model llama-1b     # one model's
+
+Issue 40 asks fp8's eval loss to stay within 1% of bf16's after 400 steps, and one run's loss
+varies by about 1.5% (bf16's sd): the comparison is of means over runs from several sessions, and
+was summed by hand until session 24, when it pooled a bf16 run measured on another text (session
+20's first 4.1 M characters of the corpus, eval on 256 samples) with five on the full one. Here a
+run joins a pool only with runs of the same protocol: model, sequence, micro-batch, steps,
+learning rate, corpus (its sha256) and eval samples. Its recipe is what changes the numbers:
+precision, the fp8 settings, the residual stream's dtype, the fused projections, the LM loss. Not
+the fp8 layers' owner (native or torchao's): both run the same tensorwise recipe, the same
+operands, scales and cuBLAS kernel (tests/training/test_fp8_linear.py), and the table names each
+run's source. A file the bench did not write, or a run without a final eval loss or whose timed
+windows did not finish, is passed over: the files come back from other machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MEASUREMENTS = Path(__file__).parent / "measurements"
+# The training fields that change a run's numbers (the recipe), by their flags' names
+RECIPE_FIELDS = (
+    "precision",
+    "fp8_recipe",
+    "fp8_head",
+    "fp8_scaling",
+    "fp8_fast_accum",
+    "fp8_bf16_edge_blocks",
+    "residual_dtype",
+    "fuse_projections",
+    "lm_loss",
+)
+
+
+@dataclass(frozen=True)
+class LossRun:
+    source: str  # the measurement file's name, without .json
+    run: str  # the bench's run id
+    protocol: tuple
+    recipe: str  # "bf16", or the flags that differ from bf16's
+    eval_loss: float
+
+
+def recipe_and_protocol(cmd: str, meta: dict[str, Any], run: dict[str, Any]) -> tuple[str, tuple] | None:
+    """The run's recipe (its numerics flags away from the defaults, "" for bf16's) and protocol,
+    from the training command the bench recorded; None where the command does not parse."""
+    from distrain_cloud.training.args import ArgumentError, TrainArgs, parse_args
+
+    words = shlex.split(cmd)
+    if "--" not in words:
+        return None
+    try:
+        args = parse_args(words[words.index("--") + 1 :])
+    except (ArgumentError, SystemExit, ValueError):
+        return None
+    default = TrainArgs()
+    flags = []
+    for name in RECIPE_FIELDS:
+        value = getattr(args, name)
+        if name == "precision":  # not given: bf16 on the bench's H100s and H200s (precision.pick_precision)
+            flags.append(str(value or "bf16"))
+        elif value != getattr(default, name):
+            flag = "--" + name.replace("_", "-")
+            flags.append(flag if value is True else f"{flag} {value}")
+    corpus = meta.get("lm_corpus") if isinstance(meta.get("lm_corpus"), dict) else {}
+    protocol = (
+        run.get("model"),
+        args.block_size,
+        args.batch_size,
+        args.max_steps,
+        args.lr,
+        str(corpus.get("sha256")),
+        args.max_eval_samples,
+    )
+    return " ".join(flags), protocol
+
+
+def read_runs(folder: Path = MEASUREMENTS) -> list[LossRun]:
+    """Every complete run with a final eval loss in the bench's results files under `folder`, each
+    once (the bench once reported one run under two ids: a second row with the same loss, train
+    loss and speed in one file is that)."""
+    out: list[LossRun] = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("suites"), dict):
+            continue
+        meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
+        seen = set()
+        for suite in data["suites"].values():
+            runs = suite.get("runs") if isinstance(suite, dict) else None
+            for run in runs if isinstance(runs, list) else []:
+                if not isinstance(run, dict) or run.get("impl") != "ours" or not run.get("complete"):
+                    continue
+                loss, cmd = run.get("final_eval_loss"), run.get("cmd")
+                if not isinstance(loss, (int, float)) or not math.isfinite(loss) or not isinstance(cmd, str):
+                    continue
+                same = (loss, run.get("final_train_loss"), run.get("tokens_per_sec"))
+                if same in seen:
+                    continue
+                seen.add(same)
+                parsed = recipe_and_protocol(cmd, meta, run)
+                if parsed:
+                    out.append(LossRun(path.stem, str(run.get("id")), parsed[1], parsed[0], float(loss)))
+    return out
+
+
+@dataclass(frozen=True)
+class Pool:
+    recipe: str
+    losses: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.losses)
+
+    @property
+    def sd(self) -> float | None:
+        return statistics.stdev(self.losses) if len(self.losses) > 1 else None
+
+
+def compare(pool: Pool, base: Pool) -> tuple[float, float | None]:
+    """(pool's mean over base's - 1, two standard errors of that difference over base's mean), the
+    second None where either pool has one run."""
+    diff = pool.mean / base.mean - 1
+    if pool.sd is None or base.sd is None:
+        return diff, None
+    se = math.sqrt(pool.sd**2 / len(pool.losses) + base.sd**2 / len(base.losses))
+    return diff, 2 * se / base.mean
+
+
+def pools(runs: list[LossRun]) -> dict[tuple, list[Pool]]:
+    """Per protocol, a pool per recipe, bf16's first."""
+    by: dict[tuple, dict[str, list[float]]] = {}
+    for r in runs:
+        by.setdefault(r.protocol, {}).setdefault(r.recipe, []).append(r.eval_loss)
+    return {
+        protocol: [Pool(k, tuple(v)) for k, v in sorted(recipes.items(), key=lambda kv: (kv[0] != "bf16", kv[0]))]
+        for protocol, recipes in by.items()
+    }
+
+
+def render(runs: list[LossRun], model: str | None = None) -> str:
+    lines = []
+    for protocol, recipes in pools(runs).items():
+        if (model and protocol[0] != model) or len(recipes) < 2:
+            continue
+        name, seq, batch, steps, lr, sha, evals = protocol
+        lines += [
+            f"## {name}, sequence {seq}, micro-batch {batch}, {steps} steps, lr {lr}, corpus {sha[:12]}, "
+            f"eval on {evals} samples",
+            "",
+            "| recipe | runs | eval losses | mean | sd | mean ÷ bf16's | ± two standard errors |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        base = recipes[0] if recipes[0].recipe == "bf16" else None
+        for pool in recipes:
+            diff, err = compare(pool, base) if base and pool is not base else (None, None)
+            lines.append(
+                f"| {pool.recipe} | {len(pool.losses)} | {', '.join(f'{x:.4f}' for x in sorted(pool.losses))} "
+                f"| {pool.mean:.4f} | {'–' if pool.sd is None else f'{pool.sd:.4f}'} "
+                f"| {'–' if diff is None else f'{diff:+.2%}'} | {'–' if err is None else f'{err:.2%}'} |"
+            )
+        sources = sorted({f"{r.source} ({r.run})" for r in runs if r.protocol == protocol})
+        lines += ["", "Runs: " + "; ".join(sources), ""]
+    return "\n".join(lines) if lines else "no protocol with two recipes"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="one model's protocols (e.g. llama-1b)")
+    p.add_argument("--folder", type=Path, default=MEASUREMENTS, help="the results files (bench/measurements)")
+    a = p.parse_args(argv)
+    print(render(read_runs(a.folder), a.model))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""bench/loss_ledger.py: the recorded eval losses pooled by protocol and recipe, each run once, and
+a results file from another machine that is not the bench's passed over."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ledger():
+    spec = importlib.util.spec_from_file_location("loss_ledger", REPO / "bench" / "loss_ledger.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["loss_ledger"] = module  # its dataclasses look their module up while they are built
+    spec.loader.exec_module(module)
+    return module
+
+
+LOSS_400 = ("llama-1b", 2048, 8, 400, 0.0005)  # sessions 19-24's loss protocol, less corpus and eval
+
+
+def _pool(ledger, recipe: str, corpus: str):
+    for protocol, pools in ledger.pools(ledger.read_runs()).items():
+        if protocol[:5] == LOSS_400 and protocol[5].startswith(corpus):
+            return next((p for p in pools if p.recipe == recipe), None)
+    return None
+
+
+def test_the_400_step_pools_hold_each_run_of_the_full_text_once(ledger):
+    bf16 = _pool(ledger, "bf16", "c1f27e9535e1")
+    head = _pool(ledger, "fp8 --fp8-head", "c1f27e9535e1")
+    tensorwise = _pool(ledger, "fp8", "c1f27e9535e1")
+    assert bf16 and head and tensorwise
+    # session 20's bf16 run (1.4317) trained and evaluated on the first 4.1 M characters: not here
+    assert sorted(bf16.losses) == pytest.approx([1.4164, 1.4264, 1.4538, 1.4590, 1.4721], abs=5e-5)
+    assert _pool(ledger, "bf16", "8da41bb5af7f").losses == pytest.approx((1.4317,), abs=5e-5)
+    # session 21's first call reported its one head run under two ids: counted once
+    assert len(head.losses) == 8 and len(tensorwise.losses) == 5
+    diff, err = ledger.compare(head, bf16)
+    assert diff == pytest.approx(0.0139, abs=5e-4) and err == pytest.approx(0.0191, abs=5e-4)
+    diff, _ = ledger.compare(tensorwise, bf16)
+    assert diff == pytest.approx(-0.0060, abs=5e-4)
+
+
+def _results(tmp_path: Path, name: str, runs: list, sha: str = "abc") -> None:
+    meta = {"lm_corpus": {"sha256": sha}}
+    (tmp_path / f"{name}.json").write_text(json.dumps({"meta": meta, "suites": {"llama": {"runs": runs}}}))
+
+
+def _run(loss, flags: str = "", **extra) -> dict:
+    cmd = (
+        "python -m distrain_cloud.training.node_launch --processes 1 -- --task causal-lm --preset llama-1b "
+        f"--block-size 2048 --batch-size 8 --max-steps 400 --lr 0.0005 --max-eval-samples 100 {flags}"
+    )
+    run = {"id": f"r{loss}", "impl": "ours", "model": "llama-1b", "complete": True, "cmd": cmd}
+    return {**run, "final_eval_loss": loss, "final_train_loss": loss, "tokens_per_sec": 1.0, **extra}
+
+
+def test_hostile_and_incomplete_results_are_passed_over(ledger, tmp_path):
+    _results(tmp_path, "good", [_run(1.5), _run(1.6), _run(1.7, "--precision fp8")])
+    _results(
+        tmp_path,
+        "odd",
+        [
+            _run(float("nan")),
+            _run("1.2"),
+            _run(1.1, complete=False),  # its timed windows did not finish
+            _run(1.0, cmd=None),
+            _run(1.0, cmd="no separator"),
+            _run(1.0, "--precision nope"),  # a command that no longer parses
+            _run(1.0, impl="hf_trainer"),
+            "not a run",
+        ],
+    )
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "broken.json").write_text("{not json")
+    _results(tmp_path, "other-text", [_run(1.9)], sha="def")
+    runs = ledger.read_runs(tmp_path)
+    assert sorted((r.recipe, r.eval_loss) for r in runs) == [("bf16", 1.5), ("bf16", 1.6), ("bf16", 1.9), ("fp8", 1.7)]
+    text = ledger.render(runs)
+    assert "| fp8 | 1 | 1.7000 | 1.7000 | – | +9.68% | – |" in text
+    assert "corpus abc, eval on 100 samples" in text and "corpus def" not in text  # one recipe: no comparison
+
+
+def test_the_command_prints_the_tables(ledger, capsys):
+    assert ledger.main(["--model", "llama-1b"]) == 0
+    out = capsys.readouterr().out
+    assert "## llama-1b, sequence 2048, micro-batch 8, 400 steps, lr 0.0005, corpus c1f27e9535e1" in out
+    assert "| fp8 --fp8-head | 8 |" in out
