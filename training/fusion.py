@@ -20,13 +20,11 @@ is checked by reading the forward of the model types in FUSABLE and tested for e
 
 from __future__ import annotations
 
-import inspect
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
 from .args import ArgumentError
+from .engines.base import map_first_input
 from .fp8_linear import Float8Linear, float8_linear
 
 # The owners' groups, each projecting the owner's one input
@@ -97,14 +95,7 @@ def _fuse_owner(owner: torch.nn.Module, names: tuple[str, ...]) -> bool:
         slices.append(ProjectionSlice(layer, start, float8))
         setattr(owner, name, slices[-1])
         start += layer.out_features
-    first = next(iter(inspect.signature(owner.forward).parameters))  # hidden_states (attention), x (MLP)
-
-    def hook(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-        if args:
-            return (_group_forward(slices, args[0]), *args[1:]), kwargs
-        return args, {**kwargs, first: _group_forward(slices, kwargs[first])}
-
-    owner.register_forward_pre_hook(hook, with_kwargs=True)
+    map_first_input(owner, lambda x: _group_forward(slices, x))
     return True
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -41,15 +42,17 @@ def _tiny(model_type: str, layers: int = 2) -> torch.nn.Module:
 
 
 class _Matmuls(TorchDispatchMode):
-    """Counts the matmul kernels a block of code runs (aten's mm/addmm/bmm and float8's _scaled_mm)."""
+    """The matmul kernels a block of code runs (aten's mm and addmm, float8's _scaled_mm), each as
+    (its op, its second operand's shape)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.calls: list[tuple[Any, tuple[int, ...]]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten._scaled_mm):
-            self.count += 1
+            operand = args[2] if func.overloadpacket is torch.ops.aten.addmm else args[1]
+            self.calls.append((func.overloadpacket, tuple(operand.shape)))
         return func(*args, **(kwargs or {}))
 
 
@@ -89,7 +92,7 @@ def test_each_block_runs_four_matmuls_where_it_ran_seven():
     for model in (plain, fused):
         with torch.no_grad(), _Matmuls() as seen:
             model(input_ids=ids)
-        counts.append(seen.count)
+        counts.append(len(seen.calls))
     # per block q, k, v, o, gate, up, down -> qkv, o, gate|up, down; the LM head's one in both
     assert counts == [3 * 7 + 1, 3 * 4 + 1]
 
@@ -145,16 +148,9 @@ def test_float8_groups_multiply_in_float8_once_per_group(narrow_llama):
     fuse_projections(model)
     ids = torch.randint(0, 256, (2, 32))
 
-    scaled = []
-
-    class _Scaled(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket is torch.ops.aten._scaled_mm:
-                scaled.append(tuple(args[1].shape))
-            return func(*args, **(kwargs or {}))
-
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), _Scaled():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), _Matmuls() as seen:
         logits = model(input_ids=ids).logits
+    scaled = [shape for op, shape in seen.calls if op is torch.ops.aten._scaled_mm]
     # (in, out) per block: q|k|v (llama-1b's head_dim 64: 4 + 2 x 2 heads), o, gate|up (2 x 128),
     # down; the head stays bf16
     assert sorted(set(scaled)) == sorted({(64, 512), (256, 64), (64, 256), (128, 64)})
@@ -168,6 +164,21 @@ def test_float8_groups_multiply_in_float8_once_per_group(narrow_llama):
         loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_the_shared_pre_hook_maps_the_first_input_by_position_or_name_and_refuses_a_call_without_it():
+    from distrain_cloud.training.engines.base import map_first_input
+
+    class Owner(torch.nn.Module):
+        def forward(self, x, scale=1.0):
+            return x * scale
+
+    owner = Owner()
+    map_first_input(owner, lambda x: x + 1)
+    assert owner(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert owner(x=torch.ones(2), scale=3.0).tolist() == [6.0, 6.0]
+    with pytest.raises(TypeError, match="^Owner.forward was called without its input 'x'$"):
+        owner(scale=2.0)
 
 
 def test_gpt2_and_other_model_types_are_refused_in_one_line():

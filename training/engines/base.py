@@ -12,6 +12,7 @@ per step clip, and at checkpoints save_extras / load_extras, at the end full_sta
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -97,6 +98,24 @@ def transformer_blocks(model: Any) -> list[Any]:
     return [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
 
 
+def map_first_input(module: torch.nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Pre-hook `module` so that its forward receives fn(its first input) in place of that input,
+    given by position or by the name of forward's first parameter (hidden_states in transformers'
+    blocks and attentions, x in their MLPs). --residual-dtype's casts and --fuse-projections'
+    fused matmuls (training/fusion.py) both ride on it; a call without that input is an error, not
+    a forward that silently skips the change."""
+    name = next(iter(inspect.signature(module.forward).parameters))
+
+    def hook(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        if args:
+            return (fn(args[0]), *args[1:]), kwargs
+        if name not in kwargs:
+            raise TypeError(f"{type(module).__name__}.forward was called without its input {name!r}")
+        return args, {**kwargs, name: fn(kwargs[name])}
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 def residual_in_bf16(model: Any) -> str:
     """--residual-dtype bf16: cast each transformer block's input hidden states to bf16, so that
     the residual stream runs in bf16 under autocast over fp32 weights (ddp, single). There the
@@ -112,13 +131,6 @@ def residual_in_bf16(model: Any) -> str:
             "(_no_split_modules); drop --residual-dtype"
         )
 
-    def cast(_module, args, kwargs):
-        if args:
-            return (args[0].to(torch.bfloat16), *args[1:]), kwargs
-        if "hidden_states" in kwargs:
-            return args, {**kwargs, "hidden_states": kwargs["hidden_states"].to(torch.bfloat16)}
-        return None
-
     for block in blocks:
-        block.register_forward_pre_hook(cast, with_kwargs=True)
+        map_first_input(block, lambda hidden: hidden.to(torch.bfloat16))
     return f"residual_dtype=bf16 (--residual-dtype: each of the {len(blocks)} blocks' inputs cast to bf16)"
