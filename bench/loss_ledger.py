@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shlex
 import statistics
 import sys
@@ -74,16 +75,24 @@ def recipe_and_protocol(cmd: str, meta: dict[str, Any], run: dict[str, Any]) -> 
             flag = "--" + name.replace("_", "-")
             flags.append(flag if value is True else f"{flag} {value}")
     corpus = meta.get("lm_corpus") if isinstance(meta.get("lm_corpus"), dict) else {}
+    sha = corpus.get("sha256")
     protocol = (
         run.get("model"),
         args.block_size,
         args.batch_size,
         args.max_steps,
         args.lr,
-        str(corpus.get("sha256")),
+        sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{1,64}", sha) else "unknown",
         args.max_eval_samples,
     )
     return " ".join(flags), protocol
+
+
+SAFE = re.compile(r"[\w.+-]{1,200}")  # a model or run id to print: no terminal escapes, no Markdown
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def read_runs(folder: Path = MEASUREMENTS) -> list[LossRun]:
@@ -105,16 +114,19 @@ def read_runs(folder: Path = MEASUREMENTS) -> list[LossRun]:
             for run in runs if isinstance(runs, list) else []:
                 if not isinstance(run, dict) or run.get("impl") != "ours" or not run.get("complete"):
                     continue
-                loss, cmd = run.get("final_eval_loss"), run.get("cmd")
+                loss, cmd, model = run.get("final_eval_loss"), run.get("cmd"), run.get("model")
                 if not isinstance(loss, (int, float)) or not math.isfinite(loss) or not isinstance(cmd, str):
                     continue
-                same = (loss, run.get("final_train_loss"), run.get("tokens_per_sec"))
+                if not (isinstance(model, str) and SAFE.fullmatch(model)):
+                    continue  # it names the table, printed to a terminal
+                same = (loss, _number(run.get("final_train_loss")), _number(run.get("tokens_per_sec")))
                 if same in seen:
                     continue
                 seen.add(same)
                 parsed = recipe_and_protocol(cmd, meta, run)
                 if parsed:
-                    out.append(LossRun(path.stem, str(run.get("id")), parsed[1], parsed[0], float(loss)))
+                    name = run.get("id") if isinstance(run.get("id"), str) and SAFE.fullmatch(run["id"]) else "?"
+                    out.append(LossRun(path.stem, name, parsed[1], parsed[0], float(loss)))
     return out
 
 

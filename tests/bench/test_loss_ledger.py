@@ -84,13 +84,20 @@ def test_hostile_and_incomplete_results_are_passed_over(ledger, tmp_path):
             _run(1.0, cmd="no separator"),
             _run(1.0, "--precision nope"),  # a command that no longer parses
             _run(1.0, impl="hf_trainer"),
+            _run(1.0, model="llama-1b\x1b[2J"),  # a terminal escape in the table's heading
+            _run(1.0, model=["llama-1b"]),
             "not a run",
         ],
     )
+    # unhashable figures and a hostile id and corpus: counted, the id shown as ?, the corpus unknown
+    _results(tmp_path, "shapes", [_run(1.3, final_train_loss=[1], tokens_per_sec={}, id="r\n| x |")], sha="\x1b]0;")
     (tmp_path / "list.json").write_text("[1, 2]")
     (tmp_path / "broken.json").write_text("{not json")
     _results(tmp_path, "other-text", [_run(1.9)], sha="def")
     runs = ledger.read_runs(tmp_path)
+    odd = [r for r in runs if r.source == "shapes"]
+    assert [(r.run, r.protocol[5], r.eval_loss) for r in odd] == [("?", "unknown", 1.3)]
+    runs = [r for r in runs if r.source != "shapes"]
     assert sorted((r.recipe, r.eval_loss) for r in runs) == [("bf16", 1.5), ("bf16", 1.6), ("bf16", 1.9), ("fp8", 1.7)]
     text = ledger.render(runs)
     assert "| fp8 | 1 | 1.7000 | 1.7000 | – | +9.68% | – |" in text
