@@ -446,8 +446,18 @@ def estimate_job(job: Decisions, shape: ModelShape, world_size: int) -> Estimate
         compiled_autograd=args.compiled_autograd,
         head_loss=shape.family == "gpt2" and job.head_loss_why_not is None,
         fp8_head=args.fp8_head,
-        residual_bf16=args.residual_dtype == "bf16",
+        residual_bf16=_residual_bf16(job, shape),
     )
+
+
+def _residual_bf16(job: Decisions, shape: ModelShape) -> bool:
+    """Whether the job casts its residual stream to bf16 (--residual-dtype, auto's pick on GPUs,
+    whose precision is bf16 when none is given). The shape knows Llama's family only: Mistral and
+    Qwen read as BERT's formula, an estimate that is off for them already."""
+    from distrain_cloud.training.args import residual_stream_bf16
+
+    args = replace(job.args, precision=job.args.precision or "bf16")
+    return residual_stream_bf16(args, job.strategy.value, "llama" if shape.family == "llama" else None)
 
 
 # ---------------------------------------------------------------------------------- the check
@@ -682,6 +692,7 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
     args = job.args
     replicated = ("ddp", "single")  # one process of DDP runs as one GPU alone
     layers = fp8_linear_of(args) if args.precision == "fp8" else None
+    residual = _residual_bf16(job, shape)
 
     def same(t: Throughput) -> bool:
         return (
@@ -691,6 +702,7 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
             == (args.task, seq_len(args), args.batch_size, job.compiled)
             and (args.strategy == t.strategy or (args.strategy in replicated and t.strategy in replicated))
             and _same_precision(args, t)
+            and (t.residual_bf16, t.fused) == (residual, args.fuse_projections)
             and not job.in_graph
         )
 

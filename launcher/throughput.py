@@ -44,6 +44,7 @@ S21 = "2026-11-28-h200x1-session21"
 S22 = "2026-11-29-h200x1-session22"
 S23 = "2026-11-29-h200x1-session23"
 S24 = "2026-11-29-h200x1-session24"
+S25 = "2026-11-29-h200x1-session25"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 LLAMA_C1 = "ours-llama-1b-ddp-compile-g1-b8-k1"
@@ -68,6 +69,8 @@ class Throughput:
     precision: str = "bf16"  # or "fp8": the tensorwise recipe (training/fp8.py)
     fp8_head: bool = False  # --fp8-head: the LM head in float8 too
     fp8_linear: str = "torchao"  # --fp8-linear: whose float8 linear layers
+    residual_bf16: bool = False  # the residual stream cast to bf16 (--residual-dtype; auto's pick since session 25)
+    fused: bool = False  # --fuse-projections
 
 
 # Today's trainer (the head loss since session 17, the loss-only forwards since session 4): the
@@ -91,12 +94,29 @@ THROUGHPUT: tuple[Throughput, ...] = (
     # llama-1b at the trainer's default micro-batch (16), and in fp8 (sessions 19-21): not fitted to
     # (the roofline's llama-1b point is the micro-batch-8 bf16 row above), each prices its own jobs
     Throughput("H200", "llama-1b", True,
-               (69523.1, 69650.3, 69338.6, 68194.7, 70508.3, 68829.0, 68399.7, 68308.8), batch_size=16, seq_len=2048,
+               (69523.1, 69650.3, 69338.6, 68194.7, 70508.3, 68829.0, 69146.5, 68399.7, 68308.8), batch_size=16,
+               seq_len=2048,
                runs=((f"{S21}-c1", f"{LLAMA_C16}-b16"), (f"{S22}-c2", f"{LLAMA_C16}-b16"),
                      (f"{S22}-c4", f"{LLAMA_C16}-b16"), (f"{S23}-c1", f"{LLAMA_C16}-b16"),
                      (f"{S23}-c3", f"{LLAMA_C16}-b16"), (f"{S24}-c2", f"{LLAMA_C16}-b16"),
+                     (f"{S25}-c1", f"{LLAMA_C16}-b16"),
                      (f"{S20}-c1", f"{LLAMA_C16}-b16"), (f"{S20}-c4", f"{LLAMA_C16}-b16")),
-               note="six runs alone, two side by side with other 1-GPU runs on the same host"),
+               note="seven runs alone, two side by side with other 1-GPU runs on the same host"),
+    # the residual stream in bf16 (--residual-dtype auto's pick for Llama-style models since session 25)
+    Throughput("H200", "llama-1b", True, (70122.7, 70601.1), batch_size=16, seq_len=2048, residual_bf16=True,
+               runs=((f"{S24}-c2", f"{LLAMA_C16}-r16"), (f"{S25}-c1", f"{LLAMA_C16}-r16"))),
+    Throughput("H200", "llama-1b", True, (66899.6, 67450.8, 67018.4, 66998.3), batch_size=8, seq_len=2048,
+               residual_bf16=True, runs=((f"{S24}-c3", f"{LLAMA_C1}-r"), (f"{S25}-c2", f"{LLAMA_C1}-r"),
+                                         (f"{S25}-c2", f"{LLAMA_C1}-r-r2"), (f"{S25}-c2", f"{LLAMA_C1}-r-r3"))),
+    Throughput("H200", "llama-1b", True, (93174.3,), batch_size=16, seq_len=2048, precision="fp8", fp8_head=True,
+               fp8_linear="native", residual_bf16=True, runs=((f"{S24}-c2", f"{LLAMA_C16}-natrhb16"),)),
+    Throughput("H200", "llama-1b", True, (86832.8, 86352.8), batch_size=8, seq_len=2048, precision="fp8",
+               fp8_head=True, fp8_linear="native", residual_bf16=True,
+               runs=((f"{S25}-c3", f"{LLAMA_C1}-natrh"), (f"{S25}-c3", f"{LLAMA_C1}-natrh-r2"))),
+    Throughput("H200", "llama-1b", True, (68261.0,), batch_size=16, seq_len=2048, residual_bf16=True, fused=True,
+               runs=((f"{S25}-c1", f"{LLAMA_C16}-rf16"),)),
+    Throughput("H200", "llama-1b", True, (82156.6,), batch_size=16, seq_len=2048, precision="fp8",
+               fp8_linear="native", residual_bf16=True, fused=True, runs=((f"{S25}-c1", f"{LLAMA_C16}-natrf16"),)),
     Throughput("H200", "llama-1b", True, (84890.1, 85045.5, 82643.7), batch_size=16, seq_len=2048, precision="fp8",
                runs=((f"{S21}-c1", f"{LLAMA_C16}-fp8b16"), (f"{S22}-c2", f"{LLAMA_C16}-fp8b16"),
                      (f"{S20}-c4", f"{LLAMA_C16}-fp8b16"))),

@@ -35,7 +35,7 @@ from torch._dynamo.utils import counters
 from tqdm.auto import tqdm
 
 from . import checkpoint, compiling, data, engines, faults, modeling, tasks
-from .args import ArgumentError, TrainArgs, default_lr, fp8_linear_of
+from .args import ArgumentError, TrainArgs, default_lr, fp8_linear_of, residual_stream_bf16
 from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .decisions import Decisions, decide
 from .engines.base import residual_in_bf16, transformer_blocks
@@ -143,11 +143,11 @@ class Trainer:
         # --fp8-head: the head's backward accumulates fast only where every backward matmul does
         head_fp8 = ("fast" if a.fp8_fast_accum == "all" else "exact") if a.fp8_head else None
         self.lm_loss_why_not = modeling.use_head_loss(model, self.decisions.head_loss_why_not, head_fp8)
-        if a.residual_dtype == "bf16":
-            if self.strategy.value in ("ddp", "single"):
-                self._print(residual_in_bf16(model))
-            else:  # auto's sharded pick: its 16-bit weights make the stream bf16 already
-                self._print(f"residual_dtype=bf16 (already: {self.strategy.value}'s weights are 16-bit)")
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        if residual_stream_bf16(a, self.strategy.value, model_type) and (a.residual_dtype == "bf16" or blocks):
+            self._print(residual_in_bf16(model, auto=a.residual_dtype == AUTO))
+        elif a.residual_dtype == "bf16":  # auto's sharded pick: its 16-bit weights make the stream bf16 already
+            self._print(f"residual_dtype=bf16 (already: {self.strategy.value}'s weights are 16-bit)")
         if a.fuse_projections:  # after fp8's layers are in: a float8 group is fused in float8
             if self.strategy.value in ("ddp", "single"):
                 self._print(fuse_projections(model))

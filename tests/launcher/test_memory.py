@@ -325,7 +325,7 @@ def test_a_bf16_residual_stream_saves_two_fp32_hidden_states_per_block_and_token
     value to 2 (4 d bytes per token and layer), as llama-1b measured on an H200 (4.0 GiB at
     micro-batch 16); the plan's estimate reads the flag from the job's arguments."""
     llama = ["--task", "causal-lm", "--preset", "llama-1b", "--block-size", "2048", "--compile", "--precision", "bf16"]
-    args = parse_args(llama)
+    args = parse_args([*llama, "--residual-dtype", "fp32"])
     shape = memory.model_shape(args)
     assert shape is not None
     fp32_stream = memory.estimate_job(_decided(args), shape, 1).terms["activations"]
@@ -334,6 +334,16 @@ def test_a_bf16_residual_stream_saves_two_fp32_hidden_states_per_block_and_token
     tokens = args.batch_size * 2048
     assert fp32_stream - bf16_stream == pytest.approx(4 * shape.hidden * tokens * shape.layers / 2**30)
     assert fp32_stream - bf16_stream == pytest.approx(4.0)  # micro-batch 16, as measured
+    # auto's pick for a Llama causal LM, with the precision the GPUs pick when none is given
+    for auto in (parse_args(llama), parse_args([a for a in llama if a not in ("--precision", "bf16")])):
+        assert memory.estimate_job(_decided(auto), shape, 1).terms["activations"] == bf16_stream
+    # and not for GPT-2, whose loss with the cast was not measured
+    gpt2 = parse_args(["--task", "causal-lm", "--preset", "gpt2-small", "--compile", "--precision", "bf16"])
+    gpt2_shape = memory.model_shape(gpt2)
+    assert gpt2_shape is not None
+    told = _decided(parse_args(["--task", "causal-lm", "--preset", "gpt2-small", "--compile", "--precision", "bf16",
+                                "--residual-dtype", "fp32"]))  # fmt: skip
+    assert memory.estimate_job(_decided(gpt2), gpt2_shape, 1).terms == memory.estimate_job(told, gpt2_shape, 1).terms
 
 
 def test_a_job_compiled_block_by_block_counts_the_loss_graphs_input():

@@ -66,16 +66,30 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
 @pytest.mark.parametrize(
     "flags, rate",
     [
-        ([], 69094),  # bf16: the micro-batch-16 row
-        (["--batch-size", "32"], 69358),
-        (["--precision", "fp8"], 85785),  # the default recipe on the native layers (auto)
-        (["--precision", "fp8", "--fp8-linear", "torchao"], 84193),  # the same recipe on torchao's
-        (["--precision", "fp8", "--fp8-head"], 93712),  # the native layers' own run (session 23)
-        (["--precision", "fp8", "--fp8-head", "--fp8-linear", "torchao"], 91196),
-        (["--precision", "fp8", "--batch-size", "8"], 79964),
-        (["--precision", "fp8", "--fp8-fast-accum", "all"], None),  # never measured: not priced as fp8's
-        (["--precision", "fp8", "--fp8-recipe", "rowwise"], None),
-        (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 84183),  # the native layers' (session 24)
+        # --residual-dtype auto: bf16 for a Llama on GPUs (session 25); fp32 for the runs before it
+        ([], 70362),  # bf16: the micro-batch-16 row
+        (["--batch-size", "8"], 67092),
+        (["--batch-size", "32"], None),  # measured with the fp32 stream only
+        (["--fuse-projections"], 68261),
+        (["--precision", "fp8"], None),  # fp8's default recipe with the bf16 stream: not measured
+        (["--precision", "fp8", "--fuse-projections"], 82157),
+        (["--precision", "fp8", "--fp8-head"], 93174),  # with the bf16 stream (session 24)
+        (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 86593),  # session 25's loss runs
+        *[
+            ([*flags, "--residual-dtype", "fp32"], rate)
+            for flags, rate in [
+                ([], 69100),
+                (["--batch-size", "32"], 69358),
+                (["--precision", "fp8"], 85785),  # the default recipe on the native layers (auto)
+                (["--precision", "fp8", "--fp8-linear", "torchao"], 84193),  # the same recipe on torchao's
+                (["--precision", "fp8", "--fp8-head"], 93712),  # the native layers' own run (session 23)
+                (["--precision", "fp8", "--fp8-head", "--fp8-linear", "torchao"], 91196),
+                (["--precision", "fp8", "--batch-size", "8"], 79964),
+                (["--precision", "fp8", "--fp8-fast-accum", "all"], None),  # never measured: not priced as fp8's
+                (["--precision", "fp8", "--fp8-recipe", "rowwise"], None),
+                (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 84183),  # the native layers' (session 24)
+            ]
+        ],
     ],
 )
 def test_a_llama_1b_job_on_an_h200_is_priced_by_the_run_that_multiplied_as_it_will(flags, rate):
@@ -112,7 +126,7 @@ def test_an_fp8_job_priced_by_the_other_layers_run_says_so():
 
     def priced(*flags: str) -> str:
         train = ["--task", "causal-lm", "--preset", "llama-1b", "--block-size", "2048", "--compile"]
-        args = parse_args([*train, "--strategy", "ddp", "--precision", "fp8", *flags])
+        args = parse_args([*train, "--strategy", "ddp", "--precision", "fp8", "--residual-dtype", "fp32", *flags])
         shape = model_shape(args)
         assert shape is not None
         measured = measured_tokens_per_sec(decide(args, world=1, cuda=True), shape, "H200")

@@ -1,5 +1,6 @@
 """--residual-dtype bf16: the hidden states between the transformer blocks in bf16 under autocast
-over fp32 weights (ddp, single), as the sharded engines' 16-bit weights already make them."""
+over fp32 weights (ddp, single), as the sharded engines' 16-bit weights already make them; auto
+(the default) picks it for Llama-style causal LMs."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ import re
 import pytest
 import torch
 
-from distrain_cloud.training.args import ArgumentError, parse_args
+from distrain_cloud.training.args import ArgumentError, parse_args, residual_stream_bf16
 from distrain_cloud.training.engines.base import residual_in_bf16
 
 LM = ["--task", "causal-lm", "--preset", "tiny-gpt2"]
+NARROW = (
+    "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,"
+    "vocab_size=256"
+)
+LLAMA = ["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", NARROW, "--block-size", "64"]
 
 
 @pytest.mark.parametrize(
@@ -38,7 +44,29 @@ def test_the_flag_is_refused_where_it_changes_nothing_or_cannot_apply(flags, mes
 @pytest.mark.parametrize("flags", [["--precision", "bf16"], ["--precision", "fp8", "--strategy", "ddp"]])
 def test_the_flag_is_taken_with_bf16_autocast(flags):
     assert parse_args([*LM, "--residual-dtype", "bf16", *flags]).residual_dtype == "bf16"
-    assert parse_args([*LM, *flags]).residual_dtype == "fp32"
+    assert parse_args([*LM, *flags]).residual_dtype == "auto"
+
+
+@pytest.mark.parametrize(
+    "flags, strategy, model_type, cast",
+    [
+        # auto: Llama-style causal LMs under bf16 autocast (bf16, or fp8's) over fp32 weights
+        (["--precision", "bf16"], "ddp", "llama", True),
+        (["--precision", "fp8"], "single", "qwen2", True),
+        (["--precision", "bf16"], "ddp", "gpt2", False),  # its loss with the cast not measured
+        (["--precision", "bf16", "--task", "classification"], "ddp", "llama", False),
+        (["--precision", "fp16"], "ddp", "llama", False),
+        (["--precision", "no"], "ddp", "llama", False),
+        (["--precision", "bf16"], "zero3", "llama", False),  # 16-bit weights: bf16 with no cast
+        (["--precision", "bf16"], "fsdp", "llama", False),
+        (["--precision", "bf16", "--residual-dtype", "fp32"], "ddp", "llama", False),
+        # asked for: any model with block classes
+        (["--precision", "bf16", "--residual-dtype", "bf16"], "ddp", "gpt2", True),
+    ],
+)
+def test_which_runs_cast_the_stream(flags, strategy, model_type, cast):
+    args = parse_args([*LM, *flags])
+    assert residual_stream_bf16(args, strategy, model_type) is cast
 
 
 def _stream_dtypes(model) -> list[torch.dtype]:
@@ -108,6 +136,20 @@ def test_the_trainer_says_it_and_trains(train):
     assert len(run.train_losses) >= 1
 
 
+@pytest.mark.slow  # two entry-point runs
+def test_a_llama_casts_the_stream_by_default_and_not_when_told(train):
+    auto = train(*LLAMA, "--precision", "bf16", "--max-steps", "2", "--report-to", "none")
+    assert auto.returncode == 0, auto.describe()
+    assert auto.lines("residual_dtype=") == [
+        "residual_dtype=bf16 (--residual-dtype auto: a Llama-style causal LM under bf16 autocast: "
+        "each of the 2 blocks' inputs cast to bf16)"
+    ]
+    kept = train(*LLAMA, "--precision", "bf16", "--residual-dtype", "fp32", "--max-steps", "2", "--report-to", "none")
+    assert kept.returncode == 0, kept.describe()
+    assert kept.lines("residual_dtype=") == []
+    assert len(auto.train_losses) == len(kept.train_losses) >= 1
+
+
 @pytest.mark.parametrize(
     "flags, line",
     [
@@ -116,7 +158,10 @@ def test_the_trainer_says_it_and_trains(train):
             "--residual-dtype bf16 applies to --strategy ddp or single: zero3 already runs the residual stream "
             "in bf16 (its weights are 16-bit); drop --residual-dtype",
         ),
-        (["--residual-dtype", "bf"], "argument --residual-dtype: invalid choice: 'bf' (choose from 'fp32', 'bf16')"),
+        (
+            ["--residual-dtype", "bf"],
+            "argument --residual-dtype: invalid choice: 'bf' (choose from 'auto', 'fp32', 'bf16')",
+        ),
     ],
 )
 def test_submit_refuses_a_misplaced_flag_in_one_line_before_anything_is_sent(flags, line, capsys, no_aws_config):

@@ -116,14 +116,15 @@ def map_first_input(module: torch.nn.Module, fn: Callable[[torch.Tensor], torch.
     module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def residual_in_bf16(model: Any) -> str:
+def residual_in_bf16(model: Any, auto: bool = False) -> str:
     """--residual-dtype bf16: cast each transformer block's input hidden states to bf16, so that
     the residual stream runs in bf16 under autocast over fp32 weights (ddp, single). There the
     embeddings' output is fp32, and each block adds its bf16 sublayer outputs onto that fp32
     stream, so every norm and add reads and writes 4 bytes an element; the sharded engines,
     whose weights are 16-bit, already run it in 2. In a pre-norm model (GPT-2, Llama) only the
     first block's cast converts anything; a post-norm one (BERT), whose norms autocast to fp32,
-    needs each. The log line, or ArgumentError where the model names no block class."""
+    needs each. The log line (`auto`: said as --residual-dtype auto's pick), or ArgumentError where
+    the model names no block class."""
     blocks = transformer_blocks(model)
     if not blocks:
         raise ArgumentError(
@@ -133,4 +134,5 @@ def residual_in_bf16(model: Any) -> str:
 
     for block in blocks:
         map_first_input(block, lambda hidden: hidden.to(torch.bfloat16))
-    return f"residual_dtype=bf16 (--residual-dtype: each of the {len(blocks)} blocks' inputs cast to bf16)"
+    said = "--residual-dtype auto: a Llama-style causal LM under bf16 autocast" if auto else "--residual-dtype"
+    return f"residual_dtype=bf16 ({said}: each of the {len(blocks)} blocks' inputs cast to bf16)"
