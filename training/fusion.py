@@ -72,11 +72,20 @@ def _float8_of(layer: torch.nn.Module) -> tuple[bool, bool] | None:
 def _group_forward(slices: list[ProjectionSlice], x: torch.Tensor) -> torch.Tensor:
     """The group's output: x through the concatenated weights (and biases), in float8 where the
     layers were."""
-    weight = torch.cat([s.weight for s in slices])
-    bias = None if slices[0].bias is None else torch.cat([s.bias for s in slices])
     float8 = slices[0].float8
     if float8 is None:
+        # Each weight cast to autocast's dtype before the concatenation, as each layer's own call
+        # cast it: concatenated first, the fp32 weights made a fused fp32 copy that was written and
+        # read back before the cast (on CPU, Inductor's kernels; same values either way).
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        weight = torch.cat([s.weight.to(dtype or s.weight.dtype) for s in slices])
+        bias = None if slices[0].bias is None else torch.cat([s.bias.to(dtype or s.bias.dtype) for s in slices])
         return F.linear(x, weight, bias)
+    # float8: the fp32 concatenation stays; the cast's amax is over the group, and _Float8Matmul
+    # returns the weight's gradient in the weight's own dtype (fp32 master weights)
+    weight = torch.cat([s.weight for s in slices])
+    bias = None if slices[0].bias is None else torch.cat([s.bias for s in slices])
     return float8_linear(x, weight, bias, *float8)
 
 

@@ -97,6 +97,39 @@ def test_each_block_runs_four_matmuls_where_it_ran_seven():
     assert counts == [3 * 7 + 1, 3 * 4 + 1]
 
 
+class _Cats(TorchDispatchMode):
+    """The dtype and shape of each concatenation a block of code runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[torch.dtype, tuple[int, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket is torch.ops.aten.cat:
+            self.calls.append((out.dtype, tuple(out.shape)))
+        return out
+
+
+def test_under_autocast_each_weight_is_cast_before_the_concatenation():
+    """As each layer's own call cast its fp32 weight to bf16, the group concatenates bf16 weights:
+    no fp32 copy of the group's width to write and read back (Inductor's kernels on CPU wrote
+    one), and the model computes what the unfused one does under autocast."""
+    plain = _tiny("llama", layers=1)
+    fused = copy.deepcopy(plain)
+    fuse_projections(fused)
+    ids = torch.randint(0, 256, (2, 16))
+    with _Cats() as seen:
+        logits, grads = _forward_backward(fused, ids, autocast=True)
+    weights = [(dtype, shape) for dtype, shape in seen.calls if shape in ((64 + 2 * 32, 64), (2 * 128, 64))]
+    assert weights == [(torch.bfloat16, (128, 64)), (torch.bfloat16, (256, 64))]
+    expected_logits, expected = _forward_backward(plain, ids, autocast=True)
+    torch.testing.assert_close(logits, expected_logits, rtol=2e-2, atol=2e-2)
+    for name, grad in expected.items():  # fp32 gradients of the fp32 weights, as unfused
+        assert grads[name].dtype == torch.float32, name
+        torch.testing.assert_close(grads[name], grad, rtol=5e-2, atol=5e-3, msg=name)
+
+
 def test_generation_with_the_kv_cache_matches_the_unfused_model():
     plain = _tiny("llama")
     fused = copy.deepcopy(plain)
