@@ -9,7 +9,8 @@ was summed by hand until session 24, when it pooled a bf16 run measured on anoth
 20's first 4.1 M characters of the corpus, eval on 256 samples) with five on the full one. Here a
 run joins a pool only with runs of the same protocol: model, sequence, micro-batch, steps,
 learning rate, corpus (its sha256) and eval samples. Its recipe is what changes the numbers:
-precision, the fp8 settings, the residual stream's dtype, the fused projections, the LM loss. Not
+precision, the fp8 settings, the residual stream's dtype (as the run cast it: `--residual-dtype
+auto`, the default since session 25, casts Llama's to bf16), the fused projections, the LM loss. Not
 the fp8 layers' owner (native or torchao's): both run the same tensorwise recipe, the same
 operands, scales and cuBLAS kernel (tests/training/test_fp8_linear.py), and the table names each
 run's source. A file the bench did not write, or a run without a final eval loss or whose timed
@@ -71,6 +72,12 @@ def recipe_and_protocol(cmd: str, meta: dict[str, Any], run: dict[str, Any]) -> 
         value = getattr(args, name)
         if name == "precision":  # not given: bf16 on the bench's H100s and H200s (precision.pick_precision)
             flags.append(str(value or "bf16"))
+        elif name == "residual_dtype":  # the stream the run cast to, not the flag (auto picks bf16 for Llama)
+            stream = residual_dtype(args.residual_dtype, run)
+            if stream == "unknown":
+                return None
+            if stream == "bf16":
+                flags.append("--residual-dtype bf16")
         elif value != getattr(default, name):
             flag = "--" + name.replace("_", "-")
             flags.append(flag if value is True else f"{flag} {value}")
@@ -86,6 +93,16 @@ def recipe_and_protocol(cmd: str, meta: dict[str, Any], run: dict[str, Any]) -> 
         args.max_eval_samples,
     )
     return " ".join(flags), protocol
+
+
+def residual_dtype(flag: str, run: dict[str, Any]) -> str:
+    """The residual stream's dtype a run trained with: the trainer's own line, which the bench
+    records since session 25 (`residual_dtype`, "fp32" where the trainer cast nothing); before
+    that, the flag, whose default (the stream autocast leaves fp32) was the only other case."""
+    said = run.get("residual_dtype")
+    if "residual_dtype" in run:
+        return said if said in ("bf16", "fp32") else "unknown"
+    return "bf16" if flag == "bf16" else "fp32"
 
 
 SAFE = re.compile(r"[\w.+-]{1,200}")  # a model or run id to print: no terminal escapes, no Markdown

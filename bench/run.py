@@ -1045,6 +1045,11 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
         res["first_step_s"] = float(first.group(1))
         if first.group(2) is not None:
             res["compile_cache_hits"] = int(first.group(2))
+    # The residual stream's dtype as the trainer cast it (--residual-dtype auto picks per model): the
+    # loss ledger pools runs by it. No line: nothing cast (autocast's fp32 stream under ddp; the
+    # sharded engines' 16-bit weights run it in bf16 with no cast, as before this field).
+    stream = re.search(r"^residual_dtype=(bf16|fp32)\b", text, re.M)
+    res["residual_dtype"] = stream.group(1) if stream else "fp32"
     evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
     res["final_eval_loss"] = evals[-1] if evals else None  # held-out text: the loss comparison
     res["complete"] = bool(windows) and windows[-1][1] >= run.warmup + run.steps

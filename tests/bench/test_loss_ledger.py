@@ -104,6 +104,30 @@ def test_hostile_and_incomplete_results_are_passed_over(ledger, tmp_path):
     assert "corpus abc, eval on 100 samples" in text and "corpus def" not in text  # one recipe: no comparison
 
 
+def test_a_run_joins_the_pool_of_the_stream_it_cast(ledger, tmp_path):
+    """--residual-dtype auto (the default since session 25) casts Llama's stream to bf16 with no
+    flag: the bench records what the trainer cast, and a run joins that recipe's pool. Files from
+    before the field ran the flag's stream (fp32 unless told)."""
+    _results(
+        tmp_path,
+        "runs",
+        [
+            _run(1.50),  # before session 25: no field, no flag
+            _run(1.51, "--precision bf16 --residual-dtype bf16"),
+            _run(1.52, residual_dtype="bf16"),  # auto's pick, as the trainer said
+            _run(1.53, "--residual-dtype fp32", residual_dtype="fp32"),
+            _run(1.54, residual_dtype="\x1b[2J"),  # not a dtype: passed over
+        ],
+    )
+    got = sorted((r.recipe, r.eval_loss) for r in ledger.read_runs(tmp_path))
+    assert got == [
+        ("bf16", 1.50),
+        ("bf16", 1.53),
+        ("bf16 --residual-dtype bf16", 1.51),
+        ("bf16 --residual-dtype bf16", 1.52),
+    ]
+
+
 def test_the_command_prints_the_tables(ledger, capsys):
     assert ledger.main(["--model", "llama-1b"]) == 0
     out = capsys.readouterr().out

@@ -472,6 +472,10 @@ def test_the_llama_suite_compares_each_variants_eval_loss(tmp_path):
     assert (res["first_step_s"], res["compile_cache_hits"]) == (101.7, 12)
     eager = bench.parse_ours(run, metrics, "first_step_s=0.4\n")
     assert eager["first_step_s"] == 0.4 and "compile_cache_hits" not in eager
+    # the residual stream as the trainer cast it (auto picks per model): no line, nothing cast
+    assert res["residual_dtype"] == "fp32"
+    cast = "residual_dtype=bf16 (--residual-dtype auto: a Llama-style causal LM under bf16 autocast: ...)\n"
+    assert bench.parse_ours(run, metrics, cast)["residual_dtype"] == "bf16"
     ctx = bench.Ctx(bench.parse_args(["--suite", "llama"]), 1, tmp_path, tmp_path, tmp_path, tmp_path, False, 1e15)
     base = bench.Run("b", "ours", "ours", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60, result=res)
     fp8 = bench.Run("v", "ours", "ours", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60, variant="fp8",
