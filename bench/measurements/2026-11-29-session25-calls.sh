@@ -5,7 +5,12 @@
 # variants below (a deadline cuts the last). Everything lands under $OUT/cN, packed into $OUT/cN.tgz.
 # Each call may land on another machine: ratios are taken within one call only. The calls, in order:
 # `bash THIS 1 'k1-b16$|k1-rf16$|k1-natrf16$|k1-r16$|k1-natrhf16$' 9.3` (the fused projections'
-# speed beside bf16; kept as c1); the loss calls that follow are written here as they are sent.
+# speed beside bf16; kept as c1); `bash THIS 2 'k1-r$' 9.5 3` (three --residual-dtype bf16 loss
+# runs; kept as c2); `bash THIS 2 'k1-natrh$' 9.2 3` (three --fp8-head --residual-dtype bf16 loss runs,
+# the third cut by the deadline; written under c2/ there, packed as c3.tgz, kept as c3). One machine,
+# one lease: the three compare with each other. Each call ran main at fb2ddc3. Since 86c401a
+# --residual-dtype auto casts Llama's stream to bf16 with no flag: these variants' plain rows (b16,
+# nath, ...) now run with it; add --residual-dtype fp32 to repeat them as they ran.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
