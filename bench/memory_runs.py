@@ -116,6 +116,9 @@ class Config:
             compiled_autograd=self.compiled_autograd,
             head_loss=self.head_loss,
             fp8_head=self.fp8_head,
+            # the stream the run cast: since session 25 auto casts Llama's with no flag, so a row
+            # of a later run says "residual-dtype bf16" in its flags where results.json's
+            # residual_dtype is bf16
             residual_bf16="residual-dtype bf16" in self.flags,
             constants=constants,
         )
