@@ -480,6 +480,8 @@ def fit_check(job: Decisions, instance: InstanceType, *, nodes: int = 1) -> Chec
         f"{job.strategy_words}{job.compile_words}, micro-batch {args.batch_size} x "
         f"{seq_len(args)} tokens, {shape.params / 1e6:,.0f}M params"
     )
+    if _residual_bf16(job, shape):  # auto's pick, with no flag on the command line to say it
+        what += f", a bf16 residual stream (--residual-dtype {args.residual_dtype})"
     if need <= have:
         return Check(CHECK_NAME, True, f"about {need:.1f} of {have:.1f} GiB per {instance.gpu_model} ({what})")
     fixes = suggest_fixes(job, shape, instance, nodes)

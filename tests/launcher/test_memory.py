@@ -346,6 +346,16 @@ def test_a_bf16_residual_stream_saves_two_fp32_hidden_states_per_block_and_token
     assert memory.estimate_job(_decided(gpt2), gpt2_shape, 1).terms == memory.estimate_job(told, gpt2_shape, 1).terms
 
 
+def test_the_plans_memory_check_says_when_auto_casts_the_stream():
+    """auto's cast has no flag on the command line to show it: the check's detail names it."""
+    p5 = lookup("p5.48xlarge")
+    llama = ["--task", "causal-lm", "--preset", "llama-1b", "--precision", "bf16"]
+    detail = memory.fit_check(_decided(parse_args(llama)), p5).detail
+    assert detail.endswith("1,236M params, a bf16 residual stream (--residual-dtype auto))")
+    kept = memory.fit_check(_decided(parse_args([*llama, "--residual-dtype", "fp32"])), p5).detail
+    assert kept.endswith("1,236M params)")
+
+
 def test_a_job_compiled_block_by_block_counts_the_loss_graphs_input():
     """--compile-unit block leaves the loss a graph of its own after the eager LM head, as under
     fsdp: its input, the 16-bit logits, is saved beside their gradient. The job's args reach it."""
