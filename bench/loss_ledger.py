@@ -36,6 +36,7 @@ RECIPE_FIELDS = (
     "precision",
     "fp8_recipe",
     "fp8_head",
+    "fp8_head_grad_input",
     "fp8_scaling",
     "fp8_fast_accum",
     "fp8_bf16_edge_blocks",

@@ -188,6 +188,17 @@ class TrainArgs:
             "--precision fp8: the LM head's matmuls in float8 too, inside the fast LM loss (default: bf16)",
         ),
     )
+    # the head's input gradient (the one every block receives) in bf16: two of its three matmuls float8
+    fp8_head_grad_input: str = field(
+        default="fp8",
+        metadata=_flag(
+            (
+                "--fp8-head: the dtype of the head's input gradient, the one that flows into every block: fp8 "
+                "(default; e5m2 logit gradients) or bf16 (the forward and the weight gradient stay float8)"
+            ),
+            choices=("fp8", "bf16"),
+        ),
+    )
     batch_size: int = field(default=16, metadata=_flag("per device, per micro-step"))
     eval_batch_size: int | None = field(
         default=None, metadata=_flag("per device, for evaluation (default: --batch-size)")
@@ -497,7 +508,15 @@ def fp8_flags_given(a: TrainArgs) -> list[str]:
     """The --fp8-* flags `a` sets away from their defaults (they apply to --precision fp8 only)."""
     return [
         f"--{name.replace('_', '-')}"
-        for name in ("fp8_recipe", "fp8_bf16_edge_blocks", "fp8_fast_accum", "fp8_linear", "fp8_scaling", "fp8_head")
+        for name in (
+            "fp8_recipe",
+            "fp8_bf16_edge_blocks",
+            "fp8_fast_accum",
+            "fp8_linear",
+            "fp8_scaling",
+            "fp8_head",
+            "fp8_head_grad_input",
+        )
         if getattr(a, name) != getattr(TrainArgs, name)
     ]
 
@@ -747,6 +766,8 @@ def validate(a: TrainArgs) -> None:
     if a.precision != "fp8" and given:
         flag = given[0]
         raise ArgumentError(f"{flag} applies to --precision fp8, not {a.precision or 'the default precision'}")
+    if a.fp8_head_grad_input != "fp8" and not a.fp8_head:
+        raise ArgumentError("--fp8-head-grad-input applies to --fp8-head (the LM head in float8): add --fp8-head")
     if a.fp8_bf16_edge_blocks < 0:
         raise ArgumentError(f"--fp8-bf16-edge-blocks must be 0 or more, got {a.fp8_bf16_edge_blocks}")
     if a.fp8_linear == "native" and a.fp8_recipe != "tensorwise":

@@ -124,7 +124,14 @@ class Trainer:
         if a.precision == "fp8":  # before prepare and compile: the linear layers multiply in float8
             layers = fp8_linear_of(a)
             fp8_line = use_fp8(
-                model, a.fp8_recipe, a.fp8_bf16_edge_blocks, a.fp8_fast_accum, a.fp8_head, layers, a.fp8_scaling
+                model,
+                a.fp8_recipe,
+                a.fp8_bf16_edge_blocks,
+                a.fp8_fast_accum,
+                a.fp8_head,
+                layers,
+                a.fp8_scaling,
+                head_grad_input=a.fp8_head_grad_input,
             )
             self._print(fp8_line)
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
@@ -142,6 +149,8 @@ class Trainer:
             self._print_strategy()
         # --fp8-head: the head's backward accumulates fast only where every backward matmul does
         head_fp8 = ("fast" if a.fp8_fast_accum == "all" else "exact") if a.fp8_head else None
+        if head_fp8 and a.fp8_head_grad_input == "bf16":
+            head_fp8 += "+bf16-grad-input"
         self.lm_loss_why_not = modeling.use_head_loss(model, self.decisions.head_loss_why_not, head_fp8)
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         if residual_stream_bf16(a, self.strategy.value, model_type) and (a.residual_dtype == "bf16" or blocks):

@@ -202,6 +202,11 @@ def test_fp8_keeps_the_edge_blocks_in_bf16_where_asked(narrow_llama):
         (["--precision", "fp8", "--strategy", "ddp", "--fp8-bf16-edge-blocks", "-1"], "must be 0 or more, got -1"),
         (["--fp8-fast-accum", "--precision", "bf16"], "--fp8-fast-accum applies to --precision fp8, not bf16"),
         (["--fp8-head", "--precision", "bf16"], "--fp8-head applies to --precision fp8, not bf16"),
+        (["--fp8-head-grad-input", "bf16", "--precision", "bf16"], "--fp8-head-grad-input applies to --precision fp8"),
+        (
+            ["--precision", "fp8", "--strategy", "ddp", "--fp8-head-grad-input", "bf16"],
+            "--fp8-head-grad-input applies to --fp8-head",
+        ),
     ],
 )
 def test_fp8_flags_without_fp8_are_refused(flags, message):

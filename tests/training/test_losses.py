@@ -159,6 +159,23 @@ def test_the_fp8_head_stays_close_to_cross_entropy_and_keeps_the_inputs_dtypes(a
     assert not torch.equal(got[2], bf16[2])  # float8's rounding shows: the float8 path ran
 
 
+def test_the_fp8_heads_input_gradient_in_bf16_leaves_the_loss_and_weight_gradient_as_they_were():
+    """--fp8-head-grad-input bf16: the forward and the weight's gradient are the float8 head's, to
+    the bit; the input's gradient, the one every block receives, is the logits' gradient times the
+    bf16 weight, nearer the exact one than e5m2's."""
+    hidden, weight, input_ids = fp8_inputs(seed=7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fp8 = loss_and_grads(lambda h, w, ids: head_loss(h, w, ids, fp8="exact"), hidden, weight, input_ids)
+        gi = loss_and_grads(
+            lambda h, w, ids: head_loss(h, w, ids, fp8="exact+bf16-grad-input"), hidden, weight, input_ids
+        )
+    want = loss_and_grads(lambda h, w, ids: reference_of(h, w, ids, FP8_VOCAB), hidden, weight, input_ids)
+    assert torch.equal(gi[0], fp8[0]) and torch.equal(gi[2], fp8[2])
+    assert gi[1].dtype == torch.float32 and gi[1].shape == hidden.shape
+    assert not torch.equal(gi[1], fp8[1])
+    assert 1 - cosine(gi[1], want[1]) < (1 - cosine(fp8[1], want[1])) / 2
+
+
 def reference_of(hidden, weight, input_ids, vocab):
     logits = hidden @ weight.t()
     return F.cross_entropy(
