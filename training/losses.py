@@ -194,7 +194,7 @@ class _Fp8HeadLoss(torch.autograd.Function):
         h8, h_inv, w, w_inv, grad = ctx.saved_tensors
         with torch.autocast(device_type=h8.device.type, enabled=False):
             g8, g_inv = to_fp8(grad, E5M2)
-            if ctx.bf16_grad_input:  # as the bf16 head's: the gradient every block receives keeps 8 mantissa bits
+            if ctx.bf16_grad_input:  # as the bf16 head's: the gradient every block receives keeps bf16's 8 bits
                 grad_h = (grad @ w.to(grad.dtype)).float()
             else:
                 grad_h = torch._scaled_mm(
