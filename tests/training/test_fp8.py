@@ -280,3 +280,36 @@ def test_fp8_fast_accum_reaches_the_backward_matmuls_and_still_trains(narrow_lla
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize(
+    "training, line",
+    [
+        (
+            ["--fp8-head-grad-input", "bf16"],
+            "--fp8-head-grad-input applies to --fp8-head (the LM head in float8): add --fp8-head",
+        ),
+        (
+            ["--fp8-head", "--fp8-head-grad-input", "bf8"],
+            "argument --fp8-head-grad-input: invalid choice: 'bf8' (choose from 'fp8', 'bf16')",
+        ),
+    ],
+)
+def test_submit_refuses_a_misplaced_head_grad_input_in_one_line_before_anything_is_sent(
+    training, line, capsys, no_aws_config
+):
+    from distrain_cloud.launcher import cli
+
+    argv = ["submit", "--instance", "p5.48xlarge", "--precision", "fp8", "--strategy", "ddp", "--dry-run", "--"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*argv, "--task", "causal-lm", "--preset", "llama-1b", *training])
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip() == f"error: training arguments: {line}"
+
+
+def test_submit_plans_a_job_with_the_heads_bf16_grad_input(capsys, no_aws_config):
+    from distrain_cloud.launcher import cli
+
+    argv = ["submit", "--instance", "p5.48xlarge", "--precision", "fp8", "--strategy", "ddp", "--dry-run", "--"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*argv, "--task", "causal-lm", "--preset", "llama-1b", "--fp8-head", "--fp8-head-grad-input", "bf16"])
+    assert exit_.value.code == 0 and '"--fp8-head-grad-input",\n      "bf16"' in capsys.readouterr().out
