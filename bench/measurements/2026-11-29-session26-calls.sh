@@ -5,7 +5,12 @@
 # variants below (a deadline cuts the last). Everything lands under $OUT/cN, packed into $OUT/cN.tgz.
 # Each call may land on another machine: ratios are taken within one call only. Since 86c401a
 # --residual-dtype auto casts Llama's residual stream to bf16 with no flag: every variant below runs
-# with it unless it says --residual-dtype fp32. The calls, in order (filled in as they ran):
+# with it unless it says --residual-dtype fp32. The calls, in order: `bash THIS 1
+# 'k1-b16$|k1-nat16$|k1-natg16$|k1-p16$|k1-pf16$' 9.3` (fp8's default with the stream, the head with a
+# bf16 input gradient, profiles; the last cut by the deadline; kept as c1); `bash THIS 2 'k1-nat$' 9.4 3`
+# (three loss runs of fp8's default with the stream, the third cut at step 398; kept as c2);
+# `bash THIS 1 'k1-b32$|k1-nat32$|k1-nath32$' 8.2` (micro-batch 32, the last cut at step 30; its c1/
+# renamed c3 there, kept as c3). One machine, one lease: the three compare with each other.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
@@ -24,6 +29,9 @@ V=(--variant 'llama:b16=--batch-size 16'
   --variant 'llama:nath16=--precision fp8 --fp8-head --batch-size 16'
   --variant 'llama:p16=--batch-size 16 --profile-steps 30:35'
   --variant 'llama:pf16=--batch-size 16 --fuse-projections --profile-steps 30:35'
+  --variant 'llama:b32=--batch-size 32'
+  --variant 'llama:nat32=--precision fp8 --batch-size 32'
+  --variant 'llama:nath32=--precision fp8 --fp8-head --batch-size 32'
   --variant 'llama:nat=--precision fp8'
   --variant 'llama:natg=--precision fp8 --fp8-head --fp8-head-grad-input bf16')
 SPEED=(--suite llama --gpus 1 --llama-steps 40 --llama-warmup 20 --llama-log-every 10 --eval-samples 500)
