@@ -42,6 +42,7 @@ RECIPE_FIELDS = (
     "fp8_bf16_edge_blocks",
     "residual_dtype",
     "fuse_projections",
+    "rope_tables",
     "lm_loss",
 )
 

@@ -704,7 +704,7 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
             == (args.task, seq_len(args), args.batch_size, job.compiled)
             and (args.strategy == t.strategy or (args.strategy in replicated and t.strategy in replicated))
             and _same_precision(args, t)
-            and (t.residual_bf16, t.fused) == (residual, args.fuse_projections)
+            and (t.residual_bf16, t.fused, t.rope_tables) == (residual, args.fuse_projections, args.rope_tables)
             and not job.in_graph
         )
 

@@ -45,6 +45,7 @@ S22 = "2026-11-29-h200x1-session22"
 S23 = "2026-11-29-h200x1-session23"
 S24 = "2026-11-29-h200x1-session24"
 S25 = "2026-11-29-h200x1-session25"
+S26 = "2026-11-29-h200x1-session26"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 LLAMA_C1 = "ours-llama-1b-ddp-compile-g1-b8-k1"
@@ -71,6 +72,7 @@ class Throughput:
     fp8_linear: str = "torchao"  # --fp8-linear: whose float8 linear layers
     residual_bf16: bool = False  # the residual stream cast to bf16 (--residual-dtype; auto's pick since session 25)
     fused: bool = False  # --fuse-projections
+    rope_tables: bool = False  # --rope-tables
 
 
 # Today's trainer (the head loss since session 17, the loss-only forwards since session 4): the
@@ -103,8 +105,20 @@ THROUGHPUT: tuple[Throughput, ...] = (
                      (f"{S20}-c1", f"{LLAMA_C16}-b16"), (f"{S20}-c4", f"{LLAMA_C16}-b16")),
                note="seven runs alone, two side by side with other 1-GPU runs on the same host"),
     # the residual stream in bf16 (--residual-dtype auto's pick for Llama-style models since session 25)
-    Throughput("H200", "llama-1b", True, (70122.7, 70601.1), batch_size=16, seq_len=2048, residual_bf16=True,
-               runs=((f"{S24}-c2", f"{LLAMA_C16}-r16"), (f"{S25}-c1", f"{LLAMA_C16}-r16"))),
+    Throughput("H200", "llama-1b", True, (70122.7, 70601.1, 70862.5), batch_size=16, seq_len=2048,
+               residual_bf16=True, runs=((f"{S24}-c2", f"{LLAMA_C16}-r16"), (f"{S25}-c1", f"{LLAMA_C16}-r16"),
+                                         (f"{S26}-c1", f"{LLAMA_C16}-b16"))),
+    Throughput("H200", "llama-1b", True, (71081.3,), batch_size=32, seq_len=2048, residual_bf16=True,
+               runs=((f"{S26}-c3", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),)),
+    # fp8's default recipe with the bf16 stream: what --precision fp8 runs on a Llama since session 25
+    Throughput("H200", "llama-1b", True, (88002.4,), batch_size=16, seq_len=2048, precision="fp8",
+               fp8_linear="native", residual_bf16=True, runs=((f"{S26}-c1", f"{LLAMA_C16}-nat16"),)),
+    Throughput("H200", "llama-1b", True, (80730.8, 80926.3), batch_size=8, seq_len=2048, precision="fp8",
+               fp8_linear="native", residual_bf16=True,
+               runs=((f"{S26}-c2", f"{LLAMA_C1}-nat"), (f"{S26}-c2", f"{LLAMA_C1}-nat-r2"))),
+    Throughput("H200", "llama-1b", True, (89846.9,), batch_size=32, seq_len=2048, precision="fp8",
+               fp8_linear="native", residual_bf16=True,
+               runs=((f"{S26}-c3", "ours-llama-1b-ddp-compile-g1-b32-k1-nat32"),)),
     Throughput("H200", "llama-1b", True, (66899.6, 67450.8, 67018.4, 66998.3), batch_size=8, seq_len=2048,
                residual_bf16=True, runs=((f"{S24}-c3", f"{LLAMA_C1}-r"), (f"{S25}-c2", f"{LLAMA_C1}-r"),
                                          (f"{S25}-c2", f"{LLAMA_C1}-r-r2"), (f"{S25}-c2", f"{LLAMA_C1}-r-r3"))),

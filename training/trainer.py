@@ -45,6 +45,7 @@ from .hub import HubPushError, kept_model_line, push_to_hub
 from .phases import hms as _hms
 from .phases import slow_phase as _slow_phase
 from .profiling import Profiler
+from .rope import use_rope_tables
 from .stopping import StopRequest, collective_timeout_handler
 from .strategies import AUTO, eval_compile_decision, provisional_strategy, slow_gpu_link
 from .tracking import GuardedTracking, fmt, model_card, start_wandb
@@ -162,6 +163,8 @@ class Trainer:
                 self._print(fuse_projections(model))
             else:  # auto's sharded pick gathers each layer's weights for that layer's own call
                 self._print(f"fuse_projections=off (--fuse-projections: not under {self.strategy.value})")
+        if a.rope_tables:  # any engine: only the rotary module's forward changes, on this process's model
+            self._print(use_rope_tables(model))
         self.compiled, self.compile_why = self.decisions.compiled, self.decisions.compile_why
         engine = self.engine
         with _slow_phase(

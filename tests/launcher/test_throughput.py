@@ -67,11 +67,14 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
     "flags, rate",
     [
         # --residual-dtype auto: bf16 for a Llama on GPUs (session 25); fp32 for the runs before it
-        ([], 70362),  # bf16: the micro-batch-16 row
+        ([], 70529),  # bf16: the micro-batch-16 row (sessions 24-26)
         (["--batch-size", "8"], 67092),
-        (["--batch-size", "32"], None),  # measured with the fp32 stream only
+        (["--batch-size", "32"], 71081),  # session 26
+        (["--rope-tables"], None),  # never measured: not priced by the runs without it
         (["--fuse-projections"], 68261),
-        (["--precision", "fp8"], None),  # fp8's default recipe with the bf16 stream: not measured
+        (["--precision", "fp8"], 88002),  # fp8's default recipe with the bf16 stream (session 26)
+        (["--precision", "fp8", "--batch-size", "8"], 80829),
+        (["--precision", "fp8", "--batch-size", "32"], 89847),
         (["--precision", "fp8", "--fuse-projections"], 82157),
         (["--precision", "fp8", "--fp8-head"], 93174),  # with the bf16 stream (session 24)
         (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 86593),  # session 25's loss runs
