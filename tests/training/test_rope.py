@@ -155,14 +155,16 @@ def test_the_flag_is_off_unless_given():
     assert parse_args([*LLAMA, "--rope-tables"]).rope_tables
 
 
-@pytest.mark.slow  # an entry-point run
-def test_the_trainer_says_it_tables_the_rotary_embedding_and_trains(train):
-    run = train(*LLAMA, "--rope-tables", "--max-steps", "3", "--report-to", "none", "--block-size", "64")
+@pytest.mark.slow  # an entry-point run, compiled (about 20 s on CPU)
+def test_the_trainer_tables_the_rotary_embedding_and_compiles_the_model_in_one_graph(train):
+    flags = ("--compile", "--compile-unit", "model", "--precision", "bf16", "--block-size", "64")
+    run = train(*LLAMA, "--rope-tables", *flags, "--max-steps", "3", "--report-to", "none")
     assert run.returncode == 0, run.describe()
     assert run.lines("rope_tables=") == [
         "rope_tables=on (1 LlamaRotaryEmbedding: cos and sin computed once a forward, outside the compiler, "
         "and read by every layer)"
     ]
+    assert run.lines("compiled_graphs=") == ["compiled_graphs=1"]  # the op breaks no graph
     assert len(run.train_losses) >= 1
 
 
