@@ -91,3 +91,40 @@ def test_host_time_per_step_of_each_labelled_phase():
     with torch.profiler.profile() as other:  # nothing labelled, no figures
         torch.ones(4).add_(1)
     assert host_phases(other.key_averages(), steps=2) == {}
+
+
+def test_record_functions_gpu_ranges_are_not_kernels():
+    """torch's profiler gives each record_function range a GPU-side copy spanning the kernels it
+    launched (CUDA device type, a user annotation): as a kernel it was counted twice and filled the
+    gaps between kernels as busy time (session 26's profile: "other" 199.6 ms a step)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from distrain_cloud.training.profiling import device_kernels
+
+    def event(name, start, end, device=DeviceType.CUDA, annotation=False, activity="kernel"):
+        return SimpleNamespace(
+            name=name,
+            time_range=SimpleNamespace(start=start, end=end),
+            device_type=device,
+            is_user_annotation=annotation,
+            activity_type=activity,
+        )
+
+    events = [
+        event("distrain.forward", 0, 1000, annotation=True, activity="gpu_user_annotation"),
+        event("Optimizer.step#AdamW.step", 1000, 1500, activity="gpu_user_annotation"),
+        event("distrain.forward", 0, 990, device=DeviceType.CPU, annotation=True, activity="user_annotation"),
+        event("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN", 0, 400),
+        event("triton_poi_fused__unsafe_view_mul_silu_8", 600, 700),
+        event("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdam>", 1000, 1400),
+        event("aten::mm", 0, 400, device=DeviceType.CPU, activity="cpu_op"),
+    ]
+    kernels = device_kernels(events)
+    assert [k[0] for k in kernels] == [e.name for e in events[3:6]]
+    s = timeline_summary(kernels, steps=1)
+    assert s["profile_gpu_busy_ms"] == pytest.approx(0.9)  # 400 + 100 + 400 µs; the ranges would make it 1.5
+    assert kernel_families(kernels, steps=1) == pytest.approx(
+        {"profile_kernels_gemm_ms": 0.4, "profile_kernels_triton_ms": 0.1, "profile_kernels_optimizer_ms": 0.4}
+    )
