@@ -117,6 +117,10 @@ def test_the_model_computes_the_same_logits_and_gradients():
         assert torch.equal(p.grad, q.grad), name
     # the module keeps its buffers: nothing new in the state dict or the saved model
     assert tabled.state_dict().keys() == model.state_dict().keys()
+    # the sample the trainer generates after training: positions past the prompt, one at a time
+    prompt = ids[:1, :10]
+    kwargs = {"max_new_tokens": 12, "do_sample": False, "attention_mask": torch.ones_like(prompt)}
+    assert torch.equal(model.generate(prompt, **kwargs), tabled.generate(prompt, **kwargs))
 
 
 @pytest.mark.slow  # two CPU compiles of a narrow Llama
