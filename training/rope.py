@@ -56,7 +56,8 @@ def _why_not_tabled(module: torch.nn.Module) -> str | None:
     """Why this rotary module keeps its own forward, or None where rope_tables computes the same."""
     rope_type = getattr(module, "rope_type", None)
     if rope_type not in STATIC_ROPE:
-        return f"rope type {rope_type!r} (its frequencies change with the sequence length)"
+        tabled = ", ".join(STATIC_ROPE)
+        return f"rope type {rope_type!r}, not one of {tabled} (the dynamic ones change their frequencies as they run)"
     if not isinstance(getattr(module, "inv_freq", None), torch.Tensor):
         return "no inv_freq buffer"
     if not isinstance(getattr(module, "attention_scaling", None), (int, float)):
@@ -67,7 +68,7 @@ def _why_not_tabled(module: torch.nn.Module) -> str | None:
 
 
 def use_rope_tables(model: torch.nn.Module) -> str:
-    """--rope-tables on: replace the forward of `model`'s rotary modules (transformers' classes
+    """--rope-tables: replace the forward of `model`'s rotary modules (transformers' classes
     named *RotaryEmbedding) by rope_tables where it computes the same. The log line."""
     tabled, kept = [], []
     for module in model.modules():
@@ -81,7 +82,7 @@ def use_rope_tables(model: torch.nn.Module) -> str:
         tabled.append(name)
     if not tabled:
         why = "; ".join(kept) or f"{type(model).__name__} has no rotary embedding module"
-        return f"rope_tables=off (--rope-tables on: {why})"
+        return f"rope_tables=off (--rope-tables: {why})"
     return (
         f"rope_tables=on ({len(tabled)} {tabled[0]}: cos and sin computed once a forward, "
         "outside the compiler, and read by every layer)"

@@ -91,8 +91,8 @@ def test_a_dynamic_rope_keeps_its_own_forward():
     forward = _rotary(model).forward
     line = use_rope_tables(model)
     assert line == (
-        "rope_tables=off (--rope-tables on: LlamaRotaryEmbedding: rope type 'dynamic' "
-        "(its frequencies change with the sequence length))"
+        "rope_tables=off (--rope-tables: LlamaRotaryEmbedding: rope type 'dynamic', not one of default, linear, "
+        "llama3, yarn (the dynamic ones change their frequencies as they run))"
     )
     assert _rotary(model).forward == forward
 
@@ -101,7 +101,7 @@ def test_a_model_without_rotary_embedding_says_so():
     from transformers import AutoModelForCausalLM, GPT2Config
 
     gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64))
-    assert use_rope_tables(gpt2) == "rope_tables=off (--rope-tables on: GPT2LMHeadModel has no rotary embedding module)"
+    assert use_rope_tables(gpt2) == "rope_tables=off (--rope-tables: GPT2LMHeadModel has no rotary embedding module)"
 
 
 def test_the_model_computes_the_same_logits_and_gradients():
