@@ -9,36 +9,14 @@ from typing import Any
 
 import pytest
 import torch
+from tinylm import LLAMA, tiny_causal_lm
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from distrain_cloud.training.args import ArgumentError, parse_args
 from distrain_cloud.training.fusion import FUSABLE, fuse_projections
 
-NARROW = (
-    "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,"
-    "vocab_size=256"
-)
-LLAMA = ["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", NARROW]
-
-
-def _tiny(model_type: str, layers: int = 2) -> torch.nn.Module:
-    """A 64-wide model of `model_type` from its config (grouped-query attention; Qwen2's q/k/v carry
-    biases, Qwen3 normalises q and k after their projections)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(
-        model_type,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        head_dim=16,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+# tiny_causal_lm's model types differ where fusion must care: Qwen2's q/k/v carry biases, Qwen3
+# normalises q and k after their projections
 
 
 class _Matmuls(TorchDispatchMode):
@@ -68,7 +46,7 @@ def _forward_backward(model: torch.nn.Module, ids: torch.Tensor, autocast: bool 
 
 @pytest.mark.parametrize("model_type", FUSABLE)
 def test_a_fused_model_computes_what_it_did_with_the_same_parameters_under_their_names(model_type):
-    plain = _tiny(model_type)
+    plain = tiny_causal_lm(model_type)
     fused = copy.deepcopy(plain)
     line = fuse_projections(fused)
     assert line == "fuse_projections=on (--fuse-projections: q/k/v in 2 attentions, gate/up in 2 MLPs)"
@@ -84,7 +62,7 @@ def test_a_fused_model_computes_what_it_did_with_the_same_parameters_under_their
 
 
 def test_each_block_runs_four_matmuls_where_it_ran_seven():
-    plain = _tiny("llama", layers=3)
+    plain = tiny_causal_lm("llama", layers=3)
     fused = copy.deepcopy(plain)
     fuse_projections(fused)
     ids = torch.randint(0, 256, (2, 16))
@@ -115,7 +93,7 @@ def test_under_autocast_each_weight_is_cast_before_the_concatenation():
     """As each layer's own call cast its fp32 weight to bf16, the group concatenates bf16 weights:
     no fp32 copy of the group's width to write and read back (Inductor's kernels on CPU wrote
     one), and the model computes what the unfused one does under autocast."""
-    plain = _tiny("llama", layers=1)
+    plain = tiny_causal_lm("llama", layers=1)
     fused = copy.deepcopy(plain)
     fuse_projections(fused)
     ids = torch.randint(0, 256, (2, 16))
@@ -131,7 +109,7 @@ def test_under_autocast_each_weight_is_cast_before_the_concatenation():
 
 
 def test_generation_with_the_kv_cache_matches_the_unfused_model():
-    plain = _tiny("llama")
+    plain = tiny_causal_lm("llama")
     fused = copy.deepcopy(plain)
     fuse_projections(fused)
     prompt = torch.randint(0, 256, (1, 8))
@@ -142,7 +120,7 @@ def test_generation_with_the_kv_cache_matches_the_unfused_model():
 def test_a_saved_fused_model_loads_into_plain_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    fused = _tiny("llama")
+    fused = tiny_causal_lm("llama")
     fuse_projections(fused)
     fused.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -156,7 +134,7 @@ def test_a_saved_fused_model_loads_into_plain_transformers(tmp_path):
 def test_the_fused_model_compiles_to_one_graph_and_matches_eager():
     from torch._dynamo.utils import counters
 
-    plain = _tiny("llama")
+    plain = tiny_causal_lm("llama")
     fused = copy.deepcopy(plain)
     fuse_projections(fused)
     ids = torch.randint(0, 256, (2, 16))

@@ -8,16 +8,13 @@ import re
 
 import pytest
 import torch
+from tinylm import LLAMA as NARROW_LLAMA
 
 from distrain_cloud.training.args import ArgumentError, parse_args, residual_stream_bf16
 from distrain_cloud.training.engines.base import residual_in_bf16
 
 LM = ["--task", "causal-lm", "--preset", "tiny-gpt2"]
-NARROW = (
-    "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,"
-    "vocab_size=256"
-)
-LLAMA = ["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", NARROW, "--block-size", "64"]
+LLAMA = [*NARROW_LLAMA, "--block-size", "64"]
 
 
 @pytest.mark.parametrize(

@@ -7,15 +7,10 @@ import copy
 
 import pytest
 import torch
+from tinylm import LLAMA, tiny_causal_lm
 
 from distrain_cloud.training.args import parse_args
 from distrain_cloud.training.rope import STATIC_ROPE, use_rope_tables
-
-NARROW = (
-    "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,"
-    "vocab_size=256"
-)
-LLAMA = ["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", NARROW]
 
 ROPE = {
     "default": {"rope_type": "default", "rope_theta": 500000.0},
@@ -35,21 +30,7 @@ ROPE = {
 
 
 def _tiny(model_type: str = "llama", rope: str = "default", layers: int = 2) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(
-        model_type,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=256,
-        rope_parameters=ROPE[rope],
-    )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).eval()
+    return tiny_causal_lm(model_type, layers, rope_parameters=ROPE[rope]).eval()
 
 
 def _rotary(model: torch.nn.Module) -> torch.nn.Module:
