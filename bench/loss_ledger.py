@@ -80,6 +80,12 @@ def recipe_and_protocol(cmd: str, meta: dict[str, Any], run: dict[str, Any]) -> 
                 return None
             if stream == "bf16":
                 flags.append("--residual-dtype bf16")
+        elif name == "rope_tables":  # likewise: what the trainer did (auto tables a compiled model)
+            tables = rope_tables(args.rope_tables, run)
+            if tables == "unknown":
+                return None
+            if tables == "on":
+                flags.append("--rope-tables")
         elif value != getattr(default, name):
             flag = "--" + name.replace("_", "-")
             flags.append(flag if value is True else f"{flag} {value}")
@@ -105,6 +111,15 @@ def residual_dtype(flag: str, run: dict[str, Any]) -> str:
     if "residual_dtype" in run:
         return said if said in ("bf16", "fp32") else "unknown"
     return "bf16" if flag == "bf16" else "fp32"
+
+
+def rope_tables(flag: bool | None, run: dict[str, Any]) -> str:
+    """Whether a run read RoPE's tables ("on"/"off"): the trainer's line, which the bench records
+    since session 27 (`rope_tables`); before that, the flag (off unless given: no default tabled)."""
+    if "rope_tables" in run:
+        said = run.get("rope_tables")
+        return said if said in ("on", "off") else "unknown"
+    return "on" if flag else "off"
 
 
 SAFE = re.compile(r"[\w.+-]{1,200}")  # a model or run id to print: no terminal escapes, no Markdown

@@ -1050,6 +1050,10 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
     # sharded engines' 16-bit weights run it in bf16 with no cast, as before this field).
     stream = re.search(r"^residual_dtype=(bf16|fp32)\b", text, re.M)
     res["residual_dtype"] = stream.group(1) if stream else "fp32"
+    # Likewise the rope tables (on by default for a compiled model since session 27). No line: the
+    # trainer left the rotary module alone (eager, or --no-rope-tables).
+    tables = re.search(r"^rope_tables=(on|off)\b", text, re.M)
+    res["rope_tables"] = tables.group(1) if tables else "off"
     evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
     res["final_eval_loss"] = evals[-1] if evals else None  # held-out text: the loss comparison
     res["complete"] = bool(windows) and windows[-1][1] >= run.warmup + run.steps

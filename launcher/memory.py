@@ -695,6 +695,8 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
     replicated = ("ddp", "single")  # one process of DDP runs as one GPU alone
     layers = fp8_linear_of(args) if args.precision == "fp8" else None
     residual = _residual_bf16(job, shape)
+    # --rope-tables, or its default on a compiled model; the shape knows Llama's family only, as above
+    tables = args.rope_tables if args.rope_tables is not None else (job.compiled and shape.family == "llama")
 
     def same(t: Throughput) -> bool:
         return (
@@ -704,7 +706,7 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
             == (args.task, seq_len(args), args.batch_size, job.compiled)
             and (args.strategy == t.strategy or (args.strategy in replicated and t.strategy in replicated))
             and _same_precision(args, t)
-            and (t.residual_bf16, t.fused, t.rope_tables) == (residual, args.fuse_projections, args.rope_tables)
+            and (t.residual_bf16, t.fused, t.rope_tables) == (residual, args.fuse_projections, tables)
             and not job.in_graph
         )
 

@@ -46,6 +46,7 @@ S23 = "2026-11-29-h200x1-session23"
 S24 = "2026-11-29-h200x1-session24"
 S25 = "2026-11-29-h200x1-session25"
 S26 = "2026-11-29-h200x1-session26"
+S27 = "2026-11-29-h200x1-session27"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 LLAMA_C1 = "ours-llama-1b-ddp-compile-g1-b8-k1"
@@ -105,23 +106,35 @@ THROUGHPUT: tuple[Throughput, ...] = (
                      (f"{S20}-c1", f"{LLAMA_C16}-b16"), (f"{S20}-c4", f"{LLAMA_C16}-b16")),
                note="seven runs alone, two side by side with other 1-GPU runs on the same host"),
     # the residual stream in bf16 (--residual-dtype auto's pick for Llama-style models since session 25)
-    Throughput("H200", "llama-1b", True, (70122.7, 70601.1, 70862.5), batch_size=16, seq_len=2048,
+    Throughput("H200", "llama-1b", True, (70122.7, 70601.1, 70862.5, 68921.7), batch_size=16, seq_len=2048,
                residual_bf16=True, runs=((f"{S24}-c2", f"{LLAMA_C16}-r16"), (f"{S25}-c1", f"{LLAMA_C16}-r16"),
-                                         (f"{S26}-c1", f"{LLAMA_C16}-b16"))),
+                                         (f"{S26}-c1", f"{LLAMA_C16}-b16"), (f"{S27}-c1", f"{LLAMA_C16}-b16"))),
     Throughput("H200", "llama-1b", True, (71081.3,), batch_size=32, seq_len=2048, residual_bf16=True,
                runs=((f"{S26}-c3", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),)),
     # fp8's default recipe with the bf16 stream: what --precision fp8 runs on a Llama since session 25
-    Throughput("H200", "llama-1b", True, (88002.4,), batch_size=16, seq_len=2048, precision="fp8",
-               fp8_linear="native", residual_bf16=True, runs=((f"{S26}-c1", f"{LLAMA_C16}-nat16"),)),
+    Throughput("H200", "llama-1b", True, (88002.4, 85700.5), batch_size=16, seq_len=2048, precision="fp8",
+               fp8_linear="native", residual_bf16=True,
+               runs=((f"{S26}-c1", f"{LLAMA_C16}-nat16"), (f"{S27}-c1", f"{LLAMA_C16}-nat16"))),
     Throughput("H200", "llama-1b", True, (80730.8, 80926.3), batch_size=8, seq_len=2048, precision="fp8",
                fp8_linear="native", residual_bf16=True,
                runs=((f"{S26}-c2", f"{LLAMA_C1}-nat"), (f"{S26}-c2", f"{LLAMA_C1}-nat-r2"))),
     Throughput("H200", "llama-1b", True, (89846.9,), batch_size=32, seq_len=2048, precision="fp8",
                fp8_linear="native", residual_bf16=True,
                runs=((f"{S26}-c3", "ours-llama-1b-ddp-compile-g1-b32-k1-nat32"),)),
-    Throughput("H200", "llama-1b", True, (66899.6, 67450.8, 67018.4, 66998.3), batch_size=8, seq_len=2048,
-               residual_bf16=True, runs=((f"{S24}-c3", f"{LLAMA_C1}-r"), (f"{S25}-c2", f"{LLAMA_C1}-r"),
-                                         (f"{S25}-c2", f"{LLAMA_C1}-r-r2"), (f"{S25}-c2", f"{LLAMA_C1}-r-r3"))),
+    # the rope tables (--rope-tables, the default on a compiled model since session 27), with the stream
+    Throughput("H200", "llama-1b", True, (70041.7, 69893.0), batch_size=16, seq_len=2048, residual_bf16=True,
+               rope_tables=True, runs=((f"{S27}-c1", f"{LLAMA_C16}-rt16"), (f"{S27}-c2", f"{LLAMA_C16}-prt16"))),
+    Throughput("H200", "llama-1b", True, (70311.1,), batch_size=32, seq_len=2048, residual_bf16=True,
+               rope_tables=True, runs=((f"{S27}-c2", "ours-llama-1b-ddp-compile-g1-b32-k1-rt32"),)),
+    Throughput("H200", "llama-1b", True, (66887.0,), batch_size=8, seq_len=2048, residual_bf16=True,
+               rope_tables=True, runs=((f"{S27}-c3", f"{LLAMA_C1}-rt"),)),
+    Throughput("H200", "llama-1b", True, (87236.0,), batch_size=16, seq_len=2048, precision="fp8",
+               fp8_linear="native", residual_bf16=True, rope_tables=True,
+               runs=((f"{S27}-c2", f"{LLAMA_C16}-natrt16"),)),
+    Throughput("H200", "llama-1b", True, (66899.6, 67450.8, 67018.4, 66998.3, 66131.6), batch_size=8,
+               seq_len=2048, residual_bf16=True,
+               runs=((f"{S24}-c3", f"{LLAMA_C1}-r"), (f"{S25}-c2", f"{LLAMA_C1}-r"), (f"{S25}-c2", f"{LLAMA_C1}-r-r2"),
+                     (f"{S25}-c2", f"{LLAMA_C1}-r-r3"), (f"{S27}-c3", LLAMA_C1))),
     Throughput("H200", "llama-1b", True, (93174.3,), batch_size=16, seq_len=2048, precision="fp8", fp8_head=True,
                fp8_linear="native", residual_bf16=True, runs=((f"{S24}-c2", f"{LLAMA_C16}-natrhb16"),)),
     Throughput("H200", "llama-1b", True, (86832.8, 86352.8), batch_size=8, seq_len=2048, precision="fp8",

@@ -356,14 +356,15 @@ class TrainArgs:
             "one matmul, and each MLP's gate and up projections as another (the saved model keeps its layers)"
         ),
     )
-    # training/rope.py: the rotary cos/sin tables as one op, not inlined into every layer's kernels
-    rope_tables: bool = field(
-        default=False,
+    # training/rope.py: the rotary cos/sin tables as one op, not inlined into every layer's kernels.
+    # None: on where the model is compiled (the trainer; launcher.memory prices a job by the same rule)
+    rope_tables: bool | None = field(
+        default=None,
         metadata=_flag(
             "models with transformers' rotary embedding (Llama, Mistral, Qwen, ...) of a fixed-frequency rope "
             "type: compute its cos and sin once a forward, as an op the compiler reads from, where a "
             "compiled model otherwise recomputes them inside every layer's q/k rotation (the same values; "
-            "for --compile's speed, not yet measured on a GPU)"
+            "default: on where the model is compiled, llama-1b 1.1-1.8%% faster on an H200 in bf16 and fp8)"
         ),
     )
     # 25 eager, 1000 with --compile (strategies.ddp_bucket_mb)

@@ -1,4 +1,5 @@
 """--rope-tables: RoPE's cos and sin computed once a forward, as an op the compiler cannot inline.
+The default wherever the model is compiled (session 27: llama-1b 1.1-1.8% faster on an H200).
 
 Llama-style models in transformers compute the rotary embedding's cos and sin in one module
 (`model.rotary_emb`) and hand them to every attention. Compiling the whole model, Inductor sees a
@@ -67,9 +68,10 @@ def _why_not_tabled(module: torch.nn.Module) -> str | None:
     return None
 
 
-def use_rope_tables(model: torch.nn.Module) -> str:
-    """--rope-tables: replace the forward of `model`'s rotary modules (transformers' classes
-    named *RotaryEmbedding) by rope_tables where it computes the same. The log line."""
+def use_rope_tables(model: torch.nn.Module, *, auto: bool = False) -> str:
+    """--rope-tables (or its default, `auto`, on a compiled model): replace the forward of `model`'s
+    rotary modules (transformers' classes named *RotaryEmbedding) by rope_tables where it computes
+    the same. The log line."""
     tabled, kept = [], []
     for module in model.modules():
         name = type(module).__name__
@@ -82,8 +84,8 @@ def use_rope_tables(model: torch.nn.Module) -> str:
         tabled.append(name)
     if not tabled:
         why = "; ".join(kept) or f"{type(model).__name__} has no rotary embedding module"
-        return f"rope_tables=off (--rope-tables: {why})"
+        return f"rope_tables=off ({'auto' if auto else '--rope-tables'}: {why})"
     return (
         f"rope_tables=on ({len(tabled)} {tabled[0]}: cos and sin computed once a forward, "
-        "outside the compiler, and read by every layer)"
+        f"outside the compiler, and read by every layer{'; auto: the model is compiled' if auto else ''})"
     )

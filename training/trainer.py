@@ -163,8 +163,10 @@ class Trainer:
                 self._print(fuse_projections(model))
             else:  # auto's sharded pick gathers each layer's weights for that layer's own call
                 self._print(f"fuse_projections=off (--fuse-projections: not under {self.strategy.value})")
-        if a.rope_tables:  # any engine: only the rotary module's forward changes, on this process's model
-            self._print(use_rope_tables(model))
+        # Any engine: only the rotary module's forward changes, on this process's model. Eager, the
+        # module already computes the tables once a forward: auto leaves it alone there.
+        if a.rope_tables or (a.rope_tables is None and self.decisions.compiled):
+            self._print(use_rope_tables(model, auto=a.rope_tables is None))
         self.compiled, self.compile_why = self.decisions.compiled, self.decisions.compile_why
         engine = self.engine
         with _slow_phase(

@@ -128,6 +128,25 @@ def test_a_run_joins_the_pool_of_the_stream_it_cast(ledger, tmp_path):
     ]
 
 
+def test_a_run_joins_the_pool_of_the_rope_it_read(ledger, tmp_path):
+    """--rope-tables' default (session 27) tables a compiled model with no flag: the trainer's line,
+    recorded by the bench, says which pool a run joins; older files ran the flag's (off unless given)."""
+    _results(
+        tmp_path,
+        "runs",
+        [
+            _run(1.50, residual_dtype="bf16"),  # before session 27: no field, no flag
+            _run(1.51, "--rope-tables", residual_dtype="bf16"),
+            _run(1.52, residual_dtype="bf16", rope_tables="on"),  # auto's pick, as the trainer said
+            _run(1.53, "--no-rope-tables", residual_dtype="bf16", rope_tables="off"),
+            _run(1.54, residual_dtype="bf16", rope_tables="\x1b[2J"),  # not on or off: passed over
+        ],
+    )
+    got = sorted((r.recipe, r.eval_loss) for r in ledger.read_runs(tmp_path))
+    stream = "bf16 --residual-dtype bf16"
+    assert got == [(stream, 1.50), (stream, 1.53), (f"{stream} --rope-tables", 1.51), (f"{stream} --rope-tables", 1.52)]
+
+
 def test_the_command_prints_the_tables(ledger, capsys):
     assert ledger.main(["--model", "llama-1b"]) == 0
     out = capsys.readouterr().out

@@ -476,6 +476,12 @@ def test_the_llama_suite_compares_each_variants_eval_loss(tmp_path):
     assert res["residual_dtype"] == "fp32"
     cast = "residual_dtype=bf16 (--residual-dtype auto: a Llama-style causal LM under bf16 autocast: ...)\n"
     assert bench.parse_ours(run, metrics, cast)["residual_dtype"] == "bf16"
+    # and the rope tables (auto tables a compiled model): no line, the module's own forward
+    assert res["rope_tables"] == "off"
+    tabled = "rope_tables=on (1 LlamaRotaryEmbedding: ...; auto: the model is compiled)\n"
+    assert bench.parse_ours(run, metrics, tabled)["rope_tables"] == "on"
+    kept = "rope_tables=off (auto: GPT2LMHeadModel has no rotary embedding module)\n"
+    assert bench.parse_ours(run, metrics, kept)["rope_tables"] == "off"
     ctx = bench.Ctx(bench.parse_args(["--suite", "llama"]), 1, tmp_path, tmp_path, tmp_path, tmp_path, False, 1e15)
     base = bench.Run("b", "ours", "ours", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60, result=res)
     fp8 = bench.Run("v", "ours", "ours", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60, variant="fp8",

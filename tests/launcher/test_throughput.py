@@ -66,20 +66,32 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
 @pytest.mark.parametrize(
     "flags, rate",
     [
-        # --residual-dtype auto: bf16 for a Llama on GPUs (session 25); fp32 for the runs before it
-        ([], 70529),  # bf16: the micro-batch-16 row (sessions 24-26)
-        (["--batch-size", "8"], 67092),
-        (["--batch-size", "32"], 71081),  # session 26
-        (["--rope-tables"], None),  # never measured: not priced by the runs without it
-        (["--fuse-projections"], 68261),
-        (["--precision", "fp8"], 88002),  # fp8's default recipe with the bf16 stream (session 26)
-        (["--precision", "fp8", "--batch-size", "8"], 80829),
-        (["--precision", "fp8", "--batch-size", "32"], 89847),
-        (["--precision", "fp8", "--fuse-projections"], 82157),
-        (["--precision", "fp8", "--fp8-head"], 93174),  # with the bf16 stream (session 24)
-        (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 86593),  # session 25's loss runs
+        # --residual-dtype auto: bf16 for a Llama on GPUs (session 25); --rope-tables: on for a
+        # compiled model (session 27); the runs before either had neither
+        ([], 69967),  # bf16: the micro-batch-16 runs with the tables (session 27)
+        (["--rope-tables"], 69967),
+        (["--batch-size", "8"], 66887),
+        (["--batch-size", "32"], 70311),
+        (["--precision", "fp8"], 87236),
+        (["--precision", "fp8", "--batch-size", "8"], None),  # never measured with the tables
+        (["--fuse-projections"], None),
         *[
-            ([*flags, "--residual-dtype", "fp32"], rate)
+            ([*flags, "--no-rope-tables"], rate)
+            for flags, rate in [
+                ([], 70127),  # the micro-batch-16 row (sessions 24-27)
+                (["--batch-size", "8"], 66900),
+                (["--batch-size", "32"], 71081),  # session 26
+                (["--fuse-projections"], 68261),
+                (["--precision", "fp8"], 86851),  # fp8's default recipe with the bf16 stream (sessions 26-27)
+                (["--precision", "fp8", "--batch-size", "8"], 80829),
+                (["--precision", "fp8", "--batch-size", "32"], 89847),
+                (["--precision", "fp8", "--fuse-projections"], 82157),
+                (["--precision", "fp8", "--fp8-head"], 93174),  # with the bf16 stream (session 24)
+                (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 86593),  # session 25's loss runs
+            ]
+        ],
+        *[
+            ([*flags, "--residual-dtype", "fp32", "--no-rope-tables"], rate)
             for flags, rate in [
                 ([], 69100),
                 (["--batch-size", "32"], 69358),
@@ -129,7 +141,8 @@ def test_an_fp8_job_priced_by_the_other_layers_run_says_so():
 
     def priced(*flags: str) -> str:
         train = ["--task", "causal-lm", "--preset", "llama-1b", "--block-size", "2048", "--compile"]
-        args = parse_args([*train, "--strategy", "ddp", "--precision", "fp8", "--residual-dtype", "fp32", *flags])
+        fp8 = ["--precision", "fp8", "--residual-dtype", "fp32", "--no-rope-tables"]
+        args = parse_args([*train, "--strategy", "ddp", *fp8, *flags])
         shape = model_shape(args)
         assert shape is not None
         measured = measured_tokens_per_sec(decide(args, world=1, cuda=True), shape, "H200")

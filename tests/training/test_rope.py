@@ -135,22 +135,40 @@ def test_the_compiled_model_reads_the_tables_instead_of_recomputing_them():
     torch.testing.assert_close(tabled_loss, own_loss, rtol=1e-5, atol=1e-5)
 
 
-def test_the_flag_is_off_unless_given():
-    assert not parse_args(LLAMA).rope_tables
-    assert parse_args([*LLAMA, "--rope-tables"]).rope_tables
+def test_the_flag_is_auto_unless_given():
+    assert parse_args(LLAMA).rope_tables is None  # the trainer's pick: on where the model is compiled
+    assert parse_args([*LLAMA, "--rope-tables"]).rope_tables is True
+    assert parse_args([*LLAMA, "--no-rope-tables"]).rope_tables is False
+
+
+def test_auto_says_why_it_tabled_or_did_not():
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    line = use_rope_tables(_tiny(), auto=True)
+    assert line.startswith("rope_tables=on (1 LlamaRotaryEmbedding: ")
+    assert line.endswith("; auto: the model is compiled)")
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    assert use_rope_tables(gpt2, auto=True) == "rope_tables=off (auto: GPT2LMHeadModel has no rotary embedding module)"
 
 
 @pytest.mark.slow  # an entry-point run, compiled (about 20 s on CPU)
-def test_the_trainer_tables_the_rotary_embedding_and_compiles_the_model_in_one_graph(train):
+def test_the_trainer_tables_a_compiled_model_by_default_in_one_graph(train):
     flags = ("--compile", "--compile-unit", "model", "--precision", "bf16", "--block-size", "64")
-    run = train(*LLAMA, "--rope-tables", *flags, "--max-steps", "3", "--report-to", "none")
+    run = train(*LLAMA, *flags, "--max-steps", "3", "--report-to", "none")
     assert run.returncode == 0, run.describe()
     assert run.lines("rope_tables=") == [
         "rope_tables=on (1 LlamaRotaryEmbedding: cos and sin computed once a forward, outside the compiler, "
-        "and read by every layer)"
+        "and read by every layer; auto: the model is compiled)"
     ]
     assert run.lines("compiled_graphs=") == ["compiled_graphs=1"]  # the op breaks no graph
     assert len(run.train_losses) >= 1
+
+
+@pytest.mark.slow  # an entry-point run, eager (about 10 s on CPU)
+def test_an_eager_model_keeps_its_module_unless_the_flag_asks(train):
+    run = train(*LLAMA, "--block-size", "64", "--max-steps", "2", "--report-to", "none")
+    assert run.returncode == 0, run.describe()
+    assert run.lines("rope_tables=") == []  # eager, the module computes its tables once already
 
 
 def test_submit_plans_a_job_with_the_flag(capsys, no_aws_config):
