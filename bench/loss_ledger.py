@@ -37,6 +37,7 @@ RECIPE_FIELDS = (
     "fp8_recipe",
     "fp8_head",
     "fp8_head_grad_input",
+    "fp8_head_forward",
     "fp8_scaling",
     "fp8_fast_accum",
     "fp8_bf16_edge_blocks",

@@ -170,19 +170,26 @@ class _HeadLoss(torch.autograd.Function):
 # layouts are fp8_linear's, which --fp8-linear native's layers share. --fp8-head-grad-input bf16
 # keeps the one of the three whose rounding reaches every block, the input's gradient, in bf16:
 # e5m2's 2 mantissa bits on the logits' gradient are the suspect of the head's +1.4% eval loss
-# after 400 steps on llama-1b (bench/README.md, sessions 21-25).
+# after 400 steps on llama-1b (bench/README.md, sessions 21-25). --fp8-head-forward bf16 keeps the
+# other suspect exact: the forward's logits, from which the loss and the gradient every later
+# matmul reads are computed (e4m3's 3 mantissa bits on both of its inputs); the backward's two
+# matmuls, two thirds of the head's FLOPs, stay float8.
 
 
 class _Fp8HeadLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, fast_backward: bool, bf16_grad_input: bool):
+    def forward(ctx, hidden, weight, targets, fast_backward: bool, bf16_grad_input: bool, bf16_forward: bool):
         device = hidden.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
         with torch.autocast(device_type=device, enabled=False):
-            h8, h_inv = to_fp8(hidden, E4M3)
+            h8, h_inv = to_fp8(hidden, E4M3)  # the backward's copies, whichever dtype the forward runs in
             w8, w_inv = to_fp8(weight, E4M3)
-            # the forward reduces over the hidden size only: fast accumulation, as torchao's forward
-            logits = torch._scaled_mm(h8, w8.t(), scale_a=h_inv, scale_b=w_inv, out_dtype=dtype, use_fast_accum=True)
+            if bf16_forward:  # the bf16 head's logits, as _HeadLoss computes them
+                logits = hidden.to(dtype) @ weight.to(dtype).t()
+            else:  # the forward reduces over the hidden size only: fast accumulation, as torchao's forward
+                logits = torch._scaled_mm(
+                    h8, w8.t(), scale_a=h_inv, scale_b=w_inv, out_dtype=dtype, use_fast_accum=True
+                )
             loss = cross_entropy_grad_(logits, targets)
         # logits now hold d(loss)/d(logits); a bf16 input gradient reads the weight itself, not w8
         ctx.save_for_backward(h8, h_inv, weight if bf16_grad_input else w8, w_inv, logits)
@@ -208,7 +215,7 @@ class _Fp8HeadLoss(torch.autograd.Function):
                 out_dtype=torch.float32,
                 use_fast_accum=ctx.fast,
             )
-        return (grad_h * grad_out).to(ctx.dtypes[0]), (grad_w * grad_out).to(ctx.dtypes[1]), None, None, None
+        return (grad_h * grad_out).to(ctx.dtypes[0]), (grad_w * grad_out).to(ctx.dtypes[1]), None, None, None, None
 
 
 def fp8_head_why_not(hidden_size: int, vocab_size: int) -> str | None:
@@ -223,7 +230,8 @@ def head_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, 
     states; weight: the LM head's [V, d], no bias): the mean cross-entropy of each position
     against the next label, -100 labels left out. `fp8`: the head's matmuls in float8, the
     backward's in fast accumulation ("fast") or the exact one ("exact"); with "+bf16-grad-input"
-    after either, the input's gradient in bf16 (--fp8-head-grad-input bf16)."""
+    after either, the input's gradient in bf16 (--fp8-head-grad-input bf16), with "+bf16-forward"
+    the forward's logits (--fp8-head-forward bf16)."""
     targets = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[:, 1:].reshape(-1)
     h = hidden.reshape(-1, hidden.shape[-1])
     if fp8 is None:
@@ -231,5 +239,5 @@ def head_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, 
     if pad := -h.shape[0] % FP8_MULTIPLE:  # rows of zeros, labelled IGNORE: they add nothing
         h = pad_rows(h)
         targets = torch.nn.functional.pad(targets, (0, pad), value=IGNORE)
-    accum, _, grad_input = fp8.partition("+")
-    return _Fp8HeadLoss.apply(h, weight, targets, accum == "fast", grad_input == "bf16-grad-input")
+    accum, *bf16 = fp8.split("+")
+    return _Fp8HeadLoss.apply(h, weight, targets, accum == "fast", "bf16-grad-input" in bf16, "bf16-forward" in bf16)

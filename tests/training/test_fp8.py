@@ -207,6 +207,11 @@ def test_fp8_keeps_the_edge_blocks_in_bf16_where_asked(narrow_llama):
             ["--precision", "fp8", "--strategy", "ddp", "--fp8-head-grad-input", "bf16"],
             "--fp8-head-grad-input applies to --fp8-head",
         ),
+        (["--fp8-head-forward", "bf16", "--precision", "bf16"], "--fp8-head-forward applies to --precision fp8"),
+        (
+            ["--precision", "fp8", "--strategy", "ddp", "--fp8-head-forward", "bf16"],
+            "--fp8-head-forward applies to --fp8-head",
+        ),
     ],
 )
 def test_fp8_flags_without_fp8_are_refused(flags, message):
@@ -306,10 +311,11 @@ def test_submit_refuses_a_misplaced_head_grad_input_in_one_line_before_anything_
     assert exit_.value.code == 2 and capsys.readouterr().err.strip() == f"error: training arguments: {line}"
 
 
-def test_submit_plans_a_job_with_the_heads_bf16_grad_input(capsys, no_aws_config):
+@pytest.mark.parametrize("flag", ["--fp8-head-grad-input", "--fp8-head-forward"])
+def test_submit_plans_a_job_with_the_heads_bf16_matmuls(flag, capsys, no_aws_config):
     from distrain_cloud.launcher import cli
 
     argv = ["submit", "--instance", "p5.48xlarge", "--precision", "fp8", "--strategy", "ddp", "--dry-run", "--"]
     with pytest.raises(SystemExit) as exit_:
-        cli.main([*argv, "--task", "causal-lm", "--preset", "llama-1b", "--fp8-head", "--fp8-head-grad-input", "bf16"])
-    assert exit_.value.code == 0 and '"--fp8-head-grad-input",\n      "bf16"' in capsys.readouterr().out
+        cli.main([*argv, "--task", "causal-lm", "--preset", "llama-1b", "--fp8-head", flag, "bf16"])
+    assert exit_.value.code == 0 and f'"{flag}",\n      "bf16"' in capsys.readouterr().out

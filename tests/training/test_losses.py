@@ -176,6 +176,29 @@ def test_the_fp8_heads_input_gradient_in_bf16_leaves_the_loss_and_weight_gradien
     assert 1 - cosine(gi[1], want[1]) < (1 - cosine(fp8[1], want[1])) / 2
 
 
+def test_the_fp8_heads_forward_in_bf16_gives_the_bf16_heads_loss_and_float8_gradients():
+    """--fp8-head-forward bf16: the logits, and with them the loss and the logits' gradient, are the
+    bf16 head's to the bit; the backward's two matmuls run in float8. With the input gradient in
+    bf16 too, only the weight's gradient is float8's."""
+    hidden, weight, input_ids = fp8_inputs(seed=8)
+
+    def fp8_head(options: str):
+        return lambda h, w, ids: head_loss(h, w, ids, fp8=f"exact{options}")
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = loss_and_grads(head, hidden, weight, input_ids)
+        fp8 = loss_and_grads(fp8_head(""), hidden, weight, input_ids)
+        fw = loss_and_grads(fp8_head("+bf16-forward"), hidden, weight, input_ids)
+        both = loss_and_grads(fp8_head("+bf16-forward+bf16-grad-input"), hidden, weight, input_ids)
+    want = loss_and_grads(lambda h, w, ids: reference_of(h, w, ids, FP8_VOCAB), hidden, weight, input_ids)
+    assert torch.equal(fw[0], bf16[0]) and not torch.equal(fp8[0], bf16[0])
+    assert not torch.equal(fw[1], bf16[1]) and not torch.equal(fw[2], bf16[2])  # the float8 backward ran
+    assert fw[1].dtype == fw[2].dtype == torch.float32 and fw[1].shape == hidden.shape
+    assert cosine(fw[1], want[1]) > 0.99 and cosine(fw[2], want[2]) > 0.99
+    assert torch.equal(both[0], bf16[0]) and torch.equal(both[1], bf16[1])  # the bf16 head's input gradient
+    assert torch.equal(both[2], fw[2])  # the weight's gradient: float8's, from the same bf16 logits
+
+
 def reference_of(hidden, weight, input_ids, vocab):
     logits = hidden @ weight.t()
     return F.cross_entropy(
@@ -194,13 +217,14 @@ def test_the_fp8_head_with_no_label_that_counts_gives_zero_not_nan():
 
 
 @pytest.mark.slow  # Inductor compiles a forward and a backward
-def test_the_fp8_head_compiled_gives_the_eager_values():
+@pytest.mark.parametrize("fp8", ["exact", "exact+bf16-forward"])
+def test_the_fp8_head_compiled_gives_the_eager_values(fp8):
     hidden, weight, input_ids = fp8_inputs(seed=6)
     torch._dynamo.reset()
 
     def fp8_head(h, w, ids):
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            return head_loss(h, w, ids, fp8="exact")
+            return head_loss(h, w, ids, fp8=fp8)
 
     got = loss_and_grads(torch.compile(fp8_head, fullgraph=True), hidden, weight, input_ids, scale=3.0)
     want = loss_and_grads(fp8_head, hidden, weight, input_ids, scale=3.0)
