@@ -6,7 +6,11 @@
 # Each call may land on another machine: ratios are taken within one call only. Every variant runs
 # with the bf16 residual stream (--residual-dtype auto's pick for Llama since 86c401a). The calls, in
 # order: `bash THIS 1 'k1-b16$|k1-rt16$|k1-nat16$|k1-natrt16$|k1-rt32$' 9.3` (--rope-tables, session
-# 26's lever, against the default in bf16 and fp8).
+# 26's lever, against the default in bf16 and fp8; the last two cut by the deadline; kept as c1);
+# `bash THIS 1 'k1-natrt16$|k1-prt16$|k1-rt32$' 9.3` (the rest, and a profile with the tables; its c1/
+# renamed c2 there, kept as c2); `bash THIS 2 'k1$|k1-rt$|k1-nat$' 9.5 1` (400-step loss runs, the
+# last cut at step 31; its c2/ renamed c3 there, kept as c3). One machine, one lease: the three
+# compare with each other. At these calls' commit --rope-tables was opt-in (off unless given).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
