@@ -551,7 +551,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The training flags, one for each TrainArgs field and in its order, named as the field with
     dashes: the field's default, int or float as annotated (a bool is a pair, --compile/--no-compile,
     unless its metadata gives another action), and the help, choices and metavar of its `_flag`."""
+    # No abbreviations: a saved command's `--rope-table` would otherwise mean --rope-tables until a
+    # later flag shares the prefix, then fail (or mean another flag)
     p = _Parser(
+        allow_abbrev=False,
         prog="distrain-train",
         description="Fine-tune or train a Hugging Face transformer with Accelerate (the job entry point).",
     )

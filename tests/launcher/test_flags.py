@@ -46,7 +46,15 @@ def test_the_job_itself_says_a_train_file_is_a_directory(here):
 
 @pytest.mark.parametrize(
     "typo, hint",
-    [("--max-stpes", " (did you mean --max-steps?)"), ("--lrr=3", " (did you mean --lr?)"), ("--zzzzzz", "")],
+    [
+        ("--max-stpes", " (did you mean --max-steps?)"),
+        ("--lrr=3", " (did you mean --lr?)"),
+        ("--zzzzzz", ""),
+        # a prefix is no flag: argparse's abbreviations would take it while it is unique, and a
+        # later flag that shares it would change what a saved command means
+        ("--max-step", " (did you mean --max-steps?)"),
+        ("--rope-table", " (did you mean --rope-tables?)"),
+    ],
 )
 def test_a_mistyped_training_flag_gets_a_did_you_mean(here, capsys, typo, hint):
     code, out, err = run_cli(capsys, "submit", "--instance", "local", "--dry-run", "--", typo, "5")
