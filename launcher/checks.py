@@ -104,6 +104,8 @@ def _config_overrides(args: TrainArgs, argv: list[str]) -> Check | None:
 
 
 def _local_data_files(args: TrainArgs, job_folder: Path) -> list[Check]:
+    from distrain_cloud.training.args import exists_here
+
     files = {"--train-file": args.train_file, "--validation-file": args.validation_file}
     dataset = args.dataset
     if dataset and (dataset.startswith(("/", ".", "~")) or dataset.endswith(_DATA_SUFFIXES)):
@@ -115,9 +117,9 @@ def _local_data_files(args: TrainArgs, job_folder: Path) -> list[Check]:
         path = Path(value).expanduser()
         # The job runs in its own folder: a relative path is read from there.
         where = path if path.is_absolute() else job_folder / path
-        ok = where.exists()
+        ok = exists_here(where)
         detail = str(where)
-        if not ok and not path.is_absolute() and path.exists():
+        if not ok and not path.is_absolute() and exists_here(path):
             detail = f"{value} is relative and the job runs in {job_folder}: give {path.resolve()}"
         if ok and where.is_dir() and flag != "--dataset":  # --dataset reads a folder's files as splits
             detail = (
@@ -134,7 +136,7 @@ def _cloud_data_files(args: TrainArgs) -> list[Check]:
     """A data path that names a file of this machine, or a relative one: a cloud job runs on
     another machine, in a folder of its own, with only training/ shipped in its code bundle.
     Absolute paths that do not exist here may be the job's own (a channel's folder): not checked."""
-    from distrain_cloud.training.args import is_data_path
+    from distrain_cloud.training.args import exists_here, is_data_path
 
     here = Path.cwd()
     checks = []
@@ -144,7 +146,7 @@ def _cloud_data_files(args: TrainArgs) -> list[Check]:
         if not value or not is_data_path(flag, value, here):
             continue
         path = Path(value).expanduser()
-        if path.is_absolute() and not path.exists():
+        if path.is_absolute() and not exists_here(path):
             continue
         checks.append(
             Check(

@@ -65,13 +65,14 @@ _HUB_ORGS = ("openai-community/", "google-bert/", "distilbert/", "FacebookAI/")
 def model_shape(args: TrainArgs) -> ModelShape | None:
     """The shape of the model a job trains, or None when the launcher cannot know it (a Hub id
     outside HUB_MODELS, a --model-config that is neither a local file nor in HUB_MODELS)."""
+    from distrain_cloud.training.args import exists_here
     from distrain_cloud.training.modeling import PRESETS
 
     if args.model or args.model_config:
         source = str(args.model or args.model_config)
         name = next((source.removeprefix(org) for org in _HUB_ORGS if source.startswith(org)), source)
         path = Path(source) / "config.json" if args.model else Path(source)
-        config = HUB_MODELS.get(name) or (_read_json(path) if path.is_file() else None)
+        config = HUB_MODELS.get(name) or (_read_json(path) if exists_here(path, Path.is_file) else None)
         return shape_from_config(source, config) if config else None
     preset = args.preset or "tiny-gpt2"
     return shape_from_config(preset, PRESETS[preset])

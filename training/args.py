@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
@@ -643,6 +643,16 @@ DATA_FILE_FLAGS = ("--train-file", "--validation-file")
 DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt")
 
 
+def exists_here(path: Path, test: Callable[[Path], bool] = Path.exists) -> bool:
+    """`test(path)` (Path.exists, is_file or is_dir) for a path a user typed, False where this
+    machine's file system cannot hold the name: pathlib raises for one too long (ENAMETOOLONG)
+    where it answers False for one that is missing, before Python 3.14."""
+    try:
+        return test(path)
+    except OSError:
+        return False
+
+
 def is_data_path(flag: str, value: str, cwd: Path) -> bool:
     """Whether `value` given to `flag` names a file or folder (not a Hub id nor a builtin:),
     read from `cwd`: what data.resolve_sources will take for a path."""
@@ -651,7 +661,7 @@ def is_data_path(flag: str, value: str, cwd: Path) -> bool:
     if flag != "--dataset" or value.startswith("builtin:"):
         return False
     path = Path(value).expanduser()
-    return value.startswith(("/", ".", "~")) or value.endswith(DATA_SUFFIXES) or (cwd / path).exists()
+    return value.startswith(("/", ".", "~")) or value.endswith(DATA_SUFFIXES) or exists_here(cwd / path)
 
 
 def absolute_data_paths(argv: Sequence[str], cwd: Path) -> list[str]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .args import TrainArgs
+from .args import TrainArgs, exists_here
 from .contract import Contract
 from .offline import hub_load
 
@@ -48,7 +48,7 @@ def resolve_sources(args: TrainArgs, contract: Contract) -> tuple[str, dict]:
         if name not in BUILTIN:
             raise DataError(f"--dataset {args.dataset}: no such builtin; choose builtin:sentiment or builtin:corpus")
         return args.dataset, _files_kwargs({"train": [BUILTIN[name]]}, "--dataset")
-    if args.dataset and Path(args.dataset).exists():
+    if args.dataset and exists_here(Path(args.dataset)):
         return args.dataset, _folder_or_file(Path(args.dataset), "--dataset")
     if args.dataset:
         return args.dataset, {"path": args.dataset, "name": args.dataset_config}
@@ -92,12 +92,12 @@ def _files_kwargs(files: dict[str, list[Path]], flag: str) -> dict:
     suffixes = {p.suffix for paths in files.values() for p in paths}
     for paths in files.values():
         for p in paths:
-            if p.is_dir():
+            if exists_here(p, Path.is_dir):
                 raise DataError(
                     f"{flag}: {p} is a directory: give one data file in it (csv, json, jsonl, parquet or txt), "
                     f"or pass the folder as --dataset {p}"
                 )
-            if not p.is_file():
+            if not exists_here(p, Path.is_file):
                 raise DataError(f"{flag}: cannot read {p}: no such file")
             if p.suffix not in BUILDERS:
                 raise DataError(

@@ -62,6 +62,30 @@ def test_a_mistyped_training_flag_gets_a_did_you_mean(here, capsys, typo, hint):
     assert err == f"error: training arguments: unrecognized arguments: {typo} 5{hint}\n"
 
 
+LONG = "a" * 300  # longer than a file name may be (255 bytes): stat() fails with ENAMETOOLONG
+
+
+@pytest.mark.parametrize(
+    "instance, flags, code, says",
+    [
+        # a local job's data paths are made absolute first: the check names the path it looked at
+        ("local", ["--train-file", LONG], 1, "plan check failed, nothing was created: --train-file /"),
+        ("ml.p3.8xlarge", ["--train-file", LONG], 1, f"plan check failed, nothing was created: --train-file {LONG}"),
+        ("local", ["--model-config", f"{LONG}.json"], 0, None),  # no size to estimate; the job says what is missing
+        ("ml.p3.8xlarge", ["--model", LONG], 0, None),  # a Hub id, as far as this machine can tell
+        ("local", ["--dataset", f"./{LONG}"], 1, "plan check failed, nothing was created: --dataset /"),
+    ],
+    ids=["train-file-local", "train-file-cloud", "model-config", "model", "dataset"],
+)
+def test_a_path_too_long_for_a_file_name_is_a_path_that_is_not_there(here, capsys, instance, flags, code, says):
+    """Found by the EC2 plan's property test: pathlib raised for a name too long where it answers
+    False for a missing one, and the plan ended in a traceback."""
+    got, out, err = run_cli(capsys, "submit", "--instance", instance, "--dry-run", "--", "--task", "causal-lm", *flags)
+    assert "Traceback" not in out + err and "OSError" not in out + err
+    assert got == code, err
+    assert says is None or says in err
+
+
 def test_a_config_override_of_the_wrong_type_names_the_key_the_value_and_the_type(here, capsys):
     pytest.importorskip("transformers")
     flags = ["--task", "causal-lm", "--config-overrides", "n_layer=abc"]
