@@ -165,10 +165,24 @@ def test_the_trainer_tables_a_compiled_model_by_default_in_one_graph(train):
 
 
 @pytest.mark.slow  # an entry-point run, eager (about 10 s on CPU)
-def test_an_eager_model_keeps_its_module_unless_the_flag_asks(train):
-    run = train(*LLAMA, "--block-size", "64", "--max-steps", "2", "--report-to", "none")
+@pytest.mark.parametrize(
+    "flags, lines",
+    [
+        ((), []),  # eager, the module computes its tables once already: auto leaves it alone
+        (
+            ("--rope-tables",),
+            [
+                "rope_tables=on (1 LlamaRotaryEmbedding: cos and sin computed once a forward, outside the "
+                "compiler, and read by every layer)"
+            ],
+        ),
+    ],
+    ids=["auto", "asked"],
+)
+def test_an_eager_model_keeps_its_module_unless_the_flag_asks(train, flags, lines):
+    run = train(*LLAMA, *flags, "--block-size", "64", "--max-steps", "2", "--report-to", "none")
     assert run.returncode == 0, run.describe()
-    assert run.lines("rope_tables=") == []  # eager, the module computes its tables once already
+    assert run.lines("rope_tables=") == lines
 
 
 def test_submit_plans_a_job_with_the_flag(capsys, no_aws_config):
