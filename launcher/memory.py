@@ -687,7 +687,7 @@ def _cheapest_first(r: Fit) -> tuple[bool, bool, float, float]:
 def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -> tuple[float, str] | None:
     """Tokens/s per GPU measured for this very configuration on this GPU, and where; else None.
     Nothing is scaled from another model, card or micro-batch."""
-    from distrain_cloud.training.args import fp8_linear_of
+    from distrain_cloud.training.args import fp8_linear_of, rope_tables_wanted
     from distrain_cloud.training.modeling import PRESETS
 
     from .throughput import THROUGHPUT
@@ -696,8 +696,9 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
     replicated = ("ddp", "single")  # one process of DDP runs as one GPU alone
     layers = fp8_linear_of(args) if args.precision == "fp8" else None
     residual = _residual_bf16(job, shape)
-    # --rope-tables, or its default on a compiled model; the shape knows Llama's family only, as above
-    tables = args.rope_tables if args.rope_tables is not None else (job.compiled and shape.family == "llama")
+    # the trainer's rule; a model without a rotary module tables nothing (the shape knows Llama's
+    # family only, as above)
+    tables = rope_tables_wanted(args, job.compiled) and shape.family == "llama"
 
     def same(t: Throughput) -> bool:
         return (

@@ -370,7 +370,7 @@ class TrainArgs:
         ),
     )
     # training/rope.py: the rotary cos/sin tables as one op, not inlined into every layer's kernels.
-    # None: on where the model is compiled (the trainer; launcher.memory prices a job by the same rule)
+    # None: on where the model is compiled (rope_tables_wanted, the trainer's rule and the pricing's)
     rope_tables: bool | None = field(
         default=None,
         metadata=_flag(
@@ -501,6 +501,12 @@ class TrainArgs:
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, no usage block
         raise ArgumentError(message)
+
+
+def rope_tables_wanted(a: TrainArgs, compiled: bool) -> bool:
+    """Whether a run of `a` tables RoPE's cos and sin (training/rope.py): --rope-tables, or auto's
+    pick where the model is compiled (eager, the module computes them once a forward already)."""
+    return a.rope_tables if a.rope_tables is not None else compiled
 
 
 def fp8_linear_of(a: TrainArgs) -> str:

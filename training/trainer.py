@@ -35,7 +35,7 @@ from torch._dynamo.utils import counters
 from tqdm.auto import tqdm
 
 from . import checkpoint, compiling, data, engines, faults, modeling, tasks
-from .args import ArgumentError, TrainArgs, default_lr, fp8_linear_of, residual_stream_bf16
+from .args import ArgumentError, TrainArgs, default_lr, fp8_linear_of, residual_stream_bf16, rope_tables_wanted
 from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .decisions import Decisions, decide
 from .engines.base import residual_in_bf16, transformer_blocks
@@ -168,7 +168,7 @@ class Trainer:
                 self._print(f"fuse_projections=off (--fuse-projections: not under {self.strategy.value})")
         # Any engine: only the rotary module's forward changes, on this process's model. Eager, the
         # module already computes the tables once a forward: auto leaves it alone there.
-        if a.rope_tables or (a.rope_tables is None and self.decisions.compiled):
+        if rope_tables_wanted(a, self.decisions.compiled):
             self._print(use_rope_tables(model, auto=a.rope_tables is None))
         self.compiled, self.compile_why = self.decisions.compiled, self.decisions.compile_why
         engine = self.engine
