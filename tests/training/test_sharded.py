@@ -32,7 +32,7 @@ def test_sharded_clip_matches_torch(one_process_group, max_norm):
     import torch
     from torch.distributed.fsdp import fully_shard
 
-    from distrain_cloud.training.sharded import clip_sharded_grads_, sharded_grads
+    from distrain_cloud.training.sharded import clip_sharded_grads_, sharded_params
 
     plain, batch = _model_with_grads(torch)
     sharded, _ = _model_with_grads(torch)
@@ -41,9 +41,9 @@ def test_sharded_clip_matches_torch(one_process_group, max_norm):
     _backward(sharded, batch)
 
     expected = torch.nn.utils.clip_grad_norm_(plain.parameters(), max_norm)
-    grads = sharded_grads(sharded.parameters())
-    assert grads is not None
-    total = clip_sharded_grads_(grads, max_norm)
+    params = sharded_params(sharded.parameters())
+    assert params is not None
+    total = clip_sharded_grads_([p.grad for p in params], max_norm)
 
     assert float(total) == pytest.approx(float(expected), rel=1e-6)
     for p, q in zip(plain.parameters(), sharded.parameters(), strict=True):
@@ -56,14 +56,64 @@ def test_sharded_clip_matches_torch(one_process_group, max_norm):
 def test_plain_gradients_are_left_to_the_general_clip():
     import torch
 
-    from distrain_cloud.training.sharded import sharded_grads
+    from distrain_cloud.training.sharded import sharded_params
 
     model, batch = _model_with_grads(torch)
     _backward(model, batch)
     before = [p.grad.clone() for p in model.parameters()]
-    assert sharded_grads(model.parameters()) is None
+    assert sharded_params(model.parameters()) is None
     assert all(torch.equal(p.grad, b) for p, b in zip(model.parameters(), before, strict=True))
-    assert sharded_grads([torch.nn.Parameter(torch.ones(2))]) is None  # no gradients at all
+    assert sharded_params([torch.nn.Parameter(torch.ones(2), requires_grad=False)]) is None  # nothing trains
+
+
+class _Accelerator:
+    """What FSDP2Engine.clip asks of Accelerate: the fp16 unscale and the general clip (counted)."""
+
+    def __init__(self, torch):
+        self.torch, self.general_clips = torch, 0
+
+    def unscale_gradients(self) -> None:
+        pass
+
+    def clip_grad_norm_(self, parameters, max_norm):
+        self.general_clips += 1
+        return self.torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+
+def test_fsdp2_engine_clips_on_the_shards_every_step_after_deciding_once(one_process_group, monkeypatch):
+    """The engine finds the sharded parameters at its first clip and reuses them: each later step's
+    new gradients are still clipped as torch clips plain ones, and the placements are not checked again."""
+    import types
+
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    from distrain_cloud.training import sharded as sharded_module
+    from distrain_cloud.training.engines import fsdp2
+
+    engine = fsdp2.FSDP2Engine(types.SimpleNamespace(args=None), say=print)
+    accelerator = _Accelerator(torch)
+    plain, _ = _model_with_grads(torch)
+    model, _ = _model_with_grads(torch)
+    fully_shard(model)
+    decided = []
+    monkeypatch.setattr(fsdp2, "sharded_params", lambda ps: decided.append(1) or sharded_module.sharded_params(ps))
+    for seed in (1, 2, 3):
+        torch.manual_seed(seed)
+        batch = (torch.randn(32, 8), torch.randn(32, 3))
+        for m in (plain, model):
+            m.zero_grad(set_to_none=True)
+            _backward(m, batch)
+        torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.5)
+        engine.clip(accelerator, model, 0.5)
+        for p, q in zip(plain.parameters(), model.parameters(), strict=True):
+            assert torch.allclose(p.grad, q.grad.full_tensor(), rtol=1e-6, atol=1e-7)
+    assert decided == [1] and accelerator.general_clips == 0
+
+    unsharded = fsdp2.FSDP2Engine(types.SimpleNamespace(args=None), say=print)  # plain parameters: the general way
+    _backward(plain, batch)
+    unsharded.clip(accelerator, plain, 0.5)
+    assert accelerator.general_clips == 1
 
 
 def _sharded_model(torch, fully_shard, seed: int):

@@ -11,7 +11,7 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from ..args import ArgumentError
 from ..modeling import count_parameters
-from ..sharded import clip_sharded_grads_, shard_block_units, shard_local_adamw, sharded_grads
+from ..sharded import clip_sharded_grads_, shard_block_units, shard_local_adamw, sharded_params
 from ..strategies import fsdp_blocks_per_unit, fsdp_plugin_settings
 from .base import Engine, transformer_blocks
 
@@ -19,6 +19,7 @@ from .base import Engine, transformer_blocks
 class FSDP2Engine(Engine):
     weights_sharded = True
     loss_alone_without_blocks = True
+    _clipped: list[Any] | None = None  # the parameters clipped on their shards, found at the first clip
 
     def environment(self, *, cuda: bool) -> dict[str, str]:
         return {} if cuda else {"ACCELERATE_USE_CPU": "true"}  # gloo, as node_launch asks on CPU
@@ -63,8 +64,10 @@ class FSDP2Engine(Engine):
 
     def clip(self, accelerator: Any, model: Any, max_norm: float) -> None:
         """On the local shards (training/sharded.py)."""
-        grads = sharded_grads(model.parameters())
-        if grads is None:
+        if self._clipped is None:
+            self._clipped = sharded_params(model.parameters()) or []
+        grads = [p.grad for p in self._clipped if p.grad is not None]
+        if not grads:  # nothing sharded to clip: the general way (which also has nothing to do if no grads)
             accelerator.clip_grad_norm_(model.parameters(), max_norm)
             return
         accelerator.unscale_gradients()  # fp16's loss scale first, once, as Accelerate's own clipping does
