@@ -143,23 +143,25 @@ class Constants:
 #   starts, with the loss's saved fp32 log-softmax (4), its gradient (4) and the gradient it
 #   hands back (4): 12 by count.
 # - compiled (torch.compile, and fsdp sharded inside the graph, which runs under autocast as DDP
-#   does): activation 42.0; Inductor fuses those chains. Its logits term is
+#   does): activation 42.4 (session 28's runs on 2 H200s moved it from 42.3); Inductor fuses
+#   those chains. Its logits term is
 #   not fitted: with two model shapes the fit cannot tell it from the activations (it gave 0.2),
 #   so it is set to 2, the bf16 gradient of the logits that must exist when the backward starts.
 # - native (DeepSpeed, and eager fsdp: the model itself is bf16/fp16, no autocast): activation
 #   48.9, logits 11.6, ZeRO-3 working set 2.1 GiB.
 # - native-compiled (compiled fsdp, each block its own graph; compiled ZeRO-2 and ZeRO-3):
-#   activation 33.3, near theory's 34: Inductor's fusion as for compiled, with the residual stream
+#   activation 33.5, near theory's 34: Inductor's fusion as for compiled, with the residual stream
 #   and norms in 16 bits instead of autocast's fp32. Logits as compiled, plus the loss graph's
 #   input under fsdp (see estimate()). The compiled fsdp runs (two shapes, eager and compiled
 #   loss, units of 1 to 12 blocks) agree within 3%; compiled ZeRO-2 (GPT-2 small and XL) and
 #   ZeRO-3 (GPT-2 small whole and by blocks, XL by blocks) on 4 GPUs, sessions 10 to 12, within
 #   -4.8% to +9.2%. Session 19 added llama-8b on 4 H200s (seq 2048, micro-batch 4), which moved it
 #   from 32.9: compiled FSDP2 measured 62.08 GiB (estimate +0.5%), compiled ZeRO-3 82.56 (-10.6%).
+#   Session 28's compiled FSDP2 runs on 2 H200s (GPT-2 small, one unit and two) moved it from 33.3.
 # - fp32 (--precision no): not measured. Every saved tensor at 4 bytes, twice native's
 #   activations; the loss's tensors are fp32 already, as under autocast.
 CONSTANTS = Constants(
-    activation={"autocast": 91.9, "compiled": 42.3, "native": 48.9, "native-compiled": 33.3, "fp32": 97.0},
+    activation={"autocast": 91.9, "compiled": 42.4, "native": 48.9, "native-compiled": 33.5, "fp32": 97.0},
     logits={"autocast": 11.4, "compiled": 2.0, "native": 11.6, "native-compiled": 2.0, "fp32": 11.4},
     zero3_fixed_gib=2.1,
 )
@@ -724,14 +726,16 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
 
 def _same_precision(args: TrainArgs, t: Throughput) -> bool:
     """Whether a job of `args` multiplies as measured run `t` did: bf16 (or any 16 bits) both, or
-    fp8 both, with the default recipe and the LM head as `t` ran it (whose float8 layers ran it,
+    fp8 both, with the default recipe and the LM head as `t` ran it (its forward too; whose float8 layers ran it,
     torchao's or the native ones, changes no number: measured_tokens_per_sec prefers the same)."""
     from distrain_cloud.training.args import fp8_flags_given
 
     if (args.precision == "fp8") != (t.precision == "fp8"):
         return False
     return args.precision != "fp8" or (
-        args.fp8_head == t.fp8_head and set(fp8_flags_given(args)) <= {"--fp8-head", "--fp8-linear"}
+        args.fp8_head == t.fp8_head
+        and args.fp8_head_forward == t.fp8_head_forward
+        and set(fp8_flags_given(args)) <= {"--fp8-head", "--fp8-head-forward", "--fp8-linear"}
     )
 
 

@@ -47,6 +47,7 @@ S24 = "2026-11-29-h200x1-session24"
 S25 = "2026-11-29-h200x1-session25"
 S26 = "2026-11-29-h200x1-session26"
 S27 = "2026-11-29-h200x1-session27"
+S28 = "2026-11-29-h200x2-session28"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 LLAMA_C1 = "ours-llama-1b-ddp-compile-g1-b8-k1"
@@ -70,6 +71,7 @@ class Throughput:
     gpus: int = 1
     precision: str = "bf16"  # or "fp8": the tensorwise recipe (training/fp8.py)
     fp8_head: bool = False  # --fp8-head: the LM head in float8 too
+    fp8_head_forward: str = "fp8"  # --fp8-head-forward: bf16 keeps the float8 head's logits in bf16
     fp8_linear: str = "torchao"  # --fp8-linear: whose float8 linear layers
     residual_bf16: bool = False  # the residual stream cast to bf16 (--residual-dtype; auto's pick since session 25)
     fused: bool = False  # --fuse-projections
@@ -122,19 +124,28 @@ THROUGHPUT: tuple[Throughput, ...] = (
                fp8_linear="native", residual_bf16=True,
                runs=((f"{S26}-c3", "ours-llama-1b-ddp-compile-g1-b32-k1-nat32"),)),
     # the rope tables (--rope-tables, the default on a compiled model since session 27), with the stream
-    Throughput("H200", "llama-1b", True, (70041.7, 69893.0), batch_size=16, seq_len=2048, residual_bf16=True,
-               rope_tables=True, runs=((f"{S27}-c1", f"{LLAMA_C16}-rt16"), (f"{S27}-c2", f"{LLAMA_C16}-prt16"))),
+    Throughput("H200", "llama-1b", True, (70041.7, 69893.0, 71716.0), batch_size=16, seq_len=2048,
+               residual_bf16=True, rope_tables=True,
+               runs=((f"{S27}-c1", f"{LLAMA_C16}-rt16"), (f"{S27}-c2", f"{LLAMA_C16}-prt16"),
+                     (f"{S28}-c2", f"{LLAMA_C16}-b16"))),
     Throughput("H200", "llama-1b", True, (70311.1,), batch_size=32, seq_len=2048, residual_bf16=True,
                rope_tables=True, runs=((f"{S27}-c2", "ours-llama-1b-ddp-compile-g1-b32-k1-rt32"),)),
     Throughput("H200", "llama-1b", True, (66887.0,), batch_size=8, seq_len=2048, residual_bf16=True,
                rope_tables=True, runs=((f"{S27}-c3", f"{LLAMA_C1}-rt"),)),
-    Throughput("H200", "llama-1b", True, (87236.0,), batch_size=16, seq_len=2048, precision="fp8",
+    Throughput("H200", "llama-1b", True, (87236.0, 88821.4), batch_size=16, seq_len=2048, precision="fp8",
                fp8_linear="native", residual_bf16=True, rope_tables=True,
-               runs=((f"{S27}-c2", f"{LLAMA_C16}-natrt16"),)),
+               runs=((f"{S27}-c2", f"{LLAMA_C16}-natrt16"), (f"{S28}-c2", f"{LLAMA_C16}-nat16"))),
     Throughput("H200", "llama-1b", True, (66899.6, 67450.8, 67018.4, 66998.3, 66131.6), batch_size=8,
                seq_len=2048, residual_bf16=True,
                runs=((f"{S24}-c3", f"{LLAMA_C1}-r"), (f"{S25}-c2", f"{LLAMA_C1}-r"), (f"{S25}-c2", f"{LLAMA_C1}-r-r2"),
                      (f"{S25}-c2", f"{LLAMA_C1}-r-r3"), (f"{S27}-c3", LLAMA_C1))),
+    # the float8 head with its forward (logits, loss) in bf16, with the stream and the tables (session 28)
+    Throughput("H200", "llama-1b", True, (92938.8,), batch_size=16, seq_len=2048, precision="fp8", fp8_head=True,
+               fp8_head_forward="bf16", fp8_linear="native", residual_bf16=True, rope_tables=True,
+               runs=((f"{S28}-c2", f"{LLAMA_C16}-nathf16"),)),
+    Throughput("H200", "llama-1b", True, (85303.0, 85357.6), batch_size=8, seq_len=2048, precision="fp8",
+               fp8_head=True, fp8_head_forward="bf16", fp8_linear="native", residual_bf16=True, rope_tables=True,
+               runs=((f"{S28}-c3", f"{LLAMA_C1}-nathf"), (f"{S28}-c3", f"{LLAMA_C1}-nathf-r2"))),
     Throughput("H200", "llama-1b", True, (93174.3,), batch_size=16, seq_len=2048, precision="fp8", fp8_head=True,
                fp8_linear="native", residual_bf16=True, runs=((f"{S24}-c2", f"{LLAMA_C16}-natrhb16"),)),
     Throughput("H200", "llama-1b", True, (86832.8, 86352.8), batch_size=8, seq_len=2048, precision="fp8",

@@ -26,8 +26,8 @@ def sharded_params(parameters: Iterable[Any]) -> list[Any] | None:
     (FSDP2's Shard(0)) of one mesh, as their gradients then are; else None (a replicated or plain
     one would be counted once per process): the caller then clips the general way. Decided once
     per run (FSDP2 never changes a placement): checked on every step's gradients instead, they made
-    the clip's host time 1.04-1.12 ms a step against 0.74-0.78 over GPT-2 small's 148 tensors on 2
-    gloo processes (bench/shard_adamw.py), in a compiled FSDP2 step bound by its host."""
+    the clip's host time 0.95-1.78 ms a step against 0.74-0.87 over GPT-2 small's 148 tensors on 2
+    gloo processes (bench/shard_adamw.py, four runs), in a compiled FSDP2 step bound by its host."""
     params = [p for p in parameters if p.requires_grad]
     if not params or not all(isinstance(p, DTensor) for p in params):
         return None

@@ -253,7 +253,7 @@ def test_host_overhead_runs_each_strategy_and_tables_its_host_phases(tmp_path):
 
 
 @pytest.mark.slow  # two gloo processes building two small sharded models: about 10 s
-def test_shard_adamw_times_both_optimizer_steps_side_by_side():
+def test_shard_adamw_times_both_optimizer_steps_and_both_clips_side_by_side():
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
         + [str(REPO / "bench" / "shard_adamw.py")],
@@ -264,7 +264,12 @@ def test_shard_adamw_times_both_optimizer_steps_side_by_side():
     )
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
-    assert [row.split(" | ")[0] for row in rows] == ["| fused AdamW on DTensors (before)", "| shard_local_adamw (now)"]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| fused AdamW on DTensors (before)",
+        "| shard_local_adamw (now)",
+        "| clip, placements checked each step (before)",
+        "| clip, sharded parameters found once (now)",
+    ]
     assert all(row.endswith(" ms a step |") for row in rows)
 
 

@@ -68,11 +68,14 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
     [
         # --residual-dtype auto: bf16 for a Llama on GPUs (session 25); --rope-tables: on for a
         # compiled model (session 27); the runs before either had neither
-        ([], 69967),  # bf16: the micro-batch-16 runs with the tables (session 27)
-        (["--rope-tables"], 69967),
+        ([], 70550),  # bf16: the micro-batch-16 runs with the tables (sessions 27-28)
+        (["--rope-tables"], 70550),
         (["--batch-size", "8"], 66887),
         (["--batch-size", "32"], 70311),
-        (["--precision", "fp8"], 87236),
+        (["--precision", "fp8"], 88029),
+        (["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16"], 92939),  # session 28
+        (["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16", "--batch-size", "8"], 85330),
+        (["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16", "--fp8-head-grad-input", "bf16"], None),
         (["--precision", "fp8", "--batch-size", "8"], None),  # never measured with the tables
         (["--fuse-projections"], None),
         *[
@@ -88,7 +91,7 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
                 (["--precision", "fp8", "--fuse-projections"], 82157),
                 (["--precision", "fp8", "--fp8-head"], 93174),  # with the bf16 stream (session 24)
                 (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 86593),  # session 25's loss runs
-                (["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16"], None),  # never measured
+                (["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16"], None),  # not without the tables
             ]
         ],
         *[
