@@ -273,6 +273,14 @@ class TrainArgs:
             "descent); the first compile takes longer"
         ),
     )
+    compile_optimizer: bool = field(
+        default=False,
+        metadata=_flag(
+            "ddp and single: the gradient clip and AdamW's update as one compiled step, which reads each "
+            "gradient scaled instead of scaling it in place first (training/optim.py; not with fp16; opt-in "
+            "until measured on a GPU)"
+        ),
+    )
     # None: "model", or "block" under fsdp (trainer._compile)
     compile_unit: str | None = field(
         default=None,
@@ -788,6 +796,19 @@ def validate(a: TrainArgs) -> None:
         raise ArgumentError(f"--compile-mode {a.compile_mode} contradicts --no-compile")
     if a.compile_tuning and a.compile is False:
         raise ArgumentError("--compile-tuning contradicts --no-compile")
+    if a.compile_optimizer:
+        if a.compile is False:
+            raise ArgumentError("--compile-optimizer contradicts --no-compile")
+        if a.precision == "fp16":
+            raise ArgumentError(
+                "--compile-optimizer: not with --precision fp16, whose loss scaler unscales the gradients between "
+                "the backward and the step; use bf16"
+            )
+        if a.strategy not in ("auto", "ddp", "single"):
+            raise ArgumentError(
+                f"--compile-optimizer applies to --strategy ddp or single (the sharded strategies clip their "
+                f"shards), not {a.strategy}"
+            )
     if a.compile_unit is not None:
         if a.compile is False:
             raise ArgumentError(f"--compile-unit {a.compile_unit} contradicts --no-compile")

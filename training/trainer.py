@@ -42,6 +42,7 @@ from .engines.base import residual_in_bf16, transformer_blocks
 from .fp8 import use_fp8
 from .fusion import fuse_projections
 from .hub import HubPushError, kept_model_line, push_to_hub
+from .optim import ClippedAdamW
 from .phases import hms as _hms
 from .phases import slow_phase as _slow_phase
 from .profiling import Profiler
@@ -283,6 +284,12 @@ class Trainer:
         self.compiled_eval = False
         self.backward_compiler: Any = None
         self.eager_now = False  # compiled regions forced eager after a failed compiled backward (_backward)
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # under Accelerate's wrapper
+        clipped = isinstance(optimizer, ClippedAdamW)
+        if a.compile_optimizer and not clipped:  # auto's pick was a sharded engine, which clips its shards
+            self._print(f"compile_optimizer=off (--compile-optimizer: not under {self.strategy.value})")
+        elif clipped and not self.compiled:
+            self._print("compile_optimizer=off (the model is not compiled: the clip and AdamW's update run eagerly)")
         if not self.compiled:
             return
         evals = (self.max_steps - 1) // a.eval_every + 1 if a.eval_every else 1  # the final one too
@@ -301,6 +308,9 @@ class Trainer:
             backend = compiling.inductor_or_eager(a.compile_mode, self._print)
         if a.compile_tuning:
             compiling.tune_kernels()
+        if clipped:
+            optimizer.compile(backend)
+            self._print("compile_optimizer=on (the gradient clip and AdamW's update as one compiled step)")
         if self.decisions.compile_unit == "block":
             unwrapped = self.accelerator.unwrap_model(self.model)
             if compiling.compile_blocks(unwrapped, self.engine, backend, a.compile_unit, self._print):

@@ -20,6 +20,7 @@ import torch
 
 from ..args import ArgumentError
 from ..decisions import Decisions
+from ..optim import ClippedAdamW
 
 Say = Callable[[str], None]
 
@@ -62,7 +63,14 @@ class Engine:
 
     def optimizer(self, groups: list[dict[str, Any]], lr: float, accelerator: Any) -> Any:
         # Fused AdamW is one kernel per step instead of several per parameter.
-        return torch.optim.AdamW(groups, lr=lr, fused=accelerator.device.type == "cuda")
+        fused = accelerator.device.type == "cuda"
+        if self.args.compile_optimizer and type(self).clip is Engine.clip:
+            # --compile-optimizer: the clip moves into the step (training/optim.py), which computes the
+            # plain norm of every gradient, the norm this engine's clip computes; sharded engines clip
+            # their shards themselves and keep their own way.
+            self.clips_gradients = False
+            return ClippedAdamW(groups, lr=lr, max_norm=self.args.max_grad_norm, fused=fused)
+        return torch.optim.AdamW(groups, lr=lr, fused=fused)
 
     def prepare(self, accelerator: Any, model: Any, optimizer: Any, train_dl: Any, eval_dl: Any) -> tuple:
         """The model, optimizer and loaders as the engine runs them."""
