@@ -804,7 +804,7 @@ def validate(a: TrainArgs) -> None:
                 "--compile-optimizer: not with --precision fp16, whose loss scaler unscales the gradients between "
                 "the backward and the step; use bf16"
             )
-        if a.strategy not in ("auto", "ddp", "single"):
+        if provisional_strategy(a.strategy).shards_state:
             raise ArgumentError(
                 f"--compile-optimizer applies to --strategy ddp or single (the sharded strategies clip their "
                 f"shards), not {a.strategy}"

@@ -22,13 +22,12 @@ from torch.optim.adamw import adamw
 from torch.optim.optimizer import _get_capturable_supported_devices
 
 
-def clip_and_update_(groups: list[tuple], max_norm: float, capturable: bool) -> Any:
+def clip_and_update_(groups: list[tuple], max_norm: float, capturable: bool) -> None:
     """Clip the gradients of every group to a total 2-norm of `max_norm` (as
     torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1; 0 clips
     nothing) and apply AdamW's update to each group, (params, grads, exp_avgs, exp_avg_sqs, steps,
-    lr, beta1, beta2, eps, weight_decay). The gradients are read, not changed. Returns the total
-    norm before clipping (None when nothing is clipped)."""
-    total = coef = None
+    lr, beta1, beta2, eps, weight_decay). The gradients are read, not changed."""
+    coef = None
     if max_norm:
         grads = [g for group in groups for g in group[1]]
         total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
@@ -52,7 +51,6 @@ def clip_and_update_(groups: list[tuple], max_norm: float, capturable: bool) -> 
             eps=eps,
             maximize=False,
         )
-    return total
 
 
 class ClippedAdamW(torch.optim.AdamW):
@@ -63,8 +61,7 @@ class ClippedAdamW(torch.optim.AdamW):
     def __init__(self, groups: list[dict[str, Any]], lr: float, max_norm: float, fused: bool):
         super().__init__(groups, lr=lr, fused=fused)
         self.max_norm = max_norm
-        self._step_fn: Any = clip_and_update_
-        self._compiled = False
+        self._step_fn: Any = clip_and_update_  # compile() swaps in the compiled one
         self._lrs: list[Any] = []  # one 0-d tensor per group, refilled each step: a new float would recompile
 
     def compile(self, backend: Any) -> None:
@@ -72,7 +69,6 @@ class ClippedAdamW(torch.optim.AdamW):
         fullgraph: were a torch version to break the graph inside AdamW, the step runs in pieces
         rather than failing the job (tests/training/test_optim.py checks it is one graph)."""
         self._step_fn = torch.compile(clip_and_update_, backend=backend, dynamic=False)
-        self._compiled = True
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -85,7 +81,8 @@ class ClippedAdamW(torch.optim.AdamW):
             if not params:
                 continue
             if capturable is None:  # lr and steps as device tensors; eager CPU runs take floats
-                capturable = self._compiled or params[0].device.type in _get_capturable_supported_devices()
+                compiled = self._step_fn is not clip_and_update_
+                capturable = compiled or params[0].device.type in _get_capturable_supported_devices()
             for p in params:
                 state = self.state[p]
                 if not state:

@@ -238,3 +238,22 @@ def test_submit_refuses_it_with_a_sharded_strategy_before_anything_is_sent(capsy
         cli.main(["submit", "--instance", "p5.48xlarge", "--strategy", "zero3", "--dry-run", "--", *job])
     assert exit_.value.code == 2
     assert "--compile-optimizer applies to --strategy ddp or single" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # four entry-point runs, eager (about 40 s on CPU)
+def test_a_run_resumes_across_the_flag_both_ways(train):
+    """A job stopped at a checkpoint comes back with the flag added or dropped (its optimizer state
+    is AdamW's either way) and trains on as the job it resumes would have."""
+    flags = (*LLAMA, "--block-size", "64", "--max-steps", "4", "--save-every", "2", "--log-every", "1")
+    flags = (*flags, "--report-to", "none")
+    for first, then in ((("--compile-optimizer",), ()), ((), ("--compile-optimizer",))):
+        name = "with" if first else "without"
+        whole = train(*flags, *first, name=f"{name}-whole")
+        assert whole.returncode == 0, whole.describe()
+        train.with_checkpoint(f"{name}-resumed", whole, 2)
+        resumed = train(*flags, *then, name=f"{name}-resumed")
+        assert resumed.returncode == 0, resumed.describe()
+        assert resumed.lines("resumed_from=") == ["resumed_from=checkpoint-00000002 step=2"]
+        assert sorted(resumed.train_losses) == [3, 4]
+        for step, loss in resumed.train_losses.items():
+            assert loss == pytest.approx(whole.train_losses[step], rel=1e-5), (step, name)
