@@ -155,6 +155,7 @@ S22 = "2026-11-29-h200x1-session22"
 S23 = "2026-11-29-h200x1-session23"
 S24 = "2026-11-29-h200x1-session24"
 S28 = "2026-11-29-h200x2-session28"
+S29 = "2026-11-29-h200x2-session29"
 HELD_OUT_S22 = "measured in session 22, after the last refit"
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
@@ -697,13 +698,15 @@ CONFIGS: tuple[Config, ...] = (
            runs=_runs("H200", (f"{S24}-c3", "ours-llama-1b-ddp-compile-g1-b8-k1-r", 38.8118, 74.82))),
     _llama1b(batch_size=16, precision="fp8", fp8_head=True, flags="fp8-linear native residual-dtype bf16",
            runs=_runs("H200", (f"{S24}-c2", "ours-llama-1b-ddp-compile-g1-b16-k1-natrhb16", 55.0314, 66.54))),
-    # session 28 (2xH200, one host): compiled DDP and FSDP2 (profiled; two units of six), in-graph fsdp
+    # sessions 28-29 (2xH200, one host each): compiled DDP and FSDP2 (profiled; two units of six), in-graph fsdp
     Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
         (f"{S28}-c1", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.2128, 20.16),
-        (f"{S28}-c4", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.6736, 20.16))),
+        (f"{S28}-c4", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.6736, 20.16),
+        (f"{S29}-c2-multi", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.6736, 20.63))),
     Config("gpt2-small", 2, "fsdp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
         (f"{S28}-c1", "ours-gpt2-small-fsdp-compile-g2-b16-k1", 8.9458, 21.12),
-        (f"{S28}-c4", "ours-gpt2-small-fsdp-compile-g2-b16-k1", 8.9458, 21.12))),
+        (f"{S28}-c4", "ours-gpt2-small-fsdp-compile-g2-b16-k1", 8.9458, 21.12),
+        (f"{S29}-c2-multi", "ours-gpt2-small-fsdp-compile-g2-b16-k1", 8.9458, 21.12))),
     Config("gpt2-small", 2, "fsdp", compiled=True, kv_cache=False, logits_output=False, flags="profile-steps 30:35",
            runs=_runs("H200",
         (f"{S28}-c1", "ours-gpt2-small-fsdp-compile-g2-b16-k1-fsdpp", 8.9447, 21.07))),

@@ -7,7 +7,10 @@
 # taken within one call only. The calls, in order:
 # `bash THIS 1` (llama-1b at micro-batch 16: bf16 and fp8's default, each without and with
 # --compile-optimizer); `bash THIS 2` (a profile of fp8's default step; GPT-2 small on 2 GPUs, FSDP2
-# against compiled DDP with fsdp's once-decided clip; the 400-step loss of the bf16 default).
+# against compiled DDP with fsdp's once-decided clip; the 400-step loss of the bf16 default); then
+# `bash THIS 1 8.4` again with the budget's last minutes (its c1/ packed as c3.tgz there). The JSONs:
+# 2026-11-29-h200x2-session29-c1.json, -c2-{profile,multi,loss}.json (call 2's three invocations),
+# -c3.json.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
