@@ -30,6 +30,34 @@ def test_exposed_communication_is_what_compute_does_not_cover():
     assert s["profile_gpu_idle_ms"] == pytest.approx(0.05)  # 100 / 2
 
 
+def test_inductor_kernels_count_by_the_ops_they_fuse():
+    """Names from session 29's llama-1b fp8 profile (H200): Inductor names a kernel after every op
+    fused into it, so the casts feeding _scaled_mm and the amax passes before them are float8
+    casting, not GEMMs (they had been: 42 ms a step of "GEMM" that was no matmul); cuBLAS's float8
+    matmul itself stays a GEMM, an Inductor matmul template too; foreach kernels are a compiled
+    optimizer's."""
+    kernels = [
+        ("nvjet_sm90_qrtst_128x160_128x5_2x1_v_bz_coopA_algo2_TNT", 0, 400),
+        ("triton_poi_fused__scaled_mm__to_copy_clamp_clone_mul_reciprocal_silu_silu_backward_3", 400, 500),
+        ("triton_red_fused_abs_amax_mul_silu_silu_backward_view_4", 500, 560),
+        ("triton_red_fused__to_copy_abs_add_amax_mean_mul_pow_rsqrt_view_15", 560, 570),
+        ("triton_poi_fused__to_copy_add_cat_mul_neg_slice_transpose_unsqueeze_view_11", 570, 580),
+        ("triton_tem_fused_mm_7", 580, 600),
+        ("triton_tem_fused_flex_attention_2", 600, 630),
+        ("triton_for_fused_0", 630, 680),
+        ("triton_per_fused_abs_amax_clamp_mul_reciprocal_4", 680, 681),
+    ]
+    assert kernel_families(kernels, steps=1) == pytest.approx(
+        {
+            "profile_kernels_gemm_ms": 0.42,
+            "profile_kernels_fp8_cast_ms": 0.171,
+            "profile_kernels_triton_ms": 0.01,
+            "profile_kernels_attention_ms": 0.03,
+            "profile_kernels_optimizer_ms": 0.05,
+        }
+    )
+
+
 def test_no_kernels_no_figures():
     assert timeline_summary([], steps=5) == {}
     assert kernel_families([], steps=5) == {}
