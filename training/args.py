@@ -277,8 +277,8 @@ class TrainArgs:
         default=False,
         metadata=_flag(
             "ddp and single: the gradient clip and AdamW's update as one compiled step, which reads each "
-            "gradient scaled instead of scaling it in place first (training/optim.py; not with fp16; opt-in "
-            "until measured on a GPU)"
+            "gradient scaled instead of scaling it in place first (training/optim.py; not with fp16). On an H200 "
+            "llama-1b ran 0.4-0.5%% faster for about 25 s more compile: opt-in, for runs of hours"
         ),
     )
     # None: "model", or "block" under fsdp (trainer._compile)

@@ -31,8 +31,9 @@ V=(--variant 'llama:b16=--batch-size 16'
 SPEED=(--suite llama --gpus 1 --llama-steps 40 --llama-warmup 20 --llama-log-every 10 --eval-samples 500)
 LOSS=(--suite llama --gpus 1 --llama-steps 380 --llama-warmup 20 --llama-log-every 20 --eval-samples 16000)
 case $call in
-1)  # micro-batch 16: the compiled optimizer step beside the defaults, bf16 and fp8
-    python3 bench/run.py "${SPEED[@]}" "${V[@]}" --only 'k1-b16$|k1-co16$|k1-nat16$|k1-natco16$' \
+1)  # micro-batch 16: the compiled optimizer step beside the defaults, bf16 and fp8 ($2: the deadline
+    # (min), $3: a regex of run ids)
+    python3 bench/run.py "${SPEED[@]}" "${V[@]}" --only "${3:-k1-b16$|k1-co16$|k1-nat16$|k1-natco16$}" \
       --deadline-min "${2:-9.3}" --out "$o/speed" >"$o/speed.log" 2>&1
     ;;
 2)  # fp8's default profiled (steps 30-35); FSDP2 against compiled DDP on 2 GPUs (GPT-2 small, 30 timed
