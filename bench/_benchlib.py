@@ -92,6 +92,25 @@ LABELS = ("negative", "neutral", "positive")
 # ---------------------------------------------------------------- FLOPs and MFU
 
 
+def cuda_median_ms(fn, reps: int = 30, warmup: int = 5) -> float:
+    """The median of `reps` timings of `fn()` on the current CUDA stream, in milliseconds, after
+    `warmup` calls (CUDA events: the GPU's time, not the host's). Imports torch when called, so
+    that this module stays importable without it."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return median(times) or 0.0
+
+
 def gpt2_num_params(n_layer: int, n_embd: int, vocab_size: int, n_positions: int) -> int:
     """All parameters of GPT2LMHeadModel, embeddings included (lm_head is tied to wte)."""
     d = n_embd

@@ -10,23 +10,9 @@ block sizes. Run on a CUDA machine with distrain_cloud importable (pip install -
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
-
-
-def timed(fn, reps: int = 30, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from _benchlib import cuda_median_ms
 
 
 def main() -> None:
@@ -70,7 +56,7 @@ def main() -> None:
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**30
         results[name] = (loss.detach().clone(), hidden.grad.clone(), weight.grad.clone())
-        ms = timed(step)
+        ms = cuda_median_ms(step)
         print(f"{name}: {ms:.3f} ms forward+backward (head GEMMs included), peak above inputs {peak:.2f} GiB")
     (l0, h0, w0), (l1, h1, w1) = results["model"], results["fast"]
     rel = lambda x, y: ((x - y).norm() / y.norm()).item()  # noqa: E731
@@ -81,12 +67,14 @@ def main() -> None:
     targets = labels.reshape(-1)
     ref = torch.compile(lambda x, t: torch.nn.functional.cross_entropy(x.float(), t, ignore_index=IGNORE))
     x = logits.clone().requires_grad_()
-    ms = timed(lambda: ref(x, targets).backward())
+    ms = cuda_median_ms(lambda: ref(x, targets).backward())
     print(f"compiled cross_entropy over bf16 logits, forward+backward: {ms:.3f} ms")
     for block, warps in ((2048, 8), (4096, 8), (4096, 16), (8192, 16), (8192, 32)):
         buf = logits.clone()
-        ms = timed(lambda buf=buf, b=block, w=warps: cross_entropy_grad_(buf.copy_(logits), targets, block=b, warps=w))
-        copy = timed(lambda buf=buf: buf.copy_(logits))
+        ms = cuda_median_ms(
+            lambda buf=buf, b=block, w=warps: cross_entropy_grad_(buf.copy_(logits), targets, block=b, warps=w)
+        )
+        copy = cuda_median_ms(lambda buf=buf: buf.copy_(logits))
         print(f"kernel block={block} warps={warps}: {ms - copy:.3f} ms (less the logits' copy first: {copy:.3f} ms)")
 
 
