@@ -129,7 +129,7 @@ def inductor_family(low: str) -> str:
     if kind == "tem":  # a template: a matmul, or flex attention
         return "attention" if "attention" in low else "gemm"
     if "amax" in low or "scaled_mm" in low:  # the float8 scales' passes and the casts they scale
-        return "fp8_cast"
+        return "fp8_cast"  # with a norm Inductor fused into its amax pass (rsqrt_..._amax): a few ms
     if kind == "for":  # a foreach kernel: a compiled optimizer step (--compile-optimizer)
         return "optimizer"
     return "triton"
