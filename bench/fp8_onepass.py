@@ -14,11 +14,12 @@ launch recasts only if that amax left the band the scale serves: above it (the c
 more than RECAST_BELOW times below it (the smallest values lost precision needlessly). Its
 programs read two numbers and stop when nothing is to be done; a first step (no amax yet) always
 recasts. So the values are dynamic scaling's whenever the amax moved, and otherwise within a
-binade or two of its scale, which e5m2's 31 binades of range leave harmless.
+binade or two of its scale, which e5m2's 30-odd binades of range leave harmless.
 
     python bench/fp8_onepass.py [--rows 32768 --cols 8192]    # on a CUDA machine
 
-Prints milliseconds and GB/s of each path and whether they agree.
+Prints milliseconds and TB/s of each path, and the fraction of bytes on which the one pass and
+the two agree when both use dynamic scaling's scale.
 """
 
 from __future__ import annotations
