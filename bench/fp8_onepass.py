@@ -30,14 +30,24 @@ the two agree when both use dynamic scaling's scale.
 from __future__ import annotations
 
 import argparse
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 from _benchlib import cuda_median_ms
 
-E5M2, E4M3 = torch.float8_e5m2, torch.float8_e4m3fn
-E5M2_MAX, E4M3_MAX = 57344.0, 448.0
+try:  # the training step's own float8 scale and cast, the references here
+    from distrain_cloud.training.fp8_linear import E4M3, E5M2, cast_fp8, fp8_scale
+except ModuleNotFoundError:  # a checkout not `pip install -e`'d: run.py's symlink package, as it runs jobs
+    from run import package_shim
+
+    sys.path.insert(0, str(package_shim(Path(tempfile.mkdtemp(prefix="fp8-onepass-")))))
+    from distrain_cloud.training.fp8_linear import E4M3, E5M2, cast_fp8, fp8_scale
+
+E5M2_MAX, E4M3_MAX = torch.finfo(E5M2).max, torch.finfo(E4M3).max  # the kernels write them as literals
 HEADROOM = 2.0  # the scale maps HEADROOM x the previous amax onto the format's largest value
 RECAST_BELOW = 4.0  # recast when the amax fell below 1/RECAST_BELOW of the one the scale came from
 # e4m3 spans about 18 binades, not e5m2's 30-odd: the forward's band is narrower, so that its scale
@@ -151,10 +161,10 @@ def _swiglu_cast(
             tl.store(scale_ptr, scale)
 
 
-def scales_from(prev: torch.Tensor, top: float = E5M2_MAX) -> torch.Tensor:
-    """The scales a pass starts with: HEADROOM x the previous amaxes on the format's largest value
-    `top`, or 1 where there is none yet (the recast then always runs)."""
-    return torch.where(prev > 0, top / (HEADROOM * prev.clamp(min=1e-12)), torch.ones_like(prev))
+def scales_from(prev: torch.Tensor, dtype: torch.dtype = E5M2) -> torch.Tensor:
+    """The scales a pass starts with: HEADROOM x the previous amaxes on float8 `dtype`'s largest
+    value, or 1 where there is none yet (the recast then always runs)."""
+    return torch.where(prev > 0, fp8_scale(HEADROOM * prev, dtype), torch.ones_like(prev))
 
 
 def swiglu_cast(
@@ -165,7 +175,7 @@ def swiglu_cast(
     m, n = gate.shape
     h = torch.empty(m, n, dtype=E4M3, device=gate.device)
     h_t = torch.empty(n, m, dtype=E4M3, device=gate.device)
-    scale = scales_from(prev, E4M3_MAX)
+    scale = scales_from(prev, E4M3)
     amax = torch.zeros(1, dtype=torch.float32, device=gate.device)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     for recast in (False, True):
@@ -209,8 +219,8 @@ def two_passes(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tu
     the transposed copy."""
     out: list[torch.Tensor] = []
     for d in swiglu_grads(grad_h, gate, up):
-        scale = E5M2_MAX / d.abs().amax().clamp(min=1e-12)
-        d8 = (d * scale).clamp(-E5M2_MAX, E5M2_MAX).to(E5M2)
+        scale = fp8_scale(d.abs().amax(), E5M2)
+        d8, _ = cast_fp8(d, E5M2, scale)
         out += [d8, d8.t().contiguous(), scale]
     return tuple(out)
 
@@ -219,8 +229,8 @@ def forward_two_passes(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tens
     """The forward's cast as a compiled fp8 step runs it: silu(gate) * up's amax, then its e4m3
     cast (the transposed copy is made in the backward there; here beside it, to compare alike)."""
     h = torch.nn.functional.silu(gate.float()) * up.float()
-    scale = E4M3_MAX / h.abs().amax().clamp(min=1e-12)
-    h8 = (h * scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    scale = fp8_scale(h.abs().amax(), E4M3)
+    h8, _ = cast_fp8(h, E4M3, scale)
     return h8, h8.t().contiguous(), scale
 
 
