@@ -32,6 +32,8 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -72,16 +74,16 @@ def _swiglu_grad_cast(
     HEADROOM: tl.constexpr,
     RECAST_BELOW: tl.constexpr,
     RECAST: tl.constexpr,  # the second launch: redo a tensor only if its amax left the band
+    TRANSPOSE: tl.constexpr,  # write the transposed copies (off: only to time the kernel without them)
     BM: tl.constexpr,
     BN: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    inside = (rows[:, None] < M) & (cols[None, :] < N)
+    # persistent: each program walks tiles a grid apart and keeps its amax in registers, so that
+    # the atomics number the programs, not the tiles (tens of thousands on one address serialise)
     scale_g = tl.load(scale_ptr)
     scale_u = tl.load(scale_ptr + 1)
-    do_g = inside
-    do_u = inside
+    lim_g = M  # the rows each tensor is written for: all, or none when a recast has nothing to redo
+    lim_u = M
     if RECAST:
         prev_g, prev_u = tl.load(prev_ptr), tl.load(prev_ptr + 1)
         amax_g, amax_u = tl.load(amax_ptr), tl.load(amax_ptr + 1)
@@ -90,33 +92,43 @@ def _swiglu_grad_cast(
         # the scale dynamic scaling would use; every program computes the same one
         scale_g = tl.where(redo_g, 57344.0 / tl.maximum(amax_g, 1e-12), scale_g)
         scale_u = tl.where(redo_u, 57344.0 / tl.maximum(amax_u, 1e-12), scale_u)
-        # a tensor with nothing to redo has no rows (a mask of scalars and tiles at once)
-        do_g = (rows[:, None] < tl.where(redo_g, M, 0)) & (cols[None, :] < N)
-        do_u = (rows[:, None] < tl.where(redo_u, M, 0)) & (cols[None, :] < N)
-    # masked loads read nothing: a recast launch with nothing to redo costs two scalar loads
-    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-    need = do_g | do_u
-    gh = tl.load(gh_ptr + offs, mask=need, other=0.0).to(tl.float32)
-    gate = tl.load(gate_ptr + offs, mask=need, other=0.0).to(tl.float32)
-    up = tl.load(up_ptr + offs, mask=need, other=0.0).to(tl.float32)
-    sig = tl.sigmoid(gate)
-    d_up = gh * gate * sig
-    d_gate = gh * up * sig * (1.0 + gate * (1.0 - sig))
-    if not RECAST:
-        tl.atomic_max(amax_ptr, tl.max(tl.max(tl.abs(d_gate), axis=1), axis=0))
-        tl.atomic_max(amax_ptr + 1, tl.max(tl.max(tl.abs(d_up), axis=1), axis=0))
-    g8 = tl.clamp(d_gate * scale_g, -57344.0, 57344.0).to(tl.float8e5, fp_downcast_rounding="rtne")
-    u8 = tl.clamp(d_up * scale_u, -57344.0, 57344.0).to(tl.float8e5, fp_downcast_rounding="rtne")
-    tl.store(dg_ptr + offs, g8, mask=do_g)
-    tl.store(du_ptr + offs, u8, mask=do_u)
-    offs_t = cols[:, None].to(tl.int64) * M + rows[None, :]
-    inside_t = tl.trans(inside)
-    tl.store(dgt_ptr + offs_t, tl.trans(g8), mask=inside_t & tl.trans(do_g))
-    tl.store(dut_ptr + offs_t, tl.trans(u8), mask=inside_t & tl.trans(do_u))
-    if RECAST:  # noqa: SIM102 (a compile-time branch around a run-time one: Triton keeps them apart)
-        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        lim_g = tl.where(redo_g, M, 0)
+        lim_u = tl.where(redo_u, M, 0)
+        if tl.program_id(0) == 0:
             tl.store(scale_ptr, scale_g)
             tl.store(scale_ptr + 1, scale_u)
+    tiles_n = tl.cdiv(N, BN)
+    tiles = tl.cdiv(tl.maximum(lim_g, lim_u), BM) * tiles_n  # a recast with nothing to redo walks none
+    top_g = 0.0
+    top_u = 0.0
+    for t in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        rows = (t // tiles_n) * BM + tl.arange(0, BM)
+        cols = (t % tiles_n) * BN + tl.arange(0, BN)
+        # masks built in each orientation from the indices: transposing a mask costs a layout change
+        do_g = (rows[:, None] < lim_g) & (cols[None, :] < N)
+        do_u = (rows[:, None] < lim_u) & (cols[None, :] < N)
+        offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+        need = do_g | do_u
+        gh = tl.load(gh_ptr + offs, mask=need, other=0.0).to(tl.float32)
+        gate = tl.load(gate_ptr + offs, mask=need, other=0.0).to(tl.float32)
+        up = tl.load(up_ptr + offs, mask=need, other=0.0).to(tl.float32)
+        sig = tl.sigmoid(gate)
+        d_up = gh * gate * sig
+        d_gate = gh * up * sig * (1.0 + gate * (1.0 - sig))
+        if not RECAST:
+            top_g = tl.maximum(top_g, tl.max(tl.max(tl.abs(d_gate), axis=1), axis=0))
+            top_u = tl.maximum(top_u, tl.max(tl.max(tl.abs(d_up), axis=1), axis=0))
+        g8 = tl.clamp(d_gate * scale_g, -57344.0, 57344.0).to(tl.float8e5, fp_downcast_rounding="rtne")
+        u8 = tl.clamp(d_up * scale_u, -57344.0, 57344.0).to(tl.float8e5, fp_downcast_rounding="rtne")
+        tl.store(dg_ptr + offs, g8, mask=do_g)
+        tl.store(du_ptr + offs, u8, mask=do_u)
+        if TRANSPOSE:
+            offs_t = cols[:, None].to(tl.int64) * M + rows[None, :]
+            tl.store(dgt_ptr + offs_t, tl.trans(g8), mask=(cols[:, None] < N) & (rows[None, :] < lim_g))
+            tl.store(dut_ptr + offs_t, tl.trans(u8), mask=(cols[:, None] < N) & (rows[None, :] < lim_u))
+    if not RECAST:
+        tl.atomic_max(amax_ptr, top_g)
+        tl.atomic_max(amax_ptr + 1, top_u)
 
 
 @triton.jit
@@ -133,32 +145,51 @@ def _swiglu_cast(
     HEADROOM: tl.constexpr,
     RECAST_BELOW: tl.constexpr,
     RECAST: tl.constexpr,
+    TRANSPOSE: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
 ):
     """The forward's counterpart: the down projection's input in e4m3, in one pass, as above."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
     scale = tl.load(scale_ptr)
-    m_rows = M
+    lim = M
     if RECAST:
         prev, amax = tl.load(prev_ptr), tl.load(amax_ptr)
         redo = (amax > HEADROOM * prev) | (amax * RECAST_BELOW < prev)
         scale = tl.where(redo, 448.0 / tl.maximum(amax, 1e-12), scale)
-        m_rows = tl.where(redo, M, 0)
-    todo = (rows[:, None] < m_rows) & (cols[None, :] < N)
-    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-    gate = tl.load(gate_ptr + offs, mask=todo, other=0.0).to(tl.float32)
-    up = tl.load(up_ptr + offs, mask=todo, other=0.0).to(tl.float32)
-    h = gate * tl.sigmoid(gate) * up
-    if not RECAST:
-        tl.atomic_max(amax_ptr, tl.max(tl.max(tl.abs(h), axis=1), axis=0))
-    h8 = tl.clamp(h * scale, -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
-    tl.store(h_ptr + offs, h8, mask=todo)
-    tl.store(ht_ptr + cols[:, None].to(tl.int64) * M + rows[None, :], tl.trans(h8), mask=tl.trans(todo))
-    if RECAST:  # noqa: SIM102 (a compile-time branch around a run-time one)
-        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        lim = tl.where(redo, M, 0)
+        if tl.program_id(0) == 0:
             tl.store(scale_ptr, scale)
+    tiles_n = tl.cdiv(N, BN)
+    tiles = tl.cdiv(lim, BM) * tiles_n
+    top = 0.0
+    for t in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        rows = (t // tiles_n) * BM + tl.arange(0, BM)
+        cols = (t % tiles_n) * BN + tl.arange(0, BN)
+        todo = (rows[:, None] < M) & (cols[None, :] < N)
+        offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+        gate = tl.load(gate_ptr + offs, mask=todo, other=0.0).to(tl.float32)
+        up = tl.load(up_ptr + offs, mask=todo, other=0.0).to(tl.float32)
+        h = gate * tl.sigmoid(gate) * up
+        if not RECAST:
+            top = tl.maximum(top, tl.max(tl.max(tl.abs(h), axis=1), axis=0))
+        h8 = tl.clamp(h * scale, -448.0, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        tl.store(h_ptr + offs, h8, mask=todo)
+        if TRANSPOSE:
+            done_t = (cols[:, None] < N) & (rows[None, :] < M)
+            tl.store(ht_ptr + cols[:, None].to(tl.int64) * M + rows[None, :], tl.trans(h8), mask=done_t)
+    if not RECAST:
+        tl.atomic_max(amax_ptr, top)
+
+
+PROGRAMS = 132 * 8  # the persistent kernels' programs: 8 per SM of an H100/H200 (a tuning knob)
+
+
+def _out(m: int, n: int, dtype: torch.dtype, device: torch.device, poison: bool) -> torch.Tensor:
+    """An output buffer; with `poison` filled with bytes no cast writes (0x7F: NaN in e5m2, 448's
+    neighbour NaN in e4m3), so that a check cannot pass on what an earlier tensor left in reused
+    memory (it did once: a quarter of the transposed copies unwritten read as right)."""
+    t = torch.empty(m, n, dtype=dtype, device=device)
+    return t.view(torch.uint8).fill_(0x7F).view(dtype) if poison else t
 
 
 def scales_from(prev: torch.Tensor, dtype: torch.dtype = E5M2) -> torch.Tensor:
@@ -168,41 +199,58 @@ def scales_from(prev: torch.Tensor, dtype: torch.dtype = E5M2) -> torch.Tensor:
 
 
 def swiglu_cast(
-    gate: torch.Tensor, up: torch.Tensor, prev: torch.Tensor, bm: int = 64, bn: int = 64
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    prev: torch.Tensor,
+    bm: int = 64,
+    bn: int = 64,
+    warps: int = 4,
+    programs: int = PROGRAMS,
+    transpose: bool = True,
+    poison: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """silu(gate) * up in e4m3 and transposed: (h, h_t, scale, amax), scale [1] the scale used,
     amax [1] this step's (the next step's `prev`)."""
     m, n = gate.shape
-    h = torch.empty(m, n, dtype=E4M3, device=gate.device)
-    h_t = torch.empty(n, m, dtype=E4M3, device=gate.device)
+    h, h_t = _out(m, n, E4M3, gate.device, poison), _out(n, m, E4M3, gate.device, poison)
     scale = scales_from(prev, E4M3)
     amax = torch.zeros(1, dtype=torch.float32, device=gate.device)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    grid = (min(programs, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
     for recast in (False, True):
         _swiglu_cast[grid](
             gate, up, scale, prev, amax, h, h_t, m, n,
-            HEADROOM=HEADROOM, RECAST_BELOW=RECAST_BELOW_E4M3, RECAST=recast, BM=bm, BN=bn,
+            HEADROOM=HEADROOM, RECAST_BELOW=RECAST_BELOW_E4M3, RECAST=recast, TRANSPOSE=transpose,
+            BM=bm, BN=bn, num_warps=warps,
         )  # fmt: skip
     return h, h_t, scale, amax
 
 
 def swiglu_grad_cast(
-    grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, prev: torch.Tensor, bm: int = 64, bn: int = 64
+    grad_h: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    prev: torch.Tensor,
+    bm: int = 64,
+    bn: int = 64,
+    warps: int = 4,
+    programs: int = PROGRAMS,
+    transpose: bool = True,
+    poison: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """d gate and d up of silu(gate) * up, each in e5m2 and transposed: (dg, dg_t, du, du_t, scale,
     amax), scale [2] the scales used (the inverse goes to _scaled_mm), amax [2] this step's (the
     next step's `prev`)."""
     m, n = grad_h.shape
     dev = grad_h.device
-    out = [torch.empty(m, n, dtype=E5M2, device=dev), torch.empty(n, m, dtype=E5M2, device=dev)]
-    out += [torch.empty(m, n, dtype=E5M2, device=dev), torch.empty(n, m, dtype=E5M2, device=dev)]
+    out = [_out(*shape, E5M2, dev, poison) for shape in ((m, n), (n, m), (m, n), (n, m))]
     scale = scales_from(prev)
     amax = torch.zeros(2, dtype=torch.float32, device=dev)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    grid = (min(programs, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
     for recast in (False, True):
         _swiglu_grad_cast[grid](
             grad_h, gate, up, scale, prev, amax, out[0], out[1], out[2], out[3], m, n,
-            HEADROOM=HEADROOM, RECAST_BELOW=RECAST_BELOW, RECAST=recast, BM=bm, BN=bn,
+            HEADROOM=HEADROOM, RECAST_BELOW=RECAST_BELOW, RECAST=recast, TRANSPOSE=transpose,
+            BM=bm, BN=bn, num_warps=warps,
         )  # fmt: skip
     return (*out, scale, amax)
 
@@ -225,6 +273,24 @@ def two_passes(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tu
     return tuple(out)
 
 
+def inductor_one_pass(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor):
+    """The one pass written for Inductor: the casts at scales known beforehand (`scale` [2]), each
+    gradient's amax beside them, no recast. Whether Inductor makes one kernel of it decides if the
+    step needs Triton of its own (on an H200 it did not: the same two kernels as two_passes')."""
+    out: list[torch.Tensor] = []
+    for d, s in zip(swiglu_grads(grad_h, gate, up), scale.unbind(), strict=True):
+        d8, _ = cast_fp8(d, E5M2, s)
+        out += [d8, d8.t().contiguous(), d.abs().amax()]
+    return tuple(out)
+
+
+def inductor_forward_one_pass(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor):
+    """inductor_one_pass's forward counterpart: h in e4m3 at a scale given, its transpose, its amax."""
+    h = torch.nn.functional.silu(gate.float()) * up.float()
+    h8, _ = cast_fp8(h, E4M3, scale)
+    return h8, h8.t().contiguous(), h.abs().amax()
+
+
 def forward_two_passes(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The forward's cast as a compiled fp8 step runs it: silu(gate) * up's amax, then its e4m3
     cast (the transposed copy is made in the backward there; here beside it, to compare alike)."""
@@ -234,7 +300,7 @@ def forward_two_passes(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tens
     return h8, h8.t().contiguous(), scale
 
 
-def agreement(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, reference=two_passes):
+def agreement(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, reference=two_passes, **opts):
     """The one pass given the previous amax that makes its scale dynamic scaling's (so its recast
     idles), against `reference` (two_passes, compiled or not): the fraction of equal bytes in each
     of the four outputs, the amax it recorded, the true amax, and that previous amax. Triton's
@@ -243,23 +309,61 @@ def agreement(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, refere
     want = reference(grad_h, gate, up)
     exact = torch.stack([want[2], want[5]])  # dynamic scaling's scales
     prev_same = E5M2_MAX / (HEADROOM * exact)
-    got = swiglu_grad_cast(grad_h, gate, up, prev_same)
+    got = swiglu_grad_cast(grad_h, gate, up, prev_same, poison=True, **opts)
     pairs = ((got[0], want[0]), (got[1], want[1]), (got[2], want[3]), (got[3], want[4]))
     same = [(a.view(torch.uint8) == b.view(torch.uint8)).float().mean().item() for a, b in pairs]
     return same, got[5], E5M2_MAX / exact, prev_same
 
 
-def forward_agreement(gate: torch.Tensor, up: torch.Tensor, reference=forward_two_passes):
+def forward_agreement(gate: torch.Tensor, up: torch.Tensor, reference=forward_two_passes, **opts):
     """agreement's forward counterpart: the fraction of equal bytes in h and its transpose, the amax
     recorded, the true amax, and the previous amax that gives dynamic scaling's scale."""
     want = reference(gate, up)
     prev_same = (E4M3_MAX / (HEADROOM * want[2])).reshape(1)
-    got = swiglu_cast(gate, up, prev_same)
+    got = swiglu_cast(gate, up, prev_same, poison=True, **opts)
     same = [
         (a.view(torch.uint8) == b.view(torch.uint8)).float().mean().item()
         for a, b in zip(got[:2], want[:2], strict=True)
     ]
     return same, got[3], (E4M3_MAX / want[2]).reshape(1), prev_same
+
+
+# (rows, columns, warps, programs): a program's tile, beside the default 64 x 64, 4 warps, PROGRAMS
+TILES = (
+    (64, 64, 4, 132 * 4),
+    (64, 64, 4, 132 * 16),
+    (64, 64, 8, PROGRAMS),
+    (32, 128, 4, PROGRAMS),
+    (64, 128, 4, PROGRAMS),
+    (64, 128, 8, PROGRAMS),
+    (128, 64, 8, PROGRAMS),
+    (128, 128, 8, PROGRAMS),
+)
+
+
+def kernels(fn) -> str:
+    """The CUDA kernels one call of `fn` launches, with their microseconds (what Inductor fused)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    return "; ".join(f"{e.key[:60]} {e.device_time_total:.0f} us" for e in rows)
+
+
+def _time(rows: list[tuple[str, Callable[[], object]]], moved: int) -> None:
+    for name, fn in rows:
+        ms = cuda_median_ms(fn)
+        print(f"{name}: {ms:.3f} ms, {moved / ms / 1e9:.2f} TB/s")
+        if "Inductor" in name or "compiled" in name:
+            print(f"  kernels: {kernels(fn)}")
+
+
+def _equal(same) -> str:
+    return ", ".join(f"{x:.6f}" for x in same)
 
 
 def main() -> None:
@@ -277,39 +381,49 @@ def main() -> None:
     same, recorded, amax, prev_same = agreement(grad_h, gate, up, compiled)
     print(
         "one pass at dynamic scaling's scale, bytes equal to the two passes' (d gate, its transpose, d up, "
-        f"its transpose): {', '.join(f'{x:.6f}' for x in same)}"
+        f"its transpose): {_equal(same)}"
     )
     print(f"amax recorded {recorded.tolist()} against {amax.tolist()}")
-
-    rows = [
+    print(f"  tiles 128x64, 8 warps: {_equal(agreement(grad_h, gate, up, compiled, bm=128, bn=64, warps=8)[0])}")
+    inductor = torch.compile(inductor_one_pass)
+    rows: list[tuple[str, Callable[[], object]]] = [
         ("two passes (compiled, what the step runs)", lambda: compiled(grad_h, gate, up)),
+        ("one pass in Inductor (scale given, amax beside)", lambda: inductor(grad_h, gate, up, scales_from(prev_same))),
         ("one pass, the recast idle", lambda: swiglu_grad_cast(grad_h, gate, up, prev_same)),
         ("one pass, the recast redoing both", lambda: swiglu_grad_cast(grad_h, gate, up, prev_same * 1e-3)),
-    ]
-    for bm, bn in ((32, 128), (64, 64), (128, 64)):
+        ("one pass without the transposed copies", lambda: swiglu_grad_cast(grad_h, gate, up, prev_same, transpose=False)),  # noqa: E501
+    ]  # fmt: skip
+    for bm, bn, w, n in TILES:
         rows.append(
-            (f"one pass, tiles {bm}x{bn}", lambda bm=bm, bn=bn: swiglu_grad_cast(grad_h, gate, up, prev_same, bm, bn))
+            (
+                f"one pass, tiles {bm}x{bn}, {w} warps, {n} programs",
+                partial(swiglu_grad_cast, grad_h, gate, up, prev_same, bm, bn, w, n),
+            )
         )
-    for name, fn in rows:
-        ms = cuda_median_ms(fn)
-        print(f"{name}: {ms:.3f} ms, {moved / ms / 1e9:.2f} TB/s")
+    _time(rows, moved)
 
     # the forward: silu(gate) * up cast to e4m3 for the down projection, with its transposed copy
     forward = torch.compile(forward_two_passes)
     same, recorded, amax, prev_same = forward_agreement(gate, up, forward)
-    print(
-        f"forward, bytes equal (h, its transpose): {', '.join(f'{x:.6f}' for x in same)}; amax {recorded.tolist()} "
-        f"against {amax.tolist()}"
-    )
+    print(f"forward, bytes equal (h, its transpose): {_equal(same)}; amax {recorded.tolist()} against {amax.tolist()}")
+    print(f"  tiles 128x64, 8 warps: {_equal(forward_agreement(gate, up, forward, bm=128, bn=64, warps=8)[0])}")
+    inductor_forward = torch.compile(inductor_forward_one_pass)
     moved = 2 * gate.numel() * 2 + 2 * gate.numel()  # two bf16 tensors read, two e4m3 written
     rows = [
         ("forward, two passes and the transposed copy (compiled)", lambda: forward(gate, up)),
+        ("forward, one pass in Inductor (scale given, amax beside)", lambda: inductor_forward(gate, up, scales_from(prev_same, E4M3))),  # noqa: E501
         ("forward, one pass, the recast idle", lambda: swiglu_cast(gate, up, prev_same)),
         ("forward, one pass, the recast redoing it", lambda: swiglu_cast(gate, up, prev_same * 1e-3)),
-    ]
-    for name, fn in rows:
-        ms = cuda_median_ms(fn)
-        print(f"{name}: {ms:.3f} ms, {moved / ms / 1e9:.2f} TB/s")
+        ("forward, one pass without the transposed copy", lambda: swiglu_cast(gate, up, prev_same, transpose=False)),
+    ]  # fmt: skip
+    for bm, bn, w, n in TILES:
+        rows.append(
+            (
+                f"forward, one pass, tiles {bm}x{bn}, {w} warps, {n} programs",
+                partial(swiglu_cast, gate, up, prev_same, bm, bn, w, n),
+            )
+        )
+    _time(rows, moved)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def only_carries(name, d8, x, want):
 
 
 for name, (prev, want_scale) in cases.items():
-    dg, dg_t, du, du_t, scale, recorded = f.swiglu_grad_cast(grad_h, gate, up, prev.clone(), bm=16, bn=32)
+    dg, dg_t, du, du_t, scale, recorded = f.swiglu_grad_cast(grad_h, gate, up, prev.clone(), bm=16, bn=32, programs=2)
     torch.testing.assert_close(scale, want_scale, rtol=1e-6, atol=0, msg=name)
     torch.testing.assert_close(recorded, amax, rtol=1e-6, atol=0, msg=name)
     for d8, d8_t, d, s in ((dg, dg_t, grads[0], scale[0]), (du, du_t, grads[1], scale[1])):
@@ -75,7 +75,7 @@ forward_cases = {
     "fell below half": (h_amax * 2.5, h_exact),
 }
 for name, (prev, want_scale) in forward_cases.items():
-    h8, h8_t, scale, recorded = f.swiglu_cast(gate, up, prev.clone(), bm=16, bn=32)
+    h8, h8_t, scale, recorded = f.swiglu_cast(gate, up, prev.clone(), bm=16, bn=32, programs=2)
     torch.testing.assert_close(scale, want_scale, rtol=1e-6, atol=0, msg=name)
     torch.testing.assert_close(recorded, h_amax, rtol=1e-6, atol=0, msg=name)
     assert torch.equal(h8_t.view(torch.uint8), h8.view(torch.uint8).t()), name
