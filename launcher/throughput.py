@@ -49,6 +49,7 @@ S26 = "2026-11-29-h200x1-session26"
 S27 = "2026-11-29-h200x1-session27"
 S28 = "2026-11-29-h200x2-session28"
 S29 = "2026-11-29-h200x2-session29"
+S30 = "2026-11-30-h200-session30"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 LLAMA_C1 = "ours-llama-1b-ddp-compile-g1-b8-k1"
@@ -125,14 +126,20 @@ THROUGHPUT: tuple[Throughput, ...] = (
                fp8_linear="native", residual_bf16=True,
                runs=((f"{S26}-c3", "ours-llama-1b-ddp-compile-g1-b32-k1-nat32"),)),
     # the rope tables (--rope-tables, the default on a compiled model since session 27), with the stream
-    # (sessions 27-29: three machines)
-    Throughput("H200", "llama-1b", True, (70041.7, 69893.0, 71716.0, 71084.6, 71194.3), batch_size=16,
+    # (sessions 27-30: four machines)
+    Throughput("H200", "llama-1b", True, (70041.7, 69893.0, 71716.0, 71084.6, 71194.3, 72194.3), batch_size=16,
                seq_len=2048, residual_bf16=True, rope_tables=True,
                runs=((f"{S27}-c1", f"{LLAMA_C16}-rt16"), (f"{S27}-c2", f"{LLAMA_C16}-prt16"),
                      (f"{S28}-c2", f"{LLAMA_C16}-b16"), (f"{S29}-c1", f"{LLAMA_C16}-b16"),
-                     (f"{S29}-c3", f"{LLAMA_C16}-b16"))),
-    Throughput("H200", "llama-1b", True, (70311.1,), batch_size=32, seq_len=2048, residual_bf16=True,
-               rope_tables=True, runs=((f"{S27}-c2", "ours-llama-1b-ddp-compile-g1-b32-k1-rt32"),)),
+                     (f"{S29}-c3", f"{LLAMA_C16}-b16"), (f"{S30}-c3", f"{LLAMA_C16}-b16"))),
+    Throughput("H200", "llama-1b", True, (70311.1, 72425.1, 72656.7), batch_size=32, seq_len=2048,
+               residual_bf16=True, rope_tables=True,
+               runs=((f"{S27}-c2", "ours-llama-1b-ddp-compile-g1-b32-k1-rt32"),
+                     (f"{S30}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
+                     (f"{S30}-c2", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"))),
+    Throughput("H200", "llama-1b", True, (91849.6,), batch_size=32, seq_len=2048, precision="fp8",
+               fp8_linear="native", residual_bf16=True, rope_tables=True,
+               runs=((f"{S30}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-nat32"),)),
     Throughput("H200", "llama-1b", True, (66887.0, 67704.3), batch_size=8, seq_len=2048, residual_bf16=True,
                rope_tables=True, runs=((f"{S27}-c3", f"{LLAMA_C1}-rt"), (f"{S29}-c2-loss", LLAMA_C1))),
     Throughput("H200", "llama-1b", True, (87236.0, 88821.4, 88396.7, 88377.6), batch_size=16, seq_len=2048,
