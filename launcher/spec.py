@@ -829,19 +829,36 @@ def _check_expansion(root: Any, path: Path) -> None:
 
 def format_validation_error(e: ValidationError) -> str:
     parts = []
+    unknown: dict[tuple[str, ...], list[str]] = {}  # a section's unknown keys, named together
     for err in e.errors():
         loc = ".".join(str(x) for x in err["loc"])
         if err["type"] == "extra_forbidden":
-            section = ".".join(str(x) for x in err["loc"][:-1])
-            model: type[BaseModel] = JobSpec
-            for part in err["loc"][:-1]:
-                model = model.model_fields[str(part)].annotation  # type: ignore[assignment]
-            known = ", ".join(model.model_fields)
-            parts.append(f"unknown key {loc!r}" + (f" in {section}" if section else "") + f"; known keys: {known}")
+            unknown.setdefault(tuple(str(x) for x in err["loc"][:-1]), []).append(str(err["loc"][-1]))
         else:
             msg = err["msg"].removeprefix("Value error, ")
             key = ".".join(str(x) for x in err["loc"][:2])
             flag = FLAGS.get(key) or FLAGS.get(str(err["loc"][:1] and err["loc"][0]))
             label = f"{loc} ({flag})" if flag else loc
             parts.append(f"{label}: {msg}" if label else msg)
+    parts += [_unknown_keys(section, keys) for section, keys in unknown.items()]
     return "; ".join(parts)
+
+
+def _unknown_keys(section: tuple[str, ...], keys: list[str]) -> str:
+    """One message for a section's unknown keys: each named with the key it is probably a typo of,
+    training flags written at the top pointed to hyperparameters, then the section's known keys."""
+    model: type[BaseModel] = JobSpec
+    for part in section:
+        model = model.model_fields[part].annotation  # type: ignore[assignment]
+    known = list(model.model_fields)
+    # a training flag at the top of the spec is the usual slip (`batch_size: 32` for
+    # `hyperparameters: {batch_size: 32}`); flags the spec owns are known keys already
+    flags = [k for k in keys if not section and k.replace("_", "-") in known_flags()]
+    named = [f"{'.'.join([*section, k])!r}" + ("" if k in flags else _close(k, known)) for k in keys]
+    where = f" in {'.'.join(section)}" if section else ""
+    text = f"unknown key{'s' if len(keys) > 1 else ''} {', '.join(named)}{where}"
+    if flags:
+        example = ", ".join(f"{k}: ..." for k in flags[:2])
+        text += f"; {', '.join(flags)} {'are training flags' if len(flags) > 1 else 'is a training flag'}: "
+        text += f"put {'them' if len(flags) > 1 else 'it'} under hyperparameters (hyperparameters: {{{example}}})"
+    return f"{text}; known keys: {', '.join(known)}"

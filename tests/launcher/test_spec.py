@@ -32,8 +32,32 @@ def test_unknown_top_level_key_is_named(tmp_path):
 
 
 def test_unknown_nested_key_is_named_with_its_section(tmp_path):
-    with pytest.raises(UserError, match=r"unknown key 'sagemaker.rolee' in sagemaker; known keys: role"):
+    with pytest.raises(
+        UserError, match=r"unknown key 'sagemaker.rolee' \(did you mean 'role'\?\) in sagemaker; known keys: role"
+    ):
         load_spec(write(tmp_path, "sagemaker:\n  rolee: x\n"))
+
+
+def test_a_sections_unknown_keys_are_named_in_one_message(tmp_path):
+    with pytest.raises(UserError) as e:
+        load_spec(write(tmp_path, "nodez: 2\nsagemaker:\n  rolee: x\n  bucketz: y\n"))
+    message = str(e.value)
+    assert "unknown key 'nodez' (did you mean 'nodes'?); known keys: name, instance" in message
+    assert (
+        "unknown keys 'sagemaker.rolee' (did you mean 'role'?), 'sagemaker.bucketz' (did you mean 'bucket'?)" in message
+    )
+    assert message.count("known keys:") == 2  # once a section, not once a key
+
+
+def test_training_flags_at_the_top_are_pointed_to_hyperparameters(tmp_path):
+    with pytest.raises(UserError) as e:
+        load_spec(write(tmp_path, "instance: local\npreset: llama-1b\nbatch_size: 32\nnodez: 2\n"))
+    message = str(e.value)
+    assert "unknown keys 'preset', 'batch_size', 'nodez' (did you mean 'nodes'?)" in message
+    assert "preset, batch_size are training flags: put them under hyperparameters" in message
+    # written there, the same keys load
+    spec = load_spec(write(tmp_path, "instance: local\nhyperparameters:\n  preset: llama-1b\n  batch_size: 32\n"))
+    assert spec.hyperparameters == {"preset": "llama-1b", "batch_size": 32}
 
 
 def test_unknown_hyperparameter_suggests_the_right_one(tmp_path):
