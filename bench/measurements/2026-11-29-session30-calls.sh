@@ -6,8 +6,10 @@
 # $OUT/cN.tgz. Ratios are taken within one machine only. The calls, in order:
 # `bash THIS 1` (the one-pass float8 casts of bench/fp8_onepass.py as committed, then llama-1b at
 # micro-batch 32: bf16's default, with --compile-optimizer, and fp8's default);
-# `bash THIS 2` (fp8 with --compile-optimizer at 32, then both at 16).
-# The JSONs: 2026-11-30-h200-session30-c1.json, -c2.json.
+# `bash THIS 2` (by default fp8 with --compile-optimizer at 32, then both at 16; this session ran
+# `bash THIS 2 9.0 'k1-natco32$|k1-b32$|k1-co32$'`: the bf16 pair again beside fp8's).
+# The JSONs: 2026-11-29-h200x1-session30-c1.json, -c2.json, -c3.json (call 3: a bf16 micro-batch-16 run,
+# the command in 2026-11-29-session30.md).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
