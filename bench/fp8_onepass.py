@@ -1,7 +1,9 @@
 """The MLP's float8 casts in one pass each, against the two passes a compiled fp8 step runs now, on
 one GPU at llama-1b's shapes (issue 40): the backward's cast of the gradient into gate/up (e5m2),
-and the forward's cast of the down projection's input silu(gate) * up (e4m3). A prototype to time
-before it goes into training/: the kernels, their references, and the timing.
+and the forward's cast of the down projection's input silu(gate) * up (e4m3). A prototype, timed
+and rejected (bench/README.md, session 30): on an H200 Inductor's two passes stream at about 3.7
+TB/s and these kernels at 1.5-2.1, so the backward's one pass is slower (1.7 against 1.2 ms) and the
+forward's 0.14 ms faster, too little for a custom op. Kept to re-time on other cards and compilers.
 
 Session 29's profile of llama-1b's fp8 step (one H200, micro-batch 16) put 72 of 366 ms a step in
 finding float8 scales and casting, 27 of them on this one gradient: dynamic scaling must know the
@@ -10,7 +12,8 @@ tensor's largest magnitude before it casts, so Inductor runs an amax pass over s
 and the transposed copy the weight gradient's matmul needs (1.07 ms, about 2.5 TB/s).
 
 The one pass casts with a scale known before it starts: the previous step's amax, with a binade of
-headroom (HEADROOM), and records this step's amax as it goes (an atomic max per tile). A second
+headroom (HEADROOM), and records this step's amax as it goes (persistent programs, each walking
+tiles a grid apart and adding its maximum with one atomic max). A second
 launch recasts only if that amax left the band the scale serves: above it (the cast saturated) or
 more than RECAST_BELOW times below it (the smallest values lost precision needlessly). Its
 programs read two numbers and stop when nothing is to be done; a first step (no amax yet) always
@@ -23,8 +26,9 @@ the backward now); e4m3 spans about 18 binades, so its band is narrower (RECAST_
 
     python bench/fp8_onepass.py [--rows 32768 --cols 8192]    # on a CUDA machine
 
-Prints milliseconds and TB/s of each path, and the fraction of bytes on which the one pass and
-the two agree when both use dynamic scaling's scale.
+Prints milliseconds and TB/s of each path (and the kernels each compiled one launches), and the
+fraction of bytes on which the one pass and the two agree when both use dynamic scaling's scale,
+the one pass's outputs poisoned first.
 """
 
 from __future__ import annotations
@@ -192,6 +196,16 @@ def _out(m: int, n: int, dtype: torch.dtype, device: torch.device, poison: bool)
     return t.view(torch.uint8).fill_(0x7F).view(dtype) if poison else t
 
 
+def _launch_twice(
+    kernel, args: tuple, m: int, n: int, band: float, bm: int, bn: int, warps: int, programs: int, transpose: bool
+) -> None:
+    """`kernel`'s cast launch, then its recast launch (a no-op unless the amax left the band)."""
+    grid = (min(programs, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
+    for recast in (False, True):
+        kernel[grid](*args, m, n, HEADROOM=HEADROOM, RECAST_BELOW=band, RECAST=recast, TRANSPOSE=transpose,
+                     BM=bm, BN=bn, num_warps=warps)  # fmt: skip
+
+
 def scales_from(prev: torch.Tensor, dtype: torch.dtype = E5M2) -> torch.Tensor:
     """The scales a pass starts with: HEADROOM x the previous amaxes on float8 `dtype`'s largest
     value, or 1 where there is none yet (the recast then always runs)."""
@@ -215,13 +229,8 @@ def swiglu_cast(
     h, h_t = _out(m, n, E4M3, gate.device, poison), _out(n, m, E4M3, gate.device, poison)
     scale = scales_from(prev, E4M3)
     amax = torch.zeros(1, dtype=torch.float32, device=gate.device)
-    grid = (min(programs, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
-    for recast in (False, True):
-        _swiglu_cast[grid](
-            gate, up, scale, prev, amax, h, h_t, m, n,
-            HEADROOM=HEADROOM, RECAST_BELOW=RECAST_BELOW_E4M3, RECAST=recast, TRANSPOSE=transpose,
-            BM=bm, BN=bn, num_warps=warps,
-        )  # fmt: skip
+    args = (gate, up, scale, prev, amax, h, h_t)
+    _launch_twice(_swiglu_cast, args, m, n, RECAST_BELOW_E4M3, bm, bn, warps, programs, transpose)
     return h, h_t, scale, amax
 
 
@@ -245,13 +254,8 @@ def swiglu_grad_cast(
     out = [_out(*shape, E5M2, dev, poison) for shape in ((m, n), (n, m), (m, n), (n, m))]
     scale = scales_from(prev)
     amax = torch.zeros(2, dtype=torch.float32, device=dev)
-    grid = (min(programs, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
-    for recast in (False, True):
-        _swiglu_grad_cast[grid](
-            grad_h, gate, up, scale, prev, amax, out[0], out[1], out[2], out[3], m, n,
-            HEADROOM=HEADROOM, RECAST_BELOW=RECAST_BELOW, RECAST=recast, TRANSPOSE=transpose,
-            BM=bm, BN=bn, num_warps=warps,
-        )  # fmt: skip
+    _launch_twice(_swiglu_grad_cast, (grad_h, gate, up, scale, prev, amax, *out), m, n, RECAST_BELOW, bm, bn, warps,
+                  programs, transpose)  # fmt: skip
     return (*out, scale, amax)
 
 
@@ -300,6 +304,11 @@ def forward_two_passes(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tens
     return h8, h8.t().contiguous(), scale
 
 
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The fraction of `a`'s bytes equal to `b`'s."""
+    return (a.view(torch.uint8) == b.view(torch.uint8)).float().mean().item()
+
+
 def agreement(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, reference=two_passes, **opts):
     """The one pass given the previous amax that makes its scale dynamic scaling's (so its recast
     idles), against `reference` (two_passes, compiled or not): the fraction of equal bytes in each
@@ -311,7 +320,7 @@ def agreement(grad_h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, refere
     prev_same = E5M2_MAX / (HEADROOM * exact)
     got = swiglu_grad_cast(grad_h, gate, up, prev_same, poison=True, **opts)
     pairs = ((got[0], want[0]), (got[1], want[1]), (got[2], want[3]), (got[3], want[4]))
-    same = [(a.view(torch.uint8) == b.view(torch.uint8)).float().mean().item() for a, b in pairs]
+    same = [_same_bytes(a, b) for a, b in pairs]
     return same, got[5], E5M2_MAX / exact, prev_same
 
 
@@ -321,10 +330,7 @@ def forward_agreement(gate: torch.Tensor, up: torch.Tensor, reference=forward_tw
     want = reference(gate, up)
     prev_same = (E4M3_MAX / (HEADROOM * want[2])).reshape(1)
     got = swiglu_cast(gate, up, prev_same, poison=True, **opts)
-    same = [
-        (a.view(torch.uint8) == b.view(torch.uint8)).float().mean().item()
-        for a, b in zip(got[:2], want[:2], strict=True)
-    ]
+    same = [_same_bytes(a, b) for a, b in zip(got[:2], want[:2], strict=True)]
     return same, got[3], (E4M3_MAX / want[2]).reshape(1), prev_same
 
 
