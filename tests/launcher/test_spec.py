@@ -60,6 +60,17 @@ def test_training_flags_at_the_top_are_pointed_to_hyperparameters(tmp_path):
     assert spec.hyperparameters == {"preset": "llama-1b", "batch_size": 32}
 
 
+def test_submit_names_a_specs_misplaced_flags_in_one_error_line_and_sends_nothing(cli, tmp_path):
+    spec = write(tmp_path, "instance: local\nmax_steps: 5\nlr: 0.1\n")
+    r = cli("submit", str(spec), "--dry-run", cwd=tmp_path)
+    assert r.returncode != 0 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {spec}: unknown keys 'max_steps', 'lr'"), r.stderr
+    assert "max_steps, lr are training flags: put them under hyperparameters" in lines[0]
+    assert lines[0].count("known keys:") == 1
+    assert not (tmp_path / "runs").exists()
+
+
 def test_unknown_hyperparameter_suggests_the_right_one(tmp_path):
     path = write(tmp_path, "hyperparameters:\n  batch_sise: 4\n")
     with pytest.raises(UserError) as e:
