@@ -448,7 +448,8 @@ def estimate_job(job: Decisions, shape: ModelShape, world_size: int) -> Estimate
         compile_unit=job.compile_unit,
         compiled_autograd=args.compiled_autograd,
         head_loss=shape.family == "gpt2" and job.head_loss_why_not is None,
-        fp8_head=args.fp8_head,
+        # --fp8-head-backward bf16 makes no float8 copy of the logits' gradient
+        fp8_head=args.fp8_head and args.fp8_head_backward == "fp8",
         residual_bf16=_residual_bf16(job, shape),
     )
 
@@ -726,8 +727,9 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
 
 def _same_precision(args: TrainArgs, t: Throughput) -> bool:
     """Whether a job of `args` multiplies as measured run `t` did: bf16 (or any 16 bits) both, or
-    fp8 both, with the default recipe and the LM head as `t` ran it (its forward too; whose float8 layers ran it,
-    torchao's or the native ones, changes no number: measured_tokens_per_sec prefers the same)."""
+    fp8 both, with the default recipe and the LM head as `t` ran it (its forward and backward too;
+    whose float8 layers ran it, torchao's or the native ones, changes no number:
+    measured_tokens_per_sec prefers the same)."""
     from distrain_cloud.training.args import fp8_flags_given
 
     if (args.precision == "fp8") != (t.precision == "fp8"):
@@ -735,7 +737,8 @@ def _same_precision(args: TrainArgs, t: Throughput) -> bool:
     return args.precision != "fp8" or (
         args.fp8_head == t.fp8_head
         and args.fp8_head_forward == t.fp8_head_forward
-        and set(fp8_flags_given(args)) <= {"--fp8-head", "--fp8-head-forward", "--fp8-linear"}
+        and args.fp8_head_backward == t.fp8_head_backward
+        and set(fp8_flags_given(args)) <= {"--fp8-head", "--fp8-head-forward", "--fp8-head-backward", "--fp8-linear"}
     )
 
 

@@ -74,6 +74,7 @@ class Throughput:
     precision: str = "bf16"  # or "fp8": the tensorwise recipe (training/fp8.py)
     fp8_head: bool = False  # --fp8-head: the LM head in float8 too
     fp8_head_forward: str = "fp8"  # --fp8-head-forward: bf16 keeps the float8 head's logits in bf16
+    fp8_head_backward: str = "fp8"  # --fp8-head-backward: bf16 keeps the float8 head's backward in bf16
     fp8_linear: str = "torchao"  # --fp8-linear: whose float8 linear layers
     residual_bf16: bool = False  # the residual stream cast to bf16 (--residual-dtype; auto's pick since session 25)
     fused: bool = False  # --fuse-projections

@@ -214,6 +214,19 @@ class TrainArgs:
             choices=("fp8", "bf16"),
         ),
     )
+    # the head's backward (both its matmuls, from the logits' gradient) in bf16: the forward's matmul
+    # alone float8, and no float8 copy of the vocabulary-wide logits' gradient
+    fp8_head_backward: str = field(
+        default="fp8",
+        metadata=_flag(
+            (
+                "--fp8-head: the dtype of the head's two backward matmuls, the input and weight gradients: fp8 "
+                "(default; e5m2 logit gradients) or bf16 (the bf16 head's backward; the forward's matmul alone "
+                "float8)"
+            ),
+            choices=("fp8", "bf16"),
+        ),
+    )
     batch_size: int = field(default=16, metadata=_flag("per device, per micro-step"))
     eval_batch_size: int | None = field(
         default=None, metadata=_flag("per device, for evaluation (default: --batch-size)")
@@ -557,6 +570,7 @@ def fp8_flags_given(a: TrainArgs) -> list[str]:
             "fp8_head",
             "fp8_head_grad_input",
             "fp8_head_forward",
+            "fp8_head_backward",
         )
         if getattr(a, name) != getattr(TrainArgs, name)
     ]
@@ -833,10 +847,19 @@ def validate(a: TrainArgs) -> None:
     if a.precision != "fp8" and given:
         flag = given[0]
         raise ArgumentError(f"{flag} applies to --precision fp8, not {a.precision or 'the default precision'}")
-    for name in ("fp8_head_grad_input", "fp8_head_forward"):
+    for name in ("fp8_head_grad_input", "fp8_head_forward", "fp8_head_backward"):
         if getattr(a, name) != "fp8" and not a.fp8_head:
             flag = "--" + name.replace("_", "-")
             raise ArgumentError(f"{flag} applies to --fp8-head (the LM head in float8): add --fp8-head")
+    if a.fp8_head_backward == "bf16" and a.fp8_head_forward == "bf16":
+        raise ArgumentError(
+            "--fp8-head-forward bf16 with --fp8-head-backward bf16 leaves none of the LM head's matmuls in float8: "
+            "drop --fp8-head and both"
+        )
+    if a.fp8_head_backward == "bf16" and a.fp8_head_grad_input == "bf16":
+        raise ArgumentError(
+            "--fp8-head-backward bf16 already makes the head's input gradient bf16: drop --fp8-head-grad-input"
+        )
     if a.fp8_bf16_edge_blocks < 0:
         raise ArgumentError(f"--fp8-bf16-edge-blocks must be 0 or more, got {a.fp8_bf16_edge_blocks}")
     if a.fp8_linear == "native" and a.fp8_recipe != "tensorwise":

@@ -123,6 +123,7 @@ def use_fp8(
     scaling: str = "dynamic",
     head_grad_input: str = "fp8",
     head_forward: str = "fp8",
+    head_backward: str = "fp8",
 ) -> str:
     """Convert `model`'s eligible linear layers (fp8_layer_names) to float8 ones, in place, before the
     model is prepared and compiled: fp8_linear.Float8Linear (`linear` "native", tensorwise only) or
@@ -158,6 +159,7 @@ def use_fp8(
     head_words = "; the LM head in float8 inside the fast loss" if head else ""
     head_words += ", its forward bf16" if head and head_forward == "bf16" else ""
     head_words += ", its input gradient bf16" if head and head_grad_input == "bf16" else ""
+    head_words += ", its backward bf16" if head and head_backward == "bf16" else ""
     whose = "torchao float8" if linear == "torchao" else "float8 on torch._scaled_mm"
     when = " delayed" if scaling == "delayed" else ""
     return f"fp8=on linear_layers={len(eligible)} ({whose}, {recipe}{when} scaling{accum}{head_words}{stays})"

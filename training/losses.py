@@ -154,11 +154,17 @@ class _HeadLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        h, w, grad = ctx.saved_tensors
-        with torch.autocast(device_type=h.device.type, enabled=False):
-            grad_h = ((grad @ w).float() * grad_out).to(ctx.dtypes[0])
-            grad_w = ((grad.t() @ h).float() * grad_out).to(ctx.dtypes[1])
-        return grad_h, grad_w, None
+        return (*_bf16_head_grads(ctx, grad_out), None)
+
+
+def _bf16_head_grads(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bf16 head's two backward matmuls, from the 16-bit hidden states and weight and the
+    logits' gradient its forward saved, in the inputs' dtypes (ctx.dtypes)."""
+    h, w, grad = ctx.saved_tensors
+    with torch.autocast(device_type=h.device.type, enabled=False):
+        grad_h = ((grad @ w).float() * grad_out).to(ctx.dtypes[0])
+        grad_w = ((grad.t() @ h).float() * grad_out).to(ctx.dtypes[1])
+    return grad_h, grad_w
 
 
 # ---------------------------------------------------------------- --fp8-head
@@ -173,12 +179,14 @@ class _HeadLoss(torch.autograd.Function):
 # after 400 steps on llama-1b (bench/README.md, sessions 21-25). --fp8-head-forward bf16 keeps the
 # other suspect exact: the forward's logits, from which the loss and the gradient every later
 # matmul reads are computed (e4m3's 3 mantissa bits on both of its inputs); the backward's two
-# matmuls, two thirds of the head's FLOPs, stay float8.
+# matmuls, two thirds of the head's FLOPs, stay float8. --fp8-head-backward bf16 is the other way
+# round: the forward's matmul alone in float8 (a third of the FLOPs, and no cast of the
+# vocabulary-wide logits' gradient), the backward the bf16 head's.
 
 
 class _Fp8HeadLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, fast_backward: bool, bf16_grad_input: bool, bf16_forward: bool):
+    def forward(ctx, hidden, weight, targets, fast_backward, bf16_grad_input, bf16_forward, bf16_backward):
         device = hidden.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
         with torch.autocast(device_type=device, enabled=False):
@@ -191,13 +199,19 @@ class _Fp8HeadLoss(torch.autograd.Function):
                     h8, w8.t(), scale_a=h_inv, scale_b=w_inv, out_dtype=dtype, use_fast_accum=True
                 )
             loss = cross_entropy_grad_(logits, targets)
-        # logits now hold d(loss)/d(logits); a bf16 input gradient reads the weight itself, not w8
-        ctx.save_for_backward(h8, h_inv, weight if bf16_grad_input else w8, w_inv, logits)
+        # logits now hold d(loss)/d(logits)
         ctx.dtypes, ctx.fast, ctx.bf16_grad_input = (hidden.dtype, weight.dtype), fast_backward, bf16_grad_input
+        ctx.bf16_backward = bf16_backward
+        if bf16_backward:  # the bf16 head's backward, from the 16-bit inputs as _HeadLoss saves them
+            ctx.save_for_backward(hidden.to(dtype), weight.to(dtype), logits)
+        else:  # a bf16 input gradient reads the weight itself, not w8
+            ctx.save_for_backward(h8, h_inv, weight if bf16_grad_input else w8, w_inv, logits)
         return loss
 
     @staticmethod
     def backward(ctx, grad_out):
+        if ctx.bf16_backward:
+            return (*_bf16_head_grads(ctx, grad_out), None, None, None, None, None)
         h8, h_inv, w, w_inv, grad = ctx.saved_tensors
         with torch.autocast(device_type=h8.device.type, enabled=False):
             g8, g_inv = to_fp8(grad, E5M2)
@@ -215,7 +229,8 @@ class _Fp8HeadLoss(torch.autograd.Function):
                 out_dtype=torch.float32,
                 use_fast_accum=ctx.fast,
             )
-        return (grad_h * grad_out).to(ctx.dtypes[0]), (grad_w * grad_out).to(ctx.dtypes[1]), None, None, None, None
+        grads = (grad_h * grad_out).to(ctx.dtypes[0]), (grad_w * grad_out).to(ctx.dtypes[1])
+        return (*grads, None, None, None, None, None)
 
 
 def fp8_head_why_not(hidden_size: int, vocab_size: int) -> str | None:
@@ -231,7 +246,8 @@ def head_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, 
     against the next label, -100 labels left out. `fp8`: the head's matmuls in float8, the
     backward's in fast accumulation ("fast") or the exact one ("exact"); with "+bf16-grad-input"
     after either, the input's gradient in bf16 (--fp8-head-grad-input bf16), with "+bf16-forward"
-    the forward's logits (--fp8-head-forward bf16)."""
+    the forward's logits (--fp8-head-forward bf16), with "+bf16-backward" both backward matmuls
+    (--fp8-head-backward bf16)."""
     targets = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[:, 1:].reshape(-1)
     h = hidden.reshape(-1, hidden.shape[-1])
     if fp8 is None:
@@ -240,4 +256,6 @@ def head_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, 
         h = pad_rows(h)
         targets = torch.nn.functional.pad(targets, (0, pad), value=IGNORE)
     accum, *bf16 = fp8.split("+")
-    return _Fp8HeadLoss.apply(h, weight, targets, accum == "fast", "bf16-grad-input" in bf16, "bf16-forward" in bf16)
+    return _Fp8HeadLoss.apply(
+        h, weight, targets, accum == "fast", "bf16-grad-input" in bf16, "bf16-forward" in bf16, "bf16-backward" in bf16
+    )

@@ -135,6 +135,7 @@ class Trainer:
                 a.fp8_scaling,
                 head_grad_input=a.fp8_head_grad_input,
                 head_forward=a.fp8_head_forward,
+                head_backward=a.fp8_head_backward,
             )
             self._print(fp8_line)
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
@@ -156,6 +157,8 @@ class Trainer:
             head_fp8 += "+bf16-grad-input"
         if head_fp8 and a.fp8_head_forward == "bf16":
             head_fp8 += "+bf16-forward"
+        if head_fp8 and a.fp8_head_backward == "bf16":
+            head_fp8 += "+bf16-backward"
         self.lm_loss_why_not = modeling.use_head_loss(model, self.decisions.head_loss_why_not, head_fp8)
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         if residual_stream_bf16(a, self.strategy.value, model_type) and (a.residual_dtype == "bf16" or blocks):

@@ -320,6 +320,21 @@ def test_the_estimate_follows_the_strategy_and_the_micro_batch():
     assert gib("zero2", 8) - gib("zero2", 4) == pytest.approx(2 * (gib("zero2", 4) - gib("zero2", 2)))
 
 
+def test_the_fp8_heads_float8_copies_of_the_logits_gradient_are_counted_only_for_a_float8_backward():
+    """--fp8-head casts the logits' gradient to float8 twice (one byte a value each); with
+    --fp8-head-backward bf16 the backward is the bf16 head's and makes no copy."""
+    llama = ["--task", "causal-lm", "--preset", "llama-1b", "--block-size", "2048", "--compile", "--precision", "fp8"]
+    shape = memory.model_shape(parse_args(llama))
+    assert shape is not None
+
+    def logits_gib(*flags: str) -> float:
+        return memory.estimate_job(decide(parse_args([*llama, *flags]), world=1, cuda=True), shape, 1).terms["logits"]
+
+    copies = 2 * 16 * 2048 * shape.vocab / 2**30  # micro-batch 16, one byte a value, twice
+    assert logits_gib("--fp8-head") - logits_gib() == pytest.approx(copies)
+    assert logits_gib("--fp8-head", "--fp8-head-backward", "bf16") == logits_gib()
+
+
 def test_a_bf16_residual_stream_saves_two_fp32_hidden_states_per_block_and_token():
     """--residual-dtype bf16 under ddp: the two norms' inputs each block keeps drop from 4 bytes a
     value to 2 (4 d bytes per token and layer), as llama-1b measured on an H200 (4.0 GiB at

@@ -212,6 +212,19 @@ def test_fp8_keeps_the_edge_blocks_in_bf16_where_asked(narrow_llama):
             ["--precision", "fp8", "--strategy", "ddp", "--fp8-head-forward", "bf16"],
             "--fp8-head-forward applies to --fp8-head",
         ),
+        (["--fp8-head-backward", "bf16", "--precision", "bf16"], "--fp8-head-backward applies to --precision fp8"),
+        (
+            ["--precision", "fp8", "--strategy", "ddp", "--fp8-head-backward", "bf16"],
+            "--fp8-head-backward applies to --fp8-head",
+        ),
+        (
+            ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16", "--fp8-head-forward", "bf16"],
+            "leaves none of the LM head's matmuls in float8: drop --fp8-head and both",
+        ),
+        (
+            ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16", "--fp8-head-grad-input", "bf16"],
+            "already makes the head's input gradient bf16: drop --fp8-head-grad-input",
+        ),
     ],
 )
 def test_fp8_flags_without_fp8_are_refused(flags, message):
@@ -311,7 +324,7 @@ def test_submit_refuses_a_misplaced_head_grad_input_in_one_line_before_anything_
     assert exit_.value.code == 2 and capsys.readouterr().err.strip() == f"error: training arguments: {line}"
 
 
-@pytest.mark.parametrize("flag", ["--fp8-head-grad-input", "--fp8-head-forward"])
+@pytest.mark.parametrize("flag", ["--fp8-head-grad-input", "--fp8-head-forward", "--fp8-head-backward"])
 def test_submit_plans_a_job_with_the_heads_bf16_matmuls(flag, capsys, no_aws_config):
     from distrain_cloud.launcher import cli
 

@@ -198,8 +198,9 @@ def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains(narr
         ([], "tensorwise scaling"),
         (["--fp8-scaling", "delayed", "--compile"], "tensorwise delayed scaling"),
         (["--fp8-head-grad-input", "bf16", "--fp8-head-forward", "bf16"], "tensorwise scaling"),
+        (["--fp8-head-backward", "bf16"], "tensorwise scaling"),
     ],
-    ids=["dynamic", "delayed-compiled", "head-forward-and-grad-input-bf16"],
+    ids=["dynamic", "delayed-compiled", "head-forward-and-grad-input-bf16", "head-backward-bf16"],
 )
 def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp_path, flags, scaling):
     """What a user runs: --precision fp8 (--fp8-linear auto: native) through the entry point, on CPU
@@ -222,6 +223,7 @@ def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp
     assert run.returncode == 0, run.describe()
     head = ", its forward bf16" if "--fp8-head-forward" in flags else ""
     head += ", its input gradient bf16" if "--fp8-head-grad-input" in flags else ""
+    head += ", its backward bf16" if "--fp8-head-backward" in flags else ""
     assert run.lines("fp8=") == [
         f"fp8=on linear_layers=14 (float8 on torch._scaled_mm, {scaling}; the LM head in float8 inside the fast "
         f"loss{head})"

@@ -199,6 +199,26 @@ def test_the_fp8_heads_forward_in_bf16_gives_the_bf16_heads_loss_and_float8_grad
     assert torch.equal(both[2], fw[2])  # the weight's gradient: float8's, from the same bf16 logits
 
 
+def test_the_fp8_heads_backward_in_bf16_keeps_the_float8_loss_and_the_bf16_heads_matmuls():
+    """--fp8-head-backward bf16: the loss is the float8 head's to the bit (the same forward); the two
+    gradients are the bf16 head's matmuls on the logits' gradient that forward leaves, so they are
+    nearer the exact ones than the float8 backward's."""
+    hidden, weight, input_ids = fp8_inputs(seed=9)
+
+    def fp8_head(options: str):
+        return lambda h, w, ids: head_loss(h, w, ids, fp8=f"exact{options}")
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fp8 = loss_and_grads(fp8_head(""), hidden, weight, input_ids)
+        bw = loss_and_grads(fp8_head("+bf16-backward"), hidden, weight, input_ids)
+    want = loss_and_grads(lambda h, w, ids: reference_of(h, w, ids, FP8_VOCAB), hidden, weight, input_ids)
+    assert torch.equal(bw[0], fp8[0])
+    assert bw[1].dtype == bw[2].dtype == torch.float32 and bw[1].shape == hidden.shape
+    for got, float8, exact in zip(bw[1:], fp8[1:], want[1:], strict=True):
+        assert not torch.equal(got, float8)
+        assert 1 - cosine(got, exact) < (1 - cosine(float8, exact)) / 2
+
+
 def reference_of(hidden, weight, input_ids, vocab):
     logits = hidden @ weight.t()
     return F.cross_entropy(
@@ -217,7 +237,7 @@ def test_the_fp8_head_with_no_label_that_counts_gives_zero_not_nan():
 
 
 @pytest.mark.slow  # Inductor compiles a forward and a backward
-@pytest.mark.parametrize("fp8", ["exact", "exact+bf16-forward"])
+@pytest.mark.parametrize("fp8", ["exact", "exact+bf16-forward", "exact+bf16-backward"])
 def test_the_fp8_head_compiled_gives_the_eager_values(fp8):
     hidden, weight, input_ids = fp8_inputs(seed=6)
     torch._dynamo.reset()
