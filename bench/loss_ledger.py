@@ -38,6 +38,7 @@ RECIPE_FIELDS = (
     "fp8_head",
     "fp8_head_grad_input",
     "fp8_head_forward",
+    "fp8_head_backward",
     "fp8_scaling",
     "fp8_fast_accum",
     "fp8_bf16_edge_blocks",

@@ -50,6 +50,7 @@ S27 = "2026-11-29-h200x1-session27"
 S28 = "2026-11-29-h200x2-session28"
 S29 = "2026-11-29-h200x2-session29"
 S30 = "2026-11-29-h200x1-session30"
+S31 = "2026-11-30-h200x1-session31"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 LLAMA_C1 = "ours-llama-1b-ddp-compile-g1-b8-k1"
@@ -133,11 +134,21 @@ THROUGHPUT: tuple[Throughput, ...] = (
                runs=((f"{S27}-c1", f"{LLAMA_C16}-rt16"), (f"{S27}-c2", f"{LLAMA_C16}-prt16"),
                      (f"{S28}-c2", f"{LLAMA_C16}-b16"), (f"{S29}-c1", f"{LLAMA_C16}-b16"),
                      (f"{S29}-c3", f"{LLAMA_C16}-b16"), (f"{S30}-c3", f"{LLAMA_C16}-b16"))),
-    Throughput("H200", "llama-1b", True, (70311.1, 72425.1, 72656.7), batch_size=32, seq_len=2048,
-               residual_bf16=True, rope_tables=True,
+    Throughput("H200", "llama-1b", True, (70311.1, 72425.1, 72656.7, 71244.4, 71041.5), batch_size=32,
+               seq_len=2048, residual_bf16=True, rope_tables=True,
                runs=((f"{S27}-c2", "ours-llama-1b-ddp-compile-g1-b32-k1-rt32"),
                      (f"{S30}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
-                     (f"{S30}-c2", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"))),
+                     (f"{S30}-c2", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
+                     (f"{S31}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
+                     (f"{S31}-c3", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"))),
+    # the LM head's forward in float8, its backward bf16 (session 31)
+    Throughput("H200", "llama-1b", True, (92459.2, 92133.8), batch_size=32, seq_len=2048, precision="fp8",
+               fp8_head=True, fp8_head_backward="bf16", fp8_linear="native", residual_bf16=True, rope_tables=True,
+               runs=((f"{S31}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-natfb32"),
+                     (f"{S31}-c3", "ours-llama-1b-ddp-compile-g1-b32-k1-natfb32"))),
+    Throughput("H200", "llama-1b", True, (82796.1, 82782.5), batch_size=8, seq_len=2048, precision="fp8",
+               fp8_head=True, fp8_head_backward="bf16", fp8_linear="native", residual_bf16=True, rope_tables=True,
+               runs=((f"{S31}-c2", f"{LLAMA_C1}-natfb"), (f"{S31}-c2", f"{LLAMA_C1}-natfb-r2"))),
     Throughput("H200", "llama-1b", True, (91849.6,), batch_size=32, seq_len=2048, precision="fp8",
                fp8_linear="native", residual_bf16=True, rope_tables=True,
                runs=((f"{S30}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-nat32"),)),
