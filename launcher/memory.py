@@ -275,7 +275,8 @@ def estimate(
     stage = provisional_strategy(strategy).zero_stage
     offload = strategy.endswith("-offload")
     low = 2 if mixed else 4  # bytes of the model's own (or gathered) copy of a weight
-    in_graph = strategy == "fsdp" and compile_unit == "model"  # strategies.fsdp_in_graph
+    # strategies.fsdp_in_graph; FSDP2 with no units of blocks compiles the whole model too
+    in_graph = strategy == "fsdp" and compile_unit == "model" and fsdp_blocks_per_unit != 0
     engine = engine_of(provisional_strategy(strategy), in_graph)
     how = mode(engine, precision, compiled)
     notes: list[str] = []
@@ -295,9 +296,12 @@ def estimate(
         # backward, freed after (reshard_after_forward), one prefetched beside the one computing;
         # the embeddings, final norm and tied LM head for the whole step (Accelerate leaves them
         # gathered after the forward, whose end and the backward's start both use them).
+        # With no units of blocks (--fsdp-blocks-per-unit 0) the root unit gathers every weight for the
+        # whole step.
         from distrain_cloud.training.strategies import fsdp_blocks_per_unit as blocks_per_unit
 
-        unit = blocks_per_unit(fsdp_blocks_per_unit, L, shape.per_layer) * shape.per_layer
+        per_unit = blocks_per_unit(fsdp_blocks_per_unit, L, shape.per_layer) or L
+        unit = per_unit * shape.per_layer
         terms["buffers"] = low * (P - L * shape.per_layer + min(2 * unit, L * shape.per_layer))
     elif stage is None:
         # fp32 weights (autocast casts them op by op) and AdamW's two fp32 moments.
@@ -364,7 +368,10 @@ def estimate(
         loss = how
         if strategy == "fsdp" and compiled and eager_loss:
             loss = mode(engine, precision, compiled=False)
-        elif compiled and ((strategy == "fsdp" and not in_graph) or (compile_unit == "block" and stage != 3)):
+        elif compiled and (
+            (strategy == "fsdp" and not in_graph and compile_unit != "model")  # FSDP2's blocks
+            or (compile_unit == "block" and stage != 3)
+        ):
             # The loss is its own graph after the eager LM head, so the logits are its input, saved
             # for its backward; a backward may reuse the memory of saved intermediates but not of
             # inputs (AOTAutograd's donated buffers). At the backward's start they sit beside their

@@ -424,7 +424,8 @@ class TrainArgs:
         metadata=_flag(
             (
                 "fsdp: consecutive transformer blocks sharded, gathered and reduced as one unit (default: units "
-                "of about 100M parameters; 1 for the least memory)"
+                "of about 100M parameters; 1 for the least memory; 0 for none: the whole model one unit, "
+                "compiled whole)"
             ),
             metavar="N",
         ),
@@ -798,8 +799,12 @@ def validate(a: TrainArgs) -> None:
             )
     if a.fsdp_blocks_per_unit is not None and a.strategy != "fsdp":
         raise ArgumentError(f"--fsdp-blocks-per-unit applies to --strategy fsdp, not {a.strategy}")
-    if a.fsdp_blocks_per_unit is not None and a.fsdp_blocks_per_unit < 1:
-        raise ArgumentError(f"--fsdp-blocks-per-unit must be at least 1, got {a.fsdp_blocks_per_unit}")
+    if a.fsdp_blocks_per_unit is not None and a.fsdp_blocks_per_unit < 0:
+        raise ArgumentError(f"--fsdp-blocks-per-unit must be 0 or more, got {a.fsdp_blocks_per_unit}")
+    if a.fsdp_blocks_per_unit == 0 and a.compile_unit == "block":
+        raise ArgumentError(
+            "--fsdp-blocks-per-unit 0 makes the whole model one FSDP2 unit, compiled whole: drop --compile-unit block"
+        )
     if a.warmup_steps < 0:  # the schedule would start above the peak learning rate
         raise ArgumentError(f"--warmup-steps must be 0 (no warmup) or more, got {a.warmup_steps}")
     if a.generate_tokens < 0:

@@ -166,7 +166,9 @@ def decide(
         compiled=compiled,
         compile_why=compile_why,
         compile_length_known=length is not None,
-        compile_unit=strategies.compile_unit_for(strategy, resolved.compile_unit, in_graph),
+        compile_unit=strategies.compile_unit_for(
+            strategy, resolved.compile_unit, in_graph, resolved.fsdp_blocks_per_unit
+        ),
         head_loss_why_not=head_loss_why_not,
         ddp_bucket_mb=bucket_mb,
         ddp_slow_link=bucket_link,
@@ -222,8 +224,10 @@ def plan_configs(decisions: Decisions, world_size: int) -> dict[str, Any]:
     if d.strategy is Strategy.fsdp:
         if d.in_graph:
             return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({d.engine_why})"}
-        per_unit = (
-            args.fsdp_blocks_per_unit or f"auto (units of about {strategies.FSDP_UNIT_PARAMS // 10**6}M parameters)"
+        per_unit: int | str = (
+            args.fsdp_blocks_per_unit
+            or ("0 (none: the whole model one unit)" if args.fsdp_blocks_per_unit == 0 else "")
+            or f"auto (units of about {strategies.FSDP_UNIT_PARAMS // 10**6}M parameters)"
         )
         return {"fsdp_plugin": strategies.fsdp_plugin_settings(), "fsdp_blocks_per_unit": per_unit}
     return {}

@@ -120,19 +120,35 @@ def shard_local_adamw(groups: list[dict[str, Any]], lr: float) -> Any:
     return ShardLocalAdamW(groups, lr=lr, fused=True)
 
 
+def _upcast_for_mixed_precision(module: Any) -> None:
+    """FSDP2 keeps fp32 master weights under mixed precision (its policy casts them for compute);
+    Accelerate upcasts the parameters it shards, but not those of units made before it."""
+    for p in module.parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
+
+
+def shard_model_as_one_unit(model: Any, plugin: Any, *, mixed_precision: bool) -> None:
+    """fully_shard the whole model as its only FSDP2 unit (--fsdp-blocks-per-unit 0), with Accelerate's
+    settings for its root (its offload and mixed precision; resharding left to FSDP2, which keeps
+    the root's weights gathered from the forward through the backward). Accelerate then leaves it
+    as it is."""
+    if mixed_precision:
+        _upcast_for_mixed_precision(model)
+    fully_shard(
+        model, offload_policy=plugin.cpu_offload, mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy()
+    )
+
+
 def shard_block_units(blocks: list[Any], per_unit: int, plugin: Any, *, mixed_precision: bool) -> int:
     """fully_shard each run of `per_unit` consecutive transformer `blocks` as one FSDP2 unit, with
     the settings Accelerate gives the units it makes itself (its `plugin`: resharding, offload,
     mixed precision), before Accelerate shards the rest: it leaves modules that are already FSDP
     units alone, and still makes the embeddings, final norm and LM head one unit and the model
     the root. Returns the number of units."""
-    if mixed_precision:
-        # FSDP2 keeps fp32 master weights under mixed precision; Accelerate upcasts the parameters
-        # it shards, but only after these units are made, so these are upcast here the same way.
+    if mixed_precision:  # as Accelerate upcasts the rest, but after these units are made
         for block in blocks:
-            for p in block.parameters():
-                if p.requires_grad and p.dtype != torch.float32:
-                    p.data = p.data.float()
+            _upcast_for_mixed_precision(block)
     kwargs = {
         "reshard_after_forward": plugin.reshard_after_forward,
         "offload_policy": plugin.cpu_offload,

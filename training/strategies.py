@@ -210,7 +210,9 @@ FSDP_UNIT_PARAMS = 100_000_000
 def fsdp_blocks_per_unit(requested: int | None, n_blocks: int, block_params: int) -> int:
     """How many consecutive transformer blocks make one FSDP2 shard unit: `requested`
     (--fsdp-blocks-per-unit) when given, else units of about FSDP_UNIT_PARAMS parameters,
-    the blocks spread evenly over them."""
+    the blocks spread evenly over them. 0 (asked only): no units of blocks, the model is one unit."""
+    if requested == 0:
+        return 0
     if n_blocks < 1:
         return 1
     if requested:
@@ -443,11 +445,14 @@ def eval_compile_decision(*, evals: int, eval_samples: int, batch_size: int) -> 
 BLOCK_COMPILED = (Strategy.fsdp, Strategy.zero3, Strategy.zero3_offload)
 
 
-def compile_unit_for(strategy: Strategy, requested: str | None, in_graph: bool = False) -> str:
+def compile_unit_for(
+    strategy: Strategy, requested: str | None, in_graph: bool = False, fsdp_blocks_per_unit: int | None = None
+) -> str:
     """What one torch.compile covers: --compile-unit, else blocks where sharding hooks sit between
     them (BLOCK_COMPILED), else the whole model; and the whole model for fsdp sharded inside the
-    graph (`in_graph`, fsdp_in_graph)."""
-    if in_graph:
+    graph (`in_graph`, fsdp_in_graph) and for FSDP2 with no units of blocks (--fsdp-blocks-per-unit
+    0), whose one unit's hooks sit around the model's forward, not inside it."""
+    if in_graph or (strategy is Strategy.fsdp and fsdp_blocks_per_unit == 0):
         return "model"
     return requested or ("block" if strategy in BLOCK_COMPILED else "model")
 

@@ -8,7 +8,10 @@
 # backward bf16 (`--fp8-head --fp8-head-backward bf16`, new this session), the bf16 default, fp8's
 # default); `bash THIS 2 REGEX [DEADLINE] [RUNS]` (400-step loss runs on the non-repeated text,
 # micro-batch 8, sessions 19-30's protocol); `bash THIS 3 [DEADLINE]` (the Trainer with
-# torch_compile beside our defaults at micro-batch 16).
+# torch_compile beside our defaults at micro-batch 16, not run this session); `bash THIS 4 GPUS
+# [REGEX] [DEADLINE]` (written after the calls, for a 2- or 4-GPU machine: GPT-2 small, FSDP2 with
+# the model one unit compiled whole (--fsdp-blocks-per-unit 0, new) beside compiled DDP and FSDP2's
+# default, then a profile of the new one).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
@@ -37,6 +40,14 @@ case $call in
 3)  # ours (the defaults, compiled as the bench's llama suite runs them), then the Trainer, micro-batch 16
     python3 bench/run.py --suite llama --gpus 1 --llama-batch-size 16 --llama-steps 40 --llama-warmup 20 \
       --llama-log-every 10 --eval-samples 500 --deadline-min "${2:-9.3}" --out "$o/trainer" >"$o/trainer.log" 2>&1
+    ;;
+4)  # GPT-2 small on $2 GPUs, compiled, 30 timed steps after 10: DDP, FSDP2's default (its twelve
+    # blocks one unit, each block a graph), FSDP2 with the model one unit compiled whole, and its profile
+    python3 bench/run.py --suite zero --gpus "$2" --ours-extra=--compile --zero-strategies ddp,fsdp --steps 30 \
+      --warmup 10 --variant 'zero:fsdp0=--strategy fsdp --fsdp-blocks-per-unit 0' \
+      --variant 'zero:fsdp0p=--strategy fsdp --fsdp-blocks-per-unit 0 --profile-steps 30:35' \
+      --only "${3:-ddp-compile-g$2-b16-k1\$|fsdp-compile-g$2-b16-k1\$|fsdp0\$|fsdp0p\$}" \
+      --deadline-min "${4:-9.3}" --out "$o/multi" >"$o/multi.log" 2>&1
     ;;
 esac
 tar czf "$OUT/c$call.tgz" -C "$OUT" "c$call"

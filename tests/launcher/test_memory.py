@@ -320,6 +320,21 @@ def test_the_estimate_follows_the_strategy_and_the_micro_batch():
     assert gib("zero2", 8) - gib("zero2", 4) == pytest.approx(2 * (gib("zero2", 4) - gib("zero2", 2)))
 
 
+def test_fsdp2_with_the_model_one_unit_holds_every_gathered_weight_for_the_step():
+    """--fsdp-blocks-per-unit 0: FSDP2 (not the in-graph engine, though compiled whole) with the
+    root unit's 16-bit copy of every weight gathered through the step, where units of 4 blocks
+    hold two units' worth beside the embeddings."""
+    xl = ["--task", "causal-lm", "--preset", "gpt2-xl", "--strategy", "fsdp", "--compile", "--precision", "bf16"]
+    args = parse_args([*xl, "--fsdp-blocks-per-unit", "0"])
+    shape = memory.model_shape(args)
+    assert shape is not None
+    one_unit = memory.estimate_job(decide(args, world=4, cuda=True), shape, 4)
+    units = memory.estimate_job(decide(parse_args([*xl, "--fsdp-blocks-per-unit", "4"]), world=4, cuda=True), shape, 4)
+    assert one_unit.terms["buffers"] == pytest.approx(2 * shape.params / 2**30)
+    assert units.terms["buffers"] < one_unit.terms["buffers"]
+    assert one_unit.terms["weights"] == units.terms["weights"] == pytest.approx(4 * shape.params / 4 / 2**30)
+
+
 def test_the_fp8_heads_float8_copies_of_the_logits_gradient_are_counted_only_for_a_float8_backward():
     """--fp8-head casts the logits' gradient to float8 twice (one byte a value each); with
     --fp8-head-backward bf16 the backward is the bf16 head's and makes no copy."""

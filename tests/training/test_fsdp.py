@@ -96,6 +96,7 @@ def test_fsdp_plugin_is_accelerates_fsdp2_around_our_block_units():
         (None, 1, 7_087_872, 1),
         (3, 12, 7_087_872, 3),
         (50, 12, 7_087_872, 12),  # more than there are: all of them
+        (0, 12, 7_087_872, 0),  # none: the model is one unit
     ],
 )
 def test_blocks_per_unit_makes_units_of_about_100m_parameters(requested, n_blocks, block_params, expected):
@@ -106,12 +107,32 @@ def test_blocks_per_unit_makes_units_of_about_100m_parameters(requested, n_block
     ("flags", "message"),
     [
         (["--strategy", "ddp", "--fsdp-blocks-per-unit", "2"], "--fsdp-blocks-per-unit applies to --strategy fsdp"),
-        (["--strategy", "fsdp", "--fsdp-blocks-per-unit", "0"], "--fsdp-blocks-per-unit must be at least 1, got 0"),
+        (["--strategy", "fsdp", "--fsdp-blocks-per-unit", "-1"], "--fsdp-blocks-per-unit must be 0 or more, got -1"),
+        (
+            ["--strategy", "fsdp", "--fsdp-blocks-per-unit", "0", "--compile-unit", "block"],
+            "makes the whole model one FSDP2 unit, compiled whole: drop --compile-unit block",
+        ),
+        (
+            ["--strategy", "fsdp", "--fsdp-blocks-per-unit", "0", "--compile-unit", "model"],
+            "--fsdp-blocks-per-unit applies to fsdp's FSDP2 units",
+        ),
     ],
 )
-def test_blocks_per_unit_refuses_other_strategies_and_zero(flags, message):
+def test_blocks_per_unit_refuses_other_strategies_and_negatives(flags, message):
     with pytest.raises(ArgumentError, match=message):
         parse_args(flags)
+
+
+@pytest.mark.parametrize("max_steps", ["100", "50000"])
+def test_no_units_of_blocks_is_fsdp2_compiled_whole_however_long_the_run(max_steps):
+    """--fsdp-blocks-per-unit 0: FSDP2 (not the in-graph engine, which long compiled runs get by
+    default), with the whole model one compiled graph, and the plan says so."""
+    flags = ["--strategy", "fsdp", "--fsdp-blocks-per-unit", "0", "--compile", "--max-steps", max_steps]
+    decided = decide(parse_args(flags), world=2, cuda=True)
+    assert (decided.in_graph, decided.compile_unit) == (False, "model")
+    assert plan_configs(decided, 2)["fsdp_blocks_per_unit"] == "0 (none: the whole model one unit)"
+    default = decide(parse_args(flags[:2] + flags[4:]), world=2, cuda=True)
+    assert default.compile_unit == ("block" if max_steps == "100" else "model")
 
 
 def test_fsdp_launches_under_torchrun_even_with_one_process():
@@ -182,6 +203,23 @@ def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(
     assert fsdp.lines("fsdp_shard_unit=") == units, fsdp.describe()
     assert fsdp.lines("compile_unit=") == ["compile_unit=block blocks=2 loss=compiled"], fsdp.describe()
     assert_trains_like(ddp, fsdp, rel=1e-3, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_fsdp_with_the_model_one_unit_compiles_it_whole_and_trains_like_eager_ddp(
+    train, sharded_lm_baseline, no_dropout_config, aot_eager
+):
+    """--fsdp-blocks-per-unit 0 on 2 processes: no unit of blocks, the model's forward compiled as
+    one graph beneath the root unit's hooks, with eager DDP's losses, evaluation, sample and saved
+    weights, and no recompiling as the weights move between their shards and the gathered copy."""
+    flags = [*compared_lm_flags(no_dropout_config), "--strategy", "fsdp", "--fsdp-blocks-per-unit", "0", "--compile"]
+    fsdp = train(*flags, name="lm-fsdp-one-unit", processes=2, env=aot_eager)
+    assert fsdp.lines("fsdp_shard_unit=") == ["fsdp_shard_unit=model blocks=2 blocks_per_unit=0 units=1"]
+    assert fsdp.lines("compile_unit=") == ["compile_unit=model (inside FSDP2's one unit)"], fsdp.describe()
+    assert fsdp.lines("compiled_graphs=") == ["compiled_graphs=1"], fsdp.describe()
+    assert "recompile" not in (fsdp.stdout + fsdp.stderr).lower(), fsdp.describe()
+    assert_trains_like(sharded_lm_baseline, fsdp, rel=1e-3, atol=1e-4)
 
 
 def assert_trains_like(ddp, sharded, rel: float, atol: float):

@@ -1,17 +1,25 @@
 """fsdp by PyTorch's FSDP2: the trainer's units of consecutive transformer blocks, then
 Accelerate's unit of the rest, each gathered for its forward and backward and freed after;
-gradients and the fp32 weights and AdamW state stay sharded (checkpoints: one file per process)."""
+gradients and the fp32 weights and AdamW state stay sharded (checkpoints: one file per process).
+With --fsdp-blocks-per-unit 0 the whole model is one unit (the trainer's), its forward compiled whole."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from accelerate.state import PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from ..args import ArgumentError
 from ..modeling import count_parameters
-from ..sharded import clip_sharded_grads_, shard_block_units, shard_local_adamw, sharded_params
+from ..sharded import (
+    clip_sharded_grads_,
+    shard_block_units,
+    shard_local_adamw,
+    shard_model_as_one_unit,
+    sharded_params,
+)
 from ..strategies import fsdp_blocks_per_unit, fsdp_plugin_settings
 from .base import Engine, transformer_blocks
 
@@ -47,8 +55,16 @@ class FSDP2Engine(Engine):
 
     def shard(self, model: Any, accelerator: Any) -> None:
         """Shard the transformer blocks in units of several consecutive blocks
-        (strategies.fsdp_blocks_per_unit), before Accelerate shards the rest of the model."""
+        (strategies.fsdp_blocks_per_unit), before Accelerate shards the rest of the model; with
+        --fsdp-blocks-per-unit 0, the whole model as one unit."""
         blocks = transformer_blocks(model)
+        if self.args.fsdp_blocks_per_unit == 0:  # its hooks on the root alone, around the forward
+            # Made here: Accelerate's would carve the embeddings and the final norm and head into
+            # units of their own, whose hooks would break the compiled forward (compile below).
+            plugin, mixed = accelerator.state.fsdp_plugin, accelerator.mixed_precision != "no"
+            shard_model_as_one_unit(model, plugin, mixed_precision=mixed)
+            self.say(f"fsdp_shard_unit=model blocks={len(blocks)} blocks_per_unit=0 units=1")
+            return
         if not blocks:
             self.say("fsdp_shard_unit=model blocks=0")
             return
@@ -58,6 +74,21 @@ class FSDP2Engine(Engine):
         self.say(f"fsdp_shard_unit={name} blocks={len(blocks)} blocks_per_unit={per_unit} units={units}")
         if acc.device.type == "cuda":  # where the other engine is an option worth naming
             self.say(f"fsdp: FSDP2 ({self.decisions.engine_why})")
+
+    def compile(self, accelerator: Any, model: Any, backend: Any) -> tuple[Any, Any]:
+        """The model's forward compiled whole, beneath its one unit's hooks (--fsdp-blocks-per-unit 0).
+
+        FSDP2 runs a unit's hooks (gather its weights, and after the backward reduce-scatter its
+        gradients) eagerly, and every module of a unit carries them, so units of blocks split a
+        compiled model into a graph a block, each called from Python (12 for GPT-2 small, about
+        24 ms of a 58 ms step's host time on 2 H200s, bench/README.md, session 28). With the model
+        one unit, its hooks sit on the root, around `forward`: the forward and backward are each
+        one graph, as compiled DDP's, and the weights are gathered once a step, for the whole step,
+        and the gradients reduce-scattered once, after the backward."""
+        unwrapped = accelerator.unwrap_model(model)
+        unwrapped.forward = torch.compile(unwrapped.forward, backend=backend)
+        self.say("compile_unit=model (inside FSDP2's one unit)")
+        return model, None
 
     def optimizer(self, groups: list[dict[str, Any]], lr: float, accelerator: Any) -> Any:
         return shard_local_adamw(groups, lr=lr)
