@@ -13,6 +13,12 @@ run); the GPU machines say what they are worth there.
 
     python bench/host_overhead.py                         # ddp and fsdp, 2 processes (~1 min)
     python bench/host_overhead.py --strategies ddp,fsdp,zero3 --processes 2
+    python bench/host_overhead.py --compile --strategies ddp,fsdp,fsdp0   # Inductor's C++ (~4 min)
+
+`fsdp0` is fsdp with --fsdp-blocks-per-unit 0 (the model one FSDP2 unit, compiled whole). With
+--compile the steps run Inductor's CPU kernels, at this width a small part of the step: the host
+time of calling the compiled graphs (a graph a block under FSDP2's units, one for DDP and fsdp0)
+is what differs.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _benchlib as lib  # noqa: E402
 
 PHASES = ("forward", "backward", "clip", "optimizer")
+# --strategies names beyond the strategies themselves: (strategy, its extra flags)
+NAMED = {"fsdp0": ("fsdp", ("--fsdp-blocks-per-unit", "0"))}
 
 
 def model_config(path: Path) -> Path:
@@ -42,11 +50,12 @@ def model_config(path: Path) -> Path:
 
 def run(strategy: str, processes: int, config: Path, work: Path, port: int, a: argparse.Namespace) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRAIN_")}
+    name, (strategy, extra) = strategy, NAMED.get(strategy, (strategy, ()))
     env.update(
         {
-            "DISTRAIN_MODEL_DIR": str(work / strategy / "model"),
-            "DISTRAIN_OUTPUT_DIR": str(work / strategy / "output"),
-            "DISTRAIN_CHECKPOINT_DIR": str(work / strategy / "checkpoints"),
+            "DISTRAIN_MODEL_DIR": str(work / name / "model"),
+            "DISTRAIN_OUTPUT_DIR": str(work / name / "output"),
+            "DISTRAIN_CHECKPOINT_DIR": str(work / name / "checkpoints"),
             "DISTRAIN_MAIN_PORT": str(port),
             "HF_HUB_OFFLINE": "1",
             "WANDB_MODE": "disabled",
@@ -56,22 +65,24 @@ def run(strategy: str, processes: int, config: Path, work: Path, port: int, a: a
     flags = [
         *("--task", "causal-lm", "--model-config", str(config), "--block-size", "32", "--batch-size", "2"),
         *("--max-steps", str(a.steps), "--log-every", str(a.log_every), "--max-grad-norm", "1.0"),
-        *("--strategy", strategy, "--no-compile", "--profile-steps", a.profile_steps, "--report-to", "none"),
+        *("--strategy", strategy, *extra, "--compile" if a.compile else "--no-compile"),
+        *("--profile-steps", a.profile_steps, "--report-to", "none"),
         *("--generate-tokens", "0", "--max-eval-samples", "4", "--no-save-model"),
     ]
     cmd = [sys.executable, "-m", "distrain_cloud.training.node_launch", "--processes", str(processes), "--", *flags]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=lib.REPO, timeout=900)
     if out.returncode != 0:
-        sys.exit(f"{strategy} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    train = [r for r in lib.read_jsonl(work / strategy / "output" / "metrics.jsonl") if "step_time" in r]
+        sys.exit(f"{name} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    train = [r for r in lib.read_jsonl(work / name / "output" / "metrics.jsonl") if "step_time" in r]
     # The trainer's windows after the first (warm-up), without the profiled ones (as run.py does).
     windows, _ = lib.without_profiled(lib.windows_of(train)[1:], lib.profiled_steps(out.stdout))
     profile = next(line for line in out.stdout.splitlines() if line.startswith("profile_steps="))
     phases = lib.parse_kv(profile)
     step_ms = [1e3 * w[2]["step_time"] for w in windows]
     return {
-        "strategy": strategy,
+        "strategy": name,
         "processes": processes,
+        "compiled": a.compile,
         "step_ms": lib.median(step_ms),
         "step_ms_windows": step_ms,
         "host_ms": {k: float(phases[f"profile_host_{k}_ms"]) for k in PHASES if f"profile_host_{k}_ms" in phases},
@@ -83,6 +94,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--strategies", default="ddp,fsdp", help="comma list; the first is the baseline")
     p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--compile", action="store_true", help="compiled steps (Inductor), not eager ones")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--profile-steps", default="72:77", help="START:END, profiled (inside the last window)")
@@ -104,7 +116,8 @@ def main() -> None:
         step = f"{r['step_ms']:.1f} | {r['step_ms'] / base:.2f}x"
         lines.append(f"| {r['strategy']} | {step} | {host} | {r['final_train_loss']:.6g} |")
     table = "\n".join(lines)
-    print(f"{a.processes} CPU processes (gloo), eager, GPT-2 small's structure at width 64\n{table}")
+    how = "compiled (Inductor)" if a.compile else "eager"
+    print(f"{a.processes} CPU processes (gloo), {how}, GPT-2 small's structure at width 64\n{table}")
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "host_overhead.md").write_text(table + "\n")
     (a.out / "host_overhead.json").write_text(json.dumps({"processes": a.processes, "rows": rows}, indent=2))
