@@ -254,8 +254,10 @@ def test_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train):
     """kill -9 after step 5; the rerun resumes from the sharded checkpoint of step 4 (one
     torch.distributed.checkpoint file per process for the model and for the optimizer) and
     ends bit for bit where the uninterrupted run does. The first runs shard one block per unit,
-    the rerun the default (both blocks in one unit): checkpoints are keyed by parameter name, so
-    a lineage may change its units. Resuming with one process is refused."""
+    the rerun the default (both blocks in one unit), and a copy of the killed run resumes with the
+    whole model one unit (--fsdp-blocks-per-unit 0): checkpoints are keyed by parameter name and
+    FSDP2 shards each parameter alike whatever its unit, so a lineage may change its units.
+    Resuming with one process is refused."""
     per_block = [*RESUME_FLAGS, "--fsdp-blocks-per-unit", "1"]
     whole = train(*per_block, name="fsdp-whole", processes=2)
     assert whole.returncode == 0, whole.describe()
@@ -265,6 +267,7 @@ def test_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train):
     (ckpt,) = [p for p in killed.contract.complete_checkpoints() if p.name == "checkpoint-00000004"]
     for part in ("pytorch_model_fsdp_0", "optimizer_0"):
         assert sorted(p.name for p in (ckpt / part).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"], part
+    train.copy("fsdp-killed-one-unit", killed)
 
     alone = train(*RESUME_FLAGS, name="fsdp-killed")
     assert alone.returncode == 2, alone.describe()
@@ -274,6 +277,11 @@ def test_fsdp_killed_and_resumed_matches_the_uninterrupted_one(train):
     assert again.returncode == 0, again.describe()
     assert again.lines("fsdp_shard_unit=") == ["fsdp_shard_unit=GPT2Block blocks=2 blocks_per_unit=2 units=1"]
     assert_resumed_exactly(again, whole)
+
+    one = train(*RESUME_FLAGS, "--fsdp-blocks-per-unit", "0", name="fsdp-killed-one-unit", processes=2)
+    assert one.returncode == 0, one.describe()
+    assert one.lines("fsdp_shard_unit=") == ["fsdp_shard_unit=model blocks=2 blocks_per_unit=0 units=1"]
+    assert_resumed_exactly(one, whole)
 
 
 def assert_resumed_exactly(again, whole):
