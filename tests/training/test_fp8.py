@@ -311,6 +311,15 @@ def test_fp8_fast_accum_reaches_the_backward_matmuls_and_still_trains(narrow_lla
             ["--fp8-head", "--fp8-head-grad-input", "bf8"],
             "argument --fp8-head-grad-input: invalid choice: 'bf8' (choose from 'fp8', 'bf16')",
         ),
+        (
+            ["--fp8-head", "--fp8-head-backward", "bf16", "--fp8-head-forward", "bf16"],
+            "--fp8-head-forward bf16 with --fp8-head-backward bf16 leaves none of the LM head's matmuls in float8: "
+            "drop --fp8-head and both",
+        ),
+        (
+            ["--fp8-head", "--fp8-head-bacward", "bf16"],
+            "unrecognized arguments: --fp8-head-bacward bf16 (did you mean --fp8-head-backward?)",
+        ),
     ],
 )
 def test_submit_refuses_a_misplaced_head_grad_input_in_one_line_before_anything_is_sent(

@@ -165,6 +165,11 @@ def test_the_cli_shows_the_units_asked_for_and_refuses_them_for_another_strategy
     r = cli(*base, "--strategy", "fsdp", "--", "--fsdp-blocks-per-unit", "3", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["configs"]["fsdp_blocks_per_unit"] == 3
+    none = cli(*base, "--strategy", "fsdp", "--", "--fsdp-blocks-per-unit", "0", cwd=tmp_path)
+    assert none.returncode == 0, none.stderr
+    assert json.loads(none.stdout)["configs"]["fsdp_blocks_per_unit"] == "0 (none: the whole model one unit)"
+    negative = cli(*base, "--strategy", "fsdp", "--", "--fsdp-blocks-per-unit", "-1", cwd=tmp_path)
+    assert negative.returncode == 2 and "--fsdp-blocks-per-unit must be 0 or more, got -1" in negative.stderr
     wrong = cli(*base, "--strategy", "ddp", "--", "--fsdp-blocks-per-unit", "3", cwd=tmp_path)
     assert wrong.returncode == 2 and json.loads(wrong.stdout)["result"]["status"] == "NotSubmitted"
     assert "--fsdp-blocks-per-unit applies to --strategy fsdp, not ddp" in wrong.stderr
