@@ -207,6 +207,31 @@ def fsdp_plugin_settings() -> dict[str, Any]:
 FSDP_UNIT_PARAMS = 100_000_000
 
 
+# A compiled FSDP2 model this small is one unit, the whole model (--fsdp-blocks-per-unit 0), though
+# the flag was not given: its blocks would make one unit of about FSDP_UNIT_PARAMS anyway, and with
+# the embeddings and head in it too, the hooks sit on the root alone, around the forward, which
+# compiles as one graph each way. GPT-2 small on 2 H200s: 1.02-1.03x compiled DDP against 0.85-0.94x
+# for the twelve blocks one unit compiled block by block, at 7.64 GiB against 8.95 (DDP's 9.67),
+# its first step 23-25 s against 10-11 (bench/README.md, session 32). Larger models keep units of
+# blocks: the one unit gathers every 16-bit weight at once, for the whole step.
+FSDP_ONE_UNIT_MAX_PARAMS = 150_000_000
+
+
+def fsdp_one_unit(args, *, compiled: bool, params: int | None) -> str | None:
+    """Why FSDP2 shards the whole model as one unit where --fsdp-blocks-per-unit was not given,
+    or None where it keeps its units of blocks: a compiled run (the one graph is what it buys) of
+    a model of at most FSDP_ONE_UNIT_MAX_PARAMS parameters, with no --compile-unit (block asks for
+    FSDP2's graphs a block). Only with the model's size known: the trainer's second decision."""
+    if args.fsdp_blocks_per_unit is not None or args.compile_unit is not None or not compiled or params is None:
+        return None
+    if params > FSDP_ONE_UNIT_MAX_PARAMS:
+        return None
+    return (
+        f"auto: the whole model one unit, compiled whole, for a compiled model of at most "
+        f"{count_words(FSDP_ONE_UNIT_MAX_PARAMS)} parameters (this one: {count_words(params)})"
+    )
+
+
 def fsdp_blocks_per_unit(requested: int | None, n_blocks: int, block_params: int) -> int:
     """How many consecutive transformer blocks make one FSDP2 shard unit: `requested`
     (--fsdp-blocks-per-unit) when given, else units of about FSDP_UNIT_PARAMS parameters,

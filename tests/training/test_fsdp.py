@@ -135,6 +135,38 @@ def test_no_units_of_blocks_is_fsdp2_compiled_whole_however_long_the_run(max_ste
     assert default.compile_unit == ("block" if max_steps == "100" else "model")
 
 
+@pytest.mark.parametrize(
+    ("params", "flags", "per_unit", "compile_unit"),
+    [
+        (124_439_808, [], 0, "model"),  # GPT-2 small: the whole model one unit, compiled whole
+        (150_000_000, [], 0, "model"),
+        (150_000_001, [], None, "block"),  # larger: units of about 100M parameters, a graph a block
+        (None, [], None, "block"),  # the trainer's first decision, before the model is loaded
+        (124_439_808, ["--fsdp-blocks-per-unit", "2"], 2, "block"),  # asked for
+        (124_439_808, ["--compile-unit", "block"], None, "block"),  # FSDP2's graphs a block, asked for
+    ],
+)
+def test_a_small_compiled_model_is_one_fsdp2_unit_by_default(params, flags, per_unit, compile_unit):
+    args = parse_args(["--strategy", "fsdp", "--compile", "--max-steps", "100", *flags])
+    decided = decide(args, world=2, cuda=True, params=params)
+    layout = (decided.in_graph, decided.args.fsdp_blocks_per_unit, decided.compile_unit)
+    assert layout == (False, per_unit, compile_unit)
+    assert (decided.fsdp_units_why is not None) == (per_unit == 0 and not flags)
+    shown = plan_configs(decided, 2)["fsdp_blocks_per_unit"]
+    if per_unit == 0:
+        assert shown.startswith("0 (auto: the whole model one unit, compiled whole, for a compiled model of at most")
+    elif params is None:
+        assert "compiled, a model of at most 150M is one unit, the job decides once it knows the model's size" in shown
+
+
+@pytest.mark.parametrize("flags", [["--no-compile"], ["--compile", "--max-steps", "50000"]])
+def test_eager_fsdp2_and_the_in_graph_engine_keep_their_layouts(flags):
+    """Eager, the one unit buys no graph, and long compiled runs on GPUs shard inside the graph."""
+    decided = decide(parse_args(["--strategy", "fsdp", *flags]), world=2, cuda=True, params=124_439_808)
+    assert decided.args.fsdp_blocks_per_unit is None and decided.fsdp_units_why is None
+    assert decided.in_graph == ("50000" in flags)
+
+
 def test_fsdp_launches_under_torchrun_even_with_one_process():
     # Like DeepSpeed: FSDP needs a process group, which accelerate's plain one-process launch lacks.
     one = accelerate_config(Strategy.fsdp, ClusterShape(use_cpu=True), precision="no")
@@ -144,8 +176,12 @@ def test_fsdp_launches_under_torchrun_even_with_one_process():
 
 def test_plans_show_the_plugin_the_training_process_builds(cli, tmp_path):
     args = parse_args(["--strategy", "fsdp"])
-    auto = "auto (units of about 100M parameters)"
-    expected = {"fsdp_plugin": fsdp_plugin_settings(), "fsdp_blocks_per_unit": auto}
+    auto = "auto (units of about 100M parameters)"  # eager, as on CPU
+    on_gpus = (  # compiled, the model's size not known to a plan: the job decides
+        "auto (units of about 100M parameters; compiled, a model of at most 150M is one unit, the job decides "
+        "once it knows the model's size)"
+    )
+    expected = {"fsdp_plugin": fsdp_plugin_settings(), "fsdp_blocks_per_unit": on_gpus}
     assert plan_configs(decide(args, world=2, cuda=True), 2) == expected
     two = parse_args(["--strategy", "fsdp", "--fsdp-blocks-per-unit", "2"])
     assert plan_configs(decide(two, world=2, cuda=True), 2)["fsdp_blocks_per_unit"] == 2
@@ -200,11 +236,12 @@ def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(
     end) under eager DDP (the baseline test_graph_fsdp.py's engine is compared with too) and under
     compiled FSDP (each block compiled, as the default does on GPUs) on 2 processes: the same losses
     and evaluation within rounding, and a full model saved from the shards. (The resume test below
-    runs FSDP eagerly.)"""
+    runs FSDP eagerly.) A model this small is one unit of its own by default (the next test): its
+    two blocks are made one unit here, as models above 150M parameters get units of blocks."""
     ddp = sharded_lm_baseline
-    flags = [*compared_lm_flags(no_dropout_config), "--strategy", "fsdp", "--compile"]
+    flags = [*compared_lm_flags(no_dropout_config), "--strategy", "fsdp", "--fsdp-blocks-per-unit", "2", "--compile"]
     fsdp = train(*flags, name="lm-fsdp", processes=2, env=aot_eager)
-    units = ["fsdp_shard_unit=GPT2Block blocks=2 blocks_per_unit=2 units=1"]  # the default: one unit
+    units = ["fsdp_shard_unit=GPT2Block blocks=2 blocks_per_unit=2 units=1"]
     assert fsdp.lines("fsdp_shard_unit=") == units, fsdp.describe()
     assert fsdp.lines("compile_unit=") == ["compile_unit=block blocks=2 loss=compiled"], fsdp.describe()
     assert_trains_like(ddp, fsdp, rel=1e-3, atol=1e-4)
@@ -215,12 +252,15 @@ def test_fsdp_trains_like_eager_ddp_and_saves_a_loadable_model(
 def test_fsdp_with_the_model_one_unit_compiles_it_whole_and_trains_like_eager_ddp(
     train, sharded_lm_baseline, no_dropout_config, aot_eager
 ):
-    """--fsdp-blocks-per-unit 0 on 2 processes: no unit of blocks, the model's forward compiled as
-    one graph beneath the root unit's hooks, with eager DDP's losses, evaluation, sample and saved
-    weights, and no recompiling as the weights move between their shards and the gathered copy."""
-    flags = [*compared_lm_flags(no_dropout_config), "--strategy", "fsdp", "--fsdp-blocks-per-unit", "0", "--compile"]
+    """FSDP2 compiled on 2 processes, the model small (as --fsdp-blocks-per-unit 0 asks of any):
+    no unit of blocks, the model's forward compiled as one graph beneath the root unit's hooks,
+    with eager DDP's losses, evaluation, sample and saved weights, and no recompiling as the weights
+    move between their shards and the gathered copy. The default, so run as a user runs it: no flag."""
+    flags = [*compared_lm_flags(no_dropout_config), "--strategy", "fsdp", "--compile"]
     fsdp = train(*flags, name="lm-fsdp-one-unit", processes=2, env=aot_eager)
     assert fsdp.lines("fsdp_shard_unit=") == ["fsdp_shard_unit=model blocks=2 blocks_per_unit=0 units=1"]
+    (why,) = fsdp.lines("fsdp: FSDP2 (auto: the whole model one unit")
+    assert "for a compiled model of at most 150M parameters (this one: " in why, why
     assert fsdp.lines("compile_unit=") == ["compile_unit=model (inside FSDP2's one unit)"], fsdp.describe()
     assert fsdp.lines("compiled_graphs=") == ["compiled_graphs=1"], fsdp.describe()
     assert "recompile" not in (fsdp.stdout + fsdp.stderr).lower(), fsdp.describe()
