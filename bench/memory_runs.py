@@ -69,7 +69,7 @@ class Config:
         parts += [p for p, on in (("compiled", self.compiled), ("kv-cache", self.kv_cache)) if on]
         parts += ["logits-out"] if self.logits_output else []
         parts += ["eager-loss"] if self.eager_loss else []
-        parts += [f"unit{self.fsdp_blocks_per_unit}"] if self.fsdp_blocks_per_unit else []
+        parts += [f"unit{self.fsdp_blocks_per_unit}"] if self.fsdp_blocks_per_unit is not None else []
         parts += [f"{self.compile_unit}-compiled"] if self.compile_unit else []
         parts += ["compiled-autograd"] if self.compiled_autograd else []
         parts += ["head-loss"] if self.head_loss else []
@@ -157,6 +157,8 @@ S24 = "2026-11-29-h200x1-session24"
 S28 = "2026-11-29-h200x2-session28"
 S29 = "2026-11-29-h200x2-session29"
 HELD_OUT_S22 = "measured in session 22, after the last refit"
+S32 = "2026-11-30-h200x2-session32"
+HELD_OUT_S32 = "measured in session 32, after the last refit"
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
 CLS, HF_CLS = "ours-cls-gpt2-small-g1-b32", "hf-cls-gpt2-small-g1-b32"
@@ -718,4 +720,22 @@ CONFIGS: tuple[Config, ...] = (
         (f"{S28}-c1", "ours-gpt2-small-fsdp-compile-g2-b16-k1-ingraph", 7.4224, 19.62))),
     Config("gpt2-small", 1, "ddp", compiled=True, kv_cache=False, logits_output=False, runs=_runs("H200",
         (f"{S28}-c1", OURS_C1, 8.6963, 13.19))),
+    # session 32 (2xH200, one host): sessions 28-29's DDP and FSDP2 again, and FSDP2 with the model
+    # one unit (--fsdp-blocks-per-unit 0, the default for such a model since), profiled once; held
+    # out: they test the estimate
+    Config("gpt2-small", 2, "ddp", compiled=True, kv_cache=False, logits_output=False, held_out=HELD_OUT_S32,
+           runs=_runs("H200",
+        (f"{S32}-d1-multi", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.6736, 20.63),
+        (f"{S32}-d4-multi", "ours-gpt2-small-ddp-compile-g2-b16-k1", 9.6736, 20.63))),
+    Config("gpt2-small", 2, "fsdp", compiled=True, kv_cache=False, logits_output=False, held_out=HELD_OUT_S32,
+           runs=_runs("H200",
+        (f"{S32}-d1-multi", "ours-gpt2-small-fsdp-compile-g2-b16-k1", 8.9458, 21.59),
+        (f"{S32}-d4-multi", "ours-gpt2-small-fsdp-compile-g2-b16-k1", 8.9458, 21.12))),
+    Config("gpt2-small", 2, "fsdp", compiled=True, kv_cache=False, logits_output=False, fsdp_blocks_per_unit=0,
+           compile_unit="model", held_out=HELD_OUT_S32, runs=_runs("H200",
+        (f"{S32}-d1-multi", "ours-gpt2-small-fsdp-compile-g2-b16-k1-fsdp0", 7.6430, 19.92),
+        (f"{S32}-d4-multi", "ours-gpt2-small-fsdp-compile-g2-b16-k1-fsdp0", 7.6430, 19.92))),
+    Config("gpt2-small", 2, "fsdp", compiled=True, kv_cache=False, logits_output=False, fsdp_blocks_per_unit=0,
+           compile_unit="model", flags="profile-steps 30:35", held_out=HELD_OUT_S32, runs=_runs("H200",
+        (f"{S32}-d1-multi", "ours-gpt2-small-fsdp-compile-g2-b16-k1-fsdp0p", 7.6423, 19.87))),
 )  # fmt: skip

@@ -734,9 +734,9 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
 
 def _same_precision(args: TrainArgs, t: Throughput) -> bool:
     """Whether a job of `args` multiplies as measured run `t` did: bf16 (or any 16 bits) both, or
-    fp8 both, with the default recipe and the LM head as `t` ran it (its forward and backward too;
-    whose float8 layers ran it, torchao's or the native ones, changes no number:
-    measured_tokens_per_sec prefers the same)."""
+    fp8 both, with the default recipe and the LM head as `t` ran it (its forward and backward too),
+    the backward's fast accumulation as `t`'s (whose float8 layers ran it, torchao's or the native
+    ones, changes no number: measured_tokens_per_sec prefers the same)."""
     from distrain_cloud.training.args import fp8_flags_given
 
     if (args.precision == "fp8") != (t.precision == "fp8"):
@@ -745,7 +745,9 @@ def _same_precision(args: TrainArgs, t: Throughput) -> bool:
         args.fp8_head == t.fp8_head
         and args.fp8_head_forward == t.fp8_head_forward
         and args.fp8_head_backward == t.fp8_head_backward
-        and set(fp8_flags_given(args)) <= {"--fp8-head", "--fp8-head-forward", "--fp8-head-backward", "--fp8-linear"}
+        and args.fp8_fast_accum == t.fp8_fast_accum
+        and set(fp8_flags_given(args))
+        <= {"--fp8-head", "--fp8-head-forward", "--fp8-head-backward", "--fp8-fast-accum", "--fp8-linear"}
     )
 
 

@@ -51,6 +51,7 @@ S28 = "2026-11-29-h200x2-session28"
 S29 = "2026-11-29-h200x2-session29"
 S30 = "2026-11-29-h200x1-session30"
 S31 = "2026-11-30-h200x1-session31"
+S32 = "2026-11-30-h200x2-session32"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 LLAMA_C1 = "ours-llama-1b-ddp-compile-g1-b8-k1"
@@ -76,6 +77,7 @@ class Throughput:
     fp8_head: bool = False  # --fp8-head: the LM head in float8 too
     fp8_head_forward: str = "fp8"  # --fp8-head-forward: bf16 keeps the float8 head's logits in bf16
     fp8_head_backward: str = "fp8"  # --fp8-head-backward: bf16 keeps the float8 head's backward in bf16
+    fp8_fast_accum: str = "none"  # --fp8-fast-accum: the backward's matmuls that accumulate fast too
     fp8_linear: str = "torchao"  # --fp8-linear: whose float8 linear layers
     residual_bf16: bool = False  # the residual stream cast to bf16 (--residual-dtype; auto's pick since session 25)
     fused: bool = False  # --fuse-projections
@@ -134,13 +136,35 @@ THROUGHPUT: tuple[Throughput, ...] = (
                runs=((f"{S27}-c1", f"{LLAMA_C16}-rt16"), (f"{S27}-c2", f"{LLAMA_C16}-prt16"),
                      (f"{S28}-c2", f"{LLAMA_C16}-b16"), (f"{S29}-c1", f"{LLAMA_C16}-b16"),
                      (f"{S29}-c3", f"{LLAMA_C16}-b16"), (f"{S30}-c3", f"{LLAMA_C16}-b16"))),
-    Throughput("H200", "llama-1b", True, (70311.1, 72425.1, 72656.7, 71244.4, 71041.5), batch_size=32,
+    Throughput("H200", "llama-1b", True,
+               (70311.1, 72425.1, 72656.7, 71244.4, 71041.5, 71893.2, 72626.3, 72018.2, 72869.9), batch_size=32,
                seq_len=2048, residual_bf16=True, rope_tables=True,
                runs=((f"{S27}-c2", "ours-llama-1b-ddp-compile-g1-b32-k1-rt32"),
                      (f"{S30}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
                      (f"{S30}-c2", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
                      (f"{S31}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
-                     (f"{S31}-c3", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"))),
+                     (f"{S31}-c3", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
+                     (f"{S32}-d2-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
+                     (f"{S32}-d2-gpu1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
+                     (f"{S32}-d4-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
+                     (f"{S32}-d4-gpu1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32")),
+               note="five runs alone, four (session 32) beside another 1-GPU run on the host's other GPU"),
+    # the forward head with fast input-gradient accumulation (session 32: 1.302-1.309x bf16 on 2 H200s,
+    # each run beside another on the host's other GPU)
+    Throughput("H200", "llama-1b", True, (93587.7, 95083.9, 93839.4, 95283.4), batch_size=32, seq_len=2048,
+               precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
+               fp8_linear="native", residual_bf16=True, rope_tables=True,
+               runs=((f"{S32}-d2-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1-natfbg32"),
+                     (f"{S32}-d2-gpu1", "ours-llama-1b-ddp-compile-g1-b32-k1-natfbg32"),
+                     (f"{S32}-d4-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1-natfbg32"),
+                     (f"{S32}-d4-gpu1", "ours-llama-1b-ddp-compile-g1-b32-k1-natfbg32")),
+               note="beside another 1-GPU run on the host's other GPU"),
+    Throughput("H200", "llama-1b", True, (84992.7, 84914.9, 85900.3, 86068.0), batch_size=8, seq_len=2048,
+               precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
+               fp8_linear="native", residual_bf16=True, rope_tables=True,
+               runs=((f"{S32}-d3-gpu0", f"{LLAMA_C1}-natfbg"), (f"{S32}-d3-gpu0", f"{LLAMA_C1}-natfbg-r2"),
+                     (f"{S32}-d3-gpu1", f"{LLAMA_C1}-natfbg"), (f"{S32}-d3-gpu1", f"{LLAMA_C1}-natfbg-r2")),
+               note="beside another 1-GPU run on the host's other GPU"),
     # the LM head's forward in float8, its backward bf16 (session 31)
     Throughput("H200", "llama-1b", True, (92459.2, 92133.8), batch_size=32, seq_len=2048, precision="fp8",
                fp8_head=True, fp8_head_backward="bf16", fp8_linear="native", residual_bf16=True, rope_tables=True,

@@ -63,6 +63,9 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
     assert rate("H200") == pytest.approx(66921, rel=0.03)
 
 
+FORWARD_HEAD = ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16"]
+
+
 @pytest.mark.parametrize(
     "flags, rate",
     [
@@ -71,7 +74,7 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
         ([], 71021),  # bf16: the micro-batch-16 runs with the tables (sessions 27-30)
         (["--rope-tables"], 71021),
         (["--batch-size", "8"], 67296),
-        (["--batch-size", "32"], 71536),  # sessions 27, 30 and 31
+        (["--batch-size", "32"], 71898),  # sessions 27, 30, 31 and 32
         (["--precision", "fp8"], 88208),
         (["--precision", "fp8", "--batch-size", "32"], 91850),  # session 30
         (["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16"], 92939),  # session 28
@@ -80,6 +83,12 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
         (["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16"], None),  # not the float8 head's figure
         (["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16", "--batch-size", "32"], 92296),  # s. 31
         (["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16", "--batch-size", "8"], 82789),
+        # with fast input-gradient accumulation (session 32), and not priced by the runs without it
+        ([*FORWARD_HEAD, "--fp8-fast-accum", "grad-input", "--batch-size", "32"], 94449),
+        ([*FORWARD_HEAD, "--fp8-fast-accum", "grad-input", "--batch-size", "8"], 85469),
+        ([*FORWARD_HEAD, "--fp8-fast-accum", "grad-input"], None),  # never measured at 16
+        ([*FORWARD_HEAD, "--fp8-fast-accum", "all", "--batch-size", "32"], None),
+        (["--precision", "fp8", "--fp8-fast-accum", "grad-input", "--batch-size", "32"], None),  # no head
         (["--precision", "fp8", "--batch-size", "8"], None),  # never measured with the tables
         (["--fuse-projections"], None),
         *[
