@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
+import signal
+import subprocess
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -368,3 +371,23 @@ def without_profiled(windows: list, profiled: tuple[int, int] | None) -> tuple[l
     if not clean or len(clean) == len(windows):
         return windows, []
     return clean, [w for w in windows if w not in clean]
+
+
+def stop_process_tree(p: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM the run `p` started with start_new_session=True (its process group: ours saves and
+    exits), then SIGKILL whatever of its process tree still runs `grace_s` later. The tree, not the
+    group: torchrun's workers lead sessions of their own, and a timed-out run's rank outlived the
+    group's kill for 14 minutes, holding 8.8 GiB of a GPU."""
+    if p.poll() is not None:
+        return
+    from distrain_cloud.training.stopping import ProcessTree  # lazily: this module stays torch-free
+
+    tree = ProcessTree(p.pid)
+    tree.refresh()  # while every process still hangs below the run
+    try:  # the child leads its own session: signal exactly that group
+        os.killpg(p.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    if not tree.wait_gone(grace_s):
+        tree.kill()
+    p.wait(timeout=20)

@@ -48,6 +48,21 @@ def model_config(path: Path) -> Path:
     return path
 
 
+def run_to_end(cmd: list[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
+    """Run `cmd` (node_launch and its training processes) to its end, its output captured; past
+    `timeout_s`, or when this script is interrupted, its whole process tree is stopped
+    (_benchlib.stop_process_tree), not only the launcher, whose ranks would go on spinning."""
+    p = subprocess.Popen(
+        cmd, env=env, cwd=lib.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = p.communicate(timeout=timeout_s)
+    except BaseException:  # the timeout, or Ctrl-C
+        lib.stop_process_tree(p, grace_s=10.0)
+        raise
+    return subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr)
+
+
 def run(strategy: str, processes: int, config: Path, work: Path, port: int, a: argparse.Namespace) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRAIN_")}
     name, (strategy, extra) = strategy, NAMED.get(strategy, (strategy, ()))
@@ -70,7 +85,7 @@ def run(strategy: str, processes: int, config: Path, work: Path, port: int, a: a
         *("--generate-tokens", "0", "--max-eval-samples", "4", "--no-save-model"),
     ]
     cmd = [sys.executable, "-m", "distrain_cloud.training.node_launch", "--processes", str(processes), "--", *flags]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=lib.REPO, timeout=900)
+    out = run_to_end(cmd, env, timeout_s=900)
     if out.returncode != 0:
         sys.exit(f"{name} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     train = [r for r in lib.read_jsonl(work / name / "output" / "metrics.jsonl") if "step_time" in r]

@@ -948,20 +948,8 @@ class Runner:
         process tree still runs `stop_grace_s` later. The tree, not the group: torchrun's workers
         lead sessions of their own, and a timed-out run's rank outlived the group's kill for 14
         minutes, holding 8.8 GiB of a GPU."""
-        p = self.current
-        if p is None or p.poll() is not None:
-            return
-        from distrain_cloud.training.stopping import ProcessTree  # through the shim, as contract_env
-
-        tree = ProcessTree(p.pid)
-        tree.refresh()  # while every process still hangs below the run
-        try:  # the child leads its own session: signal exactly that group
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        if not tree.wait_gone(self.stop_grace_s):
-            tree.kill()
-        p.wait(timeout=20)
+        if self.current is not None:  # the package through the shim, as contract_env
+            lib.stop_process_tree(self.current, self.stop_grace_s)
 
 
 def keep_tracebacks(output: Path, log: Path) -> list[Path]:

@@ -567,3 +567,29 @@ def test_the_source_sha_names_the_python_a_run_executes(tmp_path):
 def test_a_run_needs_torchao_only_for_torchaos_float8_layers(flags, torchao):
     needs = _bench().packages_needed(["python", "-m", "x", "--strategy", "ddp", *flags], "ddp")
     assert ("torchao" in needs) == torchao and "deepspeed" not in needs
+
+
+@pytest.mark.slow  # a 2 s timeout and a 10 s grace the deaf worker uses up
+def test_host_overheads_timeout_ends_its_whole_process_tree_too(tmp_path):
+    """bench/host_overhead.py's runs go through the same stop: its timeout once ended node_launch
+    alone, and the training processes below it went on."""
+    import importlib.util
+    import time
+
+    spec = importlib.util.spec_from_file_location("host_overhead", REPO / "bench" / "host_overhead.py")
+    assert spec is not None and spec.loader is not None
+    host_overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_overhead)
+    pid_file = tmp_path / "worker.pid"
+    started = time.monotonic()
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            host_overhead.run_to_end([sys.executable, "-c", STUCK_RUN, str(pid_file)], dict(os.environ), timeout_s=2)
+        worker = int(pid_file.read_text())
+        time.sleep(0.2)
+        alive = Path(f"/proc/{worker}").exists() and " Z " not in Path(f"/proc/{worker}/stat").read_text()
+    finally:
+        if pid_file.is_file():
+            subprocess.run(["kill", "-9", pid_file.read_text()], capture_output=True, check=False)
+    assert not alive, "the run's worker outlived its timeout"
+    assert time.monotonic() - started < 20
