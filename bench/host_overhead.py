@@ -13,9 +13,11 @@ run); the GPU machines say what they are worth there.
 
     python bench/host_overhead.py                         # ddp and fsdp, 2 processes (~1 min)
     python bench/host_overhead.py --strategies ddp,fsdp,zero3 --processes 2
-    python bench/host_overhead.py --compile --strategies ddp,fsdp,fsdp0   # Inductor's C++ (~4 min)
+    python bench/host_overhead.py --compile --strategies ddp,fsdp12,fsdp0   # Inductor's C++ (~4 min)
 
-`fsdp0` is fsdp with --fsdp-blocks-per-unit 0 (the model one FSDP2 unit, compiled whole). With
+`fsdp0` is fsdp with --fsdp-blocks-per-unit 0 (the model one FSDP2 unit, compiled whole), `fsdp12`
+with --fsdp-blocks-per-unit 12 (the twelve blocks one unit, a graph a block); plain `fsdp` is the
+default, which for this small model is `fsdp12` eager and `fsdp0` compiled (session 32). With
 --compile the steps run Inductor's CPU kernels, at this width a small part of the step: the host
 time of calling the compiled graphs (a graph a block under FSDP2's units, one for DDP and fsdp0)
 is what differs.
@@ -36,7 +38,7 @@ import _benchlib as lib  # noqa: E402
 
 PHASES = ("forward", "backward", "clip", "optimizer")
 # --strategies names beyond the strategies themselves: (strategy, its extra flags)
-NAMED = {"fsdp0": ("fsdp", ("--fsdp-blocks-per-unit", "0"))}
+NAMED = {"fsdp0": ("fsdp", ("--fsdp-blocks-per-unit", "0")), "fsdp12": ("fsdp", ("--fsdp-blocks-per-unit", "12"))}
 
 
 def model_config(path: Path) -> Path:

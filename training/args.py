@@ -418,14 +418,15 @@ class TrainArgs:
             "layer by layer"
         ),
     )
-    # None: units of ~100M parameters (strategies.fsdp_blocks_per_unit)
+    # None: the whole model one unit for a small compiled model (strategies.fsdp_one_unit), else
+    # units of ~100M parameters (strategies.fsdp_blocks_per_unit)
     fsdp_blocks_per_unit: int | None = field(
         default=None,
         metadata=_flag(
             (
-                "fsdp: consecutive transformer blocks sharded, gathered and reduced as one unit (default: units "
-                "of about 100M parameters; 1 for the least memory; 0 for none: the whole model one unit, "
-                "compiled whole)"
+                "fsdp: consecutive transformer blocks sharded, gathered and reduced as one unit (default: 0 for "
+                "a compiled model of at most 150M parameters, else units of about 100M parameters; 1 for the "
+                "least memory; 0 for none: the whole model one unit, compiled whole)"
             ),
             metavar="N",
         ),
