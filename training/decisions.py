@@ -41,7 +41,9 @@ class Decisions:
     head_loss_why_not: str | None  # None: the flags allow losses.head_loss (the model may still not)
     ddp_bucket_mb: int
     ddp_slow_link: str | None  # the slow link that made the buckets small, if it did
-    fsdp_units_why: str | None = None  # why FSDP2 made the whole model one unit unasked (args say 0)
+    # why FSDP2's units are what they are, where the model's size decided it unasked (strategies.
+    # fsdp_one_unit); args say 0 where it made the whole model one unit
+    fsdp_units_why: str | None = None
 
     @property
     def zero_stage(self) -> int | None:
@@ -151,11 +153,11 @@ def decide(
         max_steps=COMPILE_MIN_STEPS if resolved.max_steps is None else resolved.max_steps,
     )
     bucket_mb, bucket_link = strategies.ddp_buckets_for(resolved, sized_for, slow_link)
-    units_why = None
+    one_unit, units_why = False, None
     if strategy is Strategy.fsdp and not in_graph:
-        units_why = strategies.fsdp_one_unit(resolved, compiled=compiled, params=params)
-        if units_why:
-            resolved = replace(resolved, fsdp_blocks_per_unit=0)
+        one_unit, units_why = strategies.fsdp_one_unit(resolved, compiled=compiled, params=params)
+    if one_unit:
+        resolved = replace(resolved, fsdp_blocks_per_unit=0)
     head_loss_why_not = head_loss_flags_why_not(resolved, engine)
     if resolved.fp8_head and head_loss_why_not:
         raise ArgumentError(
@@ -233,7 +235,8 @@ def plan_configs(decisions: Decisions, world_size: int) -> dict[str, Any]:
             return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({d.engine_why})"}
         per_unit: int | str = (
             args.fsdp_blocks_per_unit
-            or (f"0 ({d.fsdp_units_why})" if d.fsdp_units_why else "")
+            or (f"0 ({d.fsdp_units_why})" if d.fsdp_units_why and args.fsdp_blocks_per_unit == 0 else "")
+            or d.fsdp_units_why
             or ("0 (none: the whole model one unit)" if args.fsdp_blocks_per_unit == 0 else "")
             or (
                 f"auto (units of about {strategies.FSDP_UNIT_PARAMS // 10**6}M parameters; compiled, a model of "

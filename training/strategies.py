@@ -217,18 +217,23 @@ FSDP_UNIT_PARAMS = 100_000_000
 FSDP_ONE_UNIT_MAX_PARAMS = 150_000_000
 
 
-def fsdp_one_unit(args, *, compiled: bool, params: int | None) -> str | None:
-    """Why FSDP2 shards the whole model as one unit where --fsdp-blocks-per-unit was not given,
-    or None where it keeps its units of blocks: a compiled run (the one graph is what it buys) of
-    a model of at most FSDP_ONE_UNIT_MAX_PARAMS parameters, with no --compile-unit (block asks for
-    FSDP2's graphs a block). Only with the model's size known: the trainer's second decision."""
+def fsdp_one_unit(args, *, compiled: bool, params: int | None) -> tuple[bool, str | None]:
+    """Whether FSDP2 shards the whole model as one unit where --fsdp-blocks-per-unit was not given,
+    and why, where the model's size decided it: a compiled run (the one graph is what it buys) of a
+    model of at most FSDP_ONE_UNIT_MAX_PARAMS parameters, with no --compile-unit (block asks for
+    FSDP2's graphs a block). (False, None) where the size did not decide: a flag did, the run is
+    eager, or the size is not known yet (the trainer's first decision, a plan without it)."""
     if args.fsdp_blocks_per_unit is not None or args.compile_unit is not None or not compiled or params is None:
-        return None
+        return False, None
+    most = count_words(FSDP_ONE_UNIT_MAX_PARAMS)
     if params > FSDP_ONE_UNIT_MAX_PARAMS:
-        return None
-    return (
-        f"auto: the whole model one unit, compiled whole, for a compiled model of at most "
-        f"{count_words(FSDP_ONE_UNIT_MAX_PARAMS)} parameters (this one: {count_words(params)})"
+        return False, (
+            f"auto: units of about {FSDP_UNIT_PARAMS // 10**6}M parameters, for a model above {most} "
+            f"parameters (this one: {count_words(params)})"
+        )
+    return True, (
+        f"auto: the whole model one unit, compiled whole, for a compiled model of at most {most} parameters "
+        f"(this one: {count_words(params)})"
     )
 
 

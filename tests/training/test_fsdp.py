@@ -151,12 +151,14 @@ def test_a_small_compiled_model_is_one_fsdp2_unit_by_default(params, flags, per_
     decided = decide(args, world=2, cuda=True, params=params)
     layout = (decided.in_graph, decided.args.fsdp_blocks_per_unit, decided.compile_unit)
     assert layout == (False, per_unit, compile_unit)
-    assert (decided.fsdp_units_why is not None) == (per_unit == 0 and not flags)
+    assert (decided.fsdp_units_why is not None) == (params is not None and not flags)
     shown = plan_configs(decided, 2)["fsdp_blocks_per_unit"]
     if per_unit == 0:
         assert shown.startswith("0 (auto: the whole model one unit, compiled whole, for a compiled model of at most")
     elif params is None:
         assert "compiled, a model of at most 150M is one unit, the job decides once it knows the model's size" in shown
+    elif not flags:
+        assert shown == "auto: units of about 100M parameters, for a model above 150M parameters (this one: 150M)"
 
 
 @pytest.mark.parametrize("flags", [["--no-compile"], ["--compile", "--max-steps", "50000"]])

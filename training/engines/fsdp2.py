@@ -64,7 +64,7 @@ class FSDP2Engine(Engine):
             plugin, mixed = accelerator.state.fsdp_plugin, accelerator.mixed_precision != "no"
             shard_model_as_one_unit(model, plugin, mixed_precision=mixed)
             self.say(f"fsdp_shard_unit=model blocks={len(blocks)} blocks_per_unit=0 units=1")
-            if self.decisions.fsdp_units_why:  # not asked for: say why
+            if self.decisions.fsdp_units_why:  # the model's size decided it: say so
                 self.say(f"fsdp: FSDP2 ({self.decisions.fsdp_units_why})")
             return
         if not blocks:
