@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Decisions:
     """What the run does and why. `args` are the arguments as decided: --strategy auto made
-    concrete (and --compile-unit model where auto picked fsdp sharded in the graph)."""
+    concrete (and --compile-unit model where auto picked fsdp sharded in the graph), and
+    --fsdp-blocks-per-unit 0 where FSDP2 made a small compiled model one unit (fsdp_units_why)."""
 
     args: TrainArgs
     strategy: Strategy  # as the processes launch: ddp while auto is still undecided
@@ -233,18 +234,24 @@ def plan_configs(decisions: Decisions, world_size: int) -> dict[str, Any]:
     if d.strategy is Strategy.fsdp:
         if d.in_graph:
             return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({d.engine_why})"}
-        per_unit: int | str = (
-            args.fsdp_blocks_per_unit
-            or (f"0 ({d.fsdp_units_why})" if d.fsdp_units_why and args.fsdp_blocks_per_unit == 0 else "")
-            or d.fsdp_units_why
-            or ("0 (none: the whole model one unit)" if args.fsdp_blocks_per_unit == 0 else "")
-            or (
-                f"auto (units of about {strategies.FSDP_UNIT_PARAMS // 10**6}M parameters; compiled, a model of "
-                f"at most {strategies.count_words(strategies.FSDP_ONE_UNIT_MAX_PARAMS)} is one unit, the job "
-                "decides once it knows the model's size)"
-                if d.compiled and args.compile_unit is None
-                else f"auto (units of about {strategies.FSDP_UNIT_PARAMS // 10**6}M parameters)"
-            )
-        )
+        per_unit = fsdp_units_shown(d)
         return {"fsdp_plugin": strategies.fsdp_plugin_settings(), "fsdp_blocks_per_unit": per_unit}
     return {}
+
+
+def fsdp_units_shown(d: Decisions) -> int | str:
+    """FSDP2's units as a plan shows them: the number asked, or 0 and why, or what the job will
+    decide once it knows the model's size."""
+    per_unit, why = d.args.fsdp_blocks_per_unit, d.fsdp_units_why
+    if per_unit == 0:
+        return f"0 ({why or 'none: the whole model one unit'})"
+    if per_unit is not None:
+        return per_unit
+    if why:  # the size decided: units of blocks
+        return why
+    units = f"units of about {strategies.FSDP_UNIT_PARAMS // 10**6}M parameters"
+    if d.compiled and d.args.compile_unit is None:
+        most = strategies.count_words(strategies.FSDP_ONE_UNIT_MAX_PARAMS)
+        one = f"compiled, a model of at most {most} is one unit, the job decides once it knows the model's size"
+        return f"auto ({units}; {one})"
+    return f"auto ({units})"

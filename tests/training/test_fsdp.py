@@ -196,6 +196,17 @@ def test_plans_show_the_plugin_the_training_process_builds(cli, tmp_path):
     assert configs["fsdp_plugin"] == fsdp_plugin_settings()
     assert configs["fsdp_blocks_per_unit"] == auto
     assert configs["accelerate_config"]["distributed_type"] == "MULTI_GPU"
+    # compiled, a preset whose size the plan knows: the layout the job will take, and why
+    r = cli(
+        *("submit", "--instance", "local", "--processes", "2", "--strategy", "fsdp", "--dry-run", "--json", "--"),
+        *("--task", "causal-lm", "--preset", "gpt2-small", "--compile", "--max-steps", "100"),
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["configs"]["fsdp_blocks_per_unit"] == (
+        "0 (auto: the whole model one unit, compiled whole, for a compiled model of at most 150M parameters "
+        "(this one: 124M))"
+    )
 
 
 def test_the_cli_shows_the_units_asked_for_and_refuses_them_for_another_strategy(cli, tmp_path):
