@@ -705,28 +705,48 @@ def versions() -> dict:
     return out
 
 
-def gpu_holders() -> list[str]:
-    """The processes that hold memory on any GPU ("pid 123 (8800 MiB)"), from nvidia-smi; none
-    where it is missing or fails (the run is then timed as before)."""
+def gpu_holders(own: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """The processes that hold memory on the GPUs, from nvidia-smi: (blocking, neighbours).
+
+    Blocking, "pid 123 (8800 MiB)": with `own` None, every process on any GPU of the machine (a
+    run's NCCL and host threads share more than its own cards). With `own`, the nvidia-smi indices
+    (PCI bus order) the bench was pinned to by CUDA_VISIBLE_DEVICES, only those on them: one-GPU
+    benches run side by side on a 2-GPU host, each pinned to its GPU, and must not skip each
+    other's runs. The others are neighbours, "pid 124 (900 MiB) on GPU 0". A process whose GPU
+    cannot be told (the GPU query fails, an unknown bus id) blocks. None of either where
+    nvidia-smi is missing or fails (the run is then timed as before)."""
     if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if out.returncode != 0:
-        return []
-    holders = []
-    for line in out.stdout.splitlines():
-        pid, _, used = (part.strip() for part in line.partition(","))
-        if pid.isdigit():  # "No running processes found" and the like are not processes
-            holders.append(f"pid {pid} ({used})" if used else f"pid {pid}")
-    return holders
+        return [], []
+
+    def query(what: str) -> list[list[str]] | None:
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", f"--query-{what}", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode != 0:
+            return None
+        return [[part.strip() for part in line.split(",")] for line in out.stdout.splitlines()]
+
+    apps = query("compute-apps=pid,used_memory,gpu_bus_id")
+    if apps is None:
+        return [], []
+    index_of: dict[str, str] = {}
+    if own is not None:  # bus id (nvidia-smi's 00000000:18:00.0, any case) -> index
+        index_of = {row[1].lower(): row[0] for row in query("gpu=index,pci.bus_id") or [] if len(row) == 2}
+    holders, neighbours = [], []
+    for row in apps:
+        pid, used, bus = (row + ["", ""])[:3]
+        if not pid.isdigit():  # "No running processes found" and the like are not processes
+            continue
+        who = f"pid {pid} ({used})" if used else f"pid {pid}"
+        gpu = index_of.get(bus.lower())
+        if own is None or gpu is None or gpu in own:
+            holders.append(who)
+        else:
+            neighbours.append(f"{who} on GPU {gpu}")
+    return holders, neighbours
 
 
 def gpu_inventory() -> list[dict]:
@@ -863,9 +883,10 @@ class Runner:
             if left < 60:
                 return {"status": "SKIPPED (deadline)"}
             timeout = int(min(timeout, left - 15))
-        busy = None if self.ctx.cpu else self.wait_for_free_gpus()
+        busy, neighbours = (None, None) if self.ctx.cpu else self.wait_for_free_gpus()
         if busy and not self.ctx.a.allow_busy_gpus:
-            return {"status": f"SKIPPED (GPUs busy: {busy})", "gpus_busy": busy}
+            skipped = {"status": f"SKIPPED (GPUs busy: {busy})", "gpus_busy": busy}
+            return skipped | ({"gpus_neighbours": neighbours} if neighbours else {})
         rundir = Path(tempfile.mkdtemp(prefix=f"{run.id}-", dir=self.ctx.work))
         dirs = {k: rundir / k for k in ("model", "output", "checkpoints")}
         self.port += 1
@@ -926,21 +947,31 @@ class Runner:
         if busy:  # --allow-busy-gpus: timed beside another process, and the row says so
             res["gpus_busy"] = busy
             status = f"{status} (GPUs busy: {busy})"
+        if neighbours:  # on the machine's other GPUs, outside CUDA_VISIBLE_DEVICES: noted, the row unchanged
+            res["gpus_neighbours"] = neighbours
         res["status"] = status
         shutil.rmtree(rundir, ignore_errors=True)  # model files can be GBs
         return res
 
-    def wait_for_free_gpus(self) -> str | None:
-        """None when no process holds a GPU, else who does ("pid 123 (8800 MiB)"), after waiting
-        up to `busy_wait_s` for them to let go (a finished run's ranks may take a moment). A
-        stray rank of a timed-out run made a 2-GPU row read 46% weak scaling instead of 96.8%.
-        Any process on any GPU of the machine counts: a run's NCCL and host threads share more
-        than its own cards."""
+    def wait_for_free_gpus(self) -> tuple[str | None, str | None]:
+        """(busy, neighbours). busy: None when no process holds a GPU, else who does ("pid 123
+        (8800 MiB)"), after waiting up to `busy_wait_s` for them to let go (a finished run's ranks
+        may take a moment). A stray rank of a timed-out run made a 2-GPU row read 46% weak scaling
+        instead of 96.8%. Any process on any GPU of the machine counts: a run's NCCL and host
+        threads share more than its own cards. Except where the bench was started with
+        CUDA_VISIBLE_DEVICES naming some of the machine's GPUs by index (read as nvidia-smi's, PCI
+        bus order, as the runs get CUDA_DEVICE_ORDER=PCI_BUS_ID): one-GPU benches run side by side
+        on a 2-GPU host, each pinned to its GPU, and the run on GPU 1 was skipped for GPU 0's. Then
+        only processes on those GPUs count; the others are neighbours ("pid 124 (900 MiB) on GPU
+        0"), not waited for, and recorded. Names other than indices (UUIDs, MIG) count every GPU."""
+        own = visible_devices() if os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() else None
+        if own is not None and not all(d.isdigit() for d in own):
+            own = None
         end = time.monotonic() + self.busy_wait_s
         while True:
-            holders = gpu_holders()
+            holders, neighbours = gpu_holders(own)
             if not holders or time.monotonic() >= end:
-                return ", ".join(holders) or None
+                return ", ".join(holders) or None, ", ".join(neighbours) or None
             time.sleep(min(2.0, self.busy_wait_s))
 
     def stop_current(self):
@@ -1339,6 +1370,10 @@ def render(meta: dict, suites: dict[str, list[Run]], ctx: Ctx) -> tuple[str, dic
         ]
         if errs and name != "xl":
             md += ["", "errors:"] + errs
+        near = [f"- {r.label}: {r.result['gpus_neighbours']}" for r in runs if r.result.get("gpus_neighbours")]
+        if near:  # the bench was pinned by CUDA_VISIBLE_DEVICES; these held the machine's other GPUs
+            md += ["", "on the machine's other GPUs as the run started (outside CUDA_VISIBLE_DEVICES, not waited for):"]
+            md += near
         data["suites"][name] = {"derived": derived, "runs": [run_json(r, ctx) for r in runs]}
     return "\n".join(md) + "\n", data
 
