@@ -71,10 +71,17 @@ def recipe_and_protocol(cmd: str, meta: dict[str, Any], run: dict[str, Any]) -> 
     except (ArgumentError, SystemExit, ValueError):
         return None
     default = TrainArgs()
+    fp8 = fp8_settings(args, run)
+    if fp8 is None:
+        return None
     flags = []
     for name in RECIPE_FIELDS:
         value = getattr(args, name)
-        if name == "precision":  # not given: bf16 on the bench's H100s and H200s (precision.pick_precision)
+        if name in fp8:  # as the run resolved them, named against the defaults before auto's recipe
+            if fp8[name] != BEFORE_AUTO[name]:
+                flag = "--" + name.replace("_", "-")
+                flags.append(flag if fp8[name] is True else f"{flag} {fp8[name]}")
+        elif name == "precision":  # not given: bf16 on the bench's H100s and H200s (precision.pick_precision)
             flags.append(str(value or "bf16"))
         elif name == "residual_dtype":  # the stream the run cast to, not the flag (auto picks bf16 for Llama)
             stream = residual_dtype(args.residual_dtype, run)
@@ -103,6 +110,36 @@ def recipe_and_protocol(cmd: str, meta: dict[str, Any], run: dict[str, Any]) -> 
         args.max_eval_samples,
     )
     return " ".join(flags), protocol
+
+
+# The fp8 head's and fast accumulation's settings before --precision fp8's auto recipe (session 33):
+# what an unrecorded run's flags left at auto meant, and what a recipe's name is written against
+BEFORE_AUTO: dict[str, Any] = {
+    "fp8_head": False,
+    "fp8_head_grad_input": "fp8",
+    "fp8_head_forward": "fp8",
+    "fp8_head_backward": "fp8",
+    "fp8_fast_accum": "none",
+}
+HEAD_PARTS = ("grad-input", "forward", "backward")  # the head's matmuls that `bf16-<part>` keeps in bf16
+
+
+def fp8_settings(args: Any, run: dict[str, Any]) -> dict[str, Any] | None:
+    """The fp8 head's and fast accumulation's settings a run trained with (BEFORE_AUTO's keys):
+    the trainer's line, which the bench records since session 33 (`fp8_head`: "bf16", or "fp8" with
+    the parts kept bf16, "fp8+bf16-backward"; `fp8_fast_accum`); before that, the flags, where auto
+    did not exist (BEFORE_AUTO). None where a recorded value does not parse."""
+    if "fp8_head" not in run and "fp8_fast_accum" not in run:
+        given = {name: getattr(args, name) for name in BEFORE_AUTO}
+        return {name: BEFORE_AUTO[name] if value in (None, "auto") else value for name, value in given.items()}
+    head, accum = run.get("fp8_head"), run.get("fp8_fast_accum")
+    if accum not in ("none", "grad-input", "all") or not isinstance(head, str):
+        return None
+    first, *kept = head.split("+")
+    if first not in ("bf16", "fp8") or (first == "bf16" and kept) or any(k[5:] not in HEAD_PARTS for k in kept):
+        return None
+    parts = {f"fp8_head_{part.replace('-', '_')}": "bf16" if f"bf16-{part}" in kept else "fp8" for part in HEAD_PARTS}
+    return {"fp8_head": first == "fp8", **parts, "fp8_fast_accum": accum}
 
 
 def residual_dtype(flag: str, run: dict[str, Any]) -> str:

@@ -456,7 +456,7 @@ def estimate_job(job: Decisions, shape: ModelShape, world_size: int) -> Estimate
         compiled_autograd=args.compiled_autograd,
         head_loss=shape.family == "gpt2" and job.head_loss_why_not is None,
         # --fp8-head-backward bf16 makes no float8 copy of the logits' gradient
-        fp8_head=args.fp8_head and args.fp8_head_backward == "fp8",
+        fp8_head=bool(args.fp8_head) and args.fp8_head_backward == "fp8",
         residual_bf16=_residual_bf16(job, shape),
     )
 
@@ -513,7 +513,7 @@ def suggest_fixes(job: Decisions, shape: ModelShape, instance: InstanceType, nod
     smaller micro-batch only if none fits as it is), a smaller micro-batch, the cheapest
     instance type of the same platform. A smaller micro-batch keeps the global batch through
     --grad-accum."""
-    from distrain_cloud.training.args import ArgumentError, validate
+    from distrain_cloud.training.args import ArgumentError, in_bf16, validate
     from distrain_cloud.training.decisions import decide
     from distrain_cloud.training.strategies import STRATEGIES, ClusterShape, accelerate_config, choose_precision
 
@@ -581,9 +581,9 @@ def suggest_fixes(job: Decisions, shape: ModelShape, instance: InstanceType, nod
     if args.precision == "fp8" and not (best or smaller):
         # fp8 runs under ddp or single only (decide()), so no other strategy was open to it: the
         # sharded ones are, in bf16. Named only when nothing keeps fp8; the same ordering as above.
-        in_bf16 = [f for f in (largest_batch(replace(args, precision="bf16", strategy=s)) for s in options) if f]
-        best = next((f for f in in_bf16 if f[0].args.batch_size == args.batch_size), None)
-        best = best or max(in_bf16, key=lambda f: f[0].args.batch_size, default=None)
+        bf16 = [f for f in (largest_batch(replace(in_bf16(args), strategy=s)) for s in options) if f]
+        best = next((f for f in bf16 if f[0].args.batch_size == args.batch_size), None)
+        best = best or max(bf16, key=lambda f: f[0].args.batch_size, default=None)
     fixes = [f"{flags(d.args)} (about {gib:.1f} GiB)" for d, gib in filter(None, (best, smaller))]
     if job.strategy.value == "fsdp" and job.in_graph:
         # Sharded inside the graph, fsdp holds the whole 16-bit model at its peak; FSDP2 one unit of it.

@@ -9,7 +9,7 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -19,8 +19,9 @@ from .strategies import AUTO, BLOCK_COMPILED, PRECISIONS, STRATEGY_CHOICES, prov
 
 # --fp8-recipe's choices: torchao's float8 recipes (training/fp8.py maps them to its names)
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise-gw-hp")
-# --fp8-fast-accum's choices: which backward matmuls accumulate fast (training/fp8.py)
-FP8_FAST_ACCUM = ("none", "grad-input", "all")
+# --fp8-fast-accum's choices: which backward matmuls accumulate fast (training/fp8.py); auto:
+# fp8_auto_recipe
+FP8_FAST_ACCUM = ("auto", "none", "grad-input", "all")
 # --fp8-linear's choices: whose float8 linear layers (training/fp8.py); auto: fp8_linear_of
 FP8_LINEARS = ("auto", "native", "torchao")
 # --fp8-scaling's choices: when the native layers' scales are computed (training/fp8_linear.py)
@@ -145,12 +146,13 @@ class TrainArgs:
     )
     # which of the backward's float8 matmuls accumulate fast too (training/fp8.py)
     fp8_fast_accum: str = field(
-        default="none",
+        default=AUTO,
         metadata=_flag(
             (
                 "--precision fp8: the backward's float8 matmuls that also accumulate in the tensor cores' fast, "
-                "less exact mode, as the forward's do: none (default), grad-input (the input gradients, whose sums "
-                "run over a layer's width), all (the weight gradients too, summed over every token; the flag alone)"
+                "less exact mode, as the forward's do: none, grad-input (the input gradients, whose sums run over "
+                "a layer's width), all (the weight gradients too, summed over every token; the flag alone), or "
+                "auto (default: grad-input on the native float8 layers, none on torchao's)"
             ),
             choices=FP8_FAST_ACCUM,
             nargs="?",
@@ -181,11 +183,15 @@ class TrainArgs:
             choices=FP8_SCALINGS,
         ),
     )
-    # the LM head multiplies in float8 too (losses.head_loss)
-    fp8_head: bool = field(
-        default=False,
+    # the LM head multiplies in float8 too (losses.head_loss); None: fp8_auto_recipe decides
+    fp8_head: bool | None = field(
+        default=None,
         metadata=_flag(
-            "--precision fp8: the LM head's matmuls in float8 too, inside the fast LM loss (default: bf16)",
+            (
+                "--precision fp8: the LM head's matmuls in float8 too, inside the fast LM loss (default: on, its "
+                "forward matmul alone (--fp8-head-backward), where the run computes the fast LM loss on the "
+                "native float8 layers with no --fp8-bf16-edge-blocks; --no-fp8-head keeps the head bf16)"
+            ),
         ),
     )
     # the head's input gradient (the one every block receives) in bf16: two of its three matmuls float8
@@ -217,14 +223,14 @@ class TrainArgs:
     # the head's backward (both its matmuls, from the logits' gradient) in bf16: the forward's matmul
     # alone float8, and no float8 copy of the vocabulary-wide logits' gradient
     fp8_head_backward: str = field(
-        default="fp8",
+        default=AUTO,
         metadata=_flag(
             (
                 "--fp8-head: the dtype of the head's two backward matmuls, the input and weight gradients: fp8 "
-                "(default; e5m2 logit gradients) or bf16 (the bf16 head's backward; the forward's matmul alone "
-                "float8)"
+                "(e5m2 logit gradients), bf16 (the bf16 head's backward; the forward's matmul alone float8), or "
+                "auto (default: bf16, fp8 with --fp8-head-forward bf16 or --fp8-head-grad-input bf16)"
             ),
-            choices=("fp8", "bf16"),
+            choices=("fp8", "bf16", AUTO),
         ),
     )
     batch_size: int = field(default=16, metadata=_flag("per device, per micro-step"))
@@ -542,6 +548,46 @@ def fp8_linear_of(a: TrainArgs) -> str:
     return "native" if a.fp8_recipe == "tensorwise" else "torchao"
 
 
+HEAD_FLAGS = ("fp8_head_grad_input", "fp8_head_forward", "fp8_head_backward")  # they shape the float8 head
+
+
+def fp8_auto_recipe(a: TrainArgs, head_why_not: str | None) -> tuple[TrainArgs, str | None]:
+    """`a` with --fp8-head, --fp8-head-backward and --fp8-fast-accum concrete under --precision fp8
+    (as given otherwise: they apply to fp8 alone), and why auto left the LM head bf16, if it did. `head_why_not`: why
+    the run cannot multiply its head in float8 (the flags' or the loaded model's reason), None where
+    it can or the model is not loaded yet.
+
+    auto's recipe, on the native float8 layers: the head's forward matmul in float8, its backward
+    bf16, and the input gradients' matmuls in fast accumulation. llama-1b on an H200 (bench/README.md,
+    sessions 31-33): 1.30-1.31x bf16 at micro-batch 32 and 1.28-1.29x at 16, 3.2-3.9% faster than
+    the recipe it replaced (the head bf16, every backward matmul exact), and an eval loss after 400
+    steps 1.3% under bf16's (four runs). Where the head cannot be float8, the layers' part stays.
+    torchao's layers (the rowwise recipes) keep their own configuration: measured without either."""
+    if a.precision != "fp8":
+        return a, None
+    native = fp8_linear_of(a) == "native"
+    head, why = a.fp8_head, None
+    if head is None:
+        if any(getattr(a, name) != getattr(TrainArgs, name) for name in HEAD_FLAGS):
+            head = True  # the head's own flags ask for it
+        else:
+            if not native:
+                why = "torchao's float8 layers: the recipe was measured on the native ones"
+            elif a.fp8_bf16_edge_blocks:
+                why = "--fp8-bf16-edge-blocks keeps the first and last blocks bf16, and the head with them"
+            else:
+                why = head_why_not
+            head = why is None
+    backward = a.fp8_head_backward
+    if backward == AUTO:  # bf16 where the forward is float8 and no other part of the backward is asked bf16
+        forward_only = head and a.fp8_head_forward == "fp8" and a.fp8_head_grad_input == "fp8"
+        backward = "bf16" if forward_only else "fp8"
+    accum = a.fp8_fast_accum
+    if accum == AUTO:
+        accum = "grad-input" if native else "none"
+    return replace(a, fp8_head=head, fp8_head_backward=backward, fp8_fast_accum=accum), why
+
+
 # Where --residual-dtype auto runs the stream in bf16: pre-norm decoders with RMSNorm, whose loss
 # after 400 steps was measured with it (llama-1b, bench/README.md session 25)
 RESIDUAL_BF16_MODELS = ("llama", "mistral", "qwen2", "qwen3")
@@ -559,23 +605,26 @@ def residual_stream_bf16(a: TrainArgs, strategy: str, model_type: str | None) ->
     return a.precision in ("bf16", "fp8") and a.task == "causal-lm" and model_type in RESIDUAL_BF16_MODELS
 
 
+FP8_FIELDS = (  # the --fp8-* settings: they apply to --precision fp8 alone
+    "fp8_recipe",
+    "fp8_bf16_edge_blocks",
+    "fp8_fast_accum",
+    "fp8_linear",
+    "fp8_scaling",
+    "fp8_head",
+    *HEAD_FLAGS,
+)
+
+
 def fp8_flags_given(a: TrainArgs) -> list[str]:
     """The --fp8-* flags `a` sets away from their defaults (they apply to --precision fp8 only)."""
-    return [
-        f"--{name.replace('_', '-')}"
-        for name in (
-            "fp8_recipe",
-            "fp8_bf16_edge_blocks",
-            "fp8_fast_accum",
-            "fp8_linear",
-            "fp8_scaling",
-            "fp8_head",
-            "fp8_head_grad_input",
-            "fp8_head_forward",
-            "fp8_head_backward",
-        )
-        if getattr(a, name) != getattr(TrainArgs, name)
-    ]
+    return [f"--{name.replace('_', '-')}" for name in FP8_FIELDS if getattr(a, name) != getattr(TrainArgs, name)]
+
+
+def in_bf16(a: TrainArgs) -> TrainArgs:
+    """`a` under --precision bf16, its --fp8-* settings (given, or as fp8_auto_recipe decided them)
+    back to their defaults."""
+    return replace(a, precision="bf16", **{name: getattr(TrainArgs, name) for name in FP8_FIELDS})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -853,10 +902,10 @@ def validate(a: TrainArgs) -> None:
     if a.precision != "fp8" and given:
         flag = given[0]
         raise ArgumentError(f"{flag} applies to --precision fp8, not {a.precision or 'the default precision'}")
-    for name in ("fp8_head_grad_input", "fp8_head_forward", "fp8_head_backward"):
-        if getattr(a, name) != "fp8" and not a.fp8_head:
+    for name in HEAD_FLAGS:  # "fp8" is what a head left bf16 resolves them to (fp8_auto_recipe)
+        if getattr(a, name) == "bf16" and a.fp8_head is False:
             flag = "--" + name.replace("_", "-")
-            raise ArgumentError(f"{flag} applies to --fp8-head (the LM head in float8): add --fp8-head")
+            raise ArgumentError(f"{flag} applies to the LM head in float8, which --no-fp8-head turns off: drop {flag}")
     if a.fp8_head_backward == "bf16" and a.fp8_head_forward == "bf16":
         raise ArgumentError(
             "--fp8-head-forward bf16 with --fp8-head-backward bf16 leaves none of the LM head's matmuls in float8: "

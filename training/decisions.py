@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from . import strategies  # by module: a test's shim replaces strategies.resolve_auto (tests/training/auto_shim)
-from .args import ArgumentError
+from .args import ArgumentError, fp8_auto_recipe, fp8_flags_given, fp8_linear_of
 from .engines.facts import FACTS, GRAPH_FSDP, engine_of
 from .modeling import head_loss_flags_why_not
 from .strategies import AUTO, COMPILE_MIN_STEPS, Strategy
@@ -45,6 +45,10 @@ class Decisions:
     # why FSDP2's units are what they are, where the model's size decided it unasked (strategies.
     # fsdp_one_unit); args say 0 where it made the whole model one unit
     fsdp_units_why: str | None = None
+    # why --precision fp8's auto recipe left the LM head bf16 (args.fp8_auto_recipe), if it did;
+    # whether auto decided the head (no --fp8-head, --no-fp8-head or head flag given)
+    fp8_head_why: str | None = None
+    fp8_head_auto: bool = False
 
     @property
     def zero_stage(self) -> int | None:
@@ -116,12 +120,15 @@ def decide(
     params: int | None = None,
     steps: int | None = None,
     has_blocks: bool = True,
+    fp8_head_why_not: str | None = None,
 ) -> Decisions:
     """The decisions for `args` on `world` processes (`cuda`: on CUDA GPUs; `slow_link`: why their
     all-reduce crosses a link slower than NVLink, strategies.slow_gpu_link), resuming the trainer
     state `saved` if any, for a model of `params` parameters (None: not known yet) over `steps`
     optimizer steps (None: only --max-steps, if given, says). `has_blocks`: the model names its
-    transformer block class (ZeRO-3's default compile needs it)."""
+    transformer block class (ZeRO-3's default compile needs it). `fp8_head_why_not`: why the loaded
+    model's LM head cannot multiply in float8 (modeling.fp8_head_model_why_not; None: it can, or the
+    model is not loaded yet)."""
     resolved, strategy_why = strategies.resolve_auto(
         args, world=world, cuda=cuda, slow_link=slow_link, saved=saved, params=params, steps=steps
     )
@@ -160,10 +167,13 @@ def decide(
     if one_unit:
         resolved = replace(resolved, fsdp_blocks_per_unit=0)
     head_loss_why_not = head_loss_flags_why_not(resolved, engine)
+    resolved, fp8_head_why = fp8_auto_recipe(resolved, head_loss_why_not or fp8_head_why_not)
     if resolved.fp8_head and head_loss_why_not:
+        # only asked for: auto leaves the head bf16 where the fast LM loss does not run
+        asked = " and ".join(flag for flag in fp8_flags_given(args) if flag.startswith("--fp8-head"))
         raise ArgumentError(
-            f"--fp8-head multiplies the LM head inside the fast LM loss, which this run does not use "
-            f"({head_loss_why_not}): drop --fp8-head"
+            f"{asked}: the LM head multiplies in float8 inside the fast LM loss, which this run does not use "
+            f"({head_loss_why_not}): drop {asked}"
         )
     return Decisions(
         args=resolved,
@@ -182,6 +192,8 @@ def decide(
         ddp_bucket_mb=bucket_mb,
         ddp_slow_link=bucket_link,
         fsdp_units_why=units_why,
+        fp8_head_why=fp8_head_why,
+        fp8_head_auto=args.precision == "fp8" and args.fp8_head is None,
     )
 
 
@@ -236,7 +248,29 @@ def plan_configs(decisions: Decisions, world_size: int) -> dict[str, Any]:
             return {"fsdp_sharding": f"in the compiled graph, every weight a flat shard ({d.engine_why})"}
         per_unit = fsdp_units_shown(d)
         return {"fsdp_plugin": strategies.fsdp_plugin_settings(), "fsdp_blocks_per_unit": per_unit}
-    return {}
+    return {"fp8_recipe": fp8_shown(d)} if args.precision == "fp8" else {}  # fp8 runs under ddp or single
+
+
+def fp8_shown(d: Decisions) -> str:
+    """--precision fp8's recipe as a plan shows it, as decided (args.fp8_auto_recipe): whose float8
+    layers and scaling, the backward's fast accumulation, and the LM head's matmuls."""
+    a = d.args
+    if a.fp8_head:
+        kept = [
+            part
+            for part, dtype in (
+                ("input gradient", a.fp8_head_grad_input),
+                ("forward", a.fp8_head_forward),
+                ("backward", a.fp8_head_backward),
+            )
+            if dtype == "bf16"
+        ]
+        head = "float8" + (f", its {' and '.join(kept)} bf16" if kept else "")
+        head += " (auto; bf16 where the model's head cannot)" if d.fp8_head_auto else ""
+    else:
+        head = f"bf16 (auto: {d.fp8_head_why})" if d.fp8_head_why else "bf16"
+    layers = f"{fp8_linear_of(a)} float8 layers, {a.fp8_recipe} {a.fp8_scaling} scaling"
+    return f"{layers}, fast accumulation in the backward: {a.fp8_fast_accum}; the LM head {head}"
 
 
 def fsdp_units_shown(d: Decisions) -> int | str:

@@ -124,11 +124,14 @@ def use_fp8(
     head_grad_input: str = "fp8",
     head_forward: str = "fp8",
     head_backward: str = "fp8",
+    head_why: str | None = None,
 ) -> str:
     """Convert `model`'s eligible linear layers (fp8_layer_names) to float8 ones, in place, before the
     model is prepared and compiled: fp8_linear.Float8Linear (`linear` "native", tensorwise only) or
-    torchao's Float8Linear with `recipe`'s scaling (fp8_config). Returns the log line; raises
-    ArgumentError when nothing converts."""
+    torchao's Float8Linear with `recipe`'s scaling (fp8_config). Returns the log line, which names
+    the recipe as `fast_accum=... head=...` for the bench to record (bf16, or fp8 and the parts kept
+    bf16: fp8+bf16-backward), and `head_why`, why auto left the head bf16; raises ArgumentError
+    when nothing converts."""
     eligible = fp8_layer_names(model, bf16_edge_blocks)
     if not eligible:
         raise ArgumentError(
@@ -148,7 +151,7 @@ def use_fp8(
             config=fp8_config(recipe, fast_accum),
             module_filter_fn=lambda _module, fqn: fqn in eligible,
         )
-    kept = [] if head else ["the LM head"]
+    kept = [] if head else [f"the LM head (auto: {head_why})" if head_why else "the LM head"]
     kept += [f"the first and last {bf16_edge_blocks} blocks"] if bf16_edge_blocks else []
     accum = {
         "none": "",
@@ -162,4 +165,13 @@ def use_fp8(
     head_words += ", its backward bf16" if head and head_backward == "bf16" else ""
     whose = "torchao float8" if linear == "torchao" else "float8 on torch._scaled_mm"
     when = " delayed" if scaling == "delayed" else ""
-    return f"fp8=on linear_layers={len(eligible)} ({whose}, {recipe}{when} scaling{accum}{head_words}{stays})"
+    bf16_parts = [
+        part
+        for part, dtype in (("grad-input", head_grad_input), ("forward", head_forward), ("backward", head_backward))
+        if dtype == "bf16"
+    ]
+    head_key = "+".join(["fp8", *(f"bf16-{part}" for part in bf16_parts)]) if head else "bf16"
+    return (
+        f"fp8=on linear_layers={len(eligible)} fast_accum={fast_accum} head={head_key} "
+        f"({whose}, {recipe}{when} scaling{accum}{head_words}{stays})"
+    )

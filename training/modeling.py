@@ -324,6 +324,18 @@ def use_head_loss(model, flags_why_not: str | None, fp8: str | None = None) -> s
     return why
 
 
+def fp8_head_model_why_not(model) -> str | None:
+    """Why this model's LM head cannot multiply in float8 inside losses.head_loss, or None: the
+    reason for the head loss itself, else the head's sizes'."""
+    from .losses import fp8_head_why_not
+
+    why = _head_loss_model_why_not(model)
+    if why is None:
+        vocab, hidden = model.get_output_embeddings().weight.shape
+        why = fp8_head_why_not(hidden, vocab)
+    return why
+
+
 def _head_loss_model_why_not(model) -> str | None:
     """Why this model's training forward cannot compute losses.head_loss, or None."""
     import torch

@@ -123,21 +123,6 @@ class Trainer:
             model = self._load_model()
         if self.precision_note:  # after the data and model: bad input is one line on stderr, nothing else
             self._print(self.precision_note)
-        if a.precision == "fp8":  # before prepare and compile: the linear layers multiply in float8
-            layers = fp8_linear_of(a)
-            fp8_line = use_fp8(
-                model,
-                a.fp8_recipe,
-                a.fp8_bf16_edge_blocks,
-                a.fp8_fast_accum,
-                a.fp8_head,
-                layers,
-                a.fp8_scaling,
-                head_grad_input=a.fp8_head_grad_input,
-                head_forward=a.fp8_head_forward,
-                head_backward=a.fp8_head_backward,
-            )
-            self._print(fp8_line)
         train_dl, eval_dl, self.train_sampler = data.make_loaders(
             a, self.data, self.tokenizer, acc.num_processes, acc.device.type == "cuda"
         )
@@ -147,8 +132,32 @@ class Trainer:
         undecided = not self.decisions.decided
         params = sum(p.numel() for p in model.parameters())
         blocks = bool(transformer_blocks(model))
-        self._decide(world, cuda=torch.cuda.is_available(), params=params, steps=self.max_steps, has_blocks=blocks)
+        # fp8's auto recipe multiplies the LM head in float8 where this model's head can
+        head_why_not = modeling.fp8_head_model_why_not(model) if a.precision == "fp8" else None
+        self._decide(
+            world,
+            cuda=torch.cuda.is_available(),
+            params=params,
+            steps=self.max_steps,
+            has_blocks=blocks,
+            fp8_head_why_not=head_why_not,
+        )
         a = self.args
+        if a.precision == "fp8":  # before prepare and compile: the linear layers multiply in float8
+            fp8_line = use_fp8(
+                model,
+                a.fp8_recipe,
+                a.fp8_bf16_edge_blocks,
+                a.fp8_fast_accum,
+                bool(a.fp8_head),
+                fp8_linear_of(a),
+                a.fp8_scaling,
+                head_grad_input=a.fp8_head_grad_input,
+                head_forward=a.fp8_head_forward,
+                head_backward=a.fp8_head_backward,
+                head_why=self.decisions.fp8_head_why,
+            )
+            self._print(fp8_line)
         if undecided:  # in-graph fsdp or ddp, both of which take the Accelerator built above
             self._print_strategy()
         # --fp8-head: the head's backward accumulates fast only where every backward matmul does

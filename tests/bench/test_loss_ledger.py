@@ -147,6 +147,42 @@ def test_a_run_joins_the_pool_of_the_rope_it_read(ledger, tmp_path):
     assert got == [(stream, 1.50), (stream, 1.53), (f"{stream} --rope-tables", 1.51), (f"{stream} --rope-tables", 1.52)]
 
 
+def test_an_fp8_run_joins_the_pool_of_the_recipe_it_resolved(ledger, tmp_path):
+    """--precision fp8's auto recipe (session 33): the trainer's fp8 line, recorded by the bench,
+    says which head and fast accumulation a run trained with; older files ran their flags, where
+    nothing given meant the head bf16 and no fast accumulation."""
+    new = "fp8 --fp8-head --fp8-head-backward bf16 --fp8-fast-accum grad-input --residual-dtype bf16"
+    _results(
+        tmp_path,
+        "runs",
+        [
+            _run(1.40, "--precision fp8", residual_dtype="bf16"),  # before session 33: no field
+            _run(1.41, "--precision fp8 --fp8-head", residual_dtype="bf16"),  # --fp8-head's backward was fp8
+            _run(
+                1.42,
+                "--precision fp8",
+                residual_dtype="bf16",
+                fp8_fast_accum="grad-input",
+                fp8_head="fp8+bf16-backward",
+            ),
+            _run(1.43, "--precision fp8 --fp8-head", residual_dtype="bf16", fp8_fast_accum="none", fp8_head="fp8"),
+            _run(1.44, "--precision fp8", residual_dtype="bf16", fp8_fast_accum="grad-input", fp8_head="bf16"),
+            _run(1.45, "--precision fp8", residual_dtype="bf16", fp8_fast_accum="none", fp8_head="fp8+bf16-x"),
+            _run(1.46, "--precision fp8", residual_dtype="bf16", fp8_fast_accum="\x1b[2J", fp8_head="fp8"),
+            _run(1.47, "--precision fp8", residual_dtype="bf16", fp8_head="bf16+bf16-forward"),
+        ],
+    )
+    got = sorted((r.recipe, r.eval_loss) for r in ledger.read_runs(tmp_path))
+    head = "fp8 --fp8-head --residual-dtype bf16"
+    assert got == [
+        ("fp8 --fp8-fast-accum grad-input --residual-dtype bf16", 1.44),
+        (new, 1.42),
+        (head, 1.41),
+        (head, 1.43),
+        ("fp8 --residual-dtype bf16", 1.40),
+    ]
+
+
 def test_the_command_prints_the_tables(ledger, capsys):
     assert ledger.main(["--model", "llama-1b"]) == 0
     out = capsys.readouterr().out

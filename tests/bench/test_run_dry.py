@@ -487,6 +487,13 @@ def test_the_llama_suite_compares_each_variants_eval_loss(tmp_path):
     assert bench.parse_ours(run, metrics, tabled)["rope_tables"] == "on"
     kept = "rope_tables=off (auto: GPT2LMHeadModel has no rotary embedding module)\n"
     assert bench.parse_ours(run, metrics, kept)["rope_tables"] == "off"
+    # and fp8's recipe as the trainer resolved it (tests/training/test_fp8_linear.py checks the line)
+    assert "fp8_head" not in res and "fp8_fast_accum" not in res
+    line = ("fp8=on linear_layers=112 fast_accum=grad-input head=fp8+bf16-backward (float8 on torch._scaled_mm, "
+            "tensorwise scaling, fast accumulation in the input gradients too; the LM head in float8 inside the fast "
+            "loss, its backward bf16)\n")  # fmt: skip
+    fp8_res = bench.parse_ours(run, metrics, line)
+    assert (fp8_res["fp8_head"], fp8_res["fp8_fast_accum"]) == ("fp8+bf16-backward", "grad-input")
     ctx = bench.Ctx(bench.parse_args(["--suite", "llama"]), 1, tmp_path, tmp_path, tmp_path, tmp_path, False, 1e15)
     base = bench.Run("b", "ours", "ours", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60, result=res)
     fp8 = bench.Run("v", "ours", "ours", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60, variant="fp8",

@@ -336,8 +336,8 @@ def test_fsdp2_with_the_model_one_unit_holds_every_gathered_weight_for_the_step(
 
 
 def test_the_fp8_heads_float8_copies_of_the_logits_gradient_are_counted_only_for_a_float8_backward():
-    """--fp8-head casts the logits' gradient to float8 twice (one byte a value each); with
-    --fp8-head-backward bf16 the backward is the bf16 head's and makes no copy."""
+    """A float8 head's backward casts the logits' gradient to float8 twice (one byte a value each);
+    with its backward bf16 (--fp8-head-backward auto) the backward is the bf16 head's: no copy."""
     llama = ["--task", "causal-lm", "--preset", "llama-1b", "--block-size", "2048", "--compile", "--precision", "fp8"]
     shape = memory.model_shape(parse_args(llama))
     assert shape is not None
@@ -346,8 +346,9 @@ def test_the_fp8_heads_float8_copies_of_the_logits_gradient_are_counted_only_for
         return memory.estimate_job(decide(parse_args([*llama, *flags]), world=1, cuda=True), shape, 1).terms["logits"]
 
     copies = 2 * 16 * 2048 * shape.vocab / 2**30  # micro-batch 16, one byte a value, twice
-    assert logits_gib("--fp8-head") - logits_gib() == pytest.approx(copies)
-    assert logits_gib("--fp8-head", "--fp8-head-backward", "bf16") == logits_gib()
+    assert logits_gib("--fp8-head", "--fp8-head-backward", "fp8") - logits_gib("--no-fp8-head") == pytest.approx(copies)
+    # fp8's auto recipe (its forward alone float8) and --fp8-head's default backward: no copy
+    assert logits_gib() == logits_gib("--fp8-head") == logits_gib("--no-fp8-head")
 
 
 def test_a_bf16_residual_stream_saves_two_fp32_hidden_states_per_block_and_token():
@@ -665,8 +666,8 @@ def test_a_flag_only_the_decisions_refuse_is_one_line_in_the_plan_and_the_fit_ta
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("error: ") and err.endswith(
-        "--fp8-head multiplies the LM head inside the fast LM loss, which this run does not use (--lm-loss model): "
-        "drop --fp8-head"
+        "--fp8-head: the LM head multiplies in float8 inside the fast LM loss, which this run does not use "
+        "(--lm-loss model): drop --fp8-head"
     ), err
 
 
@@ -696,7 +697,8 @@ def test_every_plan_gets_decides_refusals_as_one_user_error(flags, saved, words)
     [
         (
             ["--fp8-fast-accum", "grad-weight"],
-            "argument --fp8-fast-accum: invalid choice: 'grad-weight' (choose from 'none', 'grad-input', 'all')",
+            "argument --fp8-fast-accum: invalid choice: 'grad-weight' "
+            "(choose from 'auto', 'none', 'grad-input', 'all')",
         ),
         (["--fp8-haed"], "unrecognized arguments: --fp8-haed (did you mean --fp8-head?)"),
         (

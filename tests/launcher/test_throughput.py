@@ -64,6 +64,11 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
 
 
 FORWARD_HEAD = ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16"]
+# fp8's recipe before session 33's auto one: the head bf16, or (OLD_HEAD) all of it float8, and every
+# backward matmul exact
+OLD = ["--precision", "fp8", "--no-fp8-head", "--fp8-fast-accum", "none"]
+OLD_HEAD = ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "fp8", "--fp8-fast-accum", "none"]
+EXACT = ["--fp8-fast-accum", "none"]
 
 
 @pytest.mark.parametrize(
@@ -75,21 +80,24 @@ FORWARD_HEAD = ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16
         (["--rope-tables"], 70863),
         (["--batch-size", "8"], 67790),
         (["--batch-size", "32"], 71747),  # sessions 27 and 30-33
-        (["--precision", "fp8"], 88052),
-        (["--precision", "fp8", "--batch-size", "32"], 91850),  # session 30
-        (["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16"], 92939),  # session 28
-        (["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16", "--batch-size", "8"], 85330),
-        (["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16", "--fp8-head-grad-input", "bf16"], None),
-        (["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16"], None),  # not the float8 head's figure
-        (["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16", "--batch-size", "32"], 92296),  # s. 31
-        (["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16", "--batch-size", "8"], 82789),
-        # with fast input-gradient accumulation (session 32), and not priced by the runs without it
-        ([*FORWARD_HEAD, "--fp8-fast-accum", "grad-input", "--batch-size", "32"], 94449),
-        ([*FORWARD_HEAD, "--fp8-fast-accum", "grad-input", "--batch-size", "8"], 85469),
-        ([*FORWARD_HEAD, "--fp8-fast-accum", "grad-input"], 90697),  # session 33
+        # --precision fp8's auto recipe: the forward head, fast input gradients (sessions 32-33)
+        (["--precision", "fp8"], 90697),
+        (["--precision", "fp8", "--batch-size", "32"], 94449),
+        (["--precision", "fp8", "--batch-size", "8"], 85469),
+        ([*FORWARD_HEAD, "--fp8-fast-accum", "grad-input"], 90697),  # the same recipe, asked by name
+        (["--precision", "fp8", "--fp8-head"], 90697),  # --fp8-head's backward: auto's bf16
         ([*FORWARD_HEAD, "--fp8-fast-accum", "all", "--batch-size", "32"], None),
-        (["--precision", "fp8", "--fp8-fast-accum", "grad-input", "--batch-size", "32"], None),  # no head
-        (["--precision", "fp8", "--batch-size", "8"], None),  # never measured with the tables
+        (["--precision", "fp8", "--no-fp8-head", "--batch-size", "32"], None),  # fast accumulation, no head
+        # the recipes before it, asked by their flags
+        (OLD, 88052),
+        ([*OLD, "--batch-size", "32"], 91850),  # session 30
+        ([*OLD, "--batch-size", "8"], None),  # never measured with the tables
+        (["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16", *EXACT], 92939),  # session 28
+        (["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16", *EXACT, "--batch-size", "8"], 85330),
+        (["--precision", "fp8", "--fp8-head-forward", "bf16", "--fp8-head-grad-input", "bf16", *EXACT], None),
+        ([*FORWARD_HEAD, *EXACT], None),  # not the float8 head's figure
+        ([*FORWARD_HEAD, *EXACT, "--batch-size", "32"], 92296),  # session 31
+        ([*FORWARD_HEAD, *EXACT, "--batch-size", "8"], 82789),
         (["--fuse-projections"], None),
         *[
             ([*flags, "--no-rope-tables"], rate)
@@ -98,13 +106,17 @@ FORWARD_HEAD = ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16
                 (["--batch-size", "8"], 66900),
                 (["--batch-size", "32"], 71081),  # session 26
                 (["--fuse-projections"], 68261),
-                (["--precision", "fp8"], 86851),  # fp8's default recipe with the bf16 stream (sessions 26-27)
-                (["--precision", "fp8", "--batch-size", "8"], 80829),
-                (["--precision", "fp8", "--batch-size", "32"], 89847),
-                (["--precision", "fp8", "--fuse-projections"], 82157),
-                (["--precision", "fp8", "--fp8-head"], 93174),  # with the bf16 stream (session 24)
-                (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 86593),  # session 25's loss runs
-                (["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16"], None),  # not without the tables
+                (["--precision", "fp8"], None),  # auto's recipe: measured with the tables only
+                (OLD, 86851),  # fp8's recipe before it, with the bf16 stream (sessions 26-27)
+                ([*OLD, "--batch-size", "8"], 80829),
+                ([*OLD, "--batch-size", "32"], 89847),
+                ([*OLD, "--fuse-projections"], 82157),
+                (OLD_HEAD, 93174),  # with the bf16 stream (session 24)
+                ([*OLD_HEAD, "--batch-size", "8"], 86593),  # session 25's loss runs
+                (
+                    ["--precision", "fp8", "--fp8-head", "--fp8-head-forward", "bf16", *EXACT],
+                    None,
+                ),  # not without the tables
             ]
         ],
         *[
@@ -112,14 +124,14 @@ FORWARD_HEAD = ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16
             for flags, rate in [
                 ([], 69100),
                 (["--batch-size", "32"], 69358),
-                (["--precision", "fp8"], 85785),  # the default recipe on the native layers (auto)
-                (["--precision", "fp8", "--fp8-linear", "torchao"], 84193),  # the same recipe on torchao's
-                (["--precision", "fp8", "--fp8-head"], 93712),  # the native layers' own run (session 23)
-                (["--precision", "fp8", "--fp8-head", "--fp8-linear", "torchao"], 91196),
-                (["--precision", "fp8", "--batch-size", "8"], 79964),
-                (["--precision", "fp8", "--fp8-fast-accum", "all"], None),  # never measured: not priced as fp8's
+                (OLD, 85785),  # the recipe before auto's on the native layers (--fp8-linear auto)
+                (["--precision", "fp8", "--fp8-linear", "torchao"], 84193),  # auto on torchao's: their recipe
+                (OLD_HEAD, 93712),  # the native layers' own run (session 23)
+                ([*OLD_HEAD, "--fp8-linear", "torchao"], 91196),
+                ([*OLD, "--batch-size", "8"], 79964),
+                ([*OLD[:3], "--fp8-fast-accum", "all"], None),  # never measured: not priced as fp8's
                 (["--precision", "fp8", "--fp8-recipe", "rowwise"], None),
-                (["--precision", "fp8", "--batch-size", "8", "--fp8-head"], 84183),  # the native layers' (session 24)
+                ([*OLD_HEAD, "--batch-size", "8"], 84183),  # the native layers' (session 24)
             ]
         ],
     ],
@@ -158,7 +170,7 @@ def test_an_fp8_job_priced_by_the_other_layers_run_says_so():
 
     def priced(*flags: str) -> str:
         train = ["--task", "causal-lm", "--preset", "llama-1b", "--block-size", "2048", "--compile"]
-        fp8 = ["--precision", "fp8", "--residual-dtype", "fp32", "--no-rope-tables"]
+        fp8 = [*OLD, "--residual-dtype", "fp32", "--no-rope-tables"]  # a later --fp8-head wins
         args = parse_args([*train, "--strategy", "ddp", *fp8, *flags])
         shape = model_shape(args)
         assert shape is not None
@@ -167,10 +179,10 @@ def test_an_fp8_job_priced_by_the_other_layers_run_says_so():
         return measured[1]
 
     assert priced().endswith("2026-11-29-h200x1-session23-c3")
-    assert priced("--fp8-head").endswith("2026-11-29-h200x1-session23-c3")
+    assert priced("--fp8-head", "--fp8-head-backward", "fp8").endswith("2026-11-29-h200x1-session23-c3")
     # micro-batch 32 ran on torchao's layers only (session 22)
     assert priced("--batch-size", "32").endswith(
         "2026-11-29-h200x1-session22-c1 (torchao's float8 layers, the same recipe)"
     )
-    assert "the same recipe" not in priced("--fp8-linear", "torchao", "--fp8-head")
+    assert "the same recipe" not in priced("--fp8-linear", "torchao", "--fp8-head", "--fp8-head-backward", "fp8")
     assert "the same recipe" not in priced("--fp8-linear", "torchao", "--batch-size", "32")

@@ -133,7 +133,9 @@ def test_fp8_converts_every_block_linear_but_the_head_and_still_trains(narrow_ll
     torch.manual_seed(0)
     model = narrow_llama()
     line = fp8.use_fp8(model, linear="torchao")
-    assert line.startswith("fp8=on linear_layers=14 (torchao float8")  # 2 layers x q, k, v, o, gate, up, down
+    assert line.startswith(
+        "fp8=on linear_layers=14 fast_accum=none head=bf16 (torchao float8"
+    )  # 2 layers x q, k, v, o, gate, up, down
     assert sum(isinstance(m, Float8Linear) for m in model.modules()) == 14
     assert not isinstance(model.get_output_embeddings(), Float8Linear)  # the LM head stays in bf16
     losses = few_steps(model, 3)
@@ -146,12 +148,13 @@ def test_fp8_converts_every_block_linear_but_the_head_and_still_trains(narrow_ll
     [
         (
             ["--fp8-linear", "torchao"],
-            "fp8=on linear_layers=14 (torchao float8, tensorwise scaling; the LM head stays bf16)",
+            "fp8=on linear_layers=14 fast_accum=none head=bf16 (torchao float8, tensorwise scaling; the LM head "
+            "(auto: torchao's float8 layers: the recipe was measured on the native ones) stays bf16)",
         ),
         (
-            ["--fp8-linear", "torchao", "--fp8-head", "--fp8-fast-accum", "grad-input"],
-            "fp8=on linear_layers=14 (torchao float8, tensorwise scaling, fast accumulation in the input gradients "
-            "too; the LM head in float8 inside the fast loss)",
+            ["--fp8-linear", "torchao", "--fp8-head", "--fp8-head-backward", "fp8", "--fp8-fast-accum", "grad-input"],
+            "fp8=on linear_layers=14 fast_accum=grad-input head=fp8 (torchao float8, tensorwise scaling, fast "
+            "accumulation in the input gradients too; the LM head in float8 inside the fast loss)",
         ),
     ],
     ids=["torchao", "torchao-head"],
@@ -204,18 +207,21 @@ def test_fp8_keeps_the_edge_blocks_in_bf16_where_asked(narrow_llama):
         (["--fp8-head", "--precision", "bf16"], "--fp8-head applies to --precision fp8, not bf16"),
         (["--fp8-head-grad-input", "bf16", "--precision", "bf16"], "--fp8-head-grad-input applies to --precision fp8"),
         (
-            ["--precision", "fp8", "--strategy", "ddp", "--fp8-head-grad-input", "bf16"],
-            "--fp8-head-grad-input applies to --fp8-head",
+            ["--precision", "fp8", "--strategy", "ddp", "--no-fp8-head", "--fp8-head-grad-input", "bf16"],
+            "--fp8-head-grad-input applies to the LM head in float8, which --no-fp8-head turns off: "
+            "drop --fp8-head-grad-input",
         ),
         (["--fp8-head-forward", "bf16", "--precision", "bf16"], "--fp8-head-forward applies to --precision fp8"),
         (
-            ["--precision", "fp8", "--strategy", "ddp", "--fp8-head-forward", "bf16"],
-            "--fp8-head-forward applies to --fp8-head",
+            ["--precision", "fp8", "--strategy", "ddp", "--no-fp8-head", "--fp8-head-forward", "bf16"],
+            "--fp8-head-forward applies to the LM head in float8, which --no-fp8-head turns off: "
+            "drop --fp8-head-forward",
         ),
         (["--fp8-head-backward", "bf16", "--precision", "bf16"], "--fp8-head-backward applies to --precision fp8"),
         (
-            ["--precision", "fp8", "--strategy", "ddp", "--fp8-head-backward", "bf16"],
-            "--fp8-head-backward applies to --fp8-head",
+            ["--precision", "fp8", "--strategy", "ddp", "--no-fp8-head", "--fp8-head-backward", "bf16"],
+            "--fp8-head-backward applies to the LM head in float8, which --no-fp8-head turns off: "
+            "drop --fp8-head-backward",
         ),
         (
             ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16", "--fp8-head-forward", "bf16"],
@@ -249,17 +255,17 @@ def test_fp8_converts_with_the_recipe_and_edge_blocks_asked_for(narrow_llama):
     model = narrow_llama(layers=4)
     line = fp8.use_fp8(model, "rowwise", bf16_edge_blocks=1, linear="torchao")
     assert line == (
-        "fp8=on linear_layers=14 (torchao float8, rowwise scaling; the LM head and the first and last 1 blocks "
-        "stay bf16)"
+        "fp8=on linear_layers=14 fast_accum=none head=bf16 (torchao float8, rowwise scaling; the LM head and the "
+        "first and last 1 blocks stay bf16)"
     )
     converted = [m for m in model.modules() if isinstance(m, Float8Linear)]
     assert len(converted) == 14  # the middle two blocks' seven linears each
     assert all(m.config.cast_config_input.scaling_granularity.value == "axiswise" for m in converted)  # rowwise
 
 
-def test_fp8_fast_accum_is_off_by_default_and_parsed():
+def test_fp8_fast_accum_is_auto_by_default_and_parsed():
     fp8_ddp = ["--precision", "fp8", "--strategy", "ddp"]
-    assert parse_args(fp8_ddp).fp8_fast_accum == "none"
+    assert parse_args(fp8_ddp).fp8_fast_accum == "auto"  # fp8_auto_recipe: tests/training/test_fp8_auto.py
     assert parse_args([*fp8_ddp, "--fp8-fast-accum"]).fp8_fast_accum == "all"  # the flag alone: as before
     assert parse_args(["--fp8-fast-accum", "grad-input", *fp8_ddp]).fp8_fast_accum == "grad-input"
     with pytest.raises(ArgumentError, match="--fp8-fast-accum: invalid choice: 'grad-weight'"):
@@ -287,8 +293,8 @@ def test_fp8_fast_accum_reaches_the_backward_matmuls_and_still_trains(narrow_lla
     model = narrow_llama()
     line = fp8.use_fp8(model, fast_accum="all", linear="torchao")
     assert line == (
-        "fp8=on linear_layers=14 (torchao float8, tensorwise scaling, fast accumulation in the backward too; "
-        "the LM head stays bf16)"
+        "fp8=on linear_layers=14 fast_accum=all head=bf16 (torchao float8, tensorwise scaling, fast accumulation in "
+        "the backward too; the LM head stays bf16)"
     )
     converted = [m for m in model.modules() if isinstance(m, Float8Linear)]
     assert len(converted) == 14
@@ -304,8 +310,9 @@ def test_fp8_fast_accum_reaches_the_backward_matmuls_and_still_trains(narrow_lla
     "training, line",
     [
         (
-            ["--fp8-head-grad-input", "bf16"],
-            "--fp8-head-grad-input applies to --fp8-head (the LM head in float8): add --fp8-head",
+            ["--no-fp8-head", "--fp8-head-grad-input", "bf16"],
+            "--fp8-head-grad-input applies to the LM head in float8, which --no-fp8-head turns off: "
+            "drop --fp8-head-grad-input",
         ),
         (
             ["--fp8-head", "--fp8-head-grad-input", "bf8"],

@@ -181,8 +181,8 @@ def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains(narr
     model = narrow_llama()
     line = fp8.use_fp8(model, linear="native", fast_accum="grad-input")
     assert line == (
-        "fp8=on linear_layers=14 (float8 on torch._scaled_mm, tensorwise scaling, fast accumulation in the input "
-        "gradients too; the LM head stays bf16)"
+        "fp8=on linear_layers=14 fast_accum=grad-input head=bf16 (float8 on torch._scaled_mm, tensorwise scaling, "
+        "fast accumulation in the input gradients too; the LM head stays bf16)"
     )
     layers = [m for m in model.modules() if isinstance(m, Float8Linear)]
     assert len(layers) == 14 and all(m.fast_grad_input and not m.fast_grad_weight for m in layers)
@@ -191,21 +191,40 @@ def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains(narr
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
 
 
+AUTO_HEAD = "; the LM head in float8 inside the fast loss, its backward bf16"
+
+
 @pytest.mark.slow  # an entry-point run
 @pytest.mark.parametrize(
-    "flags, scaling",
+    "flags, recipe",
     [
-        ([], "tensorwise scaling"),
-        (["--fp8-scaling", "delayed", "--compile"], "tensorwise delayed scaling"),
-        (["--fp8-head-grad-input", "bf16", "--fp8-head-forward", "bf16"], "tensorwise scaling"),
-        (["--fp8-head-backward", "bf16"], "tensorwise scaling"),
+        # --precision fp8 alone: auto's recipe, the head's forward float8 and fast input gradients
+        ([], f"fast_accum=grad-input head=fp8+bf16-backward (float8 on torch._scaled_mm, tensorwise scaling, "
+             f"fast accumulation in the input gradients too{AUTO_HEAD})"),
+        (["--fp8-scaling", "delayed", "--compile"], "fast_accum=grad-input head=fp8+bf16-backward (float8 on "
+         f"torch._scaled_mm, tensorwise delayed scaling, fast accumulation in the input gradients too{AUTO_HEAD})"),
+        # the recipe before session 33: the whole head float8, every backward matmul exact
+        (["--fp8-head", "--fp8-head-backward", "fp8", "--fp8-fast-accum", "none"], "fast_accum=none head=fp8 (float8 "
+         "on torch._scaled_mm, tensorwise scaling; the LM head in float8 inside the fast loss)"),
+        # the head's own flags ask for it; its backward then stays float8 (auto)
+        (["--fp8-head-grad-input", "bf16", "--fp8-head-forward", "bf16"], "fast_accum=grad-input "
+         "head=fp8+bf16-grad-input+bf16-forward (float8 on torch._scaled_mm, tensorwise scaling, fast accumulation "
+         "in the input gradients too; the LM head in float8 inside the fast loss, its forward bf16, its input "
+         "gradient bf16)"),
+        (["--no-fp8-head"], "fast_accum=grad-input head=bf16 (float8 on torch._scaled_mm, tensorwise scaling, fast "
+         "accumulation in the input gradients too; the LM head stays bf16)"),
+        # a head float8 cannot multiply (a vocabulary of 1,000): auto keeps it bf16 and says why
+        (["--config-overrides", "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
+          "num_key_value_heads=2,vocab_size=1000"], "fast_accum=grad-input head=bf16 (float8 on torch._scaled_mm, "
+         "tensorwise scaling, fast accumulation in the input gradients too; the LM head (auto: its hidden size (64) "
+         "and vocabulary (1000) must both be multiples of 16) stays bf16)"),
     ],
-    ids=["dynamic", "delayed-compiled", "head-forward-and-grad-input-bf16", "head-backward-bf16"],
-)
-def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp_path, flags, scaling):
+    ids=["auto", "delayed-compiled", "head-float8-exact", "head-forward-and-grad-input-bf16", "no-head", "odd-vocab"],
+)  # fmt: skip
+def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp_path, flags, recipe):
     """What a user runs: --precision fp8 (--fp8-linear auto: native) through the entry point, on CPU
-    processes told they are on an H100 (fp8_shim), with torchao hidden: the layers convert, the loss
-    is finite; with --fp8-scaling delayed, compiled too."""
+    processes told they are on an H100 (fp8_shim), with torchao hidden: the layers convert with the
+    recipe asked (auto's with no flag), the loss is finite; with --fp8-scaling delayed, compiled too."""
     shim = str(Path(__file__).parent / "fp8_shim")
     hide = tmp_path / "no_torchao"  # an empty namespace package shadows an installed torchao: no torchao.float8
     (hide / "torchao").mkdir(parents=True)
@@ -215,19 +234,13 @@ def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp
     )
     run = train(
         "--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", narrow, *FP8_DDP,
-        "--fp8-head", "--dataset", "builtin:corpus", "--block-size", "32",
+        "--dataset", "builtin:corpus", "--block-size", "32",
         "--batch-size", "4", "--max-steps", "4", "--log-every", "2", "--report-to", "none", "--no-save-model",
         "--max-eval-samples", "8", "--generate-tokens", "2", *flags,
         env={"PYTHONPATH": os.pathsep.join(filter(None, [shim, str(hide), os.environ.get("PYTHONPATH")]))},
     )  # fmt: skip
     assert run.returncode == 0, run.describe()
-    head = ", its forward bf16" if "--fp8-head-forward" in flags else ""
-    head += ", its input gradient bf16" if "--fp8-head-grad-input" in flags else ""
-    head += ", its backward bf16" if "--fp8-head-backward" in flags else ""
-    assert run.lines("fp8=") == [
-        f"fp8=on linear_layers=14 (float8 on torch._scaled_mm, {scaling}; the LM head in float8 inside the fast "
-        f"loss{head})"
-    ], run.describe()
+    assert run.lines("fp8=") == [f"fp8=on linear_layers=14 {recipe}"], run.describe()
     assert len(run.train_losses) == 2 and all(0 < v < 20 for v in run.train_losses.values()), run.train_losses
 
 

@@ -1,0 +1,80 @@
+"""--precision fp8's auto recipe (args.fp8_auto_recipe, decided in decisions.decide): the LM head's
+forward matmul in float8 with its backward bf16, and fast input-gradient accumulation, on the
+native float8 layers; what each flag or run condition leaves of it, and why."""
+
+from __future__ import annotations
+
+import pytest
+
+from distrain_cloud.training.args import ArgumentError, in_bf16, parse_args, validate
+from distrain_cloud.training.decisions import decide, plan_configs
+
+LLAMA = ["--task", "causal-lm", "--preset", "llama-1b", "--block-size", "2048", "--precision", "fp8"]
+
+
+def decided(*flags: str, head_why_not: str | None = None, task: list[str] = LLAMA):
+    return decide(parse_args([*task, *flags]), world=1, cuda=True, fp8_head_why_not=head_why_not)
+
+
+@pytest.mark.parametrize(
+    "flags, head, backward, accum, why",
+    [
+        ([], True, "bf16", "grad-input", None),  # auto's recipe
+        (["--fp8-head"], True, "bf16", "grad-input", None),  # --fp8-head's backward: auto's bf16 too
+        (["--no-fp8-head"], False, "fp8", "grad-input", None),  # asked: no reason to give
+        (["--fp8-fast-accum", "none"], True, "bf16", "none", None),
+        (["--fp8-head-backward", "fp8"], True, "fp8", "grad-input", None),  # the head's own flag asks for it
+        (["--fp8-head-forward", "bf16"], True, "fp8", "grad-input", None),  # a float8 backward: both bf16 is refused
+        (["--fp8-head-grad-input", "bf16"], True, "fp8", "grad-input", None),
+        (["--fp8-linear", "torchao"], False, "fp8", "none", "torchao's float8 layers"),
+        (["--fp8-recipe", "rowwise"], False, "fp8", "none", "torchao's float8 layers"),
+        (["--fp8-bf16-edge-blocks", "1"], False, "fp8", "grad-input", "--fp8-bf16-edge-blocks keeps"),
+        (["--lm-loss", "model"], False, "fp8", "grad-input", "--lm-loss model"),
+        (["--fused-ce"], False, "fp8", "grad-input", "not the causal-lm loss"),
+    ],
+)
+def test_each_flag_leaves_what_it_says_of_the_auto_recipe(flags, head, backward, accum, why):
+    d = decided(*flags)
+    a = d.args
+    assert (a.fp8_head, a.fp8_head_backward, a.fp8_fast_accum) == (head, backward, accum)
+    assert (d.fp8_head_why or "").startswith(why or ""), d.fp8_head_why
+    assert (d.fp8_head_why is None) == (why is None)
+    # the decided arguments are arguments the job accepts, and decide the same again
+    validate(a)
+    assert decide(a, world=1, cuda=True).args == a
+
+
+def test_a_head_the_model_cannot_multiply_in_float8_stays_bf16_and_says_why():
+    d = decided(head_why_not="its hidden size (64) and vocabulary (1000) must both be multiples of 16")
+    assert d.args.fp8_head is False and d.args.fp8_fast_accum == "grad-input"
+    assert d.fp8_head_why == "its hidden size (64) and vocabulary (1000) must both be multiples of 16"
+    shown = plan_configs(d, 1)["fp8_recipe"]
+    assert shown.endswith(
+        "the LM head bf16 (auto: its hidden size (64) and vocabulary (1000) must both be multiples of 16)"
+    )
+
+
+def test_asked_for_where_the_fast_loss_does_not_run_the_head_is_refused_naming_the_flags():
+    with pytest.raises(ArgumentError, match=r"^--fp8-head-forward: the LM head multiplies in float8 inside the fast LM "
+                       r"loss, which this run does not use \(--lm-loss model\): drop --fp8-head-forward$"):  # fmt: skip
+        decided("--lm-loss", "model", "--fp8-head-forward", "bf16")
+
+
+def test_bf16_jobs_keep_the_fp8_settings_as_given_and_in_bf16_clears_them():
+    bf16 = decide(parse_args([*LLAMA[:-2], "--precision", "bf16"]), world=1, cuda=True).args
+    assert (bf16.fp8_head, bf16.fp8_head_backward, bf16.fp8_fast_accum) == (None, "auto", "auto")
+    fp8 = decided().args
+    cleared = in_bf16(fp8)
+    assert cleared.precision == "bf16" and (cleared.fp8_head, cleared.fp8_fast_accum) == (None, "auto")
+    validate(cleared)  # no --fp8-* flag left to refuse
+
+
+def test_the_plan_names_the_recipe_and_that_auto_picked_the_head():
+    assert plan_configs(decided(), 1)["fp8_recipe"] == (
+        "native float8 layers, tensorwise dynamic scaling, fast accumulation in the backward: grad-input; the LM "
+        "head float8, its backward bf16 (auto; bf16 where the model's head cannot)"
+    )
+    assert plan_configs(decided("--fp8-head", "--fp8-head-backward", "fp8", "--fp8-fast-accum", "none"), 1)[
+        "fp8_recipe"
+    ].endswith("fast accumulation in the backward: none; the LM head float8")
+    assert "fp8_recipe" not in plan_configs(decide(parse_args(LLAMA[:-2]), world=1, cuda=True), 1)
