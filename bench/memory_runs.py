@@ -159,6 +159,7 @@ S29 = "2026-11-29-h200x2-session29"
 HELD_OUT_S22 = "measured in session 22, after the last refit"
 S32 = "2026-11-30-h200x2-session32"
 HELD_OUT_S32 = "measured in session 32, after the last refit"
+S33 = "2026-11-30-h200x2-session33"
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
 CLS, HF_CLS = "ours-cls-gpt2-small-g1-b32", "hf-cls-gpt2-small-g1-b32"
@@ -738,4 +739,27 @@ CONFIGS: tuple[Config, ...] = (
     Config("gpt2-small", 2, "fsdp", compiled=True, kv_cache=False, logits_output=False, fsdp_blocks_per_unit=0,
            compile_unit="model", flags="profile-steps 30:35", held_out=HELD_OUT_S32, runs=_runs("H200",
         (f"{S32}-d1-multi", "ours-gpt2-small-fsdp-compile-g2-b16-k1-fsdp0p", 7.6423, 19.87))),
+    # session 33 (2xH200, one run per GPU side by side): llama-1b with the defaults of a compiled Llama
+    # (the bf16 stream, the rope tables, which the estimate does not read: the same peak as session
+    # 24's r16 without them), and fp8's new default recipe (its head's backward bf16: no float8 copy
+    # of the logits' gradient, so fp8_head stays off here) beside the recipe before it
+    _llama1b(batch_size=16, flags="residual-dtype bf16 rope-tables", runs=_runs("H200",
+        (f"{S33}-c1-gpu0", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 61.4475, 78.11),
+        (f"{S33}-c1-gpu1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 61.4475, 78.11),
+        (f"{S33}-c2-gpu0", "ours-llama-1b-ddp-compile-g1-b16-k1", 61.4475, 78.11),
+        (f"{S33}-c2-gpu1-ours", "ours-llama-1b-ddp-compile-g1-b16-k1", 61.4475, 78.11),
+        (f"{S33}-c6-gpu1-ours", "ours-llama-1b-ddp-compile-g1-b16-k1", 61.4475, 78.11))),
+    _llama1b(batch_size=32, flags="residual-dtype bf16 rope-tables", runs=_runs("H200",
+        (f"{S33}-c4-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1", 106.7164, 113.99))),
+    _llama1b(batch_size=8, flags="residual-dtype bf16 rope-tables", runs=_runs("H200",
+        (f"{S33}-c5-gpu1-ours", "ours-llama-1b-ddp-compile-g1-b8-k1", 38.8125, 64.07))),
+    _llama1b(batch_size=16, precision="fp8",
+           flags="fp8-head fp8-head-backward bf16 fp8-fast-accum grad-input residual-dtype bf16 rope-tables",
+           runs=_runs("H200",
+        (f"{S33}-c1-gpu0", "ours-llama-1b-ddp-compile-g1-b16-k1-natfbg16", 47.8192, 64.55),
+        (f"{S33}-c3-gpu0", "ours-llama-1b-ddp-compile-g1-b16-k1-natfbg16", 47.8192, 64.55),
+        (f"{S33}-c3-gpu1", "ours-llama-1b-ddp-compile-g1-b16-k1-natfbg16", 47.8192, 64.55))),
+    _llama1b(batch_size=16, precision="fp8", flags="residual-dtype bf16 rope-tables", runs=_runs("H200",
+        (f"{S33}-c3-gpu0", "ours-llama-1b-ddp-compile-g1-b16-k1-nat16", 47.6371, 64.31),
+        (f"{S33}-c3-gpu1", "ours-llama-1b-ddp-compile-g1-b16-k1-nat16", 47.6371, 64.30))),
 )  # fmt: skip
