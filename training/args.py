@@ -553,9 +553,9 @@ HEAD_FLAGS = ("fp8_head_grad_input", "fp8_head_forward", "fp8_head_backward")  #
 
 def fp8_auto_recipe(a: TrainArgs, head_why_not: str | None) -> tuple[TrainArgs, str | None]:
     """`a` with --fp8-head, --fp8-head-backward and --fp8-fast-accum concrete under --precision fp8
-    (as given otherwise: they apply to fp8 alone), and why auto left the LM head bf16, if it did. `head_why_not`: why
-    the run cannot multiply its head in float8 (the flags' or the loaded model's reason), None where
-    it can or the model is not loaded yet.
+    (as given otherwise: they apply to fp8 alone), and why auto left the LM head bf16, if it did.
+    `head_why_not`: why the run cannot multiply its head in float8 (the flags' or the loaded model's
+    reason), None where it can or the model is not loaded yet.
 
     auto's recipe, on the native float8 layers: the head's forward matmul in float8, its backward
     bf16, and the input gradients' matmuls in fast accumulation. llama-1b on an H200 (bench/README.md,
