@@ -46,7 +46,7 @@ class Decisions:
     # fsdp_one_unit); args say 0 where it made the whole model one unit
     fsdp_units_why: str | None = None
     # why --precision fp8's auto recipe left the LM head bf16 (args.fp8_auto_recipe), if it did;
-    # whether auto decided the head (no --fp8-head, --no-fp8-head or head flag given)
+    # whether auto decided the head (no --fp8-head, --no-fp8-head or other head flag given)
     fp8_head_why: str | None = None
     fp8_head_auto: bool = False
 
@@ -168,9 +168,9 @@ def decide(
         resolved = replace(resolved, fsdp_blocks_per_unit=0)
     head_loss_why_not = head_loss_flags_why_not(resolved, engine)
     resolved, fp8_head_why = fp8_auto_recipe(resolved, head_loss_why_not or fp8_head_why_not)
-    if resolved.fp8_head and head_loss_why_not:
-        # only asked for: auto leaves the head bf16 where the fast LM loss does not run
-        asked = " and ".join(flag for flag in fp8_flags_given(args) if flag.startswith("--fp8-head"))
+    # the head flags given (--fp8-head, or one shaping the head, which asks for it too)
+    asked = " and ".join(flag for flag in fp8_flags_given(args) if flag.startswith("--fp8-head"))
+    if resolved.fp8_head and head_loss_why_not:  # only asked for: auto leaves it bf16 there
         raise ArgumentError(
             f"{asked}: the LM head multiplies in float8 inside the fast LM loss, which this run does not use "
             f"({head_loss_why_not}): drop {asked}"
@@ -193,7 +193,7 @@ def decide(
         ddp_slow_link=bucket_link,
         fsdp_units_why=units_why,
         fp8_head_why=fp8_head_why,
-        fp8_head_auto=args.precision == "fp8" and args.fp8_head is None,
+        fp8_head_auto=args.precision == "fp8" and not asked,
     )
 
 

@@ -77,4 +77,8 @@ def test_the_plan_names_the_recipe_and_that_auto_picked_the_head():
     assert plan_configs(decided("--fp8-head", "--fp8-head-backward", "fp8", "--fp8-fast-accum", "none"), 1)[
         "fp8_recipe"
     ].endswith("fast accumulation in the backward: none; the LM head float8")
+    # a head flag asks for the head: the job refuses it, not falls back, where the head cannot run
+    assert plan_configs(decided("--fp8-head-forward", "bf16"), 1)["fp8_recipe"].endswith(
+        "the LM head float8, its forward bf16"
+    )
     assert "fp8_recipe" not in plan_configs(decide(parse_args(LLAMA[:-2]), world=1, cuda=True), 1)
