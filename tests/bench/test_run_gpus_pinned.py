@@ -6,12 +6,8 @@ still does (a stray rank of a timed-out run made a 2-GPU row read 46% weak scali
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-
 import pytest
-from test_run_dry import _bench
+from test_run_dry import _bench, _busy_runner
 
 # --query-compute-apps: $FAKE_APPS (pid, used_memory, gpu_bus_id; the first two where only they are
 # asked for); --query-gpu: $FAKE_GPUS, or a failure where FAKE_GPUS_FAIL is set
@@ -31,27 +27,15 @@ ON_GPU1 = "4243, 1200 MiB, 00000000:2a:00.0\n"  # bus ids compare case-insensiti
 
 @pytest.fixture
 def gpu_run(tmp_path, monkeypatch):
-    """(bench, runner, run, mark): a GPU (not --cpu-smoke) Runner over a fake two-GPU nvidia-smi whose
-    compute apps are tmp_path/apps, and a run that only leaves a mark that it started."""
-    bench = _bench()
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
-    (bin_dir / "nvidia-smi").chmod(0o755)
+    """(bench, runner, run, mark): test_run_dry's GPU Runner (a run that only leaves a mark that it
+    started) over a fake two-GPU nvidia-smi whose compute apps are tmp_path/apps."""
+    runner, run, mark = _busy_runner(tmp_path, monkeypatch, allow=False)
+    (tmp_path / "bin" / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)  # the same file, which knows the bus ids
     (tmp_path / "gpus").write_text(GPUS)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_APPS", str(tmp_path / "apps"))
     monkeypatch.setenv("FAKE_GPUS", str(tmp_path / "gpus"))
     monkeypatch.delenv("FAKE_GPUS_FAIL", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    a = argparse.Namespace(allow_busy_gpus=False, compile_cache="shared")
-    ctx = bench.Ctx(a, 1, tmp_path, tmp_path, tmp_path, tmp_path, False, 1.0)
-    runner = bench.Runner(ctx, tmp_path / "out", None, None)
-    runner.busy_wait_s = 0.3
-    mark = tmp_path / "started"
-    cmd = [sys.executable, "-c", f"open({str(mark)!r}, 'w').write('x')"]
-    run = bench.Run("r", "hf_trainer", "r", cmd, 1, "gpt2-small", "lm", "single", 128, 1, 1, 1, 0, 1, timeout=60)
-    return bench, runner, run, mark
+    return _bench(), runner, run, mark
 
 
 def test_pinned_to_gpu1_a_process_on_gpu0_is_a_neighbour_not_a_blocker(gpu_run, tmp_path, monkeypatch):
