@@ -308,6 +308,21 @@ time.sleep(600)
 """
 
 
+def _stuck_worker_survives(pid_file: Path, stop) -> bool:
+    """Whether STUCK_RUN's worker (its pid in `pid_file`) is still alive just after `stop()`, which
+    times the run out; the worker is killed either way, so a failing test leaves nothing behind."""
+    import time
+
+    try:
+        stop()
+        worker = int(pid_file.read_text())
+        time.sleep(0.2)
+        return Path(f"/proc/{worker}").exists() and " Z " not in Path(f"/proc/{worker}/stat").read_text()
+    finally:
+        if pid_file.is_file():
+            subprocess.run(["kill", "-9", pid_file.read_text()], capture_output=True, check=False)
+
+
 @pytest.mark.slow  # a 2 s timeout and a 0.5 s grace
 def test_a_runs_timeout_ends_its_whole_process_tree(tmp_path):
     """A timed-out run's rank stayed alive over 14 minutes holding 8.8 GiB of a GPU: the bench
@@ -325,14 +340,8 @@ def test_a_runs_timeout_ends_its_whole_process_tree(tmp_path):
     cmd = [sys.executable, "-c", STUCK_RUN, str(pid_file)]
     run = bench.Run("stuck", "hf_trainer", "stuck", cmd, 1, "tiny-gpt2", "lm", "ddp", 128, 1, 1, 1, 0, 1, timeout=2)
     started = time.monotonic()
-    try:
-        res = runner.execute(run)
-        worker = int(pid_file.read_text())
-        time.sleep(0.2)
-        alive = Path(f"/proc/{worker}").exists() and " Z " not in Path(f"/proc/{worker}/stat").read_text()
-    finally:
-        if pid_file.is_file():
-            subprocess.run(["kill", "-9", pid_file.read_text()], capture_output=True, check=False)
+    res: dict = {}
+    alive = _stuck_worker_survives(pid_file, lambda: res.update(runner.execute(run)))
     assert res["status"] == "TIMEOUT (2s)"
     assert not alive, "the run's worker outlived its timeout"
     assert time.monotonic() - started < 10
@@ -589,14 +598,11 @@ def test_host_overheads_timeout_ends_its_whole_process_tree_too(tmp_path):
     spec.loader.exec_module(host_overhead)
     pid_file = tmp_path / "worker.pid"
     started = time.monotonic()
-    try:
+
+    def stop() -> None:
         with pytest.raises(subprocess.TimeoutExpired):
             host_overhead.run_to_end([sys.executable, "-c", STUCK_RUN, str(pid_file)], dict(os.environ), timeout_s=2)
-        worker = int(pid_file.read_text())
-        time.sleep(0.2)
-        alive = Path(f"/proc/{worker}").exists() and " Z " not in Path(f"/proc/{worker}/stat").read_text()
-    finally:
-        if pid_file.is_file():
-            subprocess.run(["kill", "-9", pid_file.read_text()], capture_output=True, check=False)
+
+    alive = _stuck_worker_survives(pid_file, stop)
     assert not alive, "the run's worker outlived its timeout"
     assert time.monotonic() - started < 20
