@@ -82,3 +82,18 @@ def test_the_plan_names_the_recipe_and_that_auto_picked_the_head():
         "the LM head float8, its forward bf16"
     )
     assert "fp8_recipe" not in plan_configs(decide(parse_args(LLAMA[:-2]), world=1, cuda=True), 1)
+
+
+def test_submit_dry_run_shows_the_recipe_the_job_will_run(capsys, no_aws_config):
+    """Where a user meets the recipe first: the plan of `submit --precision fp8 --dry-run`, in JSON."""
+    import json
+
+    from distrain_cloud.launcher import cli
+
+    argv = ["submit", "--instance", "ml.p5.48xlarge", "--precision", "fp8", "--dry-run", "--json", "--"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*argv, "--task", "causal-lm", "--preset", "llama-1b", "--lm-loss", "model"])
+    assert exit_.value.code == 0
+    plan = json.loads(capsys.readouterr().out)
+    shown = json.dumps(plan)
+    assert "fast accumulation in the backward: grad-input; the LM head bf16 (auto: --lm-loss model)" in shown
