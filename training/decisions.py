@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Decisions:
     """What the run does and why. `args` are the arguments as decided: --strategy auto made
-    concrete (and --compile-unit model where auto picked fsdp sharded in the graph), and
-    --fsdp-blocks-per-unit 0 where FSDP2 made a small compiled model one unit (fsdp_units_why)."""
+    concrete (and --compile-unit model where auto picked fsdp sharded in the graph),
+    --fsdp-blocks-per-unit 0 where FSDP2 made a small compiled model one unit (fsdp_units_why), and
+    under --precision fp8 the head and fast accumulation settings fp8_auto_recipe made concrete."""
 
     args: TrainArgs
     strategy: Strategy  # as the processes launch: ddp while auto is still undecided
