@@ -17,7 +17,7 @@ Timing: a TrainerCallback synchronizes the device and reads perf_counter at on_s
 on_step_end. `--warmup-steps` steps run first and are not timed; `--steps` are timed.
 Prints one final line:
 
-    bench=hf_trainer variant=defaults|compile tokens_per_sec=... step_time_ms=... mfu=... peak_mem_gb=... gpus=N ...
+    bench=hf_trainer variant=defaults|compile[+liger] tokens_per_sec=... step_time_ms=... mfu=... peak_mem_gb=... ...
 
 tokens_per_sec   global tokens / wall time from the end of the last warmup step to the end of
                  the last step (data loading, logging and everything between steps included;
@@ -56,6 +56,12 @@ def parse_args(argv=None):
         "--model", choices=("gpt2-small", "gpt2-xl", "llama-1b"), default="gpt2-small", help="LM model shape"
     )
     p.add_argument("--compile", action="store_true", help="TrainingArguments(torch_compile=True)")
+    p.add_argument(
+        "--liger",
+        action="store_true",
+        help="TrainingArguments(use_liger_kernel=True): Liger's Triton kernels patched into the model (RMSNorm, "
+        "RoPE, SwiGLU and the fused linear cross-entropy that never holds the logits); needs liger-kernel and a GPU",
+    )
     p.add_argument("--optim", default="adamw_torch_fused")
     p.add_argument("--steps", type=int, default=None, help="timed optimizer steps (default 60; 3 with --tiny)")
     p.add_argument(
@@ -314,6 +320,7 @@ def training_arguments(a, out_dir: str, total_steps: int):
         bf16=a.precision == "bf16",
         fp16=a.precision == "fp16",
         torch_compile=a.compile,
+        use_liger_kernel=a.liger,
         tf32=True if a.tf32 and torch.cuda.is_available() else None,
         logging_strategy="steps",
         logging_steps=total_steps + 1,  # no mid-run logging syncs
@@ -328,6 +335,8 @@ def training_arguments(a, out_dir: str, total_steps: int):
     )
     accepted = set(inspect.signature(TrainingArguments.__init__).parameters)
     dropped = sorted(k for k in kwargs if k not in accepted)
+    if a.liger and "use_liger_kernel" in dropped:  # asked for: a baseline without it would be mislabelled
+        raise SystemExit("error: --liger: this transformers' TrainingArguments has no use_liger_kernel")
     if dropped:
         print(f"note: this transformers' TrainingArguments has no {', '.join(dropped)}; left out", file=sys.stderr)
     return TrainingArguments(**{k: v for k, v in kwargs.items() if k in accepted})
@@ -407,7 +416,7 @@ def main(argv=None) -> None:
     tps = real / elapsed
     line = {
         "bench": "hf_trainer",
-        "variant": "compile" if a.compile else "defaults",
+        "variant": ("compile" if a.compile else "defaults") + ("+liger" if a.liger else ""),
         "mode": a.mode,
         "model": model_name(a),
         "tokens_per_sec": tps,
@@ -437,6 +446,7 @@ def main(argv=None) -> None:
         warmup_steps=a.warmup_steps,
         precision=a.precision,
         tf32=a.tf32,
+        liger=a.liger,
         attn=model.config._attn_implementation,
         optim=a.optim,
         device=torch.cuda.get_device_name(0) if cuda else "cpu",

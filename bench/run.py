@@ -314,6 +314,7 @@ def hf_lm(
     steps: int | None = None,
     warmup: int | None = None,
     timeout: int | None = None,
+    liger: bool = False,
 ) -> Run:
     a = ctx.a
     preset = "tiny-gpt2" if ctx.cpu else model
@@ -348,12 +349,14 @@ def hf_lm(
         cmd.append("--tiny")
     if compile_:
         cmd.append("--compile")
-    variant = "compile" if compile_ else "defaults"
+    if liger:
+        cmd.append("--liger")
+    variant = ("compile" if compile_ else "defaults") + ("-liger" if liger else "")
     seq_tag = f"-s{seq_len}" if seq_len != a.seq_len else ""
     return Run(
         f"hf-{preset}-{variant}-g{gpus}-b{batch}{seq_tag}",
         "hf_trainer",
-        f"HF Trainer {variant}",
+        f"HF Trainer {variant.replace('-', '+')}",
         cmd,
         gpus,
         preset,
@@ -366,7 +369,7 @@ def hf_lm(
         warmup,
         None,
         timeout or (a.compile_timeout if compile_ else a.timeout),
-        ("transformers",),
+        ("transformers",) + (("liger_kernel",) if liger else ()),
         n,
         fpt,
     )
@@ -512,6 +515,7 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
                 runs.append(ours_lm(ctx, gpus=1, compile_=True, label="ours +compile"))
             # baselines before variants: a deadline cuts variants, never the comparison
             runs += [hf_lm(ctx, compile_=False), hf_lm(ctx, compile_=True)]
+            runs += [hf_lm(ctx, compile_=True, liger=True)] if a.hf_liger else []
             runs += [ours_lm(ctx, gpus=1, compile_=True, label="ours +compile", variant=v) for v in variants]
         elif s == "entry":
             # baseline first: a deadline cuts ours' long run, never the comparison's reference
@@ -528,19 +532,17 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
                 timeout=a.xl_timeout,
             )
             name = "tiny-gpt2" if ctx.cpu else "llama-1b"
-            runs = [
-                ours_lm(ctx, compile_=True, label=f"ours {name} +compile", **ll),
-                hf_lm(
-                    ctx,
-                    compile_=True,
-                    model="llama-1b",
-                    batch=a.llama_batch_size,
-                    seq_len=a.llama_seq_len,
-                    steps=a.llama_steps,
-                    warmup=a.llama_warmup,
-                    timeout=a.xl_timeout,
-                ),
-            ]
+            hf = dict(
+                compile_=True,
+                model="llama-1b",
+                batch=a.llama_batch_size,
+                seq_len=a.llama_seq_len,
+                steps=a.llama_steps,
+                warmup=a.llama_warmup,
+                timeout=a.xl_timeout,
+            )
+            runs = [ours_lm(ctx, compile_=True, label=f"ours {name} +compile", **ll), hf_lm(ctx, **hf)]
+            runs += [hf_lm(ctx, liger=True, **hf)] if a.hf_liger else []
             # e.g. fp8=--precision fp8: ours again with those flags, against ours and the Trainer
             runs += [ours_lm(ctx, compile_=True, label=f"ours {name} +compile", variant=v, **ll) for v in variants]
         elif s == "scaling":
@@ -1467,6 +1469,12 @@ def parse_args(argv=None):
     g.add_argument("--log-every", type=int, default=None, help="our log window (default 10; 2 CPU)")
     g.add_argument("--ours-extra", default="", help="extra training flags for every run of ours, e.g. '--compile'")
     g.add_argument("--ours-compile", action="store_true", help="single: also run ours with --compile")
+    g.add_argument(
+        "--hf-liger",
+        action="store_true",
+        help="single, llama: the compiled Trainer again with use_liger_kernel=True (needs liger-kernel), so ours "
+        "is also measured against the Trainer with Liger's kernels",
+    )
     g.add_argument(
         "--variant",
         action="append",

@@ -150,6 +150,23 @@ def test_the_entry_and_llama_suites_plan_the_entry_point_alone_and_llama_against
     )
 
 
+def test_hf_liger_adds_the_compiled_trainer_with_ligers_kernels_as_a_second_baseline(tmp_path):
+    r = dry_run("--suite", "llama,single", "--gpus", "1", "--llama-batch-size", "16", "--hf-liger")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    liger = [lines[i + 1] for i, x in enumerate(lines[:-1]) if x.startswith("# HF Trainer compile+liger")]
+    # one in each suite: llama-1b at the suite's batch, and GPT-2 small
+    assert len(liger) == 2 and all(cmd.endswith("--compile --liger") for cmd in liger)
+    assert sorted("--model llama-1b --batch-size 16" in cmd for cmd in liger) == [False, True]
+    assert planned(r)["HF Trainer compile"].endswith("--compile")  # the plain baseline stays beside it
+    assert "--liger" not in dry_run("--suite", "llama", "--gpus", "1").stdout  # only when asked
+    bench = _bench()
+    ctx = bench.Ctx(bench.parse_args(["--hf-liger"]), 1, tmp_path, tmp_path, tmp_path, tmp_path, False, 1e15)
+    runs = bench.build_suites(ctx, ["llama"])["llama"]
+    # a machine without liger-kernel skips that run, not the suite
+    assert [x.needs for x in runs if "-compile-liger-g1-b8" in x.id] == [("transformers", "liger_kernel")]
+
+
 def test_recorded_commands_name_no_machine_paths(tmp_path):
     """Commands are recorded (logs, results.json, this plan) relative to the repository and
     the work folder, so committed measurements carry no machine's paths."""
