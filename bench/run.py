@@ -515,7 +515,7 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
                 runs.append(ours_lm(ctx, gpus=1, compile_=True, label="ours +compile"))
             # baselines before variants: a deadline cuts variants, never the comparison
             runs += [hf_lm(ctx, compile_=False), hf_lm(ctx, compile_=True)]
-            runs += [hf_lm(ctx, compile_=True, liger=True)] if a.hf_liger else []
+            runs += [hf_lm(ctx, compile_=c, liger=True) for c in (False, True)] if a.hf_liger else []
             runs += [ours_lm(ctx, gpus=1, compile_=True, label="ours +compile", variant=v) for v in variants]
         elif s == "entry":
             # baseline first: a deadline cuts ours' long run, never the comparison's reference
@@ -542,7 +542,9 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
                 timeout=a.xl_timeout,
             )
             runs = [ours_lm(ctx, compile_=True, label=f"ours {name} +compile", **ll), hf_lm(ctx, **hf)]
-            runs += [hf_lm(ctx, liger=True, **hf)] if a.hf_liger else []
+            # Liger's kernels both ways: its fused loss fails under torch.compile on some torch versions
+            liger = [hf_lm(ctx, **{**hf, "compile_": c}, liger=True) for c in (False, True)]
+            runs += liger if a.hf_liger else []
             # e.g. fp8=--precision fp8: ours again with those flags, against ours and the Trainer
             runs += [ours_lm(ctx, compile_=True, label=f"ours {name} +compile", variant=v, **ll) for v in variants]
         elif s == "scaling":
@@ -1472,8 +1474,8 @@ def parse_args(argv=None):
     g.add_argument(
         "--hf-liger",
         action="store_true",
-        help="single, llama: the compiled Trainer again with use_liger_kernel=True (needs liger-kernel), so ours "
-        "is also measured against the Trainer with Liger's kernels",
+        help="single, llama: the Trainer again with use_liger_kernel=True, eager and compiled (needs liger-kernel), "
+        "so ours is also measured against the Trainer with Liger's kernels",
     )
     g.add_argument(
         "--variant",
