@@ -238,6 +238,17 @@ def pools(runs: list[LossRun]) -> dict[tuple, list[Pool]]:
     }
 
 
+# bf16's recipe as the trainer runs it by default since session 27 (a Llama's residual stream cast to
+# bf16, RoPE read from tables): the reference where a protocol has no run of plain bf16
+BF16_DEFAULT = "bf16 --residual-dtype bf16 --rope-tables"
+
+
+def reference(recipes: list[Pool]) -> Pool | None:
+    """The pool the others are compared with: plain bf16's, else the bf16 default's."""
+    by = {p.recipe: p for p in recipes}
+    return by.get("bf16") or by.get(BF16_DEFAULT)
+
+
 def render(runs: list[LossRun], model: str | None = None) -> str:
     lines = []
     for protocol, recipes in pools(runs).items():
@@ -251,7 +262,7 @@ def render(runs: list[LossRun], model: str | None = None) -> str:
             "| recipe | runs | eval losses | mean | sd | mean ÷ bf16's | ± two standard errors |",
             "|---|---|---|---|---|---|---|",
         ]
-        base = recipes[0] if recipes[0].recipe == "bf16" else None
+        base = reference(recipes)
         for pool in recipes:
             diff, err = compare(pool, base) if base and pool is not base else (None, None)
             lines.append(
@@ -260,6 +271,8 @@ def render(runs: list[LossRun], model: str | None = None) -> str:
                 f"| {'–' if diff is None else f'{diff:+.2%}'} | {'–' if err is None else f'{err:.2%}'} |"
             )
         sources = sorted({f"{r.source} ({r.run})" for r in runs if r.protocol == protocol})
+        if base is not None and base.recipe != "bf16":
+            lines += ["", f"bf16's here: `{base.recipe}` (the bf16 default; this protocol has no plain bf16 run)"]
         lines += ["", "Runs: " + "; ".join(sources), ""]
     return "\n".join(lines) if lines else "no protocol with two recipes"
 

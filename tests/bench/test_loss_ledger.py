@@ -188,3 +188,16 @@ def test_the_command_prints_the_tables(ledger, capsys):
     out = capsys.readouterr().out
     assert "## llama-1b, sequence 2048, micro-batch 8, 400 steps, lr 0.0005, corpus c1f27e9535e1" in out
     assert "| fp8 --fp8-head | " in out
+
+
+def test_a_protocol_without_plain_bf16_is_compared_with_the_bf16_default(ledger):
+    """Session 34's 200 steps at micro-batch 16 ran the bf16 default and fp8's default recipe only."""
+    out = ledger.render(ledger.read_runs(), "llama-1b")
+    table = out.split("## llama-1b, sequence 2048, micro-batch 16, 200 steps")[1].split("Runs:")[0]
+    fp8 = next(line for line in table.splitlines() if line.startswith("| fp8 --fp8-head --fp8-head-backward bf16"))
+    # (2.1771 + 2.2433) / 2 against (2.0068 + 2.0169) / 2
+    assert "| +9.86% |" in fp8
+    assert f"`{ledger.BF16_DEFAULT}` (the bf16 default" in table
+    # where plain bf16 ran, it stays the reference
+    micro8 = out.split("micro-batch 8, 400 steps, lr 0.0005, corpus c1f27e9535e1")[1].split("Runs:")[0]
+    assert "the bf16 default; this protocol" not in micro8
