@@ -329,39 +329,6 @@ def check_saved_classifier(run, world: int) -> None:
 
 
 @pytest.mark.deepspeed
-# One ZeRO-2 process trains and saves a loadable model in test_zero2_follows_the_same_schedule_as_ddp;
-# ZeRO-3 on 2 processes trains, evaluates and saves a loadable (causal LM) model in
-# test_zero3_causal_lm_generates_a_sample.
-@pytest.mark.parametrize("strategy,processes", [("zero2", 2)])
-def test_deepspeed_trains_and_saves_a_loadable_model(train, strategy, processes):
-    run = train(
-        "--strategy",
-        strategy,
-        "--max-steps",
-        "20",  # DeepSpeed's steps take 0.1 s on CPU: 20 show the loss falling as well as 40 did
-        "--batch-size",
-        str(16 // processes),
-        "--lr",
-        "2e-3",
-        "--log-every",
-        "5",
-        "--report-to",
-        "none",
-        processes=processes,
-    )
-    assert run.returncode == 0, run.describe()
-    (launch,) = run.lines("node_launch ")
-    assert launch.startswith(f"node_launch node_rank=0 nodes=1 processes={processes} "), launch
-    losses = run.train_losses
-    assert sorted(losses) == [5, 10, 15, 20]
-    assert all(math.isfinite(v) for v in losses.values()), losses
-    assert losses[20] < losses[5], losses
-    final = run.final_eval
-    assert final["eval_samples"] == 150 and math.isfinite(final["eval_loss"])
-    check_saved_classifier(run, processes)
-
-
-@pytest.mark.deepspeed
 def test_compiled_zero2_compiles_the_model_inside_the_engine_once(train, lm_one, no_dropout_config, aot_eager):
     """--compile under DeepSpeed compiles the model inside its engine (engine.compile). Compiling
     the engine itself traced its forward's bookkeeping, whose flags change between steps: the
@@ -371,15 +338,33 @@ def test_compiled_zero2_compiles_the_model_inside_the_engine_once(train, lm_one,
     compiled whole again, this test fails on them, without Inductor's C++ build in each process
     (a minute on 2 cores). It trains like one eager process on the same global batches (lm_one,
     as the compiled DDP variants): an eager ZeRO-2 run of its own cost one more 2-process
-    DeepSpeed run and proved no more."""
-    flags = [*lm_flags(no_dropout_config), "--batch-size", "8", "--strategy", "zero2", "--compile"]
+    DeepSpeed run and proved no more.
+
+    The same run is ZeRO-2's on 2 processes that trains, evaluates and saves a model that loads whole
+    (test_deepspeed_trains_and_saves_a_loadable_model's 2-process ZeRO-2 classifier was a run of its
+    own and proved no more: one ZeRO-2 process saves a classifier in
+    test_zero2_follows_the_same_schedule_as_ddp, eager ZeRO-2 trains on 2 processes in
+    test_checkpoint.py's zero2_of_two, and ZeRO-3 on 2 processes saves in
+    test_zero3_causal_lm_generates_a_sample)."""
+    # lm_flags but saving the model: the weights the engine's compiled model trained, under their own names
+    flags = [f for f in lm_flags(no_dropout_config) if f != "--no-save-model"]
+    flags += ["--batch-size", "8", "--strategy", "zero2", "--compile"]
     compiled = train(*flags, name="zero2-compiled", processes=2, env={**aot_eager, "TORCH_LOGS": "recompiles"})
     assert compiled.returncode == 0, compiled.describe()
+    (launch,) = compiled.lines("node_launch ")
+    assert launch.startswith("node_launch node_rank=0 nodes=1 processes=2 "), launch
     assert "Recompiling function" not in compiled.stderr, compiled.describe()
     assert compiled.lines("compile_unit=") == ["compile_unit=model (inside DeepSpeed's engine)"]
     assert lm_one.train_losses.keys() == compiled.train_losses.keys() == {2, 4, 6, 8}
     for step, loss in lm_one.train_losses.items():
         assert compiled.train_losses[step] == pytest.approx(loss, rel=1e-3), step
+    assert compiled.train_losses[8] < compiled.train_losses[2], compiled.train_losses  # it trained
+    final = compiled.final_eval
+    assert final["eval_samples"] > 0 and math.isfinite(final["eval_loss"]), final  # 32 texts, in blocks of 64
+    from transformers import AutoModelForCausalLM
+
+    model, logits = check_saved_model(compiled, 2, AutoModelForCausalLM)
+    assert logits.shape == (1, 4, model.config.vocab_size)
 
 
 @pytest.mark.deepspeed
@@ -457,8 +442,8 @@ def zero3_runs(module_train, no_dropout_config):
 
 @pytest.mark.deepspeed
 def test_zero3_causal_lm_generates_a_sample(zero3_runs):
-    """ZeRO-3 on 2 processes trains, evaluates and saves a model that loads whole (the 2-process
-    ZeRO-3 run of test_deepspeed_trains_and_saves_a_loadable_model, which proved no more).
+    """ZeRO-3 on 2 processes trains, evaluates and saves a model that loads whole (a 2-process
+    ZeRO-3 run of a loadable-model test of its own proved no more).
     Generation under ZeRO-3 runs on every process (synced_gpus); only the main one prints."""
     run, _ = zero3_runs
     assert run.returncode == 0, run.describe()
