@@ -155,13 +155,14 @@ def test_hf_liger_adds_the_compiled_trainer_with_ligers_kernels_as_a_second_base
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     liger = [lines[i + 1] for i, x in enumerate(lines[:-1]) if x.startswith("# HF Trainer compile+liger")]
-    # one in each suite: llama-1b at the suite's batch, and GPT-2 small
-    assert len(liger) == 2 and all(cmd.endswith("--compile --liger") for cmd in liger)
-    assert sorted("--model llama-1b --batch-size 16" in cmd for cmd in liger) == [False, True]
+    # llama-1b's alone, at the suite's batch: Liger has no kernels for GPT-2 (the single suite's model),
+    # where the Trainer would run without them under Liger's name
+    assert len(liger) == 1 and liger[0].endswith("--compile --liger")
+    assert "--model llama-1b --batch-size 16" in liger[0]
     assert planned(r)["HF Trainer compile"].endswith("--compile")  # the plain baseline stays beside it
     # and eager with Liger: its fused loss fails under torch.compile on torch 2.11 (session 34)
     eager = [lines[i + 1] for i, x in enumerate(lines[:-1]) if x.startswith("# HF Trainer defaults+liger")]
-    assert len(eager) == 2 and all(cmd.endswith("--liger") and "--compile" not in cmd for cmd in eager)
+    assert len(eager) == 1 and eager[0].endswith("--liger") and "--compile" not in eager[0]
     assert "--liger" not in dry_run("--suite", "llama", "--gpus", "1").stdout  # only when asked
     bench = _bench()
     ctx = bench.Ctx(bench.parse_args(["--hf-liger"]), 1, tmp_path, tmp_path, tmp_path, tmp_path, False, 1e15)
