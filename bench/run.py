@@ -520,29 +520,21 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
             # baseline first: a deadline cuts ours' long run, never the comparison's reference
             runs = [hf_lm(ctx, compile_=True), ours_entry(ctx)]
         elif s == "llama":
-            ll = dict(
-                gpus=1,
-                preset="llama-1b",
+            shape = dict(
                 batch=a.llama_batch_size,
                 seq_len=a.llama_seq_len,
                 steps=a.llama_steps,
                 warmup=a.llama_warmup,
-                log_every=a.llama_log_every,
                 timeout=a.xl_timeout,
             )
+            ll = dict(gpus=1, preset="llama-1b", log_every=a.llama_log_every, **shape)
             name = "tiny-gpt2" if ctx.cpu else "llama-1b"
-            hf = dict(
-                compile_=True,
-                model="llama-1b",
-                batch=a.llama_batch_size,
-                seq_len=a.llama_seq_len,
-                steps=a.llama_steps,
-                warmup=a.llama_warmup,
-                timeout=a.xl_timeout,
-            )
-            runs = [ours_lm(ctx, compile_=True, label=f"ours {name} +compile", **ll), hf_lm(ctx, **hf)]
+            runs = [
+                ours_lm(ctx, compile_=True, label=f"ours {name} +compile", **ll),
+                hf_lm(ctx, compile_=True, model="llama-1b", **shape),
+            ]
             # Liger's kernels both ways: its fused loss fails under torch.compile on some torch versions
-            liger = [hf_lm(ctx, **{**hf, "compile_": c}, liger=True) for c in (False, True)]
+            liger = [hf_lm(ctx, compile_=c, model="llama-1b", liger=True, **shape) for c in (False, True)]
             runs += liger if a.hf_liger else []
             # e.g. fp8=--precision fp8: ours again with those flags, against ours and the Trainer
             runs += [ours_lm(ctx, compile_=True, label=f"ours {name} +compile", variant=v, **ll) for v in variants]
