@@ -199,11 +199,34 @@ def test_an_entry_point_run_compiles_the_step_and_trains_as_without_it(train, ao
     assert run.final_eval["eval_loss"] == pytest.approx(base.final_eval["eval_loss"], rel=1e-4)
 
 
-@pytest.mark.slow  # an entry-point run, eager (about 10 s on CPU)
-def test_an_eager_run_says_the_step_runs_eagerly(train):
-    run = train(*LLAMA, "--compile-optimizer", "--block-size", "64", "--max-steps", "2", "--report-to", "none")
+# The job of test_a_run_resumes_across_the_flag_both_ways: stopped at step 2's checkpoint, it comes back.
+RESUMED = (
+    *LLAMA,
+    "--block-size",
+    "64",
+    "--max-steps",
+    "4",
+    "--save-every",
+    "2",
+    "--log-every",
+    "1",
+    "--report-to",
+    "none",
+)
+
+
+@pytest.fixture(scope="module")
+def eager_with_the_flag(module_train):
+    """RESUMED's job with --compile-optimizer, eager: the run test_an_eager_run_says_the_step_runs_eagerly
+    reads, and the first the resume test comes back from (the eager one was a run of its own)."""
+    run = module_train(*RESUMED, "--compile-optimizer", name="with-whole")
     assert run.returncode == 0, run.describe()
-    assert run.lines("compile_optimizer=") == [
+    return run
+
+
+@pytest.mark.slow  # reads eager_with_the_flag: an entry-point run, eager, shared with the resume test
+def test_an_eager_run_says_the_step_runs_eagerly(eager_with_the_flag):
+    assert eager_with_the_flag.lines("compile_optimizer=") == [
         "compile_optimizer=off (the model is not compiled: the clip and AdamW's update run eagerly)"
     ]
 
@@ -240,18 +263,15 @@ def test_submit_refuses_it_with_a_sharded_strategy_before_anything_is_sent(capsy
     assert "--compile-optimizer applies to --strategy ddp or single" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # four entry-point runs, eager (about 40 s on CPU)
-def test_a_run_resumes_across_the_flag_both_ways(train):
+@pytest.mark.slow  # four entry-point runs, eager (about 40 s on CPU), one of them eager_with_the_flag
+def test_a_run_resumes_across_the_flag_both_ways(train, eager_with_the_flag):
     """A job stopped at a checkpoint comes back with the flag added or dropped (its optimizer state
     is AdamW's either way) and trains on as the job it resumes would have."""
-    flags = (*LLAMA, "--block-size", "64", "--max-steps", "4", "--save-every", "2", "--log-every", "1")
-    flags = (*flags, "--report-to", "none")
-    for first, then in ((("--compile-optimizer",), ()), ((), ("--compile-optimizer",))):
-        name = "with" if first else "without"
-        whole = train(*flags, *first, name=f"{name}-whole")
+    without = train(*RESUMED, name="without-whole")
+    for name, whole, then in (("with", eager_with_the_flag, ()), ("without", without, ("--compile-optimizer",))):
         assert whole.returncode == 0, whole.describe()
         train.with_checkpoint(f"{name}-resumed", whole, 2)
-        resumed = train(*flags, *then, name=f"{name}-resumed")
+        resumed = train(*RESUMED, *then, name=f"{name}-resumed")
         assert resumed.returncode == 0, resumed.describe()
         assert resumed.lines("resumed_from=") == ["resumed_from=checkpoint-00000002 step=2"]
         assert sorted(resumed.train_losses) == [3, 4]

@@ -144,11 +144,15 @@ def flip_one_byte(path) -> str:
     return f"{path.name} does not match its sha256 in MANIFEST.json"
 
 
-def test_damaged_complete_checkpoints_are_skipped_for_the_previous_one(train, baseline, killed_after_8):
-    """Damage to checkpoints marked complete (a full disk, a bad copy or sync): their manifests say
-    so. One kind of damage on each of the three newest, in one run (each was a run of its own):
-    each is skipped with one line, newest first, and the job resumes from the oldest, checkpoint 2."""
-    c = train.copy("damaged", killed_after_8)
+@pytest.fixture(scope="module")
+def damaged_and_legacy(module_train, killed_after_8):
+    """killed_after_8 started again after damage to the checkpoints marked complete (a full disk, a
+    bad copy or sync), which their manifests show: one kind of damage on each of the three newest
+    (each was a run of its own). The oldest, checkpoint 2, which the job resumes from, was saved
+    before manifests existed. One run for the two tests below (the unverified checkpoint was a run
+    of its own, resumed from checkpoint 8). Returns the contract, its four checkpoints (before the
+    rerun), the damage and the rerun."""
+    c = module_train.copy("damaged", killed_after_8)
     two, four, six, eight = c.complete_checkpoints()
     problems = [
         (eight, flip_one_byte(eight / "model.safetensors")),
@@ -156,8 +160,18 @@ def test_damaged_complete_checkpoints_are_skipped_for_the_previous_one(train, ba
         (four, truncate(four / "model.safetensors")),
     ]
     assert all((ckpt / "MANIFEST.json").is_file() for ckpt, _ in problems)
+    (two / "MANIFEST.json").unlink()
+    state = json.loads((two / "trainer_state.json").read_text())
+    for key in ("world_size", "strategy"):  # not recorded then either
+        del state[key]
+    (two / "trainer_state.json").write_text(json.dumps(state))
+    return c, (two, four, six, eight), problems, module_train(*KEEP_5, name="damaged")
 
-    rerun = train(*KEEP_5, name="damaged")
+
+def test_damaged_complete_checkpoints_are_skipped_for_the_previous_one(baseline, damaged_and_legacy):
+    """Each damaged checkpoint is skipped with one line, newest first, and the job resumes from the
+    oldest, checkpoint 2, to the uninterrupted numbers."""
+    c, (two, four, six, eight), problems, rerun = damaged_and_legacy
     skipped = [line for line in rerun.stderr.splitlines() if "skipping" in line]
     assert skipped == [
         (f"warning: skipping {ckpt.name} in {c.checkpoint_dir}: {problem}; resuming from {two.name} instead")
@@ -170,20 +184,14 @@ def test_damaged_complete_checkpoints_are_skipped_for_the_previous_one(train, ba
         assert (ckpt / "COMPLETE").read_text() == str(step)
 
 
-def test_checkpoint_without_manifest_still_resumes(train, baseline, killed_after_8):
-    """Checkpoints saved before manifests existed load as before, unverified, with one note."""
-    newest = train.copy("legacy", killed_after_8).complete_checkpoints()[-1]
-    (newest / "MANIFEST.json").unlink()
-    state = json.loads((newest / "trainer_state.json").read_text())
-    for key in ("world_size", "strategy"):  # not recorded then either
-        del state[key]
-    (newest / "trainer_state.json").write_text(json.dumps(state))
-
-    rerun = train(*KEEP_5, name="legacy")
-    assert rerun.lines("resumed_from=") == [resumed_line(8)], rerun.describe()
-    notes = [line for line in rerun.stderr.splitlines() if "MANIFEST.json" in line]
+def test_checkpoint_without_manifest_still_resumes(baseline, damaged_and_legacy):
+    """Checkpoints saved before manifests existed (damaged_and_legacy's checkpoint 2) load as
+    before, unverified, with one note, to the uninterrupted numbers."""
+    *_, rerun = damaged_and_legacy
+    assert rerun.lines("resumed_from=") == [resumed_line(2)], rerun.describe()
+    notes = [line for line in rerun.stderr.splitlines() if "MANIFEST.json" in line and not line.startswith("warning:")]
     assert notes == [
-        ("note: checkpoint-00000008 has no MANIFEST.json (saved before checksums existed): loading it unverified")
+        ("note: checkpoint-00000002 has no MANIFEST.json (saved before checksums existed): loading it unverified")
     ], rerun.describe()
     assert_same_result(rerun, baseline)
 

@@ -98,11 +98,56 @@ def test_task_trains_and_saves_a_complete_model(task_runs, case):
         assert samples == []
 
 
-def test_wandb_without_api_key_writes_an_offline_run_under_the_output_dir(train):
-    # The default --report-to wandb; base_env strips WANDB_API_KEY, WANDB_MODE and WANDB_DIR.
-    chosen = "offline-job-20250101-000000-abcdef"  # the run id a launcher chose (launcher/tracking.py)
-    run = train("--max-steps", "4", "--log-every", "2", "--save-every", "4", env={"DISTRAIN_WANDB_RUN_ID": chosen})
-    assert run.returncode == 0, run.describe()
+HUB_TOKEN = "hf_test_not_a_real_token_123"
+WANDB_RUN_ID = "offline-job-20250101-000000-abcdef"  # the run id a launcher chose (launcher/tracking.py)
+
+
+@pytest.fixture(scope="module")
+def wandb_and_hub(module_train):
+    """One short job on the defaults for the two tests below (each was a run of its own): --report-to
+    at its default, wandb, with no API key (base_env strips WANDB_API_KEY, WANDB_MODE and WANDB_DIR),
+    and the final model pushed to a local HTTP double of the Hub's API, the token taken from the
+    environment at run time. Returns the run and what the Hub double holds after it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from hubdouble import HubDouble
+
+    with HubDouble() as hub:
+        run = module_train(
+            "--max-steps",
+            "4",
+            "--log-every",
+            "2",
+            "--save-every",
+            "4",
+            "--push-to-hub",
+            "me/tiny",
+            "--hub-private",
+            "--hub-revision",
+            "exp",
+            name="wandb-push",
+            env={
+                "DISTRAIN_WANDB_RUN_ID": WANDB_RUN_ID,
+                "HF_ENDPOINT": hub.url,
+                "HF_TOKEN": HUB_TOKEN,
+                "HF_HUB_OFFLINE": "0",
+                "HF_HUB_DISABLE_TELEMETRY": "1",
+            },
+        )
+        assert run.returncode == 0, run.describe()
+        hub_state = {
+            "files": hub.files("me/tiny", branch="exp"),  # --hub-revision: the branch, made from main
+            "main": hub.files("me/tiny"),
+            "commit_url": f"{hub.url}/me/tiny/commit/{hub.repo('me/tiny').branches['exp'].head}",
+            "private": hub.repo("me/tiny").private,
+        }
+    return run, hub_state
+
+
+def test_wandb_without_api_key_writes_an_offline_run_under_the_output_dir(wandb_and_hub):
+    run, _ = wandb_and_hub
     wandb_dir = run.contract.output_dir / "wandb"
     runs = sorted(wandb_dir.glob("offline-run-*"))
     assert len(runs) == 1, sorted(p.name for p in run.contract.output_dir.rglob("*"))
@@ -110,7 +155,7 @@ def test_wandb_without_api_key_writes_an_offline_run_under_the_output_dir(train)
     # The run id is kept in the checkpoint state, so a resumed job appends to the same run.
     (ckpt,) = run.contract.complete_checkpoints()
     run_id = json.loads((ckpt / "trainer_state.json").read_text())["wandb_run_id"]
-    assert run_id == chosen and runs[0].name.endswith("-" + run_id), (runs[0].name, run_id)
+    assert run_id == WANDB_RUN_ID and runs[0].name.endswith("-" + run_id), (runs[0].name, run_id)
     assert run.lines("wandb_run=") == []  # an offline run has no URL to print
     # W&B wrote nothing to the current folder or the model folder.
     assert list(run.contract.workdir.iterdir()) == []
@@ -118,37 +163,13 @@ def test_wandb_without_api_key_writes_an_offline_run_under_the_output_dir(train)
     assert len(run.evals) == 1 and len(run.train_losses) == 2
 
 
-def test_push_to_hub_through_the_entry_point(train):
+def test_push_to_hub_through_the_entry_point(wandb_and_hub):
     """The final model reaches the Hub (a local HTTP double of its API), with the token taken
     from the environment at run time and never printed."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from hubdouble import HubDouble
-
-    token = "hf_test_not_a_real_token_123"
-    with HubDouble() as hub:
-        run = train(
-            "--max-steps",
-            "4",
-            "--log-every",
-            "2",
-            "--report-to",
-            "none",
-            "--push-to-hub",
-            "me/tiny",
-            "--hub-private",
-            "--hub-revision",
-            "exp",
-            name="push",
-            env={"HF_ENDPOINT": hub.url, "HF_TOKEN": token, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"},
-        )
-        assert run.returncode == 0, run.describe()
-        files = hub.files("me/tiny", branch="exp")  # --hub-revision: the branch, made from main
-        assert hub.files("me/tiny") == {}
-        commit_url = f"{hub.url}/me/tiny/commit/{hub.repo('me/tiny').branches['exp'].head}"
-        assert hub.repo("me/tiny").private  # --hub-private
+    run, hub = wandb_and_hub
+    files = hub["files"]
+    assert hub["main"] == {}
+    assert hub["private"]  # --hub-private
     model_dir = run.contract.model_dir
     for name in ("config.json", "model.safetensors", "tokenizer.json", "training_args.json", "README.md"):
         assert files[name] == (model_dir / name).read_bytes(), name
@@ -157,9 +178,11 @@ def test_push_to_hub_through_the_entry_point(train):
     assert card.startswith("---\ntags: [distrain-cloud, classification]\n")
     assert f"| eval_accuracy | {run.final_eval['eval_accuracy']:.6g} |" in card and "| max steps | 4 |" in card
     # The one line that says where the model went (nothing else prints it).
-    assert run.lines("pushed_to_hub=") == [f"pushed_to_hub=me/tiny branch=exp commit={commit_url}"], run.describe()
-    assert token not in run.stdout + run.stderr
-    assert token not in (model_dir / "training_args.json").read_text()
+    assert run.lines("pushed_to_hub=") == [f"pushed_to_hub=me/tiny branch=exp commit={hub['commit_url']}"], (
+        run.describe()
+    )
+    assert HUB_TOKEN not in run.stdout + run.stderr
+    assert HUB_TOKEN not in (model_dir / "training_args.json").read_text()
 
 
 def test_fused_cross_entropy_matches_the_standard_loss(train):
