@@ -53,6 +53,7 @@ S30 = "2026-11-29-h200x1-session30"
 S31 = "2026-11-30-h200x1-session31"
 S32 = "2026-11-30-h200x2-session32"
 S33 = "2026-11-30-h200x2-session33"
+S34 = "2026-11-30-h200x2-session34"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 LLAMA_C1 = "ours-llama-1b-ddp-compile-g1-b8-k1"
@@ -133,17 +134,22 @@ THROUGHPUT: tuple[Throughput, ...] = (
     # the rope tables (--rope-tables, the default on a compiled model since session 27), with the stream
     # (sessions 27-30: four machines)
     Throughput("H200", "llama-1b", True,
-               (70041.7, 69893.0, 71716.0, 71084.6, 71194.3, 72194.3, 70146.7, 70978.8, 70132.0, 70871.2, 71239.2),
+               (70041.7, 69893.0, 71716.0, 71084.6, 71194.3, 72194.3, 70146.7, 70978.8, 70132.0, 70871.2, 71239.2,
+                71052.1, 70986.6, 71226.3, 70842.6, 70665.4, 70809.7),
                batch_size=16, seq_len=2048, residual_bf16=True, rope_tables=True,
                runs=((f"{S27}-c1", f"{LLAMA_C16}-rt16"), (f"{S27}-c2", f"{LLAMA_C16}-prt16"),
                      (f"{S28}-c2", f"{LLAMA_C16}-b16"), (f"{S29}-c1", f"{LLAMA_C16}-b16"),
                      (f"{S29}-c3", f"{LLAMA_C16}-b16"), (f"{S30}-c3", f"{LLAMA_C16}-b16"),
                      (f"{S33}-c1-gpu0", f"{LLAMA_C16}-b16"), (f"{S33}-c1-gpu1", f"{LLAMA_C16}-b16"),
                      (f"{S33}-c2-gpu0", LLAMA_C16), (f"{S33}-c2-gpu1-ours", LLAMA_C16),
-                     (f"{S33}-c6-gpu1-ours", LLAMA_C16)),
-               note="six runs alone, five (session 33) beside another 1-GPU run on the host's other GPU"),
+                     (f"{S33}-c6-gpu1-ours", LLAMA_C16), (f"{S34}-c1a-gpu0", LLAMA_C16),
+                     (f"{S34}-c1a-gpu1-ours", LLAMA_C16), (f"{S34}-c1-gpu0", LLAMA_C16),
+                     (f"{S34}-c1-gpu1-ours", LLAMA_C16), (f"{S34}-c3-gpu0a", LLAMA_C16),
+                     (f"{S34}-c3-gpu1b", LLAMA_C16)),
+               note="six runs alone, eleven (sessions 33-34) beside another 1-GPU run on the host's other GPU"),
     Throughput("H200", "llama-1b", True,
-               (70311.1, 72425.1, 72656.7, 71244.4, 71041.5, 71893.2, 72626.3, 72018.2, 72869.9, 70386.7),
+               (70311.1, 72425.1, 72656.7, 71244.4, 71041.5, 71893.2, 72626.3, 72018.2, 72869.9, 70386.7, 71521.6,
+                71220.4),
                batch_size=32, seq_len=2048, residual_bf16=True, rope_tables=True,
                runs=((f"{S27}-c2", "ours-llama-1b-ddp-compile-g1-b32-k1-rt32"),
                      (f"{S30}-c1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
@@ -154,8 +160,10 @@ THROUGHPUT: tuple[Throughput, ...] = (
                      (f"{S32}-d2-gpu1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
                      (f"{S32}-d4-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
                      (f"{S32}-d4-gpu1", "ours-llama-1b-ddp-compile-g1-b32-k1-b32"),
-                     (f"{S33}-c4-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1")),
-               note="five runs alone, five (sessions 32-33) beside another 1-GPU run on the host's other GPU"),
+                     (f"{S33}-c4-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1"),
+                     (f"{S34}-c2-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1"),
+                     (f"{S34}-c2-gpu1-ours", "ours-llama-1b-ddp-compile-g1-b32-k1")),
+               note="five runs alone, seven (sessions 32-34) beside another 1-GPU run on the host's other GPU"),
     # the forward head with fast input-gradient accumulation (session 32: 1.302-1.309x bf16 on 2 H200s,
     # each run beside another on the host's other GPU)
     Throughput("H200", "llama-1b", True, (93587.7, 95083.9, 93839.4, 95283.4), batch_size=32, seq_len=2048,
@@ -166,13 +174,16 @@ THROUGHPUT: tuple[Throughput, ...] = (
                      (f"{S32}-d4-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1-natfbg32"),
                      (f"{S32}-d4-gpu1", "ours-llama-1b-ddp-compile-g1-b32-k1-natfbg32")),
                note="beside another 1-GPU run on the host's other GPU"),
-    Throughput("H200", "llama-1b", True, (90424.4, 90505.6, 91161.1, 91388.8), batch_size=16, seq_len=2048,
+    Throughput("H200", "llama-1b", True, (90424.4, 90505.6, 91161.1, 91388.8, 91564.6, 90969.8), batch_size=16,
+               seq_len=2048,
                precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
                fp8_linear="native", residual_bf16=True, rope_tables=True,
                runs=((f"{S33}-c1-gpu0", f"{LLAMA_C16}-natfbg16"), (f"{S33}-c3-gpu0", f"{LLAMA_C16}-natfbg16"),
                      (f"{S33}-c3-gpu1", f"{LLAMA_C16}-natfbg16"),
-                     ("2026-11-30-h200x1-session33-c7", f"{LLAMA_C16}-fp8d16")),
-               note="three beside another 1-GPU run on the host's other GPU; one (--precision fp8 alone) alone"),
+                     ("2026-11-30-h200x1-session33-c7", f"{LLAMA_C16}-fp8d16"),
+                     (f"{S34}-c3-gpu0b", f"{LLAMA_C16}-fp8"), (f"{S34}-c3-gpu1a", f"{LLAMA_C16}-fp8")),
+               note="five beside another 1-GPU run on the host's other GPU (two of them 200-step loss runs of "
+               "--precision fp8 alone, session 34); one (--precision fp8 alone) alone"),
     Throughput("H200", "llama-1b", True, (84992.7, 84914.9, 85900.3, 86068.0), batch_size=8, seq_len=2048,
                precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
                fp8_linear="native", residual_bf16=True, rope_tables=True,
