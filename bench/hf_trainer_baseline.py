@@ -117,6 +117,9 @@ def parse_args(argv=None):
         a.seq_len = 64 if tiny else (1024 if a.mode == "lm" else 512)
     if a.precision is None:
         a.precision = "fp32" if tiny else "bf16"
+    if a.liger and (a.mode != "lm" or a.model != "llama-1b" or tiny):
+        # Liger has no kernels for GPT-2 or BERT: the Trainer would run without them, under Liger's name
+        p.error("--liger applies to --model llama-1b (Liger's kernels are for Llama-style models)")
     if a.steps < 1 or a.warmup_steps < 0 or a.batch_size < 1 or a.grad_accum < 1 or a.seq_len < 2:
         p.error("--steps, --batch-size, --grad-accum must be >= 1, --warmup-steps >= 0, --seq-len >= 2")
     return a

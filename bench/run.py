@@ -535,7 +535,7 @@ def build_suites(ctx: Ctx, suites: list[str]) -> dict[str, list[Run]]:
             ]
             # Liger's kernels both ways: its fused loss fails under torch.compile on some torch versions
             liger = [hf_lm(ctx, compile_=c, model="llama-1b", liger=True, **shape) for c in (False, True)]
-            runs += liger if a.hf_liger else []
+            runs += liger if a.hf_liger and not ctx.cpu else []  # the CPU smoke runs tiny GPT-2: no Liger
             # e.g. fp8=--precision fp8: ours again with those flags, against ours and the Trainer
             runs += [ours_lm(ctx, compile_=True, label=f"ours {name} +compile", variant=v, **ll) for v in variants]
         elif s == "scaling":

@@ -169,6 +169,15 @@ def test_hf_liger_adds_the_compiled_trainer_with_ligers_kernels_as_a_second_base
     runs = bench.build_suites(ctx, ["llama"])["llama"]
     # a machine without liger-kernel skips that run, not the suite
     assert [x.needs for x in runs if "-compile-liger-g1-b8" in x.id] == [("transformers", "liger_kernel")]
+    # the baseline itself refuses Liger where it has no kernels (the Trainer would run without them)
+    baseline = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "hf_trainer_baseline.py"), "--tiny", "--liger"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert baseline.returncode == 2 and "--liger applies to --model llama-1b" in baseline.stderr, baseline.stderr
 
 
 def test_recorded_commands_name_no_machine_paths(tmp_path):
