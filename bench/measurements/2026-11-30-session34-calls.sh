@@ -8,7 +8,10 @@
 # Trainer with torch_compile and use_liger_kernel); `bash THIS 2` (the same at 32, where Liger's
 # fused loss may let the Trainer fit; the plain Trainer does not); `bash THIS 3` (the loss protocol
 # at micro-batch 16, 200 steps: the bf16 default on GPU 0 and `--precision fp8`, its default recipe,
-# on GPU 1; then the other way round).
+# on GPU 1; then the other way round). Listed for the next session, not run in this one:
+# `bash THIS 5` (the same 200 steps at 16 of `--precision fp8 --fuse-projections`, call 4's lead, one
+# run per GPU, against call 3's bf16 pool); `bash THIS 6` (the same for the recipe before session 33,
+# `--no-fp8-head --fp8-fast-accum none`, on GPU 0 and torchao's rowwise scales on GPU 1).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
@@ -54,5 +57,18 @@ case $call in
 1) orders 16 'defaults-liger' ;;  # (1a, the first try: '^hf-llama-1b-compile-g1|liger')
 2) orders 32 'defaults-liger' ;;
 3) loss 'k1$' 'k1-fp8$' a && loss 'k1-fp8$' 'k1$' b ;;  # (the first try, 400 steps, stopped at the corpus)
+5) V=(--variant 'llama:fu=--precision fp8 --fuse-projections')
+   for g in 0 1; do
+     CUDA_VISIBLE_DEVICES=$g python3 bench/run.py "${LOSS[@]}" "${V[@]}" --only 'k1-fu$' --deadline-min "$deadline" \
+       --out "$o/gpu$g" >"$o/gpu$g.log" 2>&1 &
+   done
+   wait ;;
+6) V=(--variant 'llama:old=--precision fp8 --no-fp8-head --fp8-fast-accum none'
+     --variant 'llama:row=--precision fp8 --fp8-recipe rowwise')
+   CUDA_VISIBLE_DEVICES=0 python3 bench/run.py "${LOSS[@]}" "${V[@]}" --only 'k1-old$' --deadline-min "$deadline" \
+     --out "$o/gpu0" >"$o/gpu0.log" 2>&1 &
+   CUDA_VISIBLE_DEVICES=1 python3 bench/run.py "${LOSS[@]}" "${V[@]}" --only 'k1-row$' --deadline-min "$deadline" \
+     --out "$o/gpu1" >"$o/gpu1.log" 2>&1 &
+   wait ;;
 esac
 tar czf "$OUT/c$call.tgz" -C "$OUT" "c$call"
