@@ -7,10 +7,11 @@ Issue 40 asks fp8's eval loss to stay within 1% of bf16's after 400 steps, and o
 varies by about 1.5% (bf16's sd): the comparison is of means over runs from several sessions, and
 was summed by hand until session 24, when it pooled a bf16 run measured on another text (session
 20's first 4.1 M characters of the corpus, eval on 256 samples) with five on the full one. Here a
-run joins a pool only with runs of the same protocol: model, sequence, micro-batch, steps,
-learning rate, corpus (its sha256) and eval samples. Its recipe is what changes the numbers:
-precision, the fp8 settings, the residual stream's dtype (as the run cast it: `--residual-dtype
-auto`, the default since session 25, casts Llama's to bf16), the fused projections, the LM loss. Not
+run joins a pool only with runs of the same protocol: model, sequence, batch (sequences an optimizer
+step: the micro-batch times --grad-accum), steps, learning rate, corpus (its sha256) and eval samples.
+Its recipe is what changes the numbers: precision, the fp8 settings, the residual stream's dtype (as
+the run cast it: `--residual-dtype auto`, the default since session 25, casts Llama's to bf16), the
+fused projections, the LM loss, the gradient clip, and the micro-batch where the batch accumulates. Not
 the fp8 layers' owner (native or torchao's): both run the same tensorwise recipe, the same
 operands, scales and cuBLAS kernel (tests/training/test_fp8_linear.py), and the table names each
 run's source. A file the bench did not write, or a run without a final eval loss or whose timed
@@ -40,12 +41,14 @@ RECIPE_FIELDS = (
     "fp8_head_forward",
     "fp8_head_backward",
     "fp8_scaling",
+    "fp8_grad_dtype",
     "fp8_fast_accum",
     "fp8_bf16_edge_blocks",
     "residual_dtype",
     "fuse_projections",
     "rope_tables",
     "lm_loss",
+    "max_grad_norm",  # session 35 ran --max-grad-norm 0 at 200 steps
 )
 
 
@@ -98,12 +101,14 @@ def recipe_and_protocol(cmd: str, meta: dict[str, Any], run: dict[str, Any]) -> 
         elif value != getattr(default, name):
             flag = "--" + name.replace("_", "-")
             flags.append(flag if value is True else f"{flag} {value}")
+    if args.grad_accum > 1:  # the same sequences a step in smaller matmuls: a recipe of that protocol
+        flags.append(f"--batch-size {args.batch_size} --grad-accum {args.grad_accum}")
     corpus = meta.get("lm_corpus") if isinstance(meta.get("lm_corpus"), dict) else {}
     sha = corpus.get("sha256")
     protocol = (
         run.get("model"),
         args.block_size,
-        args.batch_size,
+        args.batch_size * args.grad_accum,
         args.max_steps,
         args.lr,
         sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{1,64}", sha) else "unknown",
@@ -256,7 +261,7 @@ def render(runs: list[LossRun], model: str | None = None) -> str:
             continue
         name, seq, batch, steps, lr, sha, evals = protocol
         lines += [
-            f"## {name}, sequence {seq}, micro-batch {batch}, {steps} steps, lr {lr}, corpus {sha[:12]}, "
+            f"## {name}, sequence {seq}, batch {batch}, {steps} steps, lr {lr}, corpus {sha[:12]}, "
             f"eval on {evals} samples",
             "",
             "| recipe | runs | eval losses | mean | sd | mean ÷ bf16's | ± two standard errors |",

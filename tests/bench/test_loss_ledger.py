@@ -24,6 +24,8 @@ def ledger():
     return module
 
 
+# fp8's default recipe since session 33, as the ledger names it
+DEFAULT_FP8 = "fp8 --fp8-head --fp8-head-backward bf16 --fp8-fast-accum grad-input --residual-dtype bf16 --rope-tables"
 LOSS_400 = ("llama-1b", 2048, 8, 400, 0.0005)  # sessions 19-24's loss protocol, less corpus and eval
 
 
@@ -186,18 +188,22 @@ def test_an_fp8_run_joins_the_pool_of_the_recipe_it_resolved(ledger, tmp_path):
 def test_the_command_prints_the_tables(ledger, capsys):
     assert ledger.main(["--model", "llama-1b"]) == 0
     out = capsys.readouterr().out
-    assert "## llama-1b, sequence 2048, micro-batch 8, 400 steps, lr 0.0005, corpus c1f27e9535e1" in out
+    assert "## llama-1b, sequence 2048, batch 8, 400 steps, lr 0.0005, corpus c1f27e9535e1" in out
     assert "| fp8 --fp8-head | " in out
 
 
 def test_a_protocol_without_plain_bf16_is_compared_with_the_bf16_default(ledger):
-    """Session 34's 200 steps at micro-batch 16 ran the bf16 default and fp8's default recipe only."""
+    """The 200 steps at micro-batch 16 (sessions 34-35) ran the bf16 default and fp8's recipes only;
+    a run that accumulates the same 16 sequences a step, or clips no gradient, is a recipe of its own."""
     out = ledger.render(ledger.read_runs(), "llama-1b")
-    table = out.split("## llama-1b, sequence 2048, micro-batch 16, 200 steps")[1].split("Runs:")[0]
-    fp8 = next(line for line in table.splitlines() if line.startswith("| fp8 --fp8-head --fp8-head-backward bf16"))
-    # (2.1771 + 2.2433) / 2 against (2.0068 + 2.0169) / 2
-    assert "| +9.86% |" in fp8
+    table = out.split("## llama-1b, sequence 2048, batch 16, 200 steps")[1].split("Runs:")[0]
+    fp8 = next(line for line in table.splitlines() if line.startswith(f"| {DEFAULT_FP8} |"))
+    # (2.0855 + 2.1251 + 2.1771 + 2.2433) / 4 against (2.0068 + 2.0169) / 2
+    assert "| 4 | 2.0855, 2.1251, 2.1771, 2.2433 |" in fp8 and "| +7.25% |" in fp8
+    accumulated = next(line for line in table.splitlines() if "--batch-size 8 --grad-accum 2 |" in line)
+    assert "| 2.1134 |" in accumulated
+    assert sum("--max-grad-norm 0.0 |" in line for line in table.splitlines()) == 2
     assert f"`{ledger.BF16_DEFAULT}` (the bf16 default" in table
     # where plain bf16 ran, it stays the reference
-    micro8 = out.split("micro-batch 8, 400 steps, lr 0.0005, corpus c1f27e9535e1")[1].split("Runs:")[0]
+    micro8 = out.split("batch 8, 400 steps, lr 0.0005, corpus c1f27e9535e1")[1].split("Runs:")[0]
     assert "the bf16 default; this protocol" not in micro8
