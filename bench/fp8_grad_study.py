@@ -6,7 +6,8 @@
 Session 34 found fp8 (60 steps at micro-batch 16 on an H200) 3.7% behind bf16 unfused and 1.1%
 with --fuse-projections. This asks whether the arithmetic alone differs: the same model and batch,
 each weight's gradient's relative error (norm of the difference over fp32's norm) in bf16 autocast,
-fp8's default layers, and those layers with q/k/v and gate/up fused. `--compiled` runs the two fp8
+fp8's default layers, those layers with q/k/v and gate/up fused, and with e4m3 output gradients
+(--fp8-grad-dtype e4m3). `--compiled` runs the two fp8
 models' forward through torch.compile (Inductor on CPU) and adds each one's distance from its own
 eager gradients. torch._scaled_mm runs on CPU (no fast accumulation there): what this cannot show
 is what the GPU's kernels do differently: `--device cuda` runs the same study there (fast
@@ -17,12 +18,22 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 import transformers
 
-from distrain_cloud.training import fp8
-from distrain_cloud.training.fusion import fuse_projections
+try:
+    from distrain_cloud.training import fp8
+    from distrain_cloud.training.fusion import fuse_projections
+except ModuleNotFoundError:  # a checkout not `pip install -e`'d (the GPU machines): run.py's symlink package
+    from run import package_shim
+
+    sys.path.insert(0, str(package_shim(Path(tempfile.mkdtemp(prefix="fp8-grad-study-")))))
+    from distrain_cloud.training import fp8
+    from distrain_cloud.training.fusion import fuse_projections
 
 CONFIG = dict(  # llama-1b's kind of model, narrow: 8 query heads over 2 key-value heads, as llama-1b's 32 over 8
     vocab_size=512,
@@ -45,11 +56,12 @@ def grads(model: torch.nn.Module, ids: torch.Tensor, autocast: bool) -> Grads:
     return {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def fp8_model(base: torch.nn.Module, fused: bool, compiled: bool) -> torch.nn.Module:
+def fp8_model(base: torch.nn.Module, fused: bool, compiled: bool, grad_dtype: str = "e5m2") -> torch.nn.Module:
     """A copy of `base` with fp8's default layers (fast accumulation is a GPU matter), fused or not
-    (the parameters keep their names), its forward compiled or not."""
+    (the parameters keep their names), its forward compiled or not, its output gradients in
+    `grad_dtype` (--fp8-grad-dtype)."""
     model = copy.deepcopy(base)
-    fp8.use_fp8(model, fast_accum="grad-input")
+    fp8.use_fp8(model, fast_accum="grad-input", grad_dtype=grad_dtype)
     if fused:
         fuse_projections(model)
     if compiled:
@@ -82,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
             compiled = grads(fp8_model(base, fused, True), ids, True)
             columns[f"{name} compiled"] = (compiled, ref)
             columns[f"{name} compiled vs eager"] = (compiled, eager)
+    # session 35: torchao's rowwise recipe, whose gradients are e4m3, trained ahead of the tensorwise one
+    columns["fp8 e4m3 grads"] = (grads(fp8_model(base, False, False, "e4m3"), ids, True), ref)
     print(f"rows {a.micro_batch * 128}: each gradient's distance from fp32's (vs eager: from the eager fp8 one's),")
     print("over fp32's norm")
     width = {k: max(8, len(k)) for k in columns}

@@ -26,6 +26,8 @@ FP8_FAST_ACCUM = ("auto", "none", "grad-input", "all")
 FP8_LINEARS = ("auto", "native", "torchao")
 # --fp8-scaling's choices: when the native layers' scales are computed (training/fp8_linear.py)
 FP8_SCALINGS = ("dynamic", "delayed")
+# --fp8-grad-dtype's choices: the native layers' output-gradient format (training/fp8_linear.py)
+FP8_GRAD_DTYPES = ("e5m2", "e4m3")
 
 TASKS = ("classification", "causal-lm", "masked-lm")
 SCHEDULERS = ("linear", "cosine", "constant")
@@ -181,6 +183,19 @@ class TrainArgs:
                 "recipe; a larger value saturates; no faster on an H200, bench/README.md session 23)"
             ),
             choices=FP8_SCALINGS,
+        ),
+    )
+    # the float8 format of the native layers' output gradients (training/fp8_linear.py)
+    fp8_grad_dtype: str = field(
+        default="e5m2",
+        metadata=_flag(
+            (
+                "--precision fp8, the native layers: the float8 format of the output gradients the backward "
+                "multiplies: e5m2 (default; 2 mantissa bits, the range one scale per tensor needs) or e4m3 "
+                "(3 mantissa bits, as torchao's rowwise recipe; a value 2^18 below the tensor's largest "
+                "flushes to zero). The LM head's backward keeps e5m2"
+            ),
+            choices=FP8_GRAD_DTYPES,
         ),
     )
     # the LM head multiplies in float8 too (losses.head_loss); None: fp8_auto_recipe decides
@@ -611,6 +626,7 @@ FP8_FIELDS = (  # the --fp8-* settings: they apply to --precision fp8 alone
     "fp8_fast_accum",
     "fp8_linear",
     "fp8_scaling",
+    "fp8_grad_dtype",
     "fp8_head",
     *HEAD_FLAGS,
 )
@@ -926,6 +942,11 @@ def validate(a: TrainArgs) -> None:
         torchaos = {"--fp8-linear torchao": a.fp8_linear == "torchao", "--fp8-recipe": a.fp8_recipe != "tensorwise"}
         why = " and ".join(flag for flag, given in torchaos.items() if given)
         raise ArgumentError(f"--fp8-scaling delayed runs on the native float8 layers, not torchao's: drop {why}")
+    if a.fp8_grad_dtype != "e5m2" and fp8_linear_of(a) != "native":
+        raise ArgumentError(
+            f"--fp8-grad-dtype {a.fp8_grad_dtype} applies to the native float8 layers; torchao's recipes pick their "
+            "own (rowwise: e4m3): drop --fp8-grad-dtype, or --fp8-linear torchao and a rowwise --fp8-recipe"
+        )
     if a.compiled_autograd:
         if a.strategy not in ("ddp", "single", AUTO):
             raise ArgumentError(f"--compiled-autograd applies to --strategy ddp or single, not {a.strategy}")

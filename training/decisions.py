@@ -254,7 +254,8 @@ def plan_configs(decisions: Decisions, world_size: int) -> dict[str, Any]:
 
 def fp8_shown(d: Decisions) -> str:
     """--precision fp8's recipe as a plan shows it, as decided (args.fp8_auto_recipe): whose float8
-    layers and scaling, the backward's fast accumulation, and the LM head's matmuls."""
+    layers and scaling (and --fp8-grad-dtype e4m3), the backward's fast accumulation, and the LM
+    head's matmuls."""
     a = d.args
     if a.fp8_head:
         kept = [
@@ -271,6 +272,7 @@ def fp8_shown(d: Decisions) -> str:
     else:
         head = f"bf16 (auto: {d.fp8_head_why})" if d.fp8_head_why else "bf16"
     layers = f"{fp8_linear_of(a)} float8 layers, {a.fp8_recipe} {a.fp8_scaling} scaling"
+    layers += ", e4m3 output gradients" if a.fp8_grad_dtype == "e4m3" else ""
     return f"{layers}, fast accumulation in the backward: {a.fp8_fast_accum}; the LM head {head}"
 
 

@@ -125,13 +125,15 @@ def use_fp8(
     head_forward: str = "fp8",
     head_backward: str = "fp8",
     head_why: str | None = None,
+    grad_dtype: str = "e5m2",
 ) -> str:
     """Convert `model`'s eligible linear layers (fp8_layer_names) to float8 ones, in place, before the
     model is prepared and compiled: fp8_linear.Float8Linear (`linear` "native", tensorwise only) or
     torchao's Float8Linear with `recipe`'s scaling (fp8_config). Returns the log line, which names
     the recipe as `fast_accum=... head=...` for the bench to record (bf16, or fp8 and the parts kept
     bf16: fp8+bf16-backward), and `head_why`, why auto left the head bf16; raises ArgumentError
-    when nothing converts."""
+    when nothing converts. `grad_dtype` (--fp8-grad-dtype): the native layers' output gradients'
+    format."""
     eligible = fp8_layer_names(model, bf16_edge_blocks)
     if not eligible:
         raise ArgumentError(
@@ -142,7 +144,9 @@ def use_fp8(
         from . import fp8_linear
 
         fast = (fast_accum in ("grad-input", "all"), fast_accum == "all")
-        fp8_linear.convert(model, eligible, *fast, delayed=scaling == "delayed")
+        fp8_linear.convert(
+            model, eligible, *fast, delayed=scaling == "delayed", grad_dtype=fp8_linear.GRAD_DTYPES[grad_dtype]
+        )
     else:
         from torchao.float8 import convert_to_float8_training
 
@@ -165,6 +169,7 @@ def use_fp8(
     head_words += ", its backward bf16" if head and head_backward == "bf16" else ""
     whose = "torchao float8" if linear == "torchao" else "float8 on torch._scaled_mm"
     when = " delayed" if scaling == "delayed" else ""
+    grads = ", e4m3 output gradients" if linear == "native" and grad_dtype == "e4m3" else ""
     bf16_parts = [
         part
         for part, dtype in (("grad-input", head_grad_input), ("forward", head_forward), ("backward", head_backward))
@@ -173,5 +178,5 @@ def use_fp8(
     head_key = "+".join(["fp8", *(f"bf16-{part}" for part in bf16_parts)]) if head else "bf16"
     return (
         f"fp8=on linear_layers={len(eligible)} fast_accum={fast_accum} head={head_key} "
-        f"({whose}, {recipe}{when} scaling{accum}{head_words}{stays})"
+        f"({whose}, {recipe}{when} scaling{grads}{accum}{head_words}{stays})"
     )

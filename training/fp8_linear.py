@@ -4,7 +4,8 @@ tensorwise recipe), with no torchao.
 
 The scaling is torchao's tensorwise recipe: one dynamic scale per tensor, its largest magnitude
 mapped onto the float8 format's largest value; e4m3 for the forward's operands, e5m2 for the
-output gradient (the wider range gradients need); the forward accumulates in the tensor cores'
+output gradient (the wider range gradients need; --fp8-grad-dtype e4m3 trades it for a third
+mantissa bit, as torchao's rowwise recipe does); the forward accumulates in the tensor cores'
 fast mode, the backward in the exact one unless --fp8-fast-accum says otherwise.
 
 What differs from torchao's `Float8Linear` is what the backward reads. torchao's backward casts the
@@ -27,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+GRAD_DTYPES = {"e5m2": E5M2, "e4m3": E4M3}  # --fp8-grad-dtype: the output gradient's float8 format
 FP8_MULTIPLE = 16  # _scaled_mm's operands: every dimension a multiple of 16
 
 
@@ -60,10 +62,11 @@ def pad_rows(x: torch.Tensor, multiple: int = FP8_MULTIPLE) -> torch.Tensor:
 
 class _Float8Matmul(torch.autograd.Function):
     """x [N, in] @ weight[out, in].T in float8, N a multiple of FP8_MULTIPLE; `scales` (x's, the
-    weight's) known beforehand (delayed scaling), else each tensor's own (dynamic)."""
+    weight's) known beforehand (delayed scaling), else each tensor's own (dynamic); the output
+    gradient cast to `grad_dtype` (GRAD_DTYPES' values)."""
 
     @staticmethod
-    def forward(ctx, x, weight, fast_grad_input: bool, fast_grad_weight: bool, scales=None):
+    def forward(ctx, x, weight, fast_grad_input: bool, fast_grad_weight: bool, scales=None, grad_dtype=E5M2):
         if scales is None:
             (x8, x_inv), (w8, w_inv) = to_fp8(x, E4M3), to_fp8(weight, E4M3)
         else:
@@ -71,12 +74,13 @@ class _Float8Matmul(torch.autograd.Function):
         out = torch._scaled_mm(x8, w8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype, use_fast_accum=True)
         ctx.save_for_backward(x8, x_inv, w8, w_inv)
         ctx.dtypes, ctx.fast = (x.dtype, weight.dtype), (fast_grad_input, fast_grad_weight)
+        ctx.grad_dtype = grad_dtype
         return out
 
     @staticmethod
     def backward(ctx, grad):
         x8, x_inv, w8, w_inv = ctx.saved_tensors
-        g8, g_inv = to_fp8(grad.contiguous(), E5M2)  # row-major: a gradient may arrive as a strided view
+        g8, g_inv = to_fp8(grad.contiguous(), ctx.grad_dtype)  # row-major: a gradient may arrive as a strided view
         grad_x = torch._scaled_mm(
             g8, column_major(w8), scale_a=g_inv, scale_b=w_inv, out_dtype=ctx.dtypes[0], use_fast_accum=ctx.fast[0]
         )
@@ -89,7 +93,7 @@ class _Float8Matmul(torch.autograd.Function):
             out_dtype=ctx.dtypes[1],
             use_fast_accum=ctx.fast[1],
         )
-        return grad_x, grad_w, None, None, None
+        return grad_x, grad_w, None, None, None, None
 
 
 def float8_linear(
@@ -99,10 +103,12 @@ def float8_linear(
     fast_grad_input: bool,
     fast_grad_weight: bool,
     scales_of: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+    grad_dtype: torch.dtype = E5M2,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) with the matmul in float8 (_Float8Matmul), in the autocast dtype;
-    `scales_of(rows)` gives delayed scaling's scales (None: dynamic). Float8Linear's forward, and
-    --fuse-projections' (training/fusion.py) over a group's concatenated weights."""
+    `scales_of(rows)` gives delayed scaling's scales (None: dynamic), `grad_dtype` the output
+    gradient's format. Float8Linear's forward, and --fuse-projections' (training/fusion.py) over a
+    group's concatenated weights."""
     device = x.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
     with torch.autocast(device_type=device, enabled=False):
@@ -110,7 +116,7 @@ def float8_linear(
         # only a backward sums over the rows; generation's odd row counts run as they are
         padded = pad_rows(rows) if torch.is_grad_enabled() else rows
         scales = scales_of(rows) if scales_of is not None else None
-        out = _Float8Matmul.apply(padded, weight, fast_grad_input, fast_grad_weight, scales)
+        out = _Float8Matmul.apply(padded, weight, fast_grad_input, fast_grad_weight, scales, grad_dtype)
         out = out[: rows.shape[0]].reshape(*x.shape[:-1], weight.shape[0])
         return out if bias is None else out + bias.to(dtype)
 
@@ -133,7 +139,8 @@ def delayed_scale(history: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class Float8Linear(torch.nn.Linear):
     """nn.Linear whose matmul runs in float8 (_Float8Matmul) in the autocast dtype; the bias, if
-    any, is added in that dtype. `fast_grad_input`/`fast_grad_weight`: --fp8-fast-accum.
+    any, is added in that dtype. `fast_grad_input`/`fast_grad_weight`: --fp8-fast-accum;
+    `grad_dtype`: --fp8-grad-dtype.
 
     Delayed scaling (`use_delayed_scaling`, --fp8-scaling delayed), Transformer Engine's recipe:
     the input's and weight's scales come from the largest magnitudes of the last AMAX_HISTORY
@@ -148,6 +155,7 @@ class Float8Linear(torch.nn.Linear):
 
     fast_grad_input = False
     fast_grad_weight = False
+    grad_dtype = E5M2
     delayed = False
     amax_input: torch.Tensor  # delayed scaling's histories (buffers), the newest first
     amax_weight: torch.Tensor
@@ -170,30 +178,42 @@ class Float8Linear(torch.nn.Linear):
         return scales
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, fast_grad_input: bool, fast_grad_weight: bool) -> Float8Linear:
+    def from_linear(
+        cls, linear: torch.nn.Linear, fast_grad_input: bool, fast_grad_weight: bool, grad_dtype: torch.dtype = E5M2
+    ) -> Float8Linear:
         """A Float8Linear holding `linear`'s own parameters (the optimizer's, if one was built)."""
         with torch.device("meta"):
             new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
         new.weight, new.bias = linear.weight, linear.bias
         new.fast_grad_input, new.fast_grad_weight = fast_grad_input, fast_grad_weight
+        new.grad_dtype = grad_dtype
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return float8_linear(x, self.weight, self.bias, self.fast_grad_input, self.fast_grad_weight, self._scales)
+        return float8_linear(
+            x, self.weight, self.bias, self.fast_grad_input, self.fast_grad_weight, self._scales, self.grad_dtype
+        )
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, float8=tensorwise{' delayed' if self.delayed else ''}"
+        grads = "" if self.grad_dtype == E5M2 else ", grad=e4m3"
+        return f"{super().extra_repr()}, float8=tensorwise{' delayed' if self.delayed else ''}{grads}"
 
 
 def convert(
-    model: torch.nn.Module, names: set[str], fast_grad_input: bool, fast_grad_weight: bool, delayed: bool = False
+    model: torch.nn.Module,
+    names: set[str],
+    fast_grad_input: bool,
+    fast_grad_weight: bool,
+    delayed: bool = False,
+    grad_dtype: torch.dtype = E5M2,
 ) -> None:
     """Replace the nn.Linear layers of `model` named in `names` by Float8Linear, in place; with
-    `delayed`, scaled from their amax history (Float8Linear.use_delayed_scaling)."""
+    `delayed`, scaled from their amax history (Float8Linear.use_delayed_scaling); their output
+    gradients cast to `grad_dtype`."""
     for name in sorted(names):
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
-        layer = Float8Linear.from_linear(getattr(owner, child), fast_grad_input, fast_grad_weight)
+        layer = Float8Linear.from_linear(getattr(owner, child), fast_grad_input, fast_grad_weight, grad_dtype)
         if delayed:
             layer.use_delayed_scaling()
         setattr(owner, child, layer)

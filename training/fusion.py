@@ -34,18 +34,22 @@ GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 FUSABLE = ("llama", "mistral", "qwen2", "qwen3")
 
 
+# A native float8 layer's settings that its fused group shares: --fp8-fast-accum's two, --fp8-grad-dtype
+Float8Settings = tuple[bool, bool, torch.dtype]
+
+
 class ProjectionSlice(torch.nn.Module):
     """Stands where one nn.Linear of a fused group stood: holds that layer's parameters under
     their names, and returns its columns [start, end) of the group's output, which the owner's
     pre-hook passes in place of the input."""
 
-    def __init__(self, linear: torch.nn.Linear, start: int, float8: tuple[bool, bool] | None) -> None:
+    def __init__(self, linear: torch.nn.Linear, start: int, float8: Float8Settings | None) -> None:
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.start, self.end = start, start + linear.out_features
-        self.float8 = float8  # (fast_grad_input, fast_grad_weight) where the layer multiplied in float8
+        self.float8 = float8  # (fast_grad_input, fast_grad_weight, grad_dtype) where the layer multiplied in float8
 
     def forward(self, fused: torch.Tensor) -> torch.Tensor:
         return fused[..., self.start : self.end]
@@ -54,13 +58,13 @@ class ProjectionSlice(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, columns {self.start}:{self.end}"
 
 
-def _float8_of(layer: torch.nn.Module) -> tuple[bool, bool] | None:
+def _float8_of(layer: torch.nn.Module) -> Float8Settings | None:
     """The layer's float8 settings: None for a plain nn.Linear; ArgumentError for a layer this
     module cannot fuse (torchao's, or delayed scaling, whose scales are each layer's own)."""
     if type(layer) is torch.nn.Linear:
         return None
     if type(layer) is Float8Linear and not layer.delayed:
-        return (layer.fast_grad_input, layer.fast_grad_weight)
+        return (layer.fast_grad_input, layer.fast_grad_weight, layer.grad_dtype)
     delayed = " (delayed scaling)" if getattr(layer, "delayed", False) else ""
     raise ArgumentError(
         f"--fuse-projections fuses nn.Linear layers and the native float8 layers with dynamic scaling, not "
@@ -86,7 +90,8 @@ def _group_forward(slices: list[ProjectionSlice], x: torch.Tensor) -> torch.Tens
     # returns the weight's gradient in the weight's own dtype (fp32 master weights)
     weight = torch.cat([s.weight for s in slices])
     bias = None if slices[0].bias is None else torch.cat([s.bias for s in slices])
-    return float8_linear(x, weight, bias, *float8)
+    fast_grad_input, fast_grad_weight, grad_dtype = float8
+    return float8_linear(x, weight, bias, fast_grad_input, fast_grad_weight, grad_dtype=grad_dtype)
 
 
 def _fuse_owner(owner: torch.nn.Module, names: tuple[str, ...]) -> bool:

@@ -156,6 +156,7 @@ class Trainer:
                 head_forward=a.fp8_head_forward,
                 head_backward=a.fp8_head_backward,
                 head_why=self.decisions.fp8_head_why,
+                grad_dtype=a.fp8_grad_dtype,
             )
             self._print(fp8_line)
         if undecided:  # in-graph fsdp or ddp, both of which take the Accelerator built above

@@ -714,6 +714,15 @@ def test_every_plan_gets_decides_refusals_as_one_user_error(flags, saved, words)
             ["--fp8-scaling", "delayed", "--fp8-linear", "torchao"],
             "--fp8-scaling delayed runs on the native float8 layers, not torchao's: drop --fp8-linear torchao",
         ),
+        (
+            ["--fp8-grad-dtype", "e4m3", "--fp8-recipe", "rowwise"],
+            "--fp8-grad-dtype e4m3 applies to the native float8 layers; torchao's recipes pick their own "
+            "(rowwise: e4m3): drop --fp8-grad-dtype, or --fp8-linear torchao and a rowwise --fp8-recipe",
+        ),
+        (
+            ["--fp8-grad-dtype", "e3m4"],
+            "argument --fp8-grad-dtype: invalid choice: 'e3m4' (choose from 'e5m2', 'e4m3')",
+        ),
     ],
 )
 def test_a_mistyped_fp8_option_is_one_line_naming_what_is_right(flag, line, capsys, no_aws_config):

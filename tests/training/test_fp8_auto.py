@@ -82,6 +82,9 @@ def test_the_plan_names_the_recipe_and_that_auto_picked_the_head():
         "the LM head float8, its forward bf16"
     )
     assert "fp8_recipe" not in plan_configs(decide(parse_args(LLAMA[:-2]), world=1, cuda=True), 1)
+    assert plan_configs(decided("--fp8-grad-dtype", "e4m3"), 1)["fp8_recipe"].startswith(
+        "native float8 layers, tensorwise dynamic scaling, e4m3 output gradients, fast accumulation"
+    )
 
 
 def test_submit_dry_run_shows_the_recipe_the_job_will_run(capsys, no_aws_config):

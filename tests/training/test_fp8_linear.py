@@ -92,6 +92,43 @@ def test_the_backward_casts_only_the_gradient_and_keeps_float8_copies():
     assert saved.count(E4M3) == 2 and torch.bfloat16 not in saved  # the matmul saves no bf16 input
 
 
+def test_e4m3_gradients_multiply_the_gradient_cast_to_e4m3():
+    """--fp8-grad-dtype e4m3: the backward casts the output gradient to e4m3 (one scale per tensor),
+    and the weight gradient is those float8 values multiplied out, bit for bit on CPU."""
+    _, layer = _pair()
+    layer.grad_dtype = E4M3
+    x, g = torch.randn(2, 32, 64), torch.randn(2, 32, 96)
+    _run(layer, x, g)
+    x8, x_inv = to_fp8(x.to(torch.bfloat16).reshape(-1, 64), E4M3)
+    g8, g_inv = to_fp8(g.to(torch.bfloat16).reshape(-1, 96), E4M3)
+    assert torch.equal(layer.weight.grad, (g8.float() * g_inv).t() @ (x8.float() * x_inv))
+    assert "grad=e4m3" in repr(layer)
+
+
+def test_the_grad_dtype_flag_reaches_every_native_layer_and_the_log_line(narrow_llama):
+    model = narrow_llama(layers=2)
+    line = fp8.use_fp8(model, "tensorwise", 0, "none", False, "native", "dynamic", grad_dtype="e4m3")
+    layers = [m for m in model.modules() if isinstance(m, Float8Linear)]
+    assert len(layers) == 14 and all(m.grad_dtype == E4M3 for m in layers)
+    assert line.startswith("fp8=on linear_layers=14 fast_accum=none head=bf16 (")
+    assert "tensorwise scaling, e4m3 output gradients" in line
+    plain = narrow_llama(layers=2)
+    assert "e4m3" not in fp8.use_fp8(plain, "tensorwise", 0, "none", False, "native", "dynamic")
+    assert all(m.grad_dtype == E5M2 for m in plain.modules() if isinstance(m, Float8Linear))
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--fp8-linear", "torchao"], ["--fp8-recipe", "rowwise"]],
+    ids=["torchao", "rowwise"],
+)
+def test_the_grad_dtype_applies_to_the_native_layers_only(flags):
+    with pytest.raises(ArgumentError, match=r"^--fp8-grad-dtype e4m3 applies to the native float8 layers; "):
+        parse_args([*FP8_DDP, "--fp8-grad-dtype", "e4m3", *flags])
+    assert parse_args([*FP8_DDP, "--fp8-grad-dtype", "e4m3"]).fp8_grad_dtype == "e4m3"
+    assert parse_args([*FP8_DDP, *flags]).fp8_grad_dtype == "e5m2"
+
+
 @pytest.mark.parametrize("fast", [(False, False), (True, False), (True, True)], ids=["none", "grad-input", "all"])
 def test_fast_accumulation_reaches_the_backward_matmuls_it_names(fast, monkeypatch):
     _, layer = _pair(fast=fast)
@@ -211,15 +248,19 @@ AUTO_HEAD = "; the LM head in float8 inside the fast loss, its backward bf16"
          "head=fp8+bf16-grad-input+bf16-forward (float8 on torch._scaled_mm, tensorwise scaling, fast accumulation "
          "in the input gradients too; the LM head in float8 inside the fast loss, its forward bf16, its input "
          "gradient bf16)"),
-        (["--no-fp8-head"], "fast_accum=grad-input head=bf16 (float8 on torch._scaled_mm, tensorwise scaling, fast "
-         "accumulation in the input gradients too; the LM head stays bf16)"),
+        # and the layers' output gradients in e4m3 (--fp8-grad-dtype), on the same run
+        (["--no-fp8-head", "--fp8-grad-dtype", "e4m3"], "fast_accum=grad-input head=bf16 (float8 on "
+         "torch._scaled_mm, tensorwise scaling, e4m3 output gradients, fast accumulation in the input gradients too; "
+         "the LM head stays bf16)"),
         # a head float8 cannot multiply (a vocabulary of 1,000): auto keeps it bf16 and says why
         (["--config-overrides", "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
           "num_key_value_heads=2,vocab_size=1000"], "fast_accum=grad-input head=bf16 (float8 on torch._scaled_mm, "
          "tensorwise scaling, fast accumulation in the input gradients too; the LM head (auto: its hidden size (64) "
          "and vocabulary (1000) must both be multiples of 16) stays bf16)"),
     ],
-    ids=["auto", "delayed-compiled", "head-float8-exact", "head-forward-and-grad-input-bf16", "no-head", "odd-vocab"],
+    ids=[
+        "auto", "delayed-compiled", "head-float8-exact", "head-forward-and-grad-input-bf16", "no-head-e4m3", "odd-vocab"
+    ],
 )  # fmt: skip
 def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp_path, aot_eager, flags, recipe):
     """What a user runs: --precision fp8 (--fp8-linear auto: native) through the entry point, on CPU

@@ -177,6 +177,27 @@ def test_float8_groups_multiply_in_float8_once_per_group(narrow_llama):
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+def test_a_fused_float8_group_casts_its_gradient_to_the_layers_format(narrow_llama, monkeypatch):
+    """--fp8-grad-dtype e4m3 with --fuse-projections: the group's one backward cast is e4m3, as each
+    of its layers' would have been."""
+    from distrain_cloud.training import fp8_linear
+    from distrain_cloud.training.fp8 import use_fp8
+
+    model = narrow_llama(layers=1)
+    use_fp8(model, "tensorwise", 0, "none", False, "native", "dynamic", grad_dtype="e4m3")
+    fuse_projections(model)
+    casts: list[torch.dtype] = []
+    real = fp8_linear.to_fp8
+    monkeypatch.setattr(fp8_linear, "to_fp8", lambda t, dtype: casts.append(dtype) or real(t, dtype))
+    ids = torch.randint(0, 256, (2, 32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, labels=ids).loss
+    del casts[:]
+    loss.backward()
+    # one output-gradient cast per float8 matmul: q|k|v, o, gate|up, down
+    assert casts == [fp8_linear.E4M3] * 4
+
+
 def test_the_shared_pre_hook_maps_the_first_input_by_position_or_name_and_refuses_a_call_without_it():
     from distrain_cloud.training.engines.base import map_first_input
 
