@@ -44,6 +44,7 @@ RECIPE_FIELDS = (
     "fp8_grad_dtype",
     "fp8_fast_accum",
     "fp8_bf16_edge_blocks",
+    "fp8_bf16_layers",
     "residual_dtype",
     "fuse_projections",
     "rope_tables",

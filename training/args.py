@@ -146,6 +146,18 @@ class TrainArgs:
             metavar="N",
         ),
     )
+    # linear layers kept bf16 by name under fp8 (training/fp8.py)
+    fp8_bf16_layers: str = field(
+        default="",
+        metadata=_flag(
+            (
+                "--precision fp8: the block linears that stay bf16, by their name in each block, "
+                "comma-separated (q_proj,k_proj: attention's query and key projections everywhere; "
+                "default: none)"
+            ),
+            metavar="NAMES",
+        ),
+    )
     # which of the backward's float8 matmuls accumulate fast too (training/fp8.py)
     fp8_fast_accum: str = field(
         default=AUTO,
@@ -554,6 +566,11 @@ def rope_tables_wanted(a: TrainArgs, compiled: bool) -> bool:
     return a.rope_tables if a.rope_tables is not None else compiled
 
 
+def fp8_bf16_layer_names(a: TrainArgs) -> tuple[str, ...]:
+    """--fp8-bf16-layers as names (validated by the args' checks), in the order given."""
+    return tuple(dict.fromkeys(a.fp8_bf16_layers.split(","))) if a.fp8_bf16_layers else ()
+
+
 def fp8_linear_of(a: TrainArgs) -> str:
     """Whose float8 linear layers the run uses: --fp8-linear, or for auto native (the tensorwise
     recipe with no torchao, 1.1% faster than torchao's on llama-1b, bench/README.md session 22)
@@ -623,6 +640,7 @@ def residual_stream_bf16(a: TrainArgs, strategy: str, model_type: str | None) ->
 FP8_FIELDS = (  # the --fp8-* settings: they apply to --precision fp8 alone
     "fp8_recipe",
     "fp8_bf16_edge_blocks",
+    "fp8_bf16_layers",
     "fp8_fast_accum",
     "fp8_linear",
     "fp8_scaling",
@@ -933,6 +951,12 @@ def validate(a: TrainArgs) -> None:
         )
     if a.fp8_bf16_edge_blocks < 0:
         raise ArgumentError(f"--fp8-bf16-edge-blocks must be 0 or more, got {a.fp8_bf16_edge_blocks}")
+    bad = [n for n in a.fp8_bf16_layers.split(",") if not re.fullmatch(r"[A-Za-z_]\w*", n)]
+    if a.fp8_bf16_layers and bad:
+        raise ArgumentError(
+            f"--fp8-bf16-layers takes layer names, comma-separated with no spaces (q_proj,k_proj), not "
+            f"{a.fp8_bf16_layers!r}"
+        )
     if a.fp8_linear == "native" and a.fp8_recipe != "tensorwise":
         raise ArgumentError(
             f"--fp8-linear native scales tensorwise only; --fp8-recipe {a.fp8_recipe} is torchao's: "

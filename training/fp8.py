@@ -72,10 +72,11 @@ def fp8_problem(gpus: int, capability: tuple[int, int] | None, torchao: bool = T
 TORCHAO_RECIPES = {"tensorwise": "tensorwise", "rowwise": "rowwise", "rowwise-gw-hp": "rowwise_with_gw_hp"}
 
 
-def fp8_layer_names(model: Any, bf16_edge_blocks: int = 0) -> set[str]:
+def fp8_layer_names(model: Any, bf16_edge_blocks: int = 0, bf16_layers: tuple[str, ...] = ()) -> set[str]:
     """The names of the linear layers use_fp8 converts: every nn.Linear but the LM head, those
-    of the first and last `bf16_edge_blocks` transformer blocks, and those whose sizes
-    `_scaled_mm` cannot take."""
+    of the first and last `bf16_edge_blocks` transformer blocks, those whose own name (the last
+    part of the path: q_proj) is in `bf16_layers` (--fp8-bf16-layers; ArgumentError for a name no
+    linear layer has), and those whose sizes `_scaled_mm` cannot take."""
     import torch
 
     from .engines.base import transformer_blocks
@@ -84,12 +85,19 @@ def fp8_layer_names(model: Any, bf16_edge_blocks: int = 0) -> set[str]:
     blocks = transformer_blocks(model)
     edge = min(bf16_edge_blocks, (len(blocks) + 1) // 2)
     kept = {id(m) for b in blocks[:edge] + blocks[len(blocks) - edge :] for m in b.modules()}
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head}
+    own = {name.rpartition(".")[2] for name in linears}
+    unknown = [n for n in bf16_layers if n not in own]
+    if unknown:
+        raise ArgumentError(
+            f"--fp8-bf16-layers: {type(model).__name__} has no linear layer named {', '.join(unknown)}; "
+            f"its layers are {', '.join(sorted(own))}"
+        )
     return {
         name
-        for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear)
-        and m is not head
-        and id(m) not in kept
+        for name, m in linears.items()
+        if id(m) not in kept
+        and name.rpartition(".")[2] not in bf16_layers
         and m.in_features % 16 == 0
         and m.out_features % 16 == 0
     }
@@ -126,6 +134,7 @@ def use_fp8(
     head_backward: str = "fp8",
     head_why: str | None = None,
     grad_dtype: str = "e5m2",
+    bf16_layers: tuple[str, ...] = (),
 ) -> str:
     """Convert `model`'s eligible linear layers (fp8_layer_names) to float8 ones, in place, before the
     model is prepared and compiled: fp8_linear.Float8Linear (`linear` "native", tensorwise only) or
@@ -133,8 +142,8 @@ def use_fp8(
     the recipe as `fast_accum=... head=...` for the bench to record (bf16, or fp8 and the parts kept
     bf16: fp8+bf16-backward), and `head_why`, why auto left the head bf16; raises ArgumentError
     when nothing converts. `grad_dtype` (--fp8-grad-dtype): the native layers' output gradients'
-    format."""
-    eligible = fp8_layer_names(model, bf16_edge_blocks)
+    format; `bf16_layers` (--fp8-bf16-layers): block linears kept bf16 by name."""
+    eligible = fp8_layer_names(model, bf16_edge_blocks, bf16_layers)
     if not eligible:
         raise ArgumentError(
             f"--precision fp8: {type(model).__name__} has no nn.Linear layer to run in float8 "
@@ -157,6 +166,7 @@ def use_fp8(
         )
     kept = [] if head else [f"the LM head (auto: {head_why})" if head_why else "the LM head"]
     kept += [f"the first and last {bf16_edge_blocks} blocks"] if bf16_edge_blocks else []
+    kept += [f"the {', '.join(bf16_layers)} layers"] if bf16_layers else []
     accum = {
         "none": "",
         "grad-input": ", fast accumulation in the input gradients too",

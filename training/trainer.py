@@ -35,7 +35,15 @@ from torch._dynamo.utils import counters
 from tqdm.auto import tqdm
 
 from . import checkpoint, compiling, data, engines, faults, modeling, tasks
-from .args import ArgumentError, TrainArgs, default_lr, fp8_linear_of, residual_stream_bf16, rope_tables_wanted
+from .args import (
+    ArgumentError,
+    TrainArgs,
+    default_lr,
+    fp8_bf16_layer_names,
+    fp8_linear_of,
+    residual_stream_bf16,
+    rope_tables_wanted,
+)
 from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .decisions import Decisions, decide
 from .engines.base import residual_in_bf16, transformer_blocks
@@ -157,6 +165,7 @@ class Trainer:
                 head_backward=a.fp8_head_backward,
                 head_why=self.decisions.fp8_head_why,
                 grad_dtype=a.fp8_grad_dtype,
+                bf16_layers=fp8_bf16_layer_names(a),
             )
             self._print(fp8_line)
         if undecided:  # in-graph fsdp or ddp, both of which take the Accelerator built above

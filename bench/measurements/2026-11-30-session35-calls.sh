@@ -21,7 +21,8 @@
 # device time: call 3's row run trained ahead of every other run but reached no eval in its time.
 # For the next session: `bash THIS 6 4.45` (--fp8-grad-dtype e4m3, e4, beside the default recipe:
 # GPU 0 e4 then fp8, GPU 1 the other way round) and `bash THIS 7 5.6` (call 5 with time for its
-# eval: about 300 s a rowwise run from a cold compile).
+# eval: about 300 s a rowwise run from a cold compile), then `bash THIS 8 4.45` (attention's query
+# and key projections kept bf16, --fp8-bf16-layers q_proj,k_proj, qk, on both GPUs).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
@@ -44,7 +45,8 @@ LOSS=(--suite llama --gpus 1 --llama-batch-size 16 --llama-steps 180 --llama-war
   --variant 'llama:edge=--precision fp8 --fp8-bf16-edge-blocks 1'
   --variant 'llama:noclip8=--precision fp8 --max-grad-norm 0'
   --variant 'llama:noclip=--max-grad-norm 0'
-  --variant 'llama:e4=--precision fp8 --fp8-grad-dtype e4m3')
+  --variant 'llama:e4=--precision fp8 --fp8-grad-dtype e4m3'
+  --variant 'llama:qk=--precision fp8 --fp8-bf16-layers q_proj,k_proj')
 one() {  # $1: GPU; $2: the run's variant; $3: its directory
   CUDA_VISIBLE_DEVICES=$1 python3 bench/run.py "${LOSS[@]}" --only="-$2\$" --deadline-min "$deadline" \
     --out "$o/$3" >"$o/$3.log" 2>&1
@@ -67,5 +69,6 @@ case $call in
    (one 1 fp8 gpu1a && one 1 e4 gpu1b) &
    wait ;;
 7) one 0 row gpu0 & one 1 row gpu1 & wait ;;
+8) one 0 qk gpu0 & one 1 qk gpu1 & wait ;;
 esac
 tar czf "$OUT/c$call.tgz" -C "$OUT" "c$call"

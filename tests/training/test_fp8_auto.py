@@ -85,6 +85,9 @@ def test_the_plan_names_the_recipe_and_that_auto_picked_the_head():
     assert plan_configs(decided("--fp8-grad-dtype", "e4m3"), 1)["fp8_recipe"].startswith(
         "native float8 layers, tensorwise dynamic scaling, e4m3 output gradients, fast accumulation"
     )
+    assert plan_configs(decided("--fp8-bf16-layers", "q_proj,k_proj,q_proj"), 1)["fp8_recipe"].startswith(
+        "native float8 layers, tensorwise dynamic scaling, the q_proj, k_proj layers bf16, fast accumulation"
+    )
 
 
 def test_submit_dry_run_shows_the_recipe_the_job_will_run(capsys, no_aws_config):

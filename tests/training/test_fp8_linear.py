@@ -129,6 +129,33 @@ def test_the_grad_dtype_applies_to_the_native_layers_only(flags):
     assert parse_args([*FP8_DDP, *flags]).fp8_grad_dtype == "e5m2"
 
 
+def test_layers_named_in_fp8_bf16_layers_stay_bf16_in_every_block(narrow_llama):
+    model = narrow_llama(layers=2)
+    line = fp8.use_fp8(model, "tensorwise", 0, "none", False, "native", "dynamic", bf16_layers=("q_proj", "k_proj"))
+    kinds = {name: type(m).__name__ for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    bf16 = sorted(name for name, kind in kinds.items() if kind == "Linear")
+    assert bf16 == ["lm_head"] + [f"model.layers.{i}.self_attn.{p}" for i in (0, 1) for p in ("k_proj", "q_proj")]
+    assert sum(kind == "Float8Linear" for kind in kinds.values()) == 10  # v, o, gate, up, down in each block
+    assert line.startswith("fp8=on linear_layers=10 ")
+    assert line.endswith("; the LM head and the q_proj, k_proj layers stay bf16)")
+
+
+def test_a_bf16_layer_name_no_layer_has_is_refused_with_the_names_there_are(narrow_llama):
+    with pytest.raises(ArgumentError) as refused:
+        fp8.use_fp8(narrow_llama(layers=1), "tensorwise", 0, "none", False, "native", "dynamic", bf16_layers=("qproj",))
+    assert str(refused.value) == (
+        "--fp8-bf16-layers: LlamaForCausalLM has no linear layer named qproj; its layers are down_proj, gate_proj, "
+        "k_proj, o_proj, q_proj, up_proj, v_proj"
+    )
+
+
+@pytest.mark.parametrize("value", ["q_proj, k_proj", "q_proj,,k_proj", "model.layers.0.q_proj"])
+def test_fp8_bf16_layers_takes_bare_names(value):
+    with pytest.raises(ArgumentError, match="^--fp8-bf16-layers takes layer names, comma-separated with no spaces"):
+        parse_args([*FP8_DDP, "--fp8-bf16-layers", value])
+    assert parse_args([*FP8_DDP, "--fp8-bf16-layers", "q_proj,k_proj"]).fp8_bf16_layers == "q_proj,k_proj"
+
+
 @pytest.mark.parametrize("fast", [(False, False), (True, False), (True, True)], ids=["none", "grad-input", "all"])
 def test_fast_accumulation_reaches_the_backward_matmuls_it_names(fast, monkeypatch):
     _, layer = _pair(fast=fast)
@@ -253,10 +280,12 @@ AUTO_HEAD = "; the LM head in float8 inside the fast loss, its backward bf16"
          "torch._scaled_mm, tensorwise scaling, e4m3 output gradients, fast accumulation in the input gradients too; "
          "the LM head stays bf16)"),
         # a head float8 cannot multiply (a vocabulary of 1,000): auto keeps it bf16 and says why
+        # ... and attention's query and key projections kept bf16 (--fp8-bf16-layers), on the same run
         (["--config-overrides", "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
-          "num_key_value_heads=2,vocab_size=1000"], "fast_accum=grad-input head=bf16 (float8 on torch._scaled_mm, "
-         "tensorwise scaling, fast accumulation in the input gradients too; the LM head (auto: its hidden size (64) "
-         "and vocabulary (1000) must both be multiples of 16) stays bf16)"),
+          "num_key_value_heads=2,vocab_size=1000", "--fp8-bf16-layers", "q_proj,k_proj"], "fast_accum=grad-input "
+         "head=bf16 (float8 on torch._scaled_mm, tensorwise scaling, fast accumulation in the input gradients too; "
+         "the LM head (auto: its hidden size (64) and vocabulary (1000) must both be multiples of 16) and the "
+         "q_proj, k_proj layers stay bf16)"),
     ],
     ids=[
         "auto", "delayed-compiled", "head-float8-exact", "head-forward-and-grad-input-bf16", "no-head-e4m3", "odd-vocab"
@@ -287,7 +316,8 @@ def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp
         },
     )  # fmt: skip
     assert run.returncode == 0, run.describe()
-    assert run.lines("fp8=") == [f"fp8=on linear_layers=14 {recipe}"], run.describe()
+    layers = 10 if "--fp8-bf16-layers" in flags else 14  # two blocks of 7; q and k kept bf16 in each
+    assert run.lines("fp8=") == [f"fp8=on linear_layers={layers} {recipe}"], run.describe()
     assert len(run.train_losses) == 2 and all(0 < v < 20 for v in run.train_losses.values()), run.train_losses
 
 

@@ -198,6 +198,20 @@ def test_a_fused_float8_group_casts_its_gradient_to_the_layers_format(narrow_lla
     assert casts == [fp8_linear.E4M3] * 4
 
 
+def test_a_group_whose_layers_differ_in_precision_stays_unfused(narrow_llama):
+    """--fp8-bf16-layers q_proj,k_proj leaves v_proj float8: attention's group mixes kinds and stays
+    as it is, the MLP's fuses."""
+    from distrain_cloud.training.fp8 import use_fp8
+
+    model = narrow_llama(layers=1)
+    use_fp8(model, "tensorwise", 0, "none", False, "native", "dynamic", bf16_layers=("q_proj", "k_proj"))
+    assert fuse_projections(model).startswith(
+        "fuse_projections=on (--fuse-projections: q/k/v in 0 attentions, gate/up in 1 MLPs)"
+    )
+    attention = model.model.layers[0].self_attn
+    assert type(attention.q_proj) is torch.nn.Linear and type(attention.v_proj).__name__ == "Float8Linear"
+
+
 def test_the_shared_pre_hook_maps_the_first_input_by_position_or_name_and_refuses_a_call_without_it():
     from distrain_cloud.training.engines.base import map_first_input
 
