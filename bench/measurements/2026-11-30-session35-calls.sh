@@ -22,7 +22,10 @@
 # For the next session: `bash THIS 6 4.45` (--fp8-grad-dtype e4m3, e4, beside the default recipe:
 # GPU 0 e4 then fp8, GPU 1 the other way round) and `bash THIS 7 5.6` (call 5 with time for its
 # eval: about 300 s a rowwise run from a cold compile), then `bash THIS 8 4.45` (attention's query
-# and key projections kept bf16, --fp8-bf16-layers q_proj,k_proj, qk, on both GPUs).
+# and key projections kept bf16, --fp8-bf16-layers q_proj,k_proj, qk, on both GPUs). First of all,
+# `bash THIS 9` (a few minutes): bench/fp8_plateau_study.py, small byte-level Llamas (128 and 256
+# wide) trained 300 steps at batch 8 and 32, three seeds, bf16 against fp8 and the two new flags:
+# whether a model that trains in seconds shows the gap at the larger batch, to screen recipes on.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
@@ -70,5 +73,11 @@ case $call in
    wait ;;
 7) one 0 row gpu0 & one 1 row gpu1 & wait ;;
 8) one 0 qk gpu0 & one 1 qk gpu1 & wait ;;
+9) P=(--batch 8,32 --steps 300 --recipes bf16,fp8,fp8-e4m3,fp8-qk --seeds 0,1,2)
+   CUDA_VISIBLE_DEVICES=0 timeout 420 python3 bench/fp8_plateau_study.py "${P[@]}" --json "$o/plateau-128.json" \
+     >"$o/plateau-128.log" 2>&1 &
+   CUDA_VISIBLE_DEVICES=1 timeout 420 python3 bench/fp8_plateau_study.py "${P[@]}" --hidden 256 --seq 256 \
+     --json "$o/plateau-256.json" >"$o/plateau-256.log" 2>&1 &
+   wait ;;
 esac
 tar czf "$OUT/c$call.tgz" -C "$OUT" "c$call"
