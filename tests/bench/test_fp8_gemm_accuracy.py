@@ -3,22 +3,15 @@ own float8 operands, the rows written as JSON, and an unknown layer refused by n
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
+import benchscript
 import pytest
-
-PROBE = Path(__file__).resolve().parents[2] / "bench" / "fp8_gemm_accuracy.py"
 
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("fp8_gemm_accuracy", PROBE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchscript.load("fp8_gemm_accuracy")
 
 
 def test_it_measures_the_sum_apart_from_the_outputs_rounding(probe, tmp_path, capsys):

@@ -3,21 +3,15 @@ distance from fp32's, in bf16 and fp8, its projections unfused and fused, and wi
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
+import benchscript
 import pytest
-
-STUDY = Path(__file__).resolve().parents[2] / "bench" / "fp8_grad_study.py"
 
 
 @pytest.mark.slow  # four backward passes of a small Llama, float8 on CPU
 def test_the_study_tables_fp8_gradients_fused_and_unfused_against_fp32s(capsys):
-    spec = importlib.util.spec_from_file_location("fp8_grad_study", STUDY)
-    assert spec is not None and spec.loader is not None
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
+    study = benchscript.load("fp8_grad_study")
     study.main(["--micro-batch", "1"])
     lines = capsys.readouterr().out.splitlines()
     header = ["parameter", "bf16", "fp8", "fp8", "fused", "fp8", "e4m3", "grads"]

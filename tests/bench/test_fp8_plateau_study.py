@@ -3,25 +3,16 @@ bytes, the runs written as JSON, the means against bf16's printed, a recipe it l
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
+import benchscript
 import pytest
-
-STUDY = Path(__file__).resolve().parents[2] / "bench" / "fp8_plateau_study.py"
 
 
 @pytest.fixture(scope="module")
 def study():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(STUDY.parent))  # for its _benchlib, as `python bench/...` finds it
-        spec = importlib.util.spec_from_file_location("fp8_plateau_study", STUDY)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
+    return benchscript.load("fp8_plateau_study")
 
 
 def test_each_recipe_trains_from_the_same_model_over_the_same_bytes(study, tmp_path, capsys):
