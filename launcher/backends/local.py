@@ -254,6 +254,8 @@ class LocalBackend:
                 shown.close()
                 if deadline is not None:
                     deadline.cancel()
+                for timer in timers:  # the kill after a stop: the job ended before its bound
+                    timer.cancel()
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
         status, detail = _ending(root, plan.job_name, code, stop_asked=bool(timers))

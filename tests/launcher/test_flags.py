@@ -324,6 +324,12 @@ def test_max_run_on_a_local_job_stops_it_as_cancel_does_with_a_checkpoint(here, 
     info = json.loads(out)
     assert (status_code, info["status"], info["exit_code"]) == (0, "Stopped", code)
     assert info["detail"] == f"stopped at its --max-run limit; resume with --resume-from {plan.job_name}"
+    # the kill that a stop arms (80 s after it) went with the job: no timer of it outlives submit
+    import threading
+
+    for timer in [t for t in threading.enumerate() if isinstance(t, threading.Timer)]:
+        timer.join(timeout=5)
+        assert not timer.is_alive(), timer
 
 
 def test_without_max_run_a_local_job_has_no_limit(here):
