@@ -52,8 +52,8 @@ RECIPES = {  # name: use_fp8's keywords, None for bf16
 
 
 def byte_text(max_bytes: int) -> torch.Tensor:
-    """The standard library's sources as bytes (the bench's corpus, its files in its order), at
-    most `max_bytes`."""
+    """The standard library's sources as raw bytes, the files the bench's corpus reads in its order
+    (blank lines kept: bytes, not the trainer's documents), at most `max_bytes`."""
     chunks, total = [], 0
     for src in stdlib_sources():
         data = src.read_bytes()
