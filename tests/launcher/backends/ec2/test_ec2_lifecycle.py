@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -460,7 +461,10 @@ def test_cancel_writes_the_stop_marker_and_now_terminates(stack, capsys, monkeyp
         for rank, instance_id in enumerate(ids):
             put_node(job, rank, status="InProgress", phase="stopping (cancel)", step=7, instance_id=instance_id)
 
-    monkeypatch.setattr("time.sleep", agents_answer)
+    # cancel's own wait (records.unanswered) sleeps through its module's `time`, patched there alone: a
+    # process-wide time.sleep would also turn every other thread's sleep in this worker into S3 writes
+    clock = types.SimpleNamespace(sleep=agents_answer, monotonic=time.monotonic, time=time.time)
+    monkeypatch.setattr(ec2_records, "time", clock)
     code, out, _ = run_cli(capsys, "cancel", job)
     assert code == 0 and out.startswith(f"stopping {job}: every node saves a checkpoint")
     assert {n["State"]["Name"] for n in instances(job)} == {"running"}  # left to their agents
