@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Session 36's device calls (issue 40: fp8's loss at micro-batch 16), on a 2xH200 machine
+# (`nvidia-h200-x2`): `bash THIS CALL [DEADLINE]` from the checkout's root, with the GPU wheels
+# installed first (bench/README.md, "What the GPU machine needs"). Everything lands under $OUT/cN,
+# packed into $OUT/cN.tgz. llama-1b on one GPU, session 35's loss protocol (200 steps at
+# micro-batch 16, eval on the held-out text); ratios within one GPU of one machine.
+# `bash THIS 1 4.45`: the two flags session 35 built, one llama-1b run each on GPU 0 (qk:
+# `--fp8-bf16-layers q_proj,k_proj`, then e4: `--fp8-grad-dtype e4m3`), while GPU 1 runs
+# bench/fp8_plateau_study.py (small byte-level Llamas, 128 then 256 wide, batch 8 and 32, three
+# seeds, bf16 against fp8 and both flags): does a model that trains in seconds show the gap?
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+call=$1
+deadline=${2:-4.4}
+o=$OUT/c$call
+mkdir -p "$o"
+nvidia-smi >"$o/nvidia-smi.txt" 2>&1
+python3 -c 'import sys, torch, transformers, torchao, triton
+print(sys.version.split()[0], torch.__version__, torch.version.cuda, transformers.__version__, torchao.__version__,
+  triton.__version__)' >"$o/versions.txt" 2>&1
+# 200 steps at micro-batch 16 (the standard library's source lasts 224 there), eval on the held-out text
+LOSS=(--suite llama --gpus 1 --llama-batch-size 16 --llama-steps 180 --llama-warmup 20 --llama-log-every 20
+  --eval-samples 16000
+  --variant 'llama:fp8=--precision fp8'
+  --variant 'llama:row=--precision fp8 --fp8-recipe rowwise'
+  --variant 'llama:e4=--precision fp8 --fp8-grad-dtype e4m3'
+  --variant 'llama:qk=--precision fp8 --fp8-bf16-layers q_proj,k_proj'
+  --variant 'llama:qke4=--precision fp8 --fp8-bf16-layers q_proj,k_proj --fp8-grad-dtype e4m3')
+one() {  # $1: GPU; $2: the run's variant; $3: its directory
+  CUDA_VISIBLE_DEVICES=$1 python3 bench/run.py "${LOSS[@]}" --only="-$2\$" --deadline-min "$deadline" \
+    --out "$o/$3" >"$o/$3.log" 2>&1
+}
+plateau() {  # $1: GPU; $2: seconds; $3: width; then the study's own flags
+  local gpu=$1 secs=$2 width=$3
+  shift 3
+  CUDA_VISIBLE_DEVICES=$gpu timeout "$secs" python3 bench/fp8_plateau_study.py --batch 8,32 --steps 300 \
+    --recipes bf16,fp8,fp8-e4m3,fp8-qk --seeds 0,1,2 --hidden "$width" "$@" --json "$o/plateau-$width.json" \
+    >"$o/plateau-$width.log" 2>&1
+}
+case $call in
+1) (one 0 qk gpu0a && one 0 e4 gpu0b) &
+   (plateau 1 250 128; plateau 1 270 256 --seq 256) &
+   wait ;;
+esac
+tar czf "$OUT/c$call.tgz" -C "$OUT" "c$call"
