@@ -8,6 +8,8 @@
 # `--fp8-bf16-layers q_proj,k_proj`, then e4: `--fp8-grad-dtype e4m3`), while GPU 1 runs
 # bench/fp8_plateau_study.py (small byte-level Llamas, 128 then 256 wide, batch 8 and 32, three
 # seeds, bf16 against fp8 and both flags): does a model that trains in seconds show the gap?
+# `bash THIS 2 4.45`: second runs of both flags (GPU 1: qk then e4), both flags together (GPU 0:
+# qke4), then fp8's default recipe on GPU 0, its fifth run and the speed beside which to price them.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
@@ -40,6 +42,9 @@ plateau() {  # $1: GPU; $2: seconds; $3: width; then the study's own flags
 case $call in
 1) (one 0 qk gpu0a && one 0 e4 gpu0b) &
    (plateau 1 250 128; plateau 1 270 256 --seq 256) &
+   wait ;;
+2) (one 0 qke4 gpu0a && one 0 fp8 gpu0b) &
+   (one 1 qk gpu1a && one 1 e4 gpu1b) &
    wait ;;
 esac
 tar czf "$OUT/c$call.tgz" -C "$OUT" "c$call"
