@@ -10,6 +10,8 @@
 # seeds, bf16 against fp8 and both flags): does a model that trains in seconds show the gap?
 # `bash THIS 2 4.45`: second runs of both flags (GPU 1: qk then e4), both flags together (GPU 0:
 # qke4), then fp8's default recipe on GPU 0, its fifth run and the speed beside which to price them.
+# `bash THIS 3 4.45`: both flags together (qke4) on both GPUs: call 2's qke4 run was the first fp8
+# run within 1% of bf16's eval loss at micro-batch 16.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
@@ -46,5 +48,6 @@ case $call in
 2) (one 0 qke4 gpu0a && one 0 fp8 gpu0b) &
    (one 1 qk gpu1a && one 1 e4 gpu1b) &
    wait ;;
+3) one 0 qke4 gpu0 & one 1 qke4 gpu1 & wait ;;
 esac
 tar czf "$OUT/c$call.tgz" -C "$OUT" "c$call"
