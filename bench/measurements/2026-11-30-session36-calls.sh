@@ -12,7 +12,7 @@
 # qke4), then fp8's default recipe on GPU 0, its fifth run and the speed beside which to price them.
 # `bash THIS 3 4.45`: both flags together (qke4) on both GPUs: call 2's qke4 run was the first fp8
 # run within 1% of bf16's eval loss at micro-batch 16.
-# `bash THIS 4 4.45`: bf16's default (GPU 0) beside a fourth qke4 run (GPU 1): bf16's speed and a third
+# `bash THIS 4 4.45`: bf16's default (GPU 0, the bench's own run, id ending -k1) beside a fourth qke4 run (GPU 1): bf16's speed and a third
 # bf16 loss on this machine, against which to set qke4's.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -51,6 +51,6 @@ case $call in
    (one 1 qk gpu1a && one 1 e4 gpu1b) &
    wait ;;
 3) one 0 qke4 gpu0 & one 1 qke4 gpu1 & wait ;;
-4) one 0 bf16 gpu0 & one 1 qke4 gpu1 & wait ;;
+4) one 0 k1 gpu0 & one 1 qke4 gpu1 & wait ;;
 esac
 tar czf "$OUT/c$call.tgz" -C "$OUT" "c$call"
