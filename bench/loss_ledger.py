@@ -82,7 +82,7 @@ def recipe_and_protocol(cmd: str, meta: dict[str, Any], run: dict[str, Any]) -> 
     for name in RECIPE_FIELDS:
         value = getattr(args, name)
         if name in fp8:  # as the run resolved them, named against the defaults before auto's recipe
-            if fp8[name] != BEFORE_AUTO[name]:
+            if fp8[name] != {**BEFORE_AUTO, **LAYERS_BEFORE_AUTO}[name]:
                 flag = "--" + name.replace("_", "-")
                 flags.append(flag if fp8[name] is True else f"{flag} {fp8[name]}")
         elif name == "precision":  # not given: bf16 on the bench's H100s and H200s (precision.pick_precision)
@@ -130,7 +130,35 @@ BEFORE_AUTO: dict[str, Any] = {
 HEAD_PARTS = ("grad-input", "forward", "backward")  # the head's matmuls that `bf16-<part>` keeps in bf16
 
 
+# The layers' part of the recipe before session 36's auto (e4m3 gradients, the query and key
+# projections bf16): what an unrecorded run's flags left at auto meant
+LAYERS_BEFORE_AUTO: dict[str, str] = {"fp8_grad_dtype": "e5m2", "fp8_bf16_layers": "none"}
+LAYER_NAMES = re.compile(r"none|[A-Za-z_]\w*(?:,[A-Za-z_]\w*)*")
+
+
 def fp8_settings(args: Any, run: dict[str, Any]) -> dict[str, Any] | None:
+    """The fp8 settings a run trained with (BEFORE_AUTO's keys and LAYERS_BEFORE_AUTO's); None
+    where a recorded value does not parse."""
+    head = fp8_head_settings(args, run)
+    layers = fp8_layer_settings(args, run)
+    return None if head is None or layers is None else {**head, **layers}
+
+
+def fp8_layer_settings(args: Any, run: dict[str, Any]) -> dict[str, Any] | None:
+    """The layers' output gradients' format and the block linears kept bf16 a run trained with: the
+    trainer's line, which the bench records since session 36 (`fp8_grad_dtype`: e5m2, e4m3, or
+    torchao, whose recipe picks its own and is named by --fp8-recipe; `fp8_bf16_layers`: names or
+    none); before that, the flags, where auto did not exist (LAYERS_BEFORE_AUTO)."""
+    if "fp8_grad_dtype" not in run and "fp8_bf16_layers" not in run:
+        given = {name: getattr(args, name) for name in LAYERS_BEFORE_AUTO}
+        return {name: LAYERS_BEFORE_AUTO[name] if value in ("", "auto") else value for name, value in given.items()}
+    grads, layers = run.get("fp8_grad_dtype"), run.get("fp8_bf16_layers")
+    if grads not in ("e5m2", "e4m3", "torchao") or not (isinstance(layers, str) and LAYER_NAMES.fullmatch(layers)):
+        return None
+    return {"fp8_grad_dtype": "e5m2" if grads == "torchao" else grads, "fp8_bf16_layers": layers}
+
+
+def fp8_head_settings(args: Any, run: dict[str, Any]) -> dict[str, Any] | None:
     """The fp8 head's and fast accumulation's settings a run trained with (BEFORE_AUTO's keys):
     the trainer's line, which the bench records since session 33 (`fp8_head`: "bf16", or "fp8" with
     the parts kept bf16, "fp8+bf16-backward"; `fp8_fast_accum`); before that, the flags, where auto

@@ -120,6 +120,7 @@ class Config:
             # of a later run says "residual-dtype bf16" in its flags where results.json's
             # residual_dtype is bf16
             residual_bf16="residual-dtype bf16" in self.flags,
+            fp8_bf16_attention_input="fp8-bf16-layers q_proj,k_proj" in self.flags,
             constants=constants,
         )
 
@@ -160,6 +161,7 @@ HELD_OUT_S22 = "measured in session 22, after the last refit"
 S32 = "2026-11-30-h200x2-session32"
 HELD_OUT_S32 = "measured in session 32, after the last refit"
 S33 = "2026-11-30-h200x2-session33"
+S36 = "2026-11-30-h200x2-session36"
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
 CLS, HF_CLS = "ours-cls-gpt2-small-g1-b32", "hf-cls-gpt2-small-g1-b32"
@@ -763,4 +765,15 @@ CONFIGS: tuple[Config, ...] = (
     _llama1b(batch_size=16, precision="fp8", flags="residual-dtype bf16 rope-tables", runs=_runs("H200",
         (f"{S33}-c3-gpu0", "ours-llama-1b-ddp-compile-g1-b16-k1-nat16", 47.6371, 64.31),
         (f"{S33}-c3-gpu1", "ours-llama-1b-ddp-compile-g1-b16-k1-nat16", 47.6371, 64.30))),
+    # session 36 (2xH200, one run per GPU side by side, 200-step loss runs): fp8's auto recipe since,
+    # e4m3 gradients and the query and key projections bf16 (their bf16 inputs: 2.16 GiB over
+    # session 33's recipe beside)
+    _llama1b(batch_size=16, precision="fp8",
+           flags="fp8-head fp8-head-backward bf16 fp8-fast-accum grad-input fp8-grad-dtype e4m3 "
+                 "fp8-bf16-layers q_proj,k_proj residual-dtype bf16 rope-tables",
+           runs=_runs("H200",
+        (f"{S36}-c2-gpu0a", "ours-llama-1b-ddp-compile-g1-b16-k1-qke4", 49.9755, 113.66),
+        (f"{S36}-c3-gpu0", "ours-llama-1b-ddp-compile-g1-b16-k1-qke4", 49.9755, 113.66),
+        (f"{S36}-c3-gpu1", "ours-llama-1b-ddp-compile-g1-b16-k1-qke4", 49.9755, 113.66),
+        (f"{S36}-c4-gpu1", "ours-llama-1b-ddp-compile-g1-b16-k1-qke4", 49.9755, 113.66))),
 )  # fmt: skip

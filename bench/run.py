@@ -1069,11 +1069,18 @@ def parse_ours(run: Run, metrics: Path, text: str) -> dict:
     tables = re.search(r"^rope_tables=(on|off)\b", text, re.M)
     res["rope_tables"] = tables.group(1) if tables else "off"
     # And fp8's recipe as the trainer resolved it (--precision fp8's auto recipe since session 33):
-    # the ledger reads an fp8 run's head and fast accumulation here, not from its flags. No line:
-    # no float8 layers, or a trainer from before this field (the ledger then reads the flags).
-    fp8 = re.search(r"^fp8=on linear_layers=\d+ fast_accum=([\w-]+) head=([\w+-]+)", text, re.M)
+    # the ledger reads an fp8 run's head and fast accumulation here, not from its flags, and since
+    # session 36 its gradients' format and the block linears kept bf16. No line: no float8 layers,
+    # or a trainer from before these fields (the ledger then reads the flags).
+    fp8 = re.search(
+        r"^fp8=on linear_layers=\d+ fast_accum=([\w-]+) head=([\w+-]+)(?: grads=(\w+) bf16_layers=([\w,]+))?",
+        text,
+        re.M,
+    )
     if fp8:
         res["fp8_fast_accum"], res["fp8_head"] = fp8.group(1), fp8.group(2)
+        if fp8.group(3):
+            res["fp8_grad_dtype"], res["fp8_bf16_layers"] = fp8.group(3), fp8.group(4)
     evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
     res["final_eval_loss"] = evals[-1] if evals else None  # held-out text: the loss comparison
     res["complete"] = bool(windows) and windows[-1][1] >= run.warmup + run.steps

@@ -258,6 +258,7 @@ def estimate(
     head_loss: bool = False,
     fp8_head: bool = False,
     residual_bf16: bool = False,
+    fp8_bf16_attention_input: bool = False,
     constants: Constants = CONSTANTS,
 ) -> Estimate:
     """Peak memory per device of a training step, and of the evaluation.
@@ -344,6 +345,11 @@ def estimate(
         # the down projection's, 3 d + I elements. Derived, not fitted: llama-1b on an H200 measured
         # 33.0 GiB against 35.4 estimated (bf16's run: 40.8, estimated 38.9).
         per_token_layer -= 3 * d + shape.intermediate
+        if fp8_bf16_attention_input:
+            # --fp8-bf16-layers with q_proj or k_proj (auto's since session 36): they save the
+            # attention's input in bf16 beside v's float8 copy, 2 d bytes more. Derived: llama-1b on
+            # an H200 at micro-batch 16 measured 2.16 GiB more than fp8 without them, this 2.0.
+            per_token_layer += 2 * d
     if residual_bf16 and how in ("autocast", "compiled"):
         # --residual-dtype bf16: each pre-norm block keeps its input and its mid-block sum (the two
         # norms' inputs) for the backward in bf16 where autocast's stream keeps them in fp32, 2
@@ -458,7 +464,17 @@ def estimate_job(job: Decisions, shape: ModelShape, world_size: int) -> Estimate
         # --fp8-head-backward bf16 makes no float8 copy of the logits' gradient
         fp8_head=bool(args.fp8_head) and args.fp8_head_backward == "fp8",
         residual_bf16=_residual_bf16(job, shape),
+        fp8_bf16_attention_input=_fp8_bf16_attention_input(args, shape),
     )
+
+
+def _fp8_bf16_attention_input(args: TrainArgs, shape: ModelShape) -> bool:
+    """Whether an fp8 job keeps attention's query or key projection bf16 (--fp8-bf16-layers, auto's
+    pick on the native layers): the shape knows Llama's names only."""
+    from distrain_cloud.training.args import fp8_bf16_layer_names
+
+    kept = set(fp8_bf16_layer_names(args)) if args.precision == "fp8" else set()
+    return shape.family == "llama" and bool(kept & {"q_proj", "k_proj"})
 
 
 def _residual_bf16(job: Decisions, shape: ModelShape) -> bool:
@@ -735,9 +751,10 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
 def _same_precision(args: TrainArgs, t: Throughput) -> bool:
     """Whether a job of `args` multiplies as measured run `t` did: bf16 (or any 16 bits) both, or
     fp8 both, with the default recipe and the LM head as `t` ran it (its forward and backward too),
-    the backward's fast accumulation as `t`'s (whose float8 layers ran it, torchao's or the native
-    ones, changes no number: measured_tokens_per_sec prefers the same)."""
-    from distrain_cloud.training.args import fp8_flags_given
+    the backward's fast accumulation, the output gradients' format and the block linears kept bf16
+    as `t`'s (whose float8 layers ran it, torchao's or the native ones, changes no number:
+    measured_tokens_per_sec prefers the same)."""
+    from distrain_cloud.training.args import fp8_bf16_layer_names, fp8_flags_given
 
     if (args.precision == "fp8") != (t.precision == "fp8"):
         return False
@@ -746,8 +763,18 @@ def _same_precision(args: TrainArgs, t: Throughput) -> bool:
         and args.fp8_head_forward == t.fp8_head_forward
         and args.fp8_head_backward == t.fp8_head_backward
         and args.fp8_fast_accum == t.fp8_fast_accum
+        and (args.fp8_grad_dtype if args.fp8_grad_dtype != "auto" else "e5m2") == t.fp8_grad_dtype
+        and (",".join(fp8_bf16_layer_names(args)) or "none") == t.fp8_bf16_layers
         and set(fp8_flags_given(args))
-        <= {"--fp8-head", "--fp8-head-forward", "--fp8-head-backward", "--fp8-fast-accum", "--fp8-linear"}
+        <= {
+            "--fp8-head",
+            "--fp8-head-forward",
+            "--fp8-head-backward",
+            "--fp8-fast-accum",
+            "--fp8-linear",
+            "--fp8-grad-dtype",
+            "--fp8-bf16-layers",
+        }
     )
 
 

@@ -54,6 +54,7 @@ S31 = "2026-11-30-h200x1-session31"
 S32 = "2026-11-30-h200x2-session32"
 S33 = "2026-11-30-h200x2-session33"
 S34 = "2026-11-30-h200x2-session34"
+S36 = "2026-11-30-h200x2-session36"
 OURS_1 = "ours-gpt2-small-ddp-g1-b16-k1"
 OURS_C1 = "ours-gpt2-small-ddp-compile-g1-b16-k1"
 LLAMA_C1 = "ours-llama-1b-ddp-compile-g1-b8-k1"
@@ -81,6 +82,8 @@ class Throughput:
     fp8_head_backward: str = "fp8"  # --fp8-head-backward: bf16 keeps the float8 head's backward in bf16
     fp8_fast_accum: str = "none"  # --fp8-fast-accum: the backward's matmuls that accumulate fast too
     fp8_linear: str = "torchao"  # --fp8-linear: whose float8 linear layers
+    fp8_grad_dtype: str = "e5m2"  # --fp8-grad-dtype as the run resolved it (auto's e4m3 since session 36)
+    fp8_bf16_layers: str = "none"  # --fp8-bf16-layers as the run resolved it (auto's q_proj,k_proj since session 36)
     residual_bf16: bool = False  # the residual stream cast to bf16 (--residual-dtype; auto's pick since session 25)
     fused: bool = False  # --fuse-projections
     rope_tables: bool = False  # --rope-tables
@@ -184,6 +187,25 @@ THROUGHPUT: tuple[Throughput, ...] = (
                      (f"{S34}-c3-gpu0b", f"{LLAMA_C16}-fp8"), (f"{S34}-c3-gpu1a", f"{LLAMA_C16}-fp8")),
                note="five beside another 1-GPU run on the host's other GPU (two of them 200-step loss runs of "
                "--precision fp8 alone, session 34); one (--precision fp8 alone) alone"),
+    # session 36's auto recipe (e4m3 output gradients, the query and key projections bf16), and each
+    # half of it alone: 200-step loss runs, each beside another 1-GPU run on the host's other GPU
+    Throughput("H200", "llama-1b", True, (87671.2, 87623.1, 88066.5, 88169.6), batch_size=16, seq_len=2048,
+               precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
+               fp8_linear="native", residual_bf16=True, rope_tables=True, fp8_grad_dtype="e4m3",
+               fp8_bf16_layers="q_proj,k_proj",
+               runs=((f"{S36}-c2-gpu0a", f"{LLAMA_C16}-qke4"), (f"{S36}-c3-gpu0", f"{LLAMA_C16}-qke4"),
+                     (f"{S36}-c3-gpu1", f"{LLAMA_C16}-qke4"), (f"{S36}-c4-gpu1", f"{LLAMA_C16}-qke4")),
+               note="beside another 1-GPU run on the host's other GPU"),
+    Throughput("H200", "llama-1b", True, (88208.6, 88575.4), batch_size=16, seq_len=2048,
+               precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
+               fp8_linear="native", residual_bf16=True, rope_tables=True, fp8_bf16_layers="q_proj,k_proj",
+               runs=((f"{S36}-c1-gpu0a", f"{LLAMA_C16}-qk"), (f"{S36}-c2-gpu1a", f"{LLAMA_C16}-qk")),
+               note="beside another run on the host's other GPU"),
+    Throughput("H200", "llama-1b", True, (89534.2, 90062.7), batch_size=16, seq_len=2048,
+               precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
+               fp8_linear="native", residual_bf16=True, rope_tables=True, fp8_grad_dtype="e4m3",
+               runs=((f"{S36}-c1-gpu0b", f"{LLAMA_C16}-e4"), (f"{S36}-c2-gpu1b", f"{LLAMA_C16}-e4")),
+               note="beside another run on the host's other GPU"),
     Throughput("H200", "llama-1b", True, (84992.7, 84914.9, 85900.3, 86068.0), batch_size=8, seq_len=2048,
                precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
                fp8_linear="native", residual_bf16=True, rope_tables=True,

@@ -14,7 +14,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from . import strategies  # by module: a test's shim replaces strategies.resolve_auto (tests/training/auto_shim)
-from .args import ArgumentError, fp8_auto_recipe, fp8_bf16_layer_names, fp8_flags_given, fp8_linear_of
+from .args import (
+    FP8_AUTO_BF16_LAYERS,
+    ArgumentError,
+    fp8_auto_recipe,
+    fp8_bf16_layer_names,
+    fp8_flags_given,
+    fp8_linear_of,
+)
 from .engines.facts import FACTS, GRAPH_FSDP, engine_of
 from .modeling import head_loss_flags_why_not
 from .strategies import AUTO, COMPILE_MIN_STEPS, Strategy
@@ -273,7 +280,10 @@ def fp8_shown(d: Decisions) -> str:
         head = f"bf16 (auto: {d.fp8_head_why})" if d.fp8_head_why else "bf16"
     layers = f"{fp8_linear_of(a)} float8 layers, {a.fp8_recipe} {a.fp8_scaling} scaling"
     layers += ", e4m3 output gradients" if a.fp8_grad_dtype == "e4m3" else ""
-    layers += f", the {', '.join(fp8_bf16_layer_names(a))} layers bf16" if a.fp8_bf16_layers else ""
+    if a.fp8_bf16_layers == AUTO:  # the names are the loaded model's to confirm
+        layers += f", the {', '.join(FP8_AUTO_BF16_LAYERS)} layers bf16 (auto; where the model has both)"
+    elif names := fp8_bf16_layer_names(a):
+        layers += f", the {', '.join(names)} layers bf16"
     return f"{layers}, fast accumulation in the backward: {a.fp8_fast_accum}; the LM head {head}"
 
 

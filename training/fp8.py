@@ -72,20 +72,31 @@ def fp8_problem(gpus: int, capability: tuple[int, int] | None, torchao: bool = T
 TORCHAO_RECIPES = {"tensorwise": "tensorwise", "rowwise": "rowwise", "rowwise-gw-hp": "rowwise_with_gw_hp"}
 
 
+def _block_linears(model: Any) -> dict[str, Any]:
+    """The model's nn.Linear layers by their paths, the LM head left out."""
+    import torch
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head}
+
+
+def linear_layer_names(model: Any) -> set[str]:
+    """The names --fp8-bf16-layers can give: each linear layer's own name (the last part of its
+    path: q_proj), the LM head left out."""
+    return {name.rpartition(".")[2] for name in _block_linears(model)}
+
+
 def fp8_layer_names(model: Any, bf16_edge_blocks: int = 0, bf16_layers: tuple[str, ...] = ()) -> set[str]:
     """The names of the linear layers use_fp8 converts: every nn.Linear but the LM head, those
     of the first and last `bf16_edge_blocks` transformer blocks, those whose own name (the last
     part of the path: q_proj) is in `bf16_layers` (--fp8-bf16-layers; ArgumentError for a name no
     linear layer has), and those whose sizes `_scaled_mm` cannot take."""
-    import torch
-
     from .engines.base import transformer_blocks
 
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     blocks = transformer_blocks(model)
     edge = min(bf16_edge_blocks, (len(blocks) + 1) // 2)
     kept = {id(m) for b in blocks[:edge] + blocks[len(blocks) - edge :] for m in b.modules()}
-    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head}
+    linears = _block_linears(model)
     own = {name.rpartition(".")[2] for name in linears}
     unknown = [n for n in bf16_layers if n not in own]
     if unknown:
@@ -172,7 +183,8 @@ def use_fp8(
         "grad-input": ", fast accumulation in the input gradients too",
         "all": ", fast accumulation in the backward too",
     }[fast_accum]
-    stays = f"; {' and '.join(kept)} {'stay' if len(kept) > 1 else 'stays'} bf16" if kept else ""
+    plural = len(kept) > 1 or kept[0].endswith(("layers", "blocks")) if kept else False
+    stays = f"; {' and '.join(kept)} {'stay' if plural else 'stays'} bf16" if kept else ""
     head_words = "; the LM head in float8 inside the fast loss" if head else ""
     head_words += ", its forward bf16" if head and head_forward == "bf16" else ""
     head_words += ", its input gradient bf16" if head and head_grad_input == "bf16" else ""
@@ -186,7 +198,10 @@ def use_fp8(
         if dtype == "bf16"
     ]
     head_key = "+".join(["fp8", *(f"bf16-{part}" for part in bf16_parts)]) if head else "bf16"
+    # the bench records the keys (bench/run.py): the gradients' format where the native layers pick it
+    grads_key = grad_dtype if linear == "native" else "torchao"
     return (
-        f"fp8=on linear_layers={len(eligible)} fast_accum={fast_accum} head={head_key} "
-        f"({whose}, {recipe}{when} scaling{grads}{accum}{head_words}{stays})"
+        f"fp8=on linear_layers={len(eligible)} fast_accum={fast_accum} head={head_key} grads={grads_key} "
+        f"bf16_layers={','.join(bf16_layers) or 'none'} ({whose}, {recipe}{when} scaling{grads}{accum}{head_words}"
+        f"{stays})"
     )

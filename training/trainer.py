@@ -47,7 +47,7 @@ from .args import (
 from .contract import INTERRUPT_EXIT_CODE, STOP_EXIT_CODE, Contract, free_port
 from .decisions import Decisions, decide
 from .engines.base import residual_in_bf16, transformer_blocks
-from .fp8 import use_fp8
+from .fp8 import linear_layer_names, use_fp8
 from .fusion import fuse_projections
 from .hub import HubPushError, kept_model_line, push_to_hub
 from .optim import ClippedAdamW
@@ -165,7 +165,7 @@ class Trainer:
                 head_backward=a.fp8_head_backward,
                 head_why=self.decisions.fp8_head_why,
                 grad_dtype=a.fp8_grad_dtype,
-                bf16_layers=fp8_bf16_layer_names(a),
+                bf16_layers=fp8_bf16_layer_names(a, linear_layer_names(model)),
             )
             self._print(fp8_line)
         if undecided:  # in-graph fsdp or ddp, both of which take the Accelerator built above

@@ -185,6 +185,47 @@ def test_an_fp8_run_joins_the_pool_of_the_recipe_it_resolved(ledger, tmp_path):
     ]
 
 
+def test_an_fp8_run_joins_the_pool_of_the_layers_it_resolved(ledger, tmp_path):
+    """Session 36's auto (e4m3 gradients, the query and key projections bf16): the trainer's line
+    says what the layers ran; a run from before it, by its flags, ran e5m2 and every layer float8
+    where they were not given; the same recipe by flags or by auto is one pool."""
+    auto = dict(residual_dtype="bf16", fp8_fast_accum="grad-input", fp8_head="fp8+bf16-backward")
+    _results(
+        tmp_path,
+        "runs",
+        [
+            _run(1.40, "--precision fp8", **auto),  # sessions 33-35: no layer fields
+            _run(1.41, "--precision fp8", **auto, fp8_grad_dtype="e4m3", fp8_bf16_layers="q_proj,k_proj"),
+            _run(1.42, "--precision fp8 --fp8-grad-dtype e4m3 --fp8-bf16-layers q_proj,k_proj", **auto),  # session 36
+            _run(1.43, "--precision fp8", **auto, fp8_grad_dtype="e5m2", fp8_bf16_layers="none"),
+            _run(
+                1.44,
+                "--precision fp8 --fp8-recipe rowwise",
+                residual_dtype="bf16",
+                fp8_fast_accum="none",
+                fp8_head="bf16",
+                fp8_grad_dtype="torchao",
+                fp8_bf16_layers="none",
+            ),  # fmt: skip
+            _run(1.45, "--precision fp8", **auto, fp8_grad_dtype="e3m4", fp8_bf16_layers="none"),  # passed over
+            _run(1.46, "--precision fp8", **auto, fp8_grad_dtype="e4m3", fp8_bf16_layers="\x1b[2J"),  # passed over
+        ],
+    )
+    got = sorted((r.recipe, r.eval_loss) for r in ledger.read_runs(tmp_path))
+    before = "fp8 --fp8-head --fp8-head-backward bf16 --fp8-fast-accum grad-input --residual-dtype bf16"
+    now = (
+        "fp8 --fp8-head --fp8-head-backward bf16 --fp8-grad-dtype e4m3 --fp8-fast-accum grad-input "
+        "--fp8-bf16-layers q_proj,k_proj --residual-dtype bf16"
+    )
+    assert got == [
+        (before, 1.40),
+        (before, 1.43),
+        (now, 1.41),
+        (now, 1.42),
+        ("fp8 --fp8-recipe rowwise --residual-dtype bf16", 1.44),
+    ]
+
+
 def test_the_command_prints_the_tables(ledger, capsys):
     assert ledger.main(["--model", "llama-1b"]) == 0
     out = capsys.readouterr().out
@@ -198,8 +239,12 @@ def test_a_protocol_without_plain_bf16_is_compared_with_the_bf16_default(ledger)
     out = ledger.render(ledger.read_runs(), "llama-1b")
     table = out.split("## llama-1b, sequence 2048, batch 16, 200 steps")[1].split("Runs:")[0]
     fp8 = next(line for line in table.splitlines() if line.startswith(f"| {DEFAULT_FP8} |"))
-    # (2.0855 + 2.1251 + 2.1771 + 2.2433) / 4 against (2.0068 + 2.0169) / 2
-    assert "| 4 | 2.0855, 2.1251, 2.1771, 2.2433 |" in fp8 and "| +7.25% |" in fp8
+    # sessions 34-36: five runs against (2.0068 + 2.0169 + 2.1022) / 3
+    assert "| 5 | 2.0855, 2.1251, 2.1752, 2.1771, 2.2433 |" in fp8 and "| +5.84% |" in fp8
+    # session 36's auto recipe, run by its flags: e4m3 gradients, the query and key projections bf16
+    auto36 = next(line for line in table.splitlines() if "--fp8-bf16-layers q_proj,k_proj --residual" in line
+                  and "--fp8-grad-dtype e4m3" in line)  # fmt: skip
+    assert "| 4 | 2.0025, 2.0431, 2.0534, 2.0956 |" in auto36 and "| +0.33% |" in auto36
     accumulated = next(line for line in table.splitlines() if "--batch-size 8 --grad-accum 2 |" in line)
     assert "| 2.1134 |" in accumulated
     assert sum("--max-grad-norm 0.0 |" in line for line in table.splitlines()) == 2

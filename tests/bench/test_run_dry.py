@@ -533,6 +533,15 @@ def test_the_llama_suite_compares_each_variants_eval_loss(tmp_path):
             "loss, its backward bf16)\n")  # fmt: skip
     fp8_res = bench.parse_ours(run, metrics, line)
     assert (fp8_res["fp8_head"], fp8_res["fp8_fast_accum"]) == ("fp8+bf16-backward", "grad-input")
+    assert "fp8_grad_dtype" not in fp8_res and "fp8_bf16_layers" not in fp8_res  # a trainer before session 36
+    line36 = ("fp8=on linear_layers=80 fast_accum=grad-input head=fp8+bf16-backward grads=e4m3 "
+              "bf16_layers=q_proj,k_proj (float8 on torch._scaled_mm, ...)\n")  # fmt: skip
+    res36 = bench.parse_ours(run, metrics, line36)
+    assert (res36["fp8_grad_dtype"], res36["fp8_bf16_layers"], res36["fp8_head"]) == (
+        "e4m3",
+        "q_proj,k_proj",
+        "fp8+bf16-backward",
+    )
     ctx = bench.Ctx(bench.parse_args(["--suite", "llama"]), 1, tmp_path, tmp_path, tmp_path, tmp_path, False, 1e15)
     base = bench.Run("b", "ours", "ours", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60, result=res)
     fp8 = bench.Run("v", "ours", "ours", [], 1, "llama-1b", "lm", "ddp", 2048, 8, 1, 20, 20, 20, 60, variant="fp8",

@@ -721,11 +721,12 @@ def test_every_plan_gets_decides_refusals_as_one_user_error(flags, saved, words)
         ),
         (
             ["--fp8-bf16-layers", "q_proj, k_proj"],
-            "--fp8-bf16-layers takes layer names, comma-separated with no spaces (q_proj,k_proj), not 'q_proj, k_proj'",
+            "--fp8-bf16-layers takes layer names, comma-separated with no spaces (q_proj,k_proj), none or auto, not "
+            "'q_proj, k_proj'",
         ),
         (
             ["--fp8-grad-dtype", "e3m4"],
-            "argument --fp8-grad-dtype: invalid choice: 'e3m4' (choose from 'e5m2', 'e4m3')",
+            "argument --fp8-grad-dtype: invalid choice: 'e3m4' (choose from 'e5m2', 'e4m3', 'auto')",
         ),
     ],
 )

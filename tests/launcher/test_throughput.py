@@ -63,12 +63,15 @@ def test_every_catalog_gpu_has_published_rates_and_faster_cards_estimate_faster(
     assert rate("H200") == pytest.approx(66921, rel=0.03)
 
 
-FORWARD_HEAD = ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16"]
+# the block linears before session 36's auto: every one float8, e5m2 output gradients
+LAYERS35 = ["--fp8-grad-dtype", "e5m2", "--fp8-bf16-layers", "none"]
+FORWARD_HEAD = ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "bf16", *LAYERS35]
 # fp8's recipe before session 33's auto one: the head bf16, or (OLD_HEAD) all of it float8, and every
 # backward matmul exact
-OLD = ["--precision", "fp8", "--no-fp8-head", "--fp8-fast-accum", "none"]
-OLD_HEAD = ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "fp8", "--fp8-fast-accum", "none"]
-EXACT = ["--fp8-fast-accum", "none"]
+OLD = ["--precision", "fp8", "--no-fp8-head", "--fp8-fast-accum", "none", *LAYERS35]
+OLD_HEAD = ["--precision", "fp8", "--fp8-head", "--fp8-head-backward", "fp8", "--fp8-fast-accum", "none", *LAYERS35]
+EXACT = ["--fp8-fast-accum", "none", *LAYERS35]
+TORCHAO = ["--fp8-linear", "torchao", "--fp8-grad-dtype", "auto"]  # torchao's recipes pick their gradients
 
 
 @pytest.mark.parametrize(
@@ -80,12 +83,21 @@ EXACT = ["--fp8-fast-accum", "none"]
         (["--rope-tables"], 70887),
         (["--batch-size", "8"], 67790),
         (["--batch-size", "32"], 71685),  # sessions 27 and 30-34
-        # --precision fp8's auto recipe: the forward head, fast input gradients (sessions 32-33)
-        (["--precision", "fp8"], 91002),
-        (["--precision", "fp8", "--batch-size", "32"], 94449),
-        (["--precision", "fp8", "--batch-size", "8"], 85469),
+        # --precision fp8's auto recipe: the forward head, fast input gradients (sessions 32-33), e4m3
+        # gradients and the query and key projections bf16 (session 36: measured at 16 only)
+        (["--precision", "fp8"], 87883),
+        (["--precision", "fp8", "--batch-size", "32"], None),
+        (["--precision", "fp8", "--batch-size", "8"], None),
+        (["--precision", "fp8", "--fp8-head"], 87883),  # --fp8-head's backward: auto's bf16
+        (["--precision", "fp8", "--fp8-grad-dtype", "e4m3", "--fp8-bf16-layers", "q_proj,k_proj"], 87883),  # by name
+        (["--precision", "fp8", "--fp8-grad-dtype", "e5m2"], 88392),  # each half of it alone (session 36)
+        (["--precision", "fp8", "--fp8-bf16-layers", "none"], 89798),
+        (["--precision", "fp8", "--fp8-bf16-layers", "k_proj"], None),
+        # the auto recipe of sessions 33-35, asked by its flags
+        (["--precision", "fp8", *LAYERS35], 91002),
+        (["--precision", "fp8", *LAYERS35, "--batch-size", "32"], 94449),
+        (["--precision", "fp8", *LAYERS35, "--batch-size", "8"], 85469),
         ([*FORWARD_HEAD, "--fp8-fast-accum", "grad-input"], 91002),  # the same recipe, asked by name
-        (["--precision", "fp8", "--fp8-head"], 91002),  # --fp8-head's backward: auto's bf16
         ([*FORWARD_HEAD, "--fp8-fast-accum", "all", "--batch-size", "32"], None),
         (["--precision", "fp8", "--no-fp8-head", "--batch-size", "32"], None),  # fast accumulation, no head
         # the recipes before it, asked by their flags
@@ -99,9 +111,6 @@ EXACT = ["--fp8-fast-accum", "none"]
         ([*FORWARD_HEAD, *EXACT, "--batch-size", "32"], 92296),  # session 31
         ([*FORWARD_HEAD, *EXACT, "--batch-size", "8"], 82789),
         (["--fuse-projections"], None),
-        # session 35's flags, never measured for speed: no other recipe's figure stands in for them
-        (["--precision", "fp8", "--fp8-grad-dtype", "e4m3"], None),
-        (["--precision", "fp8", "--fp8-bf16-layers", "q_proj,k_proj"], None),
         *[
             ([*flags, "--no-rope-tables"], rate)
             for flags, rate in [
@@ -130,7 +139,7 @@ EXACT = ["--fp8-fast-accum", "none"]
                 (OLD, 85785),  # the recipe before auto's on the native layers (--fp8-linear auto)
                 (["--precision", "fp8", "--fp8-linear", "torchao"], 84193),  # auto on torchao's: their recipe
                 (OLD_HEAD, 93712),  # the native layers' own run (session 23)
-                ([*OLD_HEAD, "--fp8-linear", "torchao"], 91196),
+                ([*OLD_HEAD, *TORCHAO], 91196),
                 ([*OLD, "--batch-size", "8"], 79964),
                 ([*OLD[:3], "--fp8-fast-accum", "all"], None),  # never measured: not priced as fp8's
                 (["--precision", "fp8", "--fp8-recipe", "rowwise"], None),
@@ -187,5 +196,5 @@ def test_an_fp8_job_priced_by_the_other_layers_run_says_so():
     assert priced("--batch-size", "32").endswith(
         "2026-11-29-h200x1-session22-c1 (torchao's float8 layers, the same recipe)"
     )
-    assert "the same recipe" not in priced("--fp8-linear", "torchao", "--fp8-head", "--fp8-head-backward", "fp8")
-    assert "the same recipe" not in priced("--fp8-linear", "torchao", "--batch-size", "32")
+    assert "the same recipe" not in priced(*TORCHAO, "--fp8-head", "--fp8-head-backward", "fp8")
+    assert "the same recipe" not in priced(*TORCHAO, "--batch-size", "32")

@@ -31,12 +31,19 @@ def decided(*flags: str, head_why_not: str | None = None, task: list[str] = LLAM
         (["--fp8-bf16-edge-blocks", "1"], False, "fp8", "grad-input", "--fp8-bf16-edge-blocks keeps"),
         (["--lm-loss", "model"], False, "fp8", "grad-input", "--lm-loss model"),
         (["--fused-ce"], False, "fp8", "grad-input", "not the causal-lm loss"),
+        (["--fp8-grad-dtype", "e5m2", "--fp8-bf16-layers", "none"], True, "bf16", "grad-input", None),
     ],
 )
 def test_each_flag_leaves_what_it_says_of_the_auto_recipe(flags, head, backward, accum, why):
     d = decided(*flags)
     a = d.args
     assert (a.fp8_head, a.fp8_head_backward, a.fp8_fast_accum) == (head, backward, accum)
+    # session 36's part, on the native layers unless named: e4m3 gradients, the query and key
+    # projections bf16 once the model confirms the names; torchao's layers keep their recipe's
+    torchao = "--fp8-linear" in flags or "--fp8-recipe" in flags
+    named = "--fp8-grad-dtype" in flags
+    assert a.fp8_grad_dtype == ("e5m2" if named else "auto" if torchao else "e4m3")
+    assert a.fp8_bf16_layers == ("none" if named or torchao else "auto")
     assert (d.fp8_head_why or "").startswith(why or ""), d.fp8_head_why
     assert (d.fp8_head_why is None) == (why is None)
     # the decided arguments are arguments the job accepts, and decide the same again
@@ -71,6 +78,11 @@ def test_bf16_jobs_keep_the_fp8_settings_as_given_and_in_bf16_clears_them():
 
 def test_the_plan_names_the_recipe_and_that_auto_picked_the_head():
     assert plan_configs(decided(), 1)["fp8_recipe"] == (
+        "native float8 layers, tensorwise dynamic scaling, e4m3 output gradients, the q_proj, k_proj layers bf16 "
+        "(auto; where the model has both), fast accumulation in the backward: grad-input; the LM head float8, its "
+        "backward bf16 (auto; bf16 where the model's head cannot)"
+    )
+    assert plan_configs(decided("--fp8-grad-dtype", "e5m2", "--fp8-bf16-layers", "none"), 1)["fp8_recipe"] == (
         "native float8 layers, tensorwise dynamic scaling, fast accumulation in the backward: grad-input; the LM "
         "head float8, its backward bf16 (auto; bf16 where the model's head cannot)"
     )
@@ -82,11 +94,12 @@ def test_the_plan_names_the_recipe_and_that_auto_picked_the_head():
         "the LM head float8, its forward bf16"
     )
     assert "fp8_recipe" not in plan_configs(decide(parse_args(LLAMA[:-2]), world=1, cuda=True), 1)
-    assert plan_configs(decided("--fp8-grad-dtype", "e4m3"), 1)["fp8_recipe"].startswith(
+    assert plan_configs(decided("--fp8-grad-dtype", "e4m3", "--fp8-bf16-layers", "none"), 1)["fp8_recipe"].startswith(
         "native float8 layers, tensorwise dynamic scaling, e4m3 output gradients, fast accumulation"
     )
     assert plan_configs(decided("--fp8-bf16-layers", "q_proj,k_proj,q_proj"), 1)["fp8_recipe"].startswith(
-        "native float8 layers, tensorwise dynamic scaling, the q_proj, k_proj layers bf16, fast accumulation"
+        "native float8 layers, tensorwise dynamic scaling, e4m3 output gradients, the q_proj, k_proj layers bf16, "
+        "fast accumulation"
     )
 
 
@@ -103,3 +116,26 @@ def test_submit_dry_run_shows_the_recipe_the_job_will_run(capsys, no_aws_config)
     plan = json.loads(capsys.readouterr().out)
     shown = json.dumps(plan)
     assert "fast accumulation in the backward: grad-input; the LM head bf16 (auto: --lm-loss model)" in shown
+
+
+def test_auto_keeps_the_query_and_key_projections_bf16_only_where_the_model_names_both():
+    """--fp8-bf16-layers auto is decided once the model is loaded (trainer: fp8.linear_layer_names):
+    a model whose attention is one fused projection (GPT-NeoX's query_key_value) or names only one
+    of them keeps every block linear float8 instead of refusing a name it does not have."""
+    from distrain_cloud.training.args import fp8_bf16_layer_names
+
+    auto = decided().args
+    llama = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert fp8_bf16_layer_names(auto, llama) == ("q_proj", "k_proj")
+    assert fp8_bf16_layer_names(auto) == ("q_proj", "k_proj")  # before the model: as the plan shows it
+    assert fp8_bf16_layer_names(auto, {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"}) == ()
+    assert fp8_bf16_layer_names(auto, {"q_proj", "kv_proj"}) == ()
+    # named ones are the user's: the trainer refuses a name the model lacks (test_fp8_linear.py)
+    assert fp8_bf16_layer_names(decided("--fp8-bf16-layers", "k_proj").args, {"q_proj"}) == ("k_proj",)
+    assert fp8_bf16_layer_names(decided("--fp8-bf16-layers", "none").args, llama) == ()
+
+
+@pytest.mark.parametrize("value", ["auto,q_proj", "none,k_proj", "q_proj,", "q proj"])
+def test_auto_and_none_stand_alone_in_fp8_bf16_layers(value):
+    with pytest.raises(ArgumentError, match=r"^--fp8-bf16-layers takes layer names, comma-separated with no spaces"):
+        decided("--fp8-bf16-layers", value)

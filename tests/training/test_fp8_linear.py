@@ -110,7 +110,7 @@ def test_the_grad_dtype_flag_reaches_every_native_layer_and_the_log_line(narrow_
     line = fp8.use_fp8(model, "tensorwise", 0, "none", False, "native", "dynamic", grad_dtype="e4m3")
     layers = [m for m in model.modules() if isinstance(m, Float8Linear)]
     assert len(layers) == 14 and all(m.grad_dtype == E4M3 for m in layers)
-    assert line.startswith("fp8=on linear_layers=14 fast_accum=none head=bf16 (")
+    assert line.startswith("fp8=on linear_layers=14 fast_accum=none head=bf16 grads=e4m3 bf16_layers=none (")
     assert "tensorwise scaling, e4m3 output gradients" in line
     plain = narrow_llama(layers=2)
     assert "e4m3" not in fp8.use_fp8(plain, "tensorwise", 0, "none", False, "native", "dynamic")
@@ -123,10 +123,11 @@ def test_the_grad_dtype_flag_reaches_every_native_layer_and_the_log_line(narrow_
     ids=["torchao", "rowwise"],
 )
 def test_the_grad_dtype_applies_to_the_native_layers_only(flags):
-    with pytest.raises(ArgumentError, match=r"^--fp8-grad-dtype e4m3 applies to the native float8 layers; "):
-        parse_args([*FP8_DDP, "--fp8-grad-dtype", "e4m3", *flags])
+    for dtype in ("e4m3", "e5m2"):  # either, named: torchao's recipes pick their own
+        with pytest.raises(ArgumentError, match=rf"^--fp8-grad-dtype {dtype} applies to the native float8 layers; "):
+            parse_args([*FP8_DDP, "--fp8-grad-dtype", dtype, *flags])
     assert parse_args([*FP8_DDP, "--fp8-grad-dtype", "e4m3"]).fp8_grad_dtype == "e4m3"
-    assert parse_args([*FP8_DDP, *flags]).fp8_grad_dtype == "e5m2"
+    assert parse_args([*FP8_DDP, *flags]).fp8_grad_dtype == "auto"
 
 
 def test_layers_named_in_fp8_bf16_layers_stay_bf16_in_every_block(narrow_llama):
@@ -245,8 +246,8 @@ def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains(narr
     model = narrow_llama()
     line = fp8.use_fp8(model, linear="native", fast_accum="grad-input")
     assert line == (
-        "fp8=on linear_layers=14 fast_accum=grad-input head=bf16 (float8 on torch._scaled_mm, tensorwise scaling, "
-        "fast accumulation in the input gradients too; the LM head stays bf16)"
+        "fp8=on linear_layers=14 fast_accum=grad-input head=bf16 grads=e5m2 bf16_layers=none (float8 on "
+        "torch._scaled_mm, tensorwise scaling, fast accumulation in the input gradients too; the LM head stays bf16)"
     )
     layers = [m for m in model.modules() if isinstance(m, Float8Linear)]
     assert len(layers) == 14 and all(m.fast_grad_input and not m.fast_grad_weight for m in layers)
@@ -258,37 +259,47 @@ def test_use_fp8_native_converts_every_block_linear_but_the_head_and_trains(narr
 AUTO_HEAD = "; the LM head in float8 inside the fast loss, its backward bf16"
 
 
+AUTO_LAYERS = "grads=e4m3 bf16_layers=q_proj,k_proj"  # session 36's part of auto's recipe, in the keys
+AUTO_WORDS = "e4m3 output gradients, fast accumulation in the input gradients too"  # ... and in words
+QK = "; the q_proj, k_proj layers stay bf16"
+ALL_FLOAT8 = ["--fp8-grad-dtype", "e5m2", "--fp8-bf16-layers", "none"]  # the layers' recipe before session 36
+
+
 @pytest.mark.slow  # an entry-point run
 @pytest.mark.parametrize(
     "flags, recipe",
     [
-        # --precision fp8 alone: auto's recipe, the head's forward float8 and fast input gradients
-        ([], f"fast_accum=grad-input head=fp8+bf16-backward (float8 on torch._scaled_mm, tensorwise scaling, "
-             f"fast accumulation in the input gradients too{AUTO_HEAD})"),
-        (["--fp8-scaling", "delayed", "--compile"], "fast_accum=grad-input head=fp8+bf16-backward (float8 on "
-         f"torch._scaled_mm, tensorwise delayed scaling, fast accumulation in the input gradients too{AUTO_HEAD})"),
-        # the recipe before session 33: the whole head float8, every backward matmul exact
-        (["--fp8-head", "--fp8-head-backward", "fp8", "--fp8-fast-accum", "none"], "fast_accum=none head=fp8 (float8 "
-         "on torch._scaled_mm, tensorwise scaling; the LM head in float8 inside the fast loss)"),
+        # --precision fp8 alone: auto's recipe, the head's forward float8, fast input gradients, e4m3
+        # output gradients and attention's query and key projections bf16 (two blocks of 7 linears)
+        ([], f"linear_layers=10 fast_accum=grad-input head=fp8+bf16-backward {AUTO_LAYERS} (float8 on "
+             f"torch._scaled_mm, tensorwise scaling, {AUTO_WORDS}{AUTO_HEAD}{QK})"),
+        (["--fp8-scaling", "delayed", "--compile"], f"linear_layers=10 fast_accum=grad-input head=fp8+bf16-backward "
+         f"{AUTO_LAYERS} (float8 on torch._scaled_mm, tensorwise delayed scaling, {AUTO_WORDS}{AUTO_HEAD}{QK})"),
+        # the recipe before session 33: the whole head float8, every backward matmul exact, every
+        # block linear float8 with e5m2 gradients (before session 36)
+        (["--fp8-head", "--fp8-head-backward", "fp8", "--fp8-fast-accum", "none", *ALL_FLOAT8], "linear_layers=14 "
+         "fast_accum=none head=fp8 grads=e5m2 bf16_layers=none (float8 on torch._scaled_mm, tensorwise scaling; the "
+         "LM head in float8 inside the fast loss)"),
         # the head's own flags ask for it; its backward then stays float8 (auto)
-        (["--fp8-head-grad-input", "bf16", "--fp8-head-forward", "bf16"], "fast_accum=grad-input "
-         "head=fp8+bf16-grad-input+bf16-forward (float8 on torch._scaled_mm, tensorwise scaling, fast accumulation "
-         "in the input gradients too; the LM head in float8 inside the fast loss, its forward bf16, its input "
-         "gradient bf16)"),
-        # and the layers' output gradients in e4m3 (--fp8-grad-dtype), on the same run
-        (["--no-fp8-head", "--fp8-grad-dtype", "e4m3"], "fast_accum=grad-input head=bf16 (float8 on "
-         "torch._scaled_mm, tensorwise scaling, e4m3 output gradients, fast accumulation in the input gradients too; "
-         "the LM head stays bf16)"),
+        (["--fp8-head-grad-input", "bf16", "--fp8-head-forward", "bf16"], "linear_layers=10 fast_accum=grad-input "
+         f"head=fp8+bf16-grad-input+bf16-forward {AUTO_LAYERS} (float8 on torch._scaled_mm, tensorwise scaling, "
+         f"{AUTO_WORDS}; the LM head in float8 inside the fast loss, its forward bf16, its input gradient bf16{QK})"),
+        # every block linear float8 (--fp8-bf16-layers none) with e4m3 gradients asked by name
+        (["--no-fp8-head", "--fp8-grad-dtype", "e4m3", "--fp8-bf16-layers", "none"], "linear_layers=14 "
+         "fast_accum=grad-input head=bf16 grads=e4m3 bf16_layers=none (float8 on torch._scaled_mm, tensorwise "
+         f"scaling, {AUTO_WORDS}; the LM head stays bf16)"),
         # a head float8 cannot multiply (a vocabulary of 1,000): auto keeps it bf16 and says why
-        # ... and attention's query and key projections kept bf16 (--fp8-bf16-layers), on the same run
+        # ... and the layers kept bf16 named (--fp8-bf16-layers) with e5m2 gradients, on the same run
         (["--config-overrides", "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
-          "num_key_value_heads=2,vocab_size=1000", "--fp8-bf16-layers", "q_proj,k_proj"], "fast_accum=grad-input "
-         "head=bf16 (float8 on torch._scaled_mm, tensorwise scaling, fast accumulation in the input gradients too; "
-         "the LM head (auto: its hidden size (64) and vocabulary (1000) must both be multiples of 16) and the "
-         "q_proj, k_proj layers stay bf16)"),
+          "num_key_value_heads=2,vocab_size=1000", "--fp8-bf16-layers", "k_proj,q_proj", "--fp8-grad-dtype", "e5m2"],
+         "linear_layers=10 fast_accum=grad-input head=bf16 grads=e5m2 bf16_layers=k_proj,q_proj (float8 on "
+         "torch._scaled_mm, tensorwise scaling, fast accumulation in the input gradients too; the LM head (auto: its "
+         "hidden size (64) and vocabulary (1000) must both be multiples of 16) and the k_proj, q_proj layers stay "
+         "bf16)"),
     ],
     ids=[
-        "auto", "delayed-compiled", "head-float8-exact", "head-forward-and-grad-input-bf16", "no-head-e4m3", "odd-vocab"
+        "auto", "delayed-compiled", "head-float8-exact-all-float8", "head-forward-and-grad-input-bf16",
+        "no-head-e4m3-all-float8", "odd-vocab-named-layers-e5m2",
     ],
 )  # fmt: skip
 def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp_path, aot_eager, flags, recipe):
@@ -316,8 +327,7 @@ def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp
         },
     )  # fmt: skip
     assert run.returncode == 0, run.describe()
-    layers = 10 if "--fp8-bf16-layers" in flags else 14  # two blocks of 7; q and k kept bf16 in each
-    assert run.lines("fp8=") == [f"fp8=on linear_layers={layers} {recipe}"], run.describe()
+    assert run.lines("fp8=") == [f"fp8=on {recipe}"], run.describe()
     assert len(run.train_losses) == 2 and all(0 < v < 20 for v in run.train_losses.values()), run.train_losses
 
 
