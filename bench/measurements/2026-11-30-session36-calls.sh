@@ -14,6 +14,9 @@
 # run within 1% of bf16's eval loss at micro-batch 16.
 # `bash THIS 4 4.45`: bf16's default (GPU 0, the bench's own run, id ending -k1) beside a fourth qke4 run (GPU 1): bf16's speed and a third
 # bf16 loss on this machine, against which to set qke4's.
+# `bash THIS 5 3`: the session's last 263 s, after auto became qke4's recipe: `--precision fp8` alone
+# (auto32, the new auto on a GPU) on GPU 0 beside the bf16 default on GPU 1, both at micro-batch 32,
+# 30 timed steps after 10: speed only, one pair across the host's two GPUs.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
@@ -52,5 +55,12 @@ case $call in
    wait ;;
 3) one 0 qke4 gpu0 & one 1 qke4 gpu1 & wait ;;
 4) one 0 k1 gpu0 & one 1 qke4 gpu1 & wait ;;
+5) SPEED=(--suite llama --gpus 1 --llama-batch-size 32 --llama-steps 30 --llama-warmup 10 --llama-log-every 10
+     --eval-samples 500 --variant 'llama:auto32=--precision fp8')
+   CUDA_VISIBLE_DEVICES=0 python3 bench/run.py "${SPEED[@]}" --only='-auto32$' --deadline-min "$deadline" \
+     --out "$o/gpu0" >"$o/gpu0.log" 2>&1 &
+   CUDA_VISIBLE_DEVICES=1 python3 bench/run.py "${SPEED[@]}" --only='-k1$' --deadline-min "$deadline" \
+     --out "$o/gpu1" >"$o/gpu1.log" 2>&1 &
+   wait ;;
 esac
 tar czf "$OUT/c$call.tgz" -C "$OUT" "c$call"
