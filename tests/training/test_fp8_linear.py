@@ -150,11 +150,14 @@ def test_a_bf16_layer_name_no_layer_has_is_refused_with_the_names_there_are(narr
     )
 
 
-@pytest.mark.parametrize("value", ["q_proj, k_proj", "q_proj,,k_proj", "model.layers.0.q_proj"])
+@pytest.mark.parametrize(
+    "value", ["q_proj, k_proj", "q_proj,,k_proj", "model.layers.0.q_proj", "q_proj,", "auto,q_proj", "none,k_proj"]
+)
 def test_fp8_bf16_layers_takes_bare_names(value):
     with pytest.raises(ArgumentError, match="^--fp8-bf16-layers takes layer names, comma-separated with no spaces"):
         parse_args([*FP8_DDP, "--fp8-bf16-layers", value])
     assert parse_args([*FP8_DDP, "--fp8-bf16-layers", "q_proj,k_proj"]).fp8_bf16_layers == "q_proj,k_proj"
+    assert parse_args([*FP8_DDP, "--fp8-bf16-layers", "none"]).fp8_bf16_layers == "none"  # auto and none stand alone
 
 
 @pytest.mark.parametrize("fast", [(False, False), (True, False), (True, True)], ids=["none", "grad-input", "all"])
