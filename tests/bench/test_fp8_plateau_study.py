@@ -38,10 +38,14 @@ def test_the_recipes_are_the_trainers_flags(study):
     }
     assert kinds["q_proj"] == kinds["k_proj"] == "Linear" and kinds["v_proj"] == "Float8Linear"
     assert study.RECIPES["fp8-e4m3"] == {"grad_dtype": "e4m3"}
+    # fp8-qke4: the layers of --precision fp8's auto recipe since session 36
+    from distrain_cloud.training.args import FP8_AUTO_BF16_LAYERS
+
+    assert study.RECIPES["fp8-qke4"] == {"grad_dtype": "e4m3", "bf16_layers": FP8_AUTO_BF16_LAYERS}
 
 
 def test_a_recipe_it_lacks_is_refused_by_name(study, capsys):
     with pytest.raises(SystemExit) as exit_:
         study.main(["--recipes", "bf16,fp8-rowwise"])
     assert exit_.value.code == 2
-    assert "--recipes: fp8-rowwise not among bf16, fp8, fp8-e4m3, fp8-qk" in capsys.readouterr().err
+    assert "--recipes: fp8-rowwise not among bf16, fp8, fp8-e4m3, fp8-qk, fp8-qke4\n" in capsys.readouterr().err
