@@ -291,7 +291,7 @@ def render(runs: list[LossRun], model: str | None = None) -> str:
         name, seq, batch, steps, lr, sha, evals = protocol
         lines += [
             f"## {name}, sequence {seq}, batch {batch}, {steps} steps, lr {lr}, corpus {sha[:12]}, "
-            f"eval on {evals} samples",
+            f"eval on at most {evals} samples (--max-eval-samples: the held-out part may hold fewer)",
             "",
             "| recipe | runs | eval losses | mean | sd | mean ÷ bf16's | ± two standard errors |",
             "|---|---|---|---|---|---|---|",
