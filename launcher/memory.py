@@ -686,8 +686,11 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
         need = estimate_job(job, shape, world).device_gib
         runs = "fsdp in-graph" if job.in_graph else job.args.strategy
         cost, note = None, "no measurement, and no published rates for this GPU"
-        rate = measured_tokens_per_sec(job, shape, instance.gpu_model or "") or estimated_tokens_per_sec(
-            job, shape, instance
+        card = instance.gpu_model or ""
+        rate = (
+            measured_tokens_per_sec(job, shape, card)
+            or fp8_layers_scaled_tokens_per_sec(job, shape, card)
+            or estimated_tokens_per_sec(job, shape, instance)
         )
         if rate and hourly is not None:
             tokens_per_hour = rate[0] * world * 3600
@@ -748,13 +751,53 @@ def measured_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -
     return None
 
 
+def fp8_layers_scaled_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_model: str) -> tuple[float, str] | None:
+    """An fp8 job on the native layers whose layer recipe (--fp8-grad-dtype, --fp8-bf16-layers;
+    auto's since session 36) has no run at its micro-batch on this GPU, where the recipe before it
+    (e5m2, none) has one: that rate times the two recipes' ratio at a micro-batch where both
+    ran on this GPU, marked an estimate; else None. Without it such a job would be priced at
+    bf16's rate, about a quarter slower than either recipe."""
+    from distrain_cloud.training.args import fp8_linear_of
+
+    from .throughput import THROUGHPUT
+
+    args = job.args
+    if args.precision != "fp8" or fp8_linear_of(args) != "native":
+        return None
+    # the recipe before session 36's auto, which most fp8 rows measured
+    before = replace(job, args=replace(args, fp8_grad_dtype="e5m2", fp8_bf16_layers="none"))
+    if _fp8_layers(before.args) == _fp8_layers(args):
+        return None
+    base = measured_tokens_per_sec(before, shape, gpu_model)
+    if base is None:
+        return None
+    for batch in sorted({t.batch_size for t in THROUGHPUT if t.card == gpu_model} - {args.batch_size}):
+        mine = measured_tokens_per_sec(replace(job, args=replace(args, batch_size=batch)), shape, gpu_model)
+        theirs = measured_tokens_per_sec(replace(before, args=replace(before.args, batch_size=batch)), shape, gpu_model)
+        if mine and theirs:
+            ratio = mine[0] / theirs[0]
+            return base[0] * ratio, (
+                f"est. {base[0] * ratio:,.0f} tokens/s/GPU: x {ratio:.3f}, this recipe's rate over that of "
+                f"--fp8-grad-dtype e5m2 --fp8-bf16-layers none at micro-batch {batch}, on the latter's {base[1]}"
+            )
+    return None
+
+
+def _fp8_layers(args: TrainArgs) -> tuple[str, str]:
+    """The fp8 layers' recipe as a row records it: the gradients' format, the block linears kept bf16."""
+    from distrain_cloud.training.args import fp8_bf16_layer_names
+
+    grads = args.fp8_grad_dtype if args.fp8_grad_dtype != "auto" else "e5m2"
+    return grads, ",".join(fp8_bf16_layer_names(args)) or "none"
+
+
 def _same_precision(args: TrainArgs, t: Throughput) -> bool:
     """Whether a job of `args` multiplies as measured run `t` did: bf16 (or any 16 bits) both, or
     fp8 both, with the default recipe and the LM head as `t` ran it (its forward and backward too),
     the backward's fast accumulation, the output gradients' format and the block linears kept bf16
     as `t`'s (whose float8 layers ran it, torchao's or the native ones, changes no number:
     measured_tokens_per_sec prefers the same)."""
-    from distrain_cloud.training.args import fp8_bf16_layer_names, fp8_flags_given
+    from distrain_cloud.training.args import fp8_flags_given
 
     if (args.precision == "fp8") != (t.precision == "fp8"):
         return False
@@ -763,8 +806,7 @@ def _same_precision(args: TrainArgs, t: Throughput) -> bool:
         and args.fp8_head_forward == t.fp8_head_forward
         and args.fp8_head_backward == t.fp8_head_backward
         and args.fp8_fast_accum == t.fp8_fast_accum
-        and (args.fp8_grad_dtype if args.fp8_grad_dtype != "auto" else "e5m2") == t.fp8_grad_dtype
-        and (",".join(fp8_bf16_layer_names(args)) or "none") == t.fp8_bf16_layers
+        and _fp8_layers(args) == (t.fp8_grad_dtype, t.fp8_bf16_layers)
         and set(fp8_flags_given(args))
         <= {
             "--fp8-head",
@@ -812,7 +854,8 @@ def render_fit_table(what: str, rows: list[Fit]) -> str:
     lines.append(
         "need/GPU: estimated peak per GPU (launcher/memory.py, within 15% of measured H100/H200 peaks); "
         "$/M tokens: list price over measured throughput where this exact configuration was measured, else over "
-        "an estimate (est.) from the card's published rates, unchecked on cards never measured (older ones are "
-        "likely slower than it says); rows ranked by it, cheapest first"
+        "an estimate (est.): an fp8 layer recipe's ratio to the one before it applied to that one's measured rate, "
+        "or the card's published rates, unchecked on cards never measured (older ones are likely slower than it "
+        "says); rows ranked by it, cheapest first"
     )
     return "\n".join(lines)

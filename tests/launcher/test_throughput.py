@@ -198,3 +198,61 @@ def test_an_fp8_job_priced_by_the_other_layers_run_says_so():
     )
     assert "the same recipe" not in priced(*TORCHAO, "--fp8-head", "--fp8-head-backward", "fp8")
     assert "the same recipe" not in priced(*TORCHAO, "--batch-size", "32")
+
+
+def _decided_llama(*flags: str):
+    from distrain_cloud.launcher.memory import model_shape
+    from distrain_cloud.training.args import parse_args
+    from distrain_cloud.training.decisions import decide
+
+    train = ["--task", "causal-lm", "--preset", "llama-1b", "--block-size", "2048", "--compile", "--strategy", "ddp"]
+    args = parse_args([*train, *flags])
+    shape = model_shape(args)
+    assert shape is not None
+    return decide(args, world=1, cuda=True), shape
+
+
+@pytest.mark.parametrize(
+    "flags, rate, ratio",
+    [
+        # the auto recipe at 32 and 8: the recipe before it ran there (94,449; 85,469), and the two ran
+        # at 16 (87,883 against 91,002)
+        (["--precision", "fp8", "--batch-size", "32"], 91211, "x 0.966"),
+        (["--precision", "fp8", "--batch-size", "8"], 82539, "x 0.966"),
+        (["--precision", "fp8", "--fp8-bf16-layers", "none", "--batch-size", "32"], 93199, "x 0.987"),  # e4m3 alone
+        (["--precision", "fp8"], None, None),  # measured itself at 16
+        (["--precision", "fp8", "--batch-size", "4"], None, None),  # the recipe before never ran at 4
+        (["--precision", "fp8", *LAYERS35, "--batch-size", "32"], None, None),  # that recipe: measured, not scaled
+        (["--precision", "fp8", "--fp8-recipe", "rowwise", "--batch-size", "32"], None, None),  # torchao's own
+        (["--batch-size", "32"], None, None),  # bf16
+    ],
+)
+def test_an_fp8_layer_recipe_unmeasured_at_its_micro_batch_is_scaled_from_the_one_before(flags, rate, ratio):
+    """Session 36's auto recipe ran at micro-batch 16 only; at 8 and 32 the recipe before it ran.
+    Without the scaling such a job fell to the roofline at bf16's rate, a quarter under either."""
+    from distrain_cloud.launcher.memory import fp8_layers_scaled_tokens_per_sec, measured_tokens_per_sec
+
+    job, shape = _decided_llama(*flags)
+    scaled = fp8_layers_scaled_tokens_per_sec(job, shape, "H200")
+    assert (scaled and round(scaled[0])) == rate, scaled
+    if scaled:
+        assert measured_tokens_per_sec(job, shape, "H200") is None
+        assert scaled[1].startswith(f"est. {rate:,} tokens/s/GPU: {ratio}, this recipe's rate over that of ")
+        assert "at micro-batch 16, on the latter's " in scaled[1] and "measured on 1 H200" in scaled[1]
+    assert fp8_layers_scaled_tokens_per_sec(job, shape, "H100") is None  # no fp8 rows there
+
+
+def test_instances_fit_prices_the_fp8_default_at_32_from_the_scaled_rate(tmp_path, capsys):
+    from distrain_cloud.launcher import cli
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "instance: p5en.48xlarge\nprecision: fp8\nstrategy: ddp\nhyperparameters:\n  task: causal-lm\n"
+        "  preset: llama-1b\n  block_size: 2048\n  batch_size: 32\n  max_steps: 5000\n"
+    )
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["instances", "--fit", str(spec)])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0, out
+    row = next(line for line in out.splitlines() if line.split()[1:2] == ["p5en.48xlarge"])
+    assert "(est. 91,211 tokens/s/GPU: x 0.966, this recipe's rate over that of --fp8-grad-dtype e5m2" in row, row
