@@ -19,7 +19,9 @@ TB/s: the pair that separates the two terms), llama-1b and llama-8b on H200s. fi
 far the estimate is from each; `instances --fit` shows the largest as the estimate's error.
 Not modelled: multi-GPU communication (the llama-8b point, sharded over 4 GPUs, carries its own),
 the older cards' lower matrix efficiency (V100, T4: their fp16 rate is taken at face value), fp8
-(its measured llama-1b rows price fp8 jobs of that shape on H200s; elsewhere fp8 gets bf16's rate).
+(its measured llama-1b rows price fp8 jobs of that shape on H200s, and a layer recipe measured at
+one micro-batch is scaled to another from the recipe before it, memory.fp8_layers_scaled_tokens_per_sec;
+elsewhere fp8 gets bf16's rate).
 
 Data only at import; nothing here imports torch, nor launcher/memory.py (which reads this module's
 tables); the model's shape comes from launcher/shape.py, below both.
