@@ -18,6 +18,7 @@ so there is no term for it.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -755,7 +756,7 @@ def fp8_layers_scaled_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_mode
     """An fp8 job on the native layers whose layer recipe (--fp8-grad-dtype, --fp8-bf16-layers;
     auto's since session 36) has no run at its micro-batch on this GPU, where the recipe before it
     (e5m2, none) has one: that rate times the two recipes' ratio at a micro-batch where both
-    ran on this GPU, marked an estimate; else None. Without it such a job would be priced at
+    ran on this GPU (the nearest), marked an estimate; else None. Without it such a job would be priced at
     bf16's rate, about a quarter slower than either recipe."""
     from distrain_cloud.training.args import fp8_linear_of
 
@@ -771,7 +772,8 @@ def fp8_layers_scaled_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_mode
     base = measured_tokens_per_sec(before, shape, gpu_model)
     if base is None:
         return None
-    for batch in sorted({t.batch_size for t in THROUGHPUT if t.card == gpu_model} - {args.batch_size}):
+    batches = {t.batch_size for t in THROUGHPUT if t.card == gpu_model} - {args.batch_size}
+    for batch in sorted(batches, key=lambda b: (abs(math.log(b / args.batch_size)), b)):  # the nearest first
         mine = measured_tokens_per_sec(replace(job, args=replace(args, batch_size=batch)), shape, gpu_model)
         theirs = measured_tokens_per_sec(replace(before, args=replace(before.args, batch_size=batch)), shape, gpu_model)
         if mine and theirs:
