@@ -17,10 +17,11 @@
 # `bash THIS 5 3`: the session's last 263 s, after auto became qke4's recipe: `--precision fp8` alone
 # (auto32, the new auto on a GPU) on GPU 0 beside the bf16 default on GPU 1, both at micro-batch 32,
 # 30 timed steps after 10: speed only, one pair across the host's two GPUs.
-# Prepared for the next session: `bash THIS 6 9.3` (micro-batch 32, speed: the new auto, the recipe
-# before it and bf16 on each GPU, in opposite orders, session 32's 40 timed steps after 20: about
-# 500 s) and `bash THIS 7 9.3` (the issue's own loss protocol, 400 steps at micro-batch 8, the new
-# auto twice on each GPU: four runs against the ledger's bf16 pool there, about 450 s).
+# Prepared for the next session: `bash THIS 6 4.45` (micro-batch 32, speed, session 32's 40 timed
+# steps after 20: GPU 0 the new auto then bf16, GPU 1 the recipe before it then the new auto; each
+# run's deadline its own, two runs a GPU in about 340 s) and `bash THIS 7 9.3` (the issue's own loss
+# protocol, 400 steps at micro-batch 8, the new auto twice on each GPU: four runs against the
+# ledger's bf16 pool there, about 450 s).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
@@ -76,7 +77,7 @@ case $call in
          --out "$o/$3-${run//[^a-z0-9]/}" >>"$o/$3.log" 2>&1
      done
    }
-   speed 0 '-auto32$ -old32$ -k1$' gpu0 & speed 1 '-k1$ -old32$ -auto32$' gpu1 & wait ;;
+   speed 0 '-auto32$ -k1$' gpu0 & speed 1 '-old32$ -auto32$' gpu1 & wait ;;
 7) LOSS8=(--suite llama --gpus 1 --llama-batch-size 8 --llama-steps 380 --llama-warmup 20 --llama-log-every 20
      --eval-samples 16000 --variant 'llama:auto8=--precision fp8')
    for g in 0 1; do
