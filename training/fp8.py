@@ -97,7 +97,7 @@ def fp8_layer_names(model: Any, bf16_edge_blocks: int = 0, bf16_layers: tuple[st
     edge = min(bf16_edge_blocks, (len(blocks) + 1) // 2)
     kept = {id(m) for b in blocks[:edge] + blocks[len(blocks) - edge :] for m in b.modules()}
     linears = _block_linears(model)
-    own = {name.rpartition(".")[2] for name in linears}
+    own = linear_layer_names(model)
     unknown = [n for n in bf16_layers if n not in own]
     if unknown:
         raise ArgumentError(

@@ -243,16 +243,14 @@ def test_an_fp8_layer_recipe_unmeasured_at_its_micro_batch_is_scaled_from_the_on
 
 
 def test_instances_fit_prices_the_fp8_default_at_32_from_the_scaled_rate(tmp_path, capsys):
-    from distrain_cloud.launcher import cli
+    from clirun import run_cli
 
     spec = tmp_path / "job.yaml"
     spec.write_text(
         "instance: p5en.48xlarge\nprecision: fp8\nstrategy: ddp\nhyperparameters:\n  task: causal-lm\n"
         "  preset: llama-1b\n  block_size: 2048\n  batch_size: 32\n  max_steps: 5000\n"
     )
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["instances", "--fit", str(spec)])
-    out = capsys.readouterr().out
-    assert exit_.value.code == 0, out
+    code, out, err = run_cli(capsys, "instances", "--fit", str(spec))
+    assert code == 0, out + err
     row = next(line for line in out.splitlines() if line.split()[1:2] == ["p5en.48xlarge"])
     assert "(est. 91,211 tokens/s/GPU: x 0.966, this recipe's rate over that of --fp8-grad-dtype e5m2" in row, row

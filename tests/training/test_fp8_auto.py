@@ -117,6 +117,7 @@ def test_submit_dry_run_shows_the_recipe_the_job_will_run(capsys, no_aws_config)
     plan = json.loads(capsys.readouterr().out)
     shown = json.dumps(plan)
     assert "fast accumulation in the backward: grad-input; the LM head bf16 (auto: --lm-loss model)" in shown
+    assert "e4m3 output gradients, the q_proj, k_proj layers bf16 (auto; where the model has both)" in shown
 
 
 def test_auto_keeps_the_query_and_key_projections_bf16_only_where_the_model_names_both():

@@ -312,16 +312,49 @@ def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp
     (by aot_eager: Dynamo traces the trainer's graph as Inductor's would be; Inductor compiles the
     float8 layers, delayed scaling's among them, in test_it_compiles_whole_and_agrees_with_eager and
     test_delayed_scaling_compiles_one_graph, without a C++ build of the whole model per run)."""
-    shim = str(Path(__file__).parent / "fp8_shim")
-    hide = tmp_path / "no_torchao"  # an empty namespace package shadows an installed torchao: no torchao.float8
-    (hide / "torchao").mkdir(parents=True)
     narrow = (
         "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
         "num_key_value_heads=2,vocab_size=1024"
     )
+    run = _fp8_run(train, tmp_path, aot_eager, "--preset", "llama-1b", "--config-overrides", narrow, *flags)
+    assert run.lines("fp8=") == [f"fp8=on {recipe}"], run.describe()
+    assert len(run.train_losses) == 2 and all(0 < v < 20 for v in run.train_losses.values()), run.train_losses
+
+
+@pytest.mark.slow  # an entry-point run
+def test_auto_keeps_every_layer_float8_on_a_model_without_q_and_k_projections(train, tmp_path, aot_eager):
+    """GPT-NeoX's attention is one fused query_key_value: --fp8-bf16-layers auto finds no q_proj and
+    k_proj on the loaded model and keeps all eight block linears float8, where the same names typed
+    are refused with the names it has."""
+    import transformers
+
+    config = tmp_path / "neox.json"
+    transformers.GPTNeoXConfig(
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64,
+    ).to_json_file(config)  # fmt: skip
+    run = _fp8_run(train, tmp_path, aot_eager, "--model-config", str(config))
+    assert run.lines("fp8=") == [
+        "fp8=on linear_layers=8 fast_accum=grad-input head=bf16 grads=e4m3 bf16_layers=none (float8 on "
+        f"torch._scaled_mm, tensorwise scaling, {AUTO_WORDS}; the LM head (auto: gpt_neox models: the model's own "
+        "loss) stays bf16)"
+    ], run.describe()
+    typed = _fp8_run(
+        train, tmp_path, aot_eager, "--model-config", str(config), "--fp8-bf16-layers", "q_proj,k_proj", refused=True
+    )
+    assert "--fp8-bf16-layers: GPTNeoXForCausalLM has no linear layer named q_proj, k_proj; its layers are " in (
+        typed.stderr
+    ), typed.describe()
+
+
+def _fp8_run(train, tmp_path, aot_eager, *flags: str, refused: bool = False):
+    """A 4-step --precision fp8 run through the entry point, on CPU processes told they are on an
+    H100 (fp8_shim), with torchao hidden; its exit asserted: 0, or 2 where the flags are `refused`."""
+    shim = str(Path(__file__).parent / "fp8_shim")
+    hide = tmp_path / "no_torchao"  # an empty namespace package shadows an installed torchao: no torchao.float8
+    (hide / "torchao").mkdir(parents=True, exist_ok=True)
     run = train(
-        "--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", narrow, *FP8_DDP,
-        "--dataset", "builtin:corpus", "--block-size", "32",
+        "--task", "causal-lm", *FP8_DDP, "--dataset", "builtin:corpus", "--block-size", "32",
         "--batch-size", "4", "--max-steps", "4", "--log-every", "2", "--report-to", "none", "--no-save-model",
         "--max-eval-samples", "8", "--generate-tokens", "2", *flags,
         env={
@@ -329,9 +362,8 @@ def test_the_trainer_trains_with_native_float8_linears_and_no_torchao(train, tmp
             **(aot_eager if "--compile" in flags else {}),
         },
     )  # fmt: skip
-    assert run.returncode == 0, run.describe()
-    assert run.lines("fp8=") == [f"fp8=on {recipe}"], run.describe()
-    assert len(run.train_losses) == 2 and all(0 < v < 20 for v in run.train_losses.values()), run.train_losses
+    assert run.returncode == (2 if refused else 0), run.describe()
+    return run
 
 
 def test_native_needs_no_torchao_and_torchaos_layers_do(monkeypatch):
