@@ -20,6 +20,7 @@ read: those rows test that ignoring them is right. `not_modelled` rows are expec
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from distrain_cloud.launcher.memory import CONSTANTS, Constants, Estimate, estimate
@@ -120,7 +121,8 @@ class Config:
             # of a later run says "residual-dtype bf16" in its flags where results.json's
             # residual_dtype is bf16
             residual_bf16="residual-dtype bf16" in self.flags,
-            fp8_bf16_attention_input="fp8-bf16-layers q_proj,k_proj" in self.flags,
+            # q_proj or k_proj kept bf16 (auto's two since session 36, or either alone)
+            fp8_bf16_attention_input=bool(re.search(r"fp8-bf16-layers \S*\b[qk]_proj\b", self.flags)),
             constants=constants,
         )
 
@@ -162,6 +164,7 @@ S32 = "2026-11-30-h200x2-session32"
 HELD_OUT_S32 = "measured in session 32, after the last refit"
 S33 = "2026-11-30-h200x2-session33"
 S36 = "2026-11-30-h200x2-session36"
+S37 = "2026-11-30-h200x2-session37"
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
 CLS, HF_CLS = "ours-cls-gpt2-small-g1-b32", "hf-cls-gpt2-small-g1-b32"
@@ -750,9 +753,11 @@ CONFIGS: tuple[Config, ...] = (
         (f"{S33}-c1-gpu1", "ours-llama-1b-ddp-compile-g1-b16-k1-b16", 61.4475, 78.11),
         (f"{S33}-c2-gpu0", "ours-llama-1b-ddp-compile-g1-b16-k1", 61.4475, 78.11),
         (f"{S33}-c2-gpu1-ours", "ours-llama-1b-ddp-compile-g1-b16-k1", 61.4475, 78.11),
-        (f"{S33}-c6-gpu1-ours", "ours-llama-1b-ddp-compile-g1-b16-k1", 61.4475, 78.11))),
+        (f"{S33}-c6-gpu1-ours", "ours-llama-1b-ddp-compile-g1-b16-k1", 61.4475, 78.11),
+        (f"{S37}-c9-gpu0", "ours-llama-1b-ddp-compile-g1-b16-k1", 61.4475, 125.08))),
     _llama1b(batch_size=32, flags="residual-dtype bf16 rope-tables", runs=_runs("H200",
-        (f"{S33}-c4-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1", 106.7164, 113.99))),
+        (f"{S33}-c4-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1", 106.7164, 113.99),
+        (f"{S37}-c6-gpu0-k1", "ours-llama-1b-ddp-compile-g1-b32-k1", 106.7164, 113.99))),
     _llama1b(batch_size=8, flags="residual-dtype bf16 rope-tables", runs=_runs("H200",
         (f"{S33}-c5-gpu1-ours", "ours-llama-1b-ddp-compile-g1-b8-k1", 38.8125, 64.07))),
     _llama1b(batch_size=16, precision="fp8",
@@ -775,11 +780,36 @@ CONFIGS: tuple[Config, ...] = (
         (f"{S36}-c2-gpu0a", "ours-llama-1b-ddp-compile-g1-b16-k1-qke4", 49.9755, 113.66),
         (f"{S36}-c3-gpu0", "ours-llama-1b-ddp-compile-g1-b16-k1-qke4", 49.9755, 113.66),
         (f"{S36}-c3-gpu1", "ours-llama-1b-ddp-compile-g1-b16-k1-qke4", 49.9755, 113.66),
-        (f"{S36}-c4-gpu1", "ours-llama-1b-ddp-compile-g1-b16-k1-qke4", 49.9755, 113.66))),
+        (f"{S36}-c4-gpu1", "ours-llama-1b-ddp-compile-g1-b16-k1-qke4", 49.9755, 113.66),
+        (f"{S37}-c8-gpu0b", "ours-llama-1b-ddp-compile-g1-b16-k1-auto", 49.9755, 113.66),
+        (f"{S37}-c9-gpu1", "ours-llama-1b-ddp-compile-g1-b16-k1-auto", 49.9755, 113.66))),
     # ... and at micro-batch 32 by auto alone (call 5: stopped by the deadline after 13 steps, the
     # peak the same at steps 10 and 13; the estimate 13% over it)
     _llama1b(batch_size=32, precision="fp8",
            flags="fp8-head fp8-head-backward bf16 fp8-fast-accum grad-input fp8-grad-dtype e4m3 "
                  "fp8-bf16-layers q_proj,k_proj residual-dtype bf16 rope-tables",
-           runs=_runs("H200", (f"{S36}-c5-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1-auto32", 85.1819, 92.58))),
+           runs=_runs("H200", (f"{S36}-c5-gpu0", "ours-llama-1b-ddp-compile-g1-b32-k1-auto32", 85.1819, 92.58),
+        (f"{S37}-c6-gpu0-auto32", "ours-llama-1b-ddp-compile-g1-b32-k1-auto32", 85.1819, 92.58),
+        (f"{S37}-c6-gpu1-auto32", "ours-llama-1b-ddp-compile-g1-b32-k1-auto32", 85.1819, 92.58))),
+    # session 37 (2xH200, one run per GPU side by side): auto at micro-batch 8 (the 400-step
+    # loss runs), the key projection alone bf16 at 16 (its input the query's, so the same bf16 copy),
+    # and the recipe before auto at 32
+    _llama1b(batch_size=8, precision="fp8",
+           flags="fp8-head fp8-head-backward bf16 fp8-fast-accum grad-input fp8-grad-dtype e4m3 "
+                 "fp8-bf16-layers q_proj,k_proj residual-dtype bf16 rope-tables",
+           runs=_runs("H200",
+        (f"{S37}-c7-gpu0", "ours-llama-1b-ddp-compile-g1-b8-k1-auto8", 32.3718, 68.51),
+        (f"{S37}-c7-gpu0", "ours-llama-1b-ddp-compile-g1-b8-k1-auto8-r2", 32.3718, 68.52),
+        (f"{S37}-c7-gpu1", "ours-llama-1b-ddp-compile-g1-b8-k1-auto8", 32.3718, 68.51),
+        (f"{S37}-c7-gpu1", "ours-llama-1b-ddp-compile-g1-b8-k1-auto8-r2", 32.3718, 68.52))),
+    _llama1b(batch_size=16, precision="fp8",
+           flags="fp8-head fp8-head-backward bf16 fp8-fast-accum grad-input fp8-grad-dtype e4m3 "
+                 "fp8-bf16-layers k_proj residual-dtype bf16 rope-tables",
+           runs=_runs("H200",
+        (f"{S37}-c8-gpu0a", "ours-llama-1b-ddp-compile-g1-b16-k1-konly", 49.8505, 113.54),
+        (f"{S37}-c8-gpu1a", "ours-llama-1b-ddp-compile-g1-b16-k1-konly", 49.8505, 113.54),
+        (f"{S37}-c8-gpu1b", "ours-llama-1b-ddp-compile-g1-b16-k1-konly", 49.8505, 113.54))),
+    _llama1b(batch_size=32, precision="fp8",
+           flags="fp8-head fp8-head-backward bf16 fp8-fast-accum grad-input residual-dtype bf16 rope-tables",
+           runs=_runs("H200", (f"{S37}-c6-gpu1-old32", "ours-llama-1b-ddp-compile-g1-b32-k1-old32", 81.0257, 88.42))),
 )  # fmt: skip

@@ -770,7 +770,7 @@ def fp8_layers_scaled_tokens_per_sec(job: Decisions, shape: ModelShape, gpu_mode
     if _fp8_layers(before.args) == _fp8_layers(args):
         return None
     base = measured_tokens_per_sec(before, shape, gpu_model)
-    if base is None:
+    if base is None or measured_tokens_per_sec(job, shape, gpu_model) is not None:  # its own run wins
         return None
     batches = {t.batch_size for t in THROUGHPUT if t.card == gpu_model} - {args.batch_size}
     for batch in sorted(batches, key=lambda b: (abs(math.log(b / args.batch_size)), b)):  # the nearest first

@@ -22,6 +22,11 @@
 # run's deadline its own, two runs a GPU in about 340 s) and `bash THIS 7 9.3` (the issue's own loss
 # protocol, 400 steps at micro-batch 8, the new auto twice on each GPU: four runs against the
 # ledger's bf16 pool there, about 450 s).
+# Session 37 ran 6 and 7, then `bash THIS 8 4.3`: k_proj alone kept in bf16 (konly; k_proj is a
+# quarter of q_proj's size in llama-1b's grouped-query attention, so it costs about a fifth of the
+# qk recipe's speed) three times at micro-batch 16, beside a fifth run of the new auto on GPU 0: its
+# loss, and its speed against auto's on one GPU. Then `bash THIS 9 4.3` with the session's last
+# 460 s: a fourth bf16 run (GPU 0) beside a sixth of the new auto (GPU 1) at micro-batch 16.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 call=$1
@@ -39,7 +44,9 @@ LOSS=(--suite llama --gpus 1 --llama-batch-size 16 --llama-steps 180 --llama-war
   --variant 'llama:row=--precision fp8 --fp8-recipe rowwise'
   --variant 'llama:e4=--precision fp8 --fp8-grad-dtype e4m3'
   --variant 'llama:qk=--precision fp8 --fp8-bf16-layers q_proj,k_proj'
-  --variant 'llama:qke4=--precision fp8 --fp8-bf16-layers q_proj,k_proj --fp8-grad-dtype e4m3')
+  --variant 'llama:qke4=--precision fp8 --fp8-bf16-layers q_proj,k_proj --fp8-grad-dtype e4m3'
+  --variant 'llama:auto=--precision fp8'
+  --variant 'llama:konly=--precision fp8 --fp8-bf16-layers k_proj')
 one() {  # $1: GPU; $2: the run's variant; $3: its directory
   CUDA_VISIBLE_DEVICES=$1 python3 bench/run.py "${LOSS[@]}" --only="-$2\$" --deadline-min "$deadline" \
     --out "$o/$3" >"$o/$3.log" 2>&1
@@ -85,5 +92,9 @@ case $call in
        --deadline-min "$deadline" --out "$o/gpu$g" >"$o/gpu$g.log" 2>&1 &
    done
    wait ;;
+8) (one 0 konly gpu0a && one 0 auto gpu0b) &
+   (one 1 konly gpu1a && one 1 konly gpu1b) &
+   wait ;;
+9) one 0 k1 gpu0 & one 1 auto gpu1 & wait ;;
 esac
 tar czf "$OUT/c$call.tgz" -C "$OUT" "c$call"
