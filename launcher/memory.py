@@ -340,16 +340,27 @@ def estimate(
 
     per_token_layer = constants.activation[how] * d
     if precision == "fp8":
-        # Each float8 linear (training/fp8.py: every block linear) saves its input for the backward
-        # cast to float8, one byte where bf16 saves two: per token and layer, the attention's input
-        # (q, k and v share it), the output projection's, the MLP's (its gate and up share it) and
-        # the down projection's, 3 d + I elements. Derived, not fitted: llama-1b on an H200 measured
-        # 33.0 GiB against 35.4 estimated (bf16's run: 40.8, estimated 38.9).
-        per_token_layer -= 3 * d + shape.intermediate
+        if how == "compiled":
+            # Compiled, the partitioner keeps no float8 tensor for the backward: it recasts there
+            # from what the block saves anyway (the residual stream, the MLP's gate and up outputs,
+            # attention's output), so fp8 drops the bf16 copies that bf16 keeps of both norms'
+            # outputs and of the MLP's activation, 2 (2 d + I) bytes a token and layer. Derived
+            # from the saved tensors themselves (bench/fp8_saved_bytes.py, Inductor on CPU: exactly
+            # 4 d + 2 I at I = 2 d, 4 d and 6 d); llama-1b's peaks on an H200 (session 37) within
+            # 1.5% at micro-batch 8, 16 and 32, where one float8 byte for each bf16 input's two
+            # (3 d + I) had run 6-14% over.
+            per_token_layer -= 2 * (2 * d + shape.intermediate)
+        else:
+            # Eager, each float8 linear saves its input in float8 where autocast's bf16 linears save
+            # their own bf16 casts of it: fp8_saved_bytes.py counts 4 d + I bytes a token and layer
+            # fewer, exactly at I = 2 d, 4 d and 6 d (autograd's graph, the same on any device; no
+            # eager fp8 peak measured on a GPU).
+            per_token_layer -= 4 * d + shape.intermediate
         if fp8_bf16_attention_input:
-            # --fp8-bf16-layers with q_proj or k_proj (auto's since session 36): they save the
-            # attention's input in bf16 beside v's float8 copy, 2 d bytes more. Derived: llama-1b on
-            # an H200 at micro-batch 16 measured 2.16 GiB more than fp8 without them, this 2.0.
+            # --fp8-bf16-layers with q_proj or k_proj (auto's since session 36): the attention's
+            # input stays saved in bf16 for them, 2 d bytes more, compiled or not. Derived: llama-1b
+            # on an H200 measured 2.16 GiB more than fp8 without them at micro-batch 16 (this 2.0)
+            # and 4.15 at 32 (this 4.0).
             per_token_layer += 2 * d
     if residual_bf16 and how in ("autocast", "compiled"):
         # --residual-dtype bf16: each pre-norm block keeps its input and its mid-block sum (the two

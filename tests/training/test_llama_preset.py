@@ -43,9 +43,18 @@ def test_the_memory_estimate_covers_the_preset_and_fp8():
     assert 30 < e.device_gib < 80, e  # one H100 at micro-batch 8, sequences of 2048
     assert e.notes == [] or not any("llama" in n for n in e.notes)  # calibrated: bench/memory_runs.py, session 18
     fp8 = estimate(shape, strategy="ddp", precision="fp8", batch_size=8, seq_len=2048, world_size=1, compiled=True)
-    # float8 linears save their inputs in one byte, not two: 3 d + I elements per token and layer
-    saved = (3 * 2048 + 8192) * 8 * 2048 * 16 / 2**30
+    # compiled, fp8 keeps none of bf16's copies of the two norms' outputs and the MLP's activation
+    # (bench/fp8_saved_bytes.py): 2 (2 d + I) bytes per token and layer
+    saved = 2 * (2 * 2048 + 8192) * 8 * 2048 * 16 / 2**30
     assert e.terms["activations"] - fp8.terms["activations"] == pytest.approx(saved)
+    eager, eager8 = (
+        estimate(shape, strategy="ddp", precision=p, batch_size=8, seq_len=2048, world_size=1, compiled=False)
+        for p in ("bf16", "fp8")
+    )
+    # eager, 4 d + I bytes (bench/fp8_saved_bytes.py counts it)
+    assert eager.terms["activations"] - eager8.terms["activations"] == pytest.approx(
+        (4 * 2048 + 8192) * 8 * 2048 * 16 / 2**30
+    )
     assert {k: v for k, v in fp8.terms.items() if k != "activations"} == {
         k: v for k, v in e.terms.items() if k != "activations"
     }
