@@ -784,7 +784,7 @@ CONFIGS: tuple[Config, ...] = (
         (f"{S37}-c8-gpu0b", "ours-llama-1b-ddp-compile-g1-b16-k1-auto", 49.9755, 113.66),
         (f"{S37}-c9-gpu1", "ours-llama-1b-ddp-compile-g1-b16-k1-auto", 49.9755, 113.66))),
     # ... and at micro-batch 32 by auto alone (call 5: stopped by the deadline after 13 steps, the
-    # peak the same at steps 10 and 13; the estimate 13% over it)
+    # peak the same at steps 10 and 13; the estimate then 13% over it, 1.3% with session 37's term)
     _llama1b(batch_size=32, precision="fp8",
            flags="fp8-head fp8-head-backward bf16 fp8-fast-accum grad-input fp8-grad-dtype e4m3 "
                  "fp8-bf16-layers q_proj,k_proj residual-dtype bf16 rope-tables",

@@ -64,9 +64,10 @@ _HUB_ORGS = ("openai-community/", "google-bert/", "distilbert/", "FacebookAI/")
 
 
 def model_shape(args: TrainArgs) -> ModelShape | None:
-    """The shape of the model a job trains, or None when the launcher cannot know it (a Hub id
-    outside HUB_MODELS, a --model-config that is neither a local file nor in HUB_MODELS)."""
-    from distrain_cloud.training.args import exists_here
+    """The shape of the model a job trains, --config-overrides applied as the trainer applies them,
+    or None when the launcher cannot know it (a Hub id outside HUB_MODELS, a --model-config that is
+    neither a local file nor in HUB_MODELS)."""
+    from distrain_cloud.training.args import config_overrides, exists_here
     from distrain_cloud.training.modeling import PRESETS
 
     if args.model or args.model_config:
@@ -74,9 +75,46 @@ def model_shape(args: TrainArgs) -> ModelShape | None:
         name = next((source.removeprefix(org) for org in _HUB_ORGS if source.startswith(org)), source)
         path = Path(source) / "config.json" if args.model else Path(source)
         config = HUB_MODELS.get(name) or (_read_json(path) if exists_here(path, Path.is_file) else None)
-        return shape_from_config(source, config) if config else None
-    preset = args.preset or "tiny-gpt2"
-    return shape_from_config(preset, PRESETS[preset])
+    else:
+        source = args.preset or "tiny-gpt2"
+        config = PRESETS[source]
+    if not config:
+        return None
+    shape = shape_from_config(source, _overridden(config, config_overrides(args)))
+    if shape is None or shape == shape_from_config(source, config):
+        return shape
+    # resized by --config-overrides: not the model its name measured, and the plan says so
+    return replace(shape, name=f"{source} (--config-overrides)")
+
+
+# GPT-2's config answers to the common names too (transformers' attribute_map): an override under
+# either name sets the key its config.json holds
+_CONFIG_ALIASES = {
+    "hidden_size": "n_embd",
+    "num_hidden_layers": "n_layer",
+    "num_attention_heads": "n_head",
+    "max_position_embeddings": "n_positions",
+}
+
+
+def _overridden(config: Mapping[str, Any], pairs: dict[str, str]) -> dict[str, Any]:
+    """`config` with --config-overrides' values, typed as transformers' update_from_string types
+    them (true/false, an integer, a number, else text); the trainer checks each name and type."""
+    out = dict(config)
+    for key, text in pairs.items():
+        key = _CONFIG_ALIASES[key] if key in _CONFIG_ALIASES and _CONFIG_ALIASES[key] in out else key
+        value: Any = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(text)
+                    break
+                except ValueError:
+                    continue
+        out[key] = value
+    return out
 
 
 def planned_decisions(

@@ -737,3 +737,51 @@ def test_a_mistyped_fp8_option_is_one_line_naming_what_is_right(flag, line, caps
     with pytest.raises(SystemExit) as exit_:
         cli.main([*argv, "--task", "causal-lm", "--preset", "llama-1b", *flag])
     assert exit_.value.code == 2 and capsys.readouterr().err.strip() == f"error: training arguments: {line}"
+
+
+@pytest.mark.parametrize(
+    "overrides, resized",
+    [("num_hidden_layers=32,hidden_size=4096,intermediate_size=14336", True), ("attention_dropout=0.1", False)],
+)
+def test_instances_fit_sizes_and_prices_the_model_the_config_overrides_make(tmp_path, capsys, overrides, resized):
+    """The trainer builds the preset's config with --config-overrides applied: a llama-1b resized to
+    7.5B is a 7.5B job to the memory check and the price, not llama-1b's measured 1.2B (it passed
+    the check on an H200 and was priced by llama-1b's runs before); an override that leaves the
+    shape alone keeps the measured rate."""
+    from clirun import run_cli
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "instance: p5en.48xlarge\nstrategy: ddp\nhyperparameters:\n  task: causal-lm\n  preset: llama-1b\n"
+        f"  block_size: 2048\n  config_overrides: {overrides}\n"
+    )
+    code, out, err = run_cli(capsys, "instances", "--fit", str(spec), "--json")
+    assert code == 0, out + err
+    report = json.loads(out)
+    h200 = next(r for r in report["instances"] if r["instance"] == "p5en.48xlarge")
+    if resized:
+        assert report["job"].startswith("llama-1b (--config-overrides) (7,505M params), causal-lm, ddp"), report["job"]
+        assert not h200["fits"] and h200["need_gib"] > 200, h200  # 16 bytes a parameter alone: 112 GiB
+        assert h200["note"].startswith("est. ") and "measured" not in h200["note"], h200
+    else:
+        assert report["job"].startswith("llama-1b (1,236M params), causal-lm, ddp"), report["job"]
+        assert h200["fits"] and "tokens/s/GPU measured on 1 H200" in h200["note"], h200
+
+
+def test_an_override_under_gpt2s_common_name_sets_the_key_its_config_holds():
+    from distrain_cloud.launcher.memory import model_shape
+    from distrain_cloud.training.args import parse_args
+
+    def shape(overrides: str):
+        return model_shape(
+            parse_args(["--task", "causal-lm", "--preset", "gpt2-small", "--config-overrides", overrides])
+        )
+
+    # GPT2Config maps hidden_size to n_embd and num_hidden_layers to n_layer (transformers' attribute_map)
+    assert shape("hidden_size=1024,num_hidden_layers=6") == shape("n_embd=1024,n_layer=6")
+    resized = shape("hidden_size=1024,num_hidden_layers=6")
+    assert resized is not None and (resized.hidden, resized.layers, resized.name) == (
+        1024,
+        6,
+        "gpt2-small (--config-overrides)",
+    )
