@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .spec import JobSpec
 
 # Presets whose model has no masked-LM head (GPT-2 is causal); no preset or model means tiny-gpt2.
-_CAUSAL_PRESETS = ("tiny-gpt2", "gpt2-small", "gpt2-xl", "llama-1b")
+_CAUSAL_FAMILIES = {"gpt2": "GPT-2", "llama": "Llama"}  # presets' model types with no masked-LM head
 _DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt")
 
 
@@ -42,11 +42,13 @@ def _learning_rate(args: TrainArgs) -> Check:
 
 
 def _task_fits_preset(args: TrainArgs) -> Check | None:
+    from distrain_cloud.training.modeling import PRESETS
+
     if args.task != "masked-lm" or args.model or args.model_config:
         return None  # a Hub model's head is known only where it is downloaded
     preset = args.preset or "tiny-gpt2"
-    ok = preset not in _CAUSAL_PRESETS
-    family = "Llama" if preset.startswith("llama") else "GPT-2"
+    family = _CAUSAL_FAMILIES.get(PRESETS[preset].get("model_type", ""))  # every preset's, llama-8b's too
+    ok = family is None
     detail = "" if ok else f"preset {preset} is {family}, which has no masked-LM head: add --preset tiny-bert"
     return Check("task masked-lm fits the model", ok, detail)
 

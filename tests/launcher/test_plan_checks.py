@@ -20,6 +20,11 @@ CASES = {
         [],
         "[FAIL] task masked-lm fits the model: preset tiny-gpt2 is GPT-2, which has no masked-LM head: add --preset",
     ),
+    "masked-lm on the 8B Llama": (
+        ["--task", "masked-lm", "--preset", "llama-8b"],
+        [],
+        "[FAIL] task masked-lm fits the model: preset llama-8b is Llama, which has no masked-LM head: add --preset",
+    ),
     "more processes than cores": ([], ["--processes", "64"], f"64 processes on {os.cpu_count()} CPU cores: give"),
 }
 
