@@ -65,6 +65,18 @@ def test_a_full_runs_junit_rewrites_the_record_and_only_the_readme_block(suite_t
     assert "`tests/training/test_resume.py` 96%, `tests/launcher/test_local_backend.py` 4%, `tests/launcher/" in text
 
 
+def test_a_junit_run_is_recorded_at_the_commit_it_tested(suite_time, tmp_path):
+    """A CI clone tests one commit; the checkout that reads its junit may have moved on since."""
+    suite_time.README.write_text(suite_time.BEGIN + "\n" + suite_time.END + "\n")
+    junit = tmp_path / "junit.xml"
+    junit.write_text(JUNIT)
+    assert suite_time.main(["--junit", str(junit), "--commit", "5fd1be0"]) == 0
+    assert json.loads(suite_time.RECORD.read_text())["lanes"]["all"]["commit"] == "5fd1be0"
+    assert "(at 5fd1be0, " in suite_time.README.read_text()
+    with pytest.raises(SystemExit):  # a run made here is this checkout's own
+        suite_time.main(["--lane", "fast", "--commit", "5fd1be0"])
+
+
 def test_over_the_budget_is_said(suite_time):
     record = {"lanes": {"all": {"seconds": 1249, "commit": "abc", "date": "d", "tests": 1622}}, "files": {}}
     assert "20 min 49 s (at abc, d): over the 20-minute budget" in suite_time.render(record)
