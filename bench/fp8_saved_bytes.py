@@ -26,12 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import torch
+
+try:
+    import distrain_cloud.training  # noqa: F401
+except ModuleNotFoundError:  # a checkout not `pip install -e`'d (the GPU machines): run.py's symlink package
+    from run import package_shim
+
+    sys.path.insert(0, str(package_shim(Path(tempfile.mkdtemp(prefix="fp8-saved-bytes-")))))
 
 RECIPES = {"bf16": None, "fp8": (), "fp8-qk": ("q_proj", "k_proj")}  # --fp8-bf16-layers of each fp8 recipe
 TERMS = {"compiled": "4d + 2I", "eager": "4d + I"}  # launcher/memory.py's fp8 saving, a token and layer
