@@ -768,6 +768,24 @@ def test_instances_fit_sizes_and_prices_the_model_the_config_overrides_make(tmp_
         assert h200["fits"] and "tokens/s/GPU measured on 1 H200" in h200["note"], h200
 
 
+def test_a_dry_run_checks_the_memory_of_the_model_the_config_overrides_make(capsys, no_aws_config):
+    """The plan's check, before anything is paid for: llama-1b fits an H100, the same preset
+    resized to 7.5B does not, and the fix it names is sized for the resized model."""
+    from clirun import run_cli
+
+    def check(overrides: str) -> tuple[int, str]:
+        train = ["--task", "causal-lm", "--preset", "llama-1b", "--block-size", "2048", "--config-overrides", overrides]
+        code, out, err = run_cli(capsys, "submit", "--instance", "p5.48xlarge", "--strategy", "ddp",
+                                 "--region", "us-east-1", "--dry-run", "--", *train)  # fmt: skip
+        return code, next(x for x in out.splitlines() if "fits in GPU memory" in x)
+
+    code, line = check("attention_dropout=0.1")
+    assert code == 0 and line.startswith("  [ok  ] fits in GPU memory: about ") and "1,236M params" in line, line
+    code, line = check("num_hidden_layers=32,hidden_size=4096,intermediate_size=14336")
+    assert code == 1 and line.startswith("  [FAIL] fits in GPU memory: needs about "), line
+    assert "7,505M params" in line and "fits with --strategy " in line, line
+
+
 def test_an_override_under_gpt2s_common_name_sets_the_key_its_config_holds():
     from distrain_cloud.launcher.memory import model_shape
     from distrain_cloud.training.args import parse_args
