@@ -80,11 +80,21 @@ def model_shape(args: TrainArgs) -> ModelShape | None:
         config = PRESETS[source]
     if not config:
         return None
+    # None too where an override makes a size no positive whole number: the plan's offline check
+    # of the overrides says which, in transformers' words
     shape = shape_from_config(source, _overridden(config, config_overrides(args)))
     if shape is None or shape == shape_from_config(source, config):
         return shape
     # resized by --config-overrides: not the model its name measured, and the plan says so
     return replace(shape, name=f"{source} (--config-overrides)")
+
+
+def overrides_unsized(args: TrainArgs) -> str | None:
+    """Where model_shape(args) is None because --config-overrides made a size no positive whole
+    number (0, -3, 2.5, inf, text: the job could not build its model), what to tell the user."""
+    if args.config_overrides and model_shape(replace(args, config_overrides=None)) is not None:
+        return f"--config-overrides {args.config_overrides}: a model's sizes are positive whole numbers"
+    return None
 
 
 # GPT-2's config answers to the common names too (transformers' attribute_map): an override under
@@ -549,6 +559,8 @@ def fit_check(job: Decisions, instance: InstanceType, *, nodes: int = 1) -> Chec
     if not instance.is_gpu:
         return Check(CHECK_NAME, None, f"{instance.name} has no GPU: not checked")
     shape = model_shape(args)
+    if shape is None and (wrong := overrides_unsized(args)):
+        return Check(CHECK_NAME, False, wrong)  # the job would fail building its model
     if shape is None:
         return Check(CHECK_NAME, None, f"model {args.model or args.model_config} is not in the size table: not checked")
     need = estimate_job(job, shape, processes(job.strategy.value, instance, nodes)).device_gib
@@ -705,6 +717,8 @@ def fit_table(spec: JobSpec, region: str | None = None) -> tuple[str, list[Fit]]
     region = region or (spec.region if spec.region in PRICE_REGIONS else PRICE_REGIONS[0])
     args = spec.training_args(spec.precision or "bf16", "fit").args
     shape = model_shape(args)
+    if shape is None and (wrong := overrides_unsized(args)):
+        raise UserError(f"{wrong}, so which instances fit cannot be told")
     if shape is None:
         raise UserError(
             f"model {args.model or args.model_config}: its size is not known here (launcher/memory.py HUB_MODELS, "

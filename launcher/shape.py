@@ -61,12 +61,15 @@ SHIPPED_VOCAB = 746
 
 
 def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape | None:
-    """A ModelShape from a transformers config (GPT-2, BERT or DistilBERT key names), or None."""
+    """A ModelShape from a transformers config (GPT-2, BERT or DistilBERT key names), or None,
+    also where a size is not a positive whole number (a config file or --config-overrides may say
+    anything: 0, -3, inf, "abc")."""
 
-    def first(*keys: str, default: int | None = None) -> int:
-        value = next((config[k] for k in keys if config.get(k) is not None), default)
-        if value is None:
-            raise ValueError(f"none of {keys}")
+    def first(*keys: str, default: int | None = None, least: int = 1) -> int:
+        value: Any = next((config[k] for k in keys if config.get(k) is not None), default)
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        if isinstance(value, bool) or not whole or value < least:
+            raise ValueError(f"{keys[0]}: {value!r}")
         return int(value)
 
     family = "gpt2" if config.get("model_type") == "gpt2" or "n_embd" in config else "bert"
@@ -83,7 +86,7 @@ def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape | None
             # transformers' defaults: GPT2Config 1024, BertConfig 512
             positions=first("n_positions", "max_position_embeddings", default=1024 if family == "gpt2" else 512),
             intermediate=first("n_inner", "intermediate_size", "hidden_dim", default=4 * hidden),
-            kv_heads=first("num_key_value_heads", default=0) or None,
+            kv_heads=first("num_key_value_heads", default=0, least=0) or None,
             # transformers' defaults: LlamaConfig unties, GPT-2 and BERT tie
             tied=bool(config.get("tie_word_embeddings", family != "llama")),
         )

@@ -786,6 +786,42 @@ def test_a_dry_run_checks_the_memory_of_the_model_the_config_overrides_make(caps
     assert "7,505M params" in line and "fits with --strategy " in line, line
 
 
+@pytest.mark.parametrize("bad", ["hidden_size=0", "num_hidden_layers=-3", "num_hidden_layers=inf", "hidden_size=abc",
+                                 "num_attention_heads=2.5"])  # fmt: skip
+def test_an_override_that_makes_a_size_no_whole_number_fails_the_plan_naming_it(tmp_path, capsys, no_aws_config, bad):
+    """Sized as the trainer builds it, such a model crashed the plan and the fit table (a division by
+    zero, int(inf)); now the memory check fails on it, naming the override (0 and -3 pass
+    transformers' own type check and would fail only once the job builds its model), and the
+    fit table says it in one line."""
+    from clirun import run_cli
+
+    overrides = f"attention_dropout=0.1,{bad}"
+    train = ["--task", "causal-lm", "--preset", "llama-1b", "--config-overrides", overrides]
+    code, out, err = run_cli(capsys, "submit", "--instance", "p5.48xlarge", "--strategy", "ddp",
+                             "--region", "us-east-1", "--dry-run", "--", *train)  # fmt: skip
+    said = f"--config-overrides {overrides}: a model's sizes are positive whole numbers"
+    assert code == 1 and "Traceback" not in out + err
+    assert f"  [FAIL] fits in GPU memory: {said}" in out.splitlines(), out
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"instance: p5en.48xlarge\nhyperparameters:\n  preset: llama-1b\n  config_overrides: {bad}\n")
+    code, out, err = run_cli(capsys, "instances", "--fit", str(spec))
+    assert code == 2 and err.strip() == (
+        f"error: --config-overrides {bad}: a model's sizes are positive whole numbers, so which instances fit "
+        "cannot be told"
+    )
+
+
+@pytest.mark.parametrize("size", [0, -1, 2.5, float("inf"), float("nan"), "12", True, None])
+def test_a_config_whose_size_is_no_positive_whole_number_has_no_shape(size):
+    """A config.json (or an override) may say anything: no shape, not a crash further on."""
+    from distrain_cloud.launcher.shape import shape_from_config
+
+    good = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    assert shape_from_config("m", good) is not None
+    assert shape_from_config("m", {**good, "hidden_size": 64.0}) == shape_from_config("m", good)
+    assert shape_from_config("m", {**good, "hidden_size": size}) is None
+
+
 def test_an_override_under_gpt2s_common_name_sets_the_key_its_config_holds():
     from distrain_cloud.launcher.memory import model_shape
     from distrain_cloud.training.args import parse_args
