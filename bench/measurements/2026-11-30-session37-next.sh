@@ -17,7 +17,7 @@ o=$OUT/c$call
 mkdir -p "$o"
 nvidia-smi >"$o/nvidia-smi.txt" 2>&1
 MEM=(--suite llama --gpus 1 --llama-batch-size 8 --llama-steps 20 --llama-warmup 10 --llama-log-every 10
-  --eval-samples 64
+  --eval-samples 500
   --variant 'llama:efp8=--precision fp8 --no-compile'
   --variant 'llama:ebf16=--no-compile'
   --variant 'llama:w6fp8=--precision fp8 --config-overrides intermediate_size=12288'
@@ -29,7 +29,22 @@ runs() {  # $1: GPU; $2: the runs in order, as variant names; $3: the directory
       --out "$o/$3-$run" >>"$o/$3.log" 2>&1
   done
 }
+SPEED=(--suite llama --gpus 1 --llama-batch-size 32 --llama-steps 40 --llama-warmup 20 --llama-log-every 10
+  --eval-samples 500 --variant 'llama:auto32=--precision fp8' --variant 'llama:auto48=--precision fp8 --batch-size 48'
+  --variant 'llama:autop32=--precision fp8 --profile-steps 30:35')
+speed() {  # $1: GPU; $2: the runs in order, as --only patterns; $3: the directory
+  local run
+  for run in $2; do
+    CUDA_VISIBLE_DEVICES=$1 python3 bench/run.py "${SPEED[@]}" --only="$run" --deadline-min "$deadline" \
+      --out "$o/$3-${run//[^a-z0-9]/}" >>"$o/$3.log" 2>&1
+  done
+}
 case $call in
 1) runs 0 'efp8 ebf16' gpu0 & runs 1 'w6fp8 w6bf16' gpu1 & wait ;;
+# session 38: what fp8's memory buys. auto at micro-batch 48 (about 120 GiB; bf16 needs about 150 there
+# and stops at 32) beside bf16 at 32 on GPU 0 and auto at 32 on GPU 1, opposite orders.
+2) speed 0 '-auto48$ -k1$' gpu0 & speed 1 '-auto32$ -auto48$' gpu1 & wait ;;
+# the second pair of 2 on GPU 0 in the other order; GPU 1 profiles auto's step at 32 (never profiled)
+3) speed 0 '-k1$ -auto48$' gpu0 & speed 1 '-autop32$' gpu1 & wait ;;
 esac
 tar czf "$OUT/c$call.tgz" -C "$OUT" "c$call"
