@@ -82,7 +82,7 @@ def model_shape(args: TrainArgs) -> ModelShape | None:
         return None
     # None too where an override makes a size no positive whole number: the plan's offline check
     # of the overrides says which, in transformers' words
-    shape = shape_from_config(source, _overridden(config, config_overrides(args)))
+    shape = shape_from_config(source, overridden(config, config_overrides(args)))
     if shape is None or shape == shape_from_config(source, config):
         return shape
     # resized by --config-overrides: not the model its name measured, and the plan says so
@@ -107,7 +107,7 @@ _CONFIG_ALIASES = {
 }
 
 
-def _overridden(config: Mapping[str, Any], pairs: dict[str, str]) -> dict[str, Any]:
+def overridden(config: Mapping[str, Any], pairs: dict[str, str]) -> dict[str, Any]:
     """`config` with --config-overrides' values, typed as transformers' update_from_string types
     them (true/false, an integer, a number, else text); the trainer checks each name and type."""
     out = dict(config)
@@ -206,14 +206,30 @@ class Constants:
 #   ZeRO-3 (GPT-2 small whole and by blocks, XL by blocks) on 4 GPUs, sessions 10 to 12, within
 #   -4.8% to +9.2%. Session 19 added llama-8b on 4 H200s (seq 2048, micro-batch 4), which moved it
 #   from 32.9: compiled FSDP2 measured 62.08 GiB (estimate +0.5%), compiled ZeRO-3 82.56 (-10.6%).
-#   Session 28's compiled FSDP2 runs on 2 H200s (GPT-2 small, one unit and two) moved it from 33.3.
+#   Session 28's compiled FSDP2 runs on 2 H200s (GPT-2 small, one unit and two) moved it from 33.3,
+#   session 38's MLP-width term (MLP_BYTES: llama-8b's MLP is 3.5 d wide) from 33.5.
 # - fp32 (--precision no): not measured. Every saved tensor at 4 bytes, twice native's
 #   activations; the loss's tensors are fp32 already, as under autocast.
 CONSTANTS = Constants(
-    activation={"autocast": 91.9, "compiled": 42.4, "native": 48.9, "native-compiled": 33.5, "fp32": 97.0},
+    activation={"autocast": 91.9, "compiled": 42.4, "native": 48.9, "native-compiled": 33.9, "fp32": 97.0},
     logits={"autocast": 11.4, "compiled": 2.0, "native": 11.6, "native-compiled": 2.0, "fp32": 11.4},
     zero3_fixed_gib=2.1,
 )
+# Bytes a SwiGLU MLP saves per token, layer and element of its width (I), beside the constants'
+# 4 d: what a width other than 4 d adds or takes away. bench/fp8_saved_bytes.py counts what autograd
+# saves: compiled bf16 keeps 6 (the gate's and up's outputs, the activation's product), eager 8 (the
+# SiLU's output too), exactly at I = 2 d, 4 d and 6 d; the native modes save the same tensors (the
+# MLP's are 16-bit under autocast already), fp32 twice eager's. llama-1b with its MLP 6 d wide on an
+# H200 (session 38) measured 6.75 compiled: the compiled peak within 5.2% with it, 17.3% under
+# without. GPT-2's MLP (no gate) is 4 d wide unless a config says otherwise: its width is sized
+# with the same bytes, not measured.
+MLP_BYTES = {"autocast": 8.0, "compiled": 6.0, "native": 8.0, "native-compiled": 6.0, "fp32": 16.0}
+# Eager (autocast) Llama-shaped blocks: llama-1b at micro-batch 8 on an H200 (session 38) measured
+# 68.5 bytes per token, layer and unit of d with the bf16 residual stream, 72.5 before its 4 d cut;
+# GPT-2's fitted 91.9 put the peak 18.7% over. One run, not fitted; the fp8 run beside it agrees
+# with its derived term within 0.3 d.
+LLAMA_EAGER_ACTIVATION = 72.5
+
 # Trainer versions before training_forward (calibration rows only): under bf16, the compiled
 # graph output the logits in fp32 (accelerate's conversion), and the backward zero-filled a
 # gradient for them. Measured: 11.81 -> 8.74 GiB when dropped = 4.0 bytes x B T V.
@@ -387,6 +403,13 @@ def estimate(
             terms["buffers"] += low * min(P, ZERO3_MAX_LIVE) + constants.zero3_fixed_gib * GIB
 
     per_token_layer = constants.activation[how] * d
+    if how == "autocast" and shape.family == "llama":
+        # Eager, GPT-2's fitted constant (its gelu_new saves seven 4 d tensors, its dropout masks)
+        # does not carry over to a SwiGLU block: llama-1b measured its own (see the constant).
+        per_token_layer = LLAMA_EAGER_ACTIVATION * d
+    # The constants hold at the MLP width they were measured at, 4 d (GPT-2's, llama-1b's); a wider
+    # or narrower MLP saves its per-element tensors for more or fewer elements (see MLP_BYTES).
+    per_token_layer += MLP_BYTES[how] * (shape.intermediate - 4 * d)
     if precision == "fp8":
         if how == "compiled":
             # Compiled, the partitioner keeps no float8 tensor for the backward: it recasts there
@@ -503,7 +526,7 @@ def with_planned_steps(args: TrainArgs, *, world_size: int, channels: Mapping[st
 def estimate_job(job: Decisions, shape: ModelShape, world_size: int) -> Estimate:
     """estimate() for a job as decided (training/decisions.py), on GPUs: its strategy, whether and
     what it compiles, and whether it computes losses.head_loss (its flags allow it, the trainer's own
-    decision, and the model is GPT-2 shaped, the causal LMs the size table holds)."""
+    decision, and the model is GPT-2 or Llama shaped, the causal LMs the shapes know)."""
     args = job.args
     return estimate(
         shape,
@@ -520,7 +543,8 @@ def estimate_job(job: Decisions, shape: ModelShape, world_size: int) -> Estimate
         fsdp_blocks_per_unit=args.fsdp_blocks_per_unit,
         compile_unit=job.compile_unit,
         compiled_autograd=args.compiled_autograd,
-        head_loss=shape.family == "gpt2" and job.head_loss_why_not is None,
+        # the trainer's head loss takes GPT-2 and the Llama-shaped decoders (modeling.HEAD_LOSS_MODEL_TYPES)
+        head_loss=shape.family in ("gpt2", "llama") and job.head_loss_why_not is None,
         # --fp8-head-backward bf16 makes no float8 copy of the logits' gradient
         fp8_head=bool(args.fp8_head) and args.fp8_head_backward == "fp8",
         residual_bf16=_residual_bf16(job, shape),
@@ -539,8 +563,8 @@ def _fp8_bf16_attention_input(args: TrainArgs, shape: ModelShape) -> bool:
 
 def _residual_bf16(job: Decisions, shape: ModelShape) -> bool:
     """Whether the job casts its residual stream to bf16 (--residual-dtype, auto's pick on GPUs,
-    whose precision is bf16 when none is given). The shape knows Llama's family only: Mistral and
-    Qwen read as BERT's formula, an estimate that is off for them already."""
+    whose precision is bf16 when none is given). Llama-shaped decoders (Mistral, Qwen) cast theirs as
+    Llama's does."""
     from distrain_cloud.training.args import residual_stream_bf16
 
     args = replace(job.args, precision=job.args.precision or "bf16")

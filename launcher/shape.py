@@ -16,7 +16,7 @@ class ModelShape:
     """What the estimate needs to know about a model."""
 
     name: str
-    family: str  # "gpt2", "bert" or "llama": which parameter formula applies
+    family: str  # "gpt2", "bert" or "llama" (Llama-shaped decoders too): which parameter formula applies
     layers: int
     hidden: int
     heads: int
@@ -56,6 +56,11 @@ class ModelShape:
         return (self.vocab + positions + head) * self.hidden
 
 
+# Decoders shaped as Llama is (grouped-query attention, a SwiGLU MLP of three matrices, RMSNorms, no
+# position table): the trainer's fast paths name the same types (training/args.py's
+# RESIDUAL_BF16_MODELS). Qwen2's q/k/v biases and Qwen3's q/k norms are under 0.1% of a block.
+GATED_MLP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
 # The shipped tokenizer's size: presets without a vocab_size take it (training/modeling.py).
 SHIPPED_VOCAB = 746
 
@@ -73,7 +78,7 @@ def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape | None
         return int(value)
 
     family = "gpt2" if config.get("model_type") == "gpt2" or "n_embd" in config else "bert"
-    family = "llama" if config.get("model_type") == "llama" else family
+    family = "llama" if config.get("model_type") in GATED_MLP_MODEL_TYPES else family
     try:
         hidden = first("n_embd", "hidden_size", "dim")
         return ModelShape(
