@@ -82,11 +82,13 @@ TORCHAO = ["--fp8-linear", "torchao", "--fp8-grad-dtype", "auto"]  # torchao's r
         ([], 70845),  # bf16: the micro-batch-16 runs with the tables (sessions 27-37)
         (["--rope-tables"], 70845),
         (["--batch-size", "8"], 67790),
-        (["--batch-size", "32"], 71744),  # sessions 27, 30-34 and 37
+        (["--batch-size", "32"], 71677),  # sessions 27, 30-34, 37 and 38
         # --precision fp8's auto recipe: the forward head, fast input gradients (sessions 32-33), e4m3
-        # gradients and the query and key projections bf16 (session 36 at 16, session 37 at 32 and 8)
+        # gradients and the query and key projections bf16 (session 36 at 16, sessions 37-38 at 32 and 8,
+        # session 38 at 48, where bf16 does not fit)
         (["--precision", "fp8"], 88087),
-        (["--precision", "fp8", "--batch-size", "32"], 92387),
+        (["--precision", "fp8", "--batch-size", "32"], 91892),
+        (["--precision", "fp8", "--batch-size", "48"], 92979),
         (["--precision", "fp8", "--batch-size", "8"], 83656),
         (["--precision", "fp8", "--fp8-head"], 88087),  # --fp8-head's backward: auto's bf16
         (["--precision", "fp8", "--fp8-grad-dtype", "e4m3", "--fp8-bf16-layers", "q_proj,k_proj"], 88087),  # by name
@@ -250,7 +252,7 @@ def test_an_fp8_layer_recipe_unmeasured_at_its_micro_batch_is_scaled_from_the_on
 @pytest.mark.parametrize(
     "extra, priced",
     [
-        ("", "(92,387 tokens/s/GPU measured on 1 H200: 2026-11-30-h200x2-session37-c6-gpu0-auto32"),
+        ("", "(91,892 tokens/s/GPU measured on 1 H200: 2026-11-30-h200x2-session37-c6-gpu0-auto32"),
         ("  fp8_bf16_layers: none\n", "(est. 93,475 tokens/s/GPU: x 0.988, this recipe's rate over that of "),
     ],
 )
