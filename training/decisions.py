@@ -160,6 +160,8 @@ def decide(
         max_steps=COMPILE_MIN_STEPS if length is None else length,
         has_blocks=has_blocks,
     )
+    if resolved.precision == "fp8" and not compiled:
+        compile_why += f"; {FP8_EAGER}"
     # DDP's buckets are fixed when the Accelerator is built, before the data says how long a run
     # counted in --epochs is: sized for the compile --max-steps alone decides.
     sized_for, _ = strategies.compile_decision(
@@ -238,6 +240,15 @@ def planned(
     return replace(decided, args=replace(decided.args, strategy=Strategy.ddp.value), strategy_why=why)
 
 
+# Without Inductor to fuse them, each float8 layer's scaling and casts are passes of their own:
+# llama-1b at micro-batch 8 on an H200 ran 36,354 tokens/s in fp8 eager against 49,087 in bf16
+# eager (session 38), where compiled fp8 runs 83,656 (session 37; bench/README.md).
+FP8_EAGER = (
+    "float8 runs slower eager than bf16 does (llama-1b on an H200: 0.74x bf16's eager speed; compiled, "
+    "1.25-1.3x bf16's): give --compile, or train a short run in bf16"
+)
+
+
 def shown(decisions: Decisions) -> str:
     """The strategy as a plan shows it: auto's pick and why."""
     d = decisions
@@ -284,7 +295,8 @@ def fp8_shown(d: Decisions) -> str:
         layers += f", the {', '.join(FP8_AUTO_BF16_LAYERS)} layers bf16 (auto; where the model has both)"
     elif names := fp8_bf16_layer_names(a):
         layers += f", the {', '.join(names)} layers bf16"
-    return f"{layers}, fast accumulation in the backward: {a.fp8_fast_accum}; the LM head {head}"
+    shown = f"{layers}, fast accumulation in the backward: {a.fp8_fast_accum}; the LM head {head}"
+    return shown if d.compiled else f"{shown}; eager ({d.compile_why})"
 
 
 def fsdp_units_shown(d: Decisions) -> int | str:

@@ -184,6 +184,17 @@ def test_fp8_on_one_gpu_with_the_default_strategy_is_planned_as_ddp(offline, cap
     assert (summary["precision"], summary["strategy"]) == ("fp8", "ddp (auto: --precision fp8 applies to ddp)")
 
 
+@pytest.mark.parametrize(("steps", "eager"), [("300", True), ("2000", False)])
+def test_a_plan_says_when_fp8_would_run_eager_and_that_it_is_slower_there(offline, steps, eager):
+    """Under the compile threshold the job runs eager, where float8 is slower than bf16 (llama-1b
+    on an H200: 0.74x, session 38): the plan's recipe line says so, with the two ways out."""
+    plan = dry(instance="ml.p5.48xlarge", precision="fp8", train_args=["--max-steps", steps])
+    recipe = plan.configs["fp8_recipe"]
+    said = "; eager (default: 300 steps are too few to repay compiling (--compile to force); float8 runs slower eager"
+    assert (said in recipe) is eager, recipe
+    assert ("give --compile, or train a short run in bf16" in recipe) is eager
+
+
 def test_a_plan_on_torchaos_float8_layers_says_the_image_must_carry_torchao(offline):
     plan = dry(instance="ml.p5.48xlarge", precision="fp8", strategy="ddp", train_args=["--fp8-linear", "torchao"])
     (said,) = [c for c in plan.checks if c.name == "torchao in the job's image"]
