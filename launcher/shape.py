@@ -25,6 +25,7 @@ class ModelShape:
     intermediate: int  # the MLP's inner width (4 d for GPT-2)
     kv_heads: int | None = None  # llama: key/value heads (grouped-query attention)
     tied: bool = True  # the LM head shares the input embeddings (llama-8b's does not)
+    head_dim: int | None = None  # llama: each head's width where it is not hidden / heads (Qwen3's)
 
     @property
     def params(self) -> int:
@@ -45,8 +46,9 @@ class ModelShape:
         """Parameters of one transformer block."""
         d, inner = self.hidden, self.intermediate
         if self.family == "llama":  # q and o, k and v over the kv heads, SwiGLU's three, two RMSNorms
-            kv = d * (self.kv_heads or self.heads) // self.heads
-            return 2 * d * d + 2 * d * kv + 3 * d * inner + 2 * d
+            width = self.head_dim or d // self.heads
+            q, kv = width * self.heads, width * (self.kv_heads or self.heads)
+            return 2 * d * q + 2 * d * kv + 3 * d * inner + 2 * d
         return 4 * d * d + 4 * d + 2 * d * inner + inner + d + 4 * d
 
     @property
@@ -94,6 +96,7 @@ def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape | None
             kv_heads=first("num_key_value_heads", default=0, least=0) or None,
             # transformers' defaults: LlamaConfig unties, GPT-2 and BERT tie
             tied=bool(config.get("tie_word_embeddings", family != "llama")),
+            head_dim=first("head_dim", default=0, least=0) or None if family == "llama" else None,
         )
     except (TypeError, ValueError):
         return None

@@ -893,3 +893,17 @@ def test_a_wider_mlp_adds_what_its_saved_tensors_hold():
         job = _decided(dataclasses.replace(base, strategy="ddp", compile=compiled, precision=precision))
         a, b = (memory.estimate_job(job, s, 1).terms["activations"] for s in (shape, wide_shape))
         assert (b - a) * memory.GIB == pytest.approx(per_element * 2 * shape.hidden * tokens_layers)
+
+
+def test_a_head_width_of_its_own_sizes_the_attention_projections():
+    """Qwen3's heads are 128 wide whatever its hidden size: Qwen3-0.6B's query projection maps 1,024
+    to 2,048. Read as hidden / heads, its attention counted half its weights (536M of 596M)."""
+    from distrain_cloud.launcher.shape import shape_from_config
+
+    config = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+              "tie_word_embeddings": True}  # fmt: skip
+    shape = shape_from_config("Qwen/Qwen3-0.6B", config)
+    assert shape is not None and shape.head_dim == 128
+    # 596,049,920 as torch counts it; the formula leaves out the q/k norms' 7,168
+    assert shape.params == 596_049_920 - 28 * 2 * 128
