@@ -220,7 +220,7 @@ CONSTANTS = Constants(
 # saves: compiled bf16 keeps 6 (the gate's and up's outputs, the activation's product), eager 8 (the
 # SiLU's output too), exactly at I = 2 d, 4 d and 6 d; the native modes save the same tensors (the
 # MLP's are 16-bit under autocast already), fp32 twice eager's. llama-1b with its MLP 6 d wide on an
-# H200 (session 38) measured 6.75 compiled: the compiled peak within 5.2% with it, 17.3% under
+# H200 (session 38) measured 6.75 compiled: the compiled peak within 5.3% with it, 17.3% under
 # without. GPT-2's MLP (no gate) is 4 d wide unless a config says otherwise: its width is sized
 # with the same bytes, not measured.
 MLP_BYTES = {"autocast": 8.0, "compiled": 6.0, "native": 8.0, "native-compiled": 6.0, "fp32": 16.0}

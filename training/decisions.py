@@ -118,6 +118,15 @@ class Decisions:
         return lines
 
 
+# Without Inductor to fuse them, each float8 layer's scaling and casts are passes of their own:
+# llama-1b at micro-batch 8 on an H200 ran 36,354 tokens/s in fp8 eager against 49,087 in bf16
+# eager (session 38), where compiled fp8 runs 83,656 (session 37; bench/README.md).
+FP8_EAGER = (
+    "float8 runs slower eager than bf16 does (llama-1b on an H200: 0.74x bf16's eager speed; compiled, "
+    "1.25-1.3x bf16's): give --compile, or train a short run in bf16"
+)
+
+
 def decide(
     args: TrainArgs,
     *,
@@ -238,15 +247,6 @@ def planned(
         f"decides, once it knows {unknown}"
     )
     return replace(decided, args=replace(decided.args, strategy=Strategy.ddp.value), strategy_why=why)
-
-
-# Without Inductor to fuse them, each float8 layer's scaling and casts are passes of their own:
-# llama-1b at micro-batch 8 on an H200 ran 36,354 tokens/s in fp8 eager against 49,087 in bf16
-# eager (session 38), where compiled fp8 runs 83,656 (session 37; bench/README.md).
-FP8_EAGER = (
-    "float8 runs slower eager than bf16 does (llama-1b on an H200: 0.74x bf16's eager speed; compiled, "
-    "1.25-1.3x bf16's): give --compile, or train a short run in bf16"
-)
 
 
 def shown(decisions: Decisions) -> str:
