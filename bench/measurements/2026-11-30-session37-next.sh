@@ -21,7 +21,10 @@ MEM=(--suite llama --gpus 1 --llama-batch-size 8 --llama-steps 20 --llama-warmup
   --variant 'llama:efp8=--precision fp8 --no-compile'
   --variant 'llama:ebf16=--no-compile'
   --variant 'llama:w6fp8=--precision fp8 --config-overrides intermediate_size=12288'
-  --variant 'llama:w6bf16=--config-overrides intermediate_size=12288')
+  --variant 'llama:w6bf16=--config-overrides intermediate_size=12288'
+  --variant 'llama:ebf16b=--no-compile --batch-size 16'
+  --variant 'llama:efp8b=--precision fp8 --no-compile --batch-size 16'
+  --variant 'llama:w6bf16b=--config-overrides intermediate_size=12288 --batch-size 16')
 runs() {  # $1: GPU; $2: the runs in order, as variant names; $3: the directory
   local run
   for run in $2; do
@@ -46,5 +49,8 @@ case $call in
 2) speed 0 '-auto48$ -k1$' gpu0 & speed 1 '-auto32$ -auto48$' gpu1 & wait ;;
 # the second pair of 2 on GPU 0 in the other order; GPU 1 profiles auto's step at 32 (never profiled)
 3) speed 0 '-k1$ -auto48$' gpu0 & speed 1 '-autop32$' gpu1 & wait ;;
+# the memory terms session 38 built on call 1, tested at micro-batch 16 (unseen by them): eager
+# Llama's constant (bf16 and fp8) on GPU 0, the MLP-width term (bf16, 6 d wide) on GPU 1
+4) runs 0 'ebf16b efp8b' gpu0 & runs 1 'w6bf16b' gpu1 & wait ;;
 esac
 tar czf "$OUT/c$call.tgz" -C "$OUT" "c$call"
