@@ -86,7 +86,7 @@ class Decisions:
         if not self.compiled:
             return ""
         if not self.compile_length_known and self.args.compile is None:
-            return f", compiled if it runs {COMPILE_MIN_STEPS:,}+ steps"
+            return f", compiled if it runs {strategies.compile_min_steps(self.args.precision == 'fp8'):,}+ steps"
         return ", compiled"
 
     @property
@@ -168,6 +168,7 @@ def decide(
         strategy=strategy,
         max_steps=COMPILE_MIN_STEPS if length is None else length,
         has_blocks=has_blocks,
+        fp8=resolved.precision == "fp8",
     )
     if resolved.precision == "fp8" and not compiled:
         compile_why += f"; {FP8_EAGER}"
@@ -178,6 +179,7 @@ def decide(
         cuda=cuda,
         strategy=strategy,
         max_steps=COMPILE_MIN_STEPS if resolved.max_steps is None else resolved.max_steps,
+        fp8=resolved.precision == "fp8",
     )
     bucket_mb, bucket_link = strategies.ddp_buckets_for(resolved, sized_for, slow_link)
     one_unit, units_why = False, None

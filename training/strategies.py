@@ -420,6 +420,12 @@ def slow_gpu_link(env: Mapping[str, str], device_name: str | None, peer_access: 
 # 695 steps under ddp (85.3 -> 40.0 ms), 1,032 under ZeRO-2 (77.0 -> 51.7 ms) and 639 under ZeRO-3
 # block by block (128.9 -> 112.3 ms). Below this many optimizer steps the default stays eager.
 COMPILE_MIN_STEPS = 1000
+# --precision fp8 repays its compile sooner: eager, each float8 layer's scaling and casts are passes
+# of their own, and the step runs 0.74x eager bf16's. llama-1b on an H200 (sessions 34-38): micro-batch
+# 8 eager 450.7 ms a step against 195.8 compiled, a first step of 66.6 s cold against 1.6 (repaid
+# after 255 steps); micro-batch 16 856.2 against 372.0 ms, 104-122 s cold against 1.9 (after 211-248). Twice the
+# measured break-even, for smaller models, whose steps save fewer milliseconds.
+COMPILE_MIN_STEPS_FP8 = 500
 # Evaluation's own compile is taken to pay once its forwards add up to this many training
 # micro-batches (a forward is about a third of a step's work, so 200 steps' worth). Its break-even
 # has not been measured; this is the threshold evaluation has used since session 8.
@@ -427,7 +433,13 @@ EVAL_COMPILE_MIN_BATCHES = 600
 
 
 def compile_decision(
-    requested: bool | None, *, cuda: bool, strategy: Strategy, max_steps: int, has_blocks: bool = True
+    requested: bool | None,
+    *,
+    cuda: bool,
+    strategy: Strategy,
+    max_steps: int,
+    has_blocks: bool = True,
+    fp8: bool = False,
 ) -> tuple[bool, str]:
     """Whether to torch.compile the model, and the reason the log line gives.
 
@@ -435,8 +447,9 @@ def compile_decision(
     (Inductor's CPU code is slower to build than it saves on small runs), DDP, FSDP (each block
     compiled, its sharding hooks left outside), one process, ZeRO-2 (the model compiled inside
     DeepSpeed's engine) or ZeRO-3 (each block compiled, DeepSpeed's hooks left outside), and a run
-    long enough to repay compiling. `has_blocks`: the model names its transformer block class,
-    which ZeRO-3's default compile needs (compiled whole, it recompiles at every block's hooks)."""
+    long enough to repay compiling (COMPILE_MIN_STEPS; `fp8`, --precision fp8: COMPILE_MIN_STEPS_FP8).
+    `has_blocks`: the model names its transformer block class, which ZeRO-3's default compile needs
+    (compiled whole, it recompiles at every block's hooks)."""
     if requested is not None:
         return requested, "--compile" if requested else "--no-compile"
     if not cuda:
@@ -447,9 +460,14 @@ def compile_decision(
         return False, f"default: {strategy.value} runs eager: not measured compiled (--compile to try it)"
     if strategy is Strategy.zero3 and not has_blocks:
         return False, "default: zero3 runs eager: the model names no transformer block class to compile"
-    if max_steps < COMPILE_MIN_STEPS:
+    if max_steps < compile_min_steps(fp8):
         return False, f"default: {max_steps} steps are too few to repay compiling (--compile to force)"
     return True, "default on CUDA GPUs; --no-compile to opt out"
+
+
+def compile_min_steps(fp8: bool) -> int:
+    """The run length from which the default compiles (compile_decision)."""
+    return COMPILE_MIN_STEPS_FP8 if fp8 else COMPILE_MIN_STEPS
 
 
 def eval_compile_decision(*, evals: int, eval_samples: int, batch_size: int) -> tuple[bool, str]:

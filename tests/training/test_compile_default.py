@@ -7,6 +7,7 @@ import json
 import pytest
 
 from distrain_cloud.training.args import ArgumentError, parse_args
+from distrain_cloud.training.decisions import decide
 from distrain_cloud.training.strategies import (
     COMPILE_MIN_STEPS,
     EVAL_COMPILE_MIN_BATCHES,
@@ -41,6 +42,20 @@ from distrain_cloud.training.strategies import (
 def test_the_default_compiles_on_cuda_for_ddp_and_long_runs(requested, cuda, strategy, steps, expected, says):
     compiled, why = compile_decision(requested, cuda=cuda, strategy=strategy, max_steps=steps)
     assert compiled is expected and says in why
+
+
+@pytest.mark.parametrize(("steps", "fp8", "compiled"), [(500, True, True), (499, True, False), (500, False, False)])
+def test_fp8_compiles_from_a_shorter_run_where_eager_float8_is_slower_than_bf16(steps, fp8, compiled):
+    """Eager fp8 ran 0.74x eager bf16 and repaid its compile after about 255 steps (llama-1b on an
+    H200, sessions 34-38): --precision fp8 compiles from 500 steps, bf16 still from 1,000; the
+    plan says the length it needs, and a job under it says why it runs eager."""
+    assert compile_decision(None, cuda=True, strategy=Strategy.ddp, max_steps=steps, fp8=fp8)[0] is compiled
+    precision = ["--precision", "fp8" if fp8 else "bf16"]
+    decided = decide(parse_args(["--preset", "llama-1b", *precision, "--max-steps", str(steps)]), world=1, cuda=True)
+    assert decided.compiled is compiled
+    assert ("float8 runs slower eager than bf16 does" in decided.compile_why) is (fp8 and not compiled)
+    unknown = decide(parse_args(["--preset", "llama-1b", *precision, "--epochs", "1"]), world=1, cuda=True)
+    assert unknown.compile_words == f", compiled if it runs {500 if fp8 else 1000:,}+ steps"
 
 
 def test_zero3_compiles_by_default_only_a_model_with_blocks():
