@@ -867,7 +867,7 @@ def test_a_short_llama_run_that_fits_an_h100_is_not_refused(capsys, no_aws_confi
 @pytest.mark.parametrize("model_type", ["mistral", "qwen2", "qwen3"])
 def test_llama_shaped_decoders_are_sized_by_llamas_formula(model_type):
     """Mistral and Qwen blocks are Llama's (a gated MLP of three matrices, grouped-query attention):
-    read with BERT's formula, Mistral 7B's config counted 6.6B parameters where it has 7.24B."""
+    read with BERT's formula, Mistral 7B's config counted 6.06B parameters where it has 7.24B."""
     from distrain_cloud.launcher.shape import shape_from_config
     from distrain_cloud.training.args import RESIDUAL_BF16_MODELS
 
@@ -897,7 +897,7 @@ def test_a_wider_mlp_adds_what_its_saved_tensors_hold():
 
 def test_a_head_width_of_its_own_sizes_the_attention_projections():
     """Qwen3's heads are 128 wide whatever its hidden size: Qwen3-0.6B's query projection maps 1,024
-    to 2,048. Read as hidden / heads, its attention counted half its weights (536M of 596M)."""
+    to 2,048. Read as hidden / heads, its attention counted half its weights (508M of 596M)."""
     from distrain_cloud.launcher.shape import shape_from_config
 
     config = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
