@@ -18,7 +18,9 @@ fp8 drops the bf16 copies bf16 keeps of both norms' outputs and of the MLP's act
 q_proj and k_proj bf16 keeps the attention norm's output again (+2d). Eager, where each float8 layer
 saves its input in float8 and autocast's bf16 layers their own bf16 casts, fp8 saves 4d + I. Each
 exact at I = 2d, 4d and 6d. llama-1b's compiled peaks on H200s agree within 1.5%
-(bench/measurements/2026-11-30-session37.md); no eager fp8 peak has been measured on a GPU.
+(bench/measurements/2026-11-30-session37.md). Session 38 measured the rest on H200s: eager fp8 kept
+7.7d less than eager bf16 (4d + I = 8d), and with the MLP 6d wide compiled fp8 kept 4.0 bytes per
+element of width where bf16 kept 6.75 (this count: 4 and 6; launcher/memory.py's MLP_BYTES).
 """
 
 from __future__ import annotations
