@@ -90,6 +90,11 @@ TORCHAO = ["--fp8-linear", "torchao", "--fp8-grad-dtype", "auto"]  # torchao's r
         (["--precision", "fp8", "--batch-size", "32"], 91892),
         (["--precision", "fp8", "--batch-size", "48"], 92979),
         (["--precision", "fp8", "--batch-size", "8"], 83656),
+        # eager (session 38): fp8 0.74x bf16 there, and the plan prices a short fp8 job by it
+        (["--no-compile", "--batch-size", "8"], 49088),
+        (["--no-compile"], 51490),
+        (["--no-compile", "--precision", "fp8", "--batch-size", "8"], 36354),
+        (["--no-compile", "--precision", "fp8"], 38273),
         (["--precision", "fp8", "--fp8-head"], 88087),  # --fp8-head's backward: auto's bf16
         (["--precision", "fp8", "--fp8-grad-dtype", "e4m3", "--fp8-bf16-layers", "q_proj,k_proj"], 88087),  # by name
         (["--precision", "fp8", "--fp8-grad-dtype", "e5m2"], 88392),  # each half of it alone (session 36)
