@@ -58,11 +58,6 @@ class ModelShape:
         return (self.vocab + positions + head) * self.hidden
 
 
-# Decoders shaped as Llama is (grouped-query attention, a SwiGLU MLP of three matrices, RMSNorms, no
-# position table): the trainer's fast paths name the same types (training/args.py's
-# RESIDUAL_BF16_MODELS). Qwen2's q/k/v biases and Qwen3's q/k norms are under 0.1% of a block.
-GATED_MLP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
 # The shipped tokenizer's size: presets without a vocab_size take it (training/modeling.py).
 SHIPPED_VOCAB = 746
 
@@ -79,8 +74,12 @@ def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape | None
             raise ValueError(f"{keys[0]}: {value!r}")
         return int(value)
 
+    from distrain_cloud.training.args import LLAMA_SHAPED_MODEL_TYPES
+
     family = "gpt2" if config.get("model_type") == "gpt2" or "n_embd" in config else "bert"
-    family = "llama" if config.get("model_type") in GATED_MLP_MODEL_TYPES else family
+    # Llama's formula for the decoders built as it is (Qwen2's q/k/v biases and Qwen3's q/k norms
+    # are under 0.1% of a block)
+    family = "llama" if config.get("model_type") in LLAMA_SHAPED_MODEL_TYPES else family
     try:
         hidden = first("n_embd", "hidden_size", "dim")
         return ModelShape(
@@ -96,7 +95,7 @@ def shape_from_config(name: str, config: Mapping[str, Any]) -> ModelShape | None
             kv_heads=first("num_key_value_heads", default=0, least=0) or None,
             # transformers' defaults: LlamaConfig unties, GPT-2 and BERT tie
             tied=bool(config.get("tie_word_embeddings", family != "llama")),
-            head_dim=first("head_dim", default=0, least=0) or None if family == "llama" else None,
+            head_dim=(first("head_dim", default=0, least=0) or None) if family == "llama" else None,
         )
     except (TypeError, ValueError):
         return None

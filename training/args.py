@@ -647,9 +647,14 @@ def fp8_auto_recipe(a: TrainArgs, head_why_not: str | None) -> tuple[TrainArgs, 
     )  # fmt: skip
 
 
-# Where --residual-dtype auto runs the stream in bf16: pre-norm decoders with RMSNorm, whose loss
-# after 400 steps was measured with it (llama-1b, bench/README.md session 25)
-RESIDUAL_BF16_MODELS = ("llama", "mistral", "qwen2", "qwen3")
+# Decoders built as Llama is: pre-norm blocks with RMSNorm, grouped-query attention through q/k/v/o
+# projections, a SwiGLU MLP of gate/up/down, no position table (transformers'
+# modeling_{llama,mistral,qwen2,qwen3}.py). The trainer's fast paths (the bf16 residual stream,
+# fused projections, the one-pass head loss) and the launcher's parameter formula take these.
+LLAMA_SHAPED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Where --residual-dtype auto runs the stream in bf16: its loss after 400 steps was measured with it
+# (llama-1b, bench/README.md session 25)
+RESIDUAL_BF16_MODELS = LLAMA_SHAPED_MODEL_TYPES
 
 
 def residual_stream_bf16(a: TrainArgs, strategy: str, model_type: str | None) -> bool:

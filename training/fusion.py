@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .args import ArgumentError
+from .args import LLAMA_SHAPED_MODEL_TYPES, ArgumentError
 from .engines.base import map_first_input
 from .fp8_linear import Float8Linear, float8_linear
 
@@ -31,7 +31,7 @@ from .fp8_linear import Float8Linear, float8_linear
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 # Model types whose attention and MLP forwards use their input only through GROUPS' layers and its
 # leading shape (transformers' modeling_{llama,mistral,qwen2,qwen3}.py)
-FUSABLE = ("llama", "mistral", "qwen2", "qwen3")
+FUSABLE = LLAMA_SHAPED_MODEL_TYPES
 
 
 # A native float8 layer's settings that its fused group shares: --fp8-fast-accum's two, --fp8-grad-dtype

@@ -10,7 +10,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from .args import ArgumentError, TrainArgs, config_overrides, parse_args
+from .args import LLAMA_SHAPED_MODEL_TYPES, ArgumentError, TrainArgs, config_overrides, parse_args
 from .engines.facts import FACTS
 from .offline import hub_load
 
@@ -286,7 +286,7 @@ HEAD_LOSS = "_distrain_head_loss"  # set on a model whose training forward compu
 HEAD_LOSS_FP8 = "_distrain_head_loss_fp8"  # --fp8-head: head_loss's `fp8` ("exact" or "fast")
 # Causal LMs whose forward is exactly: the base model, then a bias-free linear head, then
 # ForCausalLMLoss. Others (logit soft-capping, scaled logits, heads with a bias) keep their own.
-HEAD_LOSS_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+HEAD_LOSS_MODEL_TYPES = ("gpt2", *LLAMA_SHAPED_MODEL_TYPES)
 
 
 def head_loss_flags_why_not(args: TrainArgs, engine: str) -> str | None:
