@@ -195,6 +195,22 @@ def test_a_plan_says_when_fp8_would_run_eager_and_that_it_is_slower_there(offlin
     assert ("give --compile, or train a short run in bf16" in recipe) is eager
 
 
+def test_a_dry_run_says_an_fp8_job_would_run_eager(offline, capsys):
+    """What the user reads: the same line through `submit --dry-run --json`."""
+    from clirun import run_cli
+
+    from distrain_cloud.training.decisions import FP8_EAGER
+
+    code, out, err = run_cli(
+        capsys, "submit", "--instance", "ml.p5.48xlarge", "--precision", "fp8", "--role", ROLE, "--region",
+        "us-east-1", "--dry-run", "--json", "--", "--max-steps", "300",
+    )  # fmt: skip
+    assert code == 0, err
+    recipe = json.loads(out)["configs"]["fp8_recipe"]
+    eager = f"; eager (default: 300 steps are too few to repay compiling (--compile to force); {FP8_EAGER})"
+    assert recipe.endswith(eager), recipe
+
+
 def test_a_plan_on_torchaos_float8_layers_says_the_image_must_carry_torchao(offline):
     plan = dry(instance="ml.p5.48xlarge", precision="fp8", strategy="ddp", train_args=["--fp8-linear", "torchao"])
     (said,) = [c for c in plan.checks if c.name == "torchao in the job's image"]
