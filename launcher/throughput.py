@@ -93,6 +93,18 @@ class Throughput:
     rope_tables: bool = False  # --rope-tables
 
 
+def _llama1b_fp8_auto(
+    compiled: bool, tokens_per_sec: tuple[float, ...], *, batch_size: int, runs: tuple[tuple[str, str], ...], note: str
+) -> Throughput:
+    """llama-1b on one H200 (sequence 2048, the bf16 stream) under --precision fp8's auto recipe since
+    session 36 as its runs resolved it; compiled runs read the rope tables, eager ones the module."""
+    return Throughput(
+        "H200", "llama-1b", compiled, tokens_per_sec, runs, note, batch_size=batch_size, seq_len=2048,
+        precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input", fp8_linear="native",
+        fp8_grad_dtype="e4m3", fp8_bf16_layers="q_proj,k_proj", residual_bf16=True, rope_tables=compiled,
+    )  # fmt: skip
+
+
 # Today's trainer (the head loss since session 17, the loss-only forwards since session 4): the
 # H100 compiled rows of sessions 4 and 15 (422,664-424,811 tokens/s) and the eager one of session 2
 # (157,377) predate them and are left out.
@@ -200,36 +212,24 @@ THROUGHPUT: tuple[Throughput, ...] = (
                "--precision fp8 alone, sessions 34 and 36); one (--precision fp8 alone) alone"),
     # session 36's auto recipe (e4m3 output gradients, the query and key projections bf16), and each
     # half of it alone: 200-step loss runs, each beside another 1-GPU run on the host's other GPU
-    Throughput("H200", "llama-1b", True, (87671.2, 87623.1, 88066.5, 88169.6, 89091.0, 87898.1), batch_size=16,
-               seq_len=2048, precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
-               fp8_linear="native", residual_bf16=True, rope_tables=True, fp8_grad_dtype="e4m3",
-               fp8_bf16_layers="q_proj,k_proj",
+    _llama1b_fp8_auto(True, (87671.2, 87623.1, 88066.5, 88169.6, 89091.0, 87898.1), batch_size=16,
                runs=((f"{S36}-c2-gpu0a", f"{LLAMA_C16}-qke4"), (f"{S36}-c3-gpu0", f"{LLAMA_C16}-qke4"),
                      (f"{S36}-c3-gpu1", f"{LLAMA_C16}-qke4"), (f"{S36}-c4-gpu1", f"{LLAMA_C16}-qke4"),
                      (f"{S37}-c8-gpu0b", f"{LLAMA_C16}-auto"), (f"{S37}-c9-gpu1", f"{LLAMA_C16}-auto")),
                note="beside another 1-GPU run on the host's other GPU"),
     # the same recipe at 32 and 8 (session 37: 40 timed steps at 32; the issue's 400-step loss runs at 8)
-    Throughput("H200", "llama-1b", True, (91915.5, 92859.2, 90900.1), batch_size=32, seq_len=2048,
-               precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
-               fp8_linear="native", residual_bf16=True, rope_tables=True, fp8_grad_dtype="e4m3",
-               fp8_bf16_layers="q_proj,k_proj",
+    _llama1b_fp8_auto(True, (91915.5, 92859.2, 90900.1), batch_size=32,
                runs=((f"{S37}-c6-gpu0-auto32", "ours-llama-1b-ddp-compile-g1-b32-k1-auto32"),
                      (f"{S37}-c6-gpu1-auto32", "ours-llama-1b-ddp-compile-g1-b32-k1-auto32"),
                      (f"{S38}-c2-gpu1-auto32", "ours-llama-1b-ddp-compile-g1-b32-k1-auto32")),
                note="beside another 1-GPU run on the host's other GPU"),
     # ... and at 48 (session 38), the micro-batch bf16 cannot fit on an H200 (about 150 GiB)
-    Throughput("H200", "llama-1b", True, (92579.1, 93314.5, 93043.6), batch_size=48, seq_len=2048,
-               precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
-               fp8_linear="native", residual_bf16=True, rope_tables=True, fp8_grad_dtype="e4m3",
-               fp8_bf16_layers="q_proj,k_proj",
+    _llama1b_fp8_auto(True, (92579.1, 93314.5, 93043.6), batch_size=48,
                runs=((f"{S38}-c2-gpu0-auto48", "ours-llama-1b-ddp-compile-g1-b48-k1-auto48"),
                      (f"{S38}-c2-gpu1-auto48", "ours-llama-1b-ddp-compile-g1-b48-k1-auto48"),
                      (f"{S38}-c3-gpu0-auto48", "ours-llama-1b-ddp-compile-g1-b48-k1-auto48")),
                note="beside another 1-GPU run on the host's other GPU"),
-    Throughput("H200", "llama-1b", True, (83487.6, 83306.5, 83906.7, 83921.5), batch_size=8, seq_len=2048,
-               precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
-               fp8_linear="native", residual_bf16=True, rope_tables=True, fp8_grad_dtype="e4m3",
-               fp8_bf16_layers="q_proj,k_proj",
+    _llama1b_fp8_auto(True, (83487.6, 83306.5, 83906.7, 83921.5), batch_size=8,
                runs=((f"{S37}-c7-gpu0", f"{LLAMA_C1}-auto8"), (f"{S37}-c7-gpu0", f"{LLAMA_C1}-auto8-r2"),
                      (f"{S37}-c7-gpu1", f"{LLAMA_C1}-auto8"), (f"{S37}-c7-gpu1", f"{LLAMA_C1}-auto8-r2")),
                note="two runs a GPU, beside the same on the host's other GPU"),
@@ -241,14 +241,10 @@ THROUGHPUT: tuple[Throughput, ...] = (
     Throughput("H200", "llama-1b", False, (51489.9,), batch_size=16, seq_len=2048, residual_bf16=True,
                runs=((f"{S38}-c4-gpu0-ebf16b", f"{LLAMA_C16}-ebf16b"),),
                note="beside another 1-GPU run on the host's other GPU"),
-    Throughput("H200", "llama-1b", False, (36354.3,), batch_size=8, seq_len=2048,
-               precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
-               fp8_linear="native", residual_bf16=True, fp8_grad_dtype="e4m3", fp8_bf16_layers="q_proj,k_proj",
+    _llama1b_fp8_auto(False, (36354.3,), batch_size=8,
                runs=((f"{S38}-c1-gpu0-efp8", f"{LLAMA_C1}-efp8"),),
                note="beside another 1-GPU run on the host's other GPU"),
-    Throughput("H200", "llama-1b", False, (38272.6,), batch_size=16, seq_len=2048,
-               precision="fp8", fp8_head=True, fp8_head_backward="bf16", fp8_fast_accum="grad-input",
-               fp8_linear="native", residual_bf16=True, fp8_grad_dtype="e4m3", fp8_bf16_layers="q_proj,k_proj",
+    _llama1b_fp8_auto(False, (38272.6,), batch_size=16,
                runs=((f"{S38}-c4-gpu0-efp8b", f"{LLAMA_C16}-efp8b"),),
                note="beside another 1-GPU run on the host's other GPU"),
     # the key projection alone in bf16 (session 37): a fifth of the qk recipe's cost, not its loss
