@@ -134,12 +134,13 @@ def _runs(card: str, *rows: tuple[str, str, float, float | None]) -> tuple[Run, 
     return tuple(Run(source, run, card, peak, smi) for source, run, peak, smi in rows)
 
 
-def _llama1b(**config) -> Config:
-    """llama-1b on 1 GPU as sessions 19-22 measured it: compiled DDP, sequence 2048, the head loss,
-    no key/value cache, no logits output."""
+def _llama1b(compiled: bool = True, **config) -> Config:
+    """llama-1b on 1 GPU as sessions 19-22 measured it: compiled DDP (unless `compiled` is False),
+    sequence 2048, the head loss, no key/value cache, no logits output."""
     return Config(
-        "llama-1b", 1, "ddp", seq_len=2048, compiled=True, kv_cache=False, logits_output=False, head_loss=True, **config
-    )
+        "llama-1b", 1, "ddp", seq_len=2048, compiled=compiled, kv_cache=False, logits_output=False, head_loss=True,
+        **config,
+    )  # fmt: skip
 
 
 H1x200, H2, H4 = "2026-11-26-h200x1", "2026-11-26-h200x2", "2026-11-26-h200x4"
@@ -174,6 +175,7 @@ AUTO_FLAGS = (
     "fp8-head fp8-head-backward bf16 fp8-fast-accum grad-input fp8-grad-dtype e4m3 "
     "fp8-bf16-layers q_proj,k_proj residual-dtype bf16 rope-tables"
 )
+EAGER_AUTO_FLAGS = AUTO_FLAGS.replace(" rope-tables", "")  # eager runs keep the rotary module
 S17 = "2026-11-27-h100x1-session17"
 HF_EAGER, HF_COMPILED = "hf-gpt2-small-defaults-g1-b16", "hf-gpt2-small-compile-g1-b16"
 CLS, HF_CLS = "ours-cls-gpt2-small-g1-b32", "hf-cls-gpt2-small-g1-b32"
@@ -828,21 +830,17 @@ CONFIGS: tuple[Config, ...] = (
     # GPU had measured (bench/fp8_saved_bytes.py derived them on CPU): eager llama-1b (4d + I a
     # token and layer) and a compiled llama-1b whose MLP is 6d wide (2 (2d + I)), each beside bf16
     # at micro-batch 8; and auto at 48, the micro-batch bf16 cannot fit
-    Config("llama-1b", 1, "ddp", seq_len=2048, kv_cache=False, logits_output=False, head_loss=True, batch_size=8,
-           flags="residual-dtype bf16", runs=_runs("H200",
+    _llama1b(compiled=False, batch_size=8, flags="residual-dtype bf16", runs=_runs("H200",
         (f"{S38}-c1-gpu0-ebf16", "ours-llama-1b-ddp-compile-g1-b8-k1-ebf16", 51.9571, 77.15))),
     # ... and (call 4) at micro-batch 16, which the eager constant and the width term were not set by
-    Config("llama-1b", 1, "ddp", seq_len=2048, kv_cache=False, logits_output=False, head_loss=True, batch_size=16,
-           flags="residual-dtype bf16", runs=_runs("H200",
+    _llama1b(compiled=False, batch_size=16, flags="residual-dtype bf16", runs=_runs("H200",
         (f"{S38}-c4-gpu0-ebf16b", "ours-llama-1b-ddp-compile-g1-b16-k1-ebf16b", 85.7786, 95.30))),
-    Config("llama-1b", 1, "ddp", seq_len=2048, kv_cache=False, logits_output=False, head_loss=True, batch_size=16,
-           precision="fp8", flags=AUTO_FLAGS.replace(" rope-tables", ""), runs=_runs("H200",
+    _llama1b(compiled=False, batch_size=16, precision="fp8", flags=EAGER_AUTO_FLAGS, runs=_runs("H200",
         (f"{S38}-c4-gpu0-efp8b", "ours-llama-1b-ddp-compile-g1-b16-k1-efp8b", 78.9525, 88.79))),
     _llama1b(batch_size=16, flags="residual-dtype bf16 rope-tables", overrides=(("intermediate_size", "12288"),),
            runs=_runs("H200",
         (f"{S38}-c4-gpu1-w6bf16b", "ours-llama-1b-ddp-compile-g1-b16-k1-w6bf16b", 78.6975, 97.56))),
-    Config("llama-1b", 1, "ddp", seq_len=2048, kv_cache=False, logits_output=False, head_loss=True, batch_size=8,
-           precision="fp8", flags=AUTO_FLAGS.replace(" rope-tables", ""), runs=_runs("H200",
+    _llama1b(compiled=False, batch_size=8, precision="fp8", flags=EAGER_AUTO_FLAGS, runs=_runs("H200",
         (f"{S38}-c1-gpu0-efp8", "ours-llama-1b-ddp-compile-g1-b8-k1-efp8", 48.1300, 73.59))),
     _llama1b(batch_size=8, flags="residual-dtype bf16 rope-tables", overrides=(("intermediate_size", "12288"),),
            runs=_runs("H200",
